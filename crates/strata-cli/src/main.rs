@@ -1,0 +1,694 @@
+//! `strata`: the command-line front end. A thin layer over `strata-store`:
+//! argument parsing, passwords, progress bars, human and `--json` output,
+//! exit codes (0 ok, 1 fatal error, 3 backup finished with unreadable files).
+
+mod output;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use output::{fmt_bytes, fmt_time, Out, ProgressDisplay};
+use serde_json::json;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use strata_core::chunker::ChunkerParams;
+use strata_core::format::NodeKind;
+use strata_store::backup::{BackupOptions, StdinSource};
+use strata_store::{Backend, InitOptions, LocalBackend, Repository, StoreError};
+
+#[derive(Parser)]
+#[command(
+    name = "strata",
+    version,
+    about = "Deduplicating, compressing, encrypting backups",
+    long_about = "Strata keeps many versions of file trees, disk images and streams in little space.\n\n\
+        Repository: --repo DIR, or $STRATA_REPO, or $XDG_DATA_HOME/strata/repo (~/.local/share/strata/repo).\n\
+        Password (encrypted repositories): $STRATA_PASSWORD, --password-file, or a prompt on a terminal.\n\n\
+        Exit codes: 0 success, 1 error, 3 backup finished but some files could not be read."
+)]
+struct Cli {
+    /// Repository directory.
+    #[arg(long, short = 'r', global = true, env = "STRATA_REPO")]
+    repo: Option<PathBuf>,
+    /// Read the password from this file (first line).
+    #[arg(long, global = true, env = "STRATA_PASSWORD_FILE")]
+    password_file: Option<PathBuf>,
+    /// Machine-readable JSON on stdout.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Print only errors.
+    #[arg(long, short, global = true)]
+    quiet: bool,
+    /// More detail (repeat for debug logs).
+    #[arg(long, short, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create a new repository.
+    Init(InitArgs),
+    /// Back up files, directories or stdin as a new version of a series.
+    Backup(BackupArgs),
+    /// List snapshots (versions).
+    Snapshots {
+        /// Only this series.
+        #[arg(long)]
+        series: Option<String>,
+    },
+    /// List the entries of a snapshot.
+    Ls {
+        /// Snapshot: id (prefix), `latest`, SERIES@VERSION or SERIES@latest.
+        snapshot: String,
+        /// Only entries at or below this path.
+        path: Option<String>,
+    },
+    /// Write one file of a snapshot to stdout.
+    Dump { snapshot: String, path: String },
+    /// Restore a snapshot into a directory.
+    Restore {
+        snapshot: String,
+        /// Directory to restore into (created if missing).
+        #[arg(long, short)]
+        target: PathBuf,
+        /// Restore only these paths (repeatable).
+        #[arg(long, short)]
+        include: Vec<String>,
+    },
+    /// Remove snapshots; their data is freed by `gc` (or `--prune`).
+    Forget {
+        #[arg(required = true)]
+        snapshots: Vec<String>,
+        /// Run gc afterwards.
+        #[arg(long)]
+        prune: bool,
+    },
+    /// Free the space of data no snapshot references (mark and sweep).
+    Gc {
+        /// Rewrite containers with more than this fraction of dead data.
+        #[arg(long, default_value_t = 0.2)]
+        threshold: f64,
+        /// Only report what would be freed.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Repository statistics: sizes, dedup and compression ratios.
+    Stats,
+    /// Check the repository's structure (and with --read-data all data).
+    Check {
+        /// Read and verify every region and chunk.
+        #[arg(long)]
+        read_data: bool,
+    },
+    /// Remove locks left by processes that no longer run.
+    Unlock {
+        /// Remove all locks, even of running processes.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Rebuild derived structures.
+    Repair {
+        #[command(subcommand)]
+        what: RepairWhat,
+    },
+}
+
+#[derive(Subcommand)]
+enum RepairWhat {
+    /// Rebuild the index from the containers' metadata.
+    Index,
+}
+
+#[derive(Args)]
+struct InitArgs {
+    /// Encrypt the repository (asks for a password).
+    #[arg(long)]
+    encrypt: bool,
+    /// Average chunk size in bytes (power of two).
+    #[arg(long, default_value_t = 8192)]
+    chunk_size: u32,
+    /// zstd compression level (1-22).
+    #[arg(long, default_value_t = 3)]
+    compression: i32,
+    /// Target container size in MiB.
+    #[arg(long, default_value_t = 8)]
+    container_mib: u32,
+    /// Index strategy.
+    #[arg(long, default_value = "exact")]
+    index: String,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ChunkerArg {
+    Cdc,
+    Fixed,
+}
+
+#[derive(Args)]
+struct BackupArgs {
+    /// Files and directories to back up.
+    paths: Vec<PathBuf>,
+    /// Series name (default: host and absolute paths).
+    #[arg(long)]
+    series: Option<String>,
+    /// Tag the snapshot (repeatable).
+    #[arg(long)]
+    tag: Vec<String>,
+    /// Back up standard input as one file.
+    #[arg(long)]
+    stdin: bool,
+    /// File name for --stdin.
+    #[arg(long, default_value = "stdin")]
+    stdin_name: String,
+    /// Read every file even if unchanged since the previous version.
+    #[arg(long)]
+    force_read: bool,
+    /// Chunker: content-defined (default) or fixed 4 KiB (disk images).
+    #[arg(long, value_enum)]
+    chunker: Option<ChunkerArg>,
+    /// Worker threads (default: number of cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+fn default_repo() -> Result<PathBuf> {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
+        return Ok(PathBuf::from(x).join("strata/repo"));
+    }
+    let home = std::env::var_os("HOME")
+        .ok_or_else(|| anyhow!("neither --repo, $STRATA_REPO nor $HOME is set"))?;
+    Ok(PathBuf::from(home).join(".local/share/strata/repo"))
+}
+
+fn read_password(cli: &Cli, confirm: bool) -> Result<Vec<u8>, StoreError> {
+    if let Some(f) = &cli.password_file {
+        let s = std::fs::read_to_string(f)
+            .map_err(|e| StoreError::io("read", f.display().to_string(), e))?;
+        return Ok(s.lines().next().unwrap_or("").as_bytes().to_vec());
+    }
+    if let Ok(p) = std::env::var("STRATA_PASSWORD") {
+        return Ok(p.into_bytes());
+    }
+    if std::io::stdin().is_terminal() && std::io::stderr().is_terminal() {
+        let p = rpassword::prompt_password("repository password: ")
+            .map_err(|e| StoreError::io("read", "password", e))?;
+        if confirm {
+            let q = rpassword::prompt_password("repeat password: ")
+                .map_err(|e| StoreError::io("read", "password", e))?;
+            if p != q {
+                return Err(StoreError::Invalid("passwords do not match".into()));
+            }
+        }
+        return Ok(p.into_bytes());
+    }
+    Err(StoreError::Invalid(
+        "the repository is encrypted: set $STRATA_PASSWORD, use --password-file, or run on a terminal".into(),
+    ))
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let level = match (cli.quiet, cli.verbose) {
+        (true, _) => "error",
+        (_, 0) => "warn",
+        (_, 1) => "info",
+        _ => "debug",
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
+        )
+        .init();
+    let out = Out::new(cli.json, cli.quiet);
+    let code = match run(&cli, &out) {
+        Ok(code) => code,
+        Err(e) => {
+            let msg = format!("{e:#}");
+            if cli.json {
+                println!("{}", json!({ "error": msg }));
+            }
+            eprintln!("error: {msg}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn repo_path(cli: &Cli) -> Result<PathBuf> {
+    match &cli.repo {
+        Some(p) => Ok(p.clone()),
+        None => default_repo(),
+    }
+}
+
+fn open(cli: &Cli) -> Result<Repository> {
+    let path = repo_path(cli)?;
+    let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&path));
+    let repo = Repository::open(backend, &|| read_password(cli, false))
+        .with_context(|| format!("opening repository {}", path.display()))?;
+    Ok(repo)
+}
+
+fn progress_for(cli: &Cli, what: &str) -> ProgressDisplay {
+    ProgressDisplay::start(
+        what,
+        !cli.quiet && !cli.json && std::io::stderr().is_terminal(),
+    )
+}
+
+fn run(cli: &Cli, out: &Out) -> Result<i32> {
+    match &cli.cmd {
+        Cmd::Init(a) => {
+            let path = repo_path(cli)?;
+            std::fs::create_dir_all(&path)
+                .with_context(|| format!("creating {}", path.display()))?;
+            let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&path));
+            let password = if a.encrypt {
+                Some(read_password(cli, true)?)
+            } else {
+                None
+            };
+            let repo = Repository::init(
+                backend,
+                InitOptions {
+                    password,
+                    chunker: ChunkerParams::cdc(a.chunk_size),
+                    zstd_level: a.compression,
+                    container_size: a.container_mib.max(1) << 20,
+                    index: a.index.clone(),
+                    ..Default::default()
+                },
+            )
+            .with_context(|| format!("creating repository at {}", path.display()))?;
+            let c = repo.config();
+            out.result(
+                &json!({"repository": path, "id": c.id, "encrypted": c.encrypted, "index": c.index,
+                        "chunk_size": c.chunker.avg_chunk, "compression": c.zstd_level}),
+                || {
+                    format!(
+                        "created {} repository {} at {}",
+                        if c.encrypted {
+                            "encrypted"
+                        } else {
+                            "unencrypted"
+                        },
+                        &c.id[..8],
+                        path.display()
+                    )
+                },
+            );
+            Ok(0)
+        }
+        Cmd::Backup(a) => cmd_backup(cli, out, a),
+        Cmd::Snapshots { series } => {
+            let repo = open(cli)?;
+            let all = repo.list_snapshots()?;
+            let list: Vec<_> = all
+                .iter()
+                .filter(|(_, s)| series.as_ref().is_none_or(|x| &s.series == x))
+                .collect();
+            if out.json {
+                let v: Vec<_> = list
+                    .iter()
+                    .map(|(id, s)| {
+                        json!({"id": id, "short_id": &id[..8], "series": s.series, "version": s.version,
+                               "time": fmt_time(s.time_ns), "time_ns": s.time_ns, "host": s.host, "paths": s.paths,
+                               "tags": s.tags, "logical_bytes": s.stats.logical_bytes,
+                               "new_stored_bytes": s.stats.new_stored_bytes, "files": s.stats.files,
+                               "duration_ms": s.stats.duration_ms})
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else if !out.quiet {
+                println!(
+                    "{:<10} {:<40} {:>4}  {:<20} {:>10} {:>10}  tags",
+                    "id", "series", "ver", "time (UTC)", "size", "new"
+                );
+                for (id, s) in &list {
+                    println!(
+                        "{:<10} {:<40} {:>4}  {:<20} {:>10} {:>10}  {}",
+                        &id[..8],
+                        s.series,
+                        s.version,
+                        fmt_time(s.time_ns),
+                        fmt_bytes(s.stats.logical_bytes),
+                        fmt_bytes(s.stats.new_stored_bytes),
+                        s.tags.join(",")
+                    );
+                }
+                println!("{} snapshots", list.len());
+            }
+            Ok(0)
+        }
+        Cmd::Ls { snapshot, path } => {
+            let repo = open(cli)?;
+            let (_, s) = repo.resolve_snapshot(snapshot)?;
+            let r = repo.load_recipe(&s.recipe)?;
+            let inc: Vec<String> = path.iter().cloned().collect();
+            let nodes: Vec<_> = r
+                .nodes
+                .iter()
+                .filter(|n| {
+                    inc.is_empty()
+                        || inc.iter().any(|p| {
+                            let p = p.trim_start_matches('/').trim_end_matches('/').as_bytes();
+                            n.path.starts_with(p)
+                                && (n.path.len() == p.len() || n.path[p.len()] == b'/')
+                        })
+                })
+                .collect();
+            if out.json {
+                let v: Vec<_> = nodes
+                    .iter()
+                    .map(|n| {
+                        json!({"path": format!("/{}", n.path_str()), "type": format!("{:?}", n.kind).to_lowercase(),
+                               "size": n.size, "mode": n.mode & 0o7777, "uid": n.uid, "gid": n.gid,
+                               "mtime": fmt_time(n.mtime_ns),
+                               "target": n.target.as_ref().map(|t| String::from_utf8_lossy(t).into_owned())})
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                for n in nodes {
+                    let t = match n.kind {
+                        NodeKind::Dir => 'd',
+                        NodeKind::Symlink => 'l',
+                        NodeKind::Hardlink => 'h',
+                        NodeKind::Fifo => 'p',
+                        NodeKind::CharDevice => 'c',
+                        NodeKind::BlockDevice => 'b',
+                        NodeKind::Socket => 's',
+                        NodeKind::File => '-',
+                    };
+                    let extra = n
+                        .target
+                        .as_ref()
+                        .map(|t| format!(" -> {}", String::from_utf8_lossy(t)))
+                        .unwrap_or_default();
+                    println!(
+                        "{t}{:04o} {:>5} {:>5} {:>12} {} /{}{extra}",
+                        n.mode & 0o7777,
+                        n.uid,
+                        n.gid,
+                        n.size,
+                        fmt_time(n.mtime_ns),
+                        n.path_str()
+                    );
+                }
+            }
+            Ok(0)
+        }
+        Cmd::Dump { snapshot, path } => {
+            let repo = open(cli)?;
+            let (_, s) = repo.resolve_snapshot(snapshot)?;
+            let r = repo.load_recipe(&s.recipe)?;
+            let want = path.trim_start_matches('/').as_bytes();
+            let node = r.nodes.iter().find(|n| n.path == want).ok_or_else(|| {
+                anyhow!("no file {path} in snapshot {snapshot} (see `strata ls {snapshot}`)")
+            })?;
+            if node.kind != NodeKind::File {
+                bail!("{path} is a {:?}, not a file", node.kind);
+            }
+            let stdout = std::io::stdout();
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+            strata_store::restore::dump(&repo, &r, node, &mut w)?;
+            Ok(0)
+        }
+        Cmd::Restore {
+            snapshot,
+            target,
+            include,
+        } => {
+            let repo = open(cli)?;
+            let (id, s) = repo.resolve_snapshot(snapshot)?;
+            let r = repo.load_recipe(&s.recipe)?;
+            let mut opts = strata_store::restore::RestoreOptions::new(target);
+            opts.include = include.clone();
+            let pd = progress_for(cli, "restore");
+            opts.progress = pd.progress.clone();
+            let started = std::time::Instant::now();
+            let res = strata_store::restore::restore(&repo, &r, &opts);
+            pd.finish();
+            let rep = res?;
+            let secs = started.elapsed().as_secs_f64();
+            for w in &rep.warnings {
+                out.warn(w);
+            }
+            out.result(
+                &json!({"snapshot": id, "target": target, "files": rep.files, "dirs": rep.dirs, "bytes": rep.bytes,
+                        "seconds": secs, "containers_read": rep.containers_read, "regions_read": rep.regions_read,
+                        "bytes_read": rep.bytes_read, "warnings": rep.warnings}),
+                || {
+                    format!(
+                        "restored {} ({}@{}) to {}: {} files, {} in {:.1}s ({}/s), {} containers read",
+                        &id[..8],
+                        s.series,
+                        s.version,
+                        target.display(),
+                        rep.files,
+                        fmt_bytes(rep.bytes),
+                        secs,
+                        fmt_bytes((rep.bytes as f64 / secs.max(1e-6)) as u64),
+                        rep.containers_read
+                    )
+                },
+            );
+            Ok(0)
+        }
+        Cmd::Forget { snapshots, prune } => {
+            let repo = open(cli)?;
+            let all = repo.list_snapshots()?;
+            let mut ids = Vec::new();
+            for s in snapshots {
+                ids.push(strata_store::repo::resolve_in(&all, s)?.0);
+            }
+            ids.sort();
+            ids.dedup();
+            let rep = strata_store::gc::forget(&repo, &ids)?;
+            out.result(&serde_json::to_value(&rep)?, || {
+                format!("removed {} snapshots", rep.removed_snapshots.len())
+            });
+            if *prune {
+                return gc_cmd(cli, out, &repo, 0.2, false);
+            }
+            Ok(0)
+        }
+        Cmd::Gc { threshold, dry_run } => {
+            let repo = open(cli)?;
+            gc_cmd(cli, out, &repo, *threshold, *dry_run)
+        }
+        Cmd::Stats => {
+            let repo = open(cli)?;
+            let st = strata_store::stats::stats(&repo)?;
+            out.result(&serde_json::to_value(&st)?, || {
+                format!(
+                    "snapshots:          {} in {} series\n\
+                     logical size:       {}\n\
+                     unique data:        {} in {} chunks, {} segments\n\
+                     stored (data):      {} in {} containers\n\
+                     repository total:   {}\n\
+                     dedup ratio:        {:.2}x\n\
+                     compression ratio:  {:.2}x\n\
+                     total ratio:        {:.2}x ({:.1}% space saved)\n\
+                     index:              {} ({} entries, {} RAM)",
+                    st.snapshots,
+                    st.series,
+                    fmt_bytes(st.logical_bytes),
+                    fmt_bytes(st.unique_raw_bytes),
+                    st.chunks,
+                    st.segments,
+                    fmt_bytes(st.stored_bytes),
+                    st.containers,
+                    fmt_bytes(st.total_repo_bytes),
+                    st.dedup_ratio,
+                    st.compression_ratio,
+                    st.total_ratio,
+                    st.space_saving_pct,
+                    st.index_strategy,
+                    st.index_entries,
+                    fmt_bytes(st.index_ram_bytes)
+                )
+            });
+            Ok(0)
+        }
+        Cmd::Check { read_data } => {
+            let repo = open(cli)?;
+            let pd = progress_for(cli, "check");
+            let opts = strata_store::check::CheckOptions {
+                read_data: *read_data,
+                progress: pd.progress.clone(),
+            };
+            let res = strata_store::check::check(&repo, &opts);
+            pd.finish();
+            let rep = res?;
+            for w in &rep.warnings {
+                out.warn(w);
+            }
+            if !out.json {
+                for e in &rep.errors {
+                    eprintln!("error: {e}");
+                }
+            }
+            out.result(&serde_json::to_value(&rep)?, || {
+                if rep.ok() {
+                    format!(
+                        "no errors: {} snapshots, {} containers, {} chunks{}",
+                        rep.snapshots,
+                        rep.containers,
+                        rep.chunks,
+                        if *read_data {
+                            format!(
+                                ", {} regions and {} read and verified",
+                                rep.regions_read,
+                                fmt_bytes(rep.bytes_read)
+                            )
+                        } else {
+                            String::new()
+                        }
+                    )
+                } else {
+                    format!(
+                        "{} errors; damaged snapshots: {}",
+                        rep.errors.len(),
+                        rep.damaged_snapshots
+                            .iter()
+                            .map(|s| &s[..8])
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                }
+            });
+            Ok(if rep.ok() { 0 } else { 1 })
+        }
+        Cmd::Unlock { all } => {
+            let repo = open(cli)?;
+            let removed = strata_store::lock::unlock(&repo, *all)?;
+            out.result(&json!({ "removed": removed }), || {
+                format!("removed {} locks", removed.len())
+            });
+            Ok(0)
+        }
+        Cmd::Repair {
+            what: RepairWhat::Index,
+        } => {
+            let repo = open(cli)?;
+            let (n, problems) = strata_store::gc::repair_index(&repo)?;
+            for p in &problems {
+                out.warn(p);
+            }
+            out.result(&json!({"containers": n, "problems": problems}), || {
+                format!("index rebuilt from {n} containers")
+            });
+            Ok(if problems.is_empty() { 0 } else { 3 })
+        }
+    }
+}
+
+fn gc_cmd(cli: &Cli, out: &Out, repo: &Repository, threshold: f64, dry_run: bool) -> Result<i32> {
+    if !(0.0..=1.0).contains(&threshold) {
+        bail!("--threshold must be between 0 and 1");
+    }
+    let pd = progress_for(cli, "gc");
+    let opts = strata_store::gc::GcOptions {
+        threshold,
+        dry_run,
+        progress: pd.progress.clone(),
+    };
+    let started = std::time::Instant::now();
+    let res = strata_store::gc::gc(repo, &opts);
+    pd.finish();
+    let rep = res?;
+    let mut v = serde_json::to_value(&rep)?;
+    v["seconds"] = json!(started.elapsed().as_secs_f64());
+    out.result(&v, || {
+        format!(
+            "{}{} freed: {} containers deleted, {} rewritten into {}, {} orphans removed; {} -> {}",
+            if dry_run { "(dry run) " } else { "" },
+            fmt_bytes(rep.bytes_freed),
+            rep.containers_deleted,
+            rep.containers_rewritten,
+            rep.containers_written,
+            rep.orphans_deleted,
+            fmt_bytes(rep.bytes_before),
+            fmt_bytes(rep.bytes_after)
+        )
+    });
+    Ok(0)
+}
+
+fn cmd_backup(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
+    let repo = open(cli)?;
+    if a.paths.is_empty() && !a.stdin {
+        bail!("nothing to back up: give one or more paths, or --stdin");
+    }
+    let pd = progress_for(cli, "backup");
+    let mut opts = BackupOptions {
+        paths: a.paths.clone(),
+        series: a.series.clone(),
+        tags: a.tag.clone(),
+        force_read: a.force_read,
+        chunker: a.chunker.map(|c| match c {
+            ChunkerArg::Cdc => repo.config().chunker,
+            ChunkerArg::Fixed => ChunkerParams::fixed(),
+        }),
+        progress: pd.progress.clone(),
+        ..Default::default()
+    };
+    if let Some(t) = a.threads {
+        opts.threads = t;
+    }
+    if a.stdin {
+        opts.stdin = Some(StdinSource {
+            reader: Box::new(std::io::stdin()),
+            name: a.stdin_name.clone(),
+        });
+    }
+    let res = strata_store::backup::backup(&repo, opts);
+    pd.finish();
+    let rep = res?;
+    for w in &rep.warnings {
+        out.warn(w);
+    }
+    let s = &rep.snapshot;
+    let secs = s.stats.duration_ms as f64 / 1000.0;
+    out.result(
+        &json!({"id": rep.id, "short_id": &rep.id[..8], "series": s.series, "version": s.version,
+                "files": s.stats.files, "dirs": s.stats.dirs, "logical_bytes": s.stats.logical_bytes,
+                "read_bytes": s.stats.read_bytes, "new_chunks": s.stats.new_chunks,
+                "new_raw_bytes": s.stats.new_raw_bytes, "new_stored_bytes": s.stats.new_stored_bytes,
+                "reused_files": rep.reused_files, "seconds": secs, "index_ram_bytes": rep.index_ram_bytes,
+                "warnings": rep.warnings}),
+        || {
+            format!(
+                "snapshot {} saved: {}@{}\n  {} files ({} unchanged), {} dirs, {} logical, {} read\n  {} new chunks, {} new data, {} added to the repository\n  {:.1}s ({}/s)",
+                &rep.id[..8],
+                s.series,
+                s.version,
+                s.stats.files,
+                rep.reused_files,
+                s.stats.dirs,
+                fmt_bytes(s.stats.logical_bytes),
+                fmt_bytes(s.stats.read_bytes),
+                s.stats.new_chunks,
+                fmt_bytes(s.stats.new_raw_bytes),
+                fmt_bytes(s.stats.new_stored_bytes),
+                secs,
+                fmt_bytes((s.stats.logical_bytes as f64 / secs.max(1e-3)) as u64)
+            )
+        },
+    );
+    if !rep.warnings.is_empty() {
+        if !out.json {
+            eprintln!(
+                "warning: {} files or directories could not be read (listed above)",
+                rep.warnings.len()
+            );
+        }
+        return Ok(3);
+    }
+    Ok(0)
+}

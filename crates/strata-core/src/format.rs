@@ -1,0 +1,347 @@
+//! Versioned on-disk structures (DESIGN.md "Vocabulary", "Data flow").
+//!
+//! Every structure is encoded as one format-version byte followed by its
+//! postcard encoding, and the result is stored inside a sealed envelope
+//! ([`crate::crypto`]), which adds the envelope version and the checksum or
+//! AEAD tag. Data containers additionally have a small fixed binary frame
+//! (see [`container_header`] and [`ContainerFooter`]) so that their metadata
+//! section can be found without any other object.
+
+use crate::chunker::ChunkerParams;
+use crate::error::{CoreError, Result};
+use crate::fingerprint::Fingerprint;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Version of the repository layout (config, object names, structures).
+pub const REPO_FORMAT_VERSION: u8 = 1;
+/// Version byte of each structure below.
+pub const STRUCT_VERSION: u8 = 1;
+
+/// Encodes a structure: version byte + postcard.
+pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
+    let mut out = vec![STRUCT_VERSION];
+    let body = postcard::to_stdvec(value).map_err(|e| CoreError::Encode(e.to_string()))?;
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Decodes a structure encoded by [`encode`], checking its version.
+pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T> {
+    let (&v, body) = bytes.split_first().ok_or(CoreError::Truncated(what))?;
+    if v != STRUCT_VERSION {
+        return Err(CoreError::UnknownVersion {
+            what,
+            found: v,
+            supported: STRUCT_VERSION,
+        });
+    }
+    postcard::from_bytes(body).map_err(|e| CoreError::Decode {
+        what,
+        msg: e.to_string(),
+    })
+}
+
+/// Identity of a data container (random, never reused).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ContainerId(pub [u8; 16]);
+
+impl ContainerId {
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    pub fn from_hex(s: &str) -> Option<Self> {
+        let v = hex::decode(s).ok()?;
+        Some(ContainerId(v.try_into().ok()?))
+    }
+}
+
+impl fmt::Debug for ContainerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "C({})", self.to_hex())
+    }
+}
+
+impl fmt::Display for ContainerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// A compression region inside a data container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionInfo {
+    /// Byte offset of the region's envelope in the data object.
+    pub offset: u64,
+    /// Length of the envelope.
+    pub stored_len: u32,
+    /// Length of the plaintext (sum of its chunks).
+    pub raw_len: u32,
+}
+
+/// A chunk stored in a container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkEntry {
+    pub fp: Fingerprint,
+    pub region: u32,
+    /// Offset inside the region's plaintext.
+    pub offset: u32,
+    pub len: u32,
+}
+
+/// The metadata section of a data container; also stored on its own as the
+/// container's metadata object so index, GC and check never read data.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerMeta {
+    pub id: ContainerId,
+    /// Total length of the data object.
+    pub data_len: u64,
+    /// Creation time, seconds since the epoch.
+    pub created: i64,
+    /// Lifecycle stamp (RevDedup §2.5): creation time of the version whose
+    /// archival data this container holds; `None` for ordinary containers.
+    pub stamp: Option<i64>,
+    pub regions: Vec<RegionInfo>,
+    pub chunks: Vec<ChunkEntry>,
+}
+
+impl ContainerMeta {
+    pub fn raw_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.len as u64).sum()
+    }
+}
+
+/// Magic at the start of every data container.
+pub const CONTAINER_MAGIC: [u8; 4] = *b"STRC";
+/// Magic closing the footer of every data container.
+pub const FOOTER_MAGIC: [u8; 4] = *b"STRF";
+pub const CONTAINER_HEADER_LEN: usize = 8;
+pub const CONTAINER_FOOTER_LEN: usize = 16;
+
+/// The 8-byte header of a data container: magic, format version, 3 reserved.
+pub fn container_header() -> [u8; CONTAINER_HEADER_LEN] {
+    let mut h = [0u8; CONTAINER_HEADER_LEN];
+    h[..4].copy_from_slice(&CONTAINER_MAGIC);
+    h[4] = STRUCT_VERSION;
+    h
+}
+
+/// The 16-byte footer of a data container: where its metadata section is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContainerFooter {
+    pub meta_offset: u64,
+    pub meta_len: u32,
+}
+
+impl ContainerFooter {
+    pub fn to_bytes(self) -> [u8; CONTAINER_FOOTER_LEN] {
+        let mut b = [0u8; CONTAINER_FOOTER_LEN];
+        b[..8].copy_from_slice(&self.meta_offset.to_le_bytes());
+        b[8..12].copy_from_slice(&self.meta_len.to_le_bytes());
+        b[12..].copy_from_slice(&FOOTER_MAGIC);
+        b
+    }
+
+    pub fn parse(b: &[u8]) -> Result<Self> {
+        if b.len() != CONTAINER_FOOTER_LEN {
+            return Err(CoreError::Truncated("container footer"));
+        }
+        if b[12..] != FOOTER_MAGIC {
+            return Err(CoreError::BadMagic("container footer"));
+        }
+        Ok(ContainerFooter {
+            meta_offset: u64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
+            meta_len: u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
+        })
+    }
+}
+
+/// Sentinel container index of a chunk that is all zeros (never stored).
+pub const ZERO_CHUNK: u32 = u32::MAX;
+
+/// Reference to one chunk from a recipe. `container` indexes the recipe's
+/// container table; the location is *direct* (DESIGN.md "recipe"). Should the
+/// container have been rewritten by GC since, restore falls back to the
+/// index by fingerprint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkRef {
+    pub fp: Fingerprint,
+    pub len: u32,
+    pub container: u32,
+    pub region: u32,
+    pub offset: u32,
+}
+
+impl ChunkRef {
+    pub fn is_zero(&self) -> bool {
+        self.container == ZERO_CHUNK
+    }
+}
+
+/// A segment of a file: whole chunks, the coarse dedup unit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentRef {
+    pub fp: Fingerprint,
+    pub chunks: Vec<ChunkRef>,
+}
+
+impl SegmentRef {
+    pub fn len(&self) -> u64 {
+        self.chunks.iter().map(|c| c.len as u64).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+}
+
+/// What a tree entry is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeKind {
+    File,
+    Dir,
+    Symlink,
+    /// A further name of a file recorded earlier (`target` holds its path).
+    Hardlink,
+    Fifo,
+    CharDevice,
+    BlockDevice,
+    Socket,
+}
+
+/// One entry of a version's tree.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    /// Path relative to the snapshot root, `/`-separated raw bytes.
+    pub path: Vec<u8>,
+    pub kind: NodeKind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub ino: u64,
+    pub dev: u64,
+    pub rdev: u64,
+    pub nlink: u64,
+    pub size: u64,
+    /// Symlink target, or the first path of a hardlinked file.
+    pub target: Option<Vec<u8>>,
+    pub segments: Vec<SegmentRef>,
+}
+
+impl Node {
+    pub fn path_str(&self) -> String {
+        String::from_utf8_lossy(&self.path).into_owned()
+    }
+}
+
+/// How to rebuild one version.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recipe {
+    pub containers: Vec<ContainerId>,
+    pub nodes: Vec<Node>,
+}
+
+/// Figures recorded with each snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotStats {
+    pub files: u64,
+    pub dirs: u64,
+    pub logical_bytes: u64,
+    /// Bytes of file content actually read (unchanged files are skipped).
+    pub read_bytes: u64,
+    pub new_chunks: u64,
+    /// Plaintext bytes of new chunks.
+    pub new_raw_bytes: u64,
+    /// Bytes added to the repository (containers + metadata).
+    pub new_stored_bytes: u64,
+    pub duration_ms: u64,
+    pub warnings: u64,
+}
+
+/// A committed version. Writing this object is the commit point.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub series: String,
+    pub version: u32,
+    /// Nanoseconds since the epoch.
+    pub time_ns: i64,
+    pub host: String,
+    pub paths: Vec<String>,
+    pub tags: Vec<String>,
+    /// Object id of the recipe.
+    pub recipe: String,
+    pub parent: Option<String>,
+    pub chunker: ChunkerParams,
+    pub stats: SnapshotStats,
+}
+
+/// An index object: the metadata of a set of containers.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexObject {
+    pub containers: Vec<ContainerMeta>,
+}
+
+/// Repository configuration (stored unencrypted, checksummed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepoConfig {
+    pub format_version: u8,
+    pub id: String,
+    pub created: i64,
+    pub chunker: ChunkerParams,
+    pub zstd_level: i32,
+    pub container_size: u32,
+    pub region_size: u32,
+    pub encrypted: bool,
+    pub index: String,
+}
+
+/// A lock held by a running command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockInfo {
+    pub host: String,
+    pub pid: u32,
+    pub time: i64,
+    pub exclusive: bool,
+    pub operation: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_is_checked() {
+        let l = LockInfo {
+            host: "h".into(),
+            pid: 1,
+            time: 2,
+            exclusive: true,
+            operation: "gc".into(),
+        };
+        let mut b = encode(&l).unwrap();
+        assert_eq!(decode::<LockInfo>("lock", &b).unwrap(), l);
+        b[0] = 9;
+        assert!(matches!(
+            decode::<LockInfo>("lock", &b),
+            Err(CoreError::UnknownVersion { found: 9, .. })
+        ));
+        assert!(decode::<LockInfo>("lock", &[]).is_err());
+        assert!(decode::<LockInfo>("lock", &[STRUCT_VERSION, 1]).is_err());
+    }
+
+    #[test]
+    fn footer_roundtrip() {
+        let f = ContainerFooter {
+            meta_offset: 12345,
+            meta_len: 77,
+        };
+        assert_eq!(ContainerFooter::parse(&f.to_bytes()).unwrap(), f);
+        let mut b = f.to_bytes();
+        b[15] = 0;
+        assert!(ContainerFooter::parse(&b).is_err());
+    }
+}

@@ -1,0 +1,22 @@
+//! Strata core: the pieces every other crate shares.
+//!
+//! * [`chunker`] — content-defined (FastCDC) and fixed-size chunking with
+//!   segments cut on chunk boundaries in the same pass (DESIGN.md "Chunking").
+//! * [`fingerprint`] — BLAKE3-256 fingerprints, keyed when the repository is
+//!   encrypted (DESIGN.md "Vocabulary").
+//! * [`crypto`] — master keys wrapped by Argon2id, and the sealed *envelope*
+//!   that every stored byte goes through (checksum or AEAD tag).
+//! * [`format`] — the versioned on-disk structures: container metadata,
+//!   recipes, snapshots, index objects (DESIGN.md "Vocabulary", "Data flow").
+//!
+//! The byte-level layout of every structure is documented in
+//! `docs/architecture.md`; the constants here are the source of truth.
+
+pub mod chunker;
+pub mod crypto;
+pub mod error;
+pub mod fingerprint;
+pub mod format;
+
+pub use error::{CoreError, Result};
+pub use fingerprint::{Fingerprint, Hasher};

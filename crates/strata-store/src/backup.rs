@@ -1,0 +1,771 @@
+//! Backup: walk → chunk → fingerprint → index → pack → commit
+//! (DESIGN.md "Data flow").
+//!
+//! The walk runs on the calling thread and records every entry's metadata.
+//! Files whose size, mtime, ctime and inode match the series' previous
+//! version reuse its recipe without being read. The others are read by
+//! worker threads (one per core); each worker chunks and fingerprints its
+//! file, asks the index strategy about a segment at a time, claims the new
+//! chunks and packs them into its own open container, so a file's new
+//! chunks stay contiguous. Finished containers are compressed, sealed and
+//! written by the [`ContainerSink`]. The commit order is: containers →
+//! index object → recipe → snapshot; the snapshot write is the atomic
+//! switch, so a crash at any earlier point leaves only unreferenced objects
+//! that `gc` removes.
+
+use crate::container::{ContainerSink, ContainerWriter};
+use crate::error::{Result, StoreError};
+use crate::index::{ContainerTable, ExactIndex, IndexStrategy, RepoIndex};
+use crate::lock;
+use crate::repo::{now_ns, Repository};
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File, Metadata};
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use strata_core::chunker::{ChunkStream, ChunkerParams, Segmenter};
+use strata_core::crypto::Kind;
+use strata_core::fingerprint::is_zero;
+use strata_core::format::{
+    ChunkRef, ContainerId, IndexObject, Node, NodeKind, Recipe, SegmentRef, Snapshot,
+    SnapshotStats, ZERO_CHUNK,
+};
+use strata_core::Fingerprint;
+
+/// Live counters for progress display; the CLI polls them.
+#[derive(Default, Debug)]
+pub struct Progress {
+    pub files_total: AtomicU64,
+    pub bytes_total: AtomicU64,
+    pub files_done: AtomicU64,
+    pub bytes_done: AtomicU64,
+    /// Set once the walk has finished and the totals are final.
+    pub totals_known: AtomicBool,
+}
+
+/// A stream to back up as one file.
+pub struct StdinSource {
+    pub reader: Box<dyn Read + Send>,
+    pub name: String,
+}
+
+pub struct BackupOptions {
+    /// Paths to back up (made absolute by the caller or here).
+    pub paths: Vec<PathBuf>,
+    pub stdin: Option<StdinSource>,
+    pub series: Option<String>,
+    pub tags: Vec<String>,
+    pub force_read: bool,
+    /// Overrides the repository's chunker (e.g. fixed-size for images).
+    pub chunker: Option<ChunkerParams>,
+    pub threads: usize,
+    pub progress: Arc<Progress>,
+}
+
+impl Default for BackupOptions {
+    fn default() -> Self {
+        BackupOptions {
+            paths: vec![],
+            stdin: None,
+            series: None,
+            tags: vec![],
+            force_read: false,
+            chunker: None,
+            threads: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2),
+            progress: Arc::new(Progress::default()),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BackupReport {
+    pub id: String,
+    pub snapshot: Snapshot,
+    pub warnings: Vec<String>,
+    pub index_ram_bytes: u64,
+    pub reused_files: u64,
+}
+
+/// Default series name: host and the absolute paths.
+pub fn default_series(paths: &[PathBuf], stdin_name: Option<&str>) -> String {
+    let mut parts: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    if let Some(n) = stdin_name {
+        parts.push(format!("stdin:{n}"));
+    }
+    format!("{}:{}", lock::hostname(), parts.join(","))
+}
+
+fn rel_bytes(p: &Path) -> Vec<u8> {
+    let b = p.as_os_str().as_bytes();
+    let mut s = 0;
+    while s < b.len() && b[s] == b'/' {
+        s += 1;
+    }
+    b[s..].to_vec()
+}
+
+fn node_from_meta(path: Vec<u8>, m: &Metadata) -> Node {
+    let ft = m.file_type();
+    let kind = if ft.is_dir() {
+        NodeKind::Dir
+    } else if ft.is_symlink() {
+        NodeKind::Symlink
+    } else if ft.is_fifo() {
+        NodeKind::Fifo
+    } else if ft.is_char_device() {
+        NodeKind::CharDevice
+    } else if ft.is_block_device() {
+        NodeKind::BlockDevice
+    } else if ft.is_socket() {
+        NodeKind::Socket
+    } else {
+        NodeKind::File
+    };
+    Node {
+        path,
+        kind,
+        mode: m.mode(),
+        uid: m.uid(),
+        gid: m.gid(),
+        mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+        ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+        ino: m.ino(),
+        dev: m.dev(),
+        rdev: m.rdev(),
+        nlink: m.nlink(),
+        size: if kind == NodeKind::File { m.len() } else { 0 },
+        target: None,
+        segments: vec![],
+    }
+}
+
+enum Source {
+    Path(PathBuf),
+    Stream(Mutex<Option<Box<dyn Read + Send>>>),
+}
+
+struct Job {
+    node: usize,
+    source: Source,
+}
+
+enum Outcome {
+    Done {
+        segments: Vec<SegmentRef>,
+        size: u64,
+        warning: Option<String>,
+    },
+    Failed(String),
+}
+
+struct Walker<'a> {
+    nodes: Vec<Node>,
+    jobs: Vec<Job>,
+    warnings: Vec<String>,
+    seen: HashSet<Vec<u8>>,
+    hardlinks: HashMap<(u64, u64), Vec<u8>>,
+    parent: &'a HashMap<Vec<u8>, Node>,
+    reuse: &'a dyn Fn(&Node, &Node) -> Option<Vec<SegmentRef>>,
+    force_read: bool,
+    progress: &'a Progress,
+    reused: u64,
+}
+
+impl Walker<'_> {
+    fn add(&mut self, abs: &Path, m: &Metadata) {
+        let rel = rel_bytes(abs);
+        if !self.seen.insert(rel.clone()) {
+            return;
+        }
+        let mut node = node_from_meta(rel.clone(), m);
+        match node.kind {
+            NodeKind::Symlink => match fs::read_link(abs) {
+                Ok(t) => node.target = Some(t.as_os_str().as_bytes().to_vec()),
+                Err(e) => {
+                    self.warnings
+                        .push(format!("{}: cannot read link: {e}", abs.display()));
+                    return;
+                }
+            },
+            NodeKind::File => {
+                if node.nlink > 1 {
+                    if let Some(first) = self.hardlinks.get(&(node.dev, node.ino)) {
+                        node.kind = NodeKind::Hardlink;
+                        node.target = Some(first.clone());
+                        node.size = 0;
+                        self.nodes.push(node);
+                        return;
+                    }
+                    self.hardlinks.insert((node.dev, node.ino), rel.clone());
+                }
+                self.progress.files_total.fetch_add(1, Ordering::Relaxed);
+                self.progress
+                    .bytes_total
+                    .fetch_add(node.size, Ordering::Relaxed);
+                if !self.force_read {
+                    if let Some(segs) = self
+                        .parent
+                        .get(&rel)
+                        .and_then(|old| (self.reuse)(old, &node))
+                    {
+                        node.segments = segs;
+                        self.progress.files_done.fetch_add(1, Ordering::Relaxed);
+                        self.progress
+                            .bytes_done
+                            .fetch_add(node.size, Ordering::Relaxed);
+                        self.reused += 1;
+                        self.nodes.push(node);
+                        return;
+                    }
+                }
+                self.jobs.push(Job {
+                    node: self.nodes.len(),
+                    source: Source::Path(abs.to_path_buf()),
+                });
+            }
+            _ => {}
+        }
+        self.nodes.push(node);
+    }
+
+    fn walk_root(&mut self, root: &Path) {
+        // Record the ancestors so restore can recreate them with metadata.
+        let mut anc: Vec<&Path> = root
+            .ancestors()
+            .skip(1)
+            .filter(|a| a.parent().is_some())
+            .collect();
+        anc.reverse();
+        for a in anc {
+            if let Ok(m) = fs::symlink_metadata(a) {
+                self.add(a, &m);
+            }
+        }
+        let m = match fs::symlink_metadata(root) {
+            Ok(m) => m,
+            Err(e) => {
+                self.warnings.push(format!("{}: {e}", root.display()));
+                return;
+            }
+        };
+        self.add(root, &m);
+        if !m.is_dir() {
+            return;
+        }
+        let mut stack = vec![root.to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            let rd = match fs::read_dir(&dir) {
+                Ok(rd) => rd,
+                Err(e) => {
+                    self.warnings
+                        .push(format!("{}: cannot read directory: {e}", dir.display()));
+                    continue;
+                }
+            };
+            let mut entries: Vec<_> = rd.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+            entries.sort();
+            let mut subdirs = Vec::new();
+            for p in entries {
+                match fs::symlink_metadata(&p) {
+                    Ok(m) => {
+                        self.add(&p, &m);
+                        if m.is_dir() {
+                            subdirs.push(p);
+                        }
+                    }
+                    Err(e) => self.warnings.push(format!("{}: {e}", p.display())),
+                }
+            }
+            // Depth first, in name order.
+            subdirs.reverse();
+            stack.extend(subdirs);
+        }
+    }
+}
+
+/// Per-backup state shared by the workers.
+struct Ctx<'a> {
+    repo: &'a Repository,
+    strategy: &'a dyn IndexStrategy,
+    chunker: ChunkerParams,
+    progress: &'a Progress,
+    abort: AtomicBool,
+    new_chunks: AtomicU64,
+    new_raw: AtomicU64,
+    read_bytes: AtomicU64,
+}
+
+struct PendingChunk {
+    fp: Fingerprint,
+    start: usize,
+    len: u32,
+    zero: bool,
+}
+
+impl Ctx<'_> {
+    fn finish_segment(
+        &self,
+        writer: &mut ContainerWriter,
+        data: &[u8],
+        chunks: &mut Vec<PendingChunk>,
+        out: &mut Vec<SegmentRef>,
+    ) -> Result<()> {
+        if chunks.is_empty() {
+            return Ok(());
+        }
+        let hasher = self.repo.hasher();
+        let seg_fp = hasher.hash_fingerprints(chunks.iter().map(|c| &c.fp));
+        let fps: Vec<Fingerprint> = chunks.iter().filter(|c| !c.zero).map(|c| c.fp).collect();
+        let mut found = self.strategy.lookup_segment(&seg_fp, &fps).into_iter();
+        let mut refs = Vec::with_capacity(chunks.len());
+        for c in chunks.drain(..) {
+            if c.zero {
+                refs.push(ChunkRef {
+                    fp: Fingerprint::ZERO,
+                    len: c.len,
+                    container: ZERO_CHUNK,
+                    region: 0,
+                    offset: 0,
+                });
+                continue;
+            }
+            let loc = match found.next().flatten() {
+                Some(l) => l,
+                None => {
+                    let loc = writer.next_loc(c.len as usize)?;
+                    match self.strategy.claim(&c.fp, loc) {
+                        None => {
+                            writer.append(c.fp, &data[c.start..c.start + c.len as usize]);
+                            self.new_chunks.fetch_add(1, Ordering::Relaxed);
+                            self.new_raw.fetch_add(c.len as u64, Ordering::Relaxed);
+                            loc
+                        }
+                        Some(existing) => existing,
+                    }
+                }
+            };
+            refs.push(ChunkRef {
+                fp: c.fp,
+                len: c.len,
+                container: loc.container,
+                region: loc.region,
+                offset: loc.offset,
+            });
+        }
+        out.push(SegmentRef {
+            fp: seg_fp,
+            chunks: refs,
+        });
+        Ok(())
+    }
+
+    /// Reads one source. `Ok(Err(msg))` is a per-file problem (a warning);
+    /// `Err` is fatal for the whole backup.
+    fn process(
+        &self,
+        writer: &mut ContainerWriter,
+        reader: &mut dyn Read,
+    ) -> Result<Result<(Vec<SegmentRef>, u64), String>> {
+        let mut stream = ChunkStream::new(reader, self.chunker);
+        let mut seg = Segmenter::new(&self.chunker);
+        let mut data: Vec<u8> = Vec::with_capacity(self.chunker.avg_segment as usize * 2);
+        let mut pending: Vec<PendingChunk> = Vec::new();
+        let mut segments = Vec::new();
+        let hasher = self.repo.hasher();
+        loop {
+            if self.abort.load(Ordering::Relaxed) {
+                return Err(StoreError::Cancelled);
+            }
+            let next = match stream.next_chunk() {
+                Ok(n) => n,
+                Err(e) => return Ok(Err(format!("read error: {e}"))),
+            };
+            let Some((_, chunk)) = next else { break };
+            let zero = is_zero(chunk);
+            let fp = if zero {
+                Fingerprint::ZERO
+            } else {
+                hasher.hash(chunk)
+            };
+            let len = chunk.len() as u32;
+            pending.push(PendingChunk {
+                fp,
+                start: data.len(),
+                len,
+                zero,
+            });
+            if !zero {
+                data.extend_from_slice(chunk);
+            }
+            self.progress
+                .bytes_done
+                .fetch_add(len as u64, Ordering::Relaxed);
+            self.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
+            if seg.push(&fp, len) {
+                self.finish_segment(writer, &data, &mut pending, &mut segments)?;
+                data.clear();
+            }
+        }
+        self.finish_segment(writer, &data, &mut pending, &mut segments)?;
+        Ok(Ok((segments, stream.position())))
+    }
+
+    fn process_job(
+        &self,
+        writer: &mut ContainerWriter,
+        job: &Job,
+        expect: &Node,
+    ) -> Result<Outcome> {
+        match &job.source {
+            Source::Stream(m) => {
+                let mut r = m
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take()
+                    .ok_or_else(|| StoreError::Invalid("stream read twice".into()))?;
+                Ok(match self.process(writer, &mut r)? {
+                    Ok((segments, size)) => Outcome::Done {
+                        segments,
+                        size,
+                        warning: None,
+                    },
+                    Err(m) => Outcome::Failed(format!("stdin: {m}")),
+                })
+            }
+            Source::Path(p) => {
+                let mut f = match File::options()
+                    .read(true)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_NOATIME)
+                    .open(p)
+                    .or_else(|_| {
+                        File::options()
+                            .read(true)
+                            .custom_flags(libc::O_NOFOLLOW)
+                            .open(p)
+                    }) {
+                    Ok(f) => f,
+                    Err(e) => return Ok(Outcome::Failed(format!("{}: {e}", p.display()))),
+                };
+                let r = self.process(writer, &mut f)?;
+                let (segments, size) = match r {
+                    Ok(x) => x,
+                    Err(m) => return Ok(Outcome::Failed(format!("{}: {m}", p.display()))),
+                };
+                self.progress.files_done.fetch_add(1, Ordering::Relaxed);
+                // A file modified while it was read is kept as read, with a
+                // warning (restic and borg do the same).
+                let mut warning = None;
+                if let Ok(after) = f.metadata() {
+                    let t = after.mtime() * 1_000_000_000 + after.mtime_nsec();
+                    if after.len() != size || t != expect.mtime_ns || size != expect.size {
+                        warning = Some(format!(
+                            "{}: file changed while it was read; stored the {size} bytes read",
+                            p.display()
+                        ));
+                    }
+                }
+                Ok(Outcome::Done {
+                    segments,
+                    size,
+                    warning,
+                })
+            }
+        }
+    }
+}
+
+/// Runs a backup and commits a new version.
+pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport> {
+    let started = std::time::Instant::now();
+    let _lock = lock::acquire(repo, false, "backup")?;
+    let chunker = opts.chunker.unwrap_or(repo.config().chunker);
+    chunker.validate()?;
+    let mut paths = Vec::new();
+    for p in &opts.paths {
+        let abs = if p.is_absolute() {
+            p.clone()
+        } else {
+            std::env::current_dir()
+                .map_err(|e| StoreError::io("resolve", p.display().to_string(), e))?
+                .join(p)
+        };
+        // Normalise `.` and `..` lexically; symlinks are not followed.
+        let mut clean = PathBuf::from("/");
+        for c in abs.components() {
+            match c {
+                std::path::Component::ParentDir => {
+                    clean.pop();
+                }
+                std::path::Component::Normal(n) => clean.push(n),
+                _ => {}
+            }
+        }
+        paths.push(clean);
+    }
+    if paths.is_empty() && opts.stdin.is_none() {
+        return Err(StoreError::Invalid(
+            "nothing to back up: give paths or --stdin".into(),
+        ));
+    }
+    let series = opts
+        .series
+        .clone()
+        .unwrap_or_else(|| default_series(&paths, opts.stdin.as_ref().map(|s| s.name.as_str())));
+
+    // Index and parent.
+    let table = Arc::new(ContainerTable::default());
+    let exact = ExactIndex::default();
+    let repo_index = RepoIndex::load(repo, |m| exact.add_container(&table, m))?;
+    let snapshots = repo.list_snapshots()?;
+    let parent = snapshots
+        .iter()
+        .filter(|(_, s)| s.series == series)
+        .max_by_key(|(_, s)| (s.version, s.time_ns))
+        .cloned();
+    let version = snapshots
+        .iter()
+        .filter(|(_, s)| s.series == series)
+        .map(|(_, s)| s.version)
+        .max()
+        .unwrap_or(0)
+        + 1;
+    let mut parent_nodes: HashMap<Vec<u8>, Node> = HashMap::new();
+    let mut parent_containers: Vec<ContainerId> = vec![];
+    if let Some((_, ps)) = &parent {
+        if ps.chunker == chunker {
+            let r = repo.load_recipe(&ps.recipe)?;
+            parent_containers = r.containers;
+            for n in r.nodes {
+                if n.kind == NodeKind::File {
+                    parent_nodes.insert(n.path.clone(), n);
+                }
+            }
+        }
+    }
+    let reuse = |old: &Node, new: &Node| -> Option<Vec<SegmentRef>> {
+        if old.size != new.size
+            || old.mtime_ns != new.mtime_ns
+            || old.ctime_ns != new.ctime_ns
+            || old.ino != new.ino
+        {
+            return None;
+        }
+        let mut segs = old.segments.clone();
+        for s in &mut segs {
+            for c in &mut s.chunks {
+                if c.is_zero() {
+                    continue;
+                }
+                let id = parent_containers.get(c.container as usize)?;
+                if repo_index.containers.contains_key(id) {
+                    c.container = table.intern(*id);
+                } else {
+                    // Moved by gc since: take the current location.
+                    let l = exact.lookup(&c.fp)?;
+                    c.container = l.container;
+                    c.region = l.region;
+                    c.offset = l.offset;
+                }
+            }
+        }
+        Some(segs)
+    };
+
+    let progress = opts.progress.clone();
+    let mut walker = Walker {
+        nodes: Vec::new(),
+        jobs: Vec::new(),
+        warnings: Vec::new(),
+        seen: HashSet::new(),
+        hardlinks: HashMap::new(),
+        parent: &parent_nodes,
+        reuse: &reuse,
+        force_read: opts.force_read,
+        progress: &progress,
+        reused: 0,
+    };
+    for p in &paths {
+        walker.walk_root(p);
+    }
+    if let Some(s) = opts.stdin.take() {
+        let now = now_ns();
+        walker.jobs.push(Job {
+            node: walker.nodes.len(),
+            source: Source::Stream(Mutex::new(Some(s.reader))),
+        });
+        walker.nodes.push(Node {
+            path: s.name.trim_start_matches('/').as_bytes().to_vec(),
+            kind: NodeKind::File,
+            mode: 0o100644,
+            // SAFETY: getuid/getgid cannot fail.
+            uid: unsafe { libc::getuid() },
+            gid: unsafe { libc::getgid() },
+            mtime_ns: now,
+            ctime_ns: now,
+            ino: 0,
+            dev: 0,
+            rdev: 0,
+            nlink: 1,
+            size: 0,
+            target: None,
+            segments: vec![],
+        });
+        progress.files_total.fetch_add(1, Ordering::Relaxed);
+    }
+    progress.totals_known.store(true, Ordering::Relaxed);
+    let Walker {
+        mut nodes,
+        jobs,
+        mut warnings,
+        reused,
+        ..
+    } = walker;
+
+    // Read, chunk, dedup and pack on the workers.
+    let ctx = Ctx {
+        repo,
+        strategy: &exact,
+        chunker,
+        progress: &progress,
+        abort: AtomicBool::new(false),
+        new_chunks: AtomicU64::new(0),
+        new_raw: AtomicU64::new(0),
+        read_bytes: AtomicU64::new(0),
+    };
+    let sink = ContainerSink::start(repo);
+    let next = AtomicUsize::new(0);
+    let threads = opts.threads.clamp(1, 64);
+    let results: Vec<Result<Vec<(usize, Outcome)>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let sender = sink.sender();
+                let (ctx, jobs, next, table, nodes) = (&ctx, &jobs, &next, &table, &nodes);
+                s.spawn(move || -> Result<Vec<(usize, Outcome)>> {
+                    let mut writer = ContainerWriter::new(ctx.repo, table.clone(), sender);
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(job) = jobs.get(i) else { break };
+                        match ctx.process_job(&mut writer, job, &nodes[job.node]) {
+                            Ok(o) => out.push((job.node, o)),
+                            Err(e) => {
+                                ctx.abort.store(true, Ordering::Relaxed);
+                                return Err(e);
+                            }
+                        }
+                    }
+                    writer.flush()?;
+                    Ok(out)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(StoreError::Invalid("backup worker panicked".into())))
+            })
+            .collect()
+    });
+    let sink_result = sink.finish();
+    let mut failed: HashSet<usize> = HashSet::new();
+    for r in results {
+        for (ni, o) in r? {
+            match o {
+                Outcome::Done {
+                    segments,
+                    size,
+                    warning,
+                } => {
+                    warnings.extend(warning);
+                    let n = &mut nodes[ni];
+                    n.segments = segments;
+                    n.size = size;
+                }
+                Outcome::Failed(msg) => {
+                    warnings.push(msg);
+                    failed.insert(ni);
+                }
+            }
+        }
+    }
+    let sink_result = sink_result?;
+    if !failed.is_empty() {
+        let mut i = 0;
+        nodes.retain(|_| {
+            i += 1;
+            !failed.contains(&(i - 1))
+        });
+    }
+
+    // Commit: index object → recipe → snapshot.
+    let mut stored = sink_result.stored_bytes;
+    if !sink_result.metas.is_empty() {
+        let (_, n) = repo.put_struct(
+            Kind::Index,
+            "index",
+            &IndexObject {
+                containers: sink_result.metas,
+            },
+        )?;
+        stored += n;
+    }
+    let mut local: HashMap<u32, u32> = HashMap::new();
+    let mut containers = Vec::new();
+    for n in &mut nodes {
+        for s in &mut n.segments {
+            for c in &mut s.chunks {
+                if c.is_zero() {
+                    continue;
+                }
+                let g = c.container;
+                c.container = *local.entry(g).or_insert_with(|| {
+                    containers.push(table.get(g));
+                    containers.len() as u32 - 1
+                });
+            }
+        }
+    }
+    nodes.sort_by(|a, b| a.path.cmp(&b.path));
+    let stats = SnapshotStats {
+        files: nodes.iter().filter(|n| n.kind == NodeKind::File).count() as u64,
+        dirs: nodes.iter().filter(|n| n.kind == NodeKind::Dir).count() as u64,
+        logical_bytes: nodes.iter().map(|n| n.size).sum(),
+        read_bytes: ctx.read_bytes.load(Ordering::Relaxed),
+        new_chunks: ctx.new_chunks.load(Ordering::Relaxed),
+        new_raw_bytes: ctx.new_raw.load(Ordering::Relaxed),
+        new_stored_bytes: 0,
+        duration_ms: 0,
+        warnings: warnings.len() as u64,
+    };
+    let (recipe_id, rn) =
+        repo.put_struct(Kind::Recipe, "recipes", &Recipe { containers, nodes })?;
+    stored += rn;
+    let mut snapshot = Snapshot {
+        series,
+        version,
+        time_ns: now_ns(),
+        host: lock::hostname(),
+        paths: paths.iter().map(|p| p.display().to_string()).collect(),
+        tags: opts.tags.clone(),
+        recipe: recipe_id,
+        parent: parent.map(|p| p.0),
+        chunker,
+        stats,
+    };
+    snapshot.stats.new_stored_bytes = stored;
+    snapshot.stats.duration_ms = started.elapsed().as_millis() as u64;
+    let (id, _) = repo.put_struct(Kind::Snapshot, "snapshots", &snapshot)?;
+    Ok(BackupReport {
+        id,
+        snapshot,
+        warnings,
+        index_ram_bytes: exact.ram_bytes(),
+        reused_files: reused,
+    })
+}

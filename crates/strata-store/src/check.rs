@@ -1,0 +1,289 @@
+//! Repository check: structure, and with `read_data` every byte.
+//!
+//! Structure: every snapshot, recipe, index and metadata object opens
+//! (checksum/AEAD) and decodes; every container listed in the index exists
+//! with the recorded size; every chunk a snapshot references is stored.
+//! Data (`--read-data`): every region of every container is read,
+//! authenticated and decompressed, and every chunk's fingerprint is
+//! recomputed. Problems name the object, and the snapshots they affect.
+
+use crate::backup::Progress;
+use crate::container::open_region;
+use crate::error::{Result, StoreError};
+use crate::lock;
+use crate::repo::{container_id_of, data_name, Repository};
+use rayon::prelude::*;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use strata_core::crypto::Kind;
+use strata_core::format::{container_header, ContainerId, ContainerMeta, Snapshot};
+use strata_core::Fingerprint;
+
+#[derive(Clone, Debug, Default)]
+pub struct CheckOptions {
+    pub read_data: bool,
+    pub progress: Arc<Progress>,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct CheckReport {
+    pub snapshots: u64,
+    pub containers: u64,
+    pub chunks: u64,
+    pub regions_read: u64,
+    pub bytes_read: u64,
+    pub errors: Vec<String>,
+    pub warnings: Vec<String>,
+    /// Snapshots that cannot be fully restored.
+    pub damaged_snapshots: Vec<String>,
+}
+
+impl CheckReport {
+    pub fn ok(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
+    let _lock = lock::acquire(repo, false, "check")?;
+    let mut rep = CheckReport::default();
+    let b = repo.backend();
+
+    // Index objects, one by one so one bad object does not hide the rest.
+    let mut metas: HashMap<ContainerId, ContainerMeta> = HashMap::new();
+    for o in b.list("index/")? {
+        match repo.load_index_object(&o.name) {
+            Ok(obj) => {
+                for m in obj.containers {
+                    metas.entry(m.id).or_insert(m);
+                }
+            }
+            Err(e) => rep.errors.push(format!("{e}")),
+        }
+    }
+    rep.containers = metas.len() as u64;
+    let sizes: HashMap<String, u64> = b
+        .list("data/")?
+        .into_iter()
+        .map(|o| (o.name, o.size))
+        .collect();
+    let meta_objs: HashSet<String> = b.list("meta/")?.into_iter().map(|o| o.name).collect();
+    let mut bad_containers: HashSet<ContainerId> = HashSet::new();
+    for (id, m) in &metas {
+        let name = data_name(id);
+        match sizes.get(&name) {
+            None => {
+                rep.errors
+                    .push(format!("{name}: listed in the index but missing"));
+                bad_containers.insert(*id);
+            }
+            Some(&s) if s != m.data_len => {
+                rep.errors.push(format!(
+                    "{name}: size {s}, index says {} (truncated?)",
+                    m.data_len
+                ));
+                bad_containers.insert(*id);
+            }
+            _ => {}
+        }
+        if !meta_objs.contains(&crate::repo::meta_name(id)) {
+            rep.warnings.push(format!(
+                "{}: metadata object missing (`strata repair index` can rebuild it from the data)",
+                crate::repo::meta_name(id)
+            ));
+        }
+    }
+    for name in sizes.keys() {
+        if let Some(id) = container_id_of(name) {
+            if !metas.contains_key(&id) {
+                rep.warnings.push(format!("{name}: not in the index (left by an interrupted command; `strata gc` removes it)"));
+            }
+        }
+    }
+
+    // Data.
+    let mut bad_fps: HashSet<Fingerprint> = HashSet::new();
+    if opts.read_data {
+        let progress = &opts.progress;
+        progress
+            .bytes_total
+            .store(metas.values().map(|m| m.data_len).sum(), Ordering::Relaxed);
+        progress.totals_known.store(true, Ordering::Relaxed);
+        let regions_read = AtomicU64::new(0);
+        let bytes_read = AtomicU64::new(0);
+        let found: Mutex<(Vec<String>, HashSet<Fingerprint>, HashSet<ContainerId>)> =
+            Mutex::default();
+        let hasher = repo.hasher();
+        let list: Vec<&ContainerMeta> = metas
+            .values()
+            .filter(|m| !bad_containers.contains(&m.id))
+            .collect();
+        list.par_iter().for_each(|m| {
+            let name = data_name(&m.id);
+            let mut errs = Vec::new();
+            let mut fps = HashSet::new();
+            match b.get(&name) {
+                Err(e) => {
+                    errs.push(format!("{e}"));
+                    fps.extend(m.chunks.iter().map(|c| c.fp));
+                }
+                Ok(data) => {
+                    bytes_read.fetch_add(data.len() as u64, Ordering::Relaxed);
+                    if data.len() < 8 || data[..5] != container_header()[..5] {
+                        errs.push(format!("{name}: bad container header"));
+                    }
+                    let mut plains: Vec<Option<Vec<u8>>> = Vec::with_capacity(m.regions.len());
+                    for r in &m.regions {
+                        let end = r.offset as usize + r.stored_len as usize;
+                        let p = match data.get(r.offset as usize..end) {
+                            None => {
+                                errs.push(format!(
+                                    "{name}: region at offset {} lies past the end",
+                                    r.offset
+                                ));
+                                None
+                            }
+                            Some(env) => match open_region(repo, &name, env, r) {
+                                Ok(p) => Some(p),
+                                Err(e) => {
+                                    errs.push(format!("{e}"));
+                                    None
+                                }
+                            },
+                        };
+                        regions_read.fetch_add(1, Ordering::Relaxed);
+                        plains.push(p);
+                    }
+                    for c in &m.chunks {
+                        let ok = plains
+                            .get(c.region as usize)
+                            .and_then(|p| p.as_ref())
+                            .and_then(|p| p.get(c.offset as usize..(c.offset + c.len) as usize))
+                            .map(|d| hasher.hash(d) == c.fp);
+                        match ok {
+                            Some(true) => {}
+                            Some(false) => {
+                                errs.push(format!(
+                                    "{name}: chunk {} does not match its fingerprint",
+                                    c.fp.to_hex()
+                                ));
+                                fps.insert(c.fp);
+                            }
+                            None => {
+                                fps.insert(c.fp);
+                            }
+                        }
+                    }
+                }
+            }
+            opts.progress
+                .bytes_done
+                .fetch_add(m.data_len, Ordering::Relaxed);
+            let mut g = found.lock().unwrap_or_else(|e| e.into_inner());
+            if !errs.is_empty() {
+                g.2.insert(m.id);
+            }
+            g.0.extend(errs);
+            g.1.extend(fps);
+        });
+        let (errs, fps, _) = found.into_inner().unwrap_or_else(|e| e.into_inner());
+        rep.errors.extend(errs);
+        bad_fps = fps;
+        rep.regions_read = regions_read.load(Ordering::Relaxed);
+        rep.bytes_read = bytes_read.load(Ordering::Relaxed);
+    }
+
+    // Chunks available per fingerprint (for references moved by gc).
+    let mut good_fps: HashSet<Fingerprint> = HashSet::new();
+    for m in metas.values() {
+        rep.chunks += m.chunks.len() as u64;
+        if !bad_containers.contains(&m.id) {
+            good_fps.extend(
+                m.chunks
+                    .iter()
+                    .map(|c| c.fp)
+                    .filter(|f| !bad_fps.contains(f)),
+            );
+        }
+    }
+
+    // Snapshots and recipes.
+    for o in b.list("snapshots/")? {
+        rep.snapshots += 1;
+        let id = o.name.trim_start_matches("snapshots/").to_string();
+        let s: Snapshot = match repo.get_struct(Kind::Snapshot, &o.name, "snapshot") {
+            Ok(s) => s,
+            Err(e) => {
+                rep.errors.push(format!("{e}"));
+                rep.damaged_snapshots.push(id);
+                continue;
+            }
+        };
+        let label = format!(
+            "snapshot {} ({}@{})",
+            &id[..8.min(id.len())],
+            s.series,
+            s.version
+        );
+        let recipe = match repo.load_recipe(&s.recipe) {
+            Ok(r) => r,
+            Err(e) => {
+                rep.errors.push(format!("{label}: {e}"));
+                rep.damaged_snapshots.push(id);
+                continue;
+            }
+        };
+        let mut missing = 0u64;
+        let mut first = None;
+        for n in &recipe.nodes {
+            for seg in &n.segments {
+                for c in &seg.chunks {
+                    if c.is_zero() {
+                        continue;
+                    }
+                    let direct_ok = recipe
+                        .containers
+                        .get(c.container as usize)
+                        .and_then(|cid| metas.get(cid).map(|m| (cid, m)))
+                        .map(|(cid, m)| {
+                            !bad_containers.contains(cid)
+                                && !bad_fps.contains(&c.fp)
+                                && m.regions.get(c.region as usize).is_some_and(|r| {
+                                    c.offset as u64 + c.len as u64 <= r.raw_len as u64
+                                })
+                        })
+                        .unwrap_or(false);
+                    if !direct_ok && !good_fps.contains(&c.fp) {
+                        missing += 1;
+                        first.get_or_insert_with(|| n.path_str());
+                    }
+                }
+            }
+        }
+        if missing > 0 {
+            rep.errors.push(format!(
+                "{label}: {missing} chunks unavailable (first in {})",
+                first.unwrap_or_default()
+            ));
+            rep.damaged_snapshots.push(id);
+        }
+    }
+    Ok(rep)
+}
+
+/// Convenience for callers that want an error when the check fails.
+pub fn check_ok(repo: &Repository, read_data: bool) -> Result<CheckReport> {
+    let r = check(
+        repo,
+        &CheckOptions {
+            read_data,
+            ..Default::default()
+        },
+    )?;
+    if r.ok() {
+        Ok(r)
+    } else {
+        Err(StoreError::Invalid(r.errors.join("; ")))
+    }
+}

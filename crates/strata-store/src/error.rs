@@ -1,0 +1,78 @@
+//! Typed errors of the repository layer. Each says which object or path it
+//! concerns and, where there is one, what the user can do about it.
+
+use strata_core::CoreError;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("object {0} not found in the repository")]
+    NotFound(String),
+    #[error("{op} {name}: {source}")]
+    Io {
+        op: &'static str,
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the disk holding {0} is full: free some space and run the command again (nothing committed was lost)")]
+    DiskFull(String),
+    #[error("object {name}: {source}")]
+    Corrupt {
+        name: String,
+        #[source]
+        source: CoreError,
+    },
+    #[error("no repository at {0}: run `strata init` first")]
+    NoRepository(String),
+    #[error("a repository already exists at {0}")]
+    AlreadyExists(String),
+    #[error(transparent)]
+    Core(#[from] CoreError),
+    #[error("repository is locked by {holder}: {hint}")]
+    Locked { holder: String, hint: String },
+    #[error("no snapshot matches {0:?}")]
+    NoSnapshot(String),
+    #[error("{0:?} matches several snapshots; use a longer id or SERIES@VERSION")]
+    AmbiguousSnapshot(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("unsafe path {0:?} in the repository: refusing to restore outside the target")]
+    UnsafePath(String),
+    #[error("chunk {fp} of {path} is missing from the repository (container {container}); run `strata check`")]
+    MissingChunk {
+        fp: String,
+        path: String,
+        container: String,
+    },
+    #[error("operation cancelled")]
+    Cancelled,
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+impl StoreError {
+    /// Wraps an I/O error, recognising a full disk.
+    pub fn io(op: &'static str, name: impl Into<String>, source: std::io::Error) -> Self {
+        let name = name.into();
+        if source.raw_os_error() == Some(libc::ENOSPC)
+            || source.raw_os_error() == Some(libc::EDQUOT)
+        {
+            return StoreError::DiskFull(name);
+        }
+        if source.kind() == std::io::ErrorKind::NotFound && op == "read" {
+            return StoreError::NotFound(name);
+        }
+        StoreError::Io { op, name, source }
+    }
+
+    pub fn corrupt(name: impl Into<String>, source: CoreError) -> Self {
+        match source {
+            CoreError::WrongPassword => StoreError::Core(source),
+            source => StoreError::Corrupt {
+                name: name.into(),
+                source,
+            },
+        }
+    }
+}

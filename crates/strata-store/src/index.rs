@@ -1,0 +1,276 @@
+//! Chunk index strategies (DESIGN.md "Index strategies") and the loaded view
+//! of the repository's index objects.
+//!
+//! The repository's index objects (`index/…`) list the metadata of every
+//! container; they are the persisted, rebuildable truth (`strata repair
+//! index` rewrites them from the containers' own metadata). From them each
+//! backup builds the in-RAM structure of its strategy. This build ships
+//! `exact` — every chunk fingerprint in RAM, the conventional baseline; the
+//! `segment`, `silo` and `binning` strategies plug in behind the same
+//! [`IndexStrategy`] trait.
+
+use crate::error::Result;
+use crate::repo::Repository;
+use std::collections::HashMap;
+use std::sync::{Mutex, RwLock};
+use strata_core::format::{ContainerId, ContainerMeta, RegionInfo};
+use strata_core::Fingerprint;
+
+/// Where a chunk is stored. `container` is an interned id (see
+/// [`ContainerTable`]) so an entry stays 16 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkLoc {
+    pub container: u32,
+    pub region: u32,
+    pub offset: u32,
+    pub len: u32,
+}
+
+/// Interns container ids to small integers for compact in-RAM entries.
+#[derive(Default)]
+pub struct ContainerTable {
+    inner: RwLock<(Vec<ContainerId>, HashMap<ContainerId, u32>)>,
+}
+
+impl ContainerTable {
+    pub fn intern(&self, id: ContainerId) -> u32 {
+        if let Some(&i) = self
+            .inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .get(&id)
+        {
+            return i;
+        }
+        let mut g = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(&i) = g.1.get(&id) {
+            return i;
+        }
+        let i = g.0.len() as u32;
+        g.0.push(id);
+        g.1.insert(id, i);
+        i
+    }
+
+    pub fn get(&self, i: u32) -> ContainerId {
+        self.inner.read().unwrap_or_else(|e| e.into_inner()).0[i as usize]
+    }
+
+    pub fn lookup(&self, id: &ContainerId) -> Option<u32> {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .get(id)
+            .copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.read().unwrap_or_else(|e| e.into_inner()).0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What the index keeps about a container besides its chunks.
+#[derive(Clone, Debug)]
+pub struct ContainerSummary {
+    pub regions: Vec<RegionInfo>,
+    pub data_len: u64,
+    pub created: i64,
+    pub stamp: Option<i64>,
+    pub chunks: u32,
+    pub raw_bytes: u64,
+}
+
+/// The repository's index objects, loaded.
+#[derive(Default)]
+pub struct RepoIndex {
+    /// Names of the index objects read.
+    pub objects: Vec<String>,
+    pub containers: HashMap<ContainerId, ContainerSummary>,
+}
+
+impl RepoIndex {
+    /// Loads every index object, calling `each` once per distinct container.
+    pub fn load(repo: &Repository, mut each: impl FnMut(&ContainerMeta)) -> Result<Self> {
+        let mut idx = RepoIndex::default();
+        for o in repo.backend().list("index/")? {
+            let obj = repo.load_index_object(&o.name)?;
+            for m in obj.containers {
+                if idx.containers.contains_key(&m.id) {
+                    continue;
+                }
+                each(&m);
+                idx.containers.insert(
+                    m.id,
+                    ContainerSummary {
+                        data_len: m.data_len,
+                        created: m.created,
+                        stamp: m.stamp,
+                        chunks: m.chunks.len() as u32,
+                        raw_bytes: m.raw_bytes(),
+                        regions: m.regions,
+                    },
+                );
+            }
+            idx.objects.push(o.name);
+        }
+        Ok(idx)
+    }
+
+    pub fn stored_bytes(&self) -> u64 {
+        self.containers.values().map(|c| c.data_len).sum()
+    }
+}
+
+/// A dedup index strategy. Backups look chunks up a segment at a time (the
+/// coarse unit every strategy can work with) and *claim* each chunk they
+/// are about to store, so two workers never store the same new chunk.
+pub trait IndexStrategy: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// For each chunk of a segment, the location of a stored copy if known.
+    fn lookup_segment(
+        &self,
+        segment: &Fingerprint,
+        chunks: &[Fingerprint],
+    ) -> Vec<Option<ChunkLoc>>;
+    /// Claims a new chunk at `loc`. Returns `None` when the caller must store
+    /// it, or the location another writer claimed first.
+    fn claim(&self, fp: &Fingerprint, loc: ChunkLoc) -> Option<ChunkLoc>;
+    /// Bytes held by the in-RAM structures.
+    fn ram_bytes(&self) -> u64;
+    /// Number of entries (chunks or segments) indexed.
+    fn entries(&self) -> u64;
+}
+
+const SHARDS: usize = 64;
+
+/// `exact`: every chunk fingerprint → location, in RAM (sharded maps).
+pub struct ExactIndex {
+    shards: Vec<Mutex<HashMap<Fingerprint, ChunkLoc>>>,
+}
+
+impl Default for ExactIndex {
+    fn default() -> Self {
+        ExactIndex {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+        }
+    }
+}
+
+impl ExactIndex {
+    fn shard(&self, fp: &Fingerprint) -> std::sync::MutexGuard<'_, HashMap<Fingerprint, ChunkLoc>> {
+        self.shards[fp.0[31] as usize % SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds every chunk of a container (first location wins).
+    pub fn add_container(&self, table: &ContainerTable, meta: &ContainerMeta) {
+        let c = table.intern(meta.id);
+        for ch in &meta.chunks {
+            self.shard(&ch.fp).entry(ch.fp).or_insert(ChunkLoc {
+                container: c,
+                region: ch.region,
+                offset: ch.offset,
+                len: ch.len,
+            });
+        }
+    }
+
+    pub fn lookup(&self, fp: &Fingerprint) -> Option<ChunkLoc> {
+        self.shard(fp).get(fp).copied()
+    }
+}
+
+impl IndexStrategy for ExactIndex {
+    fn name(&self) -> &'static str {
+        "exact"
+    }
+
+    fn lookup_segment(
+        &self,
+        _segment: &Fingerprint,
+        chunks: &[Fingerprint],
+    ) -> Vec<Option<ChunkLoc>> {
+        chunks.iter().map(|fp| self.lookup(fp)).collect()
+    }
+
+    fn claim(&self, fp: &Fingerprint, loc: ChunkLoc) -> Option<ChunkLoc> {
+        let mut s = self.shard(fp);
+        match s.get(fp) {
+            Some(l) => Some(*l),
+            None => {
+                s.insert(*fp, loc);
+                None
+            }
+        }
+    }
+
+    fn ram_bytes(&self) -> u64 {
+        // Key + value + hashbrown's control byte, times allocated capacity.
+        let per = (std::mem::size_of::<Fingerprint>() + std::mem::size_of::<ChunkLoc>() + 1) as u64;
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).capacity() as u64 * per)
+            .sum()
+    }
+
+    fn entries(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len() as u64)
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_core::format::ChunkEntry;
+
+    #[test]
+    fn exact_claims_once() {
+        let t = ContainerTable::default();
+        let idx = ExactIndex::default();
+        let fp = Fingerprint([1; 32]);
+        let l = ChunkLoc {
+            container: t.intern(ContainerId([9; 16])),
+            region: 0,
+            offset: 0,
+            len: 10,
+        };
+        assert_eq!(idx.claim(&fp, l), None);
+        let l2 = ChunkLoc { offset: 5, ..l };
+        assert_eq!(idx.claim(&fp, l2), Some(l));
+        assert_eq!(
+            idx.lookup_segment(&fp, &[fp, Fingerprint([2; 32])]),
+            vec![Some(l), None]
+        );
+        assert_eq!(idx.entries(), 1);
+        assert!(idx.ram_bytes() > 0);
+        let meta = ContainerMeta {
+            id: ContainerId([3; 16]),
+            data_len: 1,
+            created: 0,
+            stamp: None,
+            regions: vec![],
+            chunks: vec![ChunkEntry {
+                fp: Fingerprint([2; 32]),
+                region: 1,
+                offset: 2,
+                len: 3,
+            }],
+        };
+        idx.add_container(&t, &meta);
+        assert_eq!(
+            idx.lookup(&Fingerprint([2; 32]))
+                .map(|l| t.get(l.container)),
+            Some(ContainerId([3; 16]))
+        );
+    }
+}

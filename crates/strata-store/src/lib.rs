@@ -1,0 +1,22 @@
+//! Strata repository layer: backends, containers, index strategies and the
+//! operations on a repository — backup, restore, forget, gc, check, stats.
+//!
+//! Implements DESIGN.md "Principles" (repository is the truth, commit by
+//! atomic switch), the container/recipe "Data flow", the `exact` index
+//! strategy and mark-and-sweep GC. See `docs/architecture.md` for the map.
+
+pub mod backend;
+pub mod backup;
+pub mod check;
+pub mod container;
+pub mod error;
+pub mod gc;
+pub mod index;
+pub mod lock;
+pub mod repo;
+pub mod restore;
+pub mod stats;
+
+pub use backend::{Backend, LocalBackend};
+pub use error::{Result, StoreError};
+pub use repo::{InitOptions, Repository};

@@ -1,0 +1,322 @@
+//! The repository: configuration, keys, typed object access and snapshot
+//! lookup (DESIGN.md "Principles", "Vocabulary").
+//!
+//! Object names:
+//!
+//! | name | content |
+//! |---|---|
+//! | `config` | [`RepoConfig`], plain envelope (readable before the password) |
+//! | `keys/default` | [`KeyFile`]: master key wrapped by Argon2id(password) |
+//! | `data/XX/ID` | data container: regions + metadata section + footer |
+//! | `meta/XX/ID` | the container's metadata section on its own |
+//! | `index/HASH` | [`IndexObject`]: metadata of many containers |
+//! | `recipes/HASH` | [`Recipe`] of one version |
+//! | `snapshots/HASH` | [`Snapshot`]: the commit record of one version |
+//! | `locks/ID` | [`strata_core::format::LockInfo`] of a running command |
+//!
+//! `HASH` is the BLAKE3 of the stored bytes, so `check` can verify an
+//! object against its name.
+
+use crate::backend::Backend;
+use crate::error::{Result, StoreError};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::sync::Arc;
+use strata_core::chunker::ChunkerParams;
+use strata_core::crypto::{random_bytes, KeyFile, Kind, MasterKey, Sealer};
+use strata_core::format::{
+    decode, encode, ContainerId, IndexObject, Recipe, RepoConfig, Snapshot, REPO_FORMAT_VERSION,
+};
+use strata_core::Hasher;
+
+/// Options for `strata init`.
+#[derive(Clone, Debug)]
+pub struct InitOptions {
+    pub password: Option<Vec<u8>>,
+    pub chunker: ChunkerParams,
+    pub zstd_level: i32,
+    pub container_size: u32,
+    pub region_size: u32,
+    pub index: String,
+}
+
+impl Default for InitOptions {
+    fn default() -> Self {
+        InitOptions {
+            password: None,
+            chunker: ChunkerParams::cdc(8192),
+            zstd_level: 3,
+            container_size: 8 << 20,
+            region_size: 128 << 10,
+            index: "exact".into(),
+        }
+    }
+}
+
+/// Index strategies this build knows.
+pub const INDEX_STRATEGIES: &[&str] = &["exact"];
+
+/// An open repository. Cheap to clone.
+#[derive(Clone)]
+pub struct Repository {
+    backend: Arc<dyn Backend>,
+    config: RepoConfig,
+    sealer: Sealer,
+    hasher: Hasher,
+}
+
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+pub fn data_name(id: &ContainerId) -> String {
+    let h = id.to_hex();
+    format!("data/{}/{}", &h[..2], h)
+}
+
+pub fn meta_name(id: &ContainerId) -> String {
+    let h = id.to_hex();
+    format!("meta/{}/{}", &h[..2], h)
+}
+
+/// The container id encoded in a `data/` or `meta/` object name.
+pub fn container_id_of(name: &str) -> Option<ContainerId> {
+    ContainerId::from_hex(name.rsplit('/').next()?)
+}
+
+impl Repository {
+    /// Creates a new repository in an empty backend.
+    pub fn init(backend: Arc<dyn Backend>, opts: InitOptions) -> Result<Self> {
+        if backend.size("config")?.is_some() {
+            return Err(StoreError::AlreadyExists(backend.describe()));
+        }
+        opts.chunker.validate()?;
+        if !INDEX_STRATEGIES.contains(&opts.index.as_str()) {
+            return Err(StoreError::Invalid(format!(
+                "unknown index strategy {:?}; known: {}",
+                opts.index,
+                INDEX_STRATEGIES.join(", ")
+            )));
+        }
+        if !(1..=22).contains(&opts.zstd_level) {
+            return Err(StoreError::Invalid(
+                "zstd level must be between 1 and 22".into(),
+            ));
+        }
+        if opts.region_size < 16 << 10 || opts.container_size < 2 * opts.region_size {
+            return Err(StoreError::Invalid(
+                "region size must be at least 16 KiB and containers hold at least two regions"
+                    .into(),
+            ));
+        }
+        let mut id = [0u8; 16];
+        random_bytes(&mut id)?;
+        let config = RepoConfig {
+            format_version: REPO_FORMAT_VERSION,
+            id: hex::encode(id),
+            created: now_ns() / 1_000_000_000,
+            chunker: opts.chunker,
+            zstd_level: opts.zstd_level,
+            container_size: opts.container_size,
+            region_size: opts.region_size,
+            encrypted: opts.password.is_some(),
+            index: opts.index.clone(),
+        };
+        let (sealer, hasher) = match &opts.password {
+            Some(pw) => {
+                let mk = MasterKey::generate()?;
+                let kf = KeyFile::wrap(&mk, pw)?;
+                let env = Sealer::plain(3).seal(Kind::Key, &encode(&kf)?, false)?;
+                backend.put("keys/default", &env)?;
+                (
+                    Sealer::encrypted(&mk, opts.zstd_level),
+                    Sealer::hasher(Some(&mk)),
+                )
+            }
+            None => (Sealer::plain(opts.zstd_level), Hasher::plain()),
+        };
+        let env = Sealer::plain(3).seal(Kind::Config, &encode(&config)?, false)?;
+        // The config is written last: it is what makes this a repository.
+        backend.put("config", &env)?;
+        Ok(Repository {
+            backend,
+            config,
+            sealer,
+            hasher,
+        })
+    }
+
+    /// Opens an existing repository. `password` is only called when the
+    /// repository is encrypted.
+    pub fn open(backend: Arc<dyn Backend>, password: &dyn Fn() -> Result<Vec<u8>>) -> Result<Self> {
+        let raw = match backend.get("config") {
+            Ok(r) => r,
+            Err(StoreError::NotFound(_)) => {
+                return Err(StoreError::NoRepository(backend.describe()))
+            }
+            Err(e) => return Err(e),
+        };
+        let plain = Sealer::plain(3);
+        let bytes = plain
+            .open(Kind::Config, &raw)
+            .map_err(|e| StoreError::corrupt("config", e))?;
+        if bytes.first().copied() != Some(strata_core::format::STRUCT_VERSION) {
+            return Err(StoreError::corrupt(
+                "config",
+                strata_core::CoreError::UnknownVersion {
+                    what: "repository config",
+                    found: bytes.first().copied().unwrap_or(0),
+                    supported: strata_core::format::STRUCT_VERSION,
+                },
+            ));
+        }
+        let config: RepoConfig =
+            decode("repository config", &bytes).map_err(|e| StoreError::corrupt("config", e))?;
+        if config.format_version != REPO_FORMAT_VERSION {
+            return Err(StoreError::Core(strata_core::CoreError::UnknownVersion {
+                what: "repository format",
+                found: config.format_version,
+                supported: REPO_FORMAT_VERSION,
+            }));
+        }
+        let (sealer, hasher) = if config.encrypted {
+            let raw = backend.get("keys/default")?;
+            let kb = plain
+                .open(Kind::Key, &raw)
+                .map_err(|e| StoreError::corrupt("keys/default", e))?;
+            let kf: KeyFile =
+                decode("key file", &kb).map_err(|e| StoreError::corrupt("keys/default", e))?;
+            let pw = password()?;
+            let mk = kf.unwrap_key(&pw)?;
+            (
+                Sealer::encrypted(&mk, config.zstd_level),
+                Sealer::hasher(Some(&mk)),
+            )
+        } else {
+            (Sealer::plain(config.zstd_level), Hasher::plain())
+        };
+        Ok(Repository {
+            backend,
+            config,
+            sealer,
+            hasher,
+        })
+    }
+
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    pub fn config(&self) -> &RepoConfig {
+        &self.config
+    }
+
+    pub fn sealer(&self) -> &Sealer {
+        &self.sealer
+    }
+
+    pub fn hasher(&self) -> &Hasher {
+        &self.hasher
+    }
+
+    /// Seals and stores a structure under `prefix/HASH`; returns the id
+    /// (HASH) and the stored size.
+    pub fn put_struct<T: Serialize>(
+        &self,
+        kind: Kind,
+        prefix: &str,
+        value: &T,
+    ) -> Result<(String, u64)> {
+        let env = self.sealer.seal(kind, &encode(value)?, true)?;
+        let id = blake3::hash(&env).to_hex().to_string();
+        self.backend.put(&format!("{prefix}/{id}"), &env)?;
+        Ok((id, env.len() as u64))
+    }
+
+    /// Reads, verifies and decodes a structure.
+    pub fn get_struct<T: DeserializeOwned>(
+        &self,
+        kind: Kind,
+        name: &str,
+        what: &'static str,
+    ) -> Result<T> {
+        let raw = self.backend.get(name)?;
+        let bytes = self
+            .sealer
+            .open(kind, &raw)
+            .map_err(|e| StoreError::corrupt(name, e))?;
+        decode(what, &bytes).map_err(|e| StoreError::corrupt(name, e))
+    }
+
+    pub fn load_recipe(&self, id: &str) -> Result<Recipe> {
+        self.get_struct(Kind::Recipe, &format!("recipes/{id}"), "recipe")
+    }
+
+    pub fn load_index_object(&self, name: &str) -> Result<IndexObject> {
+        self.get_struct(Kind::Index, name, "index")
+    }
+
+    /// All snapshots, oldest first.
+    pub fn list_snapshots(&self) -> Result<Vec<(String, Snapshot)>> {
+        let mut out = Vec::new();
+        for o in self.backend.list("snapshots/")? {
+            let id = o.name.trim_start_matches("snapshots/").to_string();
+            let s: Snapshot = self.get_struct(Kind::Snapshot, &o.name, "snapshot")?;
+            out.push((id, s));
+        }
+        out.sort_by(|a, b| (a.1.time_ns, &a.0).cmp(&(b.1.time_ns, &b.0)));
+        Ok(out)
+    }
+
+    /// Resolves `latest`, `SERIES@VERSION`, `SERIES@latest` or an id prefix.
+    pub fn resolve_snapshot(&self, spec: &str) -> Result<(String, Snapshot)> {
+        let all = self.list_snapshots()?;
+        resolve_in(&all, spec)
+    }
+}
+
+/// Snapshot resolution over an already loaded list (oldest first).
+pub fn resolve_in(all: &[(String, Snapshot)], spec: &str) -> Result<(String, Snapshot)> {
+    if spec == "latest" {
+        return all
+            .last()
+            .cloned()
+            .ok_or_else(|| StoreError::NoSnapshot(spec.into()));
+    }
+    if let Some((series, ver)) = spec.rsplit_once('@') {
+        let in_series: Vec<_> = all.iter().filter(|(_, s)| s.series == series).collect();
+        if ver == "latest" {
+            return in_series
+                .iter()
+                .max_by_key(|(_, s)| (s.version, s.time_ns))
+                .map(|x| (*x).clone())
+                .ok_or_else(|| StoreError::NoSnapshot(spec.into()));
+        }
+        let v: u32 = ver.parse().map_err(|_| {
+            StoreError::Invalid(format!(
+                "bad version {ver:?} in {spec:?}: use a number or `latest`"
+            ))
+        })?;
+        let m: Vec<_> = in_series
+            .into_iter()
+            .filter(|(_, s)| s.version == v)
+            .collect();
+        return match m.len() {
+            0 => Err(StoreError::NoSnapshot(spec.into())),
+            1 => Ok(m[0].clone()),
+            _ => Err(StoreError::AmbiguousSnapshot(spec.into())),
+        };
+    }
+    if spec.len() < 4 || !spec.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(StoreError::NoSnapshot(spec.into()));
+    }
+    let m: Vec<_> = all.iter().filter(|(id, _)| id.starts_with(spec)).collect();
+    match m.len() {
+        0 => Err(StoreError::NoSnapshot(spec.into())),
+        1 => Ok(m[0].clone()),
+        _ => Err(StoreError::AmbiguousSnapshot(spec.into())),
+    }
+}

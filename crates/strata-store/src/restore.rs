@@ -1,0 +1,622 @@
+//! Restore and dump (DESIGN.md "Data flow", restore line).
+//!
+//! Restore resolves every chunk reference of the selected entries to a
+//! (container, region) pair, builds a read plan ordered by container and
+//! region, reads each needed region exactly once (adjacent regions are
+//! coalesced into one ranged read, the next container is prefetched) and
+//! writes the pieces with positional writes, several containers in
+//! parallel. All-zero chunks are never read: files are created sparse at
+//! their full size and zero chunks stay holes.
+//!
+//! Safety: every path in a recipe is checked (relative, no `.`/`..`/empty
+//! components); parent directories must be real directories (never
+//! symlinks) and files are opened with `O_NOFOLLOW`; symlinks are created
+//! last, so nothing restore writes can pass through one. A malicious
+//! repository therefore cannot make restore write outside its target.
+
+use crate::backup::Progress;
+use crate::container::{open_region, read_meta};
+use crate::error::{Result, StoreError};
+use crate::index::{ContainerTable, ExactIndex, RepoIndex};
+use crate::repo::{data_name, Repository};
+use rayon::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use strata_core::format::{ChunkRef, ContainerId, Node, NodeKind, Recipe, RegionInfo};
+
+/// Checks a recipe path and turns it into a relative path.
+pub fn safe_rel(path: &[u8]) -> Result<PathBuf> {
+    let bad = || StoreError::UnsafePath(String::from_utf8_lossy(path).into_owned());
+    if path.is_empty() || path[0] == b'/' || path.contains(&0) {
+        return Err(bad());
+    }
+    let mut out = PathBuf::new();
+    for comp in path.split(|&b| b == b'/') {
+        if comp.is_empty() || comp == b"." || comp == b".." {
+            return Err(bad());
+        }
+        out.push(std::ffi::OsStr::from_bytes(comp));
+    }
+    Ok(out)
+}
+
+/// Fails unless every existing ancestor of `rel` below `root` is a real
+/// directory (not a symlink).
+fn check_parents(root: &Path, rel: &Path) -> Result<()> {
+    let mut p = root.to_path_buf();
+    let comps: Vec<_> = rel.components().collect();
+    for c in &comps[..comps.len().saturating_sub(1)] {
+        p.push(c);
+        match fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_dir() => {}
+            Ok(_) => return Err(StoreError::UnsafePath(rel.display().to_string())),
+            Err(e) => return Err(StoreError::io("check", p.display().to_string(), e)),
+        }
+    }
+    Ok(())
+}
+
+/// Resolves chunk references to regions, falling back to the full index
+/// for containers rewritten by gc since the recipe was written.
+pub struct Resolver {
+    repo: Repository,
+    containers: Vec<ContainerId>,
+    regions: HashMap<ContainerId, Arc<Vec<RegionInfo>>>,
+    fallback: Mutex<Option<Arc<(ExactIndex, ContainerTable, RepoIndex)>>>,
+}
+
+/// Where to read a chunk.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    pub container: ContainerId,
+    pub region_idx: u32,
+    pub region: RegionInfo,
+    pub offset: u32,
+}
+
+impl Resolver {
+    pub fn new(repo: &Repository, recipe: &Recipe, used: impl Fn(usize) -> bool) -> Result<Self> {
+        let needed: Vec<ContainerId> = recipe
+            .containers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| used(*i))
+            .map(|(_, c)| *c)
+            .collect();
+        let loaded: Vec<(ContainerId, Option<Vec<RegionInfo>>)> = needed
+            .par_iter()
+            .map(|id| match read_meta(repo, id) {
+                Ok(m) => Ok((*id, Some(m.regions))),
+                Err(StoreError::NotFound(_)) => Ok((*id, None)),
+                Err(e) => Err(e),
+            })
+            .collect::<Result<_>>()?;
+        Ok(Resolver {
+            repo: repo.clone(),
+            containers: recipe.containers.clone(),
+            regions: loaded
+                .into_iter()
+                .filter_map(|(id, r)| r.map(|r| (id, Arc::new(r))))
+                .collect(),
+            fallback: Mutex::new(None),
+        })
+    }
+
+    fn fallback(&self) -> Result<Arc<(ExactIndex, ContainerTable, RepoIndex)>> {
+        let mut g = self.fallback.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = &*g {
+            return Ok(f.clone());
+        }
+        let table = ContainerTable::default();
+        let exact = ExactIndex::default();
+        let idx = RepoIndex::load(&self.repo, |m| exact.add_container(&table, m))?;
+        let f = Arc::new((exact, table, idx));
+        *g = Some(f.clone());
+        Ok(f)
+    }
+
+    pub fn resolve(&self, c: &ChunkRef, path: &str) -> Result<Resolved> {
+        let id = *self.containers.get(c.container as usize).ok_or_else(|| {
+            StoreError::Invalid(format!("recipe of {path} references an unknown container"))
+        })?;
+        if let Some(regions) = self.regions.get(&id) {
+            if let Some(r) = regions.get(c.region as usize) {
+                return Ok(Resolved {
+                    container: id,
+                    region_idx: c.region,
+                    region: *r,
+                    offset: c.offset,
+                });
+            }
+        }
+        let f = self.fallback()?;
+        let missing = || StoreError::MissingChunk {
+            fp: c.fp.to_hex(),
+            path: path.to_string(),
+            container: id.to_hex(),
+        };
+        let loc = f.0.lookup(&c.fp).ok_or_else(missing)?;
+        let cid = f.1.get(loc.container);
+        let summary = f.2.containers.get(&cid).ok_or_else(missing)?;
+        let region = *summary
+            .regions
+            .get(loc.region as usize)
+            .ok_or_else(missing)?;
+        Ok(Resolved {
+            container: cid,
+            region_idx: loc.region,
+            region,
+            offset: loc.offset,
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct RestoreOptions {
+    pub target: PathBuf,
+    /// Restore only these paths (and what is below them).
+    pub include: Vec<String>,
+    /// Restore ownership (default: when running as root).
+    pub owner: bool,
+    pub progress: Arc<Progress>,
+}
+
+impl RestoreOptions {
+    pub fn new(target: impl Into<PathBuf>) -> Self {
+        RestoreOptions {
+            target: target.into(),
+            include: vec![],
+            // SAFETY: geteuid cannot fail.
+            owner: unsafe { libc::geteuid() } == 0,
+            progress: Arc::new(Progress::default()),
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct RestoreReport {
+    pub files: u64,
+    pub dirs: u64,
+    pub bytes: u64,
+    pub containers_read: u64,
+    pub regions_read: u64,
+    pub bytes_read: u64,
+    pub warnings: Vec<String>,
+}
+
+/// True when `path` is selected by the include list (or is an ancestor
+/// directory of a selected path).
+pub fn selected(path: &[u8], include: &[String]) -> bool {
+    if include.is_empty() {
+        return true;
+    }
+    include.iter().any(|inc| {
+        let inc = inc.trim_start_matches('/').trim_end_matches('/').as_bytes();
+        if inc.is_empty() {
+            return true;
+        }
+        let under = path.starts_with(inc) && (path.len() == inc.len() || path[inc.len()] == b'/');
+        let ancestor = inc.starts_with(path) && inc.get(path.len()) == Some(&b'/');
+        under || ancestor
+    })
+}
+
+struct Piece {
+    file: u32,
+    file_off: u64,
+    reg_off: u32,
+    len: u32,
+}
+
+fn cstr(p: &Path) -> Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| StoreError::UnsafePath(p.display().to_string()))
+}
+
+fn set_times(p: &Path, mtime_ns: i64) -> std::io::Result<()> {
+    let ts = libc::timespec {
+        tv_sec: mtime_ns.div_euclid(1_000_000_000) as libc::time_t,
+        tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
+    };
+    let times = [ts, ts];
+    let c = CString::new(p.as_os_str().as_bytes())?;
+    // SAFETY: valid C string and a two-element timespec array.
+    let r = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Restores a recipe into `opts.target`.
+pub fn restore(repo: &Repository, recipe: &Recipe, opts: &RestoreOptions) -> Result<RestoreReport> {
+    let root = &opts.target;
+    fs::create_dir_all(root)
+        .map_err(|e| StoreError::io("create", root.display().to_string(), e))?;
+    let mut report = RestoreReport::default();
+    let nodes: Vec<&Node> = recipe
+        .nodes
+        .iter()
+        .filter(|n| selected(&n.path, &opts.include))
+        .collect();
+    let mut rels = Vec::with_capacity(nodes.len());
+    for n in &nodes {
+        rels.push(safe_rel(&n.path)?);
+    }
+    let progress = &opts.progress;
+    let total: u64 = nodes.iter().map(|n| n.size).sum();
+    progress.bytes_total.store(total, Ordering::Relaxed);
+    progress.files_total.store(
+        nodes.iter().filter(|n| n.kind == NodeKind::File).count() as u64,
+        Ordering::Relaxed,
+    );
+    progress.totals_known.store(true, Ordering::Relaxed);
+
+    // Directories (sorted order puts parents first).
+    let mut order: Vec<usize> = (0..nodes.len()).collect();
+    order.sort_by(|&a, &b| nodes[a].path.cmp(&nodes[b].path));
+    for &i in &order {
+        if nodes[i].kind != NodeKind::Dir {
+            continue;
+        }
+        check_parents(root, &rels[i])?;
+        let full = root.join(&rels[i]);
+        match fs::create_dir(&full) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let m = fs::symlink_metadata(&full)
+                    .map_err(|e| StoreError::io("stat", full.display().to_string(), e))?;
+                if !m.is_dir() {
+                    return Err(StoreError::UnsafePath(format!(
+                        "{} exists and is not a directory",
+                        full.display()
+                    )));
+                }
+            }
+            Err(e) => {
+                return Err(StoreError::io(
+                    "create directory",
+                    full.display().to_string(),
+                    e,
+                ))
+            }
+        }
+        report.dirs += 1;
+    }
+
+    // Files: create at full size (sparse), then fill from the read plan.
+    let mut files: Vec<(PathBuf, String)> = Vec::new();
+    let mut file_nodes: Vec<usize> = Vec::new();
+    for &i in &order {
+        if nodes[i].kind != NodeKind::File {
+            continue;
+        }
+        check_parents(root, &rels[i])?;
+        let full = root.join(&rels[i]);
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&full)
+            .map_err(|e| StoreError::io("create", full.display().to_string(), e))?;
+        f.set_len(nodes[i].size)
+            .map_err(|e| StoreError::io("write", full.display().to_string(), e))?;
+        files.push((full, nodes[i].path_str()));
+        file_nodes.push(i);
+        report.files += 1;
+        report.bytes += nodes[i].size;
+    }
+
+    let mut used = vec![false; recipe.containers.len()];
+    for &i in &file_nodes {
+        for s in &nodes[i].segments {
+            for c in &s.chunks {
+                if !c.is_zero() {
+                    if let Some(u) = used.get_mut(c.container as usize) {
+                        *u = true;
+                    }
+                }
+            }
+        }
+    }
+    let resolver = Resolver::new(repo, recipe, |i| used[i])?;
+    // container → region index → (region, pieces)
+    let mut plan: BTreeMap<ContainerId, BTreeMap<u32, (RegionInfo, Vec<Piece>)>> = BTreeMap::new();
+    let mut zero_bytes = 0u64;
+    for (fi, &i) in file_nodes.iter().enumerate() {
+        let mut off = 0u64;
+        for s in &nodes[i].segments {
+            for c in &s.chunks {
+                if c.is_zero() {
+                    zero_bytes += c.len as u64;
+                } else {
+                    let r = resolver.resolve(c, &files[fi].1)?;
+                    plan.entry(r.container)
+                        .or_default()
+                        .entry(r.region_idx)
+                        .or_insert_with(|| (r.region, Vec::new()))
+                        .1
+                        .push(Piece {
+                            file: fi as u32,
+                            file_off: off,
+                            reg_off: r.offset,
+                            len: c.len,
+                        });
+                }
+                off += c.len as u64;
+            }
+        }
+    }
+    progress.bytes_done.fetch_add(zero_bytes, Ordering::Relaxed);
+    let plan: Vec<(ContainerId, BTreeMap<u32, (RegionInfo, Vec<Piece>)>)> =
+        plan.into_iter().collect();
+    let containers_read = AtomicU64::new(0);
+    let regions_read = AtomicU64::new(0);
+    let bytes_read = AtomicU64::new(0);
+    // Prefetch hints run one container ahead of the readers.
+    let backend = repo.backend();
+    plan.par_iter().enumerate().try_for_each_init(
+        || HashMap::<u32, File>::new(),
+        |open, (ci, (cid, regions))| -> Result<()> {
+            if let Some((next_id, next_regions)) = plan.get(ci + 2) {
+                if let (Some(first), Some(last)) =
+                    (next_regions.values().next(), next_regions.values().last())
+                {
+                    let end = last.0.offset + last.0.stored_len as u64;
+                    backend.will_need(&data_name(next_id), first.0.offset, end - first.0.offset);
+                }
+            }
+            let name = data_name(cid);
+            containers_read.fetch_add(1, Ordering::Relaxed);
+            let regs: Vec<&(RegionInfo, Vec<Piece>)> = regions.values().collect();
+            let mut i = 0;
+            while i < regs.len() {
+                // Coalesce regions separated by small gaps into one read.
+                let start = regs[i].0.offset;
+                let mut j = i;
+                while j + 1 < regs.len() {
+                    let end = regs[j].0.offset + regs[j].0.stored_len as u64;
+                    if regs[j + 1].0.offset.saturating_sub(end) > 64 << 10 || end - start > 16 << 20
+                    {
+                        break;
+                    }
+                    j += 1;
+                }
+                let end = regs[j].0.offset + regs[j].0.stored_len as u64;
+                let buf = backend.get_range(&name, start, end - start)?;
+                bytes_read.fetch_add(end - start, Ordering::Relaxed);
+                for (reg, pieces) in &regs[i..=j] {
+                    let a = (reg.offset - start) as usize;
+                    let plain =
+                        open_region(repo, &name, &buf[a..a + reg.stored_len as usize], reg)?;
+                    regions_read.fetch_add(1, Ordering::Relaxed);
+                    for p in pieces {
+                        let data = plain
+                            .get(p.reg_off as usize..p.reg_off as usize + p.len as usize)
+                            .ok_or_else(|| {
+                                StoreError::Invalid(format!("{name}: chunk outside its region"))
+                            })?;
+                        if open.len() > 128 && !open.contains_key(&p.file) {
+                            open.clear();
+                        }
+                        let f = match open.entry(p.file) {
+                            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                            std::collections::hash_map::Entry::Vacant(v) => {
+                                let path = &files[p.file as usize].0;
+                                v.insert(
+                                    OpenOptions::new()
+                                        .write(true)
+                                        .custom_flags(libc::O_NOFOLLOW)
+                                        .open(path)
+                                        .map_err(|e| {
+                                            StoreError::io("open", path.display().to_string(), e)
+                                        })?,
+                                )
+                            }
+                        };
+                        f.write_all_at(data, p.file_off).map_err(|e| {
+                            StoreError::io(
+                                "write",
+                                files[p.file as usize].0.display().to_string(),
+                                e,
+                            )
+                        })?;
+                        progress
+                            .bytes_done
+                            .fetch_add(p.len as u64, Ordering::Relaxed);
+                    }
+                }
+                i = j + 1;
+            }
+            Ok(())
+        },
+    )?;
+    report.containers_read = containers_read.load(Ordering::Relaxed);
+    report.regions_read = regions_read.load(Ordering::Relaxed);
+    report.bytes_read = bytes_read.load(Ordering::Relaxed);
+
+    // Hardlinks, special files, then symlinks (last: nothing is written
+    // through them).
+    for &i in &order {
+        let n = nodes[i];
+        let full = root.join(&rels[i]);
+        match n.kind {
+            NodeKind::Hardlink => {
+                let first = n.target.as_deref().map(safe_rel).transpose()?;
+                match first {
+                    Some(first)
+                        if selected(&n.target.clone().unwrap_or_default(), &opts.include) =>
+                    {
+                        check_parents(root, &rels[i])?;
+                        let _ = fs::remove_file(&full);
+                        if let Err(e) = fs::hard_link(root.join(first), &full) {
+                            report
+                                .warnings
+                                .push(format!("{}: cannot create hard link: {e}", full.display()));
+                        }
+                    }
+                    _ => report
+                        .warnings
+                        .push(format!("{}: hard link target not restored", full.display())),
+                }
+            }
+            NodeKind::Fifo | NodeKind::CharDevice | NodeKind::BlockDevice => {
+                check_parents(root, &rels[i])?;
+                let c = cstr(&full)?;
+                // SAFETY: valid C string; mknod only creates a node.
+                let r = unsafe {
+                    libc::mknod(c.as_ptr(), n.mode as libc::mode_t, n.rdev as libc::dev_t)
+                };
+                if r != 0 {
+                    report.warnings.push(format!(
+                        "{}: cannot create special file: {}",
+                        full.display(),
+                        std::io::Error::last_os_error()
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    for &i in &order {
+        let n = nodes[i];
+        if n.kind != NodeKind::Symlink {
+            continue;
+        }
+        check_parents(root, &rels[i])?;
+        let full = root.join(&rels[i]);
+        let target = std::ffi::OsStr::from_bytes(n.target.as_deref().unwrap_or_default());
+        if let Err(e) = std::os::unix::fs::symlink(target, &full) {
+            report
+                .warnings
+                .push(format!("{}: cannot create symlink: {e}", full.display()));
+        }
+    }
+
+    // Metadata, deepest first so directory times stick.
+    for &i in order.iter().rev() {
+        let n = nodes[i];
+        if matches!(n.kind, NodeKind::Hardlink | NodeKind::Socket) {
+            continue;
+        }
+        let full = root.join(&rels[i]);
+        if opts.owner {
+            if let Err(e) = std::os::unix::fs::lchown(&full, Some(n.uid), Some(n.gid)) {
+                report
+                    .warnings
+                    .push(format!("{}: cannot restore owner: {e}", full.display()));
+            }
+        }
+        if n.kind != NodeKind::Symlink {
+            use std::os::unix::fs::PermissionsExt;
+            if let Err(e) = fs::set_permissions(&full, fs::Permissions::from_mode(n.mode & 0o7777))
+            {
+                report.warnings.push(format!(
+                    "{}: cannot restore permissions: {e}",
+                    full.display()
+                ));
+            }
+        }
+        if let Err(e) = set_times(&full, n.mtime_ns) {
+            report
+                .warnings
+                .push(format!("{}: cannot restore times: {e}", full.display()));
+        }
+    }
+    Ok(report)
+}
+
+/// Writes one file's content to `out` in order.
+pub fn dump(repo: &Repository, recipe: &Recipe, node: &Node, out: &mut dyn Write) -> Result<u64> {
+    let path = node.path_str();
+    let mut used = vec![false; recipe.containers.len()];
+    for s in &node.segments {
+        for c in &s.chunks {
+            if let Some(u) = used.get_mut(c.container as usize) {
+                *u = !c.is_zero() || *u;
+            }
+        }
+    }
+    let resolver = Resolver::new(repo, recipe, |i| used[i])?;
+    let mut cached: Option<((ContainerId, u32), Vec<u8>)> = None;
+    let zeros = vec![0u8; 1 << 16];
+    let mut written = 0u64;
+    let werr = |e| StoreError::io("write", "output", e);
+    for s in &node.segments {
+        for c in &s.chunks {
+            if c.is_zero() {
+                let mut left = c.len as usize;
+                while left > 0 {
+                    let n = left.min(zeros.len());
+                    out.write_all(&zeros[..n]).map_err(werr)?;
+                    left -= n;
+                }
+            } else {
+                let r = resolver.resolve(c, &path)?;
+                let key = (r.container, r.region_idx);
+                if cached.as_ref().map(|c| c.0) != Some(key) {
+                    let plain = crate::container::read_region(repo, &r.container, &r.region)?;
+                    cached = Some((key, plain));
+                }
+                let plain = &cached.as_ref().expect("filled above").1;
+                let data = plain
+                    .get(r.offset as usize..r.offset as usize + c.len as usize)
+                    .ok_or_else(|| {
+                        StoreError::Invalid(format!("{path}: chunk outside its region"))
+                    })?;
+                out.write_all(data).map_err(werr)?;
+            }
+            written += c.len as u64;
+        }
+    }
+    out.flush().map_err(werr)?;
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsafe_paths_rejected() {
+        for bad in [
+            &b"../x"[..],
+            b"/etc/passwd",
+            b"a/../../b",
+            b"a//b",
+            b"",
+            b"./a",
+            b"a/.",
+            b"a\0b",
+        ] {
+            assert!(safe_rel(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(safe_rel(b"a/b c/d").unwrap(), PathBuf::from("a/b c/d"));
+    }
+
+    #[test]
+    fn include_selection() {
+        let inc = vec!["/home/u/proj".to_string()];
+        assert!(selected(b"home", &inc));
+        assert!(selected(b"home/u/proj", &inc));
+        assert!(selected(b"home/u/proj/a", &inc));
+        assert!(!selected(b"home/u/projx", &inc));
+        assert!(!selected(b"home/v", &inc));
+    }
+}
