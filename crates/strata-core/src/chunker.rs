@@ -118,18 +118,34 @@ pub struct ChunkStream<R> {
 
 impl<R: Read> ChunkStream<R> {
     pub fn new(reader: R, params: ChunkerParams) -> Self {
+        Self::with_buffer(reader, params, Vec::new())
+    }
+
+    /// Like [`ChunkStream::new`] but reuses `buf` (from
+    /// [`ChunkStream::into_buffer`]) so that a worker going through many
+    /// small files does not allocate a fresh read buffer for each.
+    pub fn with_buffer(reader: R, params: ChunkerParams, mut buf: Vec<u8>) -> Self {
+        let size = BUF_SIZE.max(2 * params.max_chunk() as usize);
+        if buf.len() != size {
+            buf = vec![0u8; size];
+        }
         let bits = fastcdc::v2020::logarithm2(params.avg_chunk.max(256));
         ChunkStream {
             reader,
             params,
             mask_s: fastcdc::v2020::MASKS[(bits + 1) as usize],
             mask_l: fastcdc::v2020::MASKS[(bits - 1) as usize],
-            buf: vec![0u8; BUF_SIZE.max(2 * params.max_chunk() as usize)],
+            buf,
             start: 0,
             end: 0,
             eof: false,
             offset: 0,
         }
+    }
+
+    /// Gives the read buffer back for reuse.
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.buf
     }
 
     /// Bytes handed out so far.

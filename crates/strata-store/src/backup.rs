@@ -300,6 +300,13 @@ struct Ctx<'a> {
     read_bytes: AtomicU64,
 }
 
+/// Buffers a worker reuses from file to file.
+#[derive(Default)]
+struct WorkerBuffers {
+    read: Vec<u8>,
+    segment: Vec<u8>,
+}
+
 struct PendingChunk {
     fp: Fingerprint,
     start: usize,
@@ -369,11 +376,23 @@ impl Ctx<'_> {
     fn process(
         &self,
         writer: &mut ContainerWriter,
+        bufs: &mut WorkerBuffers,
         reader: &mut dyn Read,
     ) -> Result<Result<(Vec<SegmentRef>, u64), String>> {
-        let mut stream = ChunkStream::new(reader, self.chunker);
+        let mut stream = ChunkStream::with_buffer(reader, self.chunker, std::mem::take(&mut bufs.read));
+        let r = self.process_stream(writer, &mut bufs.segment, &mut stream);
+        bufs.read = stream.into_buffer();
+        r
+    }
+
+    fn process_stream(
+        &self,
+        writer: &mut ContainerWriter,
+        data: &mut Vec<u8>,
+        stream: &mut ChunkStream<&mut dyn Read>,
+    ) -> Result<Result<(Vec<SegmentRef>, u64), String>> {
         let mut seg = Segmenter::new(&self.chunker);
-        let mut data: Vec<u8> = Vec::with_capacity(self.chunker.avg_segment as usize * 2);
+        data.clear();
         let mut pending: Vec<PendingChunk> = Vec::new();
         let mut segments = Vec::new();
         let hasher = self.repo.hasher();
@@ -407,17 +426,18 @@ impl Ctx<'_> {
                 .fetch_add(len as u64, Ordering::Relaxed);
             self.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
             if seg.push(&fp, len) {
-                self.finish_segment(writer, &data, &mut pending, &mut segments)?;
+                self.finish_segment(writer, data, &mut pending, &mut segments)?;
                 data.clear();
             }
         }
-        self.finish_segment(writer, &data, &mut pending, &mut segments)?;
+        self.finish_segment(writer, data, &mut pending, &mut segments)?;
         Ok(Ok((segments, stream.position())))
     }
 
     fn process_job(
         &self,
         writer: &mut ContainerWriter,
+        bufs: &mut WorkerBuffers,
         job: &Job,
         expect: &Node,
     ) -> Result<Outcome> {
@@ -428,7 +448,7 @@ impl Ctx<'_> {
                     .unwrap_or_else(|e| e.into_inner())
                     .take()
                     .ok_or_else(|| StoreError::Invalid("stream read twice".into()))?;
-                Ok(match self.process(writer, &mut r)? {
+                Ok(match self.process(writer, bufs, &mut r)? {
                     Ok((segments, size)) => Outcome::Done {
                         segments,
                         size,
@@ -451,7 +471,7 @@ impl Ctx<'_> {
                     Ok(f) => f,
                     Err(e) => return Ok(Outcome::Failed(format!("{}: {e}", p.display()))),
                 };
-                let r = self.process(writer, &mut f)?;
+                let r = self.process(writer, bufs, &mut f)?;
                 let (segments, size) = match r {
                     Ok(x) => x,
                     Err(m) => return Ok(Outcome::Failed(format!("{}: {m}", p.display()))),
@@ -647,11 +667,12 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
                 let (ctx, jobs, next, table, nodes) = (&ctx, &jobs, &next, &table, &nodes);
                 s.spawn(move || -> Result<Vec<(usize, Outcome)>> {
                     let mut writer = ContainerWriter::new(ctx.repo, table.clone(), sender);
+                    let mut bufs = WorkerBuffers::default();
                     let mut out = Vec::new();
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(job) = jobs.get(i) else { break };
-                        match ctx.process_job(&mut writer, job, &nodes[job.node]) {
+                        match ctx.process_job(&mut writer, &mut bufs, job, &nodes[job.node]) {
                             Ok(o) => out.push((job.node, o)),
                             Err(e) => {
                                 ctx.abort.store(true, Ordering::Relaxed);
