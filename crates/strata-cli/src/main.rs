@@ -108,6 +108,8 @@ enum Cmd {
         #[arg(long)]
         all: bool,
     },
+    /// What this build supports (index strategies, chunkers, format version).
+    Features,
     /// Rebuild derived structures.
     Repair {
         #[command(subcommand)]
@@ -171,6 +173,9 @@ struct BackupArgs {
     /// Worker threads (default: number of cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Leave out files matching this glob (name, or absolute path if it contains '/'; repeatable).
+    #[arg(long, short = 'e')]
+    exclude: Vec<String>,
 }
 
 fn default_repo() -> Result<PathBuf> {
@@ -564,6 +569,24 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             });
             Ok(if rep.ok() { 0 } else { 1 })
         }
+        Cmd::Features => {
+            let strategies = strata_store::repo::INDEX_STRATEGIES;
+            out.result(
+                &json!({"version": env!("CARGO_PKG_VERSION"),
+                        "repository_format": strata_core::format::REPO_FORMAT_VERSION,
+                        "index_strategies": strategies, "chunkers": ["cdc", "fixed"],
+                        "encryption": ["none", "xchacha20poly1305"], "backends": ["local"]}),
+                || {
+                    format!(
+                        "strata {}\nrepository format {}\nindex strategies: {}\nchunkers: cdc, fixed\nbackends: local",
+                        env!("CARGO_PKG_VERSION"),
+                        strata_core::format::REPO_FORMAT_VERSION,
+                        strategies.join(", ")
+                    )
+                },
+            );
+            Ok(0)
+        }
         Cmd::Unlock { all } => {
             let repo = open(cli)?;
             let removed = strata_store::lock::unlock(&repo, *all)?;
@@ -636,6 +659,9 @@ fn cmd_backup(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
             ChunkerArg::Fixed => ChunkerParams::fixed(),
         }),
         progress: pd.progress.clone(),
+        excludes: a.exclude.clone(),
+        // Never back the repository up into itself.
+        exclude_paths: std::fs::canonicalize(repo_path(cli)?).into_iter().collect(),
         ..Default::default()
     };
     if let Some(t) = a.threads {

@@ -63,6 +63,40 @@ pub struct BackupOptions {
     pub chunker: Option<ChunkerParams>,
     pub threads: usize,
     pub progress: Arc<Progress>,
+    /// Glob patterns to leave out: matched against the file name, or
+    /// against the absolute path when the pattern contains `/`. `*` and `?`
+    /// stay within one path component, `**` crosses them.
+    pub excludes: Vec<String>,
+    /// Absolute paths to leave out (the repository itself, for example).
+    pub exclude_paths: Vec<PathBuf>,
+}
+
+/// Matches a glob pattern (`*`, `?`, `**`) against `text`.
+pub fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => text.is_empty(),
+        Some((b'*', rest)) if rest.first() == Some(&b'*') => {
+            let rest = &rest[1..];
+            (0..=text.len()).any(|i| glob_match(rest, &text[i..]))
+        }
+        Some((b'*', rest)) => {
+            for i in 0..=text.len() {
+                if glob_match(rest, &text[i..]) {
+                    return true;
+                }
+                if text.get(i) == Some(&b'/') {
+                    break;
+                }
+            }
+            false
+        }
+        Some((b'?', rest)) => {
+            matches!(text.split_first(), Some((c, t)) if *c != b'/' && glob_match(rest, t))
+        }
+        Some((c, rest)) => {
+            matches!(text.split_first(), Some((d, t)) if d == c && glob_match(rest, t))
+        }
+    }
 }
 
 impl Default for BackupOptions {
@@ -78,7 +112,26 @@ impl Default for BackupOptions {
                 .map(|n| n.get())
                 .unwrap_or(2),
             progress: Arc::new(Progress::default()),
+            excludes: vec![],
+            exclude_paths: vec![],
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match(b"*.o", b"main.o"));
+        assert!(!glob_match(b"*.o", b"main.c"));
+        assert!(glob_match(b"/home/*/cache", b"/home/u/cache"));
+        assert!(!glob_match(b"/home/*/cache", b"/home/u/v/cache"));
+        assert!(glob_match(b"/home/**/cache", b"/home/u/v/cache"));
+        assert!(glob_match(b"fil?.txt", b"file.txt"));
+        assert!(!glob_match(b"fil?.txt", b"fil/.txt"));
+        assert!(glob_match(b"target", b"target"));
     }
 }
 
@@ -174,12 +227,31 @@ struct Walker<'a> {
     force_read: bool,
     progress: &'a Progress,
     reused: u64,
+    excludes: &'a [String],
+    exclude_paths: &'a [PathBuf],
 }
 
 impl Walker<'_> {
+    fn excluded(&self, abs: &Path) -> bool {
+        if self.exclude_paths.iter().any(|p| p == abs) {
+            return true;
+        }
+        let full = abs.as_os_str().as_bytes();
+        let name = abs.file_name().map(|n| n.as_bytes()).unwrap_or_default();
+        self.excludes.iter().any(|pat| {
+            let p = pat.as_bytes();
+            if p.contains(&b'/') {
+                glob_match(p, full)
+            } else {
+                glob_match(p, name)
+            }
+        })
+    }
+
     fn add(&mut self, abs: &Path, m: &Metadata) {
         let rel = rel_bytes(abs);
-        if !self.seen.insert(rel.clone()) {
+        // `/` itself has no name to restore; its children are recorded.
+        if rel.is_empty() || !self.seen.insert(rel.clone()) {
             return;
         }
         let mut node = node_from_meta(rel.clone(), m);
@@ -271,6 +343,9 @@ impl Walker<'_> {
             entries.sort();
             let mut subdirs = Vec::new();
             for p in entries {
+                if self.excluded(&p) {
+                    continue;
+                }
                 match fs::symlink_metadata(&p) {
                     Ok(m) => {
                         self.add(&p, &m);
@@ -379,7 +454,8 @@ impl Ctx<'_> {
         bufs: &mut WorkerBuffers,
         reader: &mut dyn Read,
     ) -> Result<Result<(Vec<SegmentRef>, u64), String>> {
-        let mut stream = ChunkStream::with_buffer(reader, self.chunker, std::mem::take(&mut bufs.read));
+        let mut stream =
+            ChunkStream::with_buffer(reader, self.chunker, std::mem::take(&mut bufs.read));
         let r = self.process_stream(writer, &mut bufs.segment, &mut stream);
         bufs.read = stream.into_buffer();
         r
@@ -608,6 +684,8 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         force_read: opts.force_read,
         progress: &progress,
         reused: 0,
+        excludes: &opts.excludes,
+        exclude_paths: &opts.exclude_paths,
     };
     for p in &paths {
         walker.walk_root(p);

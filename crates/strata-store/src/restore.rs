@@ -47,20 +47,46 @@ pub fn safe_rel(path: &[u8]) -> Result<PathBuf> {
     Ok(out)
 }
 
-/// Fails unless every existing ancestor of `rel` below `root` is a real
-/// directory (not a symlink).
-fn check_parents(root: &Path, rel: &Path) -> Result<()> {
-    let mut p = root.to_path_buf();
-    let comps: Vec<_> = rel.components().collect();
-    for c in &comps[..comps.len().saturating_sub(1)] {
-        p.push(c);
-        match fs::symlink_metadata(&p) {
-            Ok(m) if m.file_type().is_dir() => {}
-            Ok(_) => return Err(StoreError::UnsafePath(rel.display().to_string())),
-            Err(e) => return Err(StoreError::io("check", p.display().to_string(), e)),
+/// Checks that every ancestor of a path below the restore root is a real
+/// directory (never a symlink), remembering verified directories so each
+/// is checked once per restore.
+struct ParentCheck<'a> {
+    root: &'a Path,
+    verified: std::collections::HashSet<PathBuf>,
+}
+
+impl<'a> ParentCheck<'a> {
+    fn new(root: &'a Path) -> Self {
+        ParentCheck {
+            root,
+            verified: Default::default(),
         }
     }
-    Ok(())
+
+    fn check(&mut self, rel: &Path) -> Result<()> {
+        let Some(parent) = rel.parent() else {
+            return Ok(());
+        };
+        if parent.as_os_str().is_empty() || self.verified.contains(parent) {
+            return Ok(());
+        }
+        let mut sofar = PathBuf::new();
+        for c in parent.components() {
+            sofar.push(c);
+            if self.verified.contains(&sofar) {
+                continue;
+            }
+            let p = self.root.join(&sofar);
+            match fs::symlink_metadata(&p) {
+                Ok(m) if m.file_type().is_dir() => {
+                    self.verified.insert(sofar.clone());
+                }
+                Ok(_) => return Err(StoreError::UnsafePath(rel.display().to_string())),
+                Err(e) => return Err(StoreError::io("check", p.display().to_string(), e)),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Resolves chunk references to regions, falling back to the full index
@@ -266,6 +292,7 @@ pub fn restore(repo: &Repository, recipe: &Recipe, opts: &RestoreOptions) -> Res
     );
     progress.totals_known.store(true, Ordering::Relaxed);
 
+    let mut parents = ParentCheck::new(root);
     // Directories (sorted order puts parents first).
     let mut order: Vec<usize> = (0..nodes.len()).collect();
     order.sort_by(|&a, &b| nodes[a].path.cmp(&nodes[b].path));
@@ -273,7 +300,7 @@ pub fn restore(repo: &Repository, recipe: &Recipe, opts: &RestoreOptions) -> Res
         if nodes[i].kind != NodeKind::Dir {
             continue;
         }
-        check_parents(root, &rels[i])?;
+        parents.check(&rels[i])?;
         let full = root.join(&rels[i]);
         match fs::create_dir(&full) {
             Ok(()) => {}
@@ -305,7 +332,7 @@ pub fn restore(repo: &Repository, recipe: &Recipe, opts: &RestoreOptions) -> Res
         if nodes[i].kind != NodeKind::File {
             continue;
         }
-        check_parents(root, &rels[i])?;
+        parents.check(&rels[i])?;
         let full = root.join(&rels[i]);
         let f = OpenOptions::new()
             .write(true)
@@ -463,7 +490,7 @@ pub fn restore(repo: &Repository, recipe: &Recipe, opts: &RestoreOptions) -> Res
                     Some(first)
                         if selected(&n.target.clone().unwrap_or_default(), &opts.include) =>
                     {
-                        check_parents(root, &rels[i])?;
+                        parents.check(&rels[i])?;
                         let _ = fs::remove_file(&full);
                         if let Err(e) = fs::hard_link(root.join(first), &full) {
                             report
@@ -477,7 +504,7 @@ pub fn restore(repo: &Repository, recipe: &Recipe, opts: &RestoreOptions) -> Res
                 }
             }
             NodeKind::Fifo | NodeKind::CharDevice | NodeKind::BlockDevice => {
-                check_parents(root, &rels[i])?;
+                parents.check(&rels[i])?;
                 let c = cstr(&full)?;
                 // SAFETY: valid C string; mknod only creates a node.
                 let r = unsafe {
@@ -499,7 +526,7 @@ pub fn restore(repo: &Repository, recipe: &Recipe, opts: &RestoreOptions) -> Res
         if n.kind != NodeKind::Symlink {
             continue;
         }
-        check_parents(root, &rels[i])?;
+        parents.check(&rels[i])?;
         let full = root.join(&rels[i]);
         let target = std::ffi::OsStr::from_bytes(n.target.as_deref().unwrap_or_default());
         if let Err(e) = std::os::unix::fs::symlink(target, &full) {
