@@ -248,10 +248,13 @@ impl Walker<'_> {
         })
     }
 
-    fn add(&mut self, abs: &Path, m: &Metadata) {
+    /// Records one entry. `dedup` is set for roots and their ancestors, the
+    /// only entries two roots can share (nested roots are merged before the
+    /// walk), so the set of seen paths stays small.
+    fn add(&mut self, abs: &Path, m: &Metadata, dedup: bool) {
         let rel = rel_bytes(abs);
         // `/` itself has no name to restore; its children are recorded.
-        if rel.is_empty() || !self.seen.insert(rel.clone()) {
+        if rel.is_empty() || (dedup && !self.seen.insert(rel.clone())) {
             return;
         }
         let mut node = node_from_meta(rel.clone(), m);
@@ -315,7 +318,7 @@ impl Walker<'_> {
         anc.reverse();
         for a in anc {
             if let Ok(m) = fs::symlink_metadata(a) {
-                self.add(a, &m);
+                self.add(a, &m, true);
             }
         }
         let m = match fs::symlink_metadata(root) {
@@ -325,7 +328,7 @@ impl Walker<'_> {
                 return;
             }
         };
-        self.add(root, &m);
+        self.add(root, &m, true);
         if !m.is_dir() {
             return;
         }
@@ -348,7 +351,7 @@ impl Walker<'_> {
                 }
                 match fs::symlink_metadata(&p) {
                     Ok(m) => {
-                        self.add(&p, &m);
+                        self.add(&p, &m, false);
                         if m.is_dir() {
                             subdirs.push(p);
                         }
@@ -603,6 +606,11 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         }
         paths.push(clean);
     }
+    // A root inside another root is already covered by it.
+    paths.sort();
+    paths.dedup();
+    let all = paths.clone();
+    paths.retain(|p| !all.iter().any(|q| q != p && p.starts_with(q)));
     if paths.is_empty() && opts.stdin.is_none() {
         return Err(StoreError::Invalid(
             "nothing to back up: give paths or --stdin".into(),
