@@ -415,6 +415,15 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             let node = r.nodes.iter().find(|n| n.path == want).ok_or_else(|| {
                 anyhow!("no file {path} in snapshot {snapshot} (see `strata ls {snapshot}`)")
             })?;
+            // A further name of a hard-linked file: dump the first name's content.
+            let node = match (node.kind, &node.target) {
+                (NodeKind::Hardlink, Some(t)) => {
+                    r.nodes.iter().find(|n| &n.path == t).ok_or_else(|| {
+                        anyhow!("{path} is a hard link to a file missing from the snapshot")
+                    })?
+                }
+                _ => node,
+            };
             if node.kind != NodeKind::File {
                 bail!("{path} is a {:?}, not a file", node.kind);
             }

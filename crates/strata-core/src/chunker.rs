@@ -239,7 +239,8 @@ impl Segmenter {
         let cut = if self.fixed {
             self.cur >= self.avg
         } else {
-            self.cur >= self.max || (self.cur >= self.min && fp.prefix_u64() % self.divisor == 0)
+            self.cur >= self.max
+                || (self.cur >= self.min && fp.prefix_u64().is_multiple_of(self.divisor))
         };
         if cut {
             self.cur = 0;

@@ -229,6 +229,9 @@ struct Walker<'a> {
     reused: u64,
     excludes: &'a [String],
     exclude_paths: &'a [PathBuf],
+    /// (device, inode) of the excluded paths, so they are recognised
+    /// whatever path (symlinks, bind mounts) leads to them.
+    exclude_ids: Vec<(u64, u64)>,
 }
 
 impl Walker<'_> {
@@ -350,6 +353,7 @@ impl Walker<'_> {
                     continue;
                 }
                 match fs::symlink_metadata(&p) {
+                    Ok(m) if m.is_dir() && self.exclude_ids.contains(&(m.dev(), m.ino())) => {}
                     Ok(m) => {
                         self.add(&p, &m, false);
                         if m.is_dir() {
@@ -578,6 +582,39 @@ impl Ctx<'_> {
     }
 }
 
+/// Writes the snapshot object — the commit point — with the next free
+/// version number of its series. Two backups of one series may run at once
+/// (they share the lock); should both pick the same number, the one with
+/// the larger id withdraws its object and takes the next number.
+fn commit_snapshot(repo: &Repository, snapshot: &mut Snapshot) -> Result<String> {
+    let next = |repo: &Repository, series: &str| -> Result<u32> {
+        Ok(repo
+            .list_snapshots()?
+            .iter()
+            .filter(|(_, s)| s.series == series)
+            .map(|(_, s)| s.version)
+            .max()
+            .unwrap_or(0)
+            + 1)
+    };
+    snapshot.version = next(repo, &snapshot.series)?;
+    for _ in 0..16 {
+        let (id, _) = repo.put_struct(Kind::Snapshot, "snapshots", snapshot)?;
+        let clash = repo.list_snapshots()?.into_iter().any(|(other, s)| {
+            other < id && s.series == snapshot.series && s.version == snapshot.version
+        });
+        if !clash {
+            return Ok(id);
+        }
+        repo.backend().delete(&format!("snapshots/{id}"))?;
+        snapshot.version = next(repo, &snapshot.series)?.max(snapshot.version + 1);
+    }
+    Err(StoreError::Invalid(format!(
+        "could not find a free version number in series {:?}; retry the backup",
+        snapshot.series
+    )))
+}
+
 /// Runs a backup and commits a new version.
 pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport> {
     let started = std::time::Instant::now();
@@ -631,13 +668,6 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         .filter(|(_, s)| s.series == series)
         .max_by_key(|(_, s)| (s.version, s.time_ns))
         .cloned();
-    let version = snapshots
-        .iter()
-        .filter(|(_, s)| s.series == series)
-        .map(|(_, s)| s.version)
-        .max()
-        .unwrap_or(0)
-        + 1;
     let mut parent_nodes: HashMap<Vec<u8>, Node> = HashMap::new();
     let mut parent_containers: Vec<ContainerId> = vec![];
     if let Some((_, ps)) = &parent {
@@ -694,23 +724,32 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         reused: 0,
         excludes: &opts.excludes,
         exclude_paths: &opts.exclude_paths,
+        exclude_ids: opts
+            .exclude_paths
+            .iter()
+            .filter_map(|p| fs::metadata(p).ok().map(|m| (m.dev(), m.ino())))
+            .collect(),
     };
     for p in &paths {
         walker.walk_root(p);
     }
     if let Some(s) = opts.stdin.take() {
         let now = now_ns();
-        walker.jobs.push(Job {
-            node: walker.nodes.len(),
-            source: Source::Stream(Mutex::new(Some(s.reader))),
-        });
-        walker.nodes.push(Node {
-            path: s.name.trim_start_matches('/').as_bytes().to_vec(),
-            kind: NodeKind::File,
-            mode: 0o100644,
-            // SAFETY: getuid/getgid cannot fail.
-            uid: unsafe { libc::getuid() },
-            gid: unsafe { libc::getgid() },
+        let name = s.name.trim_start_matches('/').as_bytes().to_vec();
+        if crate::restore::safe_rel(&name).is_err() {
+            return Err(StoreError::Invalid(format!(
+                "--stdin-name {:?} must be a relative path without empty, `.` or `..` components",
+                s.name
+            )));
+        }
+        // SAFETY: getuid/getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let synthetic = |path: Vec<u8>, kind: NodeKind, mode: u32| Node {
+            path,
+            kind,
+            mode,
+            uid,
+            gid,
             mtime_ns: now,
             ctime_ns: now,
             ino: 0,
@@ -720,7 +759,19 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
             size: 0,
             target: None,
             segments: vec![],
+        };
+        // Parent directories of a name like `dumps/db.sql`.
+        for (i, _) in name.iter().enumerate().filter(|(_, &b)| b == b'/') {
+            let dir = name[..i].to_vec();
+            if walker.seen.insert(dir.clone()) {
+                walker.nodes.push(synthetic(dir, NodeKind::Dir, 0o40755));
+            }
+        }
+        walker.jobs.push(Job {
+            node: walker.nodes.len(),
+            source: Source::Stream(Mutex::new(Some(s.reader))),
         });
+        walker.nodes.push(synthetic(name, NodeKind::File, 0o100644));
         progress.files_total.fetch_add(1, Ordering::Relaxed);
     }
     progress.totals_known.store(true, Ordering::Relaxed);
@@ -779,7 +830,9 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
             })
             .collect()
     });
-    let sink_result = sink.finish();
+    // The writer thread's error comes first: when it fails, the workers
+    // only see a closed channel.
+    let sink_result = sink.finish()?;
     let mut failed: HashSet<usize> = HashSet::new();
     for r in results {
         for (ni, o) in r? {
@@ -801,7 +854,6 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
             }
         }
     }
-    let sink_result = sink_result?;
     if !failed.is_empty() {
         let mut i = 0;
         nodes.retain(|_| {
@@ -855,7 +907,8 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     stored += rn;
     let mut snapshot = Snapshot {
         series,
-        version,
+        // Assigned at commit.
+        version: 0,
         time_ns: now_ns(),
         host: lock::hostname(),
         paths: paths.iter().map(|p| p.display().to_string()).collect(),
@@ -867,7 +920,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     };
     snapshot.stats.new_stored_bytes = stored;
     snapshot.stats.duration_ms = started.elapsed().as_millis() as u64;
-    let (id, _) = repo.put_struct(Kind::Snapshot, "snapshots", &snapshot)?;
+    let id = commit_snapshot(repo, &mut snapshot)?;
     Ok(BackupReport {
         id,
         snapshot,

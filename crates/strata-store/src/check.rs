@@ -87,11 +87,21 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
             }
             _ => {}
         }
-        if !meta_objs.contains(&crate::repo::meta_name(id)) {
+        let mname = crate::repo::meta_name(id);
+        if !meta_objs.contains(&mname) {
             rep.warnings.push(format!(
-                "{}: metadata object missing (`strata repair index` can rebuild it from the data)",
-                crate::repo::meta_name(id)
+                "{mname}: metadata object missing (`strata repair index` rebuilds it from the data)"
             ));
+        } else {
+            match crate::container::read_meta(repo, id) {
+                Ok(mm) if mm == *m => {}
+                Ok(_) => rep.errors.push(format!(
+                    "{mname}: differs from the index (run `strata repair index`)"
+                )),
+                Err(e) => rep
+                    .errors
+                    .push(format!("{e} (run `strata repair index` to rewrite it)")),
+            }
         }
     }
     for name in sizes.keys() {

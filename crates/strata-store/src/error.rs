@@ -8,21 +8,18 @@ use thiserror::Error;
 pub enum StoreError {
     #[error("object {0} not found in the repository")]
     NotFound(String),
-    #[error("{op} {name}: {source}")]
+    // The cause is part of the message (and deliberately not a `source`),
+    // so that printing the error chain does not repeat it.
+    #[error("{op} {name}: {cause}")]
     Io {
         op: &'static str,
         name: String,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("the disk holding {0} is full: free some space and run the command again (nothing committed was lost)")]
     DiskFull(String),
-    #[error("object {name}: {source}")]
-    Corrupt {
-        name: String,
-        #[source]
-        source: CoreError,
-    },
+    #[error("object {name}: {cause}")]
+    Corrupt { name: String, cause: CoreError },
     #[error("no repository at {0}: run `strata init` first")]
     NoRepository(String),
     #[error("a repository already exists at {0}")]
@@ -63,15 +60,19 @@ impl StoreError {
         if source.kind() == std::io::ErrorKind::NotFound && op == "read" {
             return StoreError::NotFound(name);
         }
-        StoreError::Io { op, name, source }
+        StoreError::Io {
+            op,
+            name,
+            cause: source,
+        }
     }
 
     pub fn corrupt(name: impl Into<String>, source: CoreError) -> Self {
         match source {
             CoreError::WrongPassword => StoreError::Core(source),
-            source => StoreError::Corrupt {
+            cause => StoreError::Corrupt {
                 name: name.into(),
-                source,
+                cause,
             },
         }
     }

@@ -263,9 +263,10 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
         }
         writer.flush()
     })();
-    let written = sink.finish();
+    // The writer thread's error comes first: when it fails, the copy loop
+    // only sees a closed channel.
+    let written = sink.finish()?;
     copy_result?;
-    let written = written?;
     report.containers_written = written.metas.len() as u64;
 
     // Consolidated index, then deletions.
@@ -285,8 +286,10 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
         }
     }
     for m in drop.iter().chain(rewrite.iter().map(|(m, _)| m)) {
-        repo.backend().delete(&data_name(&m.id))?;
+        // Metadata first: a metadata object always implies its data exists,
+        // so a kill between the two deletes leaves a plain orphan.
         repo.backend().delete(&meta_name(&m.id))?;
+        repo.backend().delete(&data_name(&m.id))?;
     }
     for o in &orphans {
         repo.backend().delete(o)?;

@@ -20,6 +20,7 @@ use crate::error::{Result, StoreError};
 use crate::index::{ContainerTable, ExactIndex, RepoIndex};
 use crate::repo::{data_name, Repository};
 use rayon::prelude::*;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
@@ -116,14 +117,23 @@ impl Resolver {
             .filter(|(i, _)| used(*i))
             .map(|(_, c)| *c)
             .collect();
+        // A container is used directly only when its data object exists and
+        // its metadata opens; anything else (rewritten by gc, interrupted
+        // deletion, damaged metadata) resolves through the index instead.
         let loaded: Vec<(ContainerId, Option<Vec<RegionInfo>>)> = needed
             .par_iter()
-            .map(|id| match read_meta(repo, id) {
-                Ok(m) => Ok((*id, Some(m.regions))),
-                Err(StoreError::NotFound(_)) => Ok((*id, None)),
-                Err(e) => Err(e),
+            .map(|id| {
+                let usable = matches!(repo.backend().size(&data_name(id)), Ok(Some(_)));
+                (
+                    *id,
+                    if usable {
+                        read_meta(repo, id).ok().map(|m| m.regions)
+                    } else {
+                        None
+                    },
+                )
             })
-            .collect::<Result<_>>()?;
+            .collect();
         Ok(Resolver {
             repo: repo.clone(),
             containers: recipe.containers.clone(),
@@ -234,6 +244,9 @@ pub fn selected(path: &[u8], include: &[String]) -> bool {
     })
 }
 
+/// The regions to read from one container, each with the pieces it fills.
+type RegionPlan = BTreeMap<u32, (RegionInfo, Vec<Piece>)>;
+
 struct Piece {
     file: u32,
     file_off: u64,
@@ -268,17 +281,49 @@ fn set_times(p: &Path, mtime_ns: i64) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The nodes an include list selects. A hard link whose first name is not
+/// selected becomes a regular file with that name's content (the first such
+/// link of a group); the group's other selected links point at it.
+fn select_nodes<'a>(recipe: &'a Recipe, include: &[String]) -> Vec<Cow<'a, Node>> {
+    let all_selected = include.is_empty();
+    let by_path: HashMap<&[u8], &Node> = if all_selected {
+        HashMap::new()
+    } else {
+        recipe
+            .nodes
+            .iter()
+            .map(|n| (n.path.as_slice(), n))
+            .collect()
+    };
+    let mut moved: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    let mut out = Vec::new();
+    for n in recipe.nodes.iter().filter(|n| selected(&n.path, include)) {
+        let target = n.target.as_deref().unwrap_or_default();
+        if all_selected || n.kind != NodeKind::Hardlink || selected(target, include) {
+            out.push(Cow::Borrowed(n));
+        } else if let Some(first) = moved.get(target) {
+            let mut link = n.clone();
+            link.target = Some(first.clone());
+            out.push(Cow::Owned(link));
+        } else if let Some(orig) = by_path.get(target).filter(|o| o.kind == NodeKind::File) {
+            let mut file = (*orig).clone();
+            file.path = n.path.clone();
+            moved.insert(target.to_vec(), n.path.clone());
+            out.push(Cow::Owned(file));
+        } else {
+            out.push(Cow::Borrowed(n));
+        }
+    }
+    out
+}
+
 /// Restores a recipe into `opts.target`.
 pub fn restore(repo: &Repository, recipe: &Recipe, opts: &RestoreOptions) -> Result<RestoreReport> {
     let root = &opts.target;
     fs::create_dir_all(root)
         .map_err(|e| StoreError::io("create", root.display().to_string(), e))?;
     let mut report = RestoreReport::default();
-    let nodes: Vec<&Node> = recipe
-        .nodes
-        .iter()
-        .filter(|n| selected(&n.path, &opts.include))
-        .collect();
+    let nodes = select_nodes(recipe, &opts.include);
     let mut rels = Vec::with_capacity(nodes.len());
     for n in &nodes {
         rels.push(safe_rel(&n.path)?);
@@ -391,15 +436,14 @@ pub fn restore(repo: &Repository, recipe: &Recipe, opts: &RestoreOptions) -> Res
         }
     }
     progress.bytes_done.fetch_add(zero_bytes, Ordering::Relaxed);
-    let plan: Vec<(ContainerId, BTreeMap<u32, (RegionInfo, Vec<Piece>)>)> =
-        plan.into_iter().collect();
+    let plan: Vec<(ContainerId, RegionPlan)> = plan.into_iter().collect();
     let containers_read = AtomicU64::new(0);
     let regions_read = AtomicU64::new(0);
     let bytes_read = AtomicU64::new(0);
     // Prefetch hints run one container ahead of the readers.
     let backend = repo.backend();
     plan.par_iter().enumerate().try_for_each_init(
-        || HashMap::<u32, File>::new(),
+        HashMap::<u32, File>::new,
         |open, (ci, (cid, regions))| -> Result<()> {
             if let Some((next_id, next_regions)) = plan.get(ci + 2) {
                 if let (Some(first), Some(last)) =
@@ -481,15 +525,13 @@ pub fn restore(repo: &Repository, recipe: &Recipe, opts: &RestoreOptions) -> Res
     // Hardlinks, special files, then symlinks (last: nothing is written
     // through them).
     for &i in &order {
-        let n = nodes[i];
+        let n = &*nodes[i];
         let full = root.join(&rels[i]);
         match n.kind {
             NodeKind::Hardlink => {
                 let first = n.target.as_deref().map(safe_rel).transpose()?;
                 match first {
-                    Some(first)
-                        if selected(&n.target.clone().unwrap_or_default(), &opts.include) =>
-                    {
+                    Some(first) => {
                         parents.check(&rels[i])?;
                         let _ = fs::remove_file(&full);
                         if let Err(e) = fs::hard_link(root.join(first), &full) {
@@ -522,7 +564,7 @@ pub fn restore(repo: &Repository, recipe: &Recipe, opts: &RestoreOptions) -> Res
         }
     }
     for &i in &order {
-        let n = nodes[i];
+        let n = &*nodes[i];
         if n.kind != NodeKind::Symlink {
             continue;
         }
@@ -538,11 +580,33 @@ pub fn restore(repo: &Repository, recipe: &Recipe, opts: &RestoreOptions) -> Res
 
     // Metadata, deepest first so directory times stick.
     for &i in order.iter().rev() {
-        let n = nodes[i];
+        let n = &*nodes[i];
         if matches!(n.kind, NodeKind::Hardlink | NodeKind::Socket) {
             continue;
         }
         let full = root.join(&rels[i]);
+        // Only touch what restore created as this node: a name that is
+        // something else (say, a symlink a malicious recipe put where a
+        // special file failed to be created) is left alone, so chmod can
+        // never reach through a link.
+        let kind_matches = fs::symlink_metadata(&full)
+            .map(|m| {
+                use std::os::unix::fs::FileTypeExt;
+                let t = m.file_type();
+                match n.kind {
+                    NodeKind::Dir => t.is_dir(),
+                    NodeKind::File => t.is_file(),
+                    NodeKind::Symlink => t.is_symlink(),
+                    NodeKind::Fifo => t.is_fifo(),
+                    NodeKind::CharDevice => t.is_char_device(),
+                    NodeKind::BlockDevice => t.is_block_device(),
+                    NodeKind::Hardlink | NodeKind::Socket => false,
+                }
+            })
+            .unwrap_or(false);
+        if !kind_matches {
+            continue;
+        }
         if opts.owner {
             if let Err(e) = std::os::unix::fs::lchown(&full, Some(n.uid), Some(n.gid)) {
                 report

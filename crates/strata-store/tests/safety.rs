@@ -1,0 +1,349 @@
+//! A malicious repository must not make restore touch anything outside the
+//! restore target.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use strata_core::crypto::Kind;
+use strata_core::format::{Node, NodeKind, Recipe, Snapshot};
+use strata_store::restore::{restore, RestoreOptions};
+use strata_store::{Repository, StoreError};
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    base: PathBuf,
+    repo: Repository,
+    /// The recipe of a real backup (one file `src/data` with content).
+    recipe: Recipe,
+    snapshot: Snapshot,
+    /// A directory outside every restore target; must stay empty.
+    outside: PathBuf,
+}
+
+fn fixture() -> Fixture {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path().to_path_buf();
+    let repo = init_repo(&base.join("repo"), false);
+    let src = base.join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("data"), random_bytes(7, 100_000)).unwrap();
+    let r = backup_paths(&repo, &[&src]).unwrap();
+    let recipe = repo.load_recipe(&r.snapshot.recipe).unwrap();
+    let outside = base.join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    Fixture {
+        _tmp: tmp,
+        base,
+        repo,
+        recipe,
+        snapshot: r.snapshot,
+        outside,
+    }
+}
+
+impl Fixture {
+    /// A file node with the content of the backed-up file.
+    fn file_node(&self, path: &[u8]) -> Node {
+        let f = self
+            .recipe
+            .nodes
+            .iter()
+            .find(|n| n.kind == NodeKind::File && n.size > 0)
+            .expect("a file in the recipe");
+        Node {
+            path: path.to_vec(),
+            ..f.clone()
+        }
+    }
+
+    /// Stores `recipe` and a snapshot for it, then loads it back the way
+    /// `strata restore` does (list → resolve → load recipe).
+    fn store(&self, recipe: &Recipe) -> Recipe {
+        let (rid, _) = self
+            .repo
+            .put_struct(Kind::Recipe, "recipes", recipe)
+            .unwrap();
+        let snap = Snapshot {
+            recipe: rid.clone(),
+            series: "evil".into(),
+            version: 1,
+            ..self.snapshot.clone()
+        };
+        let (sid, _) = self
+            .repo
+            .put_struct(Kind::Snapshot, "snapshots", &snap)
+            .unwrap();
+        let (_, s) = self.repo.resolve_snapshot(&sid).unwrap();
+        assert_eq!(s.recipe, rid);
+        self.repo.load_recipe(&s.recipe).unwrap()
+    }
+
+    fn target(&self, name: &str) -> PathBuf {
+        let t = self.base.join("targets").join(name);
+        fs::create_dir_all(&t).unwrap();
+        t
+    }
+
+    fn assert_outside_untouched(&self) {
+        let left: Vec<_> = fs::read_dir(&self.outside)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert!(
+            left.is_empty(),
+            "restore wrote outside its target: {left:?}"
+        );
+        let evil = find_named(&self.base, "evil");
+        assert!(evil.is_empty(), "files named `evil` were created: {evil:?}");
+    }
+}
+
+fn bare_node(path: &[u8], kind: NodeKind) -> Node {
+    Node {
+        path: path.to_vec(),
+        kind,
+        mode: match kind {
+            NodeKind::Dir => 0o040755,
+            NodeKind::Symlink => 0o120777,
+            NodeKind::Fifo => 0o010644,
+            _ => 0o100644,
+        },
+        uid: 0,
+        gid: 0,
+        mtime_ns: 1_600_000_000_000_000_000,
+        ctime_ns: 1_600_000_000_000_000_000,
+        ino: 0,
+        dev: 0,
+        rdev: 0,
+        nlink: 1,
+        size: 0,
+        target: None,
+        segments: vec![],
+    }
+}
+
+fn symlink_node(path: &[u8], target: &Path) -> Node {
+    Node {
+        target: Some(target.as_os_str().as_bytes().to_vec()),
+        ..bare_node(path, NodeKind::Symlink)
+    }
+}
+
+/// Every path below `root` whose file name is `name` (symlinks not
+/// followed).
+fn find_named(root: &Path, name: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = fs::read_dir(&d) else { continue };
+        for e in rd {
+            let p = e.unwrap().path();
+            if p.file_name().is_some_and(|n| n == name) {
+                out.push(p.clone());
+            }
+            if fs::symlink_metadata(&p).unwrap().is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out
+}
+
+fn opts(target: &Path) -> RestoreOptions {
+    let mut o = RestoreOptions::new(target);
+    // Ownership from a crafted recipe is irrelevant here.
+    o.owner = false;
+    o
+}
+
+#[test]
+fn traversal_and_absolute_paths_are_refused() {
+    let fx = fixture();
+    let abs_evil = fx.outside.join("evil");
+    let cases: Vec<Vec<u8>> = vec![
+        b"../evil".to_vec(),
+        b"../../evil".to_vec(),
+        b"/abs/evil".to_vec(),
+        abs_evil.as_os_str().as_bytes().to_vec(),
+        b"a/../../evil".to_vec(),
+        b"a/../../../outside/evil".to_vec(),
+        b"./../evil".to_vec(),
+        b"a//../evil".to_vec(),
+        b"a/\0/evil".to_vec(),
+    ];
+    for (i, bad) in cases.iter().enumerate() {
+        let what = String::from_utf8_lossy(bad).into_owned();
+        // The malicious node comes after legitimate ones, so restore has
+        // already started when it meets it.
+        let mut recipe = fx.recipe.clone();
+        recipe.nodes.push(fx.file_node(bad));
+        let stored = fx.store(&recipe);
+        let target = fx.target(&format!("t{i}"));
+        match restore(&fx.repo, &stored, &opts(&target)) {
+            Err(StoreError::UnsafePath(p)) => {
+                assert!(!p.is_empty(), "{what}: UnsafePath names no path")
+            }
+            Err(e) => panic!("{what}: expected UnsafePath, got {e}"),
+            Ok(_) => panic!("{what}: restore of a malicious path succeeded"),
+        }
+        // Also as a directory node.
+        let mut recipe = fx.recipe.clone();
+        recipe.nodes.push(bare_node(bad, NodeKind::Dir));
+        assert!(
+            restore(&fx.repo, &recipe, &opts(&target)).is_err(),
+            "{what}: directory node accepted"
+        );
+        assert!(!Path::new("/abs/evil").exists());
+        fx.assert_outside_untouched();
+    }
+}
+
+#[test]
+fn file_below_a_symlink_in_the_same_recipe_is_refused() {
+    let fx = fixture();
+    let mut recipe = fx.recipe.clone();
+    recipe.nodes.push(symlink_node(b"link", &fx.outside));
+    recipe.nodes.push(fx.file_node(b"link/evil"));
+    let stored = fx.store(&recipe);
+    let target = fx.target("t");
+    let r = restore(&fx.repo, &stored, &opts(&target));
+    assert!(r.is_err(), "restore through a symlink succeeded");
+    fx.assert_outside_untouched();
+
+    // Directory below the symlink, and the symlink sorted after its child.
+    let mut recipe = fx.recipe.clone();
+    recipe.nodes.push(bare_node(b"zlink/sub", NodeKind::Dir));
+    recipe.nodes.push(fx.file_node(b"zlink/sub/evil"));
+    recipe.nodes.push(symlink_node(b"zlink", &fx.outside));
+    let stored = fx.store(&recipe);
+    let target = fx.target("t2");
+    assert!(restore(&fx.repo, &stored, &opts(&target)).is_err());
+    fx.assert_outside_untouched();
+    assert!(!fx.outside.join("sub").exists());
+}
+
+#[test]
+fn existing_symlink_in_the_target_is_not_followed() {
+    let fx = fixture();
+    let target = fx.target("t");
+    // First restore: a recipe that only plants a symlink (legitimate on
+    // its own: symlinks may point anywhere).
+    let mut plant = fx.recipe.clone();
+    plant.nodes.push(symlink_node(b"link", &fx.outside));
+    restore(&fx.repo, &fx.store(&plant), &opts(&target)).unwrap();
+    assert!(fs::symlink_metadata(target.join("link"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+
+    // Second restore into the same target writes through it.
+    for (i, nodes) in [
+        vec![fx.file_node(b"link/evil")],
+        vec![
+            bare_node(b"link", NodeKind::Dir),
+            fx.file_node(b"link/evil"),
+        ],
+        vec![bare_node(b"link/evil", NodeKind::Dir)],
+        vec![fx.file_node(b"link")],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut recipe = fx.recipe.clone();
+        recipe.nodes.extend(nodes);
+        let r = restore(&fx.repo, &fx.store(&recipe), &opts(&target));
+        assert!(
+            r.is_err(),
+            "case {i}: restore through a planted symlink succeeded"
+        );
+        fx.assert_outside_untouched();
+    }
+}
+
+#[test]
+fn hardlink_targets_are_checked() {
+    let fx = fixture();
+    let victim = fx.base.join("victim");
+    fs::write(&victim, b"secret").unwrap();
+    for (i, t) in [
+        b"../victim".to_vec(),
+        victim.as_os_str().as_bytes().to_vec(),
+        b"a/../../victim".to_vec(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut recipe = fx.recipe.clone();
+        recipe.nodes.push(Node {
+            target: Some(t),
+            ..bare_node(b"evil", NodeKind::Hardlink)
+        });
+        let target = fx.target(&format!("h{i}"));
+        let r = restore(&fx.repo, &fx.store(&recipe), &opts(&target));
+        assert!(
+            matches!(r, Err(StoreError::UnsafePath(_))),
+            "case {i}: hard link to a path outside the target was not refused"
+        );
+        assert!(!target.join("evil").exists());
+        assert_eq!(fs::read(&victim).unwrap(), b"secret");
+    }
+}
+
+/// The metadata pass sets permissions with `chmod`, which follows
+/// symlinks. A special-file node whose `mknod` fails (here: its mode has
+/// the directory type bits, so mknod returns EPERM/EINVAL), followed by a
+/// symlink node with the same path pointing outside, makes restore chmod
+/// the symlink's target.
+#[test]
+fn metadata_pass_does_not_follow_symlinks() {
+    let fx = fixture();
+    let victim = fx.outside.join("victim");
+    fs::write(&victim, b"secret").unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o600)).unwrap();
+
+    let mut recipe = fx.recipe.clone();
+    recipe.nodes.push(Node {
+        mode: 0o040777,
+        ..bare_node(b"p", NodeKind::Fifo)
+    });
+    recipe.nodes.push(symlink_node(b"p", &victim));
+    let target = fx.target("t");
+    let r = restore(&fx.repo, &fx.store(&recipe), &opts(&target));
+    let mode = fs::metadata(&victim).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(
+        mode,
+        0o600,
+        "restore (result: {:?}) changed the mode of a file outside the target to {mode:o}",
+        r.map(|r| r.warnings)
+    );
+}
+
+/// Same bug without a crafted mode: a fifo node restored into a target in
+/// which a symlink of that name already exists.
+#[test]
+fn metadata_pass_does_not_follow_existing_symlink() {
+    let fx = fixture();
+    let victim = fx.outside.join("victim");
+    fs::write(&victim, b"secret").unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o600)).unwrap();
+    let target = fx.target("t");
+    std::os::unix::fs::symlink(&victim, target.join("p")).unwrap();
+
+    let mut recipe = fx.recipe.clone();
+    recipe.nodes.push(Node {
+        mode: 0o010777,
+        ..bare_node(b"p", NodeKind::Fifo)
+    });
+    let r = restore(&fx.repo, &fx.store(&recipe), &opts(&target));
+    let mode = fs::metadata(&victim).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(
+        mode,
+        0o600,
+        "restore (result: {:?}) changed the mode of a file outside the target to {mode:o}",
+        r.map(|r| r.warnings)
+    );
+}
