@@ -1,0 +1,19 @@
+//! Strata's benchmark harness (DESIGN.md "Principles" 4: measure everything
+//! the papers measure).
+//!
+//! * [`gen`] — deterministic workload generators modelled on the papers'
+//!   evaluations (RevDedup SG1–5/GP, Data Domain ddgen, SiLo small files,
+//!   Parallel-VM fleets, iDedup primary traces, fingerprint-only traces).
+//! * [`runner`] — runs one workload through several systems in the same
+//!   run, interleaved, and records per-version backup/restore figures.
+//! * [`systems`] — how to drive Strata, restic and borg.
+//! * [`measure`] — wall time, peak RSS and I/O of a child process.
+//! * [`chart`] — SVG charts like the papers' figures.
+//! * [`limits`] — what this machine's hardware allows.
+
+pub mod chart;
+pub mod gen;
+pub mod limits;
+pub mod measure;
+pub mod runner;
+pub mod systems;

@@ -1,0 +1,257 @@
+//! `strata-bench`: generate workloads, run them through Strata and its
+//! peers side by side, regenerate reports, measure machine limits.
+//! See docs/benchmarks.md.
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use strata_bench::gen::{self, GenOptions};
+use strata_bench::runner::{self, RunOptions};
+use strata_bench::systems::{self, System};
+
+#[derive(Parser)]
+#[command(
+    name = "strata-bench",
+    version,
+    about = "Strata's benchmark harness and workload generators"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Args, Clone)]
+struct GenArgs {
+    /// Workload: sg, ddgen, smallfiles, vmfleet.
+    kind: String,
+    /// Preset (sg: SG1..SG5, GP).
+    #[arg(long)]
+    preset: Option<String>,
+    /// Size factor relative to the paper's dataset.
+    #[arg(long, default_value_t = 0.01)]
+    scale: f64,
+    /// Number of versions (default: the preset's).
+    #[arg(long)]
+    versions: Option<usize>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Start from real files in this directory.
+    #[arg(long)]
+    base: Option<PathBuf>,
+    /// Parallel streams / series.
+    #[arg(long)]
+    streams: Option<usize>,
+}
+
+impl GenArgs {
+    fn options(&self) -> GenOptions {
+        GenOptions {
+            seed: self.seed,
+            scale: self.scale,
+            preset: self.preset.clone(),
+            versions: self.versions,
+            base: self.base.clone(),
+            streams: self.streams,
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Write one version of a workload into a directory (series 0, or all series as subdirectories).
+    Gen {
+        #[command(flatten)]
+        gen: GenArgs,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Which version to produce (1-based; earlier versions are generated and overwritten in place).
+        #[arg(long, default_value_t = 1)]
+        version: usize,
+    },
+    /// Run a scenario through several systems side by side.
+    Run {
+        #[command(flatten)]
+        gen: GenArgs,
+        /// Systems: strata-<index> (default: every strategy the binary reports), restic, borg.
+        #[arg(long, value_delimiter = ',')]
+        systems: Option<Vec<String>>,
+        /// Where results go (a timestamped subdirectory is created).
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+        /// Scratch directory for sources, repositories and restores.
+        #[arg(long, default_value = "/tmp/strata-bench-work")]
+        work: PathBuf,
+        /// Restore every k-th version (plus first and last).
+        #[arg(long, default_value_t = 1)]
+        restore_every: usize,
+        /// Restore only the first series.
+        #[arg(long)]
+        restore_first_series_only: bool,
+        /// Skip the deletion measurements.
+        #[arg(long)]
+        no_deletes: bool,
+        /// The strata binary (default: next to this program).
+        #[arg(long, env = "STRATA_BIN")]
+        strata: Option<PathBuf>,
+    },
+    /// Regenerate charts and summary from a saved results.json directory.
+    Report { dir: PathBuf },
+    /// Measure this machine's chunking, hashing, compression and disk limits.
+    Limits {
+        #[arg(long, default_value = "/tmp/strata-bench-work")]
+        work: PathBuf,
+        /// Size of the disk test file in MiB.
+        #[arg(long, default_value_t = 1024)]
+        disk_mib: usize,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn strata_bin(explicit: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(p) = explicit {
+        return Ok(p);
+    }
+    let me = std::env::current_exe()?;
+    let p = me.with_file_name("strata");
+    if p.exists() {
+        return Ok(p);
+    }
+    bail!("no strata binary next to {}; build it (cargo build --release -p strata-cli) or pass --strata", me.display())
+}
+
+fn timestamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!("{secs}")
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Gen { gen, out, version } => {
+            let mut wl = gen::workload(&gen.kind, &gen.options())?;
+            let series = wl.series();
+            if version == 0 || version > wl.versions() {
+                bail!("version must be between 1 and {}", wl.versions());
+            }
+            for si in 0..series.len() {
+                let dir = if series.len() == 1 {
+                    out.clone()
+                } else {
+                    out.join(&series[si])
+                };
+                std::fs::create_dir_all(&dir)?;
+                for v in 0..version {
+                    wl.advance(si, v, &dir)?;
+                }
+                println!("{}\t{}", dir.display(), gen::tree_digest(&dir)?);
+            }
+        }
+        Cmd::Run {
+            gen,
+            systems: wanted,
+            out,
+            work,
+            restore_every,
+            restore_first_series_only,
+            no_deletes,
+            strata,
+        } => {
+            let bin = strata_bin(strata)?;
+            let strategies = systems::Strata::strategies(&bin)
+                .context("asking strata for its index strategies")?;
+            let wanted = wanted.unwrap_or_else(|| {
+                let mut v: Vec<String> = strategies.iter().map(|s| format!("strata-{s}")).collect();
+                v.push("restic".into());
+                v.push("borg".into());
+                v
+            });
+            let mut list: Vec<Box<dyn System>> = Vec::new();
+            let mut skipped = Vec::new();
+            for w in &wanted {
+                match w.as_str() {
+                    "restic" | "borg" if !systems::installed(w) => {
+                        let msg = format!(
+                            "{w} is not installed (scripts/bench-peers-install installs it)"
+                        );
+                        eprintln!("skipping {msg}");
+                        skipped.push(msg);
+                    }
+                    "restic" => list.push(Box::new(systems::Restic::default())),
+                    "borg" => list.push(Box::new(systems::Borg)),
+                    s if s.starts_with("strata-") => {
+                        let idx = &s["strata-".len()..];
+                        if !strategies.iter().any(|x| x == idx) {
+                            bail!(
+                                "strata has no index strategy {idx:?} (it has: {})",
+                                strategies.join(", ")
+                            );
+                        }
+                        list.push(Box::new(systems::Strata::new(bin.clone(), idx)));
+                    }
+                    other => bail!("unknown system {other:?}: use strata-<index>, restic or borg"),
+                }
+            }
+            let name = format!("{}-{}", gen.kind, gen.preset.clone().unwrap_or_default())
+                .trim_end_matches('-')
+                .to_lowercase();
+            let out_dir = out.join(format!("{name}-{}", timestamp()));
+            let opts = RunOptions {
+                scenario: gen.kind.clone(),
+                gen: gen.options(),
+                work,
+                out: out_dir.clone(),
+                restore_every,
+                restore_first_series_only,
+                deletes: !no_deletes,
+            };
+            let res = runner::run(&opts, &mut list, skipped)?;
+            println!("{}", runner::summary_markdown(&res));
+            println!("results in {}", out_dir.display());
+        }
+        Cmd::Report { dir } => {
+            let res: runner::RunResults = serde_json::from_slice(
+                &std::fs::read(dir.join("results.json"))
+                    .with_context(|| format!("reading {}/results.json", dir.display()))?,
+            )?;
+            runner::write_outputs(&res, &dir)?;
+            println!("{}", runner::summary_markdown(&res));
+        }
+        Cmd::Limits {
+            work,
+            disk_mib,
+            json,
+        } => {
+            let l = strata_bench::limits::measure(&work, disk_mib)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&l)?);
+            } else {
+                println!("cores:                    {}", l.cores);
+                println!("FastCDC 8 KiB (1 core):   {:.0} MB/s", l.fastcdc_mb_s);
+                println!("BLAKE3 8 KiB (1 core):    {:.0} MB/s", l.blake3_8k_mb_s);
+                println!(
+                    "zstd -3 128 KiB (1 core): {:.0} MB/s (ratio {:.2})",
+                    l.zstd3_mb_s, l.zstd3_ratio
+                );
+                println!(
+                    "disk sequential write:    {:.0} MB/s (fsync)",
+                    l.disk_write_mb_s
+                );
+                println!(
+                    "disk sequential read:     {:.0} MB/s ({})",
+                    l.disk_read_mb_s,
+                    if l.disk_read_cache_dropped {
+                        "page cache dropped"
+                    } else {
+                        "page cache NOT dropped"
+                    }
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,591 @@
+//! The side-by-side runner: one workload through several systems in the
+//! same run, interleaved, measuring what the papers measure.
+//!
+//! For each version the workload advances every series in place, the tree
+//! digest is recorded, and each system backs it up — the order of systems
+//! rotates every version (A B C, B C A, …) so that drift in the machine's
+//! load spreads evenly. Afterwards every selected version is restored by
+//! every system, oldest first, with the page cache dropped before each
+//! restore where permitted, and verified against the recorded digest (a
+//! mismatch fails the run). Finally the oldest version is deleted, then
+//! half of the rest, and the time each system takes is recorded.
+
+use crate::chart::line_chart;
+use crate::gen::{self, tree_digest, GenOptions};
+use crate::measure::{drop_caches, tree_bytes};
+use crate::systems::System;
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BackupRow {
+    pub system: String,
+    pub series: String,
+    pub version: usize,
+    pub logical_bytes: u64,
+    pub seconds: f64,
+    pub mb_per_s: f64,
+    pub stored_bytes_after: u64,
+    pub peak_rss_bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RestoreRow {
+    pub system: String,
+    pub series: String,
+    pub version: usize,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub mb_per_s: f64,
+    pub peak_rss_bytes: u64,
+    pub cache_dropped: bool,
+    pub storage_read_bytes: u64,
+    pub syscall_read_bytes: u64,
+    /// Bytes read through syscalls per byte restored.
+    pub read_per_byte: f64,
+    pub containers_read: Option<u64>,
+    pub regions_read: Option<u64>,
+    /// Destor's speed factor: MB restored per container read.
+    pub mb_per_container: Option<f64>,
+    pub verified: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DeleteRow {
+    pub system: String,
+    pub what: String,
+    pub versions: usize,
+    pub seconds: f64,
+    pub stored_bytes_after: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunResults {
+    pub scenario: String,
+    pub workload: String,
+    pub systems: Vec<(String, String)>,
+    pub skipped: Vec<String>,
+    pub machine: String,
+    pub cache_drop_permitted: bool,
+    pub backups: Vec<BackupRow>,
+    pub restores: Vec<RestoreRow>,
+    pub deletes: Vec<DeleteRow>,
+}
+
+pub struct RunOptions {
+    pub scenario: String,
+    pub gen: GenOptions,
+    pub work: PathBuf,
+    pub out: PathBuf,
+    /// Restore every k-th version (and always the first and the last).
+    pub restore_every: usize,
+    /// Restore only the first series (large GP-style runs).
+    pub restore_first_series_only: bool,
+    pub deletes: bool,
+}
+
+fn mb(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / 1e6 / secs.max(1e-6)
+}
+
+pub fn machine() -> String {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .next()
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string())
+        })
+        .and_then(|k| k.parse::<u64>().ok())
+        .map(|k| k / 1024 / 1024)
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cores} cores, {mem} GiB RAM, Linux {}", kernel.trim())
+}
+
+/// Runs a scenario and writes results, charts and a summary to `opts.out`.
+pub fn run(
+    opts: &RunOptions,
+    systems: &mut [Box<dyn System>],
+    skipped: Vec<String>,
+) -> Result<RunResults> {
+    let mut wl = gen::workload(&opts.scenario, &opts.gen)?;
+    let series = wl.series();
+    let versions = wl.versions();
+    std::fs::create_dir_all(&opts.work)?;
+    std::fs::create_dir_all(&opts.out)?;
+    let src_dirs: Vec<PathBuf> = (0..series.len())
+        .map(|i| opts.work.join(format!("src/{i}")))
+        .collect();
+    let _ = std::fs::remove_dir_all(opts.work.join("src"));
+    for d in &src_dirs {
+        std::fs::create_dir_all(d)?;
+    }
+    let repos: Vec<PathBuf> = systems
+        .iter()
+        .map(|s| opts.work.join(format!("repo-{}", s.name())))
+        .collect();
+    for (s, r) in systems.iter_mut().zip(&repos) {
+        let _ = std::fs::remove_dir_all(r);
+        let _ = std::fs::remove_dir_all(r.with_extension("cache"));
+        s.init(r)
+            .with_context(|| format!("initialising {}", s.name()))?;
+    }
+    let mut res = RunResults {
+        scenario: opts.scenario.clone(),
+        workload: wl.describe(),
+        systems: systems.iter().map(|s| (s.name(), s.settings())).collect(),
+        skipped,
+        machine: machine(),
+        cache_drop_permitted: drop_caches(),
+        backups: vec![],
+        restores: vec![],
+        deletes: vec![],
+    };
+    let mut digests: Vec<Vec<String>> = vec![Vec::new(); series.len()];
+    let mut logical: Vec<Vec<u64>> = vec![Vec::new(); series.len()];
+    for v in 0..versions {
+        for (si, d) in src_dirs.iter().enumerate() {
+            wl.advance(si, v, d)
+                .with_context(|| format!("generating version {v} of {}", series[si]))?;
+            digests[si].push(tree_digest(d)?);
+            logical[si].push(tree_bytes(d));
+        }
+        let n = systems.len();
+        for k in 0..n {
+            let i = (k + v) % n;
+            for (si, d) in src_dirs.iter().enumerate() {
+                let sys = &mut systems[i];
+                let m = sys
+                    .backup(&repos[i], &series[si], v + 1, d)
+                    .with_context(|| {
+                        format!("{} backup of {}@{}", sys.name(), series[si], v + 1)
+                    })?;
+                let row = BackupRow {
+                    system: sys.name(),
+                    series: series[si].clone(),
+                    version: v + 1,
+                    logical_bytes: logical[si][v],
+                    seconds: m.seconds,
+                    mb_per_s: mb(logical[si][v], m.seconds),
+                    stored_bytes_after: tree_bytes(&repos[i]),
+                    peak_rss_bytes: m.peak_rss_bytes,
+                };
+                eprintln!(
+                    "backup  {:<14} {}@{:<3} {:>8.1} MB/s  stored {:>8.1} MB",
+                    row.system,
+                    row.series,
+                    row.version,
+                    row.mb_per_s,
+                    row.stored_bytes_after as f64 / 1e6
+                );
+                res.backups.push(row);
+            }
+        }
+    }
+    // Restores, oldest first.
+    let every = opts.restore_every.max(1);
+    let selected: Vec<usize> = (1..=versions)
+        .filter(|v| (v - 1) % every == 0 || *v == versions)
+        .collect();
+    let restore_series = if opts.restore_first_series_only {
+        1
+    } else {
+        series.len()
+    };
+    let mut mismatches = Vec::new();
+    for &v in &selected {
+        for si in 0..restore_series {
+            let n = systems.len();
+            for k in 0..n {
+                let i = (k + v) % n;
+                let sys = &mut systems[i];
+                let target = opts.work.join("restore");
+                let _ = std::fs::remove_dir_all(&target);
+                std::fs::create_dir_all(&target)?;
+                let dropped = drop_caches();
+                let (m, root) = sys
+                    .restore(&repos[i], &series[si], v, &src_dirs[si], &target)
+                    .with_context(|| format!("{} restore of {}@{v}", sys.name(), series[si]))?;
+                let ok = tree_digest(&root)
+                    .map(|d| d == digests[si][v - 1])
+                    .unwrap_or(false);
+                if !ok {
+                    mismatches.push(format!("{} {}@{v}", sys.name(), series[si]));
+                }
+                let bytes = logical[si][v - 1];
+                let reads = sys.last_restore_reads();
+                let row = RestoreRow {
+                    system: sys.name(),
+                    series: series[si].clone(),
+                    version: v,
+                    bytes,
+                    seconds: m.seconds,
+                    mb_per_s: mb(bytes, m.seconds),
+                    peak_rss_bytes: m.peak_rss_bytes,
+                    cache_dropped: dropped,
+                    storage_read_bytes: m.storage_read_bytes,
+                    syscall_read_bytes: m.syscall_read_bytes,
+                    read_per_byte: m.syscall_read_bytes as f64 / bytes.max(1) as f64,
+                    containers_read: reads.map(|r| r.0),
+                    regions_read: reads.map(|r| r.1),
+                    mb_per_container: reads.map(|r| bytes as f64 / 1e6 / r.0.max(1) as f64),
+                    verified: ok,
+                };
+                eprintln!(
+                    "restore {:<14} {}@{:<3} {:>8.1} MB/s  read/byte {:.2}{}{}",
+                    row.system,
+                    row.series,
+                    v,
+                    row.mb_per_s,
+                    row.read_per_byte,
+                    reads
+                        .map(|r| format!("  containers {}", r.0))
+                        .unwrap_or_default(),
+                    if ok { "" } else { "  MISMATCH" }
+                );
+                res.restores.push(row);
+                let _ = std::fs::remove_dir_all(&target);
+            }
+        }
+    }
+    if opts.deletes && versions >= 3 {
+        for (i, sys) in systems.iter_mut().enumerate() {
+            let oldest: Vec<(String, usize)> = series.iter().map(|s| (s.clone(), 1)).collect();
+            let m = sys.delete(&repos[i], &oldest)?;
+            res.deletes.push(DeleteRow {
+                system: sys.name(),
+                what: "oldest".into(),
+                versions: oldest.len(),
+                seconds: m.seconds,
+                stored_bytes_after: tree_bytes(&repos[i]),
+            });
+            let half: Vec<(String, usize)> = series
+                .iter()
+                .flat_map(|s| (2..=versions).step_by(2).map(move |v| (s.clone(), v)))
+                .collect();
+            let m = sys.delete(&repos[i], &half)?;
+            res.deletes.push(DeleteRow {
+                system: sys.name(),
+                what: "half".into(),
+                versions: half.len(),
+                seconds: m.seconds,
+                stored_bytes_after: tree_bytes(&repos[i]),
+            });
+            eprintln!("delete  {:<14} oldest + half done", sys.name());
+        }
+    }
+    write_outputs(&res, &opts.out)?;
+    if !mismatches.is_empty() {
+        bail!(
+            "restored data differs from the source for: {}",
+            mismatches.join(", ")
+        );
+    }
+    Ok(res)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Per-system summary figures.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    pub system: String,
+    pub logical_bytes: u64,
+    pub stored_bytes: u64,
+    pub dedup_ratio: f64,
+    pub space_saving_pct: f64,
+    pub first_backup_mb_s: f64,
+    pub median_later_backup_mb_s: f64,
+    pub first_restore_mb_s: f64,
+    pub last_restore_mb_s: f64,
+    pub median_restore_mb_s: f64,
+    pub last_restore_read_per_byte: f64,
+    pub last_restore_containers_per_gb: Option<f64>,
+    pub max_backup_rss_mb: f64,
+    pub delete_oldest_s: Option<f64>,
+    pub delete_half_s: Option<f64>,
+}
+
+pub fn summarize(res: &RunResults) -> Vec<Summary> {
+    res.systems
+        .iter()
+        .map(|(name, _)| {
+            let b: Vec<&BackupRow> = res.backups.iter().filter(|r| &r.system == name).collect();
+            let r: Vec<&RestoreRow> = res.restores.iter().filter(|r| &r.system == name).collect();
+            let logical: u64 = b.iter().map(|x| x.logical_bytes).sum();
+            let stored = b.last().map(|x| x.stored_bytes_after).unwrap_or(0);
+            let first_v = b.iter().map(|x| x.version).min().unwrap_or(1);
+            let last_v = r.iter().map(|x| x.version).max().unwrap_or(1);
+            let first_r: Vec<&&RestoreRow> = r.iter().filter(|x| x.version == first_v).collect();
+            let last_r: Vec<&&RestoreRow> = r.iter().filter(|x| x.version == last_v).collect();
+            let del = |w: &str| {
+                res.deletes
+                    .iter()
+                    .find(|d| &d.system == name && d.what == w)
+                    .map(|d| d.seconds)
+            };
+            Summary {
+                system: name.clone(),
+                logical_bytes: logical,
+                stored_bytes: stored,
+                dedup_ratio: logical as f64 / stored.max(1) as f64,
+                space_saving_pct: 100.0 * (1.0 - stored as f64 / logical.max(1) as f64),
+                first_backup_mb_s: median(
+                    b.iter()
+                        .filter(|x| x.version == first_v)
+                        .map(|x| x.mb_per_s)
+                        .collect(),
+                ),
+                median_later_backup_mb_s: median(
+                    b.iter()
+                        .filter(|x| x.version > first_v)
+                        .map(|x| x.mb_per_s)
+                        .collect(),
+                ),
+                first_restore_mb_s: median(first_r.iter().map(|x| x.mb_per_s).collect()),
+                last_restore_mb_s: median(last_r.iter().map(|x| x.mb_per_s).collect()),
+                median_restore_mb_s: median(r.iter().map(|x| x.mb_per_s).collect()),
+                last_restore_read_per_byte: median(
+                    last_r.iter().map(|x| x.read_per_byte).collect(),
+                ),
+                last_restore_containers_per_gb: last_r.first().and_then(|x| {
+                    x.containers_read
+                        .map(|c| c as f64 / (x.bytes.max(1) as f64 / 1e9))
+                }),
+                max_backup_rss_mb: b.iter().map(|x| x.peak_rss_bytes).max().unwrap_or(0) as f64
+                    / 1e6,
+                delete_oldest_s: del("oldest"),
+                delete_half_s: del("half"),
+            }
+        })
+        .collect()
+}
+
+fn opt(v: Option<f64>, prec: usize) -> String {
+    v.map(|x| format!("{x:.prec$}"))
+        .unwrap_or_else(|| "–".into())
+}
+
+/// The summary as a Markdown table, plus Strata / peer ratios.
+pub fn summary_markdown(res: &RunResults) -> String {
+    let sums = summarize(res);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Scenario `{}`: {}  \nMachine: {}; page cache dropped before restores: {}\n",
+        res.scenario,
+        res.workload,
+        res.machine,
+        if res.cache_drop_permitted {
+            "yes"
+        } else {
+            "no (not permitted)"
+        }
+    );
+    let _ = writeln!(s, "| system | logical GB | stored GB | dedup ratio | space saving | backup v1 MB/s | later backups MB/s (median) | restore first MB/s | restore last MB/s | last restore read/byte | containers/GB (last) | max backup RSS MB | delete oldest s | delete half s |");
+    let _ = writeln!(
+        s,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for x in &sums {
+        let _ = writeln!(
+            s,
+            "| {} | {:.2} | {:.3} | {:.2} | {:.1} % | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {} | {:.0} | {} | {} |",
+            x.system,
+            x.logical_bytes as f64 / 1e9,
+            x.stored_bytes as f64 / 1e9,
+            x.dedup_ratio,
+            x.space_saving_pct,
+            x.first_backup_mb_s,
+            x.median_later_backup_mb_s,
+            x.first_restore_mb_s,
+            x.last_restore_mb_s,
+            x.last_restore_read_per_byte,
+            opt(x.last_restore_containers_per_gb, 1),
+            x.max_backup_rss_mb,
+            opt(x.delete_oldest_s, 2),
+            opt(x.delete_half_s, 2)
+        );
+    }
+    let stratas: Vec<&Summary> = sums
+        .iter()
+        .filter(|x| x.system.starts_with("strata"))
+        .collect();
+    let peers: Vec<&Summary> = sums
+        .iter()
+        .filter(|x| !x.system.starts_with("strata"))
+        .collect();
+    if !stratas.is_empty() && !peers.is_empty() {
+        let _ = writeln!(s, "\nRatios Strata / peer (> 1 means Strata is better; for stored bytes and times, peer / Strata):\n");
+        let _ = writeln!(
+            s,
+            "| strata | peer | stored | backup v1 | later backups | restore last | delete oldest |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+        for a in &stratas {
+            for p in &peers {
+                let inv = |x: Option<f64>, y: Option<f64>| match (x, y) {
+                    (Some(x), Some(y)) if x > 0.0 => format!("{:.2}", y / x),
+                    _ => "–".into(),
+                };
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
+                    a.system,
+                    p.system,
+                    p.stored_bytes as f64 / a.stored_bytes.max(1) as f64,
+                    a.first_backup_mb_s / p.first_backup_mb_s.max(1e-9),
+                    a.median_later_backup_mb_s / p.median_later_backup_mb_s.max(1e-9),
+                    a.last_restore_mb_s / p.last_restore_mb_s.max(1e-9),
+                    inv(a.delete_oldest_s, p.delete_oldest_s)
+                );
+            }
+        }
+    }
+    if !res.skipped.is_empty() {
+        let _ = writeln!(s, "\nSkipped: {}", res.skipped.join("; "));
+    }
+    s
+}
+
+/// Writes results.json, backups.csv, restores.csv, charts and summary.md.
+pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(res)?)?;
+    let mut csv = String::from(
+        "system,series,version,logical_bytes,seconds,mb_per_s,stored_bytes_after,peak_rss_bytes\n",
+    );
+    for r in &res.backups {
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{:.3},{:.2},{},{}",
+            r.system,
+            r.series,
+            r.version,
+            r.logical_bytes,
+            r.seconds,
+            r.mb_per_s,
+            r.stored_bytes_after,
+            r.peak_rss_bytes
+        );
+    }
+    std::fs::write(out.join("backups.csv"), csv)?;
+    let mut csv = String::from("system,series,version,bytes,seconds,mb_per_s,cache_dropped,storage_read_bytes,syscall_read_bytes,read_per_byte,containers_read,regions_read,mb_per_container,verified\n");
+    for r in &res.restores {
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{:.3},{:.2},{},{},{},{:.3},{},{},{},{}",
+            r.system,
+            r.series,
+            r.version,
+            r.bytes,
+            r.seconds,
+            r.mb_per_s,
+            r.cache_dropped,
+            r.storage_read_bytes,
+            r.syscall_read_bytes,
+            r.read_per_byte,
+            r.containers_read.map(|x| x.to_string()).unwrap_or_default(),
+            r.regions_read.map(|x| x.to_string()).unwrap_or_default(),
+            r.mb_per_container
+                .map(|x| format!("{x:.2}"))
+                .unwrap_or_default(),
+            r.verified
+        );
+    }
+    std::fs::write(out.join("restores.csv"), csv)?;
+    let per_system = |f: &dyn Fn(&str) -> Vec<(f64, f64)>| -> Vec<(String, Vec<(f64, f64)>)> {
+        res.systems.iter().map(|(n, _)| (n.clone(), f(n))).collect()
+    };
+    let first_series = res
+        .backups
+        .first()
+        .map(|b| b.series.clone())
+        .unwrap_or_default();
+    let backup_pts = |n: &str| {
+        res.backups
+            .iter()
+            .filter(|b| b.system == n && b.series == first_series)
+            .map(|b| (b.version as f64, b.mb_per_s))
+            .collect()
+    };
+    std::fs::write(
+        out.join("backup-throughput.svg"),
+        line_chart(
+            &format!("{}: backup throughput", res.scenario),
+            "version",
+            "MB/s",
+            &per_system(&backup_pts),
+        ),
+    )?;
+    let restore_pts = |n: &str| {
+        res.restores
+            .iter()
+            .filter(|b| b.system == n && b.series == first_series)
+            .map(|b| (b.version as f64, b.mb_per_s))
+            .collect()
+    };
+    std::fs::write(
+        out.join("restore-throughput.svg"),
+        line_chart(
+            &format!("{}: restore throughput", res.scenario),
+            "version",
+            "MB/s",
+            &per_system(&restore_pts),
+        ),
+    )?;
+    let stored_pts = |n: &str| {
+        let mut by_v: std::collections::BTreeMap<usize, u64> = Default::default();
+        for b in res.backups.iter().filter(|b| b.system == n) {
+            let e = by_v.entry(b.version).or_default();
+            *e = (*e).max(b.stored_bytes_after);
+        }
+        by_v.into_iter()
+            .map(|(v, s)| (v as f64, s as f64 / 1e6))
+            .collect()
+    };
+    std::fs::write(
+        out.join("stored-bytes.svg"),
+        line_chart(
+            &format!("{}: cumulative stored bytes", res.scenario),
+            "version",
+            "MB",
+            &per_system(&stored_pts),
+        ),
+    )?;
+    let read_pts = |n: &str| {
+        res.restores
+            .iter()
+            .filter(|b| b.system == n && b.series == first_series)
+            .map(|b| (b.version as f64, b.read_per_byte))
+            .collect()
+    };
+    std::fs::write(
+        out.join("restore-read-per-byte.svg"),
+        line_chart(
+            &format!("{}: bytes read per byte restored", res.scenario),
+            "version",
+            "bytes read / byte",
+            &per_system(&read_pts),
+        ),
+    )?;
+    std::fs::write(out.join("summary.md"), summary_markdown(res))?;
+    Ok(())
+}

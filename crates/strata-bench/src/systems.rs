@@ -1,0 +1,340 @@
+//! The systems the runner compares: Strata (one entry per index strategy
+//! the binary reports), restic and borg, each driven through its CLI at
+//! default settings with encryption off where the tool allows it.
+
+use crate::measure::{run, Measured};
+use anyhow::{anyhow, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// One system under test.
+pub trait System {
+    fn name(&self) -> String;
+    /// Settings worth quoting next to results (compression, encryption).
+    fn settings(&self) -> String;
+    fn init(&mut self, repo: &Path) -> Result<()>;
+    /// Backs up `src` as `version` (1-based) of `series`.
+    fn backup(&mut self, repo: &Path, series: &str, version: usize, src: &Path)
+        -> Result<Measured>;
+    /// Restores `version` of `series` into `target`; returns the measured run
+    /// and the directory in `target` where `src` landed.
+    fn restore(
+        &mut self,
+        repo: &Path,
+        series: &str,
+        version: usize,
+        src: &Path,
+        target: &Path,
+    ) -> Result<(Measured, PathBuf)>;
+    /// Deletes versions and frees their space.
+    fn delete(&mut self, repo: &Path, versions: &[(String, usize)]) -> Result<Measured>;
+    /// Strata only: containers and regions read by the last restore.
+    fn last_restore_reads(&self) -> Option<(u64, u64)> {
+        None
+    }
+}
+
+fn in_target(target: &Path, src: &Path) -> PathBuf {
+    target.join(src.strip_prefix("/").unwrap_or(src))
+}
+
+pub struct Strata {
+    pub bin: PathBuf,
+    pub index: String,
+    last_reads: Option<(u64, u64)>,
+}
+
+impl Strata {
+    pub fn new(bin: PathBuf, index: &str) -> Self {
+        Strata {
+            bin,
+            index: index.to_string(),
+            last_reads: None,
+        }
+    }
+
+    fn cmd(&self, repo: &Path) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.arg("--repo").arg(repo).arg("--json");
+        c.env_remove("STRATA_PASSWORD").env_remove("STRATA_REPO");
+        c
+    }
+
+    /// Index strategies the binary knows (`strata features --json`).
+    pub fn strategies(bin: &Path) -> Result<Vec<String>> {
+        let out = Command::new(bin)
+            .args(["features", "--json"])
+            .output()
+            .with_context(|| format!("running {}", bin.display()))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&out.stdout).context("parsing `strata features --json`")?;
+        Ok(v["index_strategies"]
+            .as_array()
+            .ok_or_else(|| anyhow!("no index_strategies in `strata features --json`"))?
+            .iter()
+            .filter_map(|s| s.as_str().map(String::from))
+            .collect())
+    }
+}
+
+impl System for Strata {
+    fn name(&self) -> String {
+        format!("strata-{}", self.index)
+    }
+
+    fn settings(&self) -> String {
+        format!(
+            "index {}, zstd 3, FastCDC 8 KiB, unencrypted (checksums)",
+            self.index
+        )
+    }
+
+    fn init(&mut self, repo: &Path) -> Result<()> {
+        run(self.cmd(repo).args(["init", "--index", &self.index]), &[0])?;
+        Ok(())
+    }
+
+    fn backup(
+        &mut self,
+        repo: &Path,
+        series: &str,
+        _version: usize,
+        src: &Path,
+    ) -> Result<Measured> {
+        run(
+            self.cmd(repo).args(["backup", "--series", series]).arg(src),
+            &[0],
+        )
+    }
+
+    fn restore(
+        &mut self,
+        repo: &Path,
+        series: &str,
+        version: usize,
+        src: &Path,
+        target: &Path,
+    ) -> Result<(Measured, PathBuf)> {
+        let m = run(
+            self.cmd(repo)
+                .args(["restore", &format!("{series}@{version}"), "--target"])
+                .arg(target),
+            &[0],
+        )?;
+        let v: serde_json::Value = serde_json::from_str(&m.stdout).unwrap_or_default();
+        self.last_reads = Some((
+            v["containers_read"].as_u64().unwrap_or(0),
+            v["regions_read"].as_u64().unwrap_or(0),
+        ));
+        Ok((m, in_target(target, src)))
+    }
+
+    fn delete(&mut self, repo: &Path, versions: &[(String, usize)]) -> Result<Measured> {
+        let mut c = self.cmd(repo);
+        c.arg("forget");
+        for (s, v) in versions {
+            c.arg(format!("{s}@{v}"));
+        }
+        c.arg("--prune");
+        run(&mut c, &[0])
+    }
+
+    fn last_restore_reads(&self) -> Option<(u64, u64)> {
+        self.last_reads
+    }
+}
+
+/// restic at default settings (it always encrypts; compression `auto`).
+#[derive(Default)]
+pub struct Restic {
+    ids: std::collections::HashMap<(String, usize), String>,
+}
+
+impl Restic {
+    fn cmd(repo: &Path) -> Command {
+        let mut c = Command::new("restic");
+        c.arg("-r")
+            .arg(repo)
+            .env("RESTIC_PASSWORD", "bench")
+            .env("RESTIC_CACHE_DIR", repo.with_extension("cache"));
+        c
+    }
+}
+
+impl System for Restic {
+    fn name(&self) -> String {
+        "restic".into()
+    }
+
+    fn settings(&self) -> String {
+        "default (compression auto = zstd fast, AES-256 encryption always on)".into()
+    }
+
+    fn init(&mut self, repo: &Path) -> Result<()> {
+        run(Self::cmd(repo).arg("init"), &[0])?;
+        Ok(())
+    }
+
+    fn backup(
+        &mut self,
+        repo: &Path,
+        series: &str,
+        version: usize,
+        src: &Path,
+    ) -> Result<Measured> {
+        let m = run(
+            Self::cmd(repo)
+                .args(["backup", "--json", "--host", "bench", "--tag", series])
+                .arg(src),
+            &[0, 3],
+        )?;
+        let id = m
+            .stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["message_type"] == "summary")
+            .and_then(|v| v["snapshot_id"].as_str().map(String::from))
+            .ok_or_else(|| anyhow!("restic backup printed no snapshot id"))?;
+        self.ids.insert((series.to_string(), version), id);
+        Ok(m)
+    }
+
+    fn restore(
+        &mut self,
+        repo: &Path,
+        series: &str,
+        version: usize,
+        src: &Path,
+        target: &Path,
+    ) -> Result<(Measured, PathBuf)> {
+        let id = self
+            .ids
+            .get(&(series.to_string(), version))
+            .ok_or_else(|| anyhow!("no restic snapshot for {series}@{version}"))?;
+        let m = run(
+            Self::cmd(repo)
+                .args(["restore", id, "--target"])
+                .arg(target),
+            &[0],
+        )?;
+        Ok((m, in_target(target, src)))
+    }
+
+    fn delete(&mut self, repo: &Path, versions: &[(String, usize)]) -> Result<Measured> {
+        let mut c = Self::cmd(repo);
+        c.arg("forget");
+        for k in versions {
+            c.arg(
+                self.ids
+                    .get(k)
+                    .ok_or_else(|| anyhow!("no restic snapshot for {k:?}"))?,
+            );
+        }
+        c.arg("--prune");
+        run(&mut c, &[0])
+    }
+}
+
+/// borg 1.x with encryption off and zstd level 3.
+pub struct Borg;
+
+fn borg_cmd() -> Command {
+    let mut c = Command::new("borg");
+    c.env("BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK", "yes")
+        .env("BORG_RELOCATED_REPO_ACCESS_IS_OK", "yes")
+        .env("BORG_PASSPHRASE", "");
+    c
+}
+
+impl System for Borg {
+    fn name(&self) -> String {
+        "borg".into()
+    }
+
+    fn settings(&self) -> String {
+        "encryption none, compression zstd,3".into()
+    }
+
+    fn init(&mut self, repo: &Path) -> Result<()> {
+        run(borg_cmd().args(["init", "-e", "none"]).arg(repo), &[0])?;
+        Ok(())
+    }
+
+    fn backup(
+        &mut self,
+        repo: &Path,
+        series: &str,
+        version: usize,
+        src: &Path,
+    ) -> Result<Measured> {
+        run(
+            borg_cmd()
+                .args(["create", "--compression", "zstd,3"])
+                .arg(format!(
+                    "{}::{}-v{version}",
+                    repo.display(),
+                    sanitize(series)
+                ))
+                .arg(src),
+            &[0, 1],
+        )
+    }
+
+    fn restore(
+        &mut self,
+        repo: &Path,
+        series: &str,
+        version: usize,
+        src: &Path,
+        target: &Path,
+    ) -> Result<(Measured, PathBuf)> {
+        let m = run(
+            borg_cmd().current_dir(target).arg("extract").arg(format!(
+                "{}::{}-v{version}",
+                repo.display(),
+                sanitize(series)
+            )),
+            &[0],
+        )?;
+        Ok((m, in_target(target, src)))
+    }
+
+    fn delete(&mut self, repo: &Path, versions: &[(String, usize)]) -> Result<Measured> {
+        let mut total = Measured::default();
+        for (s, v) in versions {
+            let m = run(
+                borg_cmd()
+                    .arg("delete")
+                    .arg(format!("{}::{}-v{v}", repo.display(), sanitize(s))),
+                &[0],
+            )?;
+            total.seconds += m.seconds;
+            total.peak_rss_bytes = total.peak_rss_bytes.max(m.peak_rss_bytes);
+        }
+        let m = run(borg_cmd().arg("compact").arg(repo), &[0])?;
+        total.seconds += m.seconds;
+        total.peak_rss_bytes = total.peak_rss_bytes.max(m.peak_rss_bytes);
+        Ok(total)
+    }
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Whether a peer's binary is installed.
+pub fn installed(bin: &str) -> bool {
+    Command::new(bin)
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
