@@ -67,15 +67,17 @@ pub fn line_chart(
             fmt_num(y)
         );
     }
-    let ticks = ((x_max - x_min).round() as usize).clamp(1, 10);
-    for i in 0..=ticks {
-        let x = x_min + (x_max - x_min) * i as f64 / ticks as f64;
+    // Whole-number ticks (versions), at most about ten of them.
+    let step = ((x_max - x_min) / 10.0).ceil().max(1.0);
+    let mut x = x_min;
+    while x <= x_max + 1e-9 {
         s += &format!(
             "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
             sx(x),
             t + ph + 18.0,
             fmt_num(x)
         );
+        x += step;
     }
     let (x2, y0) = (l + pw, t + ph);
     s += &format!(

@@ -332,8 +332,14 @@ fn sanitize(s: &str) -> String {
 
 /// Whether a peer's binary is installed.
 pub fn installed(bin: &str) -> bool {
+    // restic has a `version` command and no `--version` flag.
+    let arg = if bin == "restic" {
+        "version"
+    } else {
+        "--version"
+    };
     Command::new(bin)
-        .arg("--version")
+        .arg(arg)
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false)

@@ -1490,3 +1490,47 @@ fn error_messages_do_not_repeat_the_cause() {
     let e = r.stderr;
     assert_eq!(e.matches("Not a directory").count(), 1, "{e}");
 }
+
+/// The index objects are cached locally; a damaged cache entry is ignored
+/// and replaced, never trusted.
+#[test]
+fn index_cache_is_used_and_verified() {
+    let repo = Repo::new();
+    let src = repo.scratch("src");
+    fs::create_dir_all(&src).unwrap();
+    write(&src.join("a"), &prng(90, 200_000));
+    let cache = repo.scratch("cache");
+    let run = |args: &[&str]| {
+        let mut c = repo.cmd(args);
+        c.env("STRATA_CACHE_DIR", &cache);
+        common::run_cmd(c, None).ok()
+    };
+    run(&["backup", src.to_str().unwrap()]);
+    // The first reader of the index fills the cache.
+    let st: serde_json::Value = serde_json::from_slice(&run(&["--json", "stats"]).stdout).unwrap();
+    let cached = walk_files(&cache);
+    let index_files: Vec<_> = cached
+        .iter()
+        .filter(|p| p.to_string_lossy().contains("/index/"))
+        .collect();
+    assert_eq!(index_files.len(), 1, "{cached:?}");
+    let name = index_files[0].file_name().unwrap().to_owned();
+    let original = fs::read(repo.path.join("index").join(&name)).unwrap();
+    assert_eq!(fs::read(index_files[0]).unwrap(), original);
+    // Damage the cached copy: results stay right and the copy is repaired.
+    fs::write(index_files[0], b"garbage").unwrap();
+    let st2: serde_json::Value = serde_json::from_slice(&run(&["--json", "stats"]).stdout).unwrap();
+    assert_eq!(st["chunks"], st2["chunks"]);
+    assert_eq!(fs::read(index_files[0]).unwrap(), original);
+    // A second backup dedups against the (cached) index.
+    let v: serde_json::Value = serde_json::from_slice(
+        &run(&["--json", "backup", "--force-read", src.to_str().unwrap()]).stdout,
+    )
+    .unwrap();
+    assert_eq!(v["new_chunks"], 0, "{v}");
+    // Index objects gc removes also leave the cache.
+    run(&["forget", "--prune", "latest"]);
+    run(&["forget", "--prune", "latest"]);
+    run(&["--json", "stats"]);
+    assert!(!index_files[0].exists(), "stale cache entry kept");
+}

@@ -53,7 +53,8 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
     // Index objects, one by one so one bad object does not hide the rest.
     let mut metas: HashMap<ContainerId, ContainerMeta> = HashMap::new();
     for o in b.list("index/")? {
-        match repo.load_index_object(&o.name) {
+        // Straight from the repository: the local cache would hide damage.
+        match repo.get_struct::<strata_core::format::IndexObject>(Kind::Index, &o.name, "index") {
             Ok(obj) => {
                 for m in obj.containers {
                     metas.entry(m.id).or_insert(m);

@@ -98,7 +98,10 @@ impl RepoIndex {
     /// Loads every index object, calling `each` once per distinct container.
     pub fn load(repo: &Repository, mut each: impl FnMut(&ContainerMeta)) -> Result<Self> {
         let mut idx = RepoIndex::default();
-        for o in repo.backend().list("index/")? {
+        let objects = repo.backend().list("index/")?;
+        let names: Vec<String> = objects.iter().map(|o| o.name.clone()).collect();
+        repo.prune_cache("index/", &names);
+        for o in objects {
             let obj = repo.load_index_object(&o.name)?;
             for m in obj.containers {
                 if idx.containers.contains_key(&m.id) {

@@ -21,6 +21,7 @@ use crate::backend::Backend;
 use crate::error::{Result, StoreError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::path::PathBuf;
 use std::sync::Arc;
 use strata_core::chunker::ChunkerParams;
 use strata_core::crypto::{random_bytes, KeyFile, Kind, MasterKey, Sealer};
@@ -255,8 +256,81 @@ impl Repository {
         self.get_struct(Kind::Recipe, &format!("recipes/{id}"), "recipe")
     }
 
+    /// Loads an index object through the local cache.
     pub fn load_index_object(&self, name: &str) -> Result<IndexObject> {
-        self.get_struct(Kind::Index, name, "index")
+        let raw = self.get_cached(name)?;
+        let bytes = self
+            .sealer
+            .open(Kind::Index, &raw)
+            .map_err(|e| StoreError::corrupt(name, e))?;
+        decode("index", &bytes).map_err(|e| StoreError::corrupt(name, e))
+    }
+
+    /// The local cache directory of this repository:
+    /// `$STRATA_CACHE_DIR` or `$XDG_CACHE_HOME/strata` or `~/.cache/strata`,
+    /// then the repository id. `STRATA_NO_CACHE=1` disables the cache.
+    pub fn cache_dir(&self) -> Option<PathBuf> {
+        if std::env::var_os("STRATA_NO_CACHE").is_some_and(|v| !v.is_empty() && v != "0") {
+            return None;
+        }
+        let base = std::env::var_os("STRATA_CACHE_DIR")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("XDG_CACHE_HOME")
+                    .filter(|v| !v.is_empty())
+                    .map(|x| PathBuf::from(x).join("strata"))
+            })
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/strata")))?;
+        Some(base.join(&self.config.id))
+    }
+
+    /// Reads a content-addressed object (`prefix/HASH`) from the local cache
+    /// when a copy there still hashes to its name, else from the backend,
+    /// keeping a copy. Cache problems are never errors: the repository is
+    /// the truth and the cache only saves reads from (remote) backends.
+    pub fn get_cached(&self, name: &str) -> Result<Vec<u8>> {
+        let want = name.rsplit('/').next().unwrap_or_default();
+        let path = self.cache_dir().map(|d| d.join(name));
+        if let Some(p) = &path {
+            if let Ok(bytes) = std::fs::read(p) {
+                if blake3::hash(&bytes).to_hex().as_str() == want {
+                    return Ok(bytes);
+                }
+            }
+        }
+        let bytes = self.backend.get(name)?;
+        if let Some(p) = &path {
+            if blake3::hash(&bytes).to_hex().as_str() == want {
+                if let Some(dir) = p.parent() {
+                    let tmp = dir.join(format!(".tmp-{}", std::process::id()));
+                    let _ = std::fs::create_dir_all(dir)
+                        .and_then(|_| std::fs::write(&tmp, &bytes))
+                        .and_then(|_| std::fs::rename(&tmp, p));
+                }
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Drops cached copies of objects under `prefix` that no longer exist.
+    pub fn prune_cache(&self, prefix: &str, live: &[String]) {
+        let Some(dir) = self
+            .cache_dir()
+            .map(|d| d.join(prefix.trim_end_matches('/')))
+        else {
+            return;
+        };
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        let prefix = prefix.trim_end_matches('/');
+        for e in rd.flatten() {
+            let name = format!("{prefix}/{}", e.file_name().to_string_lossy());
+            if !live.contains(&name) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
     }
 
     /// All snapshots, oldest first.

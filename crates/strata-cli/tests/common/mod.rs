@@ -32,6 +32,10 @@ pub fn scrub(c: &mut Command) {
         .env_remove("STRATA_PASSWORD_FILE")
         .env_remove("STRATA_LOG")
         .env("STRATA_KDF_FAST", "1")
+        .env(
+            "STRATA_CACHE_DIR",
+            std::env::temp_dir().join("strata-test-cache"),
+        )
         .stdin(Stdio::null());
 }
 
