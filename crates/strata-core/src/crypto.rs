@@ -23,7 +23,7 @@
 
 use crate::error::{CoreError, Result};
 use crate::fingerprint::Hasher;
-use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::aead::{Aead, AeadInPlace, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use serde::{Deserialize, Serialize};
 
@@ -200,19 +200,20 @@ impl Sealer {
                 let header = [ENVELOPE_VERSION, kind as u8, flags];
                 let mut nonce = [0u8; NONCE_LEN];
                 random_bytes(&mut nonce)?;
-                let ct = cipher
-                    .encrypt(
-                        XNonce::from_slice(&nonce),
-                        Payload {
-                            msg: payload,
-                            aad: &header,
-                        },
-                    )
-                    .map_err(|_| CoreError::Authentication)?;
-                let mut out = Vec::with_capacity(HEADER_LEN + NONCE_LEN + ct.len());
+                // Encrypt in place in the output buffer: one copy of the
+                // payload, not two.
+                let mut out = Vec::with_capacity(HEADER_LEN + NONCE_LEN + payload.len() + TAG_LEN);
                 out.extend_from_slice(&header);
                 out.extend_from_slice(&nonce);
-                out.extend_from_slice(&ct);
+                out.extend_from_slice(payload);
+                let tag = cipher
+                    .encrypt_in_place_detached(
+                        XNonce::from_slice(&nonce),
+                        &header,
+                        &mut out[HEADER_LEN + NONCE_LEN..],
+                    )
+                    .map_err(|_| CoreError::Authentication)?;
+                out.extend_from_slice(&tag);
                 Ok(out)
             }
             None => {

@@ -21,10 +21,9 @@ pub const STRUCT_VERSION: u8 = 1;
 
 /// Encodes a structure: version byte + postcard.
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
-    let mut out = vec![STRUCT_VERSION];
-    let body = postcard::to_stdvec(value).map_err(|e| CoreError::Encode(e.to_string()))?;
-    out.extend_from_slice(&body);
-    Ok(out)
+    // Serialised straight after the version byte: recipes of large trees
+    // run to tens of MB and are not worth a second copy.
+    postcard::to_extend(value, vec![STRUCT_VERSION]).map_err(|e| CoreError::Encode(e.to_string()))
 }
 
 /// Decodes a structure encoded by [`encode`], checking its version.
@@ -91,6 +90,16 @@ pub struct ChunkEntry {
     pub len: u32,
 }
 
+/// A segment stored whole in a container (segment-level dedup, RevDedup
+/// §2.3): its fingerprint and its run of chunk entries. Zero chunks of the
+/// segment are not stored and so not counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentEntry {
+    pub fp: Fingerprint,
+    pub first_chunk: u32,
+    pub chunks: u32,
+}
+
 /// The metadata section of a data container; also stored on its own as the
 /// container's metadata object so index, GC and check never read data.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,6 +114,8 @@ pub struct ContainerMeta {
     pub stamp: Option<i64>,
     pub regions: Vec<RegionInfo>,
     pub chunks: Vec<ChunkEntry>,
+    /// Segments stored whole in this container, in order.
+    pub segments: Vec<SegmentEntry>,
 }
 
 impl ContainerMeta {

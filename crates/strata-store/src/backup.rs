@@ -15,7 +15,7 @@
 
 use crate::container::{ContainerSink, ContainerWriter};
 use crate::error::{Result, StoreError};
-use crate::index::{ContainerTable, ExactIndex, IndexStrategy, RepoIndex};
+use crate::index::{build_strategy, ChunkLoc, ContainerTable, IndexStrategy};
 use crate::lock;
 use crate::repo::{now_ns, Repository};
 use std::collections::{HashMap, HashSet};
@@ -410,7 +410,24 @@ impl Ctx<'_> {
         let hasher = self.repo.hasher();
         let seg_fp = hasher.hash_fingerprints(chunks.iter().map(|c| &c.fp));
         let fps: Vec<Fingerprint> = chunks.iter().filter(|c| !c.zero).map(|c| c.fp).collect();
-        let mut found = self.strategy.lookup_segment(&seg_fp, &fps).into_iter();
+        let found: Vec<Option<ChunkLoc>> = self.strategy.lookup_segment(&seg_fp, &fps);
+        // Segment-level strategies store a new segment whole, in one
+        // container; `appended` counts what this segment added there.
+        let whole = self.strategy.whole_segments() && found.iter().any(|f| f.is_none());
+        if whole {
+            let new_bytes: usize = chunks
+                .iter()
+                .filter(|c| !c.zero)
+                .zip(&found)
+                .filter(|(_, f)| f.is_none())
+                .map(|(c, _)| c.len as usize)
+                .sum();
+            writer.begin_segment(new_bytes)?;
+        }
+        let all_new = found.iter().all(|f| f.is_none());
+        let mut appended = 0u32;
+        let mut stored_locs = Vec::new();
+        let mut found = found.into_iter();
         let mut refs = Vec::with_capacity(chunks.len());
         for c in chunks.drain(..) {
             if c.zero {
@@ -432,6 +449,8 @@ impl Ctx<'_> {
                             writer.append(c.fp, &data[c.start..c.start + c.len as usize]);
                             self.new_chunks.fetch_add(1, Ordering::Relaxed);
                             self.new_raw.fetch_add(c.len as u64, Ordering::Relaxed);
+                            appended += 1;
+                            stored_locs.push(loc);
                             loc
                         }
                         Some(existing) => existing,
@@ -445,6 +464,9 @@ impl Ctx<'_> {
                 region: loc.region,
                 offset: loc.offset,
             });
+        }
+        if whole && writer.end_segment(seg_fp, appended) && all_new {
+            self.strategy.record_segment(&seg_fp, &stored_locs);
         }
         out.push(SegmentRef {
             fp: seg_fp,
@@ -660,8 +682,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
 
     // Index and parent.
     let table = Arc::new(ContainerTable::default());
-    let exact = ExactIndex::default();
-    let repo_index = RepoIndex::load(repo, |m| exact.add_container(&table, m))?;
+    let (strategy, repo_index) = build_strategy(repo, &table)?;
     let snapshots = repo.list_snapshots()?;
     let parent = snapshots
         .iter()
@@ -700,7 +721,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
                     c.container = table.intern(*id);
                 } else {
                     // Moved by gc since: take the current location.
-                    let l = exact.lookup(&c.fp)?;
+                    let l = strategy.lookup_chunk(&c.fp)?;
                     c.container = l.container;
                     c.region = l.region;
                     c.offset = l.offset;
@@ -786,7 +807,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     // Read, chunk, dedup and pack on the workers.
     let ctx = Ctx {
         repo,
-        strategy: &exact,
+        strategy: strategy.as_ref(),
         chunker,
         progress: &progress,
         abort: AtomicBool::new(false),
@@ -925,7 +946,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         id,
         snapshot,
         warnings,
-        index_ram_bytes: exact.ram_bytes(),
+        index_ram_bytes: strategy.ram_bytes(),
         reused_files: reused,
     })
 }

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use strata_core::crypto::{random_bytes, Kind};
 use strata_core::format::{
     container_header, decode, encode, ChunkEntry, ContainerFooter, ContainerId, ContainerMeta,
-    RegionInfo, CONTAINER_FOOTER_LEN, CONTAINER_HEADER_LEN, CONTAINER_MAGIC,
+    RegionInfo, SegmentEntry, CONTAINER_FOOTER_LEN, CONTAINER_HEADER_LEN, CONTAINER_MAGIC,
 };
 use strata_core::Fingerprint;
 
@@ -38,6 +38,7 @@ pub struct RawContainer {
     pub stamp: Option<i64>,
     pub regions: Vec<Vec<u8>>,
     pub chunks: Vec<ChunkEntry>,
+    pub segments: Vec<SegmentEntry>,
 }
 
 /// Compresses and seals the regions (in parallel) and lays out the object.
@@ -68,6 +69,7 @@ pub fn seal_container(repo: &Repository, raw: RawContainer) -> Result<(Vec<u8>, 
         stamp: raw.stamp,
         regions,
         chunks: raw.chunks,
+        segments: raw.segments,
     };
     // The data length is part of the metadata, and the metadata's own length
     // depends on it; postcard varints make the fixed point reachable in a
@@ -163,6 +165,7 @@ struct OpenContainer {
     regions: Vec<Vec<u8>>,
     cur: Vec<u8>,
     chunks: Vec<ChunkEntry>,
+    segments: Vec<SegmentEntry>,
     raw: usize,
 }
 
@@ -174,6 +177,8 @@ pub struct ContainerWriter {
     container_size: usize,
     stamp: Option<i64>,
     open: Option<OpenContainer>,
+    /// Index of the first chunk of the segment being packed whole, if any.
+    segment_start: Option<(u32, u32)>,
 }
 
 impl ContainerWriter {
@@ -185,6 +190,40 @@ impl ContainerWriter {
             container_size: repo.config().container_size as usize,
             stamp: None,
             open: None,
+            segment_start: None,
+        }
+    }
+
+    /// Starts packing a segment of `bytes` new bytes whole: rolls over to a
+    /// new container first unless it fits (a segment larger than a
+    /// container gets a container of its own), and keeps the container
+    /// open until [`Self::end_segment`].
+    pub fn begin_segment(&mut self, bytes: usize) -> Result<()> {
+        if let Some(c) = &self.open {
+            if c.raw > 0 && c.raw + bytes > self.container_size {
+                self.flush()?;
+            }
+        }
+        self.segment_start = Some((u32::MAX, 0));
+        Ok(())
+    }
+
+    /// Ends a segment started with [`Self::begin_segment`]; records it in
+    /// the container's metadata when all of it was appended there.
+    pub fn end_segment(&mut self, fp: Fingerprint, appended: u32) -> bool {
+        let start = self.segment_start.take();
+        match (start, self.open.as_mut()) {
+            (Some((cidx, first)), Some(c))
+                if cidx == c.cidx && appended > 0 && c.chunks.len() as u32 == first + appended =>
+            {
+                c.segments.push(SegmentEntry {
+                    fp,
+                    first_chunk: first,
+                    chunks: appended,
+                });
+                true
+            }
+            _ => false,
         }
     }
 
@@ -202,8 +241,9 @@ impl ContainerWriter {
     /// Where the next chunk of `len` bytes will go, rolling over to a new
     /// region or container first when it would not fit.
     pub fn next_loc(&mut self, len: usize) -> Result<ChunkLoc> {
+        let in_segment = self.segment_start.is_some();
         if let Some(c) = &self.open {
-            if c.raw > 0 && c.raw + len > self.container_size {
+            if !in_segment && c.raw > 0 && c.raw + len > self.container_size {
                 self.flush()?;
             }
         }
@@ -217,10 +257,14 @@ impl ContainerWriter {
                 regions: Vec::new(),
                 cur: Vec::with_capacity(self.region_size),
                 chunks: Vec::new(),
+                segments: Vec::new(),
                 raw: 0,
             });
         }
         let c = self.open.as_mut().expect("opened above");
+        if self.segment_start == Some((u32::MAX, 0)) {
+            self.segment_start = Some((c.cidx, c.chunks.len() as u32));
+        }
         if !c.cur.is_empty() && c.cur.len() + len > self.region_size {
             Self::close_region(c);
         }
@@ -258,6 +302,7 @@ impl ContainerWriter {
                     stamp: self.stamp,
                     regions: c.regions,
                     chunks: c.chunks,
+                    segments: c.segments,
                 })
                 .map_err(|_| {
                     StoreError::Invalid("container writer stopped (see the error above)".into())

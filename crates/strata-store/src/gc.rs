@@ -127,6 +127,7 @@ impl IndexStrategy for Once {
     fn entries(&self) -> u64 {
         0
     }
+    fn add_container(&self, _: &ContainerTable, _: &ContainerMeta) {}
 }
 
 /// Marks live chunks of every snapshot.

@@ -55,7 +55,7 @@ impl Default for InitOptions {
 }
 
 /// Index strategies this build knows.
-pub const INDEX_STRATEGIES: &[&str] = &["exact"];
+pub const INDEX_STRATEGIES: &[&str] = &["exact", "segment"];
 
 /// An open repository. Cheap to clone.
 #[derive(Clone)]

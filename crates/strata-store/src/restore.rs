@@ -152,7 +152,7 @@ impl Resolver {
         }
         let table = ContainerTable::default();
         let exact = ExactIndex::default();
-        let idx = RepoIndex::load(&self.repo, |m| exact.add_container(&table, m))?;
+        let idx = RepoIndex::load(&self.repo, |m| exact.add_chunks(&table, m))?;
         let f = Arc::new((exact, table, idx));
         *g = Some(f.clone());
         Ok(f)

@@ -2,7 +2,7 @@
 //! ratios, object counts.
 
 use crate::error::Result;
-use crate::index::{ContainerTable, ExactIndex, IndexStrategy, RepoIndex};
+use crate::index::{build_strategy, ContainerTable};
 use crate::repo::Repository;
 use std::collections::HashSet;
 use strata_core::Fingerprint;
@@ -39,15 +39,14 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
         index_strategy: repo.config().index.clone(),
         ..Default::default()
     };
-    let table = ContainerTable::default();
-    let exact = ExactIndex::default();
-    let idx = RepoIndex::load(repo, |m| exact.add_container(&table, m))?;
+    let table = std::sync::Arc::new(ContainerTable::default());
+    let (strategy, idx) = build_strategy(repo, &table)?;
     st.containers = idx.containers.len() as u64;
     st.chunks = idx.containers.values().map(|c| c.chunks as u64).sum();
     st.unique_raw_bytes = idx.containers.values().map(|c| c.raw_bytes).sum();
     st.stored_bytes = idx.stored_bytes();
-    st.index_entries = exact.entries();
-    st.index_ram_bytes = exact.ram_bytes();
+    st.index_entries = strategy.entries();
+    st.index_ram_bytes = strategy.ram_bytes();
     let snaps = repo.list_snapshots()?;
     st.snapshots = snaps.len() as u64;
     st.series = snaps

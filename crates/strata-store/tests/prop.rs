@@ -111,6 +111,8 @@ enum Step {
 #[derive(Clone, Debug)]
 struct Case {
     encrypted: bool,
+    /// Index strategy of the repository.
+    segment_index: bool,
     /// 0 = CDC, 1 = fixed, 2 = mixed per backup.
     chunking: u8,
     files: Vec<(Index, Vec<Piece>)>,
@@ -189,12 +191,14 @@ fn step() -> impl Strategy<Value = Step> {
 fn case() -> impl Strategy<Value = Case> {
     (
         prop::bool::weighted(0.3),
+        prop::bool::weighted(0.4),
         0..3u8,
         prop::collection::vec((any::<Index>(), pieces()), 1..16),
         prop::collection::vec(step(), 2..7),
     )
-        .prop_map(|(encrypted, chunking, files, steps)| Case {
+        .prop_map(|(encrypted, segment_index, chunking, files, steps)| Case {
             encrypted,
+            segment_index,
             chunking,
             files,
             steps,
@@ -416,7 +420,11 @@ fn run_case(c: &Case) {
         fast_kdf();
     }
     let fb = FaultBackend::new(&repo_dir);
-    let repo = Repository::init(fb.clone(), small_init(c.encrypted)).unwrap();
+    let mut opts = small_init(c.encrypted);
+    if c.segment_index {
+        opts.index = "segment".into();
+    }
+    let repo = Repository::init(fb.clone(), opts).unwrap();
 
     let mut w = World {
         src: src.clone(),
