@@ -234,7 +234,11 @@ impl ContainerWriter {
 
     fn close_region(c: &mut OpenContainer) {
         if !c.cur.is_empty() {
-            c.regions.push(std::mem::take(&mut c.cur));
+            // Keep the next region's buffer at full size from the start:
+            // growing it chunk by chunk would reallocate five times.
+            let cap = c.cur.capacity();
+            c.regions
+                .push(std::mem::replace(&mut c.cur, Vec::with_capacity(cap)));
         }
     }
 
