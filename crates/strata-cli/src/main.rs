@@ -94,6 +94,24 @@ enum Cmd {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Show or set the lifecycle policy of a series: how many newest versions
+    /// stay live, how many (or how many days of) versions are retained.
+    Policy {
+        /// The series (all series with a stored policy when omitted).
+        series: Option<String>,
+        /// Newest versions kept live (segment-level dedup, fastest restore).
+        #[arg(long)]
+        live: Option<u32>,
+        /// Versions retained in all, live ones included.
+        #[arg(long, conflicts_with = "retain_all")]
+        retain: Option<u32>,
+        /// Versions older than this many days expire.
+        #[arg(long)]
+        retain_days: Option<u32>,
+        /// Retain every version (clears --retain and --retain-days).
+        #[arg(long)]
+        retain_all: bool,
+    },
     /// Repository statistics: sizes, dedup and compression ratios.
     Stats,
     /// Check the repository's structure (and with --read-data all data).
@@ -312,6 +330,18 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
         Cmd::Snapshots { series } => {
             let repo = open(cli)?;
             let all = repo.list_snapshots()?;
+            let policies = strata_store::lifecycle::list_policies(&repo)?;
+            let states = strata_store::lifecycle::version_states(
+                &all,
+                &policies,
+                strata_store::repo::now_ns(),
+            );
+            let state = |id: &str| {
+                states
+                    .get(id)
+                    .map(|s| format!("{s:?}").to_lowercase())
+                    .unwrap_or_default()
+            };
             let list: Vec<_> = all
                 .iter()
                 .filter(|(_, s)| series.as_ref().is_none_or(|x| &s.series == x))
@@ -324,24 +354,25 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                                "time": fmt_time(s.time_ns), "time_ns": s.time_ns, "host": s.host, "paths": s.paths,
                                "tags": s.tags, "logical_bytes": s.stats.logical_bytes,
                                "new_stored_bytes": s.stats.new_stored_bytes, "files": s.stats.files,
-                               "duration_ms": s.stats.duration_ms})
+                               "duration_ms": s.stats.duration_ms, "state": state(id)})
                     })
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else if !out.quiet {
                 println!(
-                    "{:<10} {:<40} {:>4}  {:<20} {:>10} {:>10}  tags",
-                    "id", "series", "ver", "time (UTC)", "size", "new"
+                    "{:<10} {:<40} {:>4}  {:<20} {:>10} {:>10}  {:<8} tags",
+                    "id", "series", "ver", "time (UTC)", "size", "new", "state"
                 );
                 for (id, s) in &list {
                     println!(
-                        "{:<10} {:<40} {:>4}  {:<20} {:>10} {:>10}  {}",
+                        "{:<10} {:<40} {:>4}  {:<20} {:>10} {:>10}  {:<8} {}",
                         &id[..8],
                         s.series,
                         s.version,
                         fmt_time(s.time_ns),
                         fmt_bytes(s.stats.logical_bytes),
                         fmt_bytes(s.stats.new_stored_bytes),
+                        state(id),
                         s.tags.join(",")
                     );
                 }
@@ -494,6 +525,73 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
         Cmd::Gc { threshold, dry_run } => {
             let repo = open(cli)?;
             gc_cmd(cli, out, &repo, *threshold, *dry_run)
+        }
+        Cmd::Policy {
+            series,
+            live,
+            retain,
+            retain_days,
+            retain_all,
+        } => {
+            use strata_store::lifecycle::{list_policies, policy_of, set_policy};
+            let repo = open(cli)?;
+            let mut policies = list_policies(&repo)?;
+            let changing =
+                live.is_some() || retain.is_some() || retain_days.is_some() || *retain_all;
+            if let Some(series) = series {
+                let mut p = policy_of(&policies, series);
+                if changing {
+                    if !repo
+                        .list_snapshots()?
+                        .iter()
+                        .any(|(_, s)| &s.series == series)
+                    {
+                        out.warn(&format!("no snapshot of series {series:?} yet; the policy applies once there is"));
+                    }
+                    if let Some(l) = live {
+                        p.live = *l;
+                    }
+                    if let Some(r) = retain {
+                        p.retain = Some(*r);
+                    }
+                    if let Some(d) = retain_days {
+                        p.retain_days = Some(*d);
+                    }
+                    if *retain_all {
+                        p.retain = None;
+                        p.retain_days = None;
+                    }
+                    set_policy(&repo, &p)?;
+                }
+                policies.insert(series.clone(), p);
+            }
+            let mut list: Vec<_> = policies
+                .values()
+                .filter(|p| series.as_ref().is_none_or(|s| &p.series == s))
+                .cloned()
+                .collect();
+            list.sort_by(|a, b| a.series.cmp(&b.series));
+            out.result(&serde_json::to_value(&list)?, || {
+                let mut t = String::new();
+                for p in &list {
+                    t += &format!(
+                        "{}: live {}, retain {}{}\n",
+                        p.series,
+                        p.live,
+                        p.retain
+                            .map(|r| format!("{r} versions"))
+                            .unwrap_or_else(|| "all versions".into()),
+                        p.retain_days
+                            .map(|d| format!(", at most {d} days"))
+                            .unwrap_or_default()
+                    );
+                }
+                if list.is_empty() {
+                    t = "no policies set (default: live 1, retain all)".into();
+                }
+                t.trim_end().to_string()
+            });
+            Ok(0)
         }
         Cmd::Stats => {
             let repo = open(cli)?;

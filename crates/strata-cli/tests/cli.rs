@@ -1575,3 +1575,43 @@ fn segment_index_dedups_whole_segments() {
         assert!(fs::read(restored(&t, &src).join("copy.img")).unwrap() == big);
     }
 }
+
+/// `strata policy` sets the live and retention windows of a series and
+/// `snapshots` shows each version's state under them.
+#[test]
+fn policy_windows_show_in_snapshots() {
+    let repo = Repo::new();
+    let f = repo.scratch("f");
+    for i in 0..5 {
+        write(&f, format!("version {i}").as_bytes());
+        repo.run(&["backup", "--series", "s", f.to_str().unwrap()])
+            .ok();
+    }
+    let states = |repo: &Repo| -> Vec<String> {
+        let v = repo.json(&["snapshots", "--series", "s"]);
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| s(&x["state"]).to_string())
+            .collect()
+    };
+    assert_eq!(
+        states(&repo),
+        ["archival", "archival", "archival", "archival", "live"]
+    );
+    let p = repo.json(&["policy", "s", "--live", "2", "--retain", "4"]);
+    assert_eq!(p[0]["live"], 2, "{p}");
+    assert_eq!(
+        states(&repo),
+        ["expired", "archival", "archival", "live", "live"]
+    );
+    let r = repo.run(&["policy", "s", "--retain", "1"]).expect_code(1);
+    assert!(r.stderr.contains("smaller than --live"), "{}", r.stderr);
+    repo.json(&["policy", "s", "--retain-all"]);
+    assert_eq!(
+        states(&repo),
+        ["archival", "archival", "archival", "live", "live"]
+    );
+    let all = repo.json(&["policy"]);
+    assert_eq!(all.as_array().unwrap().len(), 1, "{all}");
+}

@@ -46,6 +46,7 @@ pub enum Kind {
     Recipe = 6,
     Snapshot = 7,
     Lock = 8,
+    Policy = 9,
 }
 
 /// Fills `buf` with cryptographically secure random bytes.

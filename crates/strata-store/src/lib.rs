@@ -12,6 +12,7 @@ pub mod container;
 pub mod error;
 pub mod gc;
 pub mod index;
+pub mod lifecycle;
 pub mod lock;
 pub mod repo;
 pub mod restore;

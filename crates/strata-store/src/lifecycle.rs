@@ -1,0 +1,184 @@
+//! Per-series lifecycle policy (DESIGN.md "Vocabulary": live / archival /
+//! retention window; RevDedup §2.2.1).
+//!
+//! The newest `live` versions of a series are *live* (segment-level dedup
+//! only, fast restore); older versions within the retention window are
+//! *archival* (to be reverse-deduplicated by `maintain`); versions past
+//! retention — by count (`retain`, counting live ones too) or by age
+//! (`retain_days`) — are *expired*. Policies are small objects
+//! `policies/HASH` (HASH = BLAKE3 of the series name), replaced atomically.
+
+use crate::error::{Result, StoreError};
+use crate::repo::Repository;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use strata_core::crypto::Kind;
+use strata_core::format::{decode, encode, Snapshot};
+
+/// The lifecycle policy of one series.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    pub series: String,
+    /// Number of newest versions kept live (at least 1).
+    pub live: u32,
+    /// Versions retained in all (live + archival); `None` keeps all.
+    pub retain: Option<u32>,
+    /// Versions older than this many days expire; `None` = no age limit.
+    pub retain_days: Option<u32>,
+}
+
+impl Policy {
+    /// The default: one live version, everything retained.
+    pub fn default_for(series: &str) -> Self {
+        Policy {
+            series: series.to_string(),
+            live: 1,
+            retain: None,
+            retain_days: None,
+        }
+    }
+}
+
+/// Where a version stands in its series' lifecycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VersionState {
+    Live,
+    Archival,
+    Expired,
+}
+
+fn policy_name(series: &str) -> String {
+    format!("policies/{}", blake3::hash(series.as_bytes()).to_hex())
+}
+
+/// Stores a policy, replacing the series' previous one.
+pub fn set_policy(repo: &Repository, p: &Policy) -> Result<()> {
+    if p.live == 0 {
+        return Err(StoreError::Invalid("--live must be at least 1".into()));
+    }
+    if let Some(r) = p.retain {
+        if r < p.live {
+            return Err(StoreError::Invalid(format!(
+                "--retain {r} is smaller than --live {}: the retention window includes the live versions",
+                p.live
+            )));
+        }
+    }
+    let env = repo.sealer().seal(Kind::Policy, &encode(p)?, false)?;
+    repo.backend().put(&policy_name(&p.series), &env)
+}
+
+/// All stored policies, by series.
+pub fn list_policies(repo: &Repository) -> Result<HashMap<String, Policy>> {
+    let mut out = HashMap::new();
+    for o in repo.backend().list("policies/")? {
+        let raw = repo.backend().get(&o.name)?;
+        let bytes = repo
+            .sealer()
+            .open(Kind::Policy, &raw)
+            .map_err(|e| StoreError::corrupt(&o.name, e))?;
+        let p: Policy = decode("policy", &bytes).map_err(|e| StoreError::corrupt(&o.name, e))?;
+        out.insert(p.series.clone(), p);
+    }
+    Ok(out)
+}
+
+/// The policy of a series (the default when none is stored).
+pub fn policy_of(policies: &HashMap<String, Policy>, series: &str) -> Policy {
+    policies
+        .get(series)
+        .cloned()
+        .unwrap_or_else(|| Policy::default_for(series))
+}
+
+/// The state of every snapshot under the policies, at time `now_ns`.
+pub fn version_states(
+    snapshots: &[(String, Snapshot)],
+    policies: &HashMap<String, Policy>,
+    now_ns: i64,
+) -> HashMap<String, VersionState> {
+    let mut by_series: HashMap<&str, Vec<&(String, Snapshot)>> = HashMap::new();
+    for s in snapshots {
+        by_series.entry(s.1.series.as_str()).or_default().push(s);
+    }
+    let mut out = HashMap::new();
+    for (series, mut list) in by_series {
+        let p = policy_of(policies, series);
+        // Newest first.
+        list.sort_by(|a, b| (b.1.version, b.1.time_ns).cmp(&(a.1.version, a.1.time_ns)));
+        for (i, (id, s)) in list.into_iter().enumerate().map(|(i, x)| (i, (&x.0, &x.1))) {
+            let i = i as u32;
+            let too_many = p.retain.is_some_and(|r| i >= r);
+            let too_old = p
+                .retain_days
+                .is_some_and(|d| now_ns - s.time_ns > d as i64 * 86_400 * 1_000_000_000);
+            let state = if i < p.live {
+                VersionState::Live
+            } else if too_many || too_old {
+                VersionState::Expired
+            } else {
+                VersionState::Archival
+            };
+            out.insert(id.clone(), state);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_core::chunker::ChunkerParams;
+
+    fn snap(series: &str, version: u32, day: i64) -> (String, Snapshot) {
+        (
+            format!("{series}-{version}"),
+            Snapshot {
+                series: series.into(),
+                version,
+                time_ns: day * 86_400 * 1_000_000_000,
+                host: "h".into(),
+                paths: vec![],
+                tags: vec![],
+                recipe: String::new(),
+                parent: None,
+                chunker: ChunkerParams::cdc(8192),
+                stats: Default::default(),
+            },
+        )
+    }
+
+    #[test]
+    fn windows() {
+        let snaps: Vec<_> = (1..=6)
+            .map(|v| snap("a", v, v as i64))
+            .chain([snap("b", 1, 1)])
+            .collect();
+        let mut pols = HashMap::new();
+        pols.insert(
+            "a".to_string(),
+            Policy {
+                series: "a".into(),
+                live: 2,
+                retain: Some(4),
+                retain_days: None,
+            },
+        );
+        let st = version_states(&snaps, &pols, 10 * 86_400 * 1_000_000_000);
+        assert_eq!(st["a-6"], VersionState::Live);
+        assert_eq!(st["a-5"], VersionState::Live);
+        assert_eq!(st["a-4"], VersionState::Archival);
+        assert_eq!(st["a-3"], VersionState::Archival);
+        assert_eq!(st["a-2"], VersionState::Expired);
+        assert_eq!(st["a-1"], VersionState::Expired);
+        // Default policy: the newest is live, the rest archival.
+        assert_eq!(st["b-1"], VersionState::Live);
+        // Age limit: older than 5 days at day 10 expires (live ones never).
+        pols.get_mut("a").unwrap().retain = None;
+        pols.get_mut("a").unwrap().retain_days = Some(5);
+        let st = version_states(&snaps, &pols, 10 * 86_400 * 1_000_000_000);
+        assert_eq!(st["a-4"], VersionState::Expired);
+        assert_eq!(st["a-5"], VersionState::Live);
+    }
+}
