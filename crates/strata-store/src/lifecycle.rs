@@ -106,7 +106,7 @@ pub fn version_states(
     for (series, mut list) in by_series {
         let p = policy_of(policies, series);
         // Newest first.
-        list.sort_by(|a, b| (b.1.version, b.1.time_ns).cmp(&(a.1.version, a.1.time_ns)));
+        list.sort_by_key(|x| std::cmp::Reverse((x.1.version, x.1.time_ns)));
         for (i, (id, s)) in list.into_iter().enumerate().map(|(i, x)| (i, (&x.0, &x.1))) {
             let i = i as u32;
             let too_many = p.retain.is_some_and(|r| i >= r);
