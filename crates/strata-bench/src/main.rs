@@ -91,6 +91,9 @@ enum Cmd {
         /// Skip the deletion measurements.
         #[arg(long)]
         no_deletes: bool,
+        /// Repeat the whole scenario N times; the summary quotes medians.
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
         /// The strata binary (default: next to this program).
         #[arg(long, env = "STRATA_BIN")]
         strata: Option<PathBuf>,
@@ -159,6 +162,7 @@ fn main() -> Result<()> {
             restore_every,
             restore_first_series_only,
             no_deletes,
+            repeat,
             strata,
         } => {
             let bin = strata_bin(strata)?;
@@ -208,6 +212,7 @@ fn main() -> Result<()> {
                 restore_every,
                 restore_first_series_only,
                 deletes: !no_deletes,
+                repeat,
             };
             let res = runner::run(&opts, &mut list, skipped)?;
             println!("{}", runner::summary_markdown(&res));

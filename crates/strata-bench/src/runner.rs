@@ -21,6 +21,9 @@ use std::path::{Path, PathBuf};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BackupRow {
+    /// Which repetition of the scenario (0-based).
+    #[serde(default)]
+    pub run: usize,
     pub system: String,
     pub series: String,
     pub version: usize,
@@ -33,6 +36,9 @@ pub struct BackupRow {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RestoreRow {
+    /// Which repetition of the scenario (0-based).
+    #[serde(default)]
+    pub run: usize,
     pub system: String,
     pub series: String,
     pub version: usize,
@@ -54,6 +60,9 @@ pub struct RestoreRow {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DeleteRow {
+    /// Which repetition of the scenario (0-based).
+    #[serde(default)]
+    pub run: usize,
     pub system: String,
     pub what: String,
     pub versions: usize,
@@ -84,6 +93,8 @@ pub struct RunOptions {
     /// Restore only the first series (large GP-style runs).
     pub restore_first_series_only: bool,
     pub deletes: bool,
+    /// Run the whole scenario this many times; summaries take medians.
+    pub repeat: usize,
 }
 
 fn mb(bytes: u64, secs: f64) -> f64 {
@@ -114,6 +125,41 @@ pub fn run(
     systems: &mut [Box<dyn System>],
     skipped: Vec<String>,
 ) -> Result<RunResults> {
+    let mut all: Option<RunResults> = None;
+    let mut mismatches = Vec::new();
+    for r in 0..opts.repeat.max(1) {
+        if opts.repeat > 1 {
+            eprintln!("run {} of {}", r + 1, opts.repeat);
+        }
+        let (mut res, bad) = run_once(opts, systems, skipped.clone(), r)?;
+        mismatches.extend(bad);
+        match &mut all {
+            None => all = Some(res),
+            Some(a) => {
+                a.backups.append(&mut res.backups);
+                a.restores.append(&mut res.restores);
+                a.deletes.append(&mut res.deletes);
+            }
+        }
+    }
+    let res = all.expect("at least one run");
+    write_outputs(&res, &opts.out)?;
+    if !mismatches.is_empty() {
+        bail!(
+            "restored data differs from the source for: {}",
+            mismatches.join(", ")
+        );
+    }
+    Ok(res)
+}
+
+/// One pass of the scenario; returns its results and any restore mismatches.
+fn run_once(
+    opts: &RunOptions,
+    systems: &mut [Box<dyn System>],
+    skipped: Vec<String>,
+    run: usize,
+) -> Result<(RunResults, Vec<String>)> {
     let mut wl = gen::workload(&opts.scenario, &opts.gen)?;
     let series = wl.series();
     let versions = wl.versions();
@@ -167,6 +213,7 @@ pub fn run(
                         format!("{} backup of {}@{}", sys.name(), series[si], v + 1)
                     })?;
                 let row = BackupRow {
+                    run,
                     system: sys.name(),
                     series: series[si].clone(),
                     version: v + 1,
@@ -221,6 +268,7 @@ pub fn run(
                 let bytes = logical[si][v - 1];
                 let reads = sys.last_restore_reads();
                 let row = RestoreRow {
+                    run,
                     system: sys.name(),
                     series: series[si].clone(),
                     version: v,
@@ -259,6 +307,7 @@ pub fn run(
             let oldest: Vec<(String, usize)> = series.iter().map(|s| (s.clone(), 1)).collect();
             let m = sys.delete(&repos[i], &oldest)?;
             res.deletes.push(DeleteRow {
+                run,
                 system: sys.name(),
                 what: "oldest".into(),
                 versions: oldest.len(),
@@ -271,6 +320,7 @@ pub fn run(
                 .collect();
             let m = sys.delete(&repos[i], &half)?;
             res.deletes.push(DeleteRow {
+                run,
                 system: sys.name(),
                 what: "half".into(),
                 versions: half.len(),
@@ -280,14 +330,7 @@ pub fn run(
             eprintln!("delete  {:<14} oldest + half done", sys.name());
         }
     }
-    write_outputs(&res, &opts.out)?;
-    if !mismatches.is_empty() {
-        bail!(
-            "restored data differs from the source for: {}",
-            mismatches.join(", ")
-        );
-    }
-    Ok(res)
+    Ok((res, mismatches))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -329,17 +372,32 @@ pub fn summarize(res: &RunResults) -> Vec<Summary> {
         .map(|(name, _)| {
             let b: Vec<&BackupRow> = res.backups.iter().filter(|r| &r.system == name).collect();
             let r: Vec<&RestoreRow> = res.restores.iter().filter(|r| &r.system == name).collect();
-            let logical: u64 = b.iter().map(|x| x.logical_bytes).sum();
-            let stored = b.last().map(|x| x.stored_bytes_after).unwrap_or(0);
+            // Per repetition: logical bytes written and final stored bytes.
+            let runs = b.iter().map(|x| x.run).max().map_or(1, |m| m + 1);
+            let logical: u64 = b.iter().map(|x| x.logical_bytes).sum::<u64>() / runs as u64;
+            let stored = median(
+                (0..runs)
+                    .map(|k| {
+                        b.iter()
+                            .filter(|x| x.run == k)
+                            .map(|x| x.stored_bytes_after)
+                            .next_back()
+                            .unwrap_or(0) as f64
+                    })
+                    .collect(),
+            ) as u64;
             let first_v = b.iter().map(|x| x.version).min().unwrap_or(1);
             let last_v = r.iter().map(|x| x.version).max().unwrap_or(1);
             let first_r: Vec<&&RestoreRow> = r.iter().filter(|x| x.version == first_v).collect();
             let last_r: Vec<&&RestoreRow> = r.iter().filter(|x| x.version == last_v).collect();
             let del = |w: &str| {
-                res.deletes
+                let v: Vec<f64> = res
+                    .deletes
                     .iter()
-                    .find(|d| &d.system == name && d.what == w)
+                    .filter(|d| &d.system == name && d.what == w)
                     .map(|d| d.seconds)
+                    .collect();
+                (!v.is_empty()).then(|| median(v))
             };
             Summary {
                 system: name.clone(),
@@ -366,6 +424,7 @@ pub fn summarize(res: &RunResults) -> Vec<Summary> {
                     last_r.iter().map(|x| x.read_per_byte).collect(),
                 ),
                 last_restore_containers_per_gb: last_r.first().and_then(|x| {
+                    // Deterministic across repetitions (same data, same plan).
                     x.containers_read
                         .map(|c| c as f64 / (x.bytes.max(1) as f64 / 1e9))
                 }),

@@ -45,7 +45,7 @@ fn small_sg_scenario_side_by_side() {
         scenario: "sg".into(),
         gen: GenOptions {
             seed: 7,
-            scale: 0.01,
+            scale: 0.006,
             preset: Some("SG1".into()),
             versions: Some(4),
             ..Default::default()
@@ -55,14 +55,17 @@ fn small_sg_scenario_side_by_side() {
         restore_every: 1,
         restore_first_series_only: false,
         deletes: true,
+        repeat: 2,
     };
     let res =
         runner::run(&opts, &mut list, skipped).expect("scenario runs and every restore verifies");
     let n = list.len();
-    assert_eq!(res.backups.len(), 4 * n);
-    assert_eq!(res.restores.len(), 4 * n);
+    // Two repetitions of 4 versions.
+    assert_eq!(res.backups.len(), 2 * 4 * n);
+    assert_eq!(res.restores.len(), 2 * 4 * n);
     assert!(res.restores.iter().all(|r| r.verified));
-    assert_eq!(res.deletes.len(), 2 * n);
+    assert_eq!(res.deletes.len(), 2 * 2 * n);
+    assert_eq!(res.backups.iter().filter(|b| b.run == 1).count(), 4 * n);
     let strata: Vec<_> = res
         .restores
         .iter()
