@@ -570,81 +570,73 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
         );
     }
     std::fs::write(out.join("restores.csv"), csv)?;
-    let per_system = |f: &dyn Fn(&str) -> Vec<(f64, f64)>| -> Vec<(String, Vec<(f64, f64)>)> {
-        res.systems.iter().map(|(n, _)| (n.clone(), f(n))).collect()
-    };
     let first_series = res
         .backups
         .first()
         .map(|b| b.series.clone())
         .unwrap_or_default();
-    let backup_pts = |n: &str| {
+    // One point per version: the median over repetitions.
+    let by_version = |rows: Vec<(usize, f64)>| -> Vec<(f64, f64)> {
+        let mut m: std::collections::BTreeMap<usize, Vec<f64>> = Default::default();
+        for (v, y) in rows {
+            m.entry(v).or_default().push(y);
+        }
+        m.into_iter()
+            .map(|(v, ys)| (v as f64, median(ys)))
+            .collect()
+    };
+    let chart = |file: &str, title: &str, y: &str, f: &dyn Fn(&str) -> Vec<(usize, f64)>| {
+        let lines: Vec<(String, Vec<(f64, f64)>)> = res
+            .systems
+            .iter()
+            .map(|(n, _)| (n.clone(), by_version(f(n))))
+            .collect();
+        std::fs::write(
+            out.join(file),
+            line_chart(&format!("{}: {title}", res.scenario), "version", y, &lines),
+        )
+    };
+    let backups = |n: &str, f: fn(&BackupRow) -> f64| -> Vec<(usize, f64)> {
         res.backups
             .iter()
             .filter(|b| b.system == n && b.series == first_series)
-            .map(|b| (b.version as f64, b.mb_per_s))
+            .map(|b| (b.version, f(b)))
             .collect()
     };
-    std::fs::write(
-        out.join("backup-throughput.svg"),
-        line_chart(
-            &format!("{}: backup throughput", res.scenario),
-            "version",
-            "MB/s",
-            &per_system(&backup_pts),
-        ),
-    )?;
-    let restore_pts = |n: &str| {
+    let restores = |n: &str, f: fn(&RestoreRow) -> f64| -> Vec<(usize, f64)> {
         res.restores
             .iter()
             .filter(|b| b.system == n && b.series == first_series)
-            .map(|b| (b.version as f64, b.mb_per_s))
+            .map(|b| (b.version, f(b)))
             .collect()
     };
-    std::fs::write(
-        out.join("restore-throughput.svg"),
-        line_chart(
-            &format!("{}: restore throughput", res.scenario),
-            "version",
-            "MB/s",
-            &per_system(&restore_pts),
-        ),
+    chart("backup-throughput.svg", "backup throughput", "MB/s", &|n| {
+        backups(n, |b| b.mb_per_s)
+    })?;
+    chart(
+        "restore-throughput.svg",
+        "restore throughput",
+        "MB/s",
+        &|n| restores(n, |b| b.mb_per_s),
     )?;
-    let stored_pts = |n: &str| {
-        let mut by_v: std::collections::BTreeMap<usize, u64> = Default::default();
+    chart(
+        "restore-read-per-byte.svg",
+        "bytes read per byte restored",
+        "bytes read / byte",
+        &|n| restores(n, |b| b.read_per_byte),
+    )?;
+    // Stored bytes after each version, all series together (the largest
+    // figure of a version is the one after its last series).
+    chart("stored-bytes.svg", "cumulative stored bytes", "MB", &|n| {
+        let mut last: std::collections::BTreeMap<(usize, usize), u64> = Default::default();
         for b in res.backups.iter().filter(|b| b.system == n) {
-            let e = by_v.entry(b.version).or_default();
+            let e = last.entry((b.run, b.version)).or_default();
             *e = (*e).max(b.stored_bytes_after);
         }
-        by_v.into_iter()
-            .map(|(v, s)| (v as f64, s as f64 / 1e6))
+        last.into_iter()
+            .map(|((_, v), s)| (v, s as f64 / 1e6))
             .collect()
-    };
-    std::fs::write(
-        out.join("stored-bytes.svg"),
-        line_chart(
-            &format!("{}: cumulative stored bytes", res.scenario),
-            "version",
-            "MB",
-            &per_system(&stored_pts),
-        ),
-    )?;
-    let read_pts = |n: &str| {
-        res.restores
-            .iter()
-            .filter(|b| b.system == n && b.series == first_series)
-            .map(|b| (b.version as f64, b.read_per_byte))
-            .collect()
-    };
-    std::fs::write(
-        out.join("restore-read-per-byte.svg"),
-        line_chart(
-            &format!("{}: bytes read per byte restored", res.scenario),
-            "version",
-            "bytes read / byte",
-            &per_system(&read_pts),
-        ),
-    )?;
+    })?;
     std::fs::write(out.join("summary.md"), summary_markdown(res))?;
     Ok(())
 }

@@ -179,24 +179,53 @@ pub fn build_strategy(
 
 const SHARDS: usize = 64;
 
-/// `exact`: every chunk fingerprint → location, in RAM (sharded maps).
-pub struct ExactIndex {
-    shards: Vec<Mutex<HashMap<Fingerprint, ChunkLoc>>>,
+/// Fingerprint-keyed hash maps split into shards, so parallel workers
+/// rarely contend; shared by the in-RAM strategies.
+struct Sharded<V> {
+    shards: Vec<Mutex<HashMap<Fingerprint, V>>>,
 }
 
-impl Default for ExactIndex {
+impl<V> Default for Sharded<V> {
     fn default() -> Self {
-        ExactIndex {
+        Sharded {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
         }
     }
 }
 
-impl ExactIndex {
-    fn shard(&self, fp: &Fingerprint) -> std::sync::MutexGuard<'_, HashMap<Fingerprint, ChunkLoc>> {
+impl<V> Sharded<V> {
+    fn shard(&self, fp: &Fingerprint) -> std::sync::MutexGuard<'_, HashMap<Fingerprint, V>> {
         self.shards[fp.0[31] as usize % SHARDS]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn len(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len() as u64)
+            .sum()
+    }
+
+    /// Key + value + hashbrown's control byte, times allocated capacity.
+    fn ram_bytes(&self) -> u64 {
+        let per = (std::mem::size_of::<Fingerprint>() + std::mem::size_of::<V>() + 1) as u64;
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).capacity() as u64 * per)
+            .sum()
+    }
+}
+
+/// `exact`: every chunk fingerprint → location, in RAM (sharded maps).
+#[derive(Default)]
+pub struct ExactIndex {
+    map: Sharded<ChunkLoc>,
+}
+
+impl ExactIndex {
+    fn shard(&self, fp: &Fingerprint) -> std::sync::MutexGuard<'_, HashMap<Fingerprint, ChunkLoc>> {
+        self.map.shard(fp)
     }
 
     /// Adds every chunk of a container (first location wins).
@@ -242,19 +271,11 @@ impl IndexStrategy for ExactIndex {
     }
 
     fn ram_bytes(&self) -> u64 {
-        // Key + value + hashbrown's control byte, times allocated capacity.
-        let per = (std::mem::size_of::<Fingerprint>() + std::mem::size_of::<ChunkLoc>() + 1) as u64;
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).capacity() as u64 * per)
-            .sum()
+        self.map.ram_bytes()
     }
 
     fn entries(&self) -> u64 {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len() as u64)
-            .sum()
+        self.map.len()
     }
 
     fn lookup_chunk(&self, fp: &Fingerprint) -> Option<ChunkLoc> {
@@ -284,7 +305,7 @@ struct SegLoc {
 pub struct SegmentIndex {
     repo: Repository,
     table: Arc<ContainerTable>,
-    shards: Vec<Mutex<HashMap<Fingerprint, SegLoc>>>,
+    map: Sharded<SegLoc>,
     /// Segments stored by the running backup, whose metadata objects may
     /// not be written yet.
     fresh: Mutex<HashMap<Fingerprint, Arc<Vec<ChunkLoc>>>>,
@@ -297,16 +318,14 @@ impl SegmentIndex {
         SegmentIndex {
             repo: repo.clone(),
             table,
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            map: Sharded::default(),
             fresh: Mutex::default(),
             cache: Mutex::default(),
         }
     }
 
     fn shard(&self, fp: &Fingerprint) -> std::sync::MutexGuard<'_, HashMap<Fingerprint, SegLoc>> {
-        self.shards[fp.0[31] as usize % SHARDS]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.map.shard(fp)
     }
 
     fn container_chunks(&self, c: u32) -> Option<Arc<Vec<strata_core::format::ChunkEntry>>> {
@@ -379,12 +398,7 @@ impl IndexStrategy for SegmentIndex {
     }
 
     fn ram_bytes(&self) -> u64 {
-        let per = (std::mem::size_of::<Fingerprint>() + std::mem::size_of::<SegLoc>() + 1) as u64;
-        let main: u64 = self
-            .shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).capacity() as u64 * per)
-            .sum();
+        let main = self.map.ram_bytes();
         let fresh: u64 = self
             .fresh
             .lock()
@@ -396,10 +410,7 @@ impl IndexStrategy for SegmentIndex {
     }
 
     fn entries(&self) -> u64 {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len() as u64)
-            .sum()
+        self.map.len()
     }
 
     fn whole_segments(&self) -> bool {
