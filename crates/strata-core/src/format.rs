@@ -241,6 +241,8 @@ pub struct Node {
     /// Symlink target, or the first path of a hardlinked file.
     pub target: Option<Vec<u8>>,
     pub segments: Vec<SegmentRef>,
+    /// Extended attributes (name, value), ACLs included.
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Node {

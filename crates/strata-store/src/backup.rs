@@ -194,7 +194,68 @@ fn node_from_meta(path: Vec<u8>, m: &Metadata) -> Node {
         size: if kind == NodeKind::File { m.len() } else { 0 },
         target: None,
         segments: vec![],
+        xattrs: vec![],
     }
+}
+
+/// Extended attributes of a path (not following a final symlink). A file
+/// system without xattr support simply yields none.
+pub fn read_xattrs(path: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return vec![];
+    };
+    let mut names = vec![0u8; 1024];
+    let n = loop {
+        // SAFETY: valid C string and a buffer of the given length.
+        let n = unsafe {
+            libc::llistxattr(
+                c.as_ptr(),
+                names.as_mut_ptr() as *mut libc::c_char,
+                names.len(),
+            )
+        };
+        if n >= 0 {
+            break n as usize;
+        }
+        if std::io::Error::last_os_error().raw_os_error() == Some(libc::ERANGE)
+            && names.len() < 1 << 20
+        {
+            names.resize(names.len() * 4, 0);
+            continue;
+        }
+        return vec![];
+    };
+    let mut out = Vec::new();
+    for name in names[..n].split(|&b| b == 0).filter(|s| !s.is_empty()) {
+        let Ok(cn) = std::ffi::CString::new(name) else {
+            continue;
+        };
+        let mut val = vec![0u8; 256];
+        loop {
+            // SAFETY: valid C strings and a buffer of the given length.
+            let r = unsafe {
+                libc::lgetxattr(
+                    c.as_ptr(),
+                    cn.as_ptr(),
+                    val.as_mut_ptr() as *mut libc::c_void,
+                    val.len(),
+                )
+            };
+            if r >= 0 {
+                val.truncate(r as usize);
+                out.push((name.to_vec(), val));
+                break;
+            }
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::ERANGE)
+                && val.len() < 1 << 24
+            {
+                val.resize(val.len() * 4, 0);
+                continue;
+            }
+            break;
+        }
+    }
+    out
 }
 
 enum Source {
@@ -261,6 +322,7 @@ impl Walker<'_> {
             return;
         }
         let mut node = node_from_meta(rel.clone(), m);
+        node.xattrs = read_xattrs(abs);
         match node.kind {
             NodeKind::Symlink => match fs::read_link(abs) {
                 Ok(t) => node.target = Some(t.as_os_str().as_bytes().to_vec()),
@@ -780,6 +842,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
             size: 0,
             target: None,
             segments: vec![],
+            xattrs: vec![],
         };
         // Parent directories of a name like `dumps/db.sql`.
         for (i, _) in name.iter().enumerate().filter(|(_, &b)| b == b'/') {

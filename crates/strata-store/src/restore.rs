@@ -317,6 +317,25 @@ fn select_nodes<'a>(recipe: &'a Recipe, include: &[String]) -> Vec<Cow<'a, Node>
     out
 }
 
+fn set_xattr(p: &Path, name: &[u8], value: &[u8]) -> std::io::Result<()> {
+    let c = CString::new(p.as_os_str().as_bytes())?;
+    let n = CString::new(name)?;
+    // SAFETY: valid C strings and a value buffer of the given length.
+    let r = unsafe {
+        libc::lsetxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr() as *const libc::c_void,
+            value.len(),
+            0,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Restores a recipe into `opts.target`.
 pub fn restore(repo: &Repository, recipe: &Recipe, opts: &RestoreOptions) -> Result<RestoreReport> {
     let root = &opts.target;
@@ -612,6 +631,15 @@ pub fn restore(repo: &Repository, recipe: &Recipe, opts: &RestoreOptions) -> Res
                 report
                     .warnings
                     .push(format!("{}: cannot restore owner: {e}", full.display()));
+            }
+        }
+        for (name, value) in &n.xattrs {
+            if let Err(e) = set_xattr(&full, name, value) {
+                report.warnings.push(format!(
+                    "{}: cannot restore extended attribute {}: {e}",
+                    full.display(),
+                    String::from_utf8_lossy(name)
+                ));
             }
         }
         if n.kind != NodeKind::Symlink {

@@ -123,6 +123,7 @@ fn bare_node(path: &[u8], kind: NodeKind) -> Node {
         size: 0,
         target: None,
         segments: vec![],
+        xattrs: vec![],
     }
 }
 
