@@ -1546,9 +1546,9 @@ fn segment_index_dedups_whole_segments() {
     write(&src.join("big.img"), &big);
     write(&src.join("copy.img"), &big);
     let sp = src.to_str().unwrap();
-    // One worker, so the copy meets the first file's segments already
-    // recorded (two workers reading both at once would both store them).
-    let v1 = repo.json(&["backup", "--threads", "1", sp]);
+    // Two workers read both copies at once: whoever meets a segment second
+    // waits for the first to store it instead of storing it again.
+    let v1 = repo.json(&["backup", "--threads", "2", sp]);
     // The second copy in the same backup dedups against the first.
     assert!(u(&v1["new_raw_bytes"]) < (25 << 20), "{v1}");
     let mut edited = big.clone();

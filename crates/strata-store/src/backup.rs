@@ -527,8 +527,12 @@ impl Ctx<'_> {
                 offset: loc.offset,
             });
         }
-        if whole && writer.end_segment(seg_fp, appended) && all_new {
-            self.strategy.record_segment(&seg_fp, &stored_locs);
+        if whole {
+            if writer.end_segment(seg_fp, appended) && all_new {
+                self.strategy.record_segment(&seg_fp, &stored_locs);
+            } else {
+                self.strategy.release_segment(&seg_fp);
+            }
         }
         out.push(SegmentRef {
             fp: seg_fp,

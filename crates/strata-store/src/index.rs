@@ -159,6 +159,9 @@ pub trait IndexStrategy: Send + Sync {
     }
     /// Called after a new segment was stored whole at `locs`.
     fn record_segment(&self, _segment: &Fingerprint, _locs: &[ChunkLoc]) {}
+    /// Called when a segment `lookup_segment` handed to this caller to store
+    /// was not stored whole after all.
+    fn release_segment(&self, _segment: &Fingerprint) {}
     /// Learns the contents of a container listed in the repository index.
     fn add_container(&self, table: &ContainerTable, meta: &ContainerMeta);
 }
@@ -311,7 +314,15 @@ pub struct SegmentIndex {
     fresh: Mutex<HashMap<Fingerprint, Arc<Vec<ChunkLoc>>>>,
     /// Recently read container chunk lists.
     cache: Mutex<HashMap<u32, Arc<Vec<strata_core::format::ChunkEntry>>>>,
+    /// New segments some worker is storing right now; another worker
+    /// meeting the same segment waits for it instead of storing it twice.
+    pending: Mutex<std::collections::HashSet<Fingerprint>>,
+    stored: std::sync::Condvar,
 }
+
+/// How long a worker waits for another to store a segment before storing
+/// it itself (a duplicate is harmless; waiting forever is not).
+const PENDING_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl SegmentIndex {
     pub fn new(repo: &Repository, table: Arc<ContainerTable>) -> Self {
@@ -321,6 +332,8 @@ impl SegmentIndex {
             map: Sharded::default(),
             fresh: Mutex::default(),
             cache: Mutex::default(),
+            pending: Mutex::default(),
+            stored: std::sync::Condvar::new(),
         }
     }
 
@@ -343,6 +356,50 @@ impl SegmentIndex {
     }
 }
 
+impl SegmentIndex {
+    /// Location of a known segment: stored by this backup or indexed.
+    fn find(&self, segment: &Fingerprint, chunks: &[Fingerprint]) -> Option<Vec<Option<ChunkLoc>>> {
+        if let Some(locs) = self
+            .fresh
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(segment)
+        {
+            if locs.len() == chunks.len() {
+                return Some(locs.iter().map(|l| Some(*l)).collect());
+            }
+        }
+        let Some(loc) = self.shard(segment).get(segment).copied() else {
+            return None;
+        };
+        let Some(entries) = self.container_chunks(loc.container) else {
+            return None;
+        };
+        let run = entries.get(loc.first as usize..(loc.first + loc.chunks) as usize);
+        match run {
+            // Defensive: the run must hold exactly these chunks.
+            Some(run)
+                if run.len() == chunks.len()
+                    && run.iter().zip(chunks).all(|(e, fp)| e.fp == *fp) =>
+            {
+                Some(
+                    run.iter()
+                        .map(|e| {
+                            Some(ChunkLoc {
+                                container: loc.container,
+                                region: e.region,
+                                offset: e.offset,
+                                len: e.len,
+                            })
+                        })
+                        .collect(),
+                )
+            }
+            _ => None,
+        }
+    }
+}
+
 impl IndexStrategy for SegmentIndex {
     fn name(&self) -> &'static str {
         "segment"
@@ -353,42 +410,21 @@ impl IndexStrategy for SegmentIndex {
         segment: &Fingerprint,
         chunks: &[Fingerprint],
     ) -> Vec<Option<ChunkLoc>> {
-        let miss = || vec![None; chunks.len()];
-        if let Some(locs) = self
-            .fresh
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(segment)
-        {
-            if locs.len() == chunks.len() {
-                return locs.iter().map(|l| Some(*l)).collect();
-            }
+        if chunks.is_empty() {
+            return vec![];
         }
-        let Some(loc) = self.shard(segment).get(segment).copied() else {
-            return miss();
-        };
-        let Some(entries) = self.container_chunks(loc.container) else {
-            return miss();
-        };
-        let run = entries.get(loc.first as usize..(loc.first + loc.chunks) as usize);
-        match run {
-            // Defensive: the run must hold exactly these chunks.
-            Some(run)
-                if run.len() == chunks.len()
-                    && run.iter().zip(chunks).all(|(e, fp)| e.fp == *fp) =>
-            {
-                run.iter()
-                    .map(|e| {
-                        Some(ChunkLoc {
-                            container: loc.container,
-                            region: e.region,
-                            offset: e.offset,
-                            len: e.len,
-                        })
-                    })
-                    .collect()
+        let deadline = std::time::Instant::now() + PENDING_WAIT;
+        loop {
+            if let Some(found) = self.find(segment, chunks) {
+                return found;
             }
-            _ => miss(),
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let now = std::time::Instant::now();
+            if pending.insert(*segment) || now >= deadline {
+                // Ours to store (or waited long enough: store a copy).
+                return vec![None; chunks.len()];
+            }
+            let _ = self.stored.wait_timeout(pending, deadline - now);
         }
     }
 
@@ -422,6 +458,15 @@ impl IndexStrategy for SegmentIndex {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(*segment, Arc::new(locs.to_vec()));
+        self.release_segment(segment);
+    }
+
+    fn release_segment(&self, segment: &Fingerprint) {
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(segment);
+        self.stored.notify_all();
     }
 
     fn add_container(&self, table: &ContainerTable, meta: &ContainerMeta) {
