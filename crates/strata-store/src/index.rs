@@ -369,12 +369,8 @@ impl SegmentIndex {
                 return Some(locs.iter().map(|l| Some(*l)).collect());
             }
         }
-        let Some(loc) = self.shard(segment).get(segment).copied() else {
-            return None;
-        };
-        let Some(entries) = self.container_chunks(loc.container) else {
-            return None;
-        };
+        let loc = self.shard(segment).get(segment).copied()?;
+        let entries = self.container_chunks(loc.container)?;
         let run = entries.get(loc.first as usize..(loc.first + loc.chunks) as usize);
         match run {
             // Defensive: the run must hold exactly these chunks.
