@@ -77,7 +77,8 @@ enum Cmd {
         #[arg(long, short)]
         include: Vec<String>,
     },
-    /// Remove snapshots; their data is freed by `gc` (or `--prune`).
+    /// Remove snapshots. Reverse-deduplicated (archival) versions free their
+    /// stamped data at once; live-form data is freed by `gc` (or `--prune`).
     Forget {
         #[arg(required = true)]
         snapshots: Vec<String>,
@@ -112,7 +113,20 @@ enum Cmd {
         #[arg(long)]
         retain_all: bool,
     },
-    /// Repository statistics: sizes, dedup and compression ratios.
+    /// Lifecycle work, out of line (RevDedup): reverse-deduplicate the
+    /// versions that left their series' live window against the next
+    /// version, delete versions past retention (with their stamped
+    /// containers, no scan), and compact the shared pool. Resumable.
+    Maintain {
+        /// Rewrite pool containers with more than this fraction of dead data.
+        #[arg(long, default_value_t = 0.2)]
+        threshold: f64,
+        /// Only report what would be done.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Repository statistics: sizes, dedup and compression ratios, and per
+    /// series the lifecycle figures.
     Stats,
     /// Check the repository's structure (and with --read-data all data).
     Check {
@@ -152,11 +166,12 @@ struct InitArgs {
     /// zstd compression level (1-22).
     #[arg(long, default_value_t = 3)]
     compression: i32,
-    /// Target container size in MiB.
-    #[arg(long, default_value_t = 8)]
-    container_mib: u32,
-    /// Index strategy.
-    #[arg(long, default_value = "exact")]
+    /// Target container size in MiB (default: 32 for `segment`, 8 for `exact`).
+    #[arg(long)]
+    container_mib: Option<u32>,
+    /// Index strategy: `segment` (RevDedup: segment-level inline dedup,
+    /// reverse dedup by `strata maintain`) or `exact` (every chunk in RAM).
+    #[arg(long, default_value = "segment")]
     index: String,
 }
 
@@ -194,6 +209,9 @@ struct BackupArgs {
     /// Leave out files matching this glob (name, or absolute path if it contains '/'; repeatable).
     #[arg(long, short = 'e')]
     exclude: Vec<String>,
+    /// Run `strata maintain` after the backup (reverse dedup, expiry).
+    #[arg(long)]
+    maintain: bool,
 }
 
 fn default_repo() -> Result<PathBuf> {
@@ -301,7 +319,10 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                     password,
                     chunker: ChunkerParams::cdc(a.chunk_size),
                     zstd_level: a.compression,
-                    container_size: a.container_mib.max(1) << 20,
+                    container_size: a
+                        .container_mib
+                        .map(|m| m.max(1) << 20)
+                        .unwrap_or_else(|| strata_store::repo::default_container_size(&a.index)),
                     index: a.index.clone(),
                     ..Default::default()
                 },
@@ -329,18 +350,35 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
         Cmd::Backup(a) => cmd_backup(cli, out, a),
         Cmd::Snapshots { series } => {
             let repo = open(cli)?;
-            let all = repo.list_snapshots()?;
+            let (all, damaged) = repo.list_snapshots_tolerant()?;
+            for (id, e) in &damaged {
+                out.warn(&format!(
+                    "snapshot {id} cannot be read ({e}); `strata forget {id}` drops it"
+                ));
+            }
             let policies = strata_store::lifecycle::list_policies(&repo)?;
             let states = strata_store::lifecycle::version_states(
                 &all,
                 &policies,
                 strata_store::repo::now_ns(),
             );
+            let reversed: std::collections::HashSet<&str> = all
+                .iter()
+                .filter(|(_, s)| s.archival.is_some())
+                .map(|(i, _)| i.as_str())
+                .collect();
+            // "archival" once reverse-deduplicated; "archival*" while it
+            // waits for `strata maintain`.
             let state = |id: &str| {
-                states
+                let st = states
                     .get(id)
                     .map(|s| format!("{s:?}").to_lowercase())
-                    .unwrap_or_default()
+                    .unwrap_or_default();
+                match (st.as_str(), reversed.contains(id)) {
+                    ("archival", false) => "archival*".to_string(),
+                    (_, true) if st != "archival" => format!("{st} (rev)"),
+                    _ => st,
+                }
             };
             let list: Vec<_> = all
                 .iter()
@@ -354,7 +392,9 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                                "time": fmt_time(s.time_ns), "time_ns": s.time_ns, "host": s.host, "paths": s.paths,
                                "tags": s.tags, "logical_bytes": s.stats.logical_bytes,
                                "new_stored_bytes": s.stats.new_stored_bytes, "files": s.stats.files,
-                               "duration_ms": s.stats.duration_ms, "state": state(id)})
+                               "duration_ms": s.stats.duration_ms, "state": state(id),
+                               "reverse_deduplicated": s.archival.is_some(),
+                               "archival": s.archival})
                     })
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
@@ -377,6 +417,9 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                     );
                 }
                 println!("{} snapshots", list.len());
+                if list.iter().any(|(id, _)| state(id) == "archival*") {
+                    println!("archival* = left the live window; `strata maintain` reverse-deduplicates it");
+                }
             }
             Ok(0)
         }
@@ -460,7 +503,7 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             }
             let stdout = std::io::stdout();
             let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-            strata_store::restore::dump(&repo, &r, node, &mut w)?;
+            strata_store::restore::dump(&repo, &s, &r, node, &mut w)?;
             Ok(0)
         }
         Cmd::Restore {
@@ -476,7 +519,7 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             let pd = progress_for(cli, "restore");
             opts.progress = pd.progress.clone();
             let started = std::time::Instant::now();
-            let res = strata_store::restore::restore(&repo, &r, &opts);
+            let res = strata_store::restore::restore(&repo, &s, &r, &opts);
             pd.finish();
             let rep = res?;
             let secs = started.elapsed().as_secs_f64();
@@ -486,7 +529,8 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             out.result(
                 &json!({"snapshot": id, "target": target, "files": rep.files, "dirs": rep.dirs, "bytes": rep.bytes,
                         "seconds": secs, "containers_read": rep.containers_read, "regions_read": rep.regions_read,
-                        "bytes_read": rep.bytes_read, "warnings": rep.warnings}),
+                        "bytes_read": rep.bytes_read, "chain_hops": rep.chain_hops,
+                        "warnings": rep.warnings}),
                 || {
                     format!(
                         "restored {} ({}@{}) to {}: {} files, {} in {:.1}s ({}/s), {} containers read",
@@ -506,21 +550,46 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
         }
         Cmd::Forget { snapshots, prune } => {
             let repo = open(cli)?;
-            let all = repo.list_snapshots()?;
+            let (all, damaged) = repo.list_snapshots_tolerant()?;
             let mut ids = Vec::new();
             for s in snapshots {
-                ids.push(strata_store::repo::resolve_in(&all, s)?.0);
+                // A damaged snapshot can be named by its full id.
+                match damaged.iter().find(|(id, _)| id == s) {
+                    Some((id, _)) => ids.push(id.clone()),
+                    None => ids.push(strata_store::repo::resolve_in(&all, s)?.0),
+                }
             }
             ids.sort();
             ids.dedup();
+            let started = std::time::Instant::now();
             let rep = strata_store::gc::forget(&repo, &ids)?;
-            out.result(&serde_json::to_value(&rep)?, || {
-                format!("removed {} snapshots", rep.removed_snapshots.len())
+            let mut v = serde_json::to_value(&rep)?;
+            v["seconds"] = json!(started.elapsed().as_secs_f64());
+            out.result(&v, || {
+                let mut t = format!("removed {} snapshots", rep.removed_snapshots.len());
+                if rep.stamped_containers_deleted > 0 {
+                    t += &format!(
+                        "; freed {} of archival data ({} stamped containers)",
+                        fmt_bytes(rep.stamped_bytes_freed),
+                        rep.stamped_containers_deleted
+                    );
+                }
+                if !rep.rebased.is_empty() {
+                    t += &format!(
+                        "; re-pointed {} archival versions that referenced them",
+                        rep.rebased.len()
+                    );
+                }
+                t
             });
             if *prune {
                 return gc_cmd(cli, out, &repo, 0.2, false);
             }
             Ok(0)
+        }
+        Cmd::Maintain { threshold, dry_run } => {
+            let repo = open(cli)?;
+            maintain_cmd(cli, out, &repo, *threshold, *dry_run)
         }
         Cmd::Gc { threshold, dry_run } => {
             let repo = open(cli)?;
@@ -542,7 +611,8 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                 let mut p = policy_of(&policies, series);
                 if changing {
                     if !repo
-                        .list_snapshots()?
+                        .list_snapshots_tolerant()?
+                        .0
                         .iter()
                         .any(|(_, s)| &s.series == series)
                     {
@@ -606,7 +676,9 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                      dedup ratio:        {:.2}x\n\
                      compression ratio:  {:.2}x\n\
                      total ratio:        {:.2}x ({:.1}% space saved)\n\
-                     index:              {} ({} entries, {} RAM)",
+                     index:              {} ({} entries, {} RAM)\n\
+                     pool / archival:    {} shared pool, {} stamped archival containers\n\
+                     space saved:        {:.1}% by segment-level dedup, {:.1}% more by reverse dedup (before compression){}",
                     st.snapshots,
                     st.series,
                     fmt_bytes(st.logical_bytes),
@@ -622,7 +694,12 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                     st.space_saving_pct,
                     st.index_strategy,
                     st.index_entries,
-                    fmt_bytes(st.index_ram_bytes)
+                    fmt_bytes(st.index_ram_bytes),
+                    fmt_bytes(st.pool_bytes),
+                    fmt_bytes(st.stamped_bytes),
+                    st.saving_segment_pct,
+                    st.saving_reverse_pct,
+                    series_table(&st.series_stats)
                 )
             });
             Ok(0)
@@ -682,10 +759,11 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                 &json!({"version": env!("CARGO_PKG_VERSION"),
                         "repository_format": strata_core::format::REPO_FORMAT_VERSION,
                         "index_strategies": strategies, "chunkers": ["cdc", "fixed"],
+                        "maintain": true, "lifecycle": ["revdedup"],
                         "encryption": ["none", "xchacha20poly1305"], "backends": ["local"]}),
                 || {
                     format!(
-                        "strata {}\nrepository format {}\nindex strategies: {}\nchunkers: cdc, fixed\nbackends: local",
+                        "strata {}\nrepository format {}\nindex strategies: {}\nlifecycle: revdedup (strata maintain)\nchunkers: cdc, fixed\nbackends: local",
                         env!("CARGO_PKG_VERSION"),
                         strata_core::format::REPO_FORMAT_VERSION,
                         strategies.join(", ")
@@ -718,6 +796,31 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
     }
 }
 
+fn series_table(list: &[strata_store::stats::SeriesStats]) -> String {
+    if list.is_empty() {
+        return String::new();
+    }
+    let mut t = format!(
+        "\n\n{:<40} {:>5} {:>5} {:>9} {:>8} {:>9} {:>10} {:>10} {:>6}",
+        "series", "live", "arch", "(pending)", "expired", "logical", "indirect", "stamped", "chain"
+    );
+    for s in list {
+        t += &format!(
+            "\n{:<40} {:>5} {:>5} {:>9} {:>8} {:>9} {:>10} {:>10} {:>6.2}",
+            s.series,
+            s.live,
+            s.archival,
+            s.pending,
+            s.expired,
+            fmt_bytes(s.logical_bytes),
+            fmt_bytes(s.indirect_bytes),
+            fmt_bytes(s.stamped_bytes),
+            s.avg_chain_length
+        );
+    }
+    t
+}
+
 fn gc_cmd(cli: &Cli, out: &Out, repo: &Repository, threshold: f64, dry_run: bool) -> Result<i32> {
     if !(0.0..=1.0).contains(&threshold) {
         bail!("--threshold must be between 0 and 1");
@@ -748,6 +851,80 @@ fn gc_cmd(cli: &Cli, out: &Out, repo: &Repository, threshold: f64, dry_run: bool
         )
     });
     Ok(0)
+}
+
+fn maintain_cmd(
+    cli: &Cli,
+    out: &Out,
+    repo: &Repository,
+    threshold: f64,
+    dry_run: bool,
+) -> Result<i32> {
+    let (rep, secs) = run_maintain(cli, repo, threshold, dry_run)?;
+    let mut v = serde_json::to_value(&rep)?;
+    v["seconds"] = json!(secs);
+    out.result(&v, || maintain_text(&rep, secs));
+    Ok(0)
+}
+
+fn run_maintain(
+    cli: &Cli,
+    repo: &Repository,
+    threshold: f64,
+    dry_run: bool,
+) -> Result<(strata_store::revdedup::MaintainReport, f64)> {
+    if !(0.0..=1.0).contains(&threshold) {
+        bail!("--threshold must be between 0 and 1");
+    }
+    let pd = progress_for(cli, "maintain");
+    let opts = strata_store::revdedup::MaintainOptions {
+        threshold,
+        dry_run,
+        progress: pd.progress.clone(),
+        ..Default::default()
+    };
+    let started = std::time::Instant::now();
+    let res = strata_store::revdedup::maintain(repo, &opts);
+    pd.finish();
+    Ok((res?, started.elapsed().as_secs_f64()))
+}
+
+fn maintain_text(rep: &strata_store::revdedup::MaintainReport, secs: f64) -> String {
+    let mut t = String::new();
+    let pre = if rep.dry_run { "(dry run) " } else { "" };
+    for c in &rep.converted {
+        t += &format!(
+            "{pre}reverse-deduplicated {}@{} against the next version: {} indirect, {} kept direct ({} stamped)\n",
+            c.series,
+            c.version,
+            fmt_bytes(c.indirect_bytes),
+            fmt_bytes(c.direct_bytes),
+            fmt_bytes(c.stamped_bytes)
+        );
+    }
+    if !rep.expired.is_empty() {
+        t += &format!(
+            "{pre}expired {} versions: {} of archival data freed without scanning ({} stamped containers)\n",
+            rep.expired.len(),
+            fmt_bytes(rep.stamped_bytes_freed),
+            rep.stamped_containers_deleted
+        );
+    }
+    if rep.leftovers_deleted > 0 {
+        t += &format!(
+            "removed {} containers left by an interrupted run\n",
+            rep.leftovers_deleted
+        );
+    }
+    t += &format!(
+        "{pre}pool: {} containers dropped, {} rewritten into {}; {} -> {} ({secs:.1}s)",
+        rep.pool.containers_deleted,
+        rep.pool.containers_rewritten,
+        rep.pool.containers_written,
+        fmt_bytes(rep.bytes_before),
+        fmt_bytes(rep.bytes_after),
+    );
+    t
 }
 
 fn cmd_backup(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
@@ -788,15 +965,27 @@ fn cmd_backup(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
     }
     let s = &rep.snapshot;
     let secs = s.stats.duration_ms as f64 / 1000.0;
-    out.result(
-        &json!({"id": rep.id, "short_id": &rep.id[..8], "series": s.series, "version": s.version,
+    // `--maintain`: the lifecycle runs once the backup is committed (and
+    // its shared lock released); its report joins the backup's output.
+    let maintained = if a.maintain {
+        Some(run_maintain(cli, &repo, 0.2, false)?)
+    } else {
+        None
+    };
+    let mut v = json!({"id": rep.id, "short_id": &rep.id[..8], "series": s.series, "version": s.version,
                 "files": s.stats.files, "dirs": s.stats.dirs, "logical_bytes": s.stats.logical_bytes,
                 "read_bytes": s.stats.read_bytes, "new_chunks": s.stats.new_chunks,
                 "new_raw_bytes": s.stats.new_raw_bytes, "new_stored_bytes": s.stats.new_stored_bytes,
                 "reused_files": rep.reused_files, "seconds": secs, "index_ram_bytes": rep.index_ram_bytes,
-                "warnings": rep.warnings}),
+                "warnings": rep.warnings});
+    if let Some((m, msecs)) = &maintained {
+        v["maintain"] = serde_json::to_value(m)?;
+        v["maintain"]["seconds"] = json!(msecs);
+    }
+    out.result(
+        &v,
         || {
-            format!(
+            let text = format!(
                 "snapshot {} saved: {}@{}\n  {} files ({} unchanged), {} dirs, {} logical, {} read\n  {} new chunks, {} new data, {} added to the repository\n  {:.1}s ({}/s)",
                 &rep.id[..8],
                 s.series,
@@ -811,17 +1000,23 @@ fn cmd_backup(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
                 fmt_bytes(s.stats.new_stored_bytes),
                 secs,
                 fmt_bytes((s.stats.logical_bytes as f64 / secs.max(1e-3)) as u64)
-            )
+            );
+            match &maintained {
+                Some((m, msecs)) => format!("{text}\n{}", maintain_text(m, *msecs)),
+                None => text,
+            }
         },
     );
-    if !rep.warnings.is_empty() {
+    let code = if rep.warnings.is_empty() {
+        0
+    } else {
         if !out.json {
             eprintln!(
                 "warning: {} files or directories could not be read (listed above)",
                 rep.warnings.len()
             );
         }
-        return Ok(3);
-    }
-    Ok(0)
+        3
+    };
+    Ok(code)
 }

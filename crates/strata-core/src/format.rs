@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Version of the repository layout (config, object names, structures).
-pub const REPO_FORMAT_VERSION: u8 = 1;
+/// 2: lifecycle stamps name their owner version, snapshots record their
+/// reverse-dedup state, chunk references can be indirect.
+pub const REPO_FORMAT_VERSION: u8 = 2;
 /// Version byte of each structure below.
 pub const STRUCT_VERSION: u8 = 1;
 
@@ -100,6 +102,18 @@ pub struct SegmentEntry {
     pub chunks: u32,
 }
 
+/// Owner of a stamped container (RevDedup §2.5). Only the owner version
+/// references the container directly (older versions reach it through
+/// indirect references), and versions of a series expire oldest first, so
+/// the container can be deleted with its owner without scanning anything.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Stamp {
+    /// Snapshot id of the owner version.
+    pub owner: String,
+    /// Creation time of the owner version (ns since the epoch).
+    pub time_ns: i64,
+}
+
 /// The metadata section of a data container; also stored on its own as the
 /// container's metadata object so index, GC and check never read data.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,9 +123,9 @@ pub struct ContainerMeta {
     pub data_len: u64,
     /// Creation time, seconds since the epoch.
     pub created: i64,
-    /// Lifecycle stamp (RevDedup §2.5): creation time of the version whose
-    /// archival data this container holds; `None` for ordinary containers.
-    pub stamp: Option<i64>,
+    /// Lifecycle stamp (RevDedup §2.5): the archival version whose direct
+    /// chunks this container holds; `None` for the shared pool.
+    pub stamp: Option<Stamp>,
     pub regions: Vec<RegionInfo>,
     pub chunks: Vec<ChunkEntry>,
     /// Segments stored whole in this container, in order.
@@ -171,11 +185,16 @@ impl ContainerFooter {
 
 /// Sentinel container index of a chunk that is all zeros (never stored).
 pub const ZERO_CHUNK: u32 = u32::MAX;
+/// Sentinel container index of an *indirect* reference (RevDedup §2.4.1):
+/// the chunk with this fingerprint in the next version of the series (see
+/// [`Archival::next`]), which may itself be indirect.
+pub const INDIRECT_CHUNK: u32 = u32::MAX - 1;
 
 /// Reference to one chunk from a recipe. `container` indexes the recipe's
-/// container table; the location is *direct* (DESIGN.md "recipe"). Should the
-/// container have been rewritten by GC since, restore falls back to the
-/// index by fingerprint.
+/// container table (a *direct* reference, DESIGN.md "recipe"), or is
+/// [`ZERO_CHUNK`] or [`INDIRECT_CHUNK`]. Commands that move chunks (gc,
+/// maintain) rewrite the recipes that point at them; should a container be
+/// missing anyway, restore falls back to the index by fingerprint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkRef {
     pub fp: Fingerprint,
@@ -188,6 +207,26 @@ pub struct ChunkRef {
 impl ChunkRef {
     pub fn is_zero(&self) -> bool {
         self.container == ZERO_CHUNK
+    }
+
+    pub fn is_indirect(&self) -> bool {
+        self.container == INDIRECT_CHUNK
+    }
+
+    /// A reference to a stored chunk of this recipe's container table.
+    pub fn is_direct(&self) -> bool {
+        self.container < INDIRECT_CHUNK
+    }
+
+    /// An indirect reference to the chunk `fp` of the next version.
+    pub fn indirect(fp: Fingerprint, len: u32) -> Self {
+        ChunkRef {
+            fp,
+            len,
+            container: INDIRECT_CHUNK,
+            region: 0,
+            offset: 0,
+        }
     }
 }
 
@@ -275,7 +314,26 @@ pub struct SnapshotStats {
     pub warnings: u64,
 }
 
-/// A committed version. Writing this object is the commit point.
+/// How an archival version was reverse-deduplicated (RevDedup §2.4).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Archival {
+    /// Snapshot id of the version its indirect references point into
+    /// (the next version of the series); `None` when it has none.
+    pub next: Option<String>,
+    /// When the conversion was committed (ns since the epoch).
+    pub converted_ns: i64,
+    /// Chunk references left direct (into containers stamped with this
+    /// version) and their plaintext bytes.
+    pub direct_chunks: u64,
+    pub direct_bytes: u64,
+    /// Chunk references made indirect and their plaintext bytes.
+    pub indirect_chunks: u64,
+    pub indirect_bytes: u64,
+}
+
+/// A committed version. Writing this object is the commit point. The
+/// object keeps its name (the snapshot id, the hash of its first content)
+/// when lifecycle commands replace it to switch its recipe atomically.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Snapshot {
     pub series: String,
@@ -290,6 +348,9 @@ pub struct Snapshot {
     pub parent: Option<String>,
     pub chunker: ChunkerParams,
     pub stats: SnapshotStats,
+    /// Set once the version is reverse-deduplicated (archival form: direct
+    /// references only into its own stamped containers, the rest indirect).
+    pub archival: Option<Archival>,
 }
 
 /// An index object: the metadata of a set of containers.

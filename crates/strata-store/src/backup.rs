@@ -677,7 +677,8 @@ impl Ctx<'_> {
 fn commit_snapshot(repo: &Repository, snapshot: &mut Snapshot) -> Result<String> {
     let next = |repo: &Repository, series: &str| -> Result<u32> {
         Ok(repo
-            .list_snapshots()?
+            .list_snapshots_tolerant()?
+            .0
             .iter()
             .filter(|(_, s)| s.series == series)
             .map(|(_, s)| s.version)
@@ -688,9 +689,13 @@ fn commit_snapshot(repo: &Repository, snapshot: &mut Snapshot) -> Result<String>
     snapshot.version = next(repo, &snapshot.series)?;
     for _ in 0..16 {
         let (id, _) = repo.put_struct(Kind::Snapshot, "snapshots", snapshot)?;
-        let clash = repo.list_snapshots()?.into_iter().any(|(other, s)| {
-            other < id && s.series == snapshot.series && s.version == snapshot.version
-        });
+        let clash = repo
+            .list_snapshots_tolerant()?
+            .0
+            .into_iter()
+            .any(|(other, s)| {
+                other < id && s.series == snapshot.series && s.version == snapshot.version
+            });
         if !clash {
             return Ok(id);
         }
@@ -749,7 +754,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     // Index and parent.
     let table = Arc::new(ContainerTable::default());
     let (strategy, repo_index) = build_strategy(repo, &table)?;
-    let snapshots = repo.list_snapshots()?;
+    let (snapshots, _) = repo.list_snapshots_tolerant()?;
     let parent = snapshots
         .iter()
         .filter(|(_, s)| s.series == series)
@@ -758,7 +763,9 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     let mut parent_nodes: HashMap<Vec<u8>, Node> = HashMap::new();
     let mut parent_containers: Vec<ContainerId> = vec![];
     if let Some((_, ps)) = &parent {
-        if ps.chunker == chunker {
+        // An archival parent's references are indirect or into its own
+        // stamped containers, which expire with it: never reuse them.
+        if ps.chunker == chunker && ps.archival.is_none() {
             let r = repo.load_recipe(&ps.recipe)?;
             parent_containers = r.containers;
             for n in r.nodes {
@@ -1005,6 +1012,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         parent: parent.map(|p| p.0),
         chunker,
         stats,
+        archival: None,
     };
     snapshot.stats.new_stored_bytes = stored;
     snapshot.stats.duration_ms = started.elapsed().as_millis() as u64;

@@ -2,7 +2,10 @@
 //!
 //! Structure: every snapshot, recipe, index and metadata object opens
 //! (checksum/AEAD) and decodes; every container listed in the index exists
-//! with the recorded size; every chunk a snapshot references is stored.
+//! with the recorded size; every chunk a snapshot references directly is
+//! stored, in the right lifecycle domain (pool for live-form versions, its
+//! own stamped containers for an archival one); every indirect reference
+//! is held by the next version (and is damaged when that one's is).
 //! Data (`--read-data`): every region of every container is read,
 //! authenticated and decompressed, and every chunk's fingerprint is
 //! recomputed. Problems name the object, and the snapshots they affect.
@@ -219,65 +222,137 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
         }
     }
 
-    // Snapshots and recipes.
+    // Snapshots and recipes, per series newest first, so that the indirect
+    // references of a version are checked against the next version's
+    // chunks (and its unavailable ones) held from the step before.
+    let mut snaps: Vec<(String, Snapshot)> = Vec::new();
     for o in b.list("snapshots/")? {
         rep.snapshots += 1;
         let id = o.name.trim_start_matches("snapshots/").to_string();
-        let s: Snapshot = match repo.get_struct(Kind::Snapshot, &o.name, "snapshot") {
-            Ok(s) => s,
+        match repo.get_struct::<Snapshot>(Kind::Snapshot, &o.name, "snapshot") {
+            Ok(s) => snaps.push((id, s)),
             Err(e) => {
                 rep.errors.push(format!("{e}"));
                 rep.damaged_snapshots.push(id);
-                continue;
             }
-        };
-        let label = format!(
-            "snapshot {} ({}@{})",
-            &id[..8.min(id.len())],
-            s.series,
-            s.version
-        );
-        let recipe = match repo.load_recipe(&s.recipe) {
-            Ok(r) => r,
-            Err(e) => {
-                rep.errors.push(format!("{label}: {e}"));
-                rep.damaged_snapshots.push(id);
-                continue;
-            }
-        };
-        let mut missing = 0u64;
-        let mut first = None;
-        for n in &recipe.nodes {
-            for seg in &n.segments {
-                for c in &seg.chunks {
-                    if c.is_zero() {
-                        continue;
-                    }
-                    let direct_ok = recipe
-                        .containers
-                        .get(c.container as usize)
-                        .and_then(|cid| metas.get(cid).map(|m| (cid, m)))
-                        .map(|(cid, m)| {
-                            !bad_containers.contains(cid)
-                                && !bad_fps.contains(&c.fp)
-                                && m.regions.get(c.region as usize).is_some_and(|r| {
-                                    c.offset as u64 + c.len as u64 <= r.raw_len as u64
-                                })
-                        })
-                        .unwrap_or(false);
-                    if !direct_ok && !good_fps.contains(&c.fp) {
-                        missing += 1;
-                        first.get_or_insert_with(|| n.path_str());
+        }
+    }
+    snaps.sort_by_key(|(_, s)| std::cmp::Reverse((s.version, s.time_ns)));
+    // Per snapshot id: its chunk fingerprints, and those it cannot provide.
+    let mut held: HashMap<String, (HashSet<Fingerprint>, HashSet<Fingerprint>)> = HashMap::new();
+    let series_order = {
+        let mut v: Vec<&str> = snaps.iter().map(|(_, s)| s.series.as_str()).collect();
+        v.sort();
+        v.dedup();
+        v.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    for series in series_order {
+        held.clear();
+        for (id, s) in snaps.iter().filter(|(_, s)| s.series == series) {
+            let label = format!(
+                "snapshot {} ({}@{})",
+                &id[..8.min(id.len())],
+                s.series,
+                s.version
+            );
+            let recipe = match repo.load_recipe(&s.recipe) {
+                Ok(r) => r,
+                Err(e) => {
+                    rep.errors.push(format!("{label}: {e}"));
+                    rep.damaged_snapshots.push(id.clone());
+                    continue;
+                }
+            };
+            let next = s.archival.as_ref().and_then(|a| a.next.clone());
+            let next_held = next.as_ref().and_then(|n| held.get(n));
+            let mut missing = 0u64;
+            let mut broken = 0u64;
+            let mut misplaced = 0u64;
+            let mut first = None;
+            let mut fps = HashSet::new();
+            let mut bad = HashSet::new();
+            for n in &recipe.nodes {
+                for seg in &n.segments {
+                    for c in &seg.chunks {
+                        if c.is_zero() {
+                            continue;
+                        }
+                        fps.insert(c.fp);
+                        if c.is_indirect() {
+                            match next_held {
+                                Some((nf, nb)) if nf.contains(&c.fp) => {
+                                    if nb.contains(&c.fp) {
+                                        bad.insert(c.fp);
+                                        missing += 1;
+                                        first.get_or_insert_with(|| n.path_str());
+                                    }
+                                }
+                                _ => {
+                                    broken += 1;
+                                    bad.insert(c.fp);
+                                    first.get_or_insert_with(|| n.path_str());
+                                }
+                            }
+                            continue;
+                        }
+                        let cid = recipe.containers.get(c.container as usize);
+                        let meta = cid.and_then(|cid| metas.get(cid).map(|m| (cid, m)));
+                        // Live-form versions reference only the pool; an
+                        // archival one only its own stamped containers.
+                        if let Some((_, m)) = meta {
+                            let owner = m.stamp.as_ref().map(|st| st.owner.as_str());
+                            let expected = s.archival.as_ref().map(|_| id.as_str());
+                            if owner != expected {
+                                misplaced += 1;
+                            }
+                        }
+                        let direct_ok = meta
+                            .map(|(cid, m)| {
+                                !bad_containers.contains(cid)
+                                    && !bad_fps.contains(&c.fp)
+                                    && m.regions.get(c.region as usize).is_some_and(|r| {
+                                        c.offset as u64 + c.len as u64 <= r.raw_len as u64
+                                    })
+                            })
+                            .unwrap_or(false);
+                        if !direct_ok && !good_fps.contains(&c.fp) {
+                            missing += 1;
+                            bad.insert(c.fp);
+                            first.get_or_insert_with(|| n.path_str());
+                        }
                     }
                 }
             }
-        }
-        if missing > 0 {
-            rep.errors.push(format!(
-                "{label}: {missing} chunks unavailable (first in {})",
-                first.unwrap_or_default()
-            ));
-            rep.damaged_snapshots.push(id);
+            let mut damaged = false;
+            if missing > 0 {
+                rep.errors.push(format!(
+                    "{label}: {missing} chunks unavailable (first in {})",
+                    first.clone().unwrap_or_default()
+                ));
+                damaged = true;
+            }
+            if broken > 0 {
+                rep.errors.push(format!(
+                    "{label}: {broken} indirect references that the next version {} does not hold (first in {})",
+                    next.as_deref().map(|n| &n[..8.min(n.len())]).unwrap_or("(none)"),
+                    first.unwrap_or_default()
+                ));
+                damaged = true;
+            }
+            if misplaced > 0 {
+                rep.errors.push(format!(
+                    "{label}: {misplaced} direct references into containers of the wrong lifecycle domain ({})",
+                    if s.archival.is_some() {
+                        "an archival version must reference only its own stamped containers"
+                    } else {
+                        "a live-form version must reference only the shared pool"
+                    }
+                ));
+            }
+            if damaged {
+                rep.damaged_snapshots.push(id.clone());
+            }
+            held.insert(id.clone(), (fps, bad));
         }
     }
     Ok(rep)

@@ -28,14 +28,14 @@ use std::sync::Arc;
 use strata_core::crypto::{random_bytes, Kind};
 use strata_core::format::{
     container_header, decode, encode, ChunkEntry, ContainerFooter, ContainerId, ContainerMeta,
-    RegionInfo, SegmentEntry, CONTAINER_FOOTER_LEN, CONTAINER_HEADER_LEN, CONTAINER_MAGIC,
+    RegionInfo, SegmentEntry, Stamp, CONTAINER_FOOTER_LEN, CONTAINER_HEADER_LEN, CONTAINER_MAGIC,
 };
 use strata_core::Fingerprint;
 
 /// A container whose regions are filled but not yet compressed or sealed.
 pub struct RawContainer {
     pub id: ContainerId,
-    pub stamp: Option<i64>,
+    pub stamp: Option<Stamp>,
     pub regions: Vec<Vec<u8>>,
     pub chunks: Vec<ChunkEntry>,
     pub segments: Vec<SegmentEntry>,
@@ -175,7 +175,7 @@ pub struct ContainerWriter {
     sink: Sender<RawContainer>,
     region_size: usize,
     container_size: usize,
-    stamp: Option<i64>,
+    stamp: Option<Stamp>,
     open: Option<OpenContainer>,
     /// Index of the first chunk of the segment being packed whole, if any.
     segment_start: Option<(u32, u32)>,
@@ -228,7 +228,7 @@ impl ContainerWriter {
     }
 
     /// Containers written from now on carry this lifecycle stamp.
-    pub fn set_stamp(&mut self, stamp: Option<i64>) {
+    pub fn set_stamp(&mut self, stamp: Option<Stamp>) {
         self.stamp = stamp;
     }
 
@@ -303,7 +303,7 @@ impl ContainerWriter {
             self.sink
                 .send(RawContainer {
                     id: c.id,
-                    stamp: self.stamp,
+                    stamp: self.stamp.clone(),
                     regions: c.regions,
                     chunks: c.chunks,
                     segments: c.segments,

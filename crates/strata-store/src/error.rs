@@ -42,6 +42,8 @@ pub enum StoreError {
         path: String,
         container: String,
     },
+    #[error("broken chain of indirect references from snapshot {snapshot}: {detail}; the versions after it in its series are needed to restore it (run `strata check`)")]
+    BrokenChain { snapshot: String, detail: String },
     #[error("operation cancelled")]
     Cancelled,
 }

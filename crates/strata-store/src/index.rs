@@ -11,9 +11,10 @@
 
 use crate::error::Result;
 use crate::repo::Repository;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
-use strata_core::format::{ContainerId, ContainerMeta, RegionInfo};
+use strata_core::crypto::Kind;
+use strata_core::format::{ContainerId, ContainerMeta, IndexObject, RegionInfo, Stamp};
 use strata_core::Fingerprint;
 
 /// Where a chunk is stored. `container` is an interned id (see
@@ -81,7 +82,7 @@ pub struct ContainerSummary {
     pub regions: Vec<RegionInfo>,
     pub data_len: u64,
     pub created: i64,
-    pub stamp: Option<i64>,
+    pub stamp: Option<Stamp>,
     pub chunks: u32,
     pub raw_bytes: u64,
 }
@@ -91,6 +92,8 @@ pub struct ContainerSummary {
 pub struct RepoIndex {
     /// Names of the index objects read.
     pub objects: Vec<String>,
+    /// The containers each index object lists.
+    pub contents: HashMap<String, Vec<ContainerId>>,
     pub containers: HashMap<ContainerId, ContainerSummary>,
 }
 
@@ -103,6 +106,10 @@ impl RepoIndex {
         repo.prune_cache("index/", &names);
         for o in objects {
             let obj = repo.load_index_object(&o.name)?;
+            idx.contents.insert(
+                o.name.clone(),
+                obj.containers.iter().map(|m| m.id).collect(),
+            );
             for m in obj.containers {
                 if idx.containers.contains_key(&m.id) {
                     continue;
@@ -113,7 +120,7 @@ impl RepoIndex {
                     ContainerSummary {
                         data_len: m.data_len,
                         created: m.created,
-                        stamp: m.stamp,
+                        stamp: m.stamp.clone(),
                         chunks: m.chunks.len() as u32,
                         raw_bytes: m.raw_bytes(),
                         regions: m.regions,
@@ -128,6 +135,65 @@ impl RepoIndex {
     pub fn stored_bytes(&self) -> u64 {
         self.containers.values().map(|c| c.data_len).sum()
     }
+
+    /// Containers stamped with `owner`.
+    pub fn stamped_by(&self, owner: &str) -> Vec<ContainerId> {
+        self.containers
+            .iter()
+            .filter(|(_, c)| c.stamp.as_ref().is_some_and(|s| s.owner == owner))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+}
+
+/// Removes containers from the index objects and adds new ones. The
+/// replacement objects are written first, then the objects they replace
+/// are deleted, so a crash in between leaves duplicate entries (which
+/// loading skips), never missing ones. Stamped containers go into one
+/// object per owner, so expiring a version rewrites only its own objects.
+/// Returns the names of the objects written.
+pub fn edit_index(
+    repo: &Repository,
+    idx: &RepoIndex,
+    remove: &HashSet<ContainerId>,
+    add: Vec<ContainerMeta>,
+) -> Result<Vec<String>> {
+    let affected: Vec<&String> = idx
+        .objects
+        .iter()
+        .filter(|o| {
+            idx.contents
+                .get(*o)
+                .is_some_and(|c| c.iter().any(|id| remove.contains(id)))
+        })
+        .collect();
+    let mut metas = add;
+    let mut seen: HashSet<ContainerId> = metas.iter().map(|m| m.id).collect();
+    for o in &affected {
+        for m in repo.load_index_object(o)?.containers {
+            if !remove.contains(&m.id) && seen.insert(m.id) {
+                metas.push(m);
+            }
+        }
+    }
+    let mut groups: BTreeMap<Option<String>, Vec<ContainerMeta>> = BTreeMap::new();
+    for m in metas {
+        groups
+            .entry(m.stamp.as_ref().map(|s| s.owner.clone()))
+            .or_default()
+            .push(m);
+    }
+    let mut written = Vec::new();
+    for (_, containers) in groups {
+        let (id, _) = repo.put_struct(Kind::Index, "index", &IndexObject { containers })?;
+        written.push(format!("index/{id}"));
+    }
+    for o in affected {
+        if !written.contains(o) {
+            repo.backend().delete(o)?;
+        }
+    }
+    Ok(written)
 }
 
 /// A dedup index strategy. Backups look chunks up a segment at a time (the
@@ -176,7 +242,13 @@ pub fn build_strategy(
         "segment" => Box::new(SegmentIndex::new(repo, table.clone())),
         _ => Box::new(ExactIndex::default()),
     };
-    let idx = RepoIndex::load(repo, |m| strategy.add_container(table, m))?;
+    // Stamped containers hold archival data that expires with its owner:
+    // new backups must never reference it, so no strategy learns it.
+    let idx = RepoIndex::load(repo, |m| {
+        if m.stamp.is_none() {
+            strategy.add_container(table, m)
+        }
+    })?;
     Ok((strategy, idx))
 }
 

@@ -2,8 +2,9 @@
 //! operations on a repository — backup, restore, forget, gc, check, stats.
 //!
 //! Implements DESIGN.md "Principles" (repository is the truth, commit by
-//! atomic switch), the container/recipe "Data flow", the `exact` index
-//! strategy and mark-and-sweep GC. See `docs/architecture.md` for the map.
+//! atomic switch), the container/recipe "Data flow", the `exact` and
+//! `segment` index strategies, the RevDedup lifecycle (`revdedup`) and
+//! mark-and-sweep GC. See `docs/architecture.md` for the map.
 
 pub mod backend;
 pub mod backup;
@@ -16,6 +17,7 @@ pub mod lifecycle;
 pub mod lock;
 pub mod repo;
 pub mod restore;
+pub mod revdedup;
 pub mod stats;
 
 pub use backend::{Backend, LocalBackend};

@@ -145,6 +145,7 @@ mod tests {
                 parent: None,
                 chunker: ChunkerParams::cdc(8192),
                 stats: Default::default(),
+                archival: None,
             },
         )
     }

@@ -47,15 +47,25 @@ impl Default for InitOptions {
             password: None,
             chunker: ChunkerParams::cdc(8192),
             zstd_level: 3,
-            container_size: 8 << 20,
+            container_size: 32 << 20,
             region_size: 128 << 10,
-            index: "exact".into(),
+            index: "segment".into(),
         }
     }
 }
 
-/// Index strategies this build knows.
-pub const INDEX_STRATEGIES: &[&str] = &["exact", "segment"];
+/// Index strategies this build knows; the first is the default.
+pub const INDEX_STRATEGIES: &[&str] = &["segment", "exact"];
+
+/// Default container size of an index strategy: RevDedup's 32 MiB for
+/// `segment` (whole 4 MiB segments per container, few containers per
+/// restore), 8 MiB otherwise.
+pub fn default_container_size(index: &str) -> u32 {
+    match index {
+        "segment" => 32 << 20,
+        _ => 8 << 20,
+    }
+}
 
 /// An open repository. Cheap to clone.
 #[derive(Clone)]
@@ -252,6 +262,19 @@ impl Repository {
         decode(what, &bytes).map_err(|e| StoreError::corrupt(name, e))
     }
 
+    /// Reads one snapshot by id.
+    pub fn load_snapshot(&self, id: &str) -> Result<Snapshot> {
+        self.get_struct(Kind::Snapshot, &format!("snapshots/{id}"), "snapshot")
+    }
+
+    /// Replaces a snapshot object under its existing id: the atomic switch
+    /// with which lifecycle commands (maintain, gc, forget) give a version a
+    /// new recipe. The id stays the hash of the object's first content.
+    pub fn replace_snapshot(&self, id: &str, snapshot: &Snapshot) -> Result<()> {
+        let env = self.sealer.seal(Kind::Snapshot, &encode(snapshot)?, true)?;
+        self.backend.put(&format!("snapshots/{id}"), &env)
+    }
+
     pub fn load_recipe(&self, id: &str) -> Result<Recipe> {
         self.get_struct(Kind::Recipe, &format!("recipes/{id}"), "recipe")
     }
@@ -333,21 +356,48 @@ impl Repository {
         }
     }
 
-    /// All snapshots, oldest first.
+    /// All snapshots, oldest first. A snapshot object that cannot be read
+    /// is an error: commands that decide what data is still needed (gc,
+    /// maintain, forget) must not guess.
     pub fn list_snapshots(&self) -> Result<Vec<(String, Snapshot)>> {
-        let mut out = Vec::new();
-        for o in self.backend.list("snapshots/")? {
-            let id = o.name.trim_start_matches("snapshots/").to_string();
-            let s: Snapshot = self.get_struct(Kind::Snapshot, &o.name, "snapshot")?;
-            out.push((id, s));
+        let (out, damaged) = self.list_snapshots_tolerant()?;
+        if let Some((id, e)) = damaged.into_iter().next() {
+            return Err(StoreError::Invalid(format!(
+                "{e}; refusing to go on while snapshot {id} cannot be read \
+                 (`strata check` lists the damage; `strata forget {id}` drops the snapshot)"
+            )));
         }
-        out.sort_by(|a, b| (a.1.time_ns, &a.0).cmp(&(b.1.time_ns, &b.0)));
         Ok(out)
     }
 
-    /// Resolves `latest`, `SERIES@VERSION`, `SERIES@latest` or an id prefix.
+    /// The readable snapshots, oldest first, and the ids of those whose
+    /// object is damaged (with the error), for commands that only read:
+    /// one damaged snapshot must not hide the others.
+    #[allow(clippy::type_complexity)]
+    pub fn list_snapshots_tolerant(
+        &self,
+    ) -> Result<(Vec<(String, Snapshot)>, Vec<(String, StoreError)>)> {
+        let mut out = Vec::new();
+        let mut damaged = Vec::new();
+        for o in self.backend.list("snapshots/")? {
+            let id = o.name.trim_start_matches("snapshots/").to_string();
+            match self.get_struct::<Snapshot>(Kind::Snapshot, &o.name, "snapshot") {
+                Ok(s) => out.push((id, s)),
+                Err(e @ StoreError::Corrupt { .. }) | Err(e @ StoreError::Core(_)) => {
+                    tracing::warn!("skipping damaged snapshot {id}: {e}");
+                    damaged.push((id, e))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        out.sort_by(|a, b| (a.1.time_ns, &a.0).cmp(&(b.1.time_ns, &b.0)));
+        Ok((out, damaged))
+    }
+
+    /// Resolves `latest`, `SERIES@VERSION`, `SERIES@latest` or an id prefix
+    /// among the readable snapshots.
     pub fn resolve_snapshot(&self, spec: &str) -> Result<(String, Snapshot)> {
-        let all = self.list_snapshots()?;
+        let (all, _) = self.list_snapshots_tolerant()?;
         resolve_in(&all, spec)
     }
 }

@@ -1,10 +1,15 @@
 //! Repository statistics: logical vs stored bytes, dedup and compression
-//! ratios, object counts.
+//! ratios, object counts, and per series the lifecycle figures of RevDedup
+//! (versions per window, space saved by segment-level and by reverse
+//! dedup as in its Figure 4, length of indirect-reference chains).
 
 use crate::error::Result;
-use crate::index::{build_strategy, ContainerTable};
-use crate::repo::Repository;
-use std::collections::HashSet;
+use crate::index::{build_strategy, ContainerTable, RepoIndex};
+use crate::lifecycle::{list_policies, version_states, VersionState};
+use crate::repo::{now_ns, Repository};
+use crate::restore::recipe_refs;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use strata_core::format::{ContainerId, Snapshot};
 use strata_core::Fingerprint;
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -32,6 +37,50 @@ pub struct RepoStats {
     pub index_strategy: String,
     pub index_entries: u64,
     pub index_ram_bytes: u64,
+    /// Bytes of containers in the shared pool and stamped (archival) ones.
+    pub pool_bytes: u64,
+    pub stamped_bytes: u64,
+    /// Plaintext bytes of the distinct non-zero segments the snapshots
+    /// reference: what segment-level dedup alone would store.
+    pub segment_level_bytes: u64,
+    /// Plaintext bytes the snapshots need: pool chunks referenced by
+    /// live-form versions plus the archival versions' stamped chunks.
+    pub referenced_raw_bytes: u64,
+    /// Plaintext bytes in pool containers that nothing references any more
+    /// (left below the compaction threshold; `gc --threshold 0` frees them).
+    pub pool_dead_raw_bytes: u64,
+    /// RevDedup Figure 4: % of the logical bytes (zero chunks excluded,
+    /// before compression) saved by segment-level inline dedup, and the
+    /// further % saved by reverse dedup.
+    pub saving_segment_pct: f64,
+    pub saving_reverse_pct: f64,
+    pub series_stats: Vec<SeriesStats>,
+}
+
+/// Lifecycle figures of one series.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct SeriesStats {
+    pub series: String,
+    pub versions: u64,
+    /// States under the series' policy now.
+    pub live: u64,
+    pub archival: u64,
+    /// Past retention, deleted by the next `maintain`.
+    pub expired: u64,
+    /// Archival versions already reverse-deduplicated, and those waiting
+    /// for `maintain`.
+    pub reverse_deduplicated: u64,
+    pub pending: u64,
+    pub logical_bytes: u64,
+    /// Over its reverse-deduplicated versions: bytes of direct and of
+    /// indirect references, and the average number of newer versions an
+    /// indirect reference passes through before it meets a direct one.
+    pub direct_bytes: u64,
+    pub indirect_bytes: u64,
+    pub avg_chain_length: f64,
+    pub max_chain_length: u32,
+    /// Stored bytes of the stamped containers its versions own.
+    pub stamped_bytes: u64,
 }
 
 pub fn stats(repo: &Repository) -> Result<RepoStats> {
@@ -55,17 +104,65 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
         .collect::<HashSet<_>>()
         .len() as u64;
     st.logical_bytes = snaps.iter().map(|(_, s)| s.stats.logical_bytes).sum();
-    let mut segs: HashSet<Fingerprint> = HashSet::new();
+    let mut segs: HashMap<Fingerprint, u64> = HashMap::new();
     let mut recipes = HashSet::new();
+    let mut logical_nonzero = 0u64;
+    // Pool chunk locations that live-form versions reference.
+    let mut pool_refs: HashMap<(ContainerId, u32, u32), u32> = HashMap::new();
     for (_, s) in &snaps {
+        let r = repo.load_recipe(&s.recipe)?;
+        for c in recipe_refs(&r) {
+            if !c.is_zero() {
+                logical_nonzero += c.len as u64;
+            }
+            if s.archival.is_none() && c.is_direct() {
+                if let Some(cid) = r.containers.get(c.container as usize) {
+                    pool_refs.insert((*cid, c.region, c.offset), c.len);
+                }
+            }
+        }
         if recipes.insert(s.recipe.clone()) {
-            let r = repo.load_recipe(&s.recipe)?;
             for n in &r.nodes {
-                segs.extend(n.segments.iter().map(|s| s.fp));
+                for sg in &n.segments {
+                    segs.entry(sg.fp).or_insert_with(|| {
+                        sg.chunks
+                            .iter()
+                            .filter(|c| !c.is_zero())
+                            .map(|c| c.len as u64)
+                            .sum()
+                    });
+                }
             }
         }
     }
     st.segments = segs.len() as u64;
+    st.segment_level_bytes = segs.values().sum();
+    let mut stamped_raw = 0u64;
+    let mut pool_raw = 0u64;
+    for c in idx.containers.values() {
+        if c.stamp.is_some() {
+            st.stamped_bytes += c.data_len;
+            stamped_raw += c.raw_bytes;
+        } else {
+            st.pool_bytes += c.data_len;
+            pool_raw += c.raw_bytes;
+        }
+    }
+    let pool_referenced: u64 = pool_refs.values().map(|l| *l as u64).sum();
+    st.referenced_raw_bytes = pool_referenced + stamped_raw;
+    st.pool_dead_raw_bytes = pool_raw.saturating_sub(pool_referenced);
+    let pct = |part: u64| {
+        if logical_nonzero == 0 {
+            0.0
+        } else {
+            100.0 * part as f64 / logical_nonzero as f64
+        }
+    };
+    st.saving_segment_pct = pct(logical_nonzero.saturating_sub(st.segment_level_bytes));
+    st.saving_reverse_pct = pct(st
+        .segment_level_bytes
+        .saturating_sub(st.referenced_raw_bytes));
+    st.series_stats = series_stats(repo, &snaps, &idx)?;
     let b = repo.backend();
     st.total_repo_bytes = [
         "config",
@@ -94,4 +191,79 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
         100.0 * (1.0 - st.total_repo_bytes as f64 / st.logical_bytes as f64)
     };
     Ok(st)
+}
+
+/// Per-series lifecycle figures. Chain lengths are computed newest to
+/// oldest, keeping one version's fingerprint → hops table at a time.
+fn series_stats(
+    repo: &Repository,
+    snaps: &[(String, Snapshot)],
+    idx: &RepoIndex,
+) -> Result<Vec<SeriesStats>> {
+    let policies = list_policies(repo)?;
+    let states = version_states(snaps, &policies, now_ns());
+    let mut owned: HashMap<&str, u64> = HashMap::new();
+    for c in idx.containers.values() {
+        if let Some(s) = &c.stamp {
+            *owned.entry(s.owner.as_str()).or_default() += c.data_len;
+        }
+    }
+    let mut by_series: BTreeMap<&str, Vec<&(String, Snapshot)>> = BTreeMap::new();
+    for s in snaps {
+        by_series.entry(s.1.series.as_str()).or_default().push(s);
+    }
+    let mut out = Vec::new();
+    for (name, mut list) in by_series {
+        list.sort_by_key(|(_, s)| std::cmp::Reverse((s.version, s.time_ns)));
+        let mut st = SeriesStats {
+            series: name.to_string(),
+            versions: list.len() as u64,
+            ..Default::default()
+        };
+        let (mut hops_sum, mut hops_n) = (0u64, 0u64);
+        let mut newer: Option<(&str, HashMap<Fingerprint, u32>)> = None;
+        for (id, s) in list {
+            st.logical_bytes += s.stats.logical_bytes;
+            st.stamped_bytes += owned.get(id.as_str()).copied().unwrap_or(0);
+            match states.get(id) {
+                Some(VersionState::Live) => st.live += 1,
+                Some(VersionState::Archival) => st.archival += 1,
+                Some(VersionState::Expired) => st.expired += 1,
+                None => {}
+            }
+            let Some(a) = &s.archival else {
+                if states.get(id) == Some(&VersionState::Archival) {
+                    st.pending += 1;
+                }
+                newer = Some((id, HashMap::new()));
+                continue;
+            };
+            st.reverse_deduplicated += 1;
+            st.direct_bytes += a.direct_bytes;
+            st.indirect_bytes += a.indirect_bytes;
+            let r = repo.load_recipe(&s.recipe)?;
+            let next_hops = newer
+                .as_ref()
+                .filter(|(nid, _)| a.next.as_deref() == Some(*nid))
+                .map(|(_, h)| h);
+            let mut hops: HashMap<Fingerprint, u32> = HashMap::new();
+            for c in recipe_refs(&r) {
+                if c.is_indirect() {
+                    let h = 1 + next_hops.and_then(|m| m.get(&c.fp)).copied().unwrap_or(0);
+                    hops.insert(c.fp, h);
+                    hops_sum += h as u64;
+                    hops_n += 1;
+                    st.max_chain_length = st.max_chain_length.max(h);
+                }
+            }
+            newer = Some((id, hops));
+        }
+        st.avg_chain_length = if hops_n == 0 {
+            0.0
+        } else {
+            hops_sum as f64 / hops_n as f64
+        };
+        out.push(st);
+    }
+    Ok(out)
 }

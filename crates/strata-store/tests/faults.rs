@@ -82,7 +82,7 @@ impl Env {
         for v in versions {
             assert_restores(
                 repo,
-                &v.recipe,
+                &v.id,
                 &self.src,
                 &self.scratch,
                 &v.tree,
@@ -364,7 +364,8 @@ fn corrupted_read_is_reported(encrypted: bool) {
     let bad = open_repo(fb.clone());
 
     let target = tempfile::tempdir_in(&env.scratch).unwrap();
-    match restore(&bad, &recipe, &RestoreOptions::new(target.path())) {
+    let vsnap = bad.load_snapshot(&v.id).unwrap();
+    match restore(&bad, &vsnap, &recipe, &RestoreOptions::new(target.path())) {
         Ok(_) => panic!("restore of a corrupted container succeeded"),
         Err(e) => {
             let msg = e.to_string();
@@ -388,7 +389,8 @@ fn corrupted_read_is_reported(encrypted: bool) {
             })
         })
         .expect("a file with a chunk in the corrupted region");
-    let e = strata_store::restore::dump(&bad, &recipe, node, &mut std::io::sink())
+    let snap = bad.load_snapshot(&v.id).unwrap();
+    let e = strata_store::restore::dump(&bad, &snap, &recipe, node, &mut std::io::sink())
         .expect_err("dump of a corrupted region succeeded");
     assert!(e.to_string().contains(&victim.to_hex()), "{e}");
 
@@ -706,21 +708,20 @@ fn gc_copy_forward(encrypted: bool) {
     assert!(r.containers_written > 0, "{r:?}");
     assert!(r.bytes_freed > 0, "{r:?}");
     let after: HashSet<String> = object_names(b.as_ref(), "data/").into_iter().collect();
-    // Some retained recipe references a container that gc replaced, so its
-    // restore goes through the fingerprint fallback.
-    let mut moved = 0;
-    for v in &versions {
-        let recipe = repo.load_recipe(&v.recipe).unwrap();
-        moved += recipe
-            .containers
-            .iter()
-            .filter(|c| before.contains(&data_name(c)) && !after.contains(&data_name(c)))
-            .count();
-    }
+    // Retained recipes referenced containers that gc replaced: they were
+    // rewritten to the copies, so none points at a vanished container.
     assert!(
-        moved > 0,
-        "no retained recipe lost a container; test is too weak"
+        r.recipes_remapped > 0,
+        "no retained recipe lost a container; test is too weak: {r:?}"
     );
+    assert!(before.iter().any(|c| !after.contains(c)));
+    for v in &versions {
+        let s = repo.load_snapshot(&v.id).unwrap();
+        let recipe = repo.load_recipe(&s.recipe).unwrap();
+        for c in &recipe.containers {
+            assert!(after.contains(&data_name(c)), "stale reference to {c}");
+        }
+    }
     env.assert_versions(&repo, &versions, "after copy-forward");
     let rep = check_report(&repo, true);
     assert!(rep.ok(), "{:?}", rep.errors);

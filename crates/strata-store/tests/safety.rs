@@ -184,7 +184,7 @@ fn traversal_and_absolute_paths_are_refused() {
         recipe.nodes.push(fx.file_node(bad));
         let stored = fx.store(&recipe);
         let target = fx.target(&format!("t{i}"));
-        match restore(&fx.repo, &stored, &opts(&target)) {
+        match restore(&fx.repo, &fx.snapshot, &stored, &opts(&target)) {
             Err(StoreError::UnsafePath(p)) => {
                 assert!(!p.is_empty(), "{what}: UnsafePath names no path")
             }
@@ -195,7 +195,7 @@ fn traversal_and_absolute_paths_are_refused() {
         let mut recipe = fx.recipe.clone();
         recipe.nodes.push(bare_node(bad, NodeKind::Dir));
         assert!(
-            restore(&fx.repo, &recipe, &opts(&target)).is_err(),
+            restore(&fx.repo, &fx.snapshot, &recipe, &opts(&target)).is_err(),
             "{what}: directory node accepted"
         );
         assert!(!Path::new("/abs/evil").exists());
@@ -211,7 +211,7 @@ fn file_below_a_symlink_in_the_same_recipe_is_refused() {
     recipe.nodes.push(fx.file_node(b"link/evil"));
     let stored = fx.store(&recipe);
     let target = fx.target("t");
-    let r = restore(&fx.repo, &stored, &opts(&target));
+    let r = restore(&fx.repo, &fx.snapshot, &stored, &opts(&target));
     assert!(r.is_err(), "restore through a symlink succeeded");
     fx.assert_outside_untouched();
 
@@ -222,7 +222,7 @@ fn file_below_a_symlink_in_the_same_recipe_is_refused() {
     recipe.nodes.push(symlink_node(b"zlink", &fx.outside));
     let stored = fx.store(&recipe);
     let target = fx.target("t2");
-    assert!(restore(&fx.repo, &stored, &opts(&target)).is_err());
+    assert!(restore(&fx.repo, &fx.snapshot, &stored, &opts(&target)).is_err());
     fx.assert_outside_untouched();
     assert!(!fx.outside.join("sub").exists());
 }
@@ -235,7 +235,7 @@ fn existing_symlink_in_the_target_is_not_followed() {
     // its own: symlinks may point anywhere).
     let mut plant = fx.recipe.clone();
     plant.nodes.push(symlink_node(b"link", &fx.outside));
-    restore(&fx.repo, &fx.store(&plant), &opts(&target)).unwrap();
+    restore(&fx.repo, &fx.snapshot, &fx.store(&plant), &opts(&target)).unwrap();
     assert!(fs::symlink_metadata(target.join("link"))
         .unwrap()
         .file_type()
@@ -256,7 +256,7 @@ fn existing_symlink_in_the_target_is_not_followed() {
     {
         let mut recipe = fx.recipe.clone();
         recipe.nodes.extend(nodes);
-        let r = restore(&fx.repo, &fx.store(&recipe), &opts(&target));
+        let r = restore(&fx.repo, &fx.snapshot, &fx.store(&recipe), &opts(&target));
         assert!(
             r.is_err(),
             "case {i}: restore through a planted symlink succeeded"
@@ -284,7 +284,7 @@ fn hardlink_targets_are_checked() {
             ..bare_node(b"evil", NodeKind::Hardlink)
         });
         let target = fx.target(&format!("h{i}"));
-        let r = restore(&fx.repo, &fx.store(&recipe), &opts(&target));
+        let r = restore(&fx.repo, &fx.snapshot, &fx.store(&recipe), &opts(&target));
         assert!(
             matches!(r, Err(StoreError::UnsafePath(_))),
             "case {i}: hard link to a path outside the target was not refused"
@@ -313,7 +313,7 @@ fn metadata_pass_does_not_follow_symlinks() {
     });
     recipe.nodes.push(symlink_node(b"p", &victim));
     let target = fx.target("t");
-    let r = restore(&fx.repo, &fx.store(&recipe), &opts(&target));
+    let r = restore(&fx.repo, &fx.snapshot, &fx.store(&recipe), &opts(&target));
     let mode = fs::metadata(&victim).unwrap().permissions().mode() & 0o7777;
     assert_eq!(
         mode,
@@ -339,7 +339,7 @@ fn metadata_pass_does_not_follow_existing_symlink() {
         mode: 0o010777,
         ..bare_node(b"p", NodeKind::Fifo)
     });
-    let r = restore(&fx.repo, &fx.store(&recipe), &opts(&target));
+    let r = restore(&fx.repo, &fx.snapshot, &fx.store(&recipe), &opts(&target));
     let mode = fs::metadata(&victim).unwrap().permissions().mode() & 0o7777;
     assert_eq!(
         mode,

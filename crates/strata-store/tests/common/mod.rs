@@ -35,6 +35,9 @@ pub fn small_init(encrypted: bool) -> InitOptions {
         container_size: 256 << 10,
         region_size: 32 << 10,
         chunker,
+        // The chunk-level baseline: most fault tests count chunks; the
+        // lifecycle tests use `segment`.
+        index: "exact".into(),
         ..Default::default()
     }
 }
@@ -205,35 +208,33 @@ pub fn backup_paths(repo: &Repository, paths: &[&Path]) -> Result<BackupReport> 
     )
 }
 
-/// Restores the snapshot `id` into a fresh directory below `scratch` and
-/// returns the tree found where `src` was.
-pub fn restore_tree(
-    repo: &Repository,
-    snapshot_recipe: &str,
-    src: &Path,
-    scratch: &Path,
-    what: &str,
-) -> Tree {
+/// Restores the snapshot `id` (through its current recipe, as `strata
+/// restore` does) into a fresh directory below `scratch` and returns the
+/// tree found where `src` was.
+pub fn restore_tree(repo: &Repository, id: &str, src: &Path, scratch: &Path, what: &str) -> Tree {
     let target = tempfile::tempdir_in(scratch).unwrap();
+    let snap = repo
+        .load_snapshot(id)
+        .unwrap_or_else(|e| panic!("{what}: load snapshot {id}: {e}"));
     let recipe = repo
-        .load_recipe(snapshot_recipe)
-        .unwrap_or_else(|e| panic!("{what}: load recipe {snapshot_recipe}: {e}"));
-    if let Err(e) = restore(repo, &recipe, &RestoreOptions::new(target.path())) {
-        panic!("{what}: restore of recipe {snapshot_recipe} failed: {e}");
+        .load_recipe(&snap.recipe)
+        .unwrap_or_else(|e| panic!("{what}: load recipe of {id}: {e}"));
+    if let Err(e) = restore(repo, &snap, &recipe, &RestoreOptions::new(target.path())) {
+        panic!("{what}: restore of snapshot {id} failed: {e}");
     }
     read_tree(&restored_path(target.path(), src))
 }
 
-/// Asserts that a recipe restores to exactly `expected`.
+/// Asserts that snapshot `id` restores to exactly `expected`.
 pub fn assert_restores(
     repo: &Repository,
-    recipe: &str,
+    id: &str,
     src: &Path,
     scratch: &Path,
     expected: &Tree,
     what: &str,
 ) {
-    let got = restore_tree(repo, recipe, src, scratch, what);
+    let got = restore_tree(repo, id, src, scratch, what);
     if &got != expected {
         panic!(
             "{what}: restored tree differs from the backed-up one:\n{}",

@@ -1,0 +1,591 @@
+//! The RevDedup lifecycle (issue 4) under random histories: backups of
+//! several series that share content, `maintain` (reverse dedup, expiry,
+//! pool compaction), policy changes, forgets of any version (old, middle,
+//! newest), gc, and crashes in the middle of maintain and gc. After every
+//! step every retained version restores byte-exact and `check
+//! --read-data` is clean; after maintain the pool holds only what live-form
+//! versions use (within the compaction threshold); after gc nothing
+//! unreferenced remains beyond gc's threshold, and no stamped container
+//! outlives its owner.
+
+mod common;
+
+use common::*;
+use proptest::prelude::*;
+use proptest::sample::Index;
+use std::collections::{BTreeMap, HashSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use strata_store::backup::{backup, BackupOptions};
+use strata_store::gc::{forget, gc, mark_live, GcOptions};
+use strata_store::index::RepoIndex;
+use strata_store::lifecycle::{set_policy, Policy};
+use strata_store::revdedup::{maintain, MaintainOptions};
+use strata_store::Repository;
+
+const SERIES: usize = 3;
+/// Content blocks shared by all series (so segments and chunks repeat
+/// across series), 8 KiB each.
+const BLOCKS: u64 = 24;
+const BLOCK: usize = 8 << 10;
+
+#[derive(Clone, Debug)]
+enum Edit {
+    /// Overwrite part of a file with fresh bytes.
+    Modify {
+        file: Index,
+        pos: Index,
+        seed: u64,
+    },
+    /// Replace a file by shared blocks (content other series also hold).
+    Shared {
+        file: Index,
+        blocks: Vec<u64>,
+    },
+    /// Give a file back an earlier content of this series (A → B → A).
+    Revert {
+        file: Index,
+        back: Index,
+    },
+    /// A new file of fresh and shared content.
+    Add {
+        seed: u64,
+        blocks: Vec<u64>,
+    },
+    Delete {
+        file: Index,
+    },
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    Backup {
+        series: usize,
+        edits: Vec<Edit>,
+    },
+    Maintain {
+        threshold: f64,
+    },
+    Policy {
+        series: usize,
+        live: u32,
+        retain: Option<u32>,
+    },
+    Forget(Index),
+    Gc,
+    /// maintain killed after this many writes.
+    CrashMaintain(u64),
+    /// gc killed after this many writes.
+    CrashGc(u64),
+}
+
+fn edit() -> impl Strategy<Value = Edit> {
+    let blocks = prop::collection::vec(0..BLOCKS, 1..5);
+    prop_oneof![
+        3 => (any::<Index>(), any::<Index>(), any::<u64>())
+            .prop_map(|(file, pos, seed)| Edit::Modify { file, pos, seed }),
+        2 => (any::<Index>(), blocks.clone()).prop_map(|(file, blocks)| Edit::Shared { file, blocks }),
+        1 => (any::<Index>(), any::<Index>()).prop_map(|(file, back)| Edit::Revert { file, back }),
+        1 => (any::<u64>(), blocks).prop_map(|(seed, blocks)| Edit::Add { seed, blocks }),
+        1 => any::<Index>().prop_map(|file| Edit::Delete { file }),
+    ]
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        8 => (0..SERIES, prop::collection::vec(edit(), 0..4))
+            .prop_map(|(series, edits)| Step::Backup { series, edits }),
+        4 => prop_oneof![Just(0.0), Just(0.2), Just(0.5)]
+            .prop_map(|threshold| Step::Maintain { threshold }),
+        2 => (0..SERIES, 1..3u32, prop::option::of(1..5u32))
+            .prop_map(|(series, live, retain)| Step::Policy { series, live, retain }),
+        2 => any::<Index>().prop_map(Step::Forget),
+        1 => Just(Step::Gc),
+        2 => (0..80u64).prop_map(Step::CrashMaintain),
+        1 => (0..40u64).prop_map(Step::CrashGc),
+    ]
+}
+
+fn block(i: u64) -> Vec<u8> {
+    random_bytes(0xB10C + i, BLOCK)
+}
+
+/// One series' source directory and its content history.
+struct Source {
+    dir: PathBuf,
+    files: BTreeMap<String, Vec<u8>>,
+    /// Every content each file name ever had (for reverts).
+    history: BTreeMap<String, Vec<Vec<u8>>>,
+    next: u64,
+}
+
+impl Source {
+    fn new(root: &Path, s: usize) -> Self {
+        let dir = root.join(format!("s{s}"));
+        fs::create_dir_all(&dir).unwrap();
+        let mut src = Source {
+            dir,
+            files: BTreeMap::new(),
+            history: BTreeMap::new(),
+            next: 0,
+        };
+        // Every series starts from the same base plus a file of its own.
+        for f in 0..3u64 {
+            let data: Vec<u8> = (0..4).flat_map(|b| block(f * 4 + b)).collect();
+            src.put(format!("base{f}"), data);
+        }
+        src.put("own".into(), random_bytes(1000 + s as u64, 30_000));
+        src
+    }
+
+    fn put(&mut self, name: String, data: Vec<u8>) {
+        fs::write(self.dir.join(&name), &data).unwrap();
+        self.history
+            .entry(name.clone())
+            .or_default()
+            .push(data.clone());
+        self.files.insert(name, data);
+    }
+
+    fn pick(&self, i: &Index) -> Option<String> {
+        if self.files.is_empty() {
+            return None;
+        }
+        self.files.keys().nth(i.index(self.files.len())).cloned()
+    }
+
+    fn apply(&mut self, e: &Edit) {
+        match e {
+            Edit::Modify { file, pos, seed } => {
+                let Some(name) = self.pick(file) else { return };
+                let mut d = self.files[&name].clone();
+                let len = 3000.min(d.len());
+                let at = pos.index(d.len() - len + 1);
+                d[at..at + len].copy_from_slice(&random_bytes(*seed, len));
+                self.put(name, d);
+            }
+            Edit::Shared { file, blocks } => {
+                let Some(name) = self.pick(file) else { return };
+                self.put(name, blocks.iter().flat_map(|b| block(*b)).collect());
+            }
+            Edit::Revert { file, back } => {
+                let Some(name) = self.pick(file) else { return };
+                let h = &self.history[&name];
+                let d = h[back.index(h.len())].clone();
+                self.put(name, d);
+            }
+            Edit::Add { seed, blocks } => {
+                let mut d = random_bytes(*seed, 5000);
+                d.extend(blocks.iter().flat_map(|b| block(*b)));
+                self.next += 1;
+                self.put(format!("new{}", self.next), d);
+            }
+            Edit::Delete { file } => {
+                if self.files.len() <= 1 {
+                    return;
+                }
+                let Some(name) = self.pick(file) else { return };
+                fs::remove_file(self.dir.join(&name)).unwrap();
+                self.files.remove(&name);
+            }
+        }
+    }
+
+    fn tree(&self) -> Tree {
+        Tree {
+            files: self.files.clone(),
+            ..Default::default()
+        }
+    }
+}
+
+/// A retained version the test expects.
+struct Version {
+    series: usize,
+    number: u32,
+    tree: Tree,
+}
+
+struct World {
+    repo: Repository,
+    fb: std::sync::Arc<FaultBackend>,
+    sources: Vec<Source>,
+    /// Snapshot id → what it must restore to.
+    versions: BTreeMap<String, Version>,
+    policies: Vec<Policy>,
+    scratch: PathBuf,
+}
+
+fn series_name(s: usize) -> String {
+    format!("series-{s}")
+}
+
+impl World {
+    fn backup(&mut self, s: usize, what: &str) {
+        let src = &self.sources[s];
+        let r = backup(
+            &self.repo,
+            BackupOptions {
+                paths: vec![src.dir.clone()],
+                series: Some(series_name(s)),
+                threads: 2,
+                ..Default::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{what}: backup failed: {e}"));
+        assert!(r.warnings.is_empty(), "{what}: {:?}", r.warnings);
+        self.versions.insert(
+            r.id,
+            Version {
+                series: s,
+                number: r.snapshot.version,
+                tree: src.tree(),
+            },
+        );
+    }
+
+    /// The ids a policy keeps, per series: the newest `retain`.
+    fn expected_after_expiry(&self) -> HashSet<String> {
+        let mut keep = HashSet::new();
+        for s in 0..SERIES {
+            let mut list: Vec<(&String, u32)> = self
+                .versions
+                .iter()
+                .filter(|(_, v)| v.series == s)
+                .map(|(id, v)| (id, v.number))
+                .collect();
+            list.sort_by_key(|x| std::cmp::Reverse(x.1));
+            let n = self.policies[s].retain.map_or(usize::MAX, |r| r as usize);
+            keep.extend(list.into_iter().take(n).map(|(id, _)| id.clone()));
+        }
+        keep
+    }
+
+    /// Takes the repository's word for which versions a killed maintain
+    /// already expired: only versions past retention may be missing.
+    fn reconcile(&mut self, what: &str) {
+        let listed: HashSet<String> = self
+            .repo
+            .list_snapshots()
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        let keep = self.expected_after_expiry();
+        for id in self.versions.keys() {
+            assert!(
+                listed.contains(id) || !keep.contains(id),
+                "{what}: retained snapshot {id} vanished"
+            );
+        }
+        self.versions.retain(|id, _| listed.contains(id));
+    }
+
+    fn verify(&self, what: &str) {
+        let listed: HashSet<String> = self
+            .repo
+            .list_snapshots()
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        let expected: HashSet<String> = self.versions.keys().cloned().collect();
+        assert_eq!(listed, expected, "{what}: snapshot list");
+        for (id, v) in &self.versions {
+            assert_restores(
+                &self.repo,
+                id,
+                &self.sources[v.series].dir,
+                &self.scratch,
+                &v.tree,
+                &format!("{what}: {}@{} ({id})", series_name(v.series), v.number),
+            );
+        }
+        assert_check_ok(&self.repo, true, what);
+    }
+
+    /// After a complete maintain: archival form exactly for the versions
+    /// outside the live windows; the pool within the threshold.
+    fn assert_maintained(&self, threshold: f64, what: &str) {
+        let snaps = self.repo.list_snapshots().unwrap();
+        for s in 0..SERIES {
+            let mut list: Vec<_> = snaps
+                .iter()
+                .filter(|(_, x)| x.series == series_name(s))
+                .collect();
+            list.sort_by_key(|(_, x)| std::cmp::Reverse(x.version));
+            // Outside the live window every version is in archival form.
+            // Reverse dedup is never undone: a version already archival
+            // stays so when the window grows or newer versions are
+            // forgotten.
+            for (i, (id, x)) in list.iter().enumerate() {
+                let live = (i as u32) < self.policies[s].live;
+                assert!(
+                    live || x.archival.is_some(),
+                    "{what}: {id} ({}@{}) is outside the live window but not archival",
+                    x.series,
+                    x.version,
+                );
+            }
+        }
+        let marks = mark_live(&self.repo, false).unwrap();
+        let mut metas = Vec::new();
+        RepoIndex::load(&self.repo, |m| metas.push(m.clone())).unwrap();
+        for m in metas.iter().filter(|m| m.stamp.is_none()) {
+            let live: u64 = m
+                .chunks
+                .iter()
+                .filter(|c| {
+                    marks
+                        .get(&m.id)
+                        .is_some_and(|s| s.contains(&(c.region, c.offset)))
+                })
+                .map(|c| c.len as u64)
+                .sum();
+            let raw = m.raw_bytes().max(1);
+            assert!(live > 0, "{what}: pool container {} has nothing live", m.id);
+            let dead = (raw - live) as f64 / raw as f64;
+            assert!(
+                dead <= threshold + 1e-9,
+                "{what}: pool container {} is {dead:.2} dead (threshold {threshold})",
+                m.id
+            );
+        }
+    }
+
+    /// After gc: every container is used within gc's threshold, every
+    /// stamped container belongs to a live archival owner, nothing sits
+    /// outside the index.
+    fn assert_collected(&self, what: &str) {
+        let marks = mark_live(&self.repo, true).unwrap();
+        let owners: HashSet<String> = self
+            .repo
+            .list_snapshots()
+            .unwrap()
+            .into_iter()
+            .filter(|(_, s)| s.archival.is_some())
+            .map(|(id, _)| id)
+            .collect();
+        let mut metas = Vec::new();
+        let idx = RepoIndex::load(&self.repo, |m| metas.push(m.clone())).unwrap();
+        for m in &metas {
+            if let Some(st) = &m.stamp {
+                assert!(
+                    owners.contains(&st.owner),
+                    "{what}: stamped container {} outlived its owner {}",
+                    m.id,
+                    st.owner
+                );
+            }
+            let live: u64 = m
+                .chunks
+                .iter()
+                .filter(|c| {
+                    marks
+                        .get(&m.id)
+                        .is_some_and(|s| s.contains(&(c.region, c.offset)))
+                })
+                .map(|c| c.len as u64)
+                .sum();
+            let raw = m.raw_bytes().max(1);
+            assert!(
+                (raw - live) as f64 / raw as f64 <= 0.2 + 1e-9,
+                "{what}: container {} kept with {live} of {raw} bytes live",
+                m.id
+            );
+        }
+        for o in object_names(self.fb.as_ref(), "data/") {
+            let id = o.rsplit('/').next().unwrap();
+            assert!(
+                idx.containers.keys().any(|c| c.to_hex() == id),
+                "{what}: {o} is not in the index after gc"
+            );
+        }
+    }
+}
+
+fn run(steps: &[Step], encrypted: bool) {
+    let tmp = tempfile::tempdir().unwrap();
+    if encrypted {
+        fast_kdf();
+    }
+    let fb = FaultBackend::new(&tmp.path().join("repo"));
+    let mut opts = small_init(encrypted);
+    opts.index = "segment".into();
+    let repo = Repository::init(fb.clone(), opts).unwrap();
+    let scratch = tmp.path().join("scratch");
+    fs::create_dir_all(&scratch).unwrap();
+    let src_root = tmp.path().join("src");
+    let mut w = World {
+        repo,
+        fb,
+        sources: (0..SERIES).map(|s| Source::new(&src_root, s)).collect(),
+        versions: BTreeMap::new(),
+        policies: (0..SERIES)
+            .map(|s| Policy::default_for(&series_name(s)))
+            .collect(),
+        scratch,
+    };
+    for s in 0..SERIES {
+        w.backup(s, "initial backup");
+    }
+    for (i, st) in steps.iter().enumerate() {
+        let what = format!("step {i} ({st:?})");
+        match st {
+            Step::Backup { series, edits } => {
+                for e in edits {
+                    w.sources[*series].apply(e);
+                }
+                w.backup(*series, &what);
+            }
+            Step::Maintain { threshold } => {
+                maintain(
+                    &w.repo,
+                    &MaintainOptions {
+                        threshold: *threshold,
+                        ..Default::default()
+                    },
+                )
+                .unwrap_or_else(|e| panic!("{what}: maintain failed: {e}"));
+                let keep = w.expected_after_expiry();
+                w.versions.retain(|id, _| keep.contains(id));
+                w.verify(&what);
+                w.assert_maintained(*threshold, &what);
+                continue;
+            }
+            Step::Policy {
+                series,
+                live,
+                retain,
+            } => {
+                let p = Policy {
+                    series: series_name(*series),
+                    live: *live,
+                    retain: retain.map(|r| r.max(*live)),
+                    retain_days: None,
+                };
+                set_policy(&w.repo, &p).unwrap();
+                w.policies[*series] = p;
+            }
+            Step::Forget(i) => {
+                if w.versions.is_empty() {
+                    continue;
+                }
+                let id = w.versions.keys().nth(i.index(w.versions.len())).cloned();
+                let id = id.unwrap();
+                forget(&w.repo, std::slice::from_ref(&id))
+                    .unwrap_or_else(|e| panic!("{what}: forget failed: {e}"));
+                w.versions.remove(&id);
+            }
+            Step::Gc => {
+                gc(&w.repo, &GcOptions::default())
+                    .unwrap_or_else(|e| panic!("{what}: gc failed: {e}"));
+                w.verify(&what);
+                w.assert_collected(&what);
+                continue;
+            }
+            Step::CrashMaintain(k) => {
+                w.fb.faults().mutations_left = Some(*k);
+                let r = maintain(&w.repo, &MaintainOptions::default());
+                w.fb.heal();
+                strata_store::lock::unlock(&w.repo, true).unwrap();
+                w.reconcile(&what);
+                if r.is_ok() {
+                    w.verify(&what);
+                    w.assert_maintained(0.2, &what);
+                    continue;
+                }
+            }
+            Step::CrashGc(k) => {
+                w.fb.faults().mutations_left = Some(*k);
+                let r = gc(&w.repo, &GcOptions::default());
+                w.fb.heal();
+                strata_store::lock::unlock(&w.repo, true).unwrap();
+                if r.is_ok() {
+                    w.verify(&what);
+                    w.assert_collected(&what);
+                    continue;
+                }
+            }
+        }
+        w.verify(&what);
+    }
+    // Finally: complete maintain and gc leave a clean, collected repository.
+    maintain(&w.repo, &MaintainOptions::default()).unwrap();
+    let keep = w.expected_after_expiry();
+    w.versions.retain(|id, _| keep.contains(id));
+    gc(&w.repo, &GcOptions::default()).unwrap();
+    w.verify("final");
+    w.assert_maintained(0.2, "final");
+    w.assert_collected("final");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(16),
+        max_shrink_iters: 64,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn lifecycle_histories_restore_exactly(
+        steps in prop::collection::vec(step(), 1..14),
+        encrypted in any::<bool>(),
+    ) {
+        run(&steps, encrypted);
+    }
+}
+
+/// An arbitrary but fixed `Index` (proptest has no public constructor).
+fn idx(n: u64) -> Index {
+    use proptest::strategy::ValueTree;
+    let mut r = proptest::test_runner::TestRunner::deterministic();
+    for _ in 0..n {
+        any::<Index>().new_tree(&mut r).unwrap();
+    }
+    any::<Index>().new_tree(&mut r).unwrap().current()
+}
+
+/// A fixed history with every kind of step, so the main paths run even
+/// when the random cases happen to miss one.
+#[test]
+fn scripted_history() {
+    let e = |seed: u64| Edit::Modify {
+        file: idx(seed % 5),
+        pos: idx(seed % 3 + 5),
+        seed,
+    };
+    let mut steps = Vec::new();
+    for v in 0..4u64 {
+        for s in 0..SERIES {
+            steps.push(Step::Backup {
+                series: s,
+                edits: vec![e(v * 10 + s as u64)],
+            });
+        }
+    }
+    steps.push(Step::Maintain { threshold: 0.2 });
+    steps.push(Step::Policy {
+        series: 0,
+        live: 2,
+        retain: Some(3),
+    });
+    steps.push(Step::CrashMaintain(5));
+    steps.push(Step::Maintain { threshold: 0.0 });
+    steps.push(Step::Forget(idx(2)));
+    steps.push(Step::Backup {
+        series: 1,
+        edits: vec![Edit::Revert {
+            file: idx(1),
+            back: idx(0),
+        }],
+    });
+    steps.push(Step::CrashGc(7));
+    steps.push(Step::Maintain { threshold: 0.2 });
+    steps.push(Step::Gc);
+    run(&steps, false);
+}
