@@ -86,6 +86,32 @@ fn build_rich_tree(src: &Path) {
         .status()
         .unwrap();
     assert!(st.success(), "mkfifo");
+    if euid() == 0 {
+        // As root: device nodes (recorded, never read) and files owned by
+        // someone else, so ownership restore is really exercised.
+        for (name, kind, major, minor) in
+            [("chardev", "c", "1", "3"), ("blockdev", "b", "7", "200")]
+        {
+            let st = Command::new("mknod")
+                .arg(src.join(name))
+                .args([kind, major, minor])
+                .status()
+                .unwrap();
+            assert!(st.success(), "mknod {name}");
+        }
+        for (p, ids) in [
+            ("bin.dat", "1234:5678"),
+            ("nested/secret", "4321:8765"),
+            ("nested", "1111:2222"),
+        ] {
+            let st = Command::new("chown")
+                .args(["-h", ids])
+                .arg(src.join(p))
+                .status()
+                .unwrap();
+            assert!(st.success(), "chown {p}");
+        }
+    }
     // Distinct mtimes (with nanoseconds), directories last, deepest first.
     for (day, p) in (1..).zip([
         "text.txt",
@@ -1334,6 +1360,135 @@ fn revdedup_lifecycle_end_to_end() {
     expected.remove(&ids[2]);
     verify_all(&repo, &src, &expected, "after forgets");
     let v = repo.assert_clean("after forgets");
+    assert_eq!(v["warnings"], json!([]), "{v:#}");
+}
+
+/// A file that grows while the backup reads it is kept as read, with a
+/// warning naming it (exit 3), and the snapshot commits.
+#[test]
+fn file_changing_while_read_is_warned() {
+    let repo = Repo::new();
+    let src = repo.dir().join("src");
+    let growing = src.join("growing.log");
+    write(&growing, &prng(90, 8 << 20));
+    write(&src.join("still.txt"), b"unchanged\n");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let appender = {
+        let stop = stop.clone();
+        let growing = growing.clone();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut f = fs::OpenOptions::new().append(true).open(&growing).unwrap();
+            let block = prng(91, 4096);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                f.write_all(&block).unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    // Let it grow between the walk's stat and the read.
+    std::thread::sleep(Duration::from_millis(20));
+    let r = repo.backup_run(&[&src], &["--threads", "1"]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    appender.join().unwrap();
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    let v = r.json();
+    let warnings = v["warnings"].as_array().unwrap();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| s(w).contains("growing.log") && s(w).contains("changed while it was read")),
+        "{v:#}"
+    );
+    assert_eq!(u(&v["files"]), 2, "{v:#}");
+    // The snapshot holds what was read: a prefix of the file as it is now.
+    let t = repo.dir().join("t");
+    repo.restore(s(&v["id"]), &t);
+    let got = fs::read(restored(&t, &src).join("growing.log")).unwrap();
+    let now = fs::read(&growing).unwrap();
+    assert!(got.len() >= 8 << 20 && now.starts_with(&got));
+}
+
+/// `--chunker fixed` (disk images), `--tag`, `repair index` and the default
+/// repository location, from the command line.
+#[test]
+fn fixed_chunker_tags_repair_and_default_repository() {
+    let repo = Repo::new();
+    let img = repo.dir().join("disk.img");
+    let mut data = prng(92, 3 << 20);
+    data.extend(vec![0u8; 1 << 20]);
+    data.extend(prng(93, 1 << 20));
+    write(&img, &data);
+    let v = repo.backup(
+        &[&img],
+        &["--chunker", "fixed", "--tag", "vm", "--tag", "weekly"],
+    );
+    // 4 KiB fixed chunks: 4 MiB of data, the zero MiB not stored.
+    assert_eq!(u(&v["new_chunks"]), 1024, "{v:#}");
+    let snaps = repo.json(&["snapshots"]);
+    assert_eq!(snaps[0]["tags"], json!(["vm", "weekly"]), "{snaps:#}");
+    let out = repo.run(&["dump", "latest", path_str(&img)]).ok();
+    assert!(out.stdout == data, "dump differs");
+    // Lose the index; repair rebuilds it from the containers.
+    for e in fs::read_dir(repo.path.join("index")).unwrap() {
+        fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    let r = repo.json(&["repair", "index"]);
+    assert!(u(&r["containers"]) > 0, "{r}");
+    let (code, c) = repo.check(true);
+    assert_eq!(code, 0, "{c:#}");
+
+    // Without --repo or $STRATA_REPO: $XDG_DATA_HOME/strata/repo.
+    let xdg = repo.dir().join("xdg");
+    let run = |args: &[&str]| {
+        let mut c = common::strata();
+        c.env("XDG_DATA_HOME", &xdg).args(args);
+        let o = c.output().unwrap();
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    run(&["init", "--index", "exact"]);
+    run(&["backup", "--series", "x", path_str(&img)]);
+    assert!(xdg.join("strata/repo/config").exists());
+}
+
+/// A damaged snapshot object does not make the repository unusable: the
+/// others list and restore, backups go on, gc and maintain refuse until it
+/// is forgotten, and forget can drop it.
+#[test]
+fn damaged_snapshot_object_is_contained() {
+    let repo = Repo::new();
+    let a = repo.dir().join("a");
+    let b = repo.dir().join("b");
+    write(&a.join("f"), &prng(94, 100_000));
+    write(&b.join("g"), &prng(95, 100_000));
+    let va = repo.backup(&[&a], &["--series", "a"]);
+    let vb = repo.backup(&[&b], &["--series", "b"]);
+    let bad = repo.path.join("snapshots").join(s(&va["id"]));
+    let mut raw = fs::read(&bad).unwrap();
+    raw.truncate(20);
+    fs::write(&bad, raw).unwrap();
+
+    let r = repo.run(&["snapshots"]).ok();
+    assert!(r.stderr.contains("cannot be read"), "{}", r.stderr);
+    let listing = String::from_utf8_lossy(&r.stdout).into_owned();
+    assert!(listing.contains(&s(&vb["id"])[..8]), "{listing}");
+    let t = repo.dir().join("t");
+    repo.restore("b@latest", &t);
+    repo.backup(&[&b], &["--series", "b"]);
+    for cmd in [&["gc"][..], &["maintain"][..]] {
+        let r = repo.run(cmd).expect_code(1);
+        assert!(r.stderr.contains("strata forget"), "{cmd:?}: {}", r.stderr);
+    }
+    let (code, c) = repo.check(false);
+    assert_eq!(code, 1);
+    assert_eq!(c["damaged_snapshots"], json!([s(&va["id"])]), "{c:#}");
+    repo.json(&["forget", s(&va["id"])]);
+    repo.json(&["gc"]);
+    let v = repo.assert_clean("after forgetting the damaged snapshot");
     assert_eq!(v["warnings"], json!([]), "{v:#}");
 }
 

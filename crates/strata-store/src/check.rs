@@ -55,6 +55,7 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
 
     // Index objects, one by one so one bad object does not hide the rest.
     let mut metas: HashMap<ContainerId, ContainerMeta> = HashMap::new();
+    let mut index_damaged = false;
     for o in b.list("index/")? {
         // Straight from the repository: the local cache would hide damage.
         match repo.get_struct::<strata_core::format::IndexObject>(Kind::Index, &o.name, "index") {
@@ -63,7 +64,10 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
                     metas.entry(m.id).or_insert(m);
                 }
             }
-            Err(e) => rep.errors.push(format!("{e}")),
+            Err(e) => {
+                rep.errors.push(format!("{e} (run `strata repair index`)"));
+                index_damaged = true;
+            }
         }
     }
     rep.containers = metas.len() as u64;
@@ -111,7 +115,13 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
     for name in sizes.keys() {
         if let Some(id) = container_id_of(name) {
             if !metas.contains_key(&id) {
-                rep.warnings.push(format!("{name}: not in the index (left by an interrupted command; `strata gc` removes it)"));
+                // With a damaged index object, an unlisted container may
+                // well be in use: only repair can tell.
+                rep.warnings.push(if index_damaged {
+                    format!("{name}: not in any readable index object (`strata repair index` re-lists it; do not run gc before)")
+                } else {
+                    format!("{name}: not in the index (left by an interrupted command; `strata gc` removes it)")
+                });
             }
         }
     }

@@ -416,6 +416,10 @@ fn entry(p: &Path) -> Entry {
         Kind::Symlink
     } else if ft.is_fifo() {
         Kind::Fifo
+    } else if ft.is_char_device() {
+        Kind::Other(format!("char device {:x}", m.rdev()))
+    } else if ft.is_block_device() {
+        Kind::Other(format!("block device {:x}", m.rdev()))
     } else {
         Kind::Other(format!("{ft:?}"))
     };
