@@ -178,7 +178,7 @@ fn run_once(
         .collect();
     for (s, r) in systems.iter_mut().zip(&repos) {
         let _ = std::fs::remove_dir_all(r);
-        let _ = std::fs::remove_dir_all(r.with_extension("cache"));
+        let _ = std::fs::remove_dir_all(crate::systems::cache_dir(r));
         s.init(r)
             .with_context(|| format!("initialising {}", s.name()))?;
     }

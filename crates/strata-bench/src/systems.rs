@@ -34,6 +34,13 @@ pub trait System {
     }
 }
 
+/// Where a system keeps its local cache for `repo`: a sibling of the
+/// repository in the work directory (`repo-NAME.cache`), removed together
+/// with the repository before each run.
+pub fn cache_dir(repo: &Path) -> PathBuf {
+    repo.with_extension("cache")
+}
+
 fn in_target(target: &Path, src: &Path) -> PathBuf {
     target.join(src.strip_prefix("/").unwrap_or(src))
 }
@@ -57,6 +64,11 @@ impl Strata {
         let mut c = Command::new(&self.bin);
         c.arg("--repo").arg(repo).arg("--json");
         c.env_remove("STRATA_PASSWORD").env_remove("STRATA_REPO");
+        // The local index cache lives next to the repository, inside the
+        // run's work directory (the runner deletes it with the repository),
+        // so runs never read or fill ~/.cache/strata and every system starts
+        // cold the same way (restic's cache is placed alike).
+        c.env("STRATA_CACHE_DIR", cache_dir(repo));
         c
     }
 
@@ -156,7 +168,7 @@ impl Restic {
         c.arg("-r")
             .arg(repo)
             .env("RESTIC_PASSWORD", "bench")
-            .env("RESTIC_CACHE_DIR", repo.with_extension("cache"));
+            .env("RESTIC_CACHE_DIR", cache_dir(repo));
         c
     }
 }
@@ -343,4 +355,52 @@ pub fn installed(bin: &str) -> bool {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in `strata` that logs its arguments and STRATA_CACHE_DIR and
+    /// prints `features` as given.
+    pub(crate) fn fake_strata(dir: &Path, features: &str) -> (PathBuf, PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let log = dir.join("calls.log");
+        let bin = dir.join("strata");
+        let script = format!(
+            "#!/bin/sh\n\
+             echo \"$* | cache=$STRATA_CACHE_DIR\" >> '{log}'\n\
+             case \" $* \" in\n\
+             *' features '*) echo '{features}' ;;\n\
+             *' maintain '*) echo '{{\"seconds\": 0.01}}' ;;\n\
+             *' restore '*) echo '{{\"containers_read\": 3, \"regions_read\": 5}}' ;;\n\
+             *) echo '{{}}' ;;\n\
+             esac\n",
+            log = log.display()
+        );
+        std::fs::write(&bin, script).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (bin, log)
+    }
+
+    #[test]
+    fn strata_commands_use_a_cache_dir_beside_the_repo() {
+        let t = tempfile::tempdir().unwrap();
+        let (bin, log) = fake_strata(t.path(), r#"{"index_strategies": ["exact"]}"#);
+        let repo = t.path().join("work/repo-strata-exact");
+        let mut s = Strata::new(bin, "exact");
+        s.init(&repo).unwrap();
+        s.backup(&repo, "a", 1, t.path()).unwrap();
+        s.restore(&repo, "a", 1, t.path(), &t.path().join("r"))
+            .unwrap();
+        assert_eq!(s.last_restore_reads(), Some((3, 5)));
+        s.delete(&repo, &[("a".into(), 1)]).unwrap();
+        let calls = std::fs::read_to_string(log).unwrap();
+        let want = format!(
+            "cache={}",
+            t.path().join("work/repo-strata-exact.cache").display()
+        );
+        assert_eq!(calls.lines().count(), 4, "{calls}");
+        assert!(calls.lines().all(|l| l.ends_with(&want)), "{calls}");
+    }
 }
