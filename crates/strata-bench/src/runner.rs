@@ -47,10 +47,19 @@ pub struct RestoreRow {
     pub mb_per_s: f64,
     pub peak_rss_bytes: u64,
     pub cache_dropped: bool,
+    /// Bytes the restore read from storage (`read_bytes`), baseline included.
     pub storage_read_bytes: u64,
     pub syscall_read_bytes: u64,
-    /// Bytes read through syscalls per byte restored.
+    /// Bytes read through syscalls (`rchar`) per byte restored.
     pub read_per_byte: f64,
+    /// Storage reads of a trivial run of the same program after a cache
+    /// drop (loading the program), subtracted from `storage_read_bytes`.
+    #[serde(default)]
+    pub baseline_read_bytes: u64,
+    /// (`storage_read_bytes` − baseline) per byte restored; `None` when the
+    /// page cache could not be dropped (storage reads then mean nothing).
+    #[serde(default)]
+    pub storage_read_per_byte: Option<f64>,
     pub containers_read: Option<u64>,
     pub regions_read: Option<u64>,
     /// Destor's speed factor: MB restored per container read.
@@ -70,6 +79,17 @@ pub struct DeleteRow {
     pub stored_bytes_after: u64,
 }
 
+/// Storage reads of a trivial run of a system's program after a page-cache
+/// drop (see [`crate::systems::System::baseline_command`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BaselineRow {
+    pub run: usize,
+    pub system: String,
+    pub cache_dropped: bool,
+    pub storage_read_bytes: u64,
+    pub syscall_read_bytes: u64,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunResults {
     pub scenario: String,
@@ -81,6 +101,8 @@ pub struct RunResults {
     pub backups: Vec<BackupRow>,
     pub restores: Vec<RestoreRow>,
     pub deletes: Vec<DeleteRow>,
+    #[serde(default)]
+    pub baselines: Vec<BaselineRow>,
 }
 
 pub struct RunOptions {
@@ -99,6 +121,21 @@ pub struct RunOptions {
 
 fn mb(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / 1e6 / secs.max(1e-6)
+}
+
+/// Bytes read from storage per byte restored, net of `baseline` (what
+/// loading the program reads from a cold cache). `None` unless both the
+/// restore and the baseline ran after a page-cache drop: with a warm cache
+/// `read_bytes` says nothing about the repository's layout.
+pub fn storage_read_per_byte(
+    storage_read_bytes: u64,
+    baseline: Option<u64>,
+    bytes_restored: u64,
+    cache_dropped: bool,
+) -> Option<f64> {
+    let base = baseline?;
+    cache_dropped
+        .then(|| storage_read_bytes.saturating_sub(base) as f64 / bytes_restored.max(1) as f64)
 }
 
 pub fn machine() -> String {
@@ -139,6 +176,7 @@ pub fn run(
                 a.backups.append(&mut res.backups);
                 a.restores.append(&mut res.restores);
                 a.deletes.append(&mut res.deletes);
+                a.baselines.append(&mut res.baselines);
             }
         }
     }
@@ -192,7 +230,24 @@ fn run_once(
         backups: vec![],
         restores: vec![],
         deletes: vec![],
+        baselines: vec![],
     };
+    // What loading each program reads from a cold cache, to subtract from
+    // its restores' storage reads.
+    let mut baseline: Vec<Option<u64>> = Vec::new();
+    for sys in systems.iter() {
+        let dropped = drop_caches();
+        let m = crate::measure::run(&mut sys.baseline_command(), &[0])
+            .with_context(|| format!("baseline run of {}", sys.name()))?;
+        baseline.push(dropped.then_some(m.storage_read_bytes));
+        res.baselines.push(BaselineRow {
+            run,
+            system: sys.name(),
+            cache_dropped: dropped,
+            storage_read_bytes: m.storage_read_bytes,
+            syscall_read_bytes: m.syscall_read_bytes,
+        });
+    }
     let mut digests: Vec<Vec<String>> = vec![Vec::new(); series.len()];
     let mut logical: Vec<Vec<u64>> = vec![Vec::new(); series.len()];
     for v in 0..versions {
@@ -280,17 +335,25 @@ fn run_once(
                     storage_read_bytes: m.storage_read_bytes,
                     syscall_read_bytes: m.syscall_read_bytes,
                     read_per_byte: m.syscall_read_bytes as f64 / bytes.max(1) as f64,
+                    baseline_read_bytes: baseline[i].unwrap_or(0),
+                    storage_read_per_byte: storage_read_per_byte(
+                        m.storage_read_bytes,
+                        baseline[i],
+                        bytes,
+                        dropped,
+                    ),
                     containers_read: reads.map(|r| r.0),
                     regions_read: reads.map(|r| r.1),
                     mb_per_container: reads.map(|r| bytes as f64 / 1e6 / r.0.max(1) as f64),
                     verified: ok,
                 };
                 eprintln!(
-                    "restore {:<14} {}@{:<3} {:>8.1} MB/s  read/byte {:.2}{}{}",
+                    "restore {:<14} {}@{:<3} {:>8.1} MB/s  storage read/byte {}  syscall read/byte {:.2}{}{}",
                     row.system,
                     row.series,
                     v,
                     row.mb_per_s,
+                    opt_na(row.storage_read_per_byte, 2),
                     row.read_per_byte,
                     reads
                         .map(|r| format!("  containers {}", r.0))
@@ -359,7 +422,11 @@ pub struct Summary {
     pub first_restore_mb_s: f64,
     pub last_restore_mb_s: f64,
     pub median_restore_mb_s: f64,
+    /// Syscall bytes read (`rchar`) per byte restored, last version.
     pub last_restore_read_per_byte: f64,
+    /// Storage bytes read (net of the baseline) per byte restored, last
+    /// version; `None` unless the page cache was dropped.
+    pub last_restore_storage_read_per_byte: Option<f64>,
     pub last_restore_containers_per_gb: Option<f64>,
     pub max_backup_rss_mb: f64,
     pub delete_oldest_s: Option<f64>,
@@ -423,6 +490,12 @@ pub fn summarize(res: &RunResults) -> Vec<Summary> {
                 last_restore_read_per_byte: median(
                     last_r.iter().map(|x| x.read_per_byte).collect(),
                 ),
+                last_restore_storage_read_per_byte: last_r
+                    .iter()
+                    .map(|x| x.storage_read_per_byte)
+                    .collect::<Option<Vec<f64>>>()
+                    .filter(|v| !v.is_empty())
+                    .map(median),
                 last_restore_containers_per_gb: last_r.first().and_then(|x| {
                     // Deterministic across repetitions (same data, same plan).
                     x.containers_read
@@ -442,6 +515,11 @@ fn opt(v: Option<f64>, prec: usize) -> String {
         .unwrap_or_else(|| "–".into())
 }
 
+fn opt_na(v: Option<f64>, prec: usize) -> String {
+    v.map(|x| format!("{x:.prec$}"))
+        .unwrap_or_else(|| "n/a".into())
+}
+
 /// The summary as a Markdown table, plus Strata / peer ratios.
 pub fn summary_markdown(res: &RunResults) -> String {
     let sums = summarize(res);
@@ -458,15 +536,15 @@ pub fn summary_markdown(res: &RunResults) -> String {
             "no (not permitted)"
         }
     );
-    let _ = writeln!(s, "| system | logical GB | stored GB | dedup ratio | space saving | backup v1 MB/s | later backups MB/s (median) | restore first MB/s | restore last MB/s | last restore read/byte | containers/GB (last) | max backup RSS MB | delete oldest s | delete half s |");
+    let _ = writeln!(s, "| system | logical GB | stored GB | dedup ratio | space saving | backup v1 MB/s | later backups MB/s (median) | restore first MB/s | restore last MB/s | storage read/byte (last) | syscall read/byte (last) | containers/GB (last) | max backup RSS MB | delete oldest s | delete half s |");
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for x in &sums {
         let _ = writeln!(
             s,
-            "| {} | {:.2} | {:.3} | {:.2} | {:.1} % | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {} | {:.0} | {} | {} |",
+            "| {} | {:.2} | {:.3} | {:.2} | {:.1} % | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.2} | {} | {:.0} | {} | {} |",
             x.system,
             x.logical_bytes as f64 / 1e9,
             x.stored_bytes as f64 / 1e9,
@@ -476,6 +554,7 @@ pub fn summary_markdown(res: &RunResults) -> String {
             x.median_later_backup_mb_s,
             x.first_restore_mb_s,
             x.last_restore_mb_s,
+            opt_na(x.last_restore_storage_read_per_byte, 2),
             x.last_restore_read_per_byte,
             opt(x.last_restore_containers_per_gb, 1),
             x.max_backup_rss_mb,
@@ -546,11 +625,11 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
         );
     }
     std::fs::write(out.join("backups.csv"), csv)?;
-    let mut csv = String::from("system,series,version,bytes,seconds,mb_per_s,cache_dropped,storage_read_bytes,syscall_read_bytes,read_per_byte,containers_read,regions_read,mb_per_container,verified\n");
+    let mut csv = String::from("system,series,version,bytes,seconds,mb_per_s,cache_dropped,storage_read_bytes,baseline_read_bytes,storage_read_per_byte,syscall_read_bytes,syscall_read_per_byte,containers_read,regions_read,mb_per_container,verified\n");
     for r in &res.restores {
         let _ = writeln!(
             csv,
-            "{},{},{},{},{:.3},{:.2},{},{},{},{:.3},{},{},{},{}",
+            "{},{},{},{},{:.3},{:.2},{},{},{},{},{},{:.3},{},{},{},{}",
             r.system,
             r.series,
             r.version,
@@ -559,6 +638,10 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
             r.mb_per_s,
             r.cache_dropped,
             r.storage_read_bytes,
+            r.baseline_read_bytes,
+            r.storage_read_per_byte
+                .map(|x| format!("{x:.3}"))
+                .unwrap_or_default(),
             r.syscall_read_bytes,
             r.read_per_byte,
             r.containers_read.map(|x| x.to_string()).unwrap_or_default(),
@@ -621,9 +704,30 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
     )?;
     chart(
         "restore-read-per-byte.svg",
-        "bytes read per byte restored",
-        "bytes read / byte",
+        "syscall bytes read per byte restored",
+        "bytes read (rchar) / byte",
         &|n| restores(n, |b| b.read_per_byte),
+    )?;
+    let storage_title = if res
+        .restores
+        .iter()
+        .any(|r| r.storage_read_per_byte.is_some())
+    {
+        "storage bytes read per byte restored (net of program load)"
+    } else {
+        "storage bytes read per byte restored: n/a (page cache not dropped)"
+    };
+    chart(
+        "restore-storage-read-per-byte.svg",
+        storage_title,
+        "bytes read (read_bytes) / byte",
+        &|n| {
+            res.restores
+                .iter()
+                .filter(|b| b.system == n && b.series == first_series)
+                .filter_map(|b| b.storage_read_per_byte.map(|y| (b.version, y)))
+                .collect()
+        },
     )?;
     // Stored bytes after each version, all series together (the largest
     // figure of a version is the one after its last series).
@@ -639,4 +743,23 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
     })?;
     std::fs::write(out.join("summary.md"), summary_markdown(res))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_reads_net_of_the_program_baseline() {
+        // 30 MB read, 10 MB of it loading the program, 40 MB restored.
+        let v = storage_read_per_byte(30_000_000, Some(10_000_000), 40_000_000, true);
+        assert_eq!(v, Some(0.5));
+        // A baseline larger than the reads never goes negative.
+        assert_eq!(storage_read_per_byte(5, Some(10), 100, true), Some(0.0));
+        // Without a cache drop (of the restore or of the baseline): n/a.
+        assert_eq!(storage_read_per_byte(30, Some(10), 40, false), None);
+        assert_eq!(storage_read_per_byte(30, None, 40, true), None);
+        // Nothing restored: per byte of at least one byte.
+        assert_eq!(storage_read_per_byte(7, Some(2), 0, true), Some(5.0));
+    }
 }

@@ -32,6 +32,10 @@ pub trait System {
     fn last_restore_reads(&self) -> Option<(u64, u64)> {
         None
     }
+    /// A trivial run of the same program (`--version`), whose storage reads
+    /// after a page-cache drop are the cost of loading the program itself;
+    /// the runner subtracts them from each restore's reads.
+    fn baseline_command(&self) -> Command;
 }
 
 /// Where a system keeps its local cache for `repo`: a sibling of the
@@ -154,6 +158,12 @@ impl System for Strata {
     fn last_restore_reads(&self) -> Option<(u64, u64)> {
         self.last_reads
     }
+
+    fn baseline_command(&self) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.arg("--version");
+        c
+    }
 }
 
 /// restic at default settings (it always encrypts; compression `auto`).
@@ -245,6 +255,12 @@ impl System for Restic {
         c.arg("--prune");
         run(&mut c, &[0])
     }
+
+    fn baseline_command(&self) -> Command {
+        let mut c = Command::new("restic");
+        c.arg("version");
+        c
+    }
 }
 
 /// borg 1.x with encryption off and zstd level 3.
@@ -327,6 +343,12 @@ impl System for Borg {
         total.seconds += m.seconds;
         total.peak_rss_bytes = total.peak_rss_bytes.max(m.peak_rss_bytes);
         Ok(total)
+    }
+
+    fn baseline_command(&self) -> Command {
+        let mut c = borg_cmd();
+        c.arg("--version");
+        c
     }
 }
 
