@@ -219,10 +219,12 @@ fn main() -> Result<()> {
             println!("results in {}", out_dir.display());
         }
         Cmd::Report { dir } => {
-            let res: runner::RunResults = serde_json::from_slice(
+            let mut res: runner::RunResults = serde_json::from_slice(
                 &std::fs::read(dir.join("results.json"))
                     .with_context(|| format!("reading {}/results.json", dir.display()))?,
             )?;
+            // Results saved before the cumulative columns existed.
+            runner::fill_cumulative(&mut res.backups);
             runner::write_outputs(&res, &dir)?;
             println!("{}", runner::summary_markdown(&res));
         }

@@ -32,6 +32,16 @@ pub struct BackupRow {
     pub mb_per_s: f64,
     pub stored_bytes_after: u64,
     pub peak_rss_bytes: u64,
+    /// Logical bytes of every backup into this repository so far (all
+    /// series, this one included).
+    #[serde(default)]
+    pub cumulative_logical_bytes: u64,
+    /// `cumulative_logical_bytes / stored_bytes_after`.
+    #[serde(default)]
+    pub dedup_ratio: f64,
+    /// `100 × (1 − stored_bytes_after / cumulative_logical_bytes)`.
+    #[serde(default)]
+    pub space_saving_pct: f64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -121,6 +131,21 @@ pub struct RunOptions {
 
 fn mb(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / 1e6 / secs.max(1e-6)
+}
+
+/// Fills the cumulative figures of backup rows (in the order the backups
+/// ran): per repetition and system, the logical bytes backed up so far and
+/// the dedup ratio and space saving against the stored bytes after each
+/// backup. Idempotent, so `report` can fill rows saved without them.
+pub fn fill_cumulative(rows: &mut [BackupRow]) {
+    let mut acc: std::collections::HashMap<(usize, String), u64> = Default::default();
+    for r in rows {
+        let c = acc.entry((r.run, r.system.clone())).or_default();
+        *c += r.logical_bytes;
+        r.cumulative_logical_bytes = *c;
+        r.dedup_ratio = *c as f64 / r.stored_bytes_after.max(1) as f64;
+        r.space_saving_pct = 100.0 * (1.0 - r.stored_bytes_after as f64 / (*c).max(1) as f64);
+    }
 }
 
 /// Bytes read from storage per byte restored, net of `baseline` (what
@@ -277,6 +302,9 @@ fn run_once(
                     mb_per_s: mb(logical[si][v], m.seconds),
                     stored_bytes_after: tree_bytes(&repos[i]),
                     peak_rss_bytes: m.peak_rss_bytes,
+                    cumulative_logical_bytes: 0,
+                    dedup_ratio: 0.0,
+                    space_saving_pct: 0.0,
                 };
                 eprintln!(
                     "backup  {:<14} {}@{:<3} {:>8.1} MB/s  stored {:>8.1} MB",
@@ -290,6 +318,7 @@ fn run_once(
             }
         }
     }
+    fill_cumulative(&mut res.backups);
     // Restores, oldest first.
     let every = opts.restore_every.max(1);
     let selected: Vec<usize> = (1..=versions)
@@ -608,12 +637,12 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(res)?)?;
     let mut csv = String::from(
-        "system,series,version,logical_bytes,seconds,mb_per_s,stored_bytes_after,peak_rss_bytes\n",
+        "system,series,version,logical_bytes,seconds,mb_per_s,stored_bytes_after,peak_rss_bytes,cumulative_logical_bytes,dedup_ratio,space_saving_pct\n",
     );
     for r in &res.backups {
         let _ = writeln!(
             csv,
-            "{},{},{},{},{:.3},{:.2},{},{}",
+            "{},{},{},{},{:.3},{:.2},{},{},{},{:.3},{:.2}",
             r.system,
             r.series,
             r.version,
@@ -621,7 +650,10 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
             r.seconds,
             r.mb_per_s,
             r.stored_bytes_after,
-            r.peak_rss_bytes
+            r.peak_rss_bytes,
+            r.cumulative_logical_bytes,
+            r.dedup_ratio,
+            r.space_saving_pct
         );
     }
     std::fs::write(out.join("backups.csv"), csv)?;
@@ -741,6 +773,18 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
             .map(|((_, v), s)| (v, s as f64 / 1e6))
             .collect()
     })?;
+    // Space saving after each version, all series together (the row of a
+    // version with the most logical bytes so far is its last series).
+    chart("space-saving.svg", "space saving per version", "%", &|n| {
+        let mut last: std::collections::BTreeMap<(usize, usize), (u64, f64)> = Default::default();
+        for b in res.backups.iter().filter(|b| b.system == n) {
+            let e = last.entry((b.run, b.version)).or_insert((0, 0.0));
+            if b.cumulative_logical_bytes >= e.0 {
+                *e = (b.cumulative_logical_bytes, b.space_saving_pct);
+            }
+        }
+        last.into_iter().map(|((_, v), (_, p))| (v, p)).collect()
+    })?;
     std::fs::write(out.join("summary.md"), summary_markdown(res))?;
     Ok(())
 }
@@ -748,6 +792,61 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(run: usize, system: &str, version: usize, logical: u64, stored: u64) -> BackupRow {
+        BackupRow {
+            run,
+            system: system.into(),
+            series: "s".into(),
+            version,
+            logical_bytes: logical,
+            seconds: 1.0,
+            mb_per_s: 1.0,
+            stored_bytes_after: stored,
+            peak_rss_bytes: 0,
+            cumulative_logical_bytes: 0,
+            dedup_ratio: 0.0,
+            space_saving_pct: 0.0,
+        }
+    }
+
+    #[test]
+    fn cumulative_figures_per_run_and_system() {
+        let mut rows = vec![
+            row(0, "a", 1, 100, 50),
+            row(0, "b", 1, 100, 200),
+            row(0, "a", 2, 100, 50),
+            row(0, "a", 3, 200, 100),
+            row(1, "a", 1, 100, 25),
+        ];
+        fill_cumulative(&mut rows);
+        let got: Vec<(u64, f64, f64)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.cumulative_logical_bytes,
+                    r.dedup_ratio,
+                    r.space_saving_pct,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (100, 2.0, 50.0),
+                // Stored more than written: ratio < 1, negative saving.
+                (100, 0.5, -100.0),
+                (200, 4.0, 75.0),
+                (400, 4.0, 75.0),
+                // A new repetition starts from zero.
+                (100, 4.0, 75.0),
+            ]
+        );
+        // Idempotent.
+        let again = rows.clone();
+        fill_cumulative(&mut rows);
+        assert_eq!(format!("{again:?}"), format!("{rows:?}"),);
+    }
 
     #[test]
     fn storage_reads_net_of_the_program_baseline() {

@@ -87,6 +87,15 @@ fn small_sg_scenario_side_by_side() {
         .max()
         .unwrap();
     assert!(stored * 2 < logical, "stored {stored} of {logical}");
+    // Per-version cumulative figures: the last backup of a run has seen all
+    // of that run's logical bytes.
+    let last = res
+        .backups
+        .iter()
+        .rfind(|b| b.system == "strata-exact" && b.run == 0)
+        .unwrap();
+    assert_eq!(last.cumulative_logical_bytes * 2, logical);
+    assert!(last.dedup_ratio > 2.0 && last.space_saving_pct > 50.0);
     for f in [
         "results.json",
         "backups.csv",
@@ -95,6 +104,9 @@ fn small_sg_scenario_side_by_side() {
         "backup-throughput.svg",
         "restore-throughput.svg",
         "stored-bytes.svg",
+        "space-saving.svg",
+        "restore-read-per-byte.svg",
+        "restore-storage-read-per-byte.svg",
     ] {
         assert!(opts.out.join(f).exists(), "{f} missing");
     }
