@@ -632,17 +632,19 @@ pub fn summary_markdown(res: &RunResults) -> String {
     s
 }
 
-/// Writes results.json, backups.csv, restores.csv, charts and summary.md.
+/// Writes results.json, backups.csv, restores.csv, deletes.csv (every CSV
+/// row carries its repetition in `run`), charts and summary.md.
 pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(res)?)?;
     let mut csv = String::from(
-        "system,series,version,logical_bytes,seconds,mb_per_s,stored_bytes_after,peak_rss_bytes,cumulative_logical_bytes,dedup_ratio,space_saving_pct\n",
+        "run,system,series,version,logical_bytes,seconds,mb_per_s,stored_bytes_after,peak_rss_bytes,cumulative_logical_bytes,dedup_ratio,space_saving_pct\n",
     );
     for r in &res.backups {
         let _ = writeln!(
             csv,
-            "{},{},{},{},{:.3},{:.2},{},{},{},{:.3},{:.2}",
+            "{},{},{},{},{},{:.3},{:.2},{},{},{},{:.3},{:.2}",
+            r.run,
             r.system,
             r.series,
             r.version,
@@ -657,11 +659,12 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
         );
     }
     std::fs::write(out.join("backups.csv"), csv)?;
-    let mut csv = String::from("system,series,version,bytes,seconds,mb_per_s,cache_dropped,storage_read_bytes,baseline_read_bytes,storage_read_per_byte,syscall_read_bytes,syscall_read_per_byte,containers_read,regions_read,mb_per_container,verified\n");
+    let mut csv = String::from("run,system,series,version,bytes,seconds,mb_per_s,cache_dropped,storage_read_bytes,baseline_read_bytes,storage_read_per_byte,syscall_read_bytes,syscall_read_per_byte,containers_read,regions_read,mb_per_container,verified\n");
     for r in &res.restores {
         let _ = writeln!(
             csv,
-            "{},{},{},{},{:.3},{:.2},{},{},{},{},{},{:.3},{},{},{},{}",
+            "{},{},{},{},{},{:.3},{:.2},{},{},{},{},{},{:.3},{},{},{},{}",
+            r.run,
             r.system,
             r.series,
             r.version,
@@ -685,6 +688,15 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
         );
     }
     std::fs::write(out.join("restores.csv"), csv)?;
+    let mut csv = String::from("run,system,what,versions,seconds,stored_bytes_after\n");
+    for d in &res.deletes {
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{:.3},{}",
+            d.run, d.system, d.what, d.versions, d.seconds, d.stored_bytes_after
+        );
+    }
+    std::fs::write(out.join("deletes.csv"), csv)?;
     let first_series = res
         .backups
         .first()

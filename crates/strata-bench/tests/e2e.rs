@@ -100,6 +100,7 @@ fn small_sg_scenario_side_by_side() {
         "results.json",
         "backups.csv",
         "restores.csv",
+        "deletes.csv",
         "summary.md",
         "backup-throughput.svg",
         "restore-throughput.svg",
@@ -109,6 +110,19 @@ fn small_sg_scenario_side_by_side() {
         "restore-storage-read-per-byte.svg",
     ] {
         assert!(opts.out.join(f).exists(), "{f} missing");
+    }
+    // Every CSV row carries its repetition.
+    for (f, rows) in [
+        ("backups.csv", 2 * 4 * n),
+        ("restores.csv", 2 * 4 * n),
+        ("deletes.csv", 2 * 2 * n),
+    ] {
+        let text = std::fs::read_to_string(opts.out.join(f)).unwrap();
+        let mut lines = text.lines();
+        assert!(lines.next().unwrap().starts_with("run,system,"), "{f}");
+        let runs: Vec<&str> = lines.map(|l| l.split(',').next().unwrap()).collect();
+        assert_eq!(runs.len(), rows, "{f}");
+        assert_eq!(runs.iter().filter(|r| **r == "1").count(), rows / 2, "{f}");
     }
     // `report` regenerates the same summary from the saved JSON.
     let saved: runner::RunResults =
