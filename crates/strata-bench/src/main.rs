@@ -94,6 +94,9 @@ enum Cmd {
         /// Repeat the whole scenario N times; the summary quotes medians.
         #[arg(long, default_value_t = 1)]
         repeat: usize,
+        /// Skip the quick machine-limits pass at the start of the run.
+        #[arg(long)]
+        no_limits: bool,
         /// The strata binary (default: next to this program).
         #[arg(long, env = "STRATA_BIN")]
         strata: Option<PathBuf>,
@@ -107,6 +110,9 @@ enum Cmd {
         /// Size of the disk test file in MiB.
         #[arg(long, default_value_t = 1024)]
         disk_mib: usize,
+        /// The quicker pass `run` makes (smaller CPU samples, 1 GiB disk file).
+        #[arg(long, conflicts_with = "disk_mib")]
+        quick: bool,
         #[arg(long)]
         json: bool,
     },
@@ -163,6 +169,7 @@ fn main() -> Result<()> {
             restore_first_series_only,
             no_deletes,
             repeat,
+            no_limits,
             strata,
         } => {
             let bin = strata_bin(strata)?;
@@ -213,6 +220,7 @@ fn main() -> Result<()> {
                 restore_first_series_only,
                 deletes: !no_deletes,
                 repeat,
+                limits: (!no_limits).then(strata_bench::limits::Sizes::quick),
             };
             let res = runner::run(&opts, &mut list, skipped)?;
             println!("{}", runner::summary_markdown(&res));
@@ -231,9 +239,15 @@ fn main() -> Result<()> {
         Cmd::Limits {
             work,
             disk_mib,
+            quick,
             json,
         } => {
-            let l = strata_bench::limits::measure(&work, disk_mib)?;
+            let sizes = if quick {
+                strata_bench::limits::Sizes::quick()
+            } else {
+                strata_bench::limits::Sizes::full(disk_mib)
+            };
+            let l = strata_bench::limits::measure_sized(&work, sizes)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&l)?);
             } else {

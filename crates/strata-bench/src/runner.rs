@@ -113,6 +113,10 @@ pub struct RunResults {
     pub deletes: Vec<DeleteRow>,
     #[serde(default)]
     pub baselines: Vec<BaselineRow>,
+    /// The machine's limits from a quick `limits` pass at the start of the
+    /// run (`None` with `--no-limits`).
+    #[serde(default)]
+    pub limits: Option<crate::limits::Limits>,
 }
 
 pub struct RunOptions {
@@ -127,6 +131,9 @@ pub struct RunOptions {
     pub deletes: bool,
     /// Run the whole scenario this many times; summaries take medians.
     pub repeat: usize,
+    /// Measure the machine's limits with these sizes before the first run
+    /// (`None`: don't).
+    pub limits: Option<crate::limits::Sizes>,
 }
 
 fn mb(bytes: u64, secs: f64) -> f64 {
@@ -187,6 +194,18 @@ pub fn run(
     systems: &mut [Box<dyn System>],
     skipped: Vec<String>,
 ) -> Result<RunResults> {
+    let limits = if let Some(sizes) = opts.limits {
+        eprintln!("measuring machine limits (quick pass; --no-limits skips it)");
+        let l =
+            crate::limits::measure_sized(&opts.work, sizes).context("measuring machine limits")?;
+        eprintln!(
+            "limits: FastCDC {:.0} MB/s, BLAKE3 {:.0} MB/s, zstd -3 {:.0} MB/s, disk write {:.0} MB/s, read {:.0} MB/s",
+            l.fastcdc_mb_s, l.blake3_8k_mb_s, l.zstd3_mb_s, l.disk_write_mb_s, l.disk_read_mb_s
+        );
+        Some(l)
+    } else {
+        None
+    };
     let mut all: Option<RunResults> = None;
     let mut mismatches = Vec::new();
     for r in 0..opts.repeat.max(1) {
@@ -205,7 +224,8 @@ pub fn run(
             }
         }
     }
-    let res = all.expect("at least one run");
+    let mut res = all.expect("at least one run");
+    res.limits = limits;
     write_outputs(&res, &opts.out)?;
     if !mismatches.is_empty() {
         bail!(
@@ -256,6 +276,7 @@ fn run_once(
         restores: vec![],
         deletes: vec![],
         baselines: vec![],
+        limits: None,
     };
     // What loading each program reads from a cold cache, to subtract from
     // its restores' storage reads.
@@ -590,6 +611,52 @@ pub fn summary_markdown(res: &RunResults) -> String {
             opt(x.delete_oldest_s, 2),
             opt(x.delete_half_s, 2)
         );
+    }
+    let _ = writeln!(s, "\nSettings:\n");
+    for (name, settings) in &res.systems {
+        let _ = writeln!(s, "- {name}: {settings}");
+    }
+    if let Some(l) = &res.limits {
+        let _ = writeln!(
+            s,
+            "\nMachine limits (quick `limits` pass at the start of the run): FastCDC 8 KiB {:.0} MB/s, \
+             BLAKE3 8 KiB {:.0} MB/s, zstd -3 {:.0} MB/s (ratio {:.2}) on one core; disk sequential \
+             write {:.0} MB/s (fsync), read {:.0} MB/s ({}).\n",
+            l.fastcdc_mb_s,
+            l.blake3_8k_mb_s,
+            l.zstd3_mb_s,
+            l.zstd3_ratio,
+            l.disk_write_mb_s,
+            l.disk_read_mb_s,
+            if l.disk_read_cache_dropped {
+                "page cache dropped"
+            } else {
+                "page cache NOT dropped"
+            }
+        );
+        let _ = writeln!(
+            s,
+            "| system | backup v1 / disk write | later backups / disk write | restore first / disk read | restore last / disk read |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|");
+        let pct = |x: f64, lim: f64| {
+            if lim > 0.0 {
+                format!("{:.0} %", 100.0 * x / lim)
+            } else {
+                "–".into()
+            }
+        };
+        for x in &sums {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} |",
+                x.system,
+                pct(x.first_backup_mb_s, l.disk_write_mb_s),
+                pct(x.median_later_backup_mb_s, l.disk_write_mb_s),
+                pct(x.first_restore_mb_s, l.disk_read_mb_s),
+                pct(x.last_restore_mb_s, l.disk_read_mb_s)
+            );
+        }
     }
     let stratas: Vec<&Summary> = sums
         .iter()

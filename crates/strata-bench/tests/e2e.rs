@@ -56,6 +56,12 @@ fn small_sg_scenario_side_by_side() {
         restore_first_series_only: false,
         deletes: true,
         repeat: 2,
+        // Small sizes: the test only checks that limits reach the summary.
+        limits: Some(strata_bench::limits::Sizes {
+            sample_mib: 8,
+            zstd_mib: 8,
+            disk_mib: 64,
+        }),
     };
     let res =
         runner::run(&opts, &mut list, skipped).expect("scenario runs and every restore verifies");
@@ -111,6 +117,11 @@ fn small_sg_scenario_side_by_side() {
     ] {
         assert!(opts.out.join(f).exists(), "{f} missing");
     }
+    let limits = res.limits.as_ref().expect("limits measured");
+    assert!(limits.disk_write_mb_s > 0.0 && limits.zstd3_mb_s > 0.0);
+    let summary = std::fs::read_to_string(opts.out.join("summary.md")).unwrap();
+    assert!(summary.contains("backup v1 / disk write"), "{summary}");
+    assert!(summary.contains("- strata-exact: index exact"), "{summary}");
     // Every CSV row carries its repetition.
     for (f, rows) in [
         ("backups.csv", 2 * 4 * n),
