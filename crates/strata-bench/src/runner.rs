@@ -9,6 +9,15 @@
 //! restore where permitted, and verified against the recorded digest (a
 //! mismatch fails the run). Finally the oldest version is deleted, then
 //! half of the rest, and the time each system takes is recorded.
+//!
+//! Deletion with several series (GP, ddgen streams): "oldest" deletes
+//! version 1 of *every* series in one deletion (one command per system —
+//! for borg one `delete` per archive, then one `compact`), timed as a
+//! whole; "half" then deletes the even versions 2, 4, … of every series the
+//! same way, leaving versions 3, 5, …. The row records how many versions
+//! (series × versions) each deletion removed. With fewer than 3 versions
+//! per series there is nothing sensible to delete in two steps, so the
+//! deletions are skipped and the summary says so.
 
 use crate::chart::line_chart;
 use crate::gen::{self, tree_digest, GenOptions};
@@ -117,6 +126,9 @@ pub struct RunResults {
     /// run (`None` with `--no-limits`).
     #[serde(default)]
     pub limits: Option<crate::limits::Limits>,
+    /// Why no deletions were measured, if they were not.
+    #[serde(default)]
+    pub deletes_skipped: Option<String>,
 }
 
 pub struct RunOptions {
@@ -277,6 +289,7 @@ fn run_once(
         deletes: vec![],
         baselines: vec![],
         limits: None,
+        deletes_skipped: None,
     };
     // What loading each program reads from a cold cache, to subtract from
     // its restores' storage reads.
@@ -415,7 +428,16 @@ fn run_once(
             }
         }
     }
-    if opts.deletes && versions >= 3 {
+    if !opts.deletes {
+        res.deletes_skipped = Some("deletions not measured (--no-deletes)".into());
+    } else if versions < 3 {
+        let msg = format!(
+            "deletions not measured: {versions} version(s) per series, and deleting the oldest \
+             and then half of the versions needs at least 3"
+        );
+        eprintln!("{msg}");
+        res.deletes_skipped = Some(msg);
+    } else {
         for (i, sys) in systems.iter_mut().enumerate() {
             let oldest: Vec<(String, usize)> = series.iter().map(|s| (s.clone(), 1)).collect();
             let m = sys.delete(&repos[i], &oldest)?;
@@ -695,6 +717,9 @@ pub fn summary_markdown(res: &RunResults) -> String {
     }
     if !res.skipped.is_empty() {
         let _ = writeln!(s, "\nSkipped: {}", res.skipped.join("; "));
+    }
+    if let Some(d) = &res.deletes_skipped {
+        let _ = writeln!(s, "\nNote: {d}.");
     }
     s
 }
