@@ -22,7 +22,7 @@ struct Cli {
 
 #[derive(clap::Args, Clone)]
 struct GenArgs {
-    /// Workload: sg, ddgen, smallfiles, vmfleet.
+    /// Workload: sg, ddgen, smallfiles, vmfleet (and for `gen` only: primary, trace).
     kind: String,
     /// Preset (sg: SG1..SG5, GP).
     #[arg(long)]
@@ -58,16 +58,25 @@ impl GenArgs {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Write one version of a workload into a directory (series 0, or all series as subdirectories).
+    /// Write one version of a workload into a directory (series 0, or all
+    /// series as subdirectories), or a `primary` block-write trace or a
+    /// `trace` fingerprint stream into a file (`--out -`: stdout).
     Gen {
         #[command(flatten)]
         gen: GenArgs,
-        /// Output directory.
+        /// Output directory (tree workloads) or file, `-` for stdout (primary, trace).
         #[arg(long)]
         out: PathBuf,
         /// Which version to produce (1-based; earlier versions are generated and overwritten in place).
         #[arg(long, default_value_t = 1)]
         version: usize,
+        /// primary: bytes of 4 KiB block writes in the trace; trace: logical
+        /// size of version 1 of the stream (e.g. 256M, 10GiB, 1TB).
+        #[arg(long, value_parser = gen::parse_size)]
+        size: Option<u64>,
+        /// primary: size of the volume written to (default: --size).
+        #[arg(long, value_parser = gen::parse_size)]
+        volume_size: Option<u64>,
     },
     /// Run a scenario through several systems side by side.
     Run {
@@ -130,6 +139,69 @@ fn strata_bin(explicit: Option<PathBuf>) -> Result<PathBuf> {
     bail!("no strata binary next to {}; build it (cargo build --release -p strata-cli) or pass --strata", me.display())
 }
 
+/// `gen primary` / `gen trace`: writes the stream to `out` (`-`: stdout)
+/// and a one-line description to stderr.
+fn gen_stream(
+    kind: &str,
+    args: &GenArgs,
+    out: &std::path::Path,
+    size: Option<u64>,
+    volume_size: Option<u64>,
+) -> Result<()> {
+    use std::io::Write;
+    if args.preset.is_some() || args.base.is_some() || args.streams.is_some() {
+        bail!("`gen {kind}` takes --size, --seed and --versions (trace), not --preset, --base or --streams");
+    }
+    let mut w: Box<dyn Write> = if out.as_os_str() == "-" {
+        Box::new(std::io::BufWriter::with_capacity(
+            1 << 20,
+            std::io::stdout().lock(),
+        ))
+    } else {
+        Box::new(std::io::BufWriter::with_capacity(
+            1 << 20,
+            std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?,
+        ))
+    };
+    let block = gen::primary::BLOCK_SIZE as u64;
+    if kind == "primary" {
+        if args.versions.is_some() {
+            bail!("`gen primary` writes one trace; use --size for its length");
+        }
+        let size = size.unwrap_or(256 << 20);
+        let writes = size.div_ceil(block).max(1);
+        let volume = volume_size.unwrap_or(size).max(block);
+        let cfg = gen::primary::PrimaryConfig::new(args.seed, volume, writes);
+        let n = gen::primary::write_trace(&mut w, gen::primary::PrimaryTrace::new(cfg))?;
+        w.flush()?;
+        eprintln!(
+            "primary trace (iDedup §3.1/§5): {n} writes of {block} B ({:.1} MB) into a {:.1} MB volume; seed {}",
+            (n * block) as f64 / 1e6,
+            volume as f64 / 1e6,
+            args.seed
+        );
+    } else {
+        if volume_size.is_some() {
+            bail!("--volume-size is for `gen primary`");
+        }
+        let size = size.unwrap_or(1 << 30);
+        let versions = args.versions.unwrap_or(10);
+        if versions == 0 {
+            bail!("versions must be at least 1");
+        }
+        let cfg = gen::trace::TraceConfig::new(args.seed, size, versions);
+        let mut t = gen::trace::FingerprintTrace::new(cfg);
+        let n = gen::trace::write_trace(&mut w, &mut t)?;
+        w.flush()?;
+        eprintln!(
+            "fingerprint trace (SiLo §4): {versions} versions from {:.1} MB, {n} records; seed {}",
+            size as f64 / 1e6,
+            args.seed
+        );
+    }
+    Ok(())
+}
+
 fn timestamp() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -141,7 +213,20 @@ fn timestamp() -> String {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Gen { gen, out, version } => {
+        Cmd::Gen {
+            gen,
+            out,
+            version,
+            size,
+            volume_size,
+        } => {
+            let kind = gen.kind.to_ascii_lowercase();
+            if kind == "primary" || kind == "trace" {
+                return gen_stream(&kind, &gen, &out, size, volume_size);
+            }
+            if size.is_some() || volume_size.is_some() {
+                bail!("--size and --volume-size are for `gen primary` and `gen trace`");
+            }
             let mut wl = gen::workload(&gen.kind, &gen.options())?;
             let series = wl.series();
             if version == 0 || version > wl.versions() {
