@@ -41,6 +41,10 @@ struct GenArgs {
     /// Parallel streams / series.
     #[arg(long)]
     streams: Option<usize>,
+    /// sg: make every version one disk image of the tree (files at 4 KiB-aligned
+    /// offsets, stable allocation) instead of the tree itself.
+    #[arg(long)]
+    image: bool,
 }
 
 impl GenArgs {
@@ -52,6 +56,7 @@ impl GenArgs {
             versions: self.versions,
             base: self.base.clone(),
             streams: self.streams,
+            image: self.image,
         }
     }
 }
@@ -149,7 +154,7 @@ fn gen_stream(
     volume_size: Option<u64>,
 ) -> Result<()> {
     use std::io::Write;
-    if args.preset.is_some() || args.base.is_some() || args.streams.is_some() {
+    if args.preset.is_some() || args.base.is_some() || args.streams.is_some() || args.image {
         bail!("`gen {kind}` takes --size, --seed and --versions (trace), not --preset, --base or --streams");
     }
     let mut w: Box<dyn Write> = if out.as_os_str() == "-" {
@@ -294,7 +299,8 @@ fn main() -> Result<()> {
             }
             let name = format!("{}-{}", gen.kind, gen.preset.clone().unwrap_or_default())
                 .trim_end_matches('-')
-                .to_lowercase();
+                .to_lowercase()
+                + if gen.image { "-image" } else { "" };
             let out_dir = out.join(format!("{name}-{}", timestamp()));
             let opts = RunOptions {
                 scenario: gen.kind.clone(),

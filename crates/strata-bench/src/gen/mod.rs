@@ -3,7 +3,8 @@
 //!
 //! Tree workloads (implement [`Workload`], chosen by [`workload`]):
 //!
-//! * [`sg`] — RevDedup §4.1 synthetic series SG1–SG5 and GP (Table I).
+//! * [`sg`] — RevDedup §4.1 synthetic series SG1–SG5 and GP (Table I),
+//!   as trees or (`image`) as one disk image per version ([`image`]).
 //! * [`ddgen`] — Data Domain §8.2.1 load generator: generations with
 //!   deletions, shuffles and additions at a 5 % change rate, N streams.
 //! * [`smallfiles`] — source-tree releases dominated by small files (the
@@ -23,6 +24,7 @@ pub mod content;
 pub mod ddgen;
 mod extents;
 pub mod fsutil;
+pub mod image;
 pub mod primary;
 pub mod rng;
 pub mod sg;
@@ -45,6 +47,9 @@ pub struct GenOptions {
     pub base: Option<PathBuf>,
     /// Parallel streams / series where the workload has them.
     pub streams: Option<usize>,
+    /// `sg` only: every version is one disk image of the tree
+    /// ([`image`]) instead of the tree itself.
+    pub image: bool,
 }
 
 impl Default for GenOptions {
@@ -56,6 +61,7 @@ impl Default for GenOptions {
             versions: None,
             base: None,
             streams: None,
+            image: false,
         }
     }
 }
@@ -94,6 +100,9 @@ pub fn workload(kind: &str, opts: &GenOptions) -> anyhow::Result<Box<dyn Workloa
         if !b.exists() {
             anyhow::bail!("base {} does not exist", b.display());
         }
+    }
+    if opts.image && !kind.eq_ignore_ascii_case("sg") {
+        anyhow::bail!("--image is for the sg workload (vmfleet versions are disk images already)");
     }
     Ok(match kind.to_ascii_lowercase().as_str() {
         "sg" => Box::new(sg::SgWorkload::new(opts)?),
