@@ -51,6 +51,11 @@ pub struct BackupRow {
     /// `100 × (1 − stored_bytes_after / cumulative_logical_bytes)`.
     #[serde(default)]
     pub space_saving_pct: f64,
+    /// Wall time of the out-of-line maintenance run after this backup
+    /// (`strata maintain` for a segment index with the RevDedup lifecycle);
+    /// `stored_bytes_after` is measured after it.
+    #[serde(default)]
+    pub maintain_seconds: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -326,6 +331,11 @@ fn run_once(
                     .with_context(|| {
                         format!("{} backup of {}@{}", sys.name(), series[si], v + 1)
                     })?;
+                // Out-of-line maintenance after the backup (Strata's
+                // RevDedup lifecycle), timed apart; stored bytes after it.
+                let maint = sys.after_backup(&repos[i]).with_context(|| {
+                    format!("{} maintenance after {}@{}", sys.name(), series[si], v + 1)
+                })?;
                 let row = BackupRow {
                     run,
                     system: sys.name(),
@@ -339,14 +349,18 @@ fn run_once(
                     cumulative_logical_bytes: 0,
                     dedup_ratio: 0.0,
                     space_saving_pct: 0.0,
+                    maintain_seconds: maint.map(|m| m.seconds),
                 };
                 eprintln!(
-                    "backup  {:<14} {}@{:<3} {:>8.1} MB/s  stored {:>8.1} MB",
+                    "backup  {:<14} {}@{:<3} {:>8.1} MB/s  stored {:>8.1} MB{}",
                     row.system,
                     row.series,
                     row.version,
                     row.mb_per_s,
-                    row.stored_bytes_after as f64 / 1e6
+                    row.stored_bytes_after as f64 / 1e6,
+                    row.maintain_seconds
+                        .map(|s| format!("  maintain {s:.2} s"))
+                        .unwrap_or_default()
                 );
                 res.backups.push(row);
             }
@@ -501,6 +515,8 @@ pub struct Summary {
     pub last_restore_storage_read_per_byte: Option<f64>,
     pub last_restore_containers_per_gb: Option<f64>,
     pub max_backup_rss_mb: f64,
+    /// Median wall time of the maintenance run after each backup.
+    pub median_maintain_s: Option<f64>,
     pub delete_oldest_s: Option<f64>,
     pub delete_half_s: Option<f64>,
 }
@@ -575,6 +591,10 @@ pub fn summarize(res: &RunResults) -> Vec<Summary> {
                 }),
                 max_backup_rss_mb: b.iter().map(|x| x.peak_rss_bytes).max().unwrap_or(0) as f64
                     / 1e6,
+                median_maintain_s: {
+                    let v: Vec<f64> = b.iter().filter_map(|x| x.maintain_seconds).collect();
+                    (!v.is_empty()).then(|| median(v))
+                },
                 delete_oldest_s: del("oldest"),
                 delete_half_s: del("half"),
             }
@@ -608,15 +628,15 @@ pub fn summary_markdown(res: &RunResults) -> String {
             "no (not permitted)"
         }
     );
-    let _ = writeln!(s, "| system | logical GB | stored GB | dedup ratio | space saving | backup v1 MB/s | later backups MB/s (median) | restore first MB/s | restore last MB/s | storage read/byte (last) | syscall read/byte (last) | containers/GB (last) | max backup RSS MB | delete oldest s | delete half s |");
+    let _ = writeln!(s, "| system | logical GB | stored GB | dedup ratio | space saving | backup v1 MB/s | later backups MB/s (median) | restore first MB/s | restore last MB/s | storage read/byte (last) | syscall read/byte (last) | containers/GB (last) | max backup RSS MB | maintain s (median) | delete oldest s | delete half s |");
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for x in &sums {
         let _ = writeln!(
             s,
-            "| {} | {:.2} | {:.3} | {:.2} | {:.1} % | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.2} | {} | {:.0} | {} | {} |",
+            "| {} | {:.2} | {:.3} | {:.2} | {:.1} % | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.2} | {} | {:.0} | {} | {} | {} |",
             x.system,
             x.logical_bytes as f64 / 1e9,
             x.stored_bytes as f64 / 1e9,
@@ -630,6 +650,7 @@ pub fn summary_markdown(res: &RunResults) -> String {
             x.last_restore_read_per_byte,
             opt(x.last_restore_containers_per_gb, 1),
             x.max_backup_rss_mb,
+            opt(x.median_maintain_s, 2),
             opt(x.delete_oldest_s, 2),
             opt(x.delete_half_s, 2)
         );
@@ -730,12 +751,12 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(res)?)?;
     let mut csv = String::from(
-        "run,system,series,version,logical_bytes,seconds,mb_per_s,stored_bytes_after,peak_rss_bytes,cumulative_logical_bytes,dedup_ratio,space_saving_pct\n",
+        "run,system,series,version,logical_bytes,seconds,mb_per_s,stored_bytes_after,peak_rss_bytes,cumulative_logical_bytes,dedup_ratio,space_saving_pct,maintain_seconds\n",
     );
     for r in &res.backups {
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{:.3},{:.2},{},{},{},{:.3},{:.2}",
+            "{},{},{},{},{},{:.3},{:.2},{},{},{},{:.3},{:.2},{}",
             r.run,
             r.system,
             r.series,
@@ -747,7 +768,10 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
             r.peak_rss_bytes,
             r.cumulative_logical_bytes,
             r.dedup_ratio,
-            r.space_saving_pct
+            r.space_saving_pct,
+            r.maintain_seconds
+                .map(|x| format!("{x:.3}"))
+                .unwrap_or_default()
         );
     }
     std::fs::write(out.join("backups.csv"), csv)?;
@@ -911,6 +935,7 @@ mod tests {
             cumulative_logical_bytes: 0,
             dedup_ratio: 0.0,
             space_saving_pct: 0.0,
+            maintain_seconds: None,
         }
     }
 

@@ -3,7 +3,7 @@
 //! default settings with encryption off where the tool allows it.
 
 use crate::measure::{run, Measured};
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -16,6 +16,12 @@ pub trait System {
     /// Backs up `src` as `version` (1-based) of `series`.
     fn backup(&mut self, repo: &Path, series: &str, version: usize, src: &Path)
         -> Result<Measured>;
+    /// Out-of-line work the system does after every backup, timed apart
+    /// from it (Strata `segment` with the RevDedup lifecycle: `strata
+    /// maintain`); `None` when the system has none.
+    fn after_backup(&mut self, _repo: &Path) -> Result<Option<Measured>> {
+        Ok(None)
+    }
     /// Restores `version` of `series` into `target`; returns the measured run
     /// and the directory in `target` where `src` landed.
     fn restore(
@@ -52,7 +58,18 @@ fn in_target(target: &Path, src: &Path) -> PathBuf {
 pub struct Strata {
     pub bin: PathBuf,
     pub index: String,
+    /// Whether this system runs the RevDedup lifecycle: index `segment` and
+    /// a binary with `strata maintain` (decided by `init`).
+    pub maintain: bool,
     last_reads: Option<(u64, u64)>,
+}
+
+/// What `strata features --json` reports that the harness uses.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Features {
+    pub index_strategies: Vec<String>,
+    /// `strata maintain` exists (out-of-line reverse dedup and expiry).
+    pub maintain: bool,
 }
 
 impl Strata {
@@ -60,6 +77,7 @@ impl Strata {
         Strata {
             bin,
             index: index.to_string(),
+            maintain: false,
             last_reads: None,
         }
     }
@@ -78,18 +96,27 @@ impl Strata {
 
     /// Index strategies the binary knows (`strata features --json`).
     pub fn strategies(bin: &Path) -> Result<Vec<String>> {
+        Ok(Self::features(bin)?.index_strategies)
+    }
+
+    /// What the binary supports (`strata features --json`). A binary
+    /// without the `maintain` field has no `strata maintain`.
+    pub fn features(bin: &Path) -> Result<Features> {
         let out = Command::new(bin)
             .args(["features", "--json"])
             .output()
             .with_context(|| format!("running {}", bin.display()))?;
         let v: serde_json::Value =
             serde_json::from_slice(&out.stdout).context("parsing `strata features --json`")?;
-        Ok(v["index_strategies"]
-            .as_array()
-            .ok_or_else(|| anyhow!("no index_strategies in `strata features --json`"))?
-            .iter()
-            .filter_map(|s| s.as_str().map(String::from))
-            .collect())
+        Ok(Features {
+            index_strategies: v["index_strategies"]
+                .as_array()
+                .ok_or_else(|| anyhow!("no index_strategies in `strata features --json`"))?
+                .iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect(),
+            maintain: v["maintain"].as_bool().unwrap_or(false),
+        })
     }
 }
 
@@ -100,14 +127,40 @@ impl System for Strata {
 
     fn settings(&self) -> String {
         format!(
-            "index {}, zstd 3, FastCDC 8 KiB, unencrypted (checksums)",
-            self.index
+            "index {}, zstd 3, FastCDC 8 KiB, unencrypted (checksums){}",
+            self.index,
+            if self.maintain {
+                "; `strata maintain` after every backup (RevDedup lifecycle), \
+                 deletion by `forget` without --prune"
+            } else {
+                ""
+            }
         )
     }
 
     fn init(&mut self, repo: &Path) -> Result<()> {
+        // The RevDedup lifecycle (reverse dedup of versions leaving the
+        // live window, expiry) applies to the segment index, when the
+        // binary has it.
+        self.maintain = self.index == "segment" && Self::features(&self.bin)?.maintain;
         run(self.cmd(repo).args(["init", "--index", &self.index]), &[0])?;
         Ok(())
+    }
+
+    fn after_backup(&mut self, repo: &Path) -> Result<Option<Measured>> {
+        if !self.maintain {
+            return Ok(None);
+        }
+        let m = run(self.cmd(repo).arg("maintain"), &[0])?;
+        let v: serde_json::Value = serde_json::from_str(&m.stdout)
+            .with_context(|| format!("parsing `strata maintain --json`: {:?}", m.stdout))?;
+        if v["seconds"].as_f64().is_none() {
+            bail!(
+                "`strata maintain --json` printed no \"seconds\": {}",
+                m.stdout
+            );
+        }
+        Ok(Some(m))
     }
 
     fn backup(
@@ -151,7 +204,11 @@ impl System for Strata {
         for (s, v) in versions {
             c.arg(format!("{s}@{v}"));
         }
-        c.arg("--prune");
+        // With the lifecycle, archival versions are deleted by dropping
+        // their stamped containers; no mark-and-sweep gc.
+        if !self.maintain {
+            c.arg("--prune");
+        }
         run(&mut c, &[0])
     }
 
@@ -422,7 +479,71 @@ mod tests {
             "cache={}",
             t.path().join("work/repo-strata-exact.cache").display()
         );
-        assert_eq!(calls.lines().count(), 4, "{calls}");
-        assert!(calls.lines().all(|l| l.ends_with(&want)), "{calls}");
+        let repo_calls: Vec<&str> = calls.lines().filter(|l| l.contains("--repo")).collect();
+        assert_eq!(repo_calls.len(), 4, "{calls}");
+        assert!(repo_calls.iter().all(|l| l.ends_with(&want)), "{calls}");
+    }
+
+    /// Whether a Strata system with these features and index runs the
+    /// lifecycle, what `after_backup` measured, and the commands (without
+    /// `--repo DIR --json` and paths) of init, a backup and a deletion.
+    fn lifecycle_calls(features: &str, index: &str) -> (bool, Option<f64>, Vec<String>) {
+        let t = tempfile::tempdir().unwrap();
+        let (bin, log) = fake_strata(t.path(), features);
+        let repo = t.path().join("repo");
+        let mut s = Strata::new(bin, index);
+        s.init(&repo).unwrap();
+        s.backup(&repo, "a", 1, t.path()).unwrap();
+        let m = s.after_backup(&repo).unwrap();
+        s.delete(&repo, &[("a".into(), 1), ("b".into(), 2)])
+            .unwrap();
+        let calls = std::fs::read_to_string(log).unwrap();
+        let tmp = t.path().display().to_string();
+        let calls = calls
+            .lines()
+            .map(|l| {
+                l.split(" | ")
+                    .next()
+                    .unwrap()
+                    .split(' ')
+                    .filter(|a| *a != "--repo" && *a != "--json" && !a.starts_with(&tmp))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        (s.maintain, m.map(|m| m.seconds), calls)
+    }
+
+    #[test]
+    fn segment_runs_maintain_and_forgets_without_prune_when_available() {
+        let with = r#"{"index_strategies": ["exact", "segment"], "maintain": true}"#;
+        let (on, secs, calls) = lifecycle_calls(with, "segment");
+        assert!(on);
+        assert!(secs.is_some_and(|s| s >= 0.0));
+        assert_eq!(
+            calls,
+            [
+                "features",
+                "init --index segment",
+                "backup --series a",
+                "maintain",
+                "forget a@1 b@2"
+            ]
+        );
+        // Other index strategies keep gc-based deletion and no maintain.
+        let (on, secs, calls) = lifecycle_calls(with, "exact");
+        assert!(!on && secs.is_none());
+        assert_eq!(
+            calls[calls.len() - 2..],
+            ["backup --series a", "forget a@1 b@2 --prune"]
+        );
+        // A binary without maintain: as before.
+        let without = r#"{"index_strategies": ["exact", "segment"]}"#;
+        let (on, secs, calls) = lifecycle_calls(without, "segment");
+        assert!(!on && secs.is_none());
+        assert_eq!(
+            calls[calls.len() - 2..],
+            ["backup --series a", "forget a@1 b@2 --prune"]
+        );
     }
 }
