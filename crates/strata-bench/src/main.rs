@@ -22,7 +22,7 @@ struct Cli {
 
 #[derive(clap::Args, Clone)]
 struct GenArgs {
-    /// Workload: sg, ddgen, smallfiles, vmfleet.
+    /// Workload: sg, ddgen, smallfiles, vmfleet (and for `gen` only: primary, trace).
     kind: String,
     /// Preset (sg: SG1..SG5, GP).
     #[arg(long)]
@@ -41,6 +41,10 @@ struct GenArgs {
     /// Parallel streams / series.
     #[arg(long)]
     streams: Option<usize>,
+    /// sg: make every version one disk image of the tree (files at 4 KiB-aligned
+    /// offsets, stable allocation) instead of the tree itself.
+    #[arg(long)]
+    image: bool,
 }
 
 impl GenArgs {
@@ -52,22 +56,32 @@ impl GenArgs {
             versions: self.versions,
             base: self.base.clone(),
             streams: self.streams,
+            image: self.image,
         }
     }
 }
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Write one version of a workload into a directory (series 0, or all series as subdirectories).
+    /// Write one version of a workload into a directory (series 0, or all
+    /// series as subdirectories), or a `primary` block-write trace or a
+    /// `trace` fingerprint stream into a file (`--out -`: stdout).
     Gen {
         #[command(flatten)]
         gen: GenArgs,
-        /// Output directory.
+        /// Output directory (tree workloads) or file, `-` for stdout (primary, trace).
         #[arg(long)]
         out: PathBuf,
         /// Which version to produce (1-based; earlier versions are generated and overwritten in place).
         #[arg(long, default_value_t = 1)]
         version: usize,
+        /// primary: bytes of 4 KiB block writes in the trace; trace: logical
+        /// size of version 1 of the stream (e.g. 256M, 10GiB, 1TB).
+        #[arg(long, value_parser = gen::parse_size)]
+        size: Option<u64>,
+        /// primary: size of the volume written to (default: --size).
+        #[arg(long, value_parser = gen::parse_size)]
+        volume_size: Option<u64>,
     },
     /// Run a scenario through several systems side by side.
     Run {
@@ -94,6 +108,9 @@ enum Cmd {
         /// Repeat the whole scenario N times; the summary quotes medians.
         #[arg(long, default_value_t = 1)]
         repeat: usize,
+        /// Skip the quick machine-limits pass at the start of the run.
+        #[arg(long)]
+        no_limits: bool,
         /// The strata binary (default: next to this program).
         #[arg(long, env = "STRATA_BIN")]
         strata: Option<PathBuf>,
@@ -107,6 +124,9 @@ enum Cmd {
         /// Size of the disk test file in MiB.
         #[arg(long, default_value_t = 1024)]
         disk_mib: usize,
+        /// The quicker pass `run` makes (smaller CPU samples, 1 GiB disk file).
+        #[arg(long, conflicts_with = "disk_mib")]
+        quick: bool,
         #[arg(long)]
         json: bool,
     },
@@ -124,6 +144,69 @@ fn strata_bin(explicit: Option<PathBuf>) -> Result<PathBuf> {
     bail!("no strata binary next to {}; build it (cargo build --release -p strata-cli) or pass --strata", me.display())
 }
 
+/// `gen primary` / `gen trace`: writes the stream to `out` (`-`: stdout)
+/// and a one-line description to stderr.
+fn gen_stream(
+    kind: &str,
+    args: &GenArgs,
+    out: &std::path::Path,
+    size: Option<u64>,
+    volume_size: Option<u64>,
+) -> Result<()> {
+    use std::io::Write;
+    if args.preset.is_some() || args.base.is_some() || args.streams.is_some() || args.image {
+        bail!("`gen {kind}` takes --size, --seed and --versions (trace), not --preset, --base or --streams");
+    }
+    let mut w: Box<dyn Write> = if out.as_os_str() == "-" {
+        Box::new(std::io::BufWriter::with_capacity(
+            1 << 20,
+            std::io::stdout().lock(),
+        ))
+    } else {
+        Box::new(std::io::BufWriter::with_capacity(
+            1 << 20,
+            std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?,
+        ))
+    };
+    let block = gen::primary::BLOCK_SIZE as u64;
+    if kind == "primary" {
+        if args.versions.is_some() {
+            bail!("`gen primary` writes one trace; use --size for its length");
+        }
+        let size = size.unwrap_or(256 << 20);
+        let writes = size.div_ceil(block).max(1);
+        let volume = volume_size.unwrap_or(size).max(block);
+        let cfg = gen::primary::PrimaryConfig::new(args.seed, volume, writes);
+        let n = gen::primary::write_trace(&mut w, gen::primary::PrimaryTrace::new(cfg))?;
+        w.flush()?;
+        eprintln!(
+            "primary trace (iDedup §3.1/§5): {n} writes of {block} B ({:.1} MB) into a {:.1} MB volume; seed {}",
+            (n * block) as f64 / 1e6,
+            volume as f64 / 1e6,
+            args.seed
+        );
+    } else {
+        if volume_size.is_some() {
+            bail!("--volume-size is for `gen primary`");
+        }
+        let size = size.unwrap_or(1 << 30);
+        let versions = args.versions.unwrap_or(10);
+        if versions == 0 {
+            bail!("versions must be at least 1");
+        }
+        let cfg = gen::trace::TraceConfig::new(args.seed, size, versions);
+        let mut t = gen::trace::FingerprintTrace::new(cfg);
+        let n = gen::trace::write_trace(&mut w, &mut t)?;
+        w.flush()?;
+        eprintln!(
+            "fingerprint trace (SiLo §4): {versions} versions from {:.1} MB, {n} records; seed {}",
+            size as f64 / 1e6,
+            args.seed
+        );
+    }
+    Ok(())
+}
+
 fn timestamp() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -135,7 +218,20 @@ fn timestamp() -> String {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Gen { gen, out, version } => {
+        Cmd::Gen {
+            gen,
+            out,
+            version,
+            size,
+            volume_size,
+        } => {
+            let kind = gen.kind.to_ascii_lowercase();
+            if kind == "primary" || kind == "trace" {
+                return gen_stream(&kind, &gen, &out, size, volume_size);
+            }
+            if size.is_some() || volume_size.is_some() {
+                bail!("--size and --volume-size are for `gen primary` and `gen trace`");
+            }
             let mut wl = gen::workload(&gen.kind, &gen.options())?;
             let series = wl.series();
             if version == 0 || version > wl.versions() {
@@ -163,6 +259,7 @@ fn main() -> Result<()> {
             restore_first_series_only,
             no_deletes,
             repeat,
+            no_limits,
             strata,
         } => {
             let bin = strata_bin(strata)?;
@@ -202,7 +299,8 @@ fn main() -> Result<()> {
             }
             let name = format!("{}-{}", gen.kind, gen.preset.clone().unwrap_or_default())
                 .trim_end_matches('-')
-                .to_lowercase();
+                .to_lowercase()
+                + if gen.image { "-image" } else { "" };
             let out_dir = out.join(format!("{name}-{}", timestamp()));
             let opts = RunOptions {
                 scenario: gen.kind.clone(),
@@ -213,25 +311,34 @@ fn main() -> Result<()> {
                 restore_first_series_only,
                 deletes: !no_deletes,
                 repeat,
+                limits: (!no_limits).then(strata_bench::limits::Sizes::quick),
             };
             let res = runner::run(&opts, &mut list, skipped)?;
             println!("{}", runner::summary_markdown(&res));
             println!("results in {}", out_dir.display());
         }
         Cmd::Report { dir } => {
-            let res: runner::RunResults = serde_json::from_slice(
+            let mut res: runner::RunResults = serde_json::from_slice(
                 &std::fs::read(dir.join("results.json"))
                     .with_context(|| format!("reading {}/results.json", dir.display()))?,
             )?;
+            // Results saved before the cumulative columns existed.
+            runner::fill_cumulative(&mut res.backups);
             runner::write_outputs(&res, &dir)?;
             println!("{}", runner::summary_markdown(&res));
         }
         Cmd::Limits {
             work,
             disk_mib,
+            quick,
             json,
         } => {
-            let l = strata_bench::limits::measure(&work, disk_mib)?;
+            let sizes = if quick {
+                strata_bench::limits::Sizes::quick()
+            } else {
+                strata_bench::limits::Sizes::full(disk_mib)
+            };
+            let l = strata_bench::limits::measure_sized(&work, sizes)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&l)?);
             } else {

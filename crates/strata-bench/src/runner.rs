@@ -9,6 +9,15 @@
 //! restore where permitted, and verified against the recorded digest (a
 //! mismatch fails the run). Finally the oldest version is deleted, then
 //! half of the rest, and the time each system takes is recorded.
+//!
+//! Deletion with several series (GP, ddgen streams): "oldest" deletes
+//! version 1 of *every* series in one deletion (one command per system —
+//! for borg one `delete` per archive, then one `compact`), timed as a
+//! whole; "half" then deletes the even versions 2, 4, … of every series the
+//! same way, leaving versions 3, 5, …. The row records how many versions
+//! (series × versions) each deletion removed. With fewer than 3 versions
+//! per series there is nothing sensible to delete in two steps, so the
+//! deletions are skipped and the summary says so.
 
 use crate::chart::line_chart;
 use crate::gen::{self, tree_digest, GenOptions};
@@ -32,6 +41,21 @@ pub struct BackupRow {
     pub mb_per_s: f64,
     pub stored_bytes_after: u64,
     pub peak_rss_bytes: u64,
+    /// Logical bytes of every backup into this repository so far (all
+    /// series, this one included).
+    #[serde(default)]
+    pub cumulative_logical_bytes: u64,
+    /// `cumulative_logical_bytes / stored_bytes_after`.
+    #[serde(default)]
+    pub dedup_ratio: f64,
+    /// `100 × (1 − stored_bytes_after / cumulative_logical_bytes)`.
+    #[serde(default)]
+    pub space_saving_pct: f64,
+    /// Wall time of the out-of-line maintenance run after this backup
+    /// (`strata maintain` for a segment index with the RevDedup lifecycle);
+    /// `stored_bytes_after` is measured after it.
+    #[serde(default)]
+    pub maintain_seconds: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -47,10 +71,19 @@ pub struct RestoreRow {
     pub mb_per_s: f64,
     pub peak_rss_bytes: u64,
     pub cache_dropped: bool,
+    /// Bytes the restore read from storage (`read_bytes`), baseline included.
     pub storage_read_bytes: u64,
     pub syscall_read_bytes: u64,
-    /// Bytes read through syscalls per byte restored.
+    /// Bytes read through syscalls (`rchar`) per byte restored.
     pub read_per_byte: f64,
+    /// Storage reads of a trivial run of the same program after a cache
+    /// drop (loading the program), subtracted from `storage_read_bytes`.
+    #[serde(default)]
+    pub baseline_read_bytes: u64,
+    /// (`storage_read_bytes` − baseline) per byte restored; `None` when the
+    /// page cache could not be dropped (storage reads then mean nothing).
+    #[serde(default)]
+    pub storage_read_per_byte: Option<f64>,
     pub containers_read: Option<u64>,
     pub regions_read: Option<u64>,
     /// Destor's speed factor: MB restored per container read.
@@ -70,6 +103,17 @@ pub struct DeleteRow {
     pub stored_bytes_after: u64,
 }
 
+/// Storage reads of a trivial run of a system's program after a page-cache
+/// drop (see [`crate::systems::System::baseline_command`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BaselineRow {
+    pub run: usize,
+    pub system: String,
+    pub cache_dropped: bool,
+    pub storage_read_bytes: u64,
+    pub syscall_read_bytes: u64,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunResults {
     pub scenario: String,
@@ -81,6 +125,15 @@ pub struct RunResults {
     pub backups: Vec<BackupRow>,
     pub restores: Vec<RestoreRow>,
     pub deletes: Vec<DeleteRow>,
+    #[serde(default)]
+    pub baselines: Vec<BaselineRow>,
+    /// The machine's limits from a quick `limits` pass at the start of the
+    /// run (`None` with `--no-limits`).
+    #[serde(default)]
+    pub limits: Option<crate::limits::Limits>,
+    /// Why no deletions were measured, if they were not.
+    #[serde(default)]
+    pub deletes_skipped: Option<String>,
 }
 
 pub struct RunOptions {
@@ -95,10 +148,43 @@ pub struct RunOptions {
     pub deletes: bool,
     /// Run the whole scenario this many times; summaries take medians.
     pub repeat: usize,
+    /// Measure the machine's limits with these sizes before the first run
+    /// (`None`: don't).
+    pub limits: Option<crate::limits::Sizes>,
 }
 
 fn mb(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / 1e6 / secs.max(1e-6)
+}
+
+/// Fills the cumulative figures of backup rows (in the order the backups
+/// ran): per repetition and system, the logical bytes backed up so far and
+/// the dedup ratio and space saving against the stored bytes after each
+/// backup. Idempotent, so `report` can fill rows saved without them.
+pub fn fill_cumulative(rows: &mut [BackupRow]) {
+    let mut acc: std::collections::HashMap<(usize, String), u64> = Default::default();
+    for r in rows {
+        let c = acc.entry((r.run, r.system.clone())).or_default();
+        *c += r.logical_bytes;
+        r.cumulative_logical_bytes = *c;
+        r.dedup_ratio = *c as f64 / r.stored_bytes_after.max(1) as f64;
+        r.space_saving_pct = 100.0 * (1.0 - r.stored_bytes_after as f64 / (*c).max(1) as f64);
+    }
+}
+
+/// Bytes read from storage per byte restored, net of `baseline` (what
+/// loading the program reads from a cold cache). `None` unless both the
+/// restore and the baseline ran after a page-cache drop: with a warm cache
+/// `read_bytes` says nothing about the repository's layout.
+pub fn storage_read_per_byte(
+    storage_read_bytes: u64,
+    baseline: Option<u64>,
+    bytes_restored: u64,
+    cache_dropped: bool,
+) -> Option<f64> {
+    let base = baseline?;
+    cache_dropped
+        .then(|| storage_read_bytes.saturating_sub(base) as f64 / bytes_restored.max(1) as f64)
 }
 
 pub fn machine() -> String {
@@ -125,6 +211,18 @@ pub fn run(
     systems: &mut [Box<dyn System>],
     skipped: Vec<String>,
 ) -> Result<RunResults> {
+    let limits = if let Some(sizes) = opts.limits {
+        eprintln!("measuring machine limits (quick pass; --no-limits skips it)");
+        let l =
+            crate::limits::measure_sized(&opts.work, sizes).context("measuring machine limits")?;
+        eprintln!(
+            "limits: FastCDC {:.0} MB/s, BLAKE3 {:.0} MB/s, zstd -3 {:.0} MB/s, disk write {:.0} MB/s, read {:.0} MB/s",
+            l.fastcdc_mb_s, l.blake3_8k_mb_s, l.zstd3_mb_s, l.disk_write_mb_s, l.disk_read_mb_s
+        );
+        Some(l)
+    } else {
+        None
+    };
     let mut all: Option<RunResults> = None;
     let mut mismatches = Vec::new();
     for r in 0..opts.repeat.max(1) {
@@ -139,10 +237,12 @@ pub fn run(
                 a.backups.append(&mut res.backups);
                 a.restores.append(&mut res.restores);
                 a.deletes.append(&mut res.deletes);
+                a.baselines.append(&mut res.baselines);
             }
         }
     }
-    let res = all.expect("at least one run");
+    let mut res = all.expect("at least one run");
+    res.limits = limits;
     write_outputs(&res, &opts.out)?;
     if !mismatches.is_empty() {
         bail!(
@@ -178,7 +278,7 @@ fn run_once(
         .collect();
     for (s, r) in systems.iter_mut().zip(&repos) {
         let _ = std::fs::remove_dir_all(r);
-        let _ = std::fs::remove_dir_all(r.with_extension("cache"));
+        let _ = std::fs::remove_dir_all(crate::systems::cache_dir(r));
         s.init(r)
             .with_context(|| format!("initialising {}", s.name()))?;
     }
@@ -192,7 +292,26 @@ fn run_once(
         backups: vec![],
         restores: vec![],
         deletes: vec![],
+        baselines: vec![],
+        limits: None,
+        deletes_skipped: None,
     };
+    // What loading each program reads from a cold cache, to subtract from
+    // its restores' storage reads.
+    let mut baseline: Vec<Option<u64>> = Vec::new();
+    for sys in systems.iter() {
+        let dropped = drop_caches();
+        let m = crate::measure::run(&mut sys.baseline_command(), &[0])
+            .with_context(|| format!("baseline run of {}", sys.name()))?;
+        baseline.push(dropped.then_some(m.storage_read_bytes));
+        res.baselines.push(BaselineRow {
+            run,
+            system: sys.name(),
+            cache_dropped: dropped,
+            storage_read_bytes: m.storage_read_bytes,
+            syscall_read_bytes: m.syscall_read_bytes,
+        });
+    }
     let mut digests: Vec<Vec<String>> = vec![Vec::new(); series.len()];
     let mut logical: Vec<Vec<u64>> = vec![Vec::new(); series.len()];
     for v in 0..versions {
@@ -212,6 +331,11 @@ fn run_once(
                     .with_context(|| {
                         format!("{} backup of {}@{}", sys.name(), series[si], v + 1)
                     })?;
+                // Out-of-line maintenance after the backup (Strata's
+                // RevDedup lifecycle), timed apart; stored bytes after it.
+                let maint = sys.after_backup(&repos[i]).with_context(|| {
+                    format!("{} maintenance after {}@{}", sys.name(), series[si], v + 1)
+                })?;
                 let row = BackupRow {
                     run,
                     system: sys.name(),
@@ -222,19 +346,27 @@ fn run_once(
                     mb_per_s: mb(logical[si][v], m.seconds),
                     stored_bytes_after: tree_bytes(&repos[i]),
                     peak_rss_bytes: m.peak_rss_bytes,
+                    cumulative_logical_bytes: 0,
+                    dedup_ratio: 0.0,
+                    space_saving_pct: 0.0,
+                    maintain_seconds: maint.map(|m| m.seconds),
                 };
                 eprintln!(
-                    "backup  {:<14} {}@{:<3} {:>8.1} MB/s  stored {:>8.1} MB",
+                    "backup  {:<14} {}@{:<3} {:>8.1} MB/s  stored {:>8.1} MB{}",
                     row.system,
                     row.series,
                     row.version,
                     row.mb_per_s,
-                    row.stored_bytes_after as f64 / 1e6
+                    row.stored_bytes_after as f64 / 1e6,
+                    row.maintain_seconds
+                        .map(|s| format!("  maintain {s:.2} s"))
+                        .unwrap_or_default()
                 );
                 res.backups.push(row);
             }
         }
     }
+    fill_cumulative(&mut res.backups);
     // Restores, oldest first.
     let every = opts.restore_every.max(1);
     let selected: Vec<usize> = (1..=versions)
@@ -280,17 +412,25 @@ fn run_once(
                     storage_read_bytes: m.storage_read_bytes,
                     syscall_read_bytes: m.syscall_read_bytes,
                     read_per_byte: m.syscall_read_bytes as f64 / bytes.max(1) as f64,
+                    baseline_read_bytes: baseline[i].unwrap_or(0),
+                    storage_read_per_byte: storage_read_per_byte(
+                        m.storage_read_bytes,
+                        baseline[i],
+                        bytes,
+                        dropped,
+                    ),
                     containers_read: reads.map(|r| r.0),
                     regions_read: reads.map(|r| r.1),
                     mb_per_container: reads.map(|r| bytes as f64 / 1e6 / r.0.max(1) as f64),
                     verified: ok,
                 };
                 eprintln!(
-                    "restore {:<14} {}@{:<3} {:>8.1} MB/s  read/byte {:.2}{}{}",
+                    "restore {:<14} {}@{:<3} {:>8.1} MB/s  storage read/byte {}  syscall read/byte {:.2}{}{}",
                     row.system,
                     row.series,
                     v,
                     row.mb_per_s,
+                    opt_na(row.storage_read_per_byte, 2),
                     row.read_per_byte,
                     reads
                         .map(|r| format!("  containers {}", r.0))
@@ -302,7 +442,16 @@ fn run_once(
             }
         }
     }
-    if opts.deletes && versions >= 3 {
+    if !opts.deletes {
+        res.deletes_skipped = Some("deletions not measured (--no-deletes)".into());
+    } else if versions < 3 {
+        let msg = format!(
+            "deletions not measured: {versions} version(s) per series, and deleting the oldest \
+             and then half of the versions needs at least 3"
+        );
+        eprintln!("{msg}");
+        res.deletes_skipped = Some(msg);
+    } else {
         for (i, sys) in systems.iter_mut().enumerate() {
             let oldest: Vec<(String, usize)> = series.iter().map(|s| (s.clone(), 1)).collect();
             let m = sys.delete(&repos[i], &oldest)?;
@@ -359,9 +508,15 @@ pub struct Summary {
     pub first_restore_mb_s: f64,
     pub last_restore_mb_s: f64,
     pub median_restore_mb_s: f64,
+    /// Syscall bytes read (`rchar`) per byte restored, last version.
     pub last_restore_read_per_byte: f64,
+    /// Storage bytes read (net of the baseline) per byte restored, last
+    /// version; `None` unless the page cache was dropped.
+    pub last_restore_storage_read_per_byte: Option<f64>,
     pub last_restore_containers_per_gb: Option<f64>,
     pub max_backup_rss_mb: f64,
+    /// Median wall time of the maintenance run after each backup.
+    pub median_maintain_s: Option<f64>,
     pub delete_oldest_s: Option<f64>,
     pub delete_half_s: Option<f64>,
 }
@@ -423,6 +578,12 @@ pub fn summarize(res: &RunResults) -> Vec<Summary> {
                 last_restore_read_per_byte: median(
                     last_r.iter().map(|x| x.read_per_byte).collect(),
                 ),
+                last_restore_storage_read_per_byte: last_r
+                    .iter()
+                    .map(|x| x.storage_read_per_byte)
+                    .collect::<Option<Vec<f64>>>()
+                    .filter(|v| !v.is_empty())
+                    .map(median),
                 last_restore_containers_per_gb: last_r.first().and_then(|x| {
                     // Deterministic across repetitions (same data, same plan).
                     x.containers_read
@@ -430,6 +591,10 @@ pub fn summarize(res: &RunResults) -> Vec<Summary> {
                 }),
                 max_backup_rss_mb: b.iter().map(|x| x.peak_rss_bytes).max().unwrap_or(0) as f64
                     / 1e6,
+                median_maintain_s: {
+                    let v: Vec<f64> = b.iter().filter_map(|x| x.maintain_seconds).collect();
+                    (!v.is_empty()).then(|| median(v))
+                },
                 delete_oldest_s: del("oldest"),
                 delete_half_s: del("half"),
             }
@@ -440,6 +605,11 @@ pub fn summarize(res: &RunResults) -> Vec<Summary> {
 fn opt(v: Option<f64>, prec: usize) -> String {
     v.map(|x| format!("{x:.prec$}"))
         .unwrap_or_else(|| "–".into())
+}
+
+fn opt_na(v: Option<f64>, prec: usize) -> String {
+    v.map(|x| format!("{x:.prec$}"))
+        .unwrap_or_else(|| "n/a".into())
 }
 
 /// The summary as a Markdown table, plus Strata / peer ratios.
@@ -458,15 +628,15 @@ pub fn summary_markdown(res: &RunResults) -> String {
             "no (not permitted)"
         }
     );
-    let _ = writeln!(s, "| system | logical GB | stored GB | dedup ratio | space saving | backup v1 MB/s | later backups MB/s (median) | restore first MB/s | restore last MB/s | last restore read/byte | containers/GB (last) | max backup RSS MB | delete oldest s | delete half s |");
+    let _ = writeln!(s, "| system | logical GB | stored GB | dedup ratio | space saving | backup v1 MB/s | later backups MB/s (median) | restore first MB/s | restore last MB/s | storage read/byte (last) | syscall read/byte (last) | containers/GB (last) | max backup RSS MB | maintain s (median) | delete oldest s | delete half s |");
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for x in &sums {
         let _ = writeln!(
             s,
-            "| {} | {:.2} | {:.3} | {:.2} | {:.1} % | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {} | {:.0} | {} | {} |",
+            "| {} | {:.2} | {:.3} | {:.2} | {:.1} % | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.2} | {} | {:.0} | {} | {} | {} |",
             x.system,
             x.logical_bytes as f64 / 1e9,
             x.stored_bytes as f64 / 1e9,
@@ -476,12 +646,60 @@ pub fn summary_markdown(res: &RunResults) -> String {
             x.median_later_backup_mb_s,
             x.first_restore_mb_s,
             x.last_restore_mb_s,
+            opt_na(x.last_restore_storage_read_per_byte, 2),
             x.last_restore_read_per_byte,
             opt(x.last_restore_containers_per_gb, 1),
             x.max_backup_rss_mb,
+            opt(x.median_maintain_s, 2),
             opt(x.delete_oldest_s, 2),
             opt(x.delete_half_s, 2)
         );
+    }
+    let _ = writeln!(s, "\nSettings:\n");
+    for (name, settings) in &res.systems {
+        let _ = writeln!(s, "- {name}: {settings}");
+    }
+    if let Some(l) = &res.limits {
+        let _ = writeln!(
+            s,
+            "\nMachine limits (quick `limits` pass at the start of the run): FastCDC 8 KiB {:.0} MB/s, \
+             BLAKE3 8 KiB {:.0} MB/s, zstd -3 {:.0} MB/s (ratio {:.2}) on one core; disk sequential \
+             write {:.0} MB/s (fsync), read {:.0} MB/s ({}).\n",
+            l.fastcdc_mb_s,
+            l.blake3_8k_mb_s,
+            l.zstd3_mb_s,
+            l.zstd3_ratio,
+            l.disk_write_mb_s,
+            l.disk_read_mb_s,
+            if l.disk_read_cache_dropped {
+                "page cache dropped"
+            } else {
+                "page cache NOT dropped"
+            }
+        );
+        let _ = writeln!(
+            s,
+            "| system | backup v1 / disk write | later backups / disk write | restore first / disk read | restore last / disk read |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|");
+        let pct = |x: f64, lim: f64| {
+            if lim > 0.0 {
+                format!("{:.0} %", 100.0 * x / lim)
+            } else {
+                "–".into()
+            }
+        };
+        for x in &sums {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} |",
+                x.system,
+                pct(x.first_backup_mb_s, l.disk_write_mb_s),
+                pct(x.median_later_backup_mb_s, l.disk_write_mb_s),
+                pct(x.first_restore_mb_s, l.disk_read_mb_s),
+                pct(x.last_restore_mb_s, l.disk_read_mb_s)
+            );
+        }
     }
     let stratas: Vec<&Summary> = sums
         .iter()
@@ -521,20 +739,25 @@ pub fn summary_markdown(res: &RunResults) -> String {
     if !res.skipped.is_empty() {
         let _ = writeln!(s, "\nSkipped: {}", res.skipped.join("; "));
     }
+    if let Some(d) = &res.deletes_skipped {
+        let _ = writeln!(s, "\nNote: {d}.");
+    }
     s
 }
 
-/// Writes results.json, backups.csv, restores.csv, charts and summary.md.
+/// Writes results.json, backups.csv, restores.csv, deletes.csv (every CSV
+/// row carries its repetition in `run`), charts and summary.md.
 pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(res)?)?;
     let mut csv = String::from(
-        "system,series,version,logical_bytes,seconds,mb_per_s,stored_bytes_after,peak_rss_bytes\n",
+        "run,system,series,version,logical_bytes,seconds,mb_per_s,stored_bytes_after,peak_rss_bytes,cumulative_logical_bytes,dedup_ratio,space_saving_pct,maintain_seconds\n",
     );
     for r in &res.backups {
         let _ = writeln!(
             csv,
-            "{},{},{},{},{:.3},{:.2},{},{}",
+            "{},{},{},{},{},{:.3},{:.2},{},{},{},{:.3},{:.2},{}",
+            r.run,
             r.system,
             r.series,
             r.version,
@@ -542,15 +765,22 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
             r.seconds,
             r.mb_per_s,
             r.stored_bytes_after,
-            r.peak_rss_bytes
+            r.peak_rss_bytes,
+            r.cumulative_logical_bytes,
+            r.dedup_ratio,
+            r.space_saving_pct,
+            r.maintain_seconds
+                .map(|x| format!("{x:.3}"))
+                .unwrap_or_default()
         );
     }
     std::fs::write(out.join("backups.csv"), csv)?;
-    let mut csv = String::from("system,series,version,bytes,seconds,mb_per_s,cache_dropped,storage_read_bytes,syscall_read_bytes,read_per_byte,containers_read,regions_read,mb_per_container,verified\n");
+    let mut csv = String::from("run,system,series,version,bytes,seconds,mb_per_s,cache_dropped,storage_read_bytes,baseline_read_bytes,storage_read_per_byte,syscall_read_bytes,syscall_read_per_byte,containers_read,regions_read,mb_per_container,verified\n");
     for r in &res.restores {
         let _ = writeln!(
             csv,
-            "{},{},{},{},{:.3},{:.2},{},{},{},{:.3},{},{},{},{}",
+            "{},{},{},{},{},{:.3},{:.2},{},{},{},{},{},{:.3},{},{},{},{}",
+            r.run,
             r.system,
             r.series,
             r.version,
@@ -559,6 +789,10 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
             r.mb_per_s,
             r.cache_dropped,
             r.storage_read_bytes,
+            r.baseline_read_bytes,
+            r.storage_read_per_byte
+                .map(|x| format!("{x:.3}"))
+                .unwrap_or_default(),
             r.syscall_read_bytes,
             r.read_per_byte,
             r.containers_read.map(|x| x.to_string()).unwrap_or_default(),
@@ -570,6 +804,15 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
         );
     }
     std::fs::write(out.join("restores.csv"), csv)?;
+    let mut csv = String::from("run,system,what,versions,seconds,stored_bytes_after\n");
+    for d in &res.deletes {
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{:.3},{}",
+            d.run, d.system, d.what, d.versions, d.seconds, d.stored_bytes_after
+        );
+    }
+    std::fs::write(out.join("deletes.csv"), csv)?;
     let first_series = res
         .backups
         .first()
@@ -621,9 +864,30 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
     )?;
     chart(
         "restore-read-per-byte.svg",
-        "bytes read per byte restored",
-        "bytes read / byte",
+        "syscall bytes read per byte restored",
+        "bytes read (rchar) / byte",
         &|n| restores(n, |b| b.read_per_byte),
+    )?;
+    let storage_title = if res
+        .restores
+        .iter()
+        .any(|r| r.storage_read_per_byte.is_some())
+    {
+        "storage bytes read per byte restored (net of program load)"
+    } else {
+        "storage bytes read per byte restored: n/a (page cache not dropped)"
+    };
+    chart(
+        "restore-storage-read-per-byte.svg",
+        storage_title,
+        "bytes read (read_bytes) / byte",
+        &|n| {
+            res.restores
+                .iter()
+                .filter(|b| b.system == n && b.series == first_series)
+                .filter_map(|b| b.storage_read_per_byte.map(|y| (b.version, y)))
+                .collect()
+        },
     )?;
     // Stored bytes after each version, all series together (the largest
     // figure of a version is the one after its last series).
@@ -637,6 +901,93 @@ pub fn write_outputs(res: &RunResults, out: &Path) -> Result<()> {
             .map(|((_, v), s)| (v, s as f64 / 1e6))
             .collect()
     })?;
+    // Space saving after each version, all series together (the row of a
+    // version with the most logical bytes so far is its last series).
+    chart("space-saving.svg", "space saving per version", "%", &|n| {
+        let mut last: std::collections::BTreeMap<(usize, usize), (u64, f64)> = Default::default();
+        for b in res.backups.iter().filter(|b| b.system == n) {
+            let e = last.entry((b.run, b.version)).or_insert((0, 0.0));
+            if b.cumulative_logical_bytes >= e.0 {
+                *e = (b.cumulative_logical_bytes, b.space_saving_pct);
+            }
+        }
+        last.into_iter().map(|((_, v), (_, p))| (v, p)).collect()
+    })?;
     std::fs::write(out.join("summary.md"), summary_markdown(res))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(run: usize, system: &str, version: usize, logical: u64, stored: u64) -> BackupRow {
+        BackupRow {
+            run,
+            system: system.into(),
+            series: "s".into(),
+            version,
+            logical_bytes: logical,
+            seconds: 1.0,
+            mb_per_s: 1.0,
+            stored_bytes_after: stored,
+            peak_rss_bytes: 0,
+            cumulative_logical_bytes: 0,
+            dedup_ratio: 0.0,
+            space_saving_pct: 0.0,
+            maintain_seconds: None,
+        }
+    }
+
+    #[test]
+    fn cumulative_figures_per_run_and_system() {
+        let mut rows = vec![
+            row(0, "a", 1, 100, 50),
+            row(0, "b", 1, 100, 200),
+            row(0, "a", 2, 100, 50),
+            row(0, "a", 3, 200, 100),
+            row(1, "a", 1, 100, 25),
+        ];
+        fill_cumulative(&mut rows);
+        let got: Vec<(u64, f64, f64)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.cumulative_logical_bytes,
+                    r.dedup_ratio,
+                    r.space_saving_pct,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (100, 2.0, 50.0),
+                // Stored more than written: ratio < 1, negative saving.
+                (100, 0.5, -100.0),
+                (200, 4.0, 75.0),
+                (400, 4.0, 75.0),
+                // A new repetition starts from zero.
+                (100, 4.0, 75.0),
+            ]
+        );
+        // Idempotent.
+        let again = rows.clone();
+        fill_cumulative(&mut rows);
+        assert_eq!(format!("{again:?}"), format!("{rows:?}"),);
+    }
+
+    #[test]
+    fn storage_reads_net_of_the_program_baseline() {
+        // 30 MB read, 10 MB of it loading the program, 40 MB restored.
+        let v = storage_read_per_byte(30_000_000, Some(10_000_000), 40_000_000, true);
+        assert_eq!(v, Some(0.5));
+        // A baseline larger than the reads never goes negative.
+        assert_eq!(storage_read_per_byte(5, Some(10), 100, true), Some(0.0));
+        // Without a cache drop (of the restore or of the baseline): n/a.
+        assert_eq!(storage_read_per_byte(30, Some(10), 40, false), None);
+        assert_eq!(storage_read_per_byte(30, None, 40, true), None);
+        // Nothing restored: per byte of at least one byte.
+        assert_eq!(storage_read_per_byte(7, Some(2), 0, true), Some(5.0));
+    }
 }

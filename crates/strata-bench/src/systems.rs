@@ -3,7 +3,7 @@
 //! default settings with encryption off where the tool allows it.
 
 use crate::measure::{run, Measured};
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -16,6 +16,12 @@ pub trait System {
     /// Backs up `src` as `version` (1-based) of `series`.
     fn backup(&mut self, repo: &Path, series: &str, version: usize, src: &Path)
         -> Result<Measured>;
+    /// Out-of-line work the system does after every backup, timed apart
+    /// from it (Strata `segment` with the RevDedup lifecycle: `strata
+    /// maintain`); `None` when the system has none.
+    fn after_backup(&mut self, _repo: &Path) -> Result<Option<Measured>> {
+        Ok(None)
+    }
     /// Restores `version` of `series` into `target`; returns the measured run
     /// and the directory in `target` where `src` landed.
     fn restore(
@@ -32,6 +38,17 @@ pub trait System {
     fn last_restore_reads(&self) -> Option<(u64, u64)> {
         None
     }
+    /// A trivial run of the same program (`--version`), whose storage reads
+    /// after a page-cache drop are the cost of loading the program itself;
+    /// the runner subtracts them from each restore's reads.
+    fn baseline_command(&self) -> Command;
+}
+
+/// Where a system keeps its local cache for `repo`: a sibling of the
+/// repository in the work directory (`repo-NAME.cache`), removed together
+/// with the repository before each run.
+pub fn cache_dir(repo: &Path) -> PathBuf {
+    repo.with_extension("cache")
 }
 
 fn in_target(target: &Path, src: &Path) -> PathBuf {
@@ -41,7 +58,18 @@ fn in_target(target: &Path, src: &Path) -> PathBuf {
 pub struct Strata {
     pub bin: PathBuf,
     pub index: String,
+    /// Whether this system runs the RevDedup lifecycle: index `segment` and
+    /// a binary with `strata maintain` (decided by `init`).
+    pub maintain: bool,
     last_reads: Option<(u64, u64)>,
+}
+
+/// What `strata features --json` reports that the harness uses.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Features {
+    pub index_strategies: Vec<String>,
+    /// `strata maintain` exists (out-of-line reverse dedup and expiry).
+    pub maintain: bool,
 }
 
 impl Strata {
@@ -49,6 +77,7 @@ impl Strata {
         Strata {
             bin,
             index: index.to_string(),
+            maintain: false,
             last_reads: None,
         }
     }
@@ -57,23 +86,37 @@ impl Strata {
         let mut c = Command::new(&self.bin);
         c.arg("--repo").arg(repo).arg("--json");
         c.env_remove("STRATA_PASSWORD").env_remove("STRATA_REPO");
+        // The local index cache lives next to the repository, inside the
+        // run's work directory (the runner deletes it with the repository),
+        // so runs never read or fill ~/.cache/strata and every system starts
+        // cold the same way (restic's cache is placed alike).
+        c.env("STRATA_CACHE_DIR", cache_dir(repo));
         c
     }
 
     /// Index strategies the binary knows (`strata features --json`).
     pub fn strategies(bin: &Path) -> Result<Vec<String>> {
+        Ok(Self::features(bin)?.index_strategies)
+    }
+
+    /// What the binary supports (`strata features --json`). A binary
+    /// without the `maintain` field has no `strata maintain`.
+    pub fn features(bin: &Path) -> Result<Features> {
         let out = Command::new(bin)
             .args(["features", "--json"])
             .output()
             .with_context(|| format!("running {}", bin.display()))?;
         let v: serde_json::Value =
             serde_json::from_slice(&out.stdout).context("parsing `strata features --json`")?;
-        Ok(v["index_strategies"]
-            .as_array()
-            .ok_or_else(|| anyhow!("no index_strategies in `strata features --json`"))?
-            .iter()
-            .filter_map(|s| s.as_str().map(String::from))
-            .collect())
+        Ok(Features {
+            index_strategies: v["index_strategies"]
+                .as_array()
+                .ok_or_else(|| anyhow!("no index_strategies in `strata features --json`"))?
+                .iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect(),
+            maintain: v["maintain"].as_bool().unwrap_or(false),
+        })
     }
 }
 
@@ -84,14 +127,40 @@ impl System for Strata {
 
     fn settings(&self) -> String {
         format!(
-            "index {}, zstd 3, FastCDC 8 KiB, unencrypted (checksums)",
-            self.index
+            "index {}, zstd 3, FastCDC 8 KiB, unencrypted (checksums){}",
+            self.index,
+            if self.maintain {
+                "; `strata maintain` after every backup (RevDedup lifecycle), \
+                 deletion by `forget` without --prune"
+            } else {
+                ""
+            }
         )
     }
 
     fn init(&mut self, repo: &Path) -> Result<()> {
+        // The RevDedup lifecycle (reverse dedup of versions leaving the
+        // live window, expiry) applies to the segment index, when the
+        // binary has it.
+        self.maintain = self.index == "segment" && Self::features(&self.bin)?.maintain;
         run(self.cmd(repo).args(["init", "--index", &self.index]), &[0])?;
         Ok(())
+    }
+
+    fn after_backup(&mut self, repo: &Path) -> Result<Option<Measured>> {
+        if !self.maintain {
+            return Ok(None);
+        }
+        let m = run(self.cmd(repo).arg("maintain"), &[0])?;
+        let v: serde_json::Value = serde_json::from_str(&m.stdout)
+            .with_context(|| format!("parsing `strata maintain --json`: {:?}", m.stdout))?;
+        if v["seconds"].as_f64().is_none() {
+            bail!(
+                "`strata maintain --json` printed no \"seconds\": {}",
+                m.stdout
+            );
+        }
+        Ok(Some(m))
     }
 
     fn backup(
@@ -135,12 +204,22 @@ impl System for Strata {
         for (s, v) in versions {
             c.arg(format!("{s}@{v}"));
         }
-        c.arg("--prune");
+        // With the lifecycle, archival versions are deleted by dropping
+        // their stamped containers; no mark-and-sweep gc.
+        if !self.maintain {
+            c.arg("--prune");
+        }
         run(&mut c, &[0])
     }
 
     fn last_restore_reads(&self) -> Option<(u64, u64)> {
         self.last_reads
+    }
+
+    fn baseline_command(&self) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.arg("--version");
+        c
     }
 }
 
@@ -156,7 +235,7 @@ impl Restic {
         c.arg("-r")
             .arg(repo)
             .env("RESTIC_PASSWORD", "bench")
-            .env("RESTIC_CACHE_DIR", repo.with_extension("cache"));
+            .env("RESTIC_CACHE_DIR", cache_dir(repo));
         c
     }
 }
@@ -232,6 +311,12 @@ impl System for Restic {
         }
         c.arg("--prune");
         run(&mut c, &[0])
+    }
+
+    fn baseline_command(&self) -> Command {
+        let mut c = Command::new("restic");
+        c.arg("version");
+        c
     }
 }
 
@@ -316,6 +401,12 @@ impl System for Borg {
         total.peak_rss_bytes = total.peak_rss_bytes.max(m.peak_rss_bytes);
         Ok(total)
     }
+
+    fn baseline_command(&self) -> Command {
+        let mut c = borg_cmd();
+        c.arg("--version");
+        c
+    }
 }
 
 fn sanitize(s: &str) -> String {
@@ -343,4 +434,116 @@ pub fn installed(bin: &str) -> bool {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in `strata` that logs its arguments and STRATA_CACHE_DIR and
+    /// prints `features` as given.
+    pub(crate) fn fake_strata(dir: &Path, features: &str) -> (PathBuf, PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let log = dir.join("calls.log");
+        let bin = dir.join("strata");
+        let script = format!(
+            "#!/bin/sh\n\
+             echo \"$* | cache=$STRATA_CACHE_DIR\" >> '{log}'\n\
+             case \" $* \" in\n\
+             *' features '*) echo '{features}' ;;\n\
+             *' maintain '*) echo '{{\"seconds\": 0.01}}' ;;\n\
+             *' restore '*) echo '{{\"containers_read\": 3, \"regions_read\": 5}}' ;;\n\
+             *) echo '{{}}' ;;\n\
+             esac\n",
+            log = log.display()
+        );
+        std::fs::write(&bin, script).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (bin, log)
+    }
+
+    #[test]
+    fn strata_commands_use_a_cache_dir_beside_the_repo() {
+        let t = tempfile::tempdir().unwrap();
+        let (bin, log) = fake_strata(t.path(), r#"{"index_strategies": ["exact"]}"#);
+        let repo = t.path().join("work/repo-strata-exact");
+        let mut s = Strata::new(bin, "exact");
+        s.init(&repo).unwrap();
+        s.backup(&repo, "a", 1, t.path()).unwrap();
+        s.restore(&repo, "a", 1, t.path(), &t.path().join("r"))
+            .unwrap();
+        assert_eq!(s.last_restore_reads(), Some((3, 5)));
+        s.delete(&repo, &[("a".into(), 1)]).unwrap();
+        let calls = std::fs::read_to_string(log).unwrap();
+        let want = format!(
+            "cache={}",
+            t.path().join("work/repo-strata-exact.cache").display()
+        );
+        let repo_calls: Vec<&str> = calls.lines().filter(|l| l.contains("--repo")).collect();
+        assert_eq!(repo_calls.len(), 4, "{calls}");
+        assert!(repo_calls.iter().all(|l| l.ends_with(&want)), "{calls}");
+    }
+
+    /// Whether a Strata system with these features and index runs the
+    /// lifecycle, what `after_backup` measured, and the commands (without
+    /// `--repo DIR --json` and paths) of init, a backup and a deletion.
+    fn lifecycle_calls(features: &str, index: &str) -> (bool, Option<f64>, Vec<String>) {
+        let t = tempfile::tempdir().unwrap();
+        let (bin, log) = fake_strata(t.path(), features);
+        let repo = t.path().join("repo");
+        let mut s = Strata::new(bin, index);
+        s.init(&repo).unwrap();
+        s.backup(&repo, "a", 1, t.path()).unwrap();
+        let m = s.after_backup(&repo).unwrap();
+        s.delete(&repo, &[("a".into(), 1), ("b".into(), 2)])
+            .unwrap();
+        let calls = std::fs::read_to_string(log).unwrap();
+        let tmp = t.path().display().to_string();
+        let calls = calls
+            .lines()
+            .map(|l| {
+                l.split(" | ")
+                    .next()
+                    .unwrap()
+                    .split(' ')
+                    .filter(|a| *a != "--repo" && *a != "--json" && !a.starts_with(&tmp))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        (s.maintain, m.map(|m| m.seconds), calls)
+    }
+
+    #[test]
+    fn segment_runs_maintain_and_forgets_without_prune_when_available() {
+        let with = r#"{"index_strategies": ["exact", "segment"], "maintain": true}"#;
+        let (on, secs, calls) = lifecycle_calls(with, "segment");
+        assert!(on);
+        assert!(secs.is_some_and(|s| s >= 0.0));
+        assert_eq!(
+            calls,
+            [
+                "features",
+                "init --index segment",
+                "backup --series a",
+                "maintain",
+                "forget a@1 b@2"
+            ]
+        );
+        // Other index strategies keep gc-based deletion and no maintain.
+        let (on, secs, calls) = lifecycle_calls(with, "exact");
+        assert!(!on && secs.is_none());
+        assert_eq!(
+            calls[calls.len() - 2..],
+            ["backup --series a", "forget a@1 b@2 --prune"]
+        );
+        // A binary without maintain: as before.
+        let without = r#"{"index_strategies": ["exact", "segment"]}"#;
+        let (on, secs, calls) = lifecycle_calls(without, "segment");
+        assert!(!on && secs.is_none());
+        assert_eq!(
+            calls[calls.len() - 2..],
+            ["backup --series a", "forget a@1 b@2 --prune"]
+        );
+    }
 }

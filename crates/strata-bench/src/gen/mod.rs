@@ -3,7 +3,8 @@
 //!
 //! Tree workloads (implement [`Workload`], chosen by [`workload`]):
 //!
-//! * [`sg`] — RevDedup §4.1 synthetic series SG1–SG5 and GP (Table I).
+//! * [`sg`] — RevDedup §4.1 synthetic series SG1–SG5 and GP (Table I),
+//!   as trees or (`image`) as one disk image per version ([`image`]).
 //! * [`ddgen`] — Data Domain §8.2.1 load generator: generations with
 //!   deletions, shuffles and additions at a 5 % change rate, N streams.
 //! * [`smallfiles`] — source-tree releases dominated by small files (the
@@ -23,6 +24,7 @@ pub mod content;
 pub mod ddgen;
 mod extents;
 pub mod fsutil;
+pub mod image;
 pub mod primary;
 pub mod rng;
 pub mod sg;
@@ -45,6 +47,9 @@ pub struct GenOptions {
     pub base: Option<PathBuf>,
     /// Parallel streams / series where the workload has them.
     pub streams: Option<usize>,
+    /// `sg` only: every version is one disk image of the tree
+    /// ([`image`]) instead of the tree itself.
+    pub image: bool,
 }
 
 impl Default for GenOptions {
@@ -56,6 +61,7 @@ impl Default for GenOptions {
             versions: None,
             base: None,
             streams: None,
+            image: false,
         }
     }
 }
@@ -95,17 +101,52 @@ pub fn workload(kind: &str, opts: &GenOptions) -> anyhow::Result<Box<dyn Workloa
             anyhow::bail!("base {} does not exist", b.display());
         }
     }
+    if opts.image && !kind.eq_ignore_ascii_case("sg") {
+        anyhow::bail!("--image is for the sg workload (vmfleet versions are disk images already)");
+    }
     Ok(match kind.to_ascii_lowercase().as_str() {
         "sg" => Box::new(sg::SgWorkload::new(opts)?),
         "ddgen" => Box::new(ddgen::DdGen::new(opts)?),
         "smallfiles" => Box::new(smallfiles::SmallFiles::new(opts)?),
         "vmfleet" => Box::new(vmfleet::VmFleet::new(opts)?),
         _ => anyhow::bail!(
-            "unknown workload kind {kind:?}; known kinds: {} (block traces and fingerprint traces are \
-             produced by gen::primary and gen::trace)",
+            "unknown workload kind {kind:?}; known kinds: {} (block-write and fingerprint traces \
+             are written by `strata-bench gen primary` and `gen trace`)",
             KINDS.join(", ")
         ),
     })
+}
+
+/// Parses a size: a number with an optional unit — none or `B` (bytes),
+/// `K`/`KiB`, `M`/`MiB`, `G`/`GiB`, `T`/`TiB` (powers of 1024) or `KB`,
+/// `MB`, `GB`, `TB` (powers of 1000); case-insensitive, fractions allowed
+/// (`1.5G`).
+pub fn parse_size(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| anyhow::anyhow!("bad size {s:?}: expected e.g. 4096, 64M, 1.5GiB, 10GB"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        u => anyhow::bail!("bad size {s:?}: unknown unit {u:?}"),
+    };
+    let v = n * mult;
+    if !v.is_finite() || v >= u64::MAX as f64 {
+        anyhow::bail!("bad size {s:?}: too large");
+    }
+    Ok(v.round() as u64)
 }
 
 /// Rejects a preset for workloads that have none.
@@ -272,6 +313,20 @@ mod tests {
         std::fs::write(e.join("a/x"), b"hello").unwrap();
         std::os::unix::fs::symlink("a/x", e.join("l")).unwrap();
         assert_eq!(d0, tree_digest(&e).unwrap());
+    }
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64K").unwrap(), 64 << 10);
+        assert_eq!(parse_size("64KiB").unwrap(), 64 << 10);
+        assert_eq!(parse_size("1.5g").unwrap(), 3 << 29);
+        assert_eq!(parse_size("10GB").unwrap(), 10_000_000_000);
+        assert_eq!(parse_size("2 MiB").unwrap(), 2 << 20);
+        assert_eq!(parse_size("1T").unwrap(), 1 << 40);
+        for bad in ["", "G", "12X", "1.2.3M", "-5"] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
