@@ -397,6 +397,8 @@ pub struct GcReport {
     pub containers_before: u64,
     pub containers_deleted: u64,
     pub containers_rewritten: u64,
+    /// Of those rewritten, small containers merged into fuller ones.
+    pub containers_merged: u64,
     pub containers_written: u64,
     /// Stamped containers whose owner is gone or never committed.
     pub stamped_deleted: u64,
@@ -470,17 +472,18 @@ pub(crate) fn compact_pool(
         }
     }
     report.live_chunks += marks.values().map(|m| m.len() as u64).sum::<u64>();
-    let mut metas: Vec<ContainerMeta> = Vec::new();
-    // Every pool container is examined: its metadata only, in RAM, and the
-    // pool holds little beyond the live versions' data.
-    let idx = RepoIndex::load(repo, |m| {
-        if m.stamp.is_none() {
-            metas.push(m.clone());
-        }
-    })?;
+    // Every pool container is examined as the index loads (metadata only;
+    // only those to drop or rewrite are kept).
     let mut drop: Vec<ContainerMeta> = Vec::new();
     let mut rewrite: Vec<(ContainerMeta, Vec<bool>)> = Vec::new();
-    for m in metas {
+    // Kept containers filled less than half: every backup leaves a couple
+    // (one per worker), and a restore pays per container it opens.
+    let target = repo.config().container_size as u64;
+    let mut small: Vec<(ContainerMeta, Vec<bool>, u64)> = Vec::new();
+    let idx = RepoIndex::load(repo, |m| {
+        if m.stamp.is_some() {
+            return;
+        }
         let live_set = marks.get(&m.id);
         let live: Vec<bool> = m
             .chunks
@@ -496,11 +499,23 @@ pub(crate) fn compact_pool(
             .map(|(c, _)| c.len as u64)
             .sum();
         if live_bytes == 0 {
-            drop.push(m);
+            drop.push(m.clone());
         } else if (raw - live_bytes) as f64 / raw as f64 > opts.threshold {
-            rewrite.push((m, live));
+            rewrite.push((m.clone(), live));
+        } else if live_bytes < target / 2 {
+            small.push((m.clone(), live, live_bytes));
         }
+    })?;
+    // Merge the small ones once together they fill at least half a
+    // container, so the output is not small again (each byte is merged
+    // about once, not at every run).
+    let small_bytes: u64 = small.iter().map(|x| x.2).sum();
+    if small.len() >= 2 && small_bytes >= target / 2 {
+        report.containers_merged += small.len() as u64;
+        rewrite.extend(small.into_iter().map(|(m, l, _)| (m, l)));
     }
+    // Oldest first: the copies keep roughly the order backups wrote.
+    rewrite.sort_by_key(|(m, _)| (m.created, m.id));
     report.containers_deleted += drop.len() as u64;
     report.containers_rewritten += rewrite.len() as u64;
     let freed_drop: u64 = drop.iter().map(|m| m.data_len).sum();
