@@ -1361,6 +1361,25 @@ fn revdedup_lifecycle_end_to_end() {
     verify_all(&repo, &src, &expected, "after forgets");
     let v = repo.assert_clean("after forgets");
     assert_eq!(v["warnings"], json!([]), "{v:#}");
+    // Forgetting the newest: the one before returns to live form, taking
+    // the pool data where it is (little is copied).
+    let pool_before = u(&repo.json(&["stats"])["pool_bytes"]);
+    let f = repo.json(&["forget", &ids[4]]);
+    assert_eq!(f["rebased"], json!([ids[3].clone()]), "{f}");
+    expected.remove(&ids[4]);
+    let snaps = repo.json(&["snapshots"]);
+    let last = &snaps.as_array().unwrap()[1];
+    assert_eq!(s(&last["id"]), ids[3]);
+    assert_eq!(s(&last["state"]), "live", "{snaps:#}");
+    assert!(!last["reverse_deduplicated"].as_bool().unwrap());
+    let st = repo.json(&["stats"]);
+    assert!(
+        u(&st["pool_bytes"]) < pool_before + pool_before / 4,
+        "the pool grew by more than the archival data: {st:#}"
+    );
+    verify_all(&repo, &src, &expected, "after forgetting the newest");
+    let v = repo.assert_clean("after forgetting the newest");
+    assert_eq!(v["warnings"], json!([]), "{v:#}");
 }
 
 /// A file that grows while the backup reads it is kept as read, with a

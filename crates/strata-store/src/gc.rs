@@ -234,9 +234,16 @@ pub(crate) fn copy_chunks(
 }
 
 /// Re-points an archival version whose next version is being removed: its
-/// indirect references are followed through the removed versions; chunks
-/// found direct there are copied into new containers stamped with this
-/// version, the rest stay indirect to the first surviving newer version.
+/// indirect references are followed through the removed versions.
+///
+/// When a newer version survives, chunks found direct in the removed ones
+/// are copied into new containers stamped with this version and the rest
+/// stay indirect to the first survivor. When none survives, the version
+/// becomes the newest of its series and returns to live form instead:
+/// chunks the removed versions held in the pool are referenced where they
+/// are (no copy), and only archival data — its own stamped chunks and those
+/// of removed archival versions — is copied into the pool. That keeps
+/// forgetting the newest version cheap.
 fn rebase(
     repo: &Repository,
     uid: &str,
@@ -253,7 +260,9 @@ fn rebase(
         .filter(|c| c.is_indirect())
         .map(|c| c.fp)
         .collect();
-    let mut sources: Vec<CopySource> = Vec::new();
+    // Direct references met in removed versions, and whether the version
+    // holding each was in live form (its chunk is in the pool).
+    let mut found: Vec<(CopySource, bool)> = Vec::new();
     let mut next = u.archival.as_ref().and_then(|a| a.next.clone());
     let mut visited = HashSet::new();
     while let Some(id) = next.clone() {
@@ -274,13 +283,14 @@ fn rebase(
                         "recipe of snapshot {id} references an unknown container"
                     ))
                 })?;
-                sources.push(CopySource {
+                let src = CopySource {
                     fp: c.fp,
                     container,
                     region: c.region,
                     offset: c.offset,
                     len: c.len,
-                });
+                };
+                found.push((src, x.archival.is_none()));
             }
         }
         next = x.archival.as_ref().and_then(|a| a.next.clone());
@@ -292,6 +302,36 @@ fn rebase(
             want.len()
         )));
     }
+    let revive = next.is_none();
+    let mut in_pool: HashMap<Fingerprint, CopySource> = HashMap::new();
+    let mut sources: Vec<CopySource> = Vec::new();
+    for (src, live_form) in found {
+        if revive && live_form {
+            in_pool.insert(src.fp, src);
+        } else {
+            sources.push(src);
+        }
+    }
+    let own_stamped: Vec<ContainerId> = if revive {
+        // Its own direct chunks leave the stamped containers for the pool.
+        let mut seen = HashSet::new();
+        for c in recipe_refs(&recipe) {
+            if c.is_direct() && seen.insert(c.fp) {
+                if let Some(&container) = recipe.containers.get(c.container as usize) {
+                    sources.push(CopySource {
+                        fp: c.fp,
+                        container,
+                        region: c.region,
+                        offset: c.offset,
+                        len: c.len,
+                    });
+                }
+            }
+        }
+        recipe.containers.clone()
+    } else {
+        Vec::new()
+    };
     let cache: std::sync::Mutex<HashMap<ContainerId, Option<Arc<Vec<RegionInfo>>>>> =
         Default::default();
     let regions = |id: &ContainerId| -> Option<Arc<Vec<RegionInfo>>> {
@@ -300,14 +340,19 @@ fn rebase(
             .or_insert_with(|| read_meta(repo, id).ok().map(|m| Arc::new(m.regions)))
             .clone()
     };
-    let stamp = Stamp {
+    let stamp = (!revive).then(|| Stamp {
         owner: uid.to_string(),
         time_ns: u.time_ns,
-    };
-    let (placed, metas) = copy_chunks(repo, &regions, &sources, Some(stamp), None)?;
+    });
+    let (placed, metas) = copy_chunks(repo, &regions, &sources, stamp, None)?;
     let idx = RepoIndex::load(repo, |_| {})?;
     edit_index(repo, &idx, &HashSet::new(), metas)?;
+
     let mut recipe = recipe;
+    if revive {
+        // Rebuilt from scratch: nothing may point into stamped containers.
+        recipe.containers.clear();
+    }
     let mut table: HashMap<ContainerId, u32> = recipe
         .containers
         .iter()
@@ -326,21 +371,40 @@ fn rebase(
     for n in &mut recipe.nodes {
         for s in &mut n.segments {
             for c in &mut s.chunks {
-                if c.is_indirect() {
-                    if let Some((cid, loc)) = placed.get(&c.fp) {
+                let to = if c.is_indirect() || (revive && c.is_direct()) {
+                    in_pool
+                        .get(&c.fp)
+                        .map(|p| (p.container, p.region, p.offset))
+                        .or_else(|| {
+                            placed
+                                .get(&c.fp)
+                                .map(|(cid, loc)| (*cid, loc.region, loc.offset))
+                        })
+                } else {
+                    None
+                };
+                match to {
+                    Some((cid, region, offset)) => {
                         let next_i = table.len() as u32;
-                        let i = *table.entry(*cid).or_insert_with(|| {
-                            recipe.containers.push(*cid);
+                        let i = *table.entry(cid).or_insert_with(|| {
+                            recipe.containers.push(cid);
                             next_i
                         });
                         *c = ChunkRef {
                             fp: c.fp,
                             len: c.len,
                             container: i,
-                            region: loc.region,
-                            offset: loc.offset,
+                            region,
+                            offset,
                         };
                     }
+                    None if revive && !c.is_zero() => {
+                        return Err(broken(format!(
+                            "chunk {} could not be placed while returning to live form",
+                            c.fp.to_hex()
+                        )));
+                    }
+                    None => {}
                 }
                 count_ref(&mut counts, c);
             }
@@ -349,7 +413,8 @@ fn rebase(
     let (rid, _) = repo.put_struct(Kind::Recipe, "recipes", &recipe)?;
     let mut nu = u.clone();
     let old_recipe = std::mem::replace(&mut nu.recipe, rid);
-    nu.archival = Some(counts);
+    nu.archival = (!revive).then_some(counts);
+    // The switch; after it the old stamped containers are unreferenced.
     repo.replace_snapshot(uid, &nu)?;
     if old_recipe != nu.recipe
         && !by_id
@@ -357,6 +422,19 @@ fn rebase(
             .any(|(id, s)| *id != uid && s.recipe == old_recipe)
     {
         repo.backend().delete(&format!("recipes/{old_recipe}"))?;
+    }
+    if revive {
+        let idx = RepoIndex::load(repo, |_| {})?;
+        let stale: HashSet<ContainerId> = own_stamped
+            .into_iter()
+            .filter(|c| {
+                idx.containers
+                    .get(c)
+                    .is_some_and(|s| s.stamp.as_ref().is_some_and(|st| st.owner == uid))
+            })
+            .collect();
+        edit_index(repo, &idx, &stale, vec![])?;
+        delete_containers(repo, stale.iter())?;
     }
     Ok(())
 }

@@ -315,9 +315,8 @@ impl World {
                 .collect();
             list.sort_by_key(|(_, x)| std::cmp::Reverse(x.version));
             // Outside the live window every version is in archival form.
-            // Reverse dedup is never undone: a version already archival
-            // stays so when the window grows or newer versions are
-            // forgotten.
+            // Reverse dedup is not undone when the window grows; a version
+            // whose newer versions were all forgotten is live form again.
             for (i, (id, x)) in list.iter().enumerate() {
                 let live = (i as u32) < self.policies[s].live;
                 assert!(
