@@ -87,7 +87,8 @@ enum Cmd {
     Run {
         #[command(flatten)]
         gen: GenArgs,
-        /// Systems: strata-<index> (default: every strategy the binary reports), restic, borg.
+        /// Systems: strata-<index>[+option=value...] (options go to `strata init`, e.g.
+        /// strata-segment+segment-kib=1024; default: every strategy the binary reports), restic, borg.
         #[arg(long, value_delimiter = ',')]
         systems: Option<Vec<String>>,
         /// Where results go (a timestamped subdirectory is created).
@@ -285,16 +286,19 @@ fn main() -> Result<()> {
                     "restic" => list.push(Box::new(systems::Restic::default())),
                     "borg" => list.push(Box::new(systems::Borg)),
                     s if s.starts_with("strata-") => {
-                        let idx = &s["strata-".len()..];
-                        if !strategies.iter().any(|x| x == idx) {
+                        let sys = systems::Strata::from_spec(bin.clone(), s)?;
+                        if !strategies.iter().any(|x| *x == sys.index) {
                             bail!(
-                                "strata has no index strategy {idx:?} (it has: {})",
+                                "strata has no index strategy {:?} (it has: {})",
+                                sys.index,
                                 strategies.join(", ")
                             );
                         }
-                        list.push(Box::new(systems::Strata::new(bin.clone(), idx)));
+                        list.push(Box::new(sys));
                     }
-                    other => bail!("unknown system {other:?}: use strata-<index>, restic or borg"),
+                    other => bail!(
+                        "unknown system {other:?}: use strata-<index>[+option=value...], restic or borg"
+                    ),
                 }
             }
             let name = format!("{}-{}", gen.kind, gen.preset.clone().unwrap_or_default())

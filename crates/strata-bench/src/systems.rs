@@ -58,6 +58,9 @@ fn in_target(target: &Path, src: &Path) -> PathBuf {
 pub struct Strata {
     pub bin: PathBuf,
     pub index: String,
+    /// Extra `strata init` options from the system name
+    /// (`strata-segment+segment-kib=1024` → `--segment-kib 1024`).
+    pub init_args: Vec<(String, String)>,
     /// Whether this system runs the RevDedup lifecycle: index `segment` and
     /// a binary with `strata maintain` (decided by `init`).
     pub maintain: bool,
@@ -77,9 +80,28 @@ impl Strata {
         Strata {
             bin,
             index: index.to_string(),
+            init_args: Vec::new(),
             maintain: false,
             last_reads: None,
         }
+    }
+
+    /// A system from its name: `strata-INDEX[+OPTION=VALUE...]`, each
+    /// option passed to `strata init` as `--OPTION VALUE`.
+    pub fn from_spec(bin: PathBuf, spec: &str) -> Result<Self> {
+        let rest = spec
+            .strip_prefix("strata-")
+            .ok_or_else(|| anyhow!("{spec:?} does not start with strata-"))?;
+        let mut parts = rest.split('+');
+        let index = parts.next().unwrap_or_default();
+        let mut s = Strata::new(bin, index);
+        for p in parts {
+            let (k, v) = p
+                .split_once('=')
+                .ok_or_else(|| anyhow!("{p:?} in {spec:?}: use +OPTION=VALUE"))?;
+            s.init_args.push((k.to_string(), v.to_string()));
+        }
+        Ok(s)
     }
 
     fn cmd(&self, repo: &Path) -> Command {
@@ -122,13 +144,21 @@ impl Strata {
 
 impl System for Strata {
     fn name(&self) -> String {
-        format!("strata-{}", self.index)
+        let mut n = format!("strata-{}", self.index);
+        for (k, v) in &self.init_args {
+            n += &format!("+{k}={v}");
+        }
+        n
     }
 
     fn settings(&self) -> String {
         format!(
-            "index {}, zstd 3, FastCDC 8 KiB, unencrypted (checksums){}",
+            "index {}{}, zstd 3, FastCDC 8 KiB, unencrypted (checksums){}",
             self.index,
+            self.init_args
+                .iter()
+                .map(|(k, v)| format!(", --{k} {v}"))
+                .collect::<String>(),
             if self.maintain {
                 "; `strata maintain` after every backup (RevDedup lifecycle), \
                  deletion by `forget` without --prune"
@@ -143,7 +173,12 @@ impl System for Strata {
         // live window, expiry) applies to the segment index, when the
         // binary has it.
         self.maintain = self.index == "segment" && Self::features(&self.bin)?.maintain;
-        run(self.cmd(repo).args(["init", "--index", &self.index]), &[0])?;
+        let mut c = self.cmd(repo);
+        c.args(["init", "--index", &self.index]);
+        for (k, v) in &self.init_args {
+            c.arg(format!("--{k}")).arg(v);
+        }
+        run(&mut c, &[0])?;
         Ok(())
     }
 
@@ -545,5 +580,25 @@ mod tests {
             calls[calls.len() - 2..],
             ["backup --series a", "forget a@1 b@2 --prune"]
         );
+    }
+
+    #[test]
+    fn system_specs_carry_init_options() {
+        let s =
+            Strata::from_spec(PathBuf::from("strata"), "strata-segment+segment-kib=1024").unwrap();
+        assert_eq!(s.index, "segment");
+        assert_eq!(
+            s.init_args,
+            [("segment-kib".to_string(), "1024".to_string())]
+        );
+        assert_eq!(s.name(), "strata-segment+segment-kib=1024");
+        assert!(s.settings().contains("--segment-kib 1024"));
+        assert_eq!(
+            Strata::from_spec(PathBuf::from("strata"), "strata-exact")
+                .unwrap()
+                .name(),
+            "strata-exact"
+        );
+        assert!(Strata::from_spec(PathBuf::from("strata"), "strata-segment+oops").is_err());
     }
 }
