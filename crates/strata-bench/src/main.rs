@@ -287,7 +287,7 @@ fn main() -> Result<()> {
                     "borg" => list.push(Box::new(systems::Borg)),
                     s if s.starts_with("strata-") => {
                         let sys = systems::Strata::from_spec(bin.clone(), s)?;
-                        if !strategies.iter().any(|x| *x == sys.index) {
+                        if !strategies.contains(&sys.index) {
                             bail!(
                                 "strata has no index strategy {:?} (it has: {})",
                                 sys.index,
