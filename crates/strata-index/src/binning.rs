@@ -1,0 +1,267 @@
+//! Extreme Binning (Bhagwat et al., MASCOTS 2009), the similarity-only
+//! baseline SiLo is compared with (SiLo §4; DESIGN.md "Index strategies":
+//! `binning`).
+//!
+//! Every file is represented by its minimum chunk key. The *primary
+//! index*, the only structure in RAM, maps a representative to a *bin* (on
+//! disk: the chunk keys of every file that had this representative) and to
+//! the hash of the last such file's whole chunk list. A file whose whole
+//! hash matches is a duplicate file, found without a disk access; otherwise
+//! its bin is read, its chunks are deduplicated against the bin alone, and
+//! the bin is written back with the new ones. Files with a new
+//! representative start a new bin and find no duplicates at all — the
+//! weakness SiLo's locality fixes: similar files whose minimum chunk
+//! differs are never compared.
+
+use crate::store::BlockStore;
+use crate::{table_bytes, ChunkKey, IndexError, Location, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+const BIN_VERSION: u8 = 1;
+
+#[derive(Serialize, Deserialize)]
+struct BinData<K, L> {
+    version: u8,
+    id: u64,
+    chunks: Vec<(K, L)>,
+}
+
+/// What Extreme Binning did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BinningStats {
+    pub files: u64,
+    /// Files whose whole-file hash matched (no disk access).
+    pub dup_files: u64,
+    pub bin_loads: u64,
+    pub bin_writes: u64,
+    pub new_bins: u64,
+    pub dup_chunks: u64,
+    pub new_chunks: u64,
+}
+
+enum Pending<K, L> {
+    None,
+    /// The file matched its bin's last file whole.
+    Whole,
+    /// The file's bin (loaded), or a new bin to create.
+    Bin {
+        rep: u128,
+        hash: u128,
+        id: Option<u64>,
+        chunks: HashMap<K, L>,
+    },
+}
+
+/// Extreme Binning over a stream of files.
+pub struct Binning<K, L> {
+    store: Arc<dyn BlockStore>,
+    prefix: String,
+    /// Representative → (bin id, whole-file hash of its last file).
+    primary: HashMap<u128, (u64, u128)>,
+    next_bin: u64,
+    /// Whether callers need locations for whole-file duplicates (a
+    /// repository does; trace mode only counts).
+    need_locations: bool,
+    pending: Pending<K, L>,
+    pub stats: BinningStats,
+}
+
+/// Hash of a file's chunk list.
+fn whole_hash<K: ChunkKey>(keys: &[K]) -> u128 {
+    let mut h = blake3::Hasher::new();
+    for k in keys {
+        h.update(&k.prefix().to_le_bytes());
+    }
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&h.finalize().as_bytes()[..16]);
+    u128::from_le_bytes(b)
+}
+
+impl<K: ChunkKey, L: Location + Default> Binning<K, L> {
+    pub fn new(store: Arc<dyn BlockStore>, prefix: &str, need_locations: bool) -> Self {
+        Binning {
+            store,
+            prefix: prefix.to_string(),
+            primary: HashMap::new(),
+            next_bin: 0,
+            need_locations,
+            pending: Pending::None,
+            stats: BinningStats::default(),
+        }
+    }
+
+    fn bin_name(&self, id: u64) -> String {
+        format!("{}{id}", self.prefix)
+    }
+
+    fn load(&mut self, id: u64) -> Result<HashMap<K, L>> {
+        let name = self.bin_name(id);
+        let raw = self.store.get(&name)?;
+        let d: BinData<K, L> = postcard::from_bytes(&raw).map_err(|e| IndexError::Decode {
+            name: name.clone(),
+            msg: e.to_string(),
+        })?;
+        if d.version != BIN_VERSION || d.id != id {
+            return Err(IndexError::Decode {
+                name,
+                msg: format!("version {} id {}", d.version, d.id),
+            });
+        }
+        self.stats.bin_loads += 1;
+        Ok(d.chunks.into_iter().collect())
+    }
+
+    /// Looks up one file's chunks.
+    pub fn lookup_file(&mut self, keys: &[K]) -> Result<Vec<Option<L>>> {
+        self.pending = Pending::None;
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.stats.files += 1;
+        let rep = keys.iter().map(|k| k.prefix()).min().unwrap_or_default();
+        let hash = whole_hash(keys);
+        let (out, pending) = match self.primary.get(&rep).copied() {
+            Some((_, h)) if h == hash && !self.need_locations => {
+                self.stats.dup_files += 1;
+                (vec![Some(L::default()); keys.len()], Pending::Whole)
+            }
+            Some((id, h)) => {
+                let chunks = self.load(id)?;
+                if h == hash {
+                    self.stats.dup_files += 1;
+                }
+                let out = keys.iter().map(|k| chunks.get(k).copied()).collect();
+                (
+                    out,
+                    Pending::Bin {
+                        rep,
+                        hash,
+                        id: Some(id),
+                        chunks,
+                    },
+                )
+            }
+            None => (
+                vec![None; keys.len()],
+                Pending::Bin {
+                    rep,
+                    hash,
+                    id: None,
+                    chunks: HashMap::new(),
+                },
+            ),
+        };
+        let dups = out.iter().filter(|x: &&Option<L>| x.is_some()).count() as u64;
+        self.stats.dup_chunks += dups;
+        self.stats.new_chunks += keys.len() as u64 - dups;
+        self.pending = pending;
+        Ok(out)
+    }
+
+    /// Records the file looked up last, with its chunks' locations: new
+    /// chunks join its bin, which is written back.
+    pub fn add_file(&mut self, chunks: &[(K, L)]) -> Result<()> {
+        match std::mem::replace(&mut self.pending, Pending::None) {
+            Pending::None | Pending::Whole => Ok(()),
+            Pending::Bin {
+                rep,
+                hash,
+                id,
+                chunks: mut bin,
+            } => {
+                let before = bin.len();
+                for (k, l) in chunks {
+                    bin.entry(*k).or_insert(*l);
+                }
+                let id = match id {
+                    Some(id) => id,
+                    None => {
+                        self.stats.new_bins += 1;
+                        self.next_bin += 1;
+                        self.next_bin - 1
+                    }
+                };
+                if bin.len() != before || before == 0 {
+                    let data = BinData {
+                        version: BIN_VERSION,
+                        id,
+                        chunks: bin.into_iter().collect::<Vec<_>>(),
+                    };
+                    let bytes = postcard::to_allocvec(&data).map_err(|e| IndexError::Decode {
+                        name: self.bin_name(id),
+                        msg: e.to_string(),
+                    })?;
+                    self.store.put(&self.bin_name(id), &bytes)?;
+                    self.stats.bin_writes += 1;
+                }
+                self.primary.insert(rep, (id, hash));
+                Ok(())
+            }
+        }
+    }
+
+    pub fn entries(&self) -> u64 {
+        self.primary.len() as u64
+    }
+
+    /// RAM of the primary index (the bin of the current file is transient
+    /// and bounded by the largest bin).
+    pub fn ram_bytes(&self) -> u64 {
+        table_bytes(self.primary.capacity(), 16 + 8 + 16)
+            + match &self.pending {
+                Pending::Bin { chunks, .. } => table_bytes(
+                    chunks.capacity(),
+                    std::mem::size_of::<K>() + std::mem::size_of::<L>(),
+                ),
+                _ => 0,
+            }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemStore;
+
+    fn key(i: u64) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b.copy_from_slice(&blake3::hash(&i.to_le_bytes()).as_bytes()[..16]);
+        b
+    }
+
+    fn file(b: &mut Binning<[u8; 16], ()>, ids: &[u64]) -> usize {
+        let keys: Vec<_> = ids.iter().map(|i| key(*i)).collect();
+        let found = b.lookup_file(&keys).unwrap();
+        let chunks: Vec<_> = keys.iter().map(|k| (*k, ())).collect();
+        b.add_file(&chunks).unwrap();
+        found.iter().filter(|f| f.is_some()).count()
+    }
+
+    #[test]
+    fn duplicate_files_and_similar_files() {
+        let mut b: Binning<[u8; 16], ()> = Binning::new(Arc::new(MemStore::default()), "bin/", false);
+        let a: Vec<u64> = (0..100).collect();
+        assert_eq!(file(&mut b, &a), 0);
+        // The same file: whole-file match, no bin read.
+        assert_eq!(file(&mut b, &a), 100);
+        assert_eq!(b.stats.dup_files, 1);
+        assert_eq!(b.stats.bin_loads, 0);
+        // A similar file (same minimum chunk): deduplicated against the bin.
+        let min = *a.iter().min_by_key(|i| key(**i).prefix()).unwrap();
+        let mut a2 = a.clone();
+        let victim = a2.iter().position(|i| *i != min).unwrap();
+        a2[victim] = 5000;
+        assert_eq!(file(&mut b, &a2), 99);
+        assert_eq!(b.stats.bin_loads, 1);
+        // A similar file whose minimum chunk changed finds nothing: the
+        // weakness SiLo's locality addresses.
+        let mut a3 = a.clone();
+        let at = a3.iter().position(|i| *i == min).unwrap();
+        a3[at] = 6000;
+        assert_eq!(file(&mut b, &a3), 0);
+        assert!(b.ram_bytes() > 0);
+        assert_eq!(b.entries(), 2);
+    }
+}
