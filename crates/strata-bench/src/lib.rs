@@ -10,9 +10,12 @@
 //! * [`measure`] — wall time, peak RSS and I/O of a child process.
 //! * [`chart`] — SVG charts like the papers' figures.
 //! * [`limits`] — what this machine's hardware allows.
+//! * [`indextrace`] — index strategies (exact, SiLo, Extreme Binning) on
+//!   fingerprint traces at terabyte scale.
 
 pub mod chart;
 pub mod gen;
+pub mod indextrace;
 pub mod limits;
 pub mod measure;
 pub mod runner;

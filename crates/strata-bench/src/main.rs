@@ -116,6 +116,61 @@ enum Cmd {
         #[arg(long, env = "STRATA_BIN")]
         strata: Option<PathBuf>,
     },
+    /// Compare index strategies (exact, SiLo, Extreme Binning) on a
+    /// fingerprint trace, without data (SiLo §4): duplicates eliminated,
+    /// index RAM and its growth per TB, throughput, on-disk index accesses.
+    IndexTrace {
+        /// Logical size of the stream's first version (e.g. 500GB).
+        #[arg(long, value_parser = gen::parse_size, default_value = "50GB")]
+        dataset: u64,
+        /// Versions (backups) of the stream.
+        #[arg(long, default_value_t = 20)]
+        versions: usize,
+        /// Fraction of chunks replaced per version.
+        #[arg(long, default_value_t = 0.03)]
+        change_rate: f64,
+        /// Strategies (none = the generator alone, for net throughput).
+        #[arg(long, value_delimiter = ',', default_value = "none,exact,silo,binning")]
+        strategies: Vec<String>,
+        /// SiLo segment size.
+        #[arg(long, value_parser = gen::parse_size, default_value = "2MiB")]
+        segment: u64,
+        /// SiLo block size (data per block).
+        #[arg(long, value_parser = gen::parse_size, default_value = "256MiB")]
+        block: u64,
+        /// SiLo read cache, in blocks.
+        #[arg(long, default_value_t = 8)]
+        cache_blocks: usize,
+        /// Average file size for Extreme Binning.
+        #[arg(long, value_parser = gen::parse_size, default_value = "256KiB")]
+        file: u64,
+        /// SiLo: record wholly duplicate segments in new blocks too (the
+        /// newest blocks then describe the whole newest stream).
+        #[arg(long)]
+        record_duplicates: bool,
+        /// Duplicate elimination vs block and segment size (SiLo Figure 9):
+        /// SiLo only, over a grid of sizes, at this trace's scale.
+        #[arg(long)]
+        sweep: bool,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value = "/tmp/strata-bench-work/index-trace")]
+        work: PathBuf,
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
+    /// One strategy of an index trace run (used by `index-trace`).
+    #[command(hide = true)]
+    IndexTraceOne {
+        #[arg(long)]
+        spec: PathBuf,
+        #[arg(long)]
+        strategy: String,
+        #[arg(long)]
+        work: PathBuf,
+        #[arg(long)]
+        result: PathBuf,
+    },
     /// Regenerate charts and summary from a saved results.json directory.
     Report { dir: PathBuf },
     /// Measure this machine's chunking, hashing, compression and disk limits.
@@ -330,6 +385,107 @@ fn main() -> Result<()> {
             runner::fill_cumulative(&mut res.backups);
             runner::write_outputs(&res, &dir)?;
             println!("{}", runner::summary_markdown(&res));
+        }
+        Cmd::IndexTrace {
+            dataset,
+            versions,
+            change_rate,
+            strategies,
+            segment,
+            block,
+            cache_blocks,
+            file,
+            record_duplicates,
+            sweep,
+            seed,
+            work,
+            out,
+        } => {
+            use strata_bench::indextrace::{run_all, write_report, TraceRun};
+            let exe = std::env::current_exe().context("locating strata-bench")?;
+            let base = TraceRun {
+                seed,
+                dataset_bytes: dataset,
+                versions,
+                change_rate,
+                segment_bytes: segment,
+                block_bytes: block,
+                cache_blocks,
+                file_bytes: file,
+                record_duplicate_segments: record_duplicates,
+            };
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            if sweep {
+                let dir = out.join(format!("index-sweep-{stamp}"));
+                let exact = run_all(&exe, &base, &["exact".to_string()], &work)?;
+                let e = exact[0].dup_bytes.max(1) as f64;
+                let mut table = String::from(
+                    "| segment | block | dup eliminated, % of exact's | SHTable entries | block loads |\n|---|---|---|---|---|\n",
+                );
+                let mut lines: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+                let mut all = exact.clone();
+                for seg in [512u64 << 10, 1 << 20, 2 << 20, 4 << 20] {
+                    let mut pts = Vec::new();
+                    for blk in [8u64 << 20, 32 << 20, 128 << 20, 512 << 20] {
+                        let run = TraceRun {
+                            segment_bytes: seg,
+                            block_bytes: blk,
+                            ..base.clone()
+                        };
+                        let mut r = run_all(&exe, &run, &["silo".to_string()], &work)?;
+                        let mut r = r.remove(0);
+                        let share = 100.0 * r.dup_bytes as f64 / e;
+                        table += &format!(
+                            "| {} KiB | {} MiB | {:.3} | {} | {} |\n",
+                            seg >> 10,
+                            blk >> 20,
+                            share,
+                            r.entries,
+                            r.store_reads
+                        );
+                        pts.push(((blk >> 20) as f64, share));
+                        r.strategy = format!("silo seg {} KiB block {} MiB", seg >> 10, blk >> 20);
+                        all.push(r);
+                    }
+                    lines.push((format!("segment {} KiB", seg >> 10), pts));
+                }
+                std::fs::create_dir_all(&dir)?;
+                std::fs::write(
+                    dir.join("sweep.svg"),
+                    strata_bench::chart::line_chart(
+                        "SiLo: duplicates eliminated vs block size (Figure 9)",
+                        "block MiB",
+                        "% of exact's",
+                        &lines,
+                    ),
+                )?;
+                std::fs::write(dir.join("sweep.md"), &table)?;
+                std::fs::write(
+                    dir.join("results.json"),
+                    serde_json::to_vec_pretty(&serde_json::json!({"run": base, "results": all}))?,
+                )?;
+                println!("{table}\nresults in {}", dir.display());
+            } else {
+                let results = run_all(&exe, &base, &strategies, &work)?;
+                let dir = out.join(format!("index-trace-{stamp}"));
+                let summary = write_report(&dir, &base, &results)?;
+                println!("{}", std::fs::read_to_string(&summary)?);
+                println!("results in {}", dir.display());
+            }
+        }
+        Cmd::IndexTraceOne {
+            spec,
+            strategy,
+            work,
+            result,
+        } => {
+            let run: strata_bench::indextrace::TraceRun =
+                serde_json::from_slice(&std::fs::read(&spec)?)?;
+            let r = strata_bench::indextrace::run_strategy(&run, &strategy, &work)?;
+            std::fs::write(&result, serde_json::to_vec_pretty(&r)?)?;
         }
         Cmd::Limits {
             work,

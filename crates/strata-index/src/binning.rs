@@ -13,20 +13,11 @@
 //! weakness SiLo's locality fixes: similar files whose minimum chunk
 //! differs are never compared.
 
+use crate::frozen::Frozen;
 use crate::store::BlockStore;
-use crate::{table_bytes, ChunkKey, IndexError, Location, Result};
+use crate::{table_bytes, ChunkKey, IndexError, KeyMap, Location, Result};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::sync::Arc;
-
-const BIN_VERSION: u8 = 1;
-
-#[derive(Serialize, Deserialize)]
-struct BinData<K, L> {
-    version: u8,
-    id: u64,
-    chunks: Vec<(K, L)>,
-}
 
 /// What Extreme Binning did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,7 +41,7 @@ enum Pending<K, L> {
         rep: u128,
         hash: u128,
         id: Option<u64>,
-        chunks: HashMap<K, L>,
+        chunks: Option<Frozen<K, L>>,
     },
 }
 
@@ -59,7 +50,7 @@ pub struct Binning<K, L> {
     store: Arc<dyn BlockStore>,
     prefix: String,
     /// Representative → (bin id, whole-file hash of its last file).
-    primary: HashMap<u128, (u64, u128)>,
+    primary: KeyMap<u128, (u64, u128)>,
     next_bin: u64,
     /// Whether callers need locations for whole-file duplicates (a
     /// repository does; trace mode only counts).
@@ -84,7 +75,7 @@ impl<K: ChunkKey, L: Location + Default> Binning<K, L> {
         Binning {
             store,
             prefix: prefix.to_string(),
-            primary: HashMap::new(),
+            primary: KeyMap::default(),
             next_bin: 0,
             need_locations,
             pending: Pending::None,
@@ -96,21 +87,18 @@ impl<K: ChunkKey, L: Location + Default> Binning<K, L> {
         format!("{}{id}", self.prefix)
     }
 
-    fn load(&mut self, id: u64) -> Result<HashMap<K, L>> {
+    fn load(&mut self, id: u64) -> Result<Frozen<K, L>> {
         let name = self.bin_name(id);
         let raw = self.store.get(&name)?;
-        let d: BinData<K, L> = postcard::from_bytes(&raw).map_err(|e| IndexError::Decode {
-            name: name.clone(),
-            msg: e.to_string(),
-        })?;
-        if d.version != BIN_VERSION || d.id != id {
+        let bin = Frozen::from_bytes(&name, raw)?;
+        if bin.id() != id {
             return Err(IndexError::Decode {
                 name,
-                msg: format!("version {} id {}", d.version, d.id),
+                msg: format!("holds bin {}", bin.id()),
             });
         }
         self.stats.bin_loads += 1;
-        Ok(d.chunks.into_iter().collect())
+        Ok(bin)
     }
 
     /// Looks up one file's chunks.
@@ -132,14 +120,14 @@ impl<K: ChunkKey, L: Location + Default> Binning<K, L> {
                 if h == hash {
                     self.stats.dup_files += 1;
                 }
-                let out = keys.iter().map(|k| chunks.get(k).copied()).collect();
+                let out = keys.iter().map(|k| chunks.get(k)).collect();
                 (
                     out,
                     Pending::Bin {
                         rep,
                         hash,
                         id: Some(id),
-                        chunks,
+                        chunks: Some(chunks),
                     },
                 )
             }
@@ -149,7 +137,7 @@ impl<K: ChunkKey, L: Location + Default> Binning<K, L> {
                     rep,
                     hash,
                     id: None,
-                    chunks: HashMap::new(),
+                    chunks: None,
                 },
             ),
         };
@@ -169,12 +157,12 @@ impl<K: ChunkKey, L: Location + Default> Binning<K, L> {
                 rep,
                 hash,
                 id,
-                chunks: mut bin,
+                chunks: old,
             } => {
-                let before = bin.len();
-                for (k, l) in chunks {
-                    bin.entry(*k).or_insert(*l);
-                }
+                let new: Vec<&(K, L)> = chunks
+                    .iter()
+                    .filter(|(k, _)| old.as_ref().is_none_or(|b| b.get(k).is_none()))
+                    .collect();
                 let id = match id {
                     Some(id) => id,
                     None => {
@@ -183,16 +171,20 @@ impl<K: ChunkKey, L: Location + Default> Binning<K, L> {
                         self.next_bin - 1
                     }
                 };
-                if bin.len() != before || before == 0 {
-                    let data = BinData {
-                        version: BIN_VERSION,
+                if !new.is_empty() || old.is_none() {
+                    let mut all: KeyMap<K, L> = old
+                        .as_ref()
+                        .map(|b| b.entries().collect())
+                        .unwrap_or_default();
+                    for (k, l) in new {
+                        all.entry(*k).or_insert(*l);
+                    }
+                    let bytes = Frozen::<K, L>::build(
                         id,
-                        chunks: bin.into_iter().collect::<Vec<_>>(),
-                    };
-                    let bytes = postcard::to_allocvec(&data).map_err(|e| IndexError::Decode {
-                        name: self.bin_name(id),
-                        msg: e.to_string(),
-                    })?;
+                        &[],
+                        all.len(),
+                        all.iter().map(|(k, l)| (*k, *l)),
+                    );
                     self.store.put(&self.bin_name(id), &bytes)?;
                     self.stats.bin_writes += 1;
                 }
@@ -211,10 +203,9 @@ impl<K: ChunkKey, L: Location + Default> Binning<K, L> {
     pub fn ram_bytes(&self) -> u64 {
         table_bytes(self.primary.capacity(), 16 + 8 + 16)
             + match &self.pending {
-                Pending::Bin { chunks, .. } => table_bytes(
-                    chunks.capacity(),
-                    std::mem::size_of::<K>() + std::mem::size_of::<L>(),
-                ),
+                Pending::Bin {
+                    chunks: Some(b), ..
+                } => b.ram_bytes(),
                 _ => 0,
             }
     }
@@ -241,7 +232,8 @@ mod tests {
 
     #[test]
     fn duplicate_files_and_similar_files() {
-        let mut b: Binning<[u8; 16], ()> = Binning::new(Arc::new(MemStore::default()), "bin/", false);
+        let mut b: Binning<[u8; 16], ()> =
+            Binning::new(Arc::new(MemStore::default()), "bin/", false);
         let a: Vec<u64> = (0..100).collect();
         assert_eq!(file(&mut b, &a), 0);
         // The same file: whole-file match, no bin read.

@@ -3,18 +3,17 @@
 //! index): every chunk key → location in one RAM hash map. Finds every
 //! duplicate; its RAM grows with the number of unique chunks.
 
-use crate::{table_bytes, ChunkKey, Location};
-use std::collections::HashMap;
+use crate::{table_bytes, ChunkKey, KeyMap, Location};
 
 /// Every chunk key in RAM.
 pub struct ExactMap<K, L> {
-    map: HashMap<K, L>,
+    map: KeyMap<K, L>,
 }
 
 impl<K: ChunkKey, L: Location> Default for ExactMap<K, L> {
     fn default() -> Self {
         ExactMap {
-            map: HashMap::new(),
+            map: KeyMap::default(),
         }
     }
 }
@@ -53,7 +52,7 @@ mod tests {
 
     #[test]
     fn finds_everything_once() {
-        let mut m: ExactMap<[u8; 16], u32> = ExactMap::default();
+        let mut m: ExactMap<[u8; 16], u64> = ExactMap::default();
         assert_eq!(m.claim([1; 16], 5), None);
         assert_eq!(m.claim([1; 16], 6), Some(5));
         assert_eq!(m.lookup(&[1; 16]), Some(5));

@@ -27,8 +27,9 @@
 //! SiLo is near-exact: a duplicate is missed when neither its segment's
 //! representative nor a neighbour's leads to a block holding it.
 
+use crate::frozen::Frozen;
 use crate::store::BlockStore;
-use crate::{table_bytes, ChunkKey, IndexError, Location, Result};
+use crate::{table_bytes, ChunkKey, IndexError, KeyMap, Location, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -44,6 +45,12 @@ pub struct SiloConfig {
     pub reps: usize,
     /// Delete blocks the similarity table no longer points at.
     pub gc_blocks: bool,
+    /// Record segments that were wholly duplicate in the write buffer too.
+    /// With it, the newest blocks always describe the newest stream (best
+    /// locality) but every backup writes index blocks for all its data;
+    /// without it, only segments with new chunks are recorded, so the
+    /// on-disk index grows with the changed data only.
+    pub record_duplicate_segments: bool,
 }
 
 impl Default for SiloConfig {
@@ -53,6 +60,7 @@ impl Default for SiloConfig {
             cache_blocks: 8,
             reps: 1,
             gc_blocks: true,
+            record_duplicate_segments: false,
         }
     }
 }
@@ -72,41 +80,26 @@ pub struct SiloStats {
     pub blocks_deleted: u64,
     pub dup_chunks: u64,
     pub new_chunks: u64,
+    /// Wholly duplicate segments left out of the write buffer.
+    pub skipped_segments: u64,
 }
 
-/// Format version of a stored block.
-const BLOCK_VERSION: u8 = 1;
-
-#[derive(Serialize, Deserialize)]
-struct BlockData<K, L> {
-    version: u8,
+/// The block being filled (the write buffer).
+struct OpenBlock<K, L> {
     id: u64,
     reps: Vec<u128>,
-    chunks: Vec<(K, L)>,
-}
-
-struct Block<K, L> {
-    id: u64,
-    reps: Vec<u128>,
-    lht: HashMap<K, L>,
+    lht: KeyMap<K, L>,
     data_bytes: u64,
 }
 
-impl<K: ChunkKey, L: Location> Block<K, L> {
+impl<K: ChunkKey, L: Location> OpenBlock<K, L> {
     fn new(id: u64) -> Self {
-        Block {
+        OpenBlock {
             id,
             reps: Vec::new(),
-            lht: HashMap::new(),
+            lht: KeyMap::default(),
             data_bytes: 0,
         }
-    }
-
-    fn ram_bytes(&self) -> u64 {
-        table_bytes(
-            self.lht.capacity(),
-            std::mem::size_of::<K>() + std::mem::size_of::<L>(),
-        ) + self.reps.capacity() as u64 * 16
     }
 }
 
@@ -116,15 +109,19 @@ pub struct Silo<K, L> {
     store: Arc<dyn BlockStore>,
     /// Prefix of block object names.
     prefix: String,
-    sht: HashMap<u128, u64>,
+    sht: KeyMap<u128, u64>,
     /// SHTable entries pointing at each block.
     refs: HashMap<u64, u32>,
-    cache: VecDeque<Arc<Block<K, L>>>,
-    wb: Block<K, L>,
+    /// The read cache, oldest first: blocks as stored (frozen tables,
+    /// probed in place).
+    cache: VecDeque<Arc<Frozen<K, L>>>,
+    wb: OpenBlock<K, L>,
     next_block: u64,
     /// SHTable entries set since the last [`Silo::take_changes`].
     changed: Vec<(u128, u64)>,
     deleted: Vec<u64>,
+    /// New chunks the last lookup found.
+    last_new: usize,
     pub stats: SiloStats,
 }
 
@@ -149,16 +146,17 @@ impl<K: ChunkKey, L: Location> Silo<K, L> {
         }
         let next_block = next_block.max(refs.keys().max().map_or(0, |m| m + 1));
         Silo {
-            wb: Block::new(next_block),
+            wb: OpenBlock::new(next_block),
             next_block: next_block + 1,
             cfg,
             store,
             prefix: prefix.to_string(),
-            sht,
+            sht: sht.into_iter().collect(),
             refs,
             cache: VecDeque::new(),
             changed: Vec::new(),
             deleted: Vec::new(),
+            last_new: 0,
             stats: SiloStats::default(),
         }
     }
@@ -187,46 +185,47 @@ impl<K: ChunkKey, L: Location> Silo<K, L> {
     }
 
     fn ensure_cached(&mut self, id: u64) -> Result<()> {
-        if id == self.wb.id || self.cache.iter().any(|b| b.id == id) {
+        if id == self.wb.id || self.cache.iter().any(|b| b.id() == id) {
             self.stats.cache_hits += 1;
             return Ok(());
         }
         let name = self.block_name(id);
         let raw = self.store.get(&name)?;
-        let data: BlockData<K, L> =
-            postcard::from_bytes(&raw).map_err(|e| IndexError::Decode {
-                name: name.clone(),
-                msg: e.to_string(),
-            })?;
-        if data.version != BLOCK_VERSION || data.id != id {
+        let block = Frozen::from_bytes(&name, raw)?;
+        if block.id() != id {
             return Err(IndexError::Decode {
                 name,
-                msg: format!("version {} id {}", data.version, data.id),
+                msg: format!("holds block {}", block.id()),
             });
         }
         self.stats.block_loads += 1;
-        let block = Block {
-            id,
-            reps: data.reps,
-            lht: data.chunks.into_iter().collect(),
-            data_bytes: 0,
-        };
         self.push_cache(Arc::new(block));
         Ok(())
     }
 
-    fn push_cache(&mut self, b: Arc<Block<K, L>>) {
+    fn push_cache(&mut self, b: Arc<Frozen<K, L>>) {
         self.cache.push_back(b);
         while self.cache.len() > self.cfg.cache_blocks.max(1) {
             self.cache.pop_front();
         }
     }
 
-    fn find(&self, k: &K) -> Option<L> {
+    /// Finds a key: in the write buffer, then in the block the segment's
+    /// representative led to (most chunks of a similar segment are there),
+    /// then in the other cached blocks, newest first.
+    fn find(&self, k: &K, first: Option<&Frozen<K, L>>) -> Option<L> {
         if let Some(l) = self.wb.lht.get(k) {
             return Some(*l);
         }
-        self.cache.iter().rev().find_map(|b| b.lht.get(k).copied())
+        if let Some(l) = first.and_then(|b| b.get(k)) {
+            return Some(l);
+        }
+        let skip = first.map(|b| b.id());
+        self.cache
+            .iter()
+            .rev()
+            .filter(|b| Some(b.id()) != skip)
+            .find_map(|b| b.get(k))
     }
 
     /// Looks up one segment: loads the block of each representative that
@@ -236,6 +235,7 @@ impl<K: ChunkKey, L: Location> Silo<K, L> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
+        let mut first = None;
         for rep in self.representatives(keys.iter().map(|k| k.prefix())) {
             match self.sht.get(&rep).copied() {
                 Some(b) => {
@@ -244,13 +244,19 @@ impl<K: ChunkKey, L: Location> Silo<K, L> {
                     // duplicates: the lookup goes on without it.
                     if self.ensure_cached(b).is_err() {
                         self.sht.remove(&rep);
+                    } else if first.is_none() {
+                        first = self.cache.iter().rev().find(|x| x.id() == b).cloned();
                     }
                 }
                 None => self.stats.sht_misses += 1,
             }
         }
-        let out: Vec<Option<L>> = keys.iter().map(|k| self.find(k)).collect();
+        let out: Vec<Option<L>> = keys
+            .iter()
+            .map(|k| self.find(k, first.as_deref()))
+            .collect();
         let dups = out.iter().filter(|x| x.is_some()).count() as u64;
+        self.last_new = keys.len() - dups as usize;
         self.stats.dup_chunks += dups;
         self.stats.new_chunks += keys.len() as u64 - dups;
         Ok(out)
@@ -271,6 +277,12 @@ impl<K: ChunkKey, L: Location> Silo<K, L> {
     /// write buffer's block. Flushes the block when full.
     pub fn add_segment(&mut self, chunks: &[(K, L)], data_bytes: u64) -> Result<()> {
         if chunks.is_empty() {
+            return Ok(());
+        }
+        if !self.cfg.record_duplicate_segments && self.last_new == 0 {
+            // Its representatives keep pointing at the block that holds it.
+            self.stats.segments += 1;
+            self.stats.skipped_segments += 1;
             return Ok(());
         }
         for (k, l) in chunks {
@@ -323,28 +335,25 @@ impl<K: ChunkKey, L: Location> Silo<K, L> {
             return Ok(());
         }
         let id = self.wb.id;
-        let full = std::mem::replace(&mut self.wb, Block::new(self.next_block));
+        let full = std::mem::replace(&mut self.wb, OpenBlock::new(self.next_block));
         self.next_block += 1;
-        let data = BlockData {
-            version: BLOCK_VERSION,
+        let name = self.block_name(id);
+        let bytes = Frozen::<K, L>::build(
             id,
-            reps: full.reps.clone(),
-            chunks: full.lht.iter().map(|(k, l)| (*k, *l)).collect::<Vec<_>>(),
-        };
-        let bytes = postcard::to_allocvec(&data).map_err(|e| IndexError::Decode {
-            name: self.block_name(id),
-            msg: e.to_string(),
-        })?;
-        self.store.put(&self.block_name(id), &bytes)?;
+            &full.reps,
+            full.lht.len(),
+            full.lht.iter().map(|(k, l)| (*k, *l)),
+        );
+        self.store.put(&name, &bytes)?;
         self.stats.blocks_written += 1;
         if !self.refs.contains_key(&id) && self.cfg.gc_blocks {
             // Every representative it held moved on within the block's
             // own lifetime: nothing will look for it.
-            self.store.delete(&self.block_name(id))?;
+            self.store.delete(&name)?;
             self.deleted.push(id);
             self.stats.blocks_deleted += 1;
         }
-        self.push_cache(Arc::new(full));
+        self.push_cache(Arc::new(Frozen::from_bytes(&name, bytes)?));
         Ok(())
     }
 
@@ -366,6 +375,11 @@ impl<K: ChunkKey, L: Location> Silo<K, L> {
         self.sht.len() as u64
     }
 
+    /// The similarity table (representative → block), for persisting.
+    pub fn table(&self) -> impl Iterator<Item = (u128, u64)> + '_ {
+        self.sht.iter().map(|(r, b)| (*r, *b))
+    }
+
     /// RAM of the similarity table alone (grows with the data).
     pub fn sht_ram_bytes(&self) -> u64 {
         table_bytes(self.sht.capacity(), 16 + 8) + table_bytes(self.refs.capacity(), 8 + 4)
@@ -376,7 +390,11 @@ impl<K: ChunkKey, L: Location> Silo<K, L> {
     pub fn ram_bytes(&self) -> u64 {
         self.sht_ram_bytes()
             + self.cache.iter().map(|b| b.ram_bytes()).sum::<u64>()
-            + self.wb.ram_bytes()
+            + table_bytes(
+                self.wb.lht.capacity(),
+                std::mem::size_of::<K>() + std::mem::size_of::<L>(),
+            )
+            + self.wb.reps.capacity() as u64 * 16
             + self.changed.capacity() as u64 * 24
     }
 }
@@ -401,6 +419,7 @@ mod tests {
                 cache_blocks: cache,
                 reps: 1,
                 gc_blocks: true,
+                record_duplicate_segments: true,
             },
             store.clone(),
             "blk/",
@@ -492,7 +511,7 @@ mod tests {
         }
         // Every representative now points at the last stream's blocks.
         assert!(s.stats.blocks_deleted > 0);
-        let live: std::collections::HashSet<u64> = s.sht.values().copied().collect();
+        let live: std::collections::HashSet<u64> = s.table().map(|(_, b)| b).collect();
         assert_eq!(store.bytes() > 0, !live.is_empty());
         for id in live {
             assert!(store.get(&s.block_name(id)).is_ok());
@@ -504,7 +523,7 @@ mod tests {
             s.cfg.clone(),
             store.clone(),
             "blk/",
-            s.sht.clone(),
+            s.table().collect(),
             s.next_block(),
         );
         assert_eq!(feed(&mut again, &v1, 64), 1024);

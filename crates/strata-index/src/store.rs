@@ -8,7 +8,7 @@ use crate::{IndexError, Result};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Counters of a store's traffic.
 #[derive(Debug, Default)]
@@ -174,6 +174,127 @@ impl BlockStore for DirStore {
     }
 }
 
+/// A queued operation: the bytes to put, or `None` to delete.
+type Op = Option<Arc<Vec<u8>>>;
+type Pending = Arc<Mutex<HashMap<String, Op>>>;
+
+/// Writes through a background thread, as SiLo's write buffer does: a
+/// flushed block costs the index no time, and reads of a block still being
+/// written are served from memory.
+pub struct AsyncStore {
+    inner: Arc<dyn BlockStore>,
+    pending: Pending,
+    tx: Mutex<Option<std::sync::mpsc::SyncSender<(String, Op)>>>,
+    worker: Mutex<Option<std::thread::JoinHandle<Result<()>>>>,
+}
+
+impl AsyncStore {
+    pub fn new(inner: Arc<dyn BlockStore>) -> Self {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(String, Op)>(16);
+        let pending: Pending = Arc::default();
+        let (inner2, pending2) = (inner.clone(), pending.clone());
+        let worker = std::thread::spawn(move || -> Result<()> {
+            for (name, data) in rx {
+                match &data {
+                    Some(d) => inner2.put(&name, d)?,
+                    None => inner2.delete(&name)?,
+                }
+                let mut p = pending2.lock().unwrap_or_else(|e| e.into_inner());
+                // Only if no newer operation on the name is queued.
+                if p.get(&name).is_some_and(|x| match (x, &data) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                }) {
+                    p.remove(&name);
+                }
+            }
+            Ok(())
+        });
+        AsyncStore {
+            inner,
+            pending,
+            tx: Mutex::new(Some(tx)),
+            worker: Mutex::new(Some(worker)),
+        }
+    }
+
+    fn send(&self, name: &str, data: Op) -> Result<()> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string(), data.clone());
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let sent = tx
+            .as_ref()
+            .map(|t| t.send((name.to_string(), data)).is_ok());
+        if sent != Some(true) {
+            return Err(IndexError::Store {
+                name: name.to_string(),
+                msg: "background writer stopped".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Waits for every queued write; reports the first failure.
+    pub fn finish(&self) -> Result<()> {
+        drop(self.tx.lock().unwrap_or_else(|e| e.into_inner()).take());
+        match self
+            .worker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .map(|h| h.join())
+        {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(IndexError::Store {
+                name: "writer".into(),
+                msg: "background writer panicked".into(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl BlockStore for AsyncStore {
+    fn put(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        self.send(name, Some(Arc::new(bytes.to_vec())))
+    }
+
+    fn get(&self, name: &str) -> Result<Vec<u8>> {
+        if let Some(p) = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+        {
+            return match p {
+                Some(d) => Ok(d.as_ref().clone()),
+                None => Err(IndexError::Store {
+                    name: name.to_string(),
+                    msg: "deleted".into(),
+                }),
+            };
+        }
+        self.inner.get(name)
+    }
+
+    fn delete(&self, name: &str) -> Result<()> {
+        self.send(name, None)
+    }
+
+    fn stats(&self) -> &StoreStats {
+        self.inner.stats()
+    }
+}
+
+impl Drop for AsyncStore {
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,5 +314,21 @@ mod tests {
             assert_eq!(StoreStats::get(&s.stats().reads), 1);
             assert_eq!(StoreStats::get(&s.stats().read_bytes), 3);
         }
+    }
+
+    #[test]
+    fn async_store_reads_its_own_pending_writes() {
+        let mem: Arc<MemStore> = Arc::new(MemStore::default());
+        let a = AsyncStore::new(mem.clone());
+        for i in 0..100u32 {
+            a.put(&format!("b{i}"), &i.to_le_bytes()).unwrap();
+            assert_eq!(a.get(&format!("b{i}")).unwrap(), i.to_le_bytes());
+        }
+        a.delete("b5").unwrap();
+        assert!(a.get("b5").is_err());
+        a.finish().unwrap();
+        assert!(mem.get("b5").is_err());
+        assert_eq!(mem.get("b99").unwrap(), 99u32.to_le_bytes());
+        assert_eq!(StoreStats::get(&mem.stats().writes), 100);
     }
 }
