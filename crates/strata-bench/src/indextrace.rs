@@ -179,21 +179,24 @@ pub fn run_strategy(run: &TraceRun, strategy: &str, work: &Path) -> Result<Strat
         let mut dup = 0;
         let mut chunks = Vec::with_capacity(unit.len());
         let mut bytes = 0;
+        let mut new = 0;
         for ((k, len), f) in unit.iter().zip(&found) {
             bytes += *len as u64;
             // Within the unit, a repeat is found through the write buffer.
             if f.is_some() || silo.claim(*k, ()).is_some() {
                 dup += *len as u64;
+            } else {
+                new += 1;
             }
             chunks.push((*k, ()));
         }
-        silo.add_segment(&chunks, bytes)?;
+        silo.add_segment(&chunks, bytes, new)?;
         unit.clear();
         Ok(dup)
     }
     fn bin_unit(b: &mut Binning<[u8; 16], ()>, unit: &mut Vec<([u8; 16], u32)>) -> Result<u64> {
         let keys: Vec<[u8; 16]> = unit.iter().map(|(k, _)| *k).collect();
-        let found = b.lookup_file(&keys)?;
+        let (found, ticket) = b.lookup_file(&keys)?;
         let mut seen = std::collections::HashSet::new();
         let mut dup = 0;
         for ((k, len), f) in unit.iter().zip(&found) {
@@ -202,7 +205,7 @@ pub fn run_strategy(run: &TraceRun, strategy: &str, work: &Path) -> Result<Strat
             }
         }
         let chunks: Vec<([u8; 16], ())> = keys.iter().map(|k| (*k, ())).collect();
-        b.add_file(&chunks)?;
+        b.add_file(ticket, &chunks)?;
         unit.clear();
         Ok(dup)
     }

@@ -45,6 +45,10 @@ pub struct BackupRow {
     /// series, this one included).
     #[serde(default)]
     pub cumulative_logical_bytes: u64,
+    /// Strata: plaintext bytes of the chunks this backup stored anew (from
+    /// its `--json` output), before compression.
+    #[serde(default)]
+    pub new_raw_bytes: Option<u64>,
     /// `cumulative_logical_bytes / stored_bytes_after`.
     #[serde(default)]
     pub dedup_ratio: f64,
@@ -350,6 +354,9 @@ fn run_once(
                     dedup_ratio: 0.0,
                     space_saving_pct: 0.0,
                     maintain_seconds: maint.map(|m| m.seconds),
+                    new_raw_bytes: serde_json::from_str::<serde_json::Value>(&m.stdout)
+                        .ok()
+                        .and_then(|v| v["new_raw_bytes"].as_u64()),
                 };
                 eprintln!(
                     "backup  {:<14} {}@{:<3} {:>8.1} MB/s  stored {:>8.1} MB{}",
@@ -705,6 +712,48 @@ pub fn summary_markdown(res: &RunResults) -> String {
         .iter()
         .filter(|x| x.system.starts_with("strata"))
         .collect();
+    // Duplicate elimination of the inline index strategies, before
+    // compression: logical bytes minus the bytes their backups stored anew
+    // (not meaningful for a system whose maintenance changes it later).
+    let dedup: Vec<(String, u64, u64)> = {
+        let mut v = Vec::new();
+        let mut names: Vec<&String> = res.backups.iter().map(|b| &b.system).collect();
+        names.sort();
+        names.dedup();
+        for n in names {
+            let rows: Vec<&BackupRow> = res
+                .backups
+                .iter()
+                .filter(|b| &b.system == n && b.run == 0)
+                .collect();
+            if rows
+                .iter()
+                .all(|b| b.new_raw_bytes.is_some() && b.maintain_seconds.is_none())
+                && !rows.is_empty()
+            {
+                let logical: u64 = rows.iter().map(|b| b.logical_bytes).sum();
+                let new: u64 = rows.iter().filter_map(|b| b.new_raw_bytes).sum();
+                v.push((n.clone(), logical, logical.saturating_sub(new)));
+            }
+        }
+        v
+    };
+    if let Some(exact) = dedup.iter().find(|d| d.0 == "strata-exact") {
+        let _ = writeln!(
+            s,
+            "\nDuplicate bytes eliminated inline (before compression; first repetition):\n\n| system | logical GB | stored anew GB | duplicates eliminated | of strata-exact's |\n|---|---|---|---|---|"
+        );
+        for (n, logical, dup) in &dedup {
+            let _ = writeln!(
+                s,
+                "| {n} | {:.3} | {:.3} | {:.2} % | {:.2} % |",
+                *logical as f64 / 1e9,
+                (logical - dup) as f64 / 1e9,
+                100.0 * *dup as f64 / (*logical).max(1) as f64,
+                100.0 * *dup as f64 / exact.2.max(1) as f64
+            );
+        }
+    }
     let peers: Vec<&Summary> = sums
         .iter()
         .filter(|x| !x.system.starts_with("strata"))
@@ -936,6 +985,7 @@ mod tests {
             dedup_ratio: 0.0,
             space_saving_pct: 0.0,
             maintain_seconds: None,
+            new_raw_bytes: None,
         }
     }
 

@@ -127,7 +127,11 @@ enum Cmd {
     },
     /// Repository statistics: sizes, dedup and compression ratios, and per
     /// series the lifecycle figures.
-    Stats,
+    Stats {
+        /// Only the index strategy: its entries and the RAM it holds.
+        #[arg(long)]
+        index: bool,
+    },
     /// Check the repository's structure (and with --read-data all data).
     Check {
         /// Read and verify every region and chunk.
@@ -163,11 +167,12 @@ struct InitArgs {
     /// Average chunk size in bytes (power of two).
     #[arg(long, default_value_t = 8192)]
     chunk_size: u32,
-    /// Average segment size in KiB (the coarse dedup unit of `segment`;
-    /// RevDedup §4 trades 1-8 MiB: smaller finds more duplicates inline and
-    /// writes less, larger keeps restores less fragmented).
-    #[arg(long, default_value_t = 4096)]
-    segment_kib: u32,
+    /// Average segment size in KiB (default: 2048 for `silo`, its
+    /// similarity unit; 4096 otherwise — the coarse dedup unit of
+    /// `segment`, where RevDedup §4 trades 1-8 MiB: smaller finds more
+    /// duplicates inline and writes less, larger restores faster).
+    #[arg(long)]
+    segment_kib: Option<u32>,
     /// zstd compression level (1-22).
     #[arg(long, default_value_t = 3)]
     compression: i32,
@@ -175,7 +180,9 @@ struct InitArgs {
     #[arg(long)]
     container_mib: Option<u32>,
     /// Index strategy: `segment` (RevDedup: segment-level inline dedup,
-    /// reverse dedup by `strata maintain`) or `exact` (every chunk in RAM).
+    /// reverse dedup by `strata maintain`), `exact` (every chunk in RAM),
+    /// `silo` (SiLo: near-exact with a tiny similarity table in RAM) or
+    /// `binning` (Extreme Binning, the similarity-only baseline).
     #[arg(long, default_value = "segment")]
     index: String,
 }
@@ -323,7 +330,10 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                 InitOptions {
                     password,
                     chunker: ChunkerParams {
-                        avg_segment: a.segment_kib.saturating_mul(1024),
+                        avg_segment: a
+                            .segment_kib
+                            .map(|k| k.saturating_mul(1024))
+                            .unwrap_or_else(|| strata_store::repo::default_segment_size(&a.index)),
                         ..ChunkerParams::cdc(a.chunk_size)
                     },
                     zstd_level: a.compression,
@@ -671,7 +681,24 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             });
             Ok(0)
         }
-        Cmd::Stats => {
+        Cmd::Stats { index: true } => {
+            let repo = open(cli)?;
+            let table = Arc::new(strata_store::index::ContainerTable::default());
+            let (strategy, idx) = strata_store::index::build_strategy(&repo, &table)?;
+            let v = json!({"index_strategy": strategy.name(), "index_entries": strategy.entries(),
+                           "index_ram_bytes": strategy.ram_bytes(), "containers": idx.containers.len()});
+            out.result(&v, || {
+                format!(
+                    "index: {} — {} entries, {} in RAM ({} containers known)",
+                    strategy.name(),
+                    strategy.entries(),
+                    fmt_bytes(strategy.ram_bytes()),
+                    idx.containers.len()
+                )
+            });
+            Ok(0)
+        }
+        Cmd::Stats { index: false } => {
             let repo = open(cli)?;
             let st = strata_store::stats::stats(&repo)?;
             out.result(&serde_json::to_value(&st)?, || {

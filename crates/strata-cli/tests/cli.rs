@@ -1511,6 +1511,62 @@ fn damaged_snapshot_object_is_contained() {
     assert_eq!(v["warnings"], json!([]), "{v:#}");
 }
 
+/// `silo` and `binning` repositories: small files grouped into segments,
+/// a re-read of unchanged data finds every chunk, edits store little, gc
+/// (which moves chunks the side index still points at) costs duplicates at
+/// most, never data, and every version restores.
+#[test]
+fn silo_and_binning_repositories() {
+    for index in ["silo", "binning"] {
+        let repo = Repo::with_init(&["--index", index], None);
+        let src = repo.dir().join("src");
+        for d in 0..6u64 {
+            for f in 0..40u64 {
+                write(
+                    &src.join(format!("d{d}/f{f}.txt")),
+                    &prng(d * 100 + f, 2000 + (f as usize * 97) % 9000),
+                );
+            }
+        }
+        write(&src.join("big.bin"), &prng(7777, 6 << 20));
+        let mut expected = BTreeMap::new();
+        let v1 = repo.backup(&[&src], &["--series", "s"]);
+        expected.insert(s(&v1["id"]).to_string(), manifest(&src));
+        // Everything read again is found.
+        let v2 = repo.backup(&[&src], &["--series", "s", "--force-read"]);
+        assert_eq!(u(&v2["new_chunks"]), 0, "{index}: {v2:#}");
+        expected.insert(s(&v2["id"]).to_string(), manifest(&src));
+        // Small edits store little.
+        let mut big = fs::read(src.join("big.bin")).unwrap();
+        big[3 << 20..(3 << 20) + 5000].copy_from_slice(&prng(1, 5000));
+        write(&src.join("big.bin"), &big);
+        write(&src.join("d2/f3.txt"), b"changed");
+        let v3 = repo.backup(&[&src], &["--series", "s", "--force-read"]);
+        assert!(
+            u(&v3["new_raw_bytes"]) < 200_000,
+            "{index}: an edit of 5 KB stored {}",
+            u(&v3["new_raw_bytes"])
+        );
+        expected.insert(s(&v3["id"]).to_string(), manifest(&src));
+        let st = repo.json(&["stats", "--index"]);
+        assert_eq!(s(&st["index_strategy"]), index);
+        assert!(
+            u(&st["index_entries"]) > 0 && u(&st["index_ram_bytes"]) > 0,
+            "{st:#}"
+        );
+        // gc moves chunks the side index still points at.
+        repo.json(&["forget", s(&v1["id"])]);
+        expected.remove(s(&v1["id"]));
+        repo.json(&["gc", "--threshold", "0"]);
+        write(&src.join("d5/new.txt"), b"after gc");
+        let v4 = repo.backup(&[&src], &["--series", "s", "--force-read"]);
+        expected.insert(s(&v4["id"]).to_string(), manifest(&src));
+        verify_all(&repo, &src, &expected, index);
+        let v = repo.assert_clean(index);
+        assert_eq!(v["warnings"], json!([]), "{v:#}");
+    }
+}
+
 // ---------------------------------------------------------------------------
 // 11. Restore does not write through a symlink in its target.
 

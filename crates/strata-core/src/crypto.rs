@@ -47,6 +47,9 @@ pub enum Kind {
     Snapshot = 7,
     Lock = 8,
     Policy = 9,
+    /// Index-strategy data kept on the side (SiLo blocks and similarity
+    /// table, Extreme Binning bins): derived, rebuildable.
+    IndexData = 10,
 }
 
 /// Fills `buf` with cryptographically secure random bytes.

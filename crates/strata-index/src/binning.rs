@@ -32,7 +32,9 @@ pub struct BinningStats {
     pub new_chunks: u64,
 }
 
-enum Pending<K, L> {
+/// What [`Binning::lookup_file`] found, to hand back to
+/// [`Binning::add_file`] (several files may be in flight at once).
+pub enum Ticket<K, L> {
     None,
     /// The file matched its bin's last file whole.
     Whole,
@@ -55,8 +57,8 @@ pub struct Binning<K, L> {
     /// Whether callers need locations for whole-file duplicates (a
     /// repository does; trace mode only counts).
     need_locations: bool,
-    pending: Pending<K, L>,
     pub stats: BinningStats,
+    _p: std::marker::PhantomData<(K, L)>,
 }
 
 /// Hash of a file's chunk list.
@@ -72,14 +74,26 @@ fn whole_hash<K: ChunkKey>(keys: &[K]) -> u128 {
 
 impl<K: ChunkKey, L: Location + Default> Binning<K, L> {
     pub fn new(store: Arc<dyn BlockStore>, prefix: &str, need_locations: bool) -> Self {
+        Self::with_primary(store, prefix, need_locations, Default::default(), 0)
+    }
+
+    /// Resumes from a persisted primary index; new bins get ids from
+    /// `next_bin` on (writers that may run at once use disjoint ranges).
+    pub fn with_primary(
+        store: Arc<dyn BlockStore>,
+        prefix: &str,
+        need_locations: bool,
+        primary: std::collections::HashMap<u128, (u64, u128)>,
+        next_bin: u64,
+    ) -> Self {
         Binning {
             store,
             prefix: prefix.to_string(),
-            primary: KeyMap::default(),
-            next_bin: 0,
+            primary: primary.into_iter().collect(),
+            next_bin,
             need_locations,
-            pending: Pending::None,
             stats: BinningStats::default(),
+            _p: std::marker::PhantomData,
         }
     }
 
@@ -102,10 +116,10 @@ impl<K: ChunkKey, L: Location + Default> Binning<K, L> {
     }
 
     /// Looks up one file's chunks.
-    pub fn lookup_file(&mut self, keys: &[K]) -> Result<Vec<Option<L>>> {
-        self.pending = Pending::None;
+    #[allow(clippy::type_complexity)]
+    pub fn lookup_file(&mut self, keys: &[K]) -> Result<(Vec<Option<L>>, Ticket<K, L>)> {
         if keys.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Ticket::None));
         }
         self.stats.files += 1;
         let rep = keys.iter().map(|k| k.prefix()).min().unwrap_or_default();
@@ -113,7 +127,7 @@ impl<K: ChunkKey, L: Location + Default> Binning<K, L> {
         let (out, pending) = match self.primary.get(&rep).copied() {
             Some((_, h)) if h == hash && !self.need_locations => {
                 self.stats.dup_files += 1;
-                (vec![Some(L::default()); keys.len()], Pending::Whole)
+                (vec![Some(L::default()); keys.len()], Ticket::Whole)
             }
             Some((id, h)) => {
                 let chunks = self.load(id)?;
@@ -123,7 +137,7 @@ impl<K: ChunkKey, L: Location + Default> Binning<K, L> {
                 let out = keys.iter().map(|k| chunks.get(k)).collect();
                 (
                     out,
-                    Pending::Bin {
+                    Ticket::Bin {
                         rep,
                         hash,
                         id: Some(id),
@@ -133,7 +147,7 @@ impl<K: ChunkKey, L: Location + Default> Binning<K, L> {
             }
             None => (
                 vec![None; keys.len()],
-                Pending::Bin {
+                Ticket::Bin {
                     rep,
                     hash,
                     id: None,
@@ -144,16 +158,21 @@ impl<K: ChunkKey, L: Location + Default> Binning<K, L> {
         let dups = out.iter().filter(|x: &&Option<L>| x.is_some()).count() as u64;
         self.stats.dup_chunks += dups;
         self.stats.new_chunks += keys.len() as u64 - dups;
-        self.pending = pending;
-        Ok(out)
+        Ok((out, pending))
     }
 
-    /// Records the file looked up last, with its chunks' locations: new
-    /// chunks join its bin, which is written back.
-    pub fn add_file(&mut self, chunks: &[(K, L)]) -> Result<()> {
-        match std::mem::replace(&mut self.pending, Pending::None) {
-            Pending::None | Pending::Whole => Ok(()),
-            Pending::Bin {
+    /// Records a file looked up before, with its chunks' locations: new
+    /// chunks join its bin, which is written back. Returns the primary-index
+    /// entry it set, if any (what a repository persists).
+    #[allow(clippy::type_complexity)]
+    pub fn add_file(
+        &mut self,
+        ticket: Ticket<K, L>,
+        chunks: &[(K, L)],
+    ) -> Result<Option<(u128, (u64, u128))>> {
+        match ticket {
+            Ticket::None | Ticket::Whole => Ok(None),
+            Ticket::Bin {
                 rep,
                 hash,
                 id,
@@ -189,7 +208,7 @@ impl<K: ChunkKey, L: Location + Default> Binning<K, L> {
                     self.stats.bin_writes += 1;
                 }
                 self.primary.insert(rep, (id, hash));
-                Ok(())
+                Ok(Some((rep, (id, hash))))
             }
         }
     }
@@ -198,16 +217,10 @@ impl<K: ChunkKey, L: Location + Default> Binning<K, L> {
         self.primary.len() as u64
     }
 
-    /// RAM of the primary index (the bin of the current file is transient
-    /// and bounded by the largest bin).
+    /// RAM of the primary index (the bins of files in flight are
+    /// transient, each bounded by the largest bin).
     pub fn ram_bytes(&self) -> u64 {
         table_bytes(self.primary.capacity(), 16 + 8 + 16)
-            + match &self.pending {
-                Pending::Bin {
-                    chunks: Some(b), ..
-                } => b.ram_bytes(),
-                _ => 0,
-            }
     }
 }
 
@@ -224,9 +237,9 @@ mod tests {
 
     fn file(b: &mut Binning<[u8; 16], ()>, ids: &[u64]) -> usize {
         let keys: Vec<_> = ids.iter().map(|i| key(*i)).collect();
-        let found = b.lookup_file(&keys).unwrap();
+        let (found, t) = b.lookup_file(&keys).unwrap();
         let chunks: Vec<_> = keys.iter().map(|k| (*k, ())).collect();
-        b.add_file(&chunks).unwrap();
+        b.add_file(t, &chunks).unwrap();
         found.iter().filter(|f| f.is_some()).count()
     }
 

@@ -120,8 +120,6 @@ pub struct Silo<K, L> {
     /// SHTable entries set since the last [`Silo::take_changes`].
     changed: Vec<(u128, u64)>,
     deleted: Vec<u64>,
-    /// New chunks the last lookup found.
-    last_new: usize,
     pub stats: SiloStats,
 }
 
@@ -132,7 +130,8 @@ impl<K: ChunkKey, L: Location> Silo<K, L> {
     }
 
     /// An index resuming from a persisted similarity table; new blocks get
-    /// ids from `next_block` on.
+    /// ids from `next_block` on (writers that may run at once must use
+    /// disjoint ranges).
     pub fn with_table(
         cfg: SiloConfig,
         store: Arc<dyn BlockStore>,
@@ -144,7 +143,6 @@ impl<K: ChunkKey, L: Location> Silo<K, L> {
         for b in sht.values() {
             *refs.entry(*b).or_default() += 1;
         }
-        let next_block = next_block.max(refs.keys().max().map_or(0, |m| m + 1));
         Silo {
             wb: OpenBlock::new(next_block),
             next_block: next_block + 1,
@@ -156,7 +154,6 @@ impl<K: ChunkKey, L: Location> Silo<K, L> {
             cache: VecDeque::new(),
             changed: Vec::new(),
             deleted: Vec::new(),
-            last_new: 0,
             stats: SiloStats::default(),
         }
     }
@@ -256,7 +253,6 @@ impl<K: ChunkKey, L: Location> Silo<K, L> {
             .map(|k| self.find(k, first.as_deref()))
             .collect();
         let dups = out.iter().filter(|x| x.is_some()).count() as u64;
-        self.last_new = keys.len() - dups as usize;
         self.stats.dup_chunks += dups;
         self.stats.new_chunks += keys.len() as u64 - dups;
         Ok(out)
@@ -272,14 +268,20 @@ impl<K: ChunkKey, L: Location> Silo<K, L> {
         None
     }
 
-    /// Records a segment once its chunks are stored: all its chunks go into
-    /// the write buffer's LHTable and its representatives now point at the
-    /// write buffer's block. Flushes the block when full.
-    pub fn add_segment(&mut self, chunks: &[(K, L)], data_bytes: u64) -> Result<()> {
+    /// Records a segment once its chunks are stored (`new_chunks` of them
+    /// were new): all its chunks go into the write buffer's LHTable and its
+    /// representatives now point at the write buffer's block. Flushes the
+    /// block when full.
+    pub fn add_segment(
+        &mut self,
+        chunks: &[(K, L)],
+        data_bytes: u64,
+        new_chunks: usize,
+    ) -> Result<()> {
         if chunks.is_empty() {
             return Ok(());
         }
-        if !self.cfg.record_duplicate_segments && self.last_new == 0 {
+        if !self.cfg.record_duplicate_segments && new_chunks == 0 {
             // Its representatives keep pointing at the block that holds it.
             self.stats.segments += 1;
             self.stats.skipped_segments += 1;
@@ -445,7 +447,9 @@ mod tests {
                     (*k, f.unwrap_or(*i))
                 })
                 .collect();
-            s.add_segment(&chunks, part.len() as u64 * 8192).unwrap();
+            let new = found.iter().filter(|f| f.is_none()).count();
+            s.add_segment(&chunks, part.len() as u64 * 8192, new)
+                .unwrap();
         }
         s.flush().unwrap();
         dups

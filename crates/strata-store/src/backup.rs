@@ -123,6 +123,66 @@ mod tests {
     use super::glob_match;
 
     #[test]
+    fn small_files_of_a_directory_are_grouped() {
+        use super::{group_small_files, Job, Source};
+        use strata_core::format::{Node, NodeKind};
+        let node = |path: &str, size: u64| Node {
+            path: path.as_bytes().to_vec(),
+            kind: NodeKind::File,
+            mode: 0,
+            uid: 0,
+            gid: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            ino: 0,
+            dev: 0,
+            rdev: 0,
+            nlink: 1,
+            size,
+            target: None,
+            segments: vec![],
+            xattrs: vec![],
+        };
+        let nodes = vec![
+            node("a/1", 100),
+            node("a/2", 100),
+            node("a/big", 10_000),
+            node("a/3", 100),
+            node("b/1", 100),
+            node("b/2", 200),
+            node("b/3", 200),
+        ];
+        let jobs: Vec<Job> = (0..nodes.len())
+            .map(|i| Job {
+                node: i,
+                source: Source::Path(std::path::PathBuf::from("x")),
+            })
+            .collect();
+        // Segment 1000: small = at most 250 bytes, a unit holds ~1000.
+        let units = group_small_files(&jobs, &nodes, 1000);
+        assert_eq!(units, vec![vec![0, 1], vec![2], vec![3], vec![4, 5, 6]]);
+        // Segment 400: only 100-byte files are small.
+        let units = group_small_files(&jobs, &nodes, 400);
+        assert_eq!(
+            units,
+            vec![vec![0, 1], vec![2], vec![3], vec![4], vec![5], vec![6]]
+        );
+        // Segment 800: b's files are small; a unit closes once it holds a
+        // segment's worth.
+        let units = group_small_files(&jobs, &nodes, 800);
+        assert_eq!(units, vec![vec![0, 1], vec![2], vec![3], vec![4, 5, 6]]);
+        let many: Vec<Node> = (0..10).map(|i| node(&format!("c/{i}"), 200)).collect();
+        let jobs: Vec<Job> = (0..10)
+            .map(|i| Job {
+                node: i,
+                source: Source::Path(std::path::PathBuf::from("x")),
+            })
+            .collect();
+        let units = group_small_files(&jobs, &many, 800);
+        assert_eq!(units, vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
+    }
+
+    #[test]
     fn globs() {
         assert!(glob_match(b"*.o", b"main.o"));
         assert!(!glob_match(b"*.o", b"main.c"));
@@ -487,11 +547,38 @@ impl Ctx<'_> {
             writer.begin_segment(new_bytes)?;
         }
         let all_new = found.iter().all(|f| f.is_none());
+        let (refs, appended, stored_locs) =
+            self.store_chunks(writer, data, chunks.drain(..), found)?;
+        if whole {
+            if writer.end_segment(seg_fp, appended) && all_new {
+                self.strategy.record_segment(&seg_fp, &stored_locs);
+            } else {
+                self.strategy.release_segment(&seg_fp);
+            }
+        }
+        self.segment_done(&seg_fp, &refs, appended as usize)?;
+        out.push(SegmentRef {
+            fp: seg_fp,
+            chunks: refs,
+        });
+        Ok(())
+    }
+
+    /// Stores the chunks the strategy did not find (claiming each, so two
+    /// workers never store one twice) and returns every chunk's reference,
+    /// how many this call appended, and where.
+    fn store_chunks(
+        &self,
+        writer: &mut ContainerWriter,
+        data: &[u8],
+        chunks: impl Iterator<Item = PendingChunk>,
+        found: Vec<Option<ChunkLoc>>,
+    ) -> Result<(Vec<ChunkRef>, u32, Vec<ChunkLoc>)> {
         let mut appended = 0u32;
         let mut stored_locs = Vec::new();
         let mut found = found.into_iter();
-        let mut refs = Vec::with_capacity(chunks.len());
-        for c in chunks.drain(..) {
+        let mut refs = Vec::new();
+        for c in chunks {
             if c.zero {
                 refs.push(ChunkRef {
                     fp: Fingerprint::ZERO,
@@ -527,18 +614,160 @@ impl Ctx<'_> {
                 offset: loc.offset,
             });
         }
-        if whole {
-            if writer.end_segment(seg_fp, appended) && all_new {
-                self.strategy.record_segment(&seg_fp, &stored_locs);
-            } else {
-                self.strategy.release_segment(&seg_fp);
+        Ok((refs, appended, stored_locs))
+    }
+
+    /// Small files of one directory looked up as one segment (SiLo §3.2,
+    /// P1): each file is read and chunked whole, then one lookup covers
+    /// them all; each file still gets its own segment in the recipe.
+    fn process_group(
+        &self,
+        writer: &mut ContainerWriter,
+        bufs: &mut WorkerBuffers,
+        jobs: &[&Job],
+        nodes: &[Node],
+    ) -> Result<Vec<(usize, Outcome)>> {
+        let hasher = self.repo.hasher();
+        let data = &mut bufs.segment;
+        data.clear();
+        let mut pending: Vec<PendingChunk> = Vec::new();
+        // Per file: node, first pending chunk, size, warning.
+        let mut files: Vec<(usize, usize, u64, Option<String>)> = Vec::new();
+        let mut out = Vec::new();
+        for job in jobs {
+            if self.abort.load(Ordering::Relaxed) {
+                return Err(StoreError::Cancelled);
             }
+            let Source::Path(p) = &job.source else {
+                return Err(StoreError::Invalid(
+                    "only files are grouped for lookup".into(),
+                ));
+            };
+            let mut f = match open_source(p) {
+                Ok(f) => f,
+                Err(e) => {
+                    out.push((job.node, Outcome::Failed(format!("{}: {e}", p.display()))));
+                    continue;
+                }
+            };
+            let (first, data_mark) = (pending.len(), data.len());
+            let mut stream = ChunkStream::new(&mut f as &mut dyn Read, self.chunker);
+            let mut failed = None;
+            loop {
+                let next = match stream.next_chunk() {
+                    Ok(n) => n,
+                    Err(e) => {
+                        failed = Some(format!("read error: {e}"));
+                        break;
+                    }
+                };
+                let Some((_, chunk)) = next else { break };
+                let zero = is_zero(chunk);
+                let fp = if zero {
+                    Fingerprint::ZERO
+                } else {
+                    hasher.hash(chunk)
+                };
+                pending.push(PendingChunk {
+                    fp,
+                    start: data.len(),
+                    len: chunk.len() as u32,
+                    zero,
+                });
+                if !zero {
+                    data.extend_from_slice(chunk);
+                }
+                self.progress
+                    .bytes_done
+                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                self.read_bytes
+                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            }
+            let size = stream.position();
+            drop(stream);
+            if let Some(m) = failed {
+                pending.truncate(first);
+                data.truncate(data_mark);
+                out.push((job.node, Outcome::Failed(format!("{}: {m}", p.display()))));
+                continue;
+            }
+            self.progress.files_done.fetch_add(1, Ordering::Relaxed);
+            files.push((
+                job.node,
+                first,
+                size,
+                changed_warning(&f, p, size, &nodes[job.node]),
+            ));
         }
-        out.push(SegmentRef {
-            fp: seg_fp,
-            chunks: refs,
-        });
-        Ok(())
+        if pending.is_empty() {
+            for (node, _, size, warning) in files {
+                out.push((
+                    node,
+                    Outcome::Done {
+                        segments: vec![],
+                        size,
+                        warning,
+                    },
+                ));
+            }
+            return Ok(out);
+        }
+        let group_fp = hasher.hash_fingerprints(pending.iter().map(|c| &c.fp));
+        let fps: Vec<Fingerprint> = pending.iter().filter(|c| !c.zero).map(|c| c.fp).collect();
+        let found = self.strategy.lookup_segment(&group_fp, &fps);
+        let per_file: Vec<Fingerprint> = files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let end = files.get(i + 1).map_or(pending.len(), |n| n.1);
+                hasher.hash_fingerprints(pending[f.1..end].iter().map(|c| &c.fp))
+            })
+            .collect();
+        let total = pending.len();
+        let (refs, appended, _) = self.store_chunks(writer, data, pending.drain(..), found)?;
+        self.segment_done(&group_fp, &refs, appended as usize)?;
+        for (i, (node, first, size, warning)) in files.iter().enumerate() {
+            let end = files.get(i + 1).map_or(total, |n| n.1);
+            let chunks = refs[*first..end].to_vec();
+            let segments = if chunks.is_empty() {
+                vec![]
+            } else {
+                vec![SegmentRef {
+                    fp: per_file[i],
+                    chunks,
+                }]
+            };
+            out.push((
+                *node,
+                Outcome::Done {
+                    segments,
+                    size: *size,
+                    warning: warning.clone(),
+                },
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Tells the strategy a segment (or group) is stored.
+    fn segment_done(&self, seg_fp: &Fingerprint, refs: &[ChunkRef], new: usize) -> Result<()> {
+        let chunks: Vec<(Fingerprint, ChunkLoc)> = refs
+            .iter()
+            .filter(|c| c.is_direct())
+            .map(|c| {
+                (
+                    c.fp,
+                    ChunkLoc {
+                        container: c.container,
+                        region: c.region,
+                        offset: c.offset,
+                        len: c.len,
+                    },
+                )
+            })
+            .collect();
+        let bytes = refs.iter().map(|c| c.len as u64).sum();
+        self.strategy.segment_done(seg_fp, &chunks, bytes, new)
     }
 
     /// Reads one source. `Ok(Err(msg))` is a per-file problem (a warning);
@@ -629,16 +858,7 @@ impl Ctx<'_> {
                 })
             }
             Source::Path(p) => {
-                let mut f = match File::options()
-                    .read(true)
-                    .custom_flags(libc::O_NOFOLLOW | libc::O_NOATIME)
-                    .open(p)
-                    .or_else(|_| {
-                        File::options()
-                            .read(true)
-                            .custom_flags(libc::O_NOFOLLOW)
-                            .open(p)
-                    }) {
+                let mut f = match open_source(p) {
                     Ok(f) => f,
                     Err(e) => return Ok(Outcome::Failed(format!("{}: {e}", p.display()))),
                 };
@@ -648,26 +868,83 @@ impl Ctx<'_> {
                     Err(m) => return Ok(Outcome::Failed(format!("{}: {m}", p.display()))),
                 };
                 self.progress.files_done.fetch_add(1, Ordering::Relaxed);
-                // A file modified while it was read is kept as read, with a
-                // warning (restic and borg do the same).
-                let mut warning = None;
-                if let Ok(after) = f.metadata() {
-                    let t = after.mtime() * 1_000_000_000 + after.mtime_nsec();
-                    if after.len() != size || t != expect.mtime_ns || size != expect.size {
-                        warning = Some(format!(
-                            "{}: file changed while it was read; stored the {size} bytes read",
-                            p.display()
-                        ));
-                    }
-                }
                 Ok(Outcome::Done {
                     segments,
                     size,
-                    warning,
+                    warning: changed_warning(&f, p, size, expect),
                 })
             }
         }
     }
+}
+
+/// Opens a file to back up, never following a symlink (and without
+/// touching its atime where the file system allows).
+fn open_source(p: &Path) -> std::io::Result<File> {
+    File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NOATIME)
+        .open(p)
+        .or_else(|_| {
+            File::options()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(p)
+        })
+}
+
+/// A file modified while it was read is kept as read, with a warning
+/// (restic and borg do the same).
+fn changed_warning(f: &File, p: &Path, size: u64, expect: &Node) -> Option<String> {
+    let after = f.metadata().ok()?;
+    let t = after.mtime() * 1_000_000_000 + after.mtime_nsec();
+    (after.len() != size || t != expect.mtime_ns || size != expect.size).then(|| {
+        format!(
+            "{}: file changed while it was read; stored the {size} bytes read",
+            p.display()
+        )
+    })
+}
+
+/// Groups consecutive jobs that are small files of one directory (each at
+/// most a quarter of a segment) into units of up to `segment` bytes; every
+/// other job is a unit of its own. The walk lists a directory's files
+/// together, so consecutive is enough.
+fn group_small_files(jobs: &[Job], nodes: &[Node], segment: u64) -> Vec<Vec<usize>> {
+    let small = |j: &Job| matches!(j.source, Source::Path(_)) && nodes[j.node].size <= segment / 4;
+    let dir = |j: &Job| {
+        let p = &nodes[j.node].path;
+        p[..p.iter().rposition(|&b| b == b'/').unwrap_or(0)].to_vec()
+    };
+    let mut units: Vec<Vec<usize>> = Vec::new();
+    let mut cur: Vec<usize> = Vec::new();
+    let mut cur_bytes = 0u64;
+    let mut cur_dir: Option<Vec<u8>> = None;
+    for (i, j) in jobs.iter().enumerate() {
+        if !small(j) {
+            if !cur.is_empty() {
+                units.push(std::mem::take(&mut cur));
+            }
+            units.push(vec![i]);
+            cur_dir = None;
+            cur_bytes = 0;
+            continue;
+        }
+        let d = dir(j);
+        if cur_dir.as_ref() != Some(&d) || cur_bytes >= segment {
+            if !cur.is_empty() {
+                units.push(std::mem::take(&mut cur));
+            }
+            cur_dir = Some(d);
+            cur_bytes = 0;
+        }
+        cur_bytes += nodes[j.node].size;
+        cur.push(i);
+    }
+    if !cur.is_empty() {
+        units.push(cur);
+    }
+    units
 }
 
 /// Writes the snapshot object — the commit point — with the next free
@@ -889,6 +1166,14 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         new_raw: AtomicU64::new(0),
         read_bytes: AtomicU64::new(0),
     };
+    // Work units: one job each, or — for strategies that look small files
+    // up together (SiLo) — runs of small files of one directory, up to a
+    // segment's worth of data.
+    let units: Vec<Vec<usize>> = if strategy.groups_small_files() {
+        group_small_files(&jobs, &nodes, chunker.avg_segment as u64)
+    } else {
+        (0..jobs.len()).map(|i| vec![i]).collect()
+    };
     let sink = ContainerSink::start(repo);
     let next = AtomicUsize::new(0);
     let threads = opts.threads.clamp(1, 64);
@@ -896,16 +1181,28 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         let handles: Vec<_> = (0..threads)
             .map(|_| {
                 let sender = sink.sender();
-                let (ctx, jobs, next, table, nodes) = (&ctx, &jobs, &next, &table, &nodes);
+                let (ctx, jobs, units, next, table, nodes) =
+                    (&ctx, &jobs, &units, &next, &table, &nodes);
                 s.spawn(move || -> Result<Vec<(usize, Outcome)>> {
                     let mut writer = ContainerWriter::new(ctx.repo, table.clone(), sender);
                     let mut bufs = WorkerBuffers::default();
                     let mut out = Vec::new();
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(job) = jobs.get(i) else { break };
-                        match ctx.process_job(&mut writer, &mut bufs, job, &nodes[job.node]) {
-                            Ok(o) => out.push((job.node, o)),
+                        let Some(unit) = units.get(i) else { break };
+                        let r = match unit.as_slice() {
+                            [j] => {
+                                let job = &jobs[*j];
+                                ctx.process_job(&mut writer, &mut bufs, job, &nodes[job.node])
+                                    .map(|o| vec![(job.node, o)])
+                            }
+                            many => {
+                                let group: Vec<&Job> = many.iter().map(|j| &jobs[*j]).collect();
+                                ctx.process_group(&mut writer, &mut bufs, &group, nodes)
+                            }
+                        };
+                        match r {
+                            Ok(o) => out.extend(o),
                             Err(e) => {
                                 ctx.abort.store(true, Ordering::Relaxed);
                                 return Err(e);
@@ -928,6 +1225,11 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     // The writer thread's error comes first: when it fails, the workers
     // only see a closed channel.
     let sink_result = sink.finish()?;
+    // With the containers durable, the strategy may persist what points
+    // at them (its side data is derived; a crash later costs nothing).
+    if results.iter().all(|r| r.is_ok()) {
+        strategy.finish()?;
+    }
     let mut failed: HashSet<usize> = HashSet::new();
     for r in results {
         for (ni, o) in r? {

@@ -230,6 +230,28 @@ pub trait IndexStrategy: Send + Sync {
     fn release_segment(&self, _segment: &Fingerprint) {}
     /// Learns the contents of a container listed in the repository index.
     fn add_container(&self, table: &ContainerTable, meta: &ContainerMeta);
+    /// Called once a segment (or a group of small files looked up as one)
+    /// is stored: every non-zero chunk with its location, its plaintext
+    /// bytes, and how many chunks it stored anew.
+    fn segment_done(
+        &self,
+        _segment: &Fingerprint,
+        _chunks: &[(Fingerprint, ChunkLoc)],
+        _bytes: u64,
+        _new_chunks: usize,
+    ) -> Result<()> {
+        Ok(())
+    }
+    /// True when small files of one directory should be looked up together
+    /// as one segment (SiLo §3.2 principle P1).
+    fn groups_small_files(&self) -> bool {
+        false
+    }
+    /// End of a backup, after its containers are written: persist what the
+    /// strategy keeps on the side.
+    fn finish(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Builds the repository's configured index strategy from its index
@@ -240,6 +262,11 @@ pub fn build_strategy(
 ) -> Result<(Box<dyn IndexStrategy>, RepoIndex)> {
     let strategy: Box<dyn IndexStrategy> = match repo.config().index.as_str() {
         "segment" => Box::new(SegmentIndex::new(repo, table.clone())),
+        "silo" => Box::new(crate::similarity::SiloStrategy::new(repo, table.clone())?),
+        "binning" => Box::new(crate::similarity::BinningStrategy::new(
+            repo,
+            table.clone(),
+        )?),
         _ => Box::new(ExactIndex::default()),
     };
     // Stamped containers hold archival data that expires with its owner:

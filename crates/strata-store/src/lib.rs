@@ -18,6 +18,7 @@ pub mod lock;
 pub mod repo;
 pub mod restore;
 pub mod revdedup;
+pub mod similarity;
 pub mod stats;
 
 pub use backend::{Backend, LocalBackend};

@@ -55,7 +55,7 @@ impl Default for InitOptions {
 }
 
 /// Index strategies this build knows; the first is the default.
-pub const INDEX_STRATEGIES: &[&str] = &["segment", "exact"];
+pub const INDEX_STRATEGIES: &[&str] = &["segment", "exact", "silo", "binning"];
 
 /// Default container size of an index strategy: RevDedup's 32 MiB for
 /// `segment` (whole 4 MiB segments per container, few containers per
@@ -64,6 +64,15 @@ pub fn default_container_size(index: &str) -> u32 {
     match index {
         "segment" => 32 << 20,
         _ => 8 << 20,
+    }
+}
+
+/// Default average segment size of an index strategy: SiLo's 2 MiB for
+/// `silo` (its similarity unit), RevDedup's 4 MiB otherwise.
+pub fn default_segment_size(index: &str) -> u32 {
+    match index {
+        "silo" => 2 << 20,
+        _ => 4 << 20,
     }
 }
 

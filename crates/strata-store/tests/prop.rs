@@ -111,7 +111,7 @@ enum Step {
 struct Case {
     encrypted: bool,
     /// Index strategy of the repository.
-    segment_index: bool,
+    index: &'static str,
     /// 0 = CDC, 1 = fixed, 2 = mixed per backup.
     chunking: u8,
     files: Vec<(Index, Vec<Piece>)>,
@@ -190,14 +190,14 @@ fn step() -> impl Strategy<Value = Step> {
 fn case() -> impl Strategy<Value = Case> {
     (
         prop::bool::weighted(0.3),
-        prop::bool::weighted(0.4),
+        prop::sample::select(vec!["exact", "segment", "silo", "binning"]),
         0..3u8,
         prop::collection::vec((any::<Index>(), pieces()), 1..16),
         prop::collection::vec(step(), 2..7),
     )
-        .prop_map(|(encrypted, segment_index, chunking, files, steps)| Case {
+        .prop_map(|(encrypted, index, chunking, files, steps)| Case {
             encrypted,
-            segment_index,
+            index,
             chunking,
             files,
             steps,
@@ -421,9 +421,7 @@ fn run_case(c: &Case) {
     }
     let fb = FaultBackend::new(&repo_dir);
     let mut opts = small_init(c.encrypted);
-    if c.segment_index {
-        opts.index = "segment".into();
-    }
+    opts.index = c.index.into();
     let repo = Repository::init(fb.clone(), opts).unwrap();
 
     let mut w = World {
