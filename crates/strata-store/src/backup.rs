@@ -504,6 +504,17 @@ struct Ctx<'a> {
     read_bytes: AtomicU64,
 }
 
+/// Bytes of a segment's non-zero chunks the strategy did not find.
+fn new_bytes_of(chunks: &[PendingChunk], found: &[Option<ChunkLoc>]) -> usize {
+    chunks
+        .iter()
+        .filter(|c| !c.zero)
+        .zip(found)
+        .filter(|(_, f)| f.is_none())
+        .map(|(c, _)| c.len as usize)
+        .sum()
+}
+
 /// Buffers a worker reuses from file to file.
 #[derive(Default)]
 struct WorkerBuffers {
@@ -536,19 +547,22 @@ impl Ctx<'_> {
         // Segment-level strategies store a new segment whole, in one
         // container; `appended` counts what this segment added there.
         let whole = self.strategy.whole_segments() && found.iter().any(|f| f.is_none());
-        if whole {
-            let new_bytes: usize = chunks
-                .iter()
-                .filter(|c| !c.zero)
-                .zip(&found)
-                .filter(|(_, f)| f.is_none())
-                .map(|(c, _)| c.len as usize)
-                .sum();
-            writer.begin_segment(new_bytes)?;
-        }
         let all_new = found.iter().all(|f| f.is_none());
-        let (refs, appended, stored_locs) =
-            self.store_chunks(writer, data, chunks.drain(..), found)?;
+        let stored = if whole {
+            writer
+                .begin_segment(new_bytes_of(chunks, &found))
+                .and_then(|()| self.store_chunks(writer, data, chunks.drain(..), found))
+        } else {
+            self.store_chunks(writer, data, chunks.drain(..), found)
+        };
+        let (refs, appended, stored_locs) = match stored {
+            Ok(v) => v,
+            Err(e) => {
+                // Workers waiting for this segment must not wait in vain.
+                self.strategy.release_segment(&seg_fp);
+                return Err(e);
+            }
+        };
         if whole {
             if writer.end_segment(seg_fp, appended) && all_new {
                 self.strategy.record_segment(&seg_fp, &stored_locs);

@@ -260,9 +260,14 @@ pub fn build_strategy(
     repo: &Repository,
     table: &Arc<ContainerTable>,
 ) -> Result<(Box<dyn IndexStrategy>, RepoIndex)> {
-    let strategy: Box<dyn IndexStrategy> = match repo.config().index.as_str() {
+    let spec = crate::repo::IndexSpec::parse(&repo.config().index)?;
+    let strategy: Box<dyn IndexStrategy> = match spec.name.as_str() {
         "segment" => Box::new(SegmentIndex::new(repo, table.clone())),
-        "silo" => Box::new(crate::similarity::SiloStrategy::new(repo, table.clone())?),
+        "silo" => Box::new(crate::similarity::SiloStrategy::new(
+            repo,
+            table.clone(),
+            &spec,
+        )?),
         "binning" => Box::new(crate::similarity::BinningStrategy::new(
             repo,
             table.clone(),
@@ -420,8 +425,11 @@ pub struct SegmentIndex {
 }
 
 /// How long a worker waits for another to store a segment before storing
-/// it itself (a duplicate is harmless; waiting forever is not).
-const PENDING_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// it itself (a duplicate is harmless; waiting forever is not). The storer
+/// releases the segment on every path, errors included, so this only bites
+/// when it is truly stuck: storing may include writing and fsyncing a whole
+/// container, which takes seconds on a busy disk.
+const PENDING_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl SegmentIndex {
     pub fn new(repo: &Repository, table: Arc<ContainerTable>) -> Self {
