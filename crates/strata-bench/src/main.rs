@@ -106,6 +106,11 @@ enum Cmd {
         /// Skip the deletion measurements.
         #[arg(long)]
         no_deletes: bool,
+        /// Strata backs up with --force-read (every file read and looked up,
+        /// none reused from the previous version): compares index strategies
+        /// on all the data.
+        #[arg(long)]
+        strata_force_read: bool,
         /// Repeat the whole scenario N times; the summary quotes medians.
         #[arg(long, default_value_t = 1)]
         repeat: usize,
@@ -314,6 +319,7 @@ fn main() -> Result<()> {
             restore_every,
             restore_first_series_only,
             no_deletes,
+            strata_force_read,
             repeat,
             no_limits,
             strata,
@@ -341,7 +347,8 @@ fn main() -> Result<()> {
                     "restic" => list.push(Box::new(systems::Restic::default())),
                     "borg" => list.push(Box::new(systems::Borg)),
                     s if s.starts_with("strata-") => {
-                        let sys = systems::Strata::from_spec(bin.clone(), s)?;
+                        let mut sys = systems::Strata::from_spec(bin.clone(), s)?;
+                        sys.force_read = strata_force_read;
                         if !strategies.contains(&sys.index) {
                             bail!(
                                 "strata has no index strategy {:?} (it has: {})",

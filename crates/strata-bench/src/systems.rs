@@ -61,6 +61,10 @@ pub struct Strata {
     /// Extra `strata init` options from the system name
     /// (`strata-segment+segment-kib=1024` → `--segment-kib 1024`).
     pub init_args: Vec<(String, String)>,
+    /// Back up with `--force-read`: every file read and looked up in the
+    /// index, none reused from the previous version (to compare index
+    /// strategies on all the data, not only on changed files).
+    pub force_read: bool,
     /// Whether this system runs the RevDedup lifecycle: index `segment` and
     /// a binary with `strata maintain` (decided by `init`).
     pub maintain: bool,
@@ -81,6 +85,7 @@ impl Strata {
             bin,
             index: index.to_string(),
             init_args: Vec::new(),
+            force_read: false,
             maintain: false,
             last_reads: None,
         }
@@ -153,12 +158,17 @@ impl System for Strata {
 
     fn settings(&self) -> String {
         format!(
-            "index {}{}, zstd 3, FastCDC 8 KiB, unencrypted (checksums){}",
+            "index {}{}, zstd 3, FastCDC 8 KiB, unencrypted (checksums){}{}",
             self.index,
             self.init_args
                 .iter()
                 .map(|(k, v)| format!(", --{k} {v}"))
                 .collect::<String>(),
+            if self.force_read {
+                "; backups with --force-read (every file read)"
+            } else {
+                ""
+            },
             if self.maintain {
                 "; `strata maintain` after every backup (RevDedup lifecycle), \
                  deletion by `forget` without --prune"
@@ -205,10 +215,12 @@ impl System for Strata {
         _version: usize,
         src: &Path,
     ) -> Result<Measured> {
-        run(
-            self.cmd(repo).args(["backup", "--series", series]).arg(src),
-            &[0],
-        )
+        let mut c = self.cmd(repo);
+        c.args(["backup", "--series", series]).arg(src);
+        if self.force_read {
+            c.arg("--force-read");
+        }
+        run(&mut c, &[0])
     }
 
     fn restore(

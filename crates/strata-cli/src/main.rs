@@ -183,8 +183,16 @@ struct InitArgs {
     /// reverse dedup by `strata maintain`), `exact` (every chunk in RAM),
     /// `silo` (SiLo: near-exact with a tiny similarity table in RAM) or
     /// `binning` (Extreme Binning, the similarity-only baseline).
+    /// Options may follow a colon (`silo:block-mib=128`) or be given with
+    /// `--index-opt`.
     #[arg(long, default_value = "segment")]
     index: String,
+    /// A tuning option of the index strategy, KEY=VALUE (repeatable). `silo`:
+    /// block-mib (data per locality block, default 64), cache-blocks (blocks
+    /// in the read cache, 8), reps (representative fingerprints per segment,
+    /// 1), record-duplicates (1: duplicate segments join new blocks too, 0).
+    #[arg(long = "index-opt", value_name = "KEY=VALUE")]
+    index_opt: Vec<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -317,6 +325,17 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
     match &cli.cmd {
         Cmd::Init(a) => {
             let path = repo_path(cli)?;
+            let mut index = a.index.clone();
+            for (i, o) in a.index_opt.iter().enumerate() {
+                index.push(if i == 0 && !a.index.contains(':') {
+                    ':'
+                } else {
+                    ','
+                });
+                index.push_str(o);
+            }
+            // Checked before anything is created on disk.
+            let index_name = strata_store::repo::IndexSpec::parse(&index)?.name;
             std::fs::create_dir_all(&path)
                 .with_context(|| format!("creating {}", path.display()))?;
             let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&path));
@@ -333,15 +352,17 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                         avg_segment: a
                             .segment_kib
                             .map(|k| k.saturating_mul(1024))
-                            .unwrap_or_else(|| strata_store::repo::default_segment_size(&a.index)),
+                            .unwrap_or_else(|| {
+                                strata_store::repo::default_segment_size(&index_name)
+                            }),
                         ..ChunkerParams::cdc(a.chunk_size)
                     },
                     zstd_level: a.compression,
                     container_size: a
                         .container_mib
                         .map(|m| m.max(1) << 20)
-                        .unwrap_or_else(|| strata_store::repo::default_container_size(&a.index)),
-                    index: a.index.clone(),
+                        .unwrap_or_else(|| strata_store::repo::default_container_size(&index_name)),
+                    index,
                     ..Default::default()
                 },
             )
@@ -685,12 +706,12 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             let repo = open(cli)?;
             let table = Arc::new(strata_store::index::ContainerTable::default());
             let (strategy, idx) = strata_store::index::build_strategy(&repo, &table)?;
-            let v = json!({"index_strategy": strategy.name(), "index_entries": strategy.entries(),
+            let v = json!({"index_strategy": repo.config().index, "index_entries": strategy.entries(),
                            "index_ram_bytes": strategy.ram_bytes(), "containers": idx.containers.len()});
             out.result(&v, || {
                 format!(
                     "index: {} — {} entries, {} in RAM ({} containers known)",
-                    strategy.name(),
+                    repo.config().index,
                     strategy.entries(),
                     fmt_bytes(strategy.ram_bytes()),
                     idx.containers.len()

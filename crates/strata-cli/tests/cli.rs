@@ -1511,14 +1511,56 @@ fn damaged_snapshot_object_is_contained() {
     assert_eq!(v["warnings"], json!([]), "{v:#}");
 }
 
+/// `init --index` rejects unknown strategies and options with a clear
+/// error and creates nothing.
+#[test]
+fn init_rejects_bad_index_specs() {
+    for (args, says) in [
+        (&["--index", "nope"][..], "unknown index strategy"),
+        (&["--index", "silo:colour=3"][..], "has no option"),
+        (
+            &["--index", "exact", "--index-opt", "reps=2"][..],
+            "its options: none",
+        ),
+        (
+            &["--index", "silo", "--index-opt", "reps=0"][..],
+            "from 1 to 16",
+        ),
+        (&["--index", "silo", "--index-opt", "reps"][..], "KEY=VALUE"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("repo");
+        let out = strata()
+            .arg("--repo")
+            .arg(&path)
+            .arg("init")
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!path.exists(), "{args:?} created a repository");
+    }
+}
+
 /// `silo` and `binning` repositories: small files grouped into segments,
 /// a re-read of unchanged data finds every chunk, edits store little, gc
 /// (which moves chunks the side index still points at) costs duplicates at
 /// most, never data, and every version restores.
 #[test]
 fn silo_and_binning_repositories() {
-    for index in ["silo", "binning"] {
-        let repo = Repo::with_init(&["--index", index], None);
+    let variants: [(&str, &[&str]); 3] = [
+        ("silo", &["--index", "silo"]),
+        ("binning", &["--index", "binning"]),
+        // Small blocks and two representatives per segment, set at init.
+        (
+            "silo:block-mib=2,reps=2",
+            &["--index", "silo:reps=2", "--index-opt", "block-mib=2"],
+        ),
+    ];
+    for (index, init) in variants {
+        let repo = Repo::with_init(init, None);
         let src = repo.dir().join("src");
         for d in 0..6u64 {
             for f in 0..40u64 {

@@ -57,6 +57,90 @@ impl Default for InitOptions {
 /// Index strategies this build knows; the first is the default.
 pub const INDEX_STRATEGIES: &[&str] = &["segment", "exact", "silo", "binning"];
 
+/// Tuning options each index strategy accepts, with their allowed ranges.
+const INDEX_OPTIONS: &[(&str, &str, u64, u64)] = &[
+    ("silo", "block-mib", 1, 4096),
+    ("silo", "cache-blocks", 1, 4096),
+    ("silo", "reps", 1, 16),
+    ("silo", "record-duplicates", 0, 1),
+];
+
+/// An index strategy and its tuning options, as the repository config
+/// stores them: `silo`, or `silo:block-mib=128,cache-blocks=16`. Options
+/// are fixed at `init` — they shape on-disk index objects — and strategies
+/// read them with [`IndexSpec::get`], falling back to their defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexSpec {
+    pub name: String,
+    pub options: std::collections::BTreeMap<String, u64>,
+}
+
+impl IndexSpec {
+    /// Parses and validates a spec against the strategies this build knows.
+    pub fn parse(spec: &str) -> Result<Self> {
+        let (name, opts) = spec.split_once(':').unwrap_or((spec, ""));
+        if !INDEX_STRATEGIES.contains(&name) {
+            return Err(StoreError::Invalid(format!(
+                "unknown index strategy {name:?}; known: {}",
+                INDEX_STRATEGIES.join(", ")
+            )));
+        }
+        let mut options = std::collections::BTreeMap::new();
+        for kv in opts.split(',').filter(|kv| !kv.is_empty()) {
+            let (k, v) = kv.split_once('=').ok_or_else(|| {
+                StoreError::Invalid(format!("index option {kv:?} is not KEY=VALUE"))
+            })?;
+            let known: Vec<&str> = INDEX_OPTIONS
+                .iter()
+                .filter(|o| o.0 == name)
+                .map(|o| o.1)
+                .collect();
+            let &(_, _, lo, hi) = INDEX_OPTIONS
+                .iter()
+                .find(|o| o.0 == name && o.1 == k)
+                .ok_or_else(|| {
+                    StoreError::Invalid(format!(
+                        "index {name:?} has no option {k:?}; its options: {}",
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ))
+                })?;
+            let v: u64 = v
+                .parse()
+                .ok()
+                .filter(|v| (lo..=hi).contains(v))
+                .ok_or_else(|| {
+                    StoreError::Invalid(format!(
+                        "index option {k}={v:?}: expected a whole number from {lo} to {hi}"
+                    ))
+                })?;
+            options.insert(k.to_string(), v);
+        }
+        Ok(IndexSpec {
+            name: name.to_string(),
+            options,
+        })
+    }
+
+    /// An option's value, or `default` when the spec does not set it.
+    pub fn get(&self, key: &str, default: u64) -> u64 {
+        self.options.get(key).copied().unwrap_or(default)
+    }
+}
+
+impl std::fmt::Display for IndexSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)?;
+        for (i, (k, v)) in self.options.iter().enumerate() {
+            write!(f, "{}{k}={v}", if i == 0 { ':' } else { ',' })?;
+        }
+        Ok(())
+    }
+}
+
 /// Default container size of an index strategy: RevDedup's 32 MiB for
 /// `segment` (whole 4 MiB segments per container, few containers per
 /// restore), 8 MiB otherwise.
@@ -114,13 +198,8 @@ impl Repository {
             return Err(StoreError::AlreadyExists(backend.describe()));
         }
         opts.chunker.validate()?;
-        if !INDEX_STRATEGIES.contains(&opts.index.as_str()) {
-            return Err(StoreError::Invalid(format!(
-                "unknown index strategy {:?}; known: {}",
-                opts.index,
-                INDEX_STRATEGIES.join(", ")
-            )));
-        }
+        // Stored normalised, so `stats` shows exactly what is in effect.
+        let index = IndexSpec::parse(&opts.index)?.to_string();
         if !(1..=22).contains(&opts.zstd_level) {
             return Err(StoreError::Invalid(
                 "zstd level must be between 1 and 22".into(),
@@ -143,7 +222,7 @@ impl Repository {
             container_size: opts.container_size,
             region_size: opts.region_size,
             encrypted: opts.password.is_some(),
-            index: opts.index.clone(),
+            index,
         };
         let (sealer, hasher) = match &opts.password {
             Some(pw) => {
@@ -451,5 +530,36 @@ pub fn resolve_in(all: &[(String, Snapshot)], spec: &str) -> Result<(String, Sna
         0 => Err(StoreError::NoSnapshot(spec.into())),
         1 => Ok(m[0].clone()),
         _ => Err(StoreError::AmbiguousSnapshot(spec.into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_specs_parse_validate_and_normalise() {
+        let s = IndexSpec::parse("silo:reps=2,block-mib=128").unwrap();
+        assert_eq!(s.name, "silo");
+        assert_eq!(s.get("reps", 1), 2);
+        assert_eq!(s.get("cache-blocks", 8), 8);
+        // Options print sorted, so one configuration has one spelling.
+        assert_eq!(s.to_string(), "silo:block-mib=128,reps=2");
+        assert_eq!(IndexSpec::parse("exact").unwrap().to_string(), "exact");
+        assert_eq!(IndexSpec::parse("silo:").unwrap().to_string(), "silo");
+        for bad in [
+            "silox",
+            "silo:reps",
+            "silo:reps=0",
+            "silo:reps=x",
+            "silo:colour=1",
+            "segment:reps=2",
+            "silo:record-duplicates=2",
+        ] {
+            assert!(
+                matches!(IndexSpec::parse(bad), Err(StoreError::Invalid(_))),
+                "{bad} accepted"
+            );
+        }
     }
 }
