@@ -665,7 +665,13 @@ impl Ctx<'_> {
                 }
             };
             let (first, data_mark) = (pending.len(), data.len());
-            let mut stream = ChunkStream::new(&mut f as &mut dyn Read, self.chunker);
+            // The worker's read buffer (MBs) is reused: zeroing a fresh one
+            // per small file cost more than reading the file.
+            let mut stream = ChunkStream::with_buffer(
+                &mut f as &mut dyn Read,
+                self.chunker,
+                std::mem::take(&mut bufs.read),
+            );
             let mut failed = None;
             loop {
                 let next = match stream.next_chunk() {
@@ -698,7 +704,7 @@ impl Ctx<'_> {
                     .fetch_add(chunk.len() as u64, Ordering::Relaxed);
             }
             let size = stream.position();
-            drop(stream);
+            bufs.read = stream.into_buffer();
             if let Some(m) = failed {
                 pending.truncate(first);
                 data.truncate(data_mark);
