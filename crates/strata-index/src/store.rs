@@ -178,44 +178,54 @@ impl BlockStore for DirStore {
 type Op = Option<Arc<Vec<u8>>>;
 type Pending = Arc<Mutex<HashMap<String, Op>>>;
 
-/// Writes through a background thread, as SiLo's write buffer does: a
+/// Writes through background threads, as SiLo's write buffer does: a
 /// flushed block costs the index no time, and reads of a block still being
-/// written are served from memory.
+/// written are served from memory. Several writers overlap the fsyncs of a
+/// durable store (Extreme Binning writes a small bin per file); every name
+/// always goes to the same writer, so operations on one name stay ordered.
 pub struct AsyncStore {
     inner: Arc<dyn BlockStore>,
     pending: Pending,
-    tx: Mutex<Option<std::sync::mpsc::SyncSender<(String, Op)>>>,
-    worker: Mutex<Option<std::thread::JoinHandle<Result<()>>>>,
+    tx: Mutex<Vec<std::sync::mpsc::SyncSender<(String, Op)>>>,
+    workers: Mutex<Vec<std::thread::JoinHandle<Result<()>>>>,
 }
+
+/// Background writers of an [`AsyncStore`].
+const WRITERS: usize = 4;
 
 impl AsyncStore {
     pub fn new(inner: Arc<dyn BlockStore>) -> Self {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<(String, Op)>(16);
         let pending: Pending = Arc::default();
-        let (inner2, pending2) = (inner.clone(), pending.clone());
-        let worker = std::thread::spawn(move || -> Result<()> {
-            for (name, data) in rx {
-                match &data {
-                    Some(d) => inner2.put(&name, d)?,
-                    None => inner2.delete(&name)?,
+        let mut txs = Vec::new();
+        let mut workers = Vec::new();
+        for _ in 0..WRITERS {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<(String, Op)>(16);
+            let (inner2, pending2) = (inner.clone(), pending.clone());
+            workers.push(std::thread::spawn(move || -> Result<()> {
+                for (name, data) in rx {
+                    match &data {
+                        Some(d) => inner2.put(&name, d)?,
+                        None => inner2.delete(&name)?,
+                    }
+                    let mut p = pending2.lock().unwrap_or_else(|e| e.into_inner());
+                    // Only if no newer operation on the name is queued.
+                    if p.get(&name).is_some_and(|x| match (x, &data) {
+                        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                        (None, None) => true,
+                        _ => false,
+                    }) {
+                        p.remove(&name);
+                    }
                 }
-                let mut p = pending2.lock().unwrap_or_else(|e| e.into_inner());
-                // Only if no newer operation on the name is queued.
-                if p.get(&name).is_some_and(|x| match (x, &data) {
-                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                    (None, None) => true,
-                    _ => false,
-                }) {
-                    p.remove(&name);
-                }
-            }
-            Ok(())
-        });
+                Ok(())
+            }));
+            txs.push(tx);
+        }
         AsyncStore {
             inner,
             pending,
-            tx: Mutex::new(Some(tx)),
-            worker: Mutex::new(Some(worker)),
+            tx: Mutex::new(txs),
+            workers: Mutex::new(workers),
         }
     }
 
@@ -224,10 +234,19 @@ impl AsyncStore {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(name.to_string(), data.clone());
-        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        let sent = tx
-            .as_ref()
-            .map(|t| t.send((name.to_string(), data)).is_ok());
+        let writer = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            name.hash(&mut h);
+            h.finish() as usize % WRITERS
+        };
+        let tx = self
+            .tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(writer)
+            .cloned();
+        let sent = tx.map(|t| t.send((name.to_string(), data)).is_ok());
         if sent != Some(true) {
             return Err(IndexError::Store {
                 name: name.to_string(),
@@ -239,21 +258,22 @@ impl AsyncStore {
 
     /// Waits for every queued write; reports the first failure.
     pub fn finish(&self) -> Result<()> {
-        drop(self.tx.lock().unwrap_or_else(|e| e.into_inner()).take());
-        match self
-            .worker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .map(|h| h.join())
-        {
-            Some(Ok(r)) => r,
-            Some(Err(_)) => Err(IndexError::Store {
-                name: "writer".into(),
-                msg: "background writer panicked".into(),
-            }),
-            None => Ok(()),
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut first = Ok(());
+        for h in workers {
+            let r = match h.join() {
+                Ok(r) => r,
+                Err(_) => Err(IndexError::Store {
+                    name: "writer".into(),
+                    msg: "background writer panicked".into(),
+                }),
+            };
+            if first.is_ok() {
+                first = r;
+            }
         }
+        first
     }
 }
 
