@@ -47,6 +47,51 @@ fn self_io() -> Io {
     io
 }
 
+/// Samples a child's peak resident set (`VmHWM` of `/proc/PID/status`,
+/// the high-water mark of the child's own address space) until stopped.
+/// The mark only grows, so the last sample before the exit misses at most
+/// the growth of the final few milliseconds.
+struct PeakSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl PeakSampler {
+    fn start(pid: libc::pid_t) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let path = format!("/proc/{pid}/status");
+        let thread = std::thread::spawn(move || {
+            let mut peak = 0u64;
+            loop {
+                let done = flag.load(std::sync::atomic::Ordering::Acquire);
+                if let Some(kib) = std::fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|s| vm_hwm_kib(&s))
+                {
+                    peak = peak.max(kib * 1024);
+                }
+                if done {
+                    return peak;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        });
+        PeakSampler { stop, thread }
+    }
+
+    fn finish(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.thread.join().unwrap_or(0)
+    }
+}
+
+/// The `VmHWM` line of a `/proc/PID/status` text, in KiB.
+fn vm_hwm_kib(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Runs a command to completion and measures it. Exit codes other than
 /// those in `ok_codes` are an error carrying the command's stderr.
 pub fn run(cmd: &mut Command, ok_codes: &[i32]) -> Result<Measured> {
@@ -76,6 +121,26 @@ pub fn run(cmd: &mut Command, ok_codes: &[i32]) -> Result<Measured> {
         }
         s
     });
+    let sampler = PeakSampler::start(pid);
+    // Wait for the exit but leave the child a zombie, so its pid cannot be
+    // reused while the sampler still reads /proc/PID.
+    // SAFETY: zeroed siginfo is a valid out-parameter; pid is our child.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    while unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOWAIT,
+        )
+    } < 0
+    {
+        if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            break;
+        }
+    }
+    let sampled_peak = sampler.finish();
     let mut status = 0;
     // SAFETY: zeroed rusage is a valid out-parameter for wait4.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -110,7 +175,14 @@ pub fn run(cmd: &mut Command, ok_codes: &[i32]) -> Result<Measured> {
     }
     Ok(Measured {
         seconds,
-        peak_rss_bytes: ru.ru_maxrss as u64 * 1024,
+        // rusage's maxrss is floored by this program's own peak (Linux
+        // carries the spawning process's high-water mark into the child
+        // at exec), so the child's own VmHWM, sampled, comes first.
+        peak_rss_bytes: if sampled_peak > 0 {
+            sampled_peak
+        } else {
+            ru.ru_maxrss as u64 * 1024
+        },
         storage_read_bytes: after.read_bytes.saturating_sub(before.read_bytes),
         syscall_read_bytes: after.rchar.saturating_sub(before.rchar),
         storage_write_bytes: after.write_bytes.saturating_sub(before.write_bytes),
@@ -145,4 +217,42 @@ pub fn drop_caches() -> bool {
     // SAFETY: sync has no preconditions.
     unsafe { libc::sync() };
     std::fs::write("/proc/sys/vm/drop_caches", b"3\n").is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peak_rss_is_the_childs_own() {
+        // This process grows first: rusage alone would report at least
+        // this much for every child spawned afterwards.
+        let big = vec![1u8; 256 << 20];
+        std::hint::black_box(&big);
+        let small = run(&mut Command::new("true"), &[0]).unwrap();
+        assert!(
+            small.peak_rss_bytes < 64 << 20,
+            "`true` peaked at {} bytes",
+            small.peak_rss_bytes
+        );
+        // dd touches its whole 96 MiB buffer.
+        let dd = run(
+            Command::new("dd").args(["if=/dev/zero", "of=/dev/null", "bs=96M", "count=2"]),
+            &[0],
+        )
+        .unwrap();
+        assert!(
+            (96 << 20..200 << 20).contains(&dd.peak_rss_bytes),
+            "dd peaked at {} bytes",
+            dd.peak_rss_bytes
+        );
+        drop(big);
+    }
+
+    #[test]
+    fn vm_hwm_line_is_parsed() {
+        let s = "Name:\tx\nVmPeak:\t  9000 kB\nVmHWM:\t    1234 kB\nVmRSS:\t 1000 kB\n";
+        assert_eq!(vm_hwm_kib(s), Some(1234));
+        assert_eq!(vm_hwm_kib("Name:\tzombie\n"), None);
+    }
 }
