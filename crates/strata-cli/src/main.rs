@@ -188,7 +188,7 @@ struct InitArgs {
     #[arg(long, default_value = "segment")]
     index: String,
     /// A tuning option of the index strategy, KEY=VALUE (repeatable). `silo`:
-    /// block-mib (data per locality block, default 64), cache-blocks (blocks
+    /// block-mib (data per locality block, default 256), cache-blocks (blocks
     /// in the read cache, 8), reps (representative fingerprints per segment,
     /// 1), record-duplicates (1: duplicate segments join new blocks too, 0).
     #[arg(long = "index-opt", value_name = "KEY=VALUE")]
