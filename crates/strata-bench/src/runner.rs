@@ -49,6 +49,10 @@ pub struct BackupRow {
     /// its `--json` output), before compression.
     #[serde(default)]
     pub new_raw_bytes: Option<u64>,
+    /// Strata: bytes the index strategy held in RAM at the end of this
+    /// backup (its own accounting, from `--json`).
+    #[serde(default)]
+    pub index_ram_bytes: Option<u64>,
     /// `cumulative_logical_bytes / stored_bytes_after`.
     #[serde(default)]
     pub dedup_ratio: f64,
@@ -155,6 +159,13 @@ pub struct RunOptions {
     /// Measure the machine's limits with these sizes before the first run
     /// (`None`: don't).
     pub limits: Option<crate::limits::Sizes>,
+}
+
+/// A whole-number field of a command's `--json` output.
+fn json_u64(stdout: &str, field: &str) -> Option<u64> {
+    serde_json::from_str::<serde_json::Value>(stdout)
+        .ok()
+        .and_then(|v| v[field].as_u64())
 }
 
 fn mb(bytes: u64, secs: f64) -> f64 {
@@ -354,9 +365,8 @@ fn run_once(
                     dedup_ratio: 0.0,
                     space_saving_pct: 0.0,
                     maintain_seconds: maint.map(|m| m.seconds),
-                    new_raw_bytes: serde_json::from_str::<serde_json::Value>(&m.stdout)
-                        .ok()
-                        .and_then(|v| v["new_raw_bytes"].as_u64()),
+                    new_raw_bytes: json_u64(&m.stdout, "new_raw_bytes"),
+                    index_ram_bytes: json_u64(&m.stdout, "index_ram_bytes"),
                 };
                 eprintln!(
                     "backup  {:<14} {}@{:<3} {:>8.1} MB/s  stored {:>8.1} MB{}",
@@ -715,7 +725,7 @@ pub fn summary_markdown(res: &RunResults) -> String {
     // Duplicate elimination of the inline index strategies, before
     // compression: logical bytes minus the bytes their backups stored anew
     // (not meaningful for a system whose maintenance changes it later).
-    let dedup: Vec<(String, u64, u64)> = {
+    let dedup: Vec<(String, u64, u64, u64)> = {
         let mut v = Vec::new();
         let mut names: Vec<&String> = res.backups.iter().map(|b| &b.system).collect();
         names.sort();
@@ -733,7 +743,13 @@ pub fn summary_markdown(res: &RunResults) -> String {
             {
                 let logical: u64 = rows.iter().map(|b| b.logical_bytes).sum();
                 let new: u64 = rows.iter().filter_map(|b| b.new_raw_bytes).sum();
-                v.push((n.clone(), logical, logical.saturating_sub(new)));
+                let ram = rows.iter().filter_map(|b| b.index_ram_bytes).max();
+                v.push((
+                    n.clone(),
+                    logical,
+                    logical.saturating_sub(new),
+                    ram.unwrap_or(0),
+                ));
             }
         }
         v
@@ -741,16 +757,26 @@ pub fn summary_markdown(res: &RunResults) -> String {
     if let Some(exact) = dedup.iter().find(|d| d.0 == "strata-exact") {
         let _ = writeln!(
             s,
-            "\nDuplicate bytes eliminated inline (before compression; first repetition):\n\n| system | logical GB | stored anew GB | duplicates eliminated | of strata-exact's |\n|---|---|---|---|---|"
+            "\nDuplicate bytes eliminated inline (before compression; first repetition), and the index strategy's own RAM at its largest (end of a backup):\n\n| system | logical GB | stored anew GB | duplicates eliminated | of strata-exact's | index RAM | of strata-exact's |\n|---|---|---|---|---|---|---|"
         );
-        for (n, logical, dup) in &dedup {
+        for (n, logical, dup, ram) in &dedup {
             let _ = writeln!(
                 s,
-                "| {n} | {:.3} | {:.3} | {:.2} % | {:.2} % |",
+                "| {n} | {:.3} | {:.3} | {:.2} % | {:.2} % | {} | {} |",
                 *logical as f64 / 1e9,
                 (logical - dup) as f64 / 1e9,
                 100.0 * *dup as f64 / (*logical).max(1) as f64,
-                100.0 * *dup as f64 / exact.2.max(1) as f64
+                100.0 * *dup as f64 / exact.2.max(1) as f64,
+                if *ram > 0 {
+                    format!("{:.2} MiB", *ram as f64 / (1u64 << 20) as f64)
+                } else {
+                    "–".into()
+                },
+                if *ram > 0 && exact.3 > 0 {
+                    format!("{:.3}", *ram as f64 / exact.3 as f64)
+                } else {
+                    "–".into()
+                }
             );
         }
     }
@@ -986,6 +1012,7 @@ mod tests {
             space_saving_pct: 0.0,
             maintain_seconds: None,
             new_raw_bytes: None,
+            index_ram_bytes: None,
         }
     }
 
@@ -1025,6 +1052,47 @@ mod tests {
         let again = rows.clone();
         fill_cumulative(&mut rows);
         assert_eq!(format!("{again:?}"), format!("{rows:?}"),);
+    }
+
+    #[test]
+    fn duplicate_table_compares_with_exact() {
+        let mut backups = Vec::new();
+        for (sys, anew, ram) in [
+            ("strata-exact", [60, 10], 4 << 20),
+            ("strata-silo", [60, 12], 1 << 20),
+        ] {
+            for (v, new) in anew.into_iter().enumerate() {
+                let mut r = row(0, sys, v + 1, 100, 0);
+                r.new_raw_bytes = Some(new);
+                r.index_ram_bytes = Some(ram / (2 - v as u64));
+                backups.push(r);
+            }
+        }
+        let res = RunResults {
+            scenario: "t".into(),
+            workload: "t".into(),
+            systems: vec![],
+            skipped: vec![],
+            machine: "m".into(),
+            cache_drop_permitted: true,
+            backups,
+            restores: vec![],
+            deletes: vec![],
+            baselines: vec![],
+            limits: None,
+            deletes_skipped: None,
+        };
+        let md = summary_markdown(&res);
+        // exact eliminated 200 - 70 = 130 bytes, silo 128: 98.46 % of it;
+        // RAM is the largest backup's, 1 MiB against 4 MiB.
+        assert!(
+            md.contains("| strata-silo | 0.000 | 0.000 | 64.00 % | 98.46 % | 1.00 MiB | 0.250 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| strata-exact | 0.000 | 0.000 | 65.00 % | 100.00 % | 4.00 MiB | 1.000 |"),
+            "{md}"
+        );
     }
 
     #[test]
