@@ -235,9 +235,10 @@ mod tests {
             "`true` peaked at {} bytes",
             small.peak_rss_bytes
         );
-        // dd touches its whole 96 MiB buffer.
+        // dd touches its whole 96 MiB buffer on the first of 20 reads, so
+        // the sampler sees it for a good while before the exit.
         let dd = run(
-            Command::new("dd").args(["if=/dev/zero", "of=/dev/null", "bs=96M", "count=2"]),
+            Command::new("dd").args(["if=/dev/zero", "of=/dev/null", "bs=96M", "count=20"]),
             &[0],
         )
         .unwrap();
