@@ -108,7 +108,10 @@ pub(crate) fn forget_locked(repo: &Repository, ids: &[String]) -> Result<ForgetR
         dropped_recipes.insert(by_id[id.as_str()].recipe.clone());
         report.removed_snapshots.push(id.clone());
     }
-    let still: HashSet<&String> = all
+    // From the snapshots as they are now: a rebase above may have given a
+    // survivor a recipe object that a removed version also used.
+    let (now, _) = repo.list_snapshots_tolerant()?;
+    let still: HashSet<&String> = now
         .iter()
         .filter(|(i, _)| !removing.contains(i.as_str()))
         .map(|(_, s)| &s.recipe)
