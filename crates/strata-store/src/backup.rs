@@ -504,6 +504,16 @@ struct Ctx<'a> {
     read_bytes: AtomicU64,
 }
 
+/// A chunk's fingerprint, and whether it is all zeros (never stored, so
+/// not hashed).
+fn chunk_fp(hasher: &strata_core::Hasher, chunk: &[u8]) -> (Fingerprint, bool) {
+    if is_zero(chunk) {
+        (Fingerprint::ZERO, true)
+    } else {
+        (hasher.hash(chunk), false)
+    }
+}
+
 /// Bytes of a segment's non-zero chunks the strategy did not find.
 fn new_bytes_of(chunks: &[PendingChunk], found: &[Option<ChunkLoc>]) -> usize {
     chunks
@@ -682,12 +692,7 @@ impl Ctx<'_> {
                     }
                 };
                 let Some((_, chunk)) = next else { break };
-                let zero = is_zero(chunk);
-                let fp = if zero {
-                    Fingerprint::ZERO
-                } else {
-                    hasher.hash(chunk)
-                };
+                let (fp, zero) = chunk_fp(hasher, chunk);
                 pending.push(PendingChunk {
                     fp,
                     start: data.len(),
@@ -825,12 +830,7 @@ impl Ctx<'_> {
                 Err(e) => return Ok(Err(format!("read error: {e}"))),
             };
             let Some((_, chunk)) = next else { break };
-            let zero = is_zero(chunk);
-            let fp = if zero {
-                Fingerprint::ZERO
-            } else {
-                hasher.hash(chunk)
-            };
+            let (fp, zero) = chunk_fp(hasher, chunk);
             let len = chunk.len() as u32;
             pending.push(PendingChunk {
                 fp,
