@@ -1,4 +1,4 @@
-//! Process measurements: wall time, peak RSS (from `wait4` rusage) and I/O
+//! Process measurements: wall time, peak RSS (the child's sampled VmHWM) and I/O
 //! (from `/proc/self/io`, which includes the I/O of reaped children — so
 //! the delta around one child is that child's I/O, for any system).
 
@@ -175,19 +175,34 @@ pub fn run(cmd: &mut Command, ok_codes: &[i32]) -> Result<Measured> {
     }
     Ok(Measured {
         seconds,
-        // rusage's maxrss is floored by this program's own peak (Linux
-        // carries the spawning process's high-water mark into the child
-        // at exec), so the child's own VmHWM, sampled, comes first.
-        peak_rss_bytes: if sampled_peak > 0 {
-            sampled_peak
-        } else {
-            ru.ru_maxrss as u64 * 1024
-        },
+        peak_rss_bytes: child_peak(sampled_peak, ru.ru_maxrss as u64 * 1024),
         storage_read_bytes: after.read_bytes.saturating_sub(before.read_bytes),
         syscall_read_bytes: after.rchar.saturating_sub(before.rchar),
         storage_write_bytes: after.write_bytes.saturating_sub(before.write_bytes),
         stdout,
     })
+}
+
+/// The child's peak resident set from what was observed. rusage's maxrss
+/// is floored by this program's own peak (Linux carries the spawning
+/// process's high-water mark into the child at exec), so the child's own
+/// VmHWM, sampled, comes first. A child that exited before the first
+/// sample is known only if its maxrss exceeds this program's peak —
+/// otherwise the figure would be ours, and 0 ("not measured") is the
+/// honest answer; such a child lived for a few milliseconds.
+fn child_peak(sampled: u64, rusage_max: u64) -> u64 {
+    if sampled > 0 {
+        return sampled;
+    }
+    let own = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| vm_hwm_kib(&s))
+        .map_or(u64::MAX, |k| k * 1024);
+    if rusage_max > own {
+        rusage_max
+    } else {
+        0
+    }
 }
 
 /// Sum of the sizes of the regular files below `dir` (apparent size).
@@ -248,6 +263,14 @@ mod tests {
             dd.peak_rss_bytes
         );
         drop(big);
+    }
+
+    #[test]
+    fn unsampled_child_is_not_given_our_peak() {
+        assert_eq!(child_peak(5 << 20, 900 << 20), 5 << 20);
+        // A maxrss no larger than our own peak may be ours: not measured.
+        assert_eq!(child_peak(0, 1 << 20), 0);
+        assert_eq!(child_peak(0, u64::MAX / 2), u64::MAX / 2);
     }
 
     #[test]
