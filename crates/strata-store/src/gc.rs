@@ -875,18 +875,9 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
 fn consolidate_index(repo: &Repository) -> Result<()> {
     let mut metas = Vec::new();
     let idx = RepoIndex::load(repo, |m| metas.push(m.clone()))?;
-    let mut groups: BTreeMap<Option<String>, Vec<ContainerMeta>> = BTreeMap::new();
-    for m in metas {
-        groups
-            .entry(m.stamp.as_ref().map(|s| s.owner.clone()))
-            .or_default()
-            .push(m);
-    }
-    let mut written = HashSet::new();
-    for (_, containers) in groups {
-        let (id, _) = repo.put_struct(Kind::Index, "index", &IndexObject { containers })?;
-        written.insert(format!("index/{id}"));
-    }
+    let written: HashSet<String> = crate::index::write_by_owner(repo, metas)?
+        .into_iter()
+        .collect();
     for o in &idx.objects {
         if !written.contains(o) {
             repo.backend().delete(o)?;

@@ -176,6 +176,19 @@ pub fn edit_index(
             }
         }
     }
+    let written = write_by_owner(repo, metas)?;
+    for o in affected {
+        if !written.contains(o) {
+            repo.backend().delete(o)?;
+        }
+    }
+    Ok(written)
+}
+
+/// Writes `metas` as index objects, one for the pool and one per stamp
+/// owner (so expiring a version rewrites only its own), and returns their
+/// names. Deleting what they replace is the caller's job, afterwards.
+pub(crate) fn write_by_owner(repo: &Repository, metas: Vec<ContainerMeta>) -> Result<Vec<String>> {
     let mut groups: BTreeMap<Option<String>, Vec<ContainerMeta>> = BTreeMap::new();
     for m in metas {
         groups
@@ -187,11 +200,6 @@ pub fn edit_index(
     for (_, containers) in groups {
         let (id, _) = repo.put_struct(Kind::Index, "index", &IndexObject { containers })?;
         written.push(format!("index/{id}"));
-    }
-    for o in affected {
-        if !written.contains(o) {
-            repo.backend().delete(o)?;
-        }
     }
     Ok(written)
 }
