@@ -50,6 +50,9 @@ pub enum Kind {
     /// Index-strategy data kept on the side (SiLo blocks and similarity
     /// table, Extreme Binning bins): derived, rebuildable.
     IndexData = 10,
+    /// The container summaries of one index object (`isum/`): what every
+    /// command but chunk lookups needs, without the chunk entries.
+    IndexSummary = 11,
 }
 
 /// Fills `buf` with cryptographically secure random bytes.

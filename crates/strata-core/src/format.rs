@@ -136,6 +136,45 @@ impl ContainerMeta {
     pub fn raw_bytes(&self) -> u64 {
         self.chunks.iter().map(|c| c.len as u64).sum()
     }
+
+    /// Everything about the container but its chunk and segment entries.
+    pub fn summary(&self) -> ContainerSummary {
+        ContainerSummary {
+            id: self.id,
+            data_len: self.data_len,
+            created: self.created,
+            stamp: self.stamp.clone(),
+            chunks: self.chunks.len() as u32,
+            raw_bytes: self.raw_bytes(),
+            regions: self.regions.clone(),
+        }
+    }
+}
+
+/// A container without its chunk entries: what lifecycle bookkeeping,
+/// space accounting and the similarity strategies (which keep their own
+/// chunk locations) need to know. About 1/200 of a [`ContainerMeta`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerSummary {
+    pub id: ContainerId,
+    pub data_len: u64,
+    pub created: i64,
+    pub stamp: Option<Stamp>,
+    /// Number of chunk entries.
+    pub chunks: u32,
+    /// Plaintext bytes of all chunks.
+    pub raw_bytes: u64,
+    pub regions: Vec<RegionInfo>,
+}
+
+/// The summaries of one index object's containers, stored as
+/// `isum/HASH` beside `index/HASH`. The name it summarises is inside too,
+/// so a summary cannot be passed off for another index object.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexSummary {
+    /// The full name of the index object (`index/HASH`).
+    pub index: String,
+    pub containers: Vec<ContainerSummary>,
 }
 
 /// Magic at the start of every data container.

@@ -30,8 +30,7 @@ use strata_core::chunker::{ChunkStream, ChunkerParams, Segmenter};
 use strata_core::crypto::Kind;
 use strata_core::fingerprint::is_zero;
 use strata_core::format::{
-    ChunkRef, ContainerId, IndexObject, Node, NodeKind, Recipe, SegmentRef, Snapshot,
-    SnapshotStats, ZERO_CHUNK,
+    ChunkRef, ContainerId, Node, NodeKind, Recipe, SegmentRef, Snapshot, SnapshotStats, ZERO_CHUNK,
 };
 use strata_core::Fingerprint;
 
@@ -1282,13 +1281,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     // Commit: index object → recipe → snapshot.
     let mut stored = sink_result.stored_bytes;
     if !sink_result.metas.is_empty() {
-        let (_, n) = repo.put_struct(
-            Kind::Index,
-            "index",
-            &IndexObject {
-                containers: sink_result.metas,
-            },
-        )?;
+        let (_, n) = crate::index::put_index_object(repo, sink_result.metas)?;
         stored += n;
     }
     let mut local: HashMap<u32, u32> = HashMap::new();

@@ -56,10 +56,16 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
     // Index objects, one by one so one bad object does not hide the rest.
     let mut metas: HashMap<ContainerId, ContainerMeta> = HashMap::new();
     let mut index_damaged = false;
+    let mut index_summaries: HashMap<String, Vec<strata_core::format::ContainerSummary>> =
+        HashMap::new();
     for o in b.list("index/")? {
         // Straight from the repository: the local cache would hide damage.
         match repo.get_struct::<strata_core::format::IndexObject>(Kind::Index, &o.name, "index") {
             Ok(obj) => {
+                index_summaries.insert(
+                    crate::index::summary_name(&o.name),
+                    obj.containers.iter().map(|m| m.summary()).collect(),
+                );
                 for m in obj.containers {
                     metas.entry(m.id).or_insert(m);
                 }
@@ -68,6 +74,32 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
                 rep.errors.push(format!("{e} (run `strata repair index`)"));
                 index_damaged = true;
             }
+        }
+    }
+    // Summaries must say what their index objects say: commands other
+    // than chunk lookups trust them instead.
+    for o in b.list("isum/")? {
+        let Some(want) = index_summaries.get(&o.name) else {
+            if !index_damaged {
+                rep.warnings.push(format!(
+                    "{}: summary of a missing index object (left by an interrupted command; `strata gc` removes it)",
+                    o.name
+                ));
+            }
+            continue;
+        };
+        let index_name = format!("index/{}", o.name.trim_start_matches("isum/"));
+        match repo.get_struct::<strata_core::format::IndexSummary>(
+            Kind::IndexSummary,
+            &o.name,
+            "index summary",
+        ) {
+            Ok(s) if s.index == index_name && &s.containers == want => {}
+            Ok(_) => rep.errors.push(format!(
+                "{}: differs from {index_name} (run `strata repair index`)",
+                o.name
+            )),
+            Err(e) => rep.errors.push(format!("{e} (run `strata repair index`)")),
         }
     }
     rep.containers = metas.len() as u64;

@@ -32,8 +32,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use strata_core::crypto::Kind;
 use strata_core::format::{
-    Archival, ChunkRef, ContainerId, ContainerMeta, IndexObject, Recipe, RegionInfo, Snapshot,
-    Stamp,
+    Archival, ChunkRef, ContainerId, ContainerMeta, Recipe, RegionInfo, Snapshot, Stamp,
 };
 use strata_core::Fingerprint;
 
@@ -125,7 +124,7 @@ pub(crate) fn forget_locked(repo: &Repository, ids: &[String]) -> Result<ForgetR
 
     // Stamped containers of the removed versions: found in the index by
     // their stamp, deleted without looking at anything else.
-    let idx = RepoIndex::load(repo, |_| {})?;
+    let idx = RepoIndex::load_summaries(repo)?;
     let owned: HashSet<ContainerId> = ids.iter().flat_map(|id| idx.stamped_by(id)).collect();
     if !owned.is_empty() {
         report.stamped_bytes_freed = owned
@@ -348,7 +347,7 @@ fn rebase(
         time_ns: u.time_ns,
     });
     let (placed, metas) = copy_chunks(repo, &regions, &sources, stamp, None)?;
-    let idx = RepoIndex::load(repo, |_| {})?;
+    let idx = RepoIndex::load_summaries(repo)?;
     edit_index(repo, &idx, &HashSet::new(), metas)?;
 
     let mut recipe = recipe;
@@ -427,7 +426,7 @@ fn rebase(
         repo.backend().delete(&format!("recipes/{old_recipe}"))?;
     }
     if revive {
-        let idx = RepoIndex::load(repo, |_| {})?;
+        let idx = RepoIndex::load_summaries(repo)?;
         let stale: HashSet<ContainerId> = own_stamped
             .into_iter()
             .filter(|c| {
@@ -796,7 +795,7 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
         dry_run: opts.dry_run,
         ..Default::default()
     };
-    let idx = RepoIndex::load(repo, |_| {})?;
+    let idx = RepoIndex::load_summaries(repo)?;
     report.containers_before = idx.containers.len() as u64;
     report.bytes_before = idx.stored_bytes();
 
@@ -865,7 +864,7 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
     }
     report.bytes_after = report.bytes_before.saturating_sub(report.bytes_freed);
     if !opts.dry_run {
-        report.bytes_after = RepoIndex::load(repo, |_| {})?.stored_bytes();
+        report.bytes_after = RepoIndex::load_summaries(repo)?.stored_bytes();
     }
     Ok(report)
 }
@@ -880,9 +879,10 @@ fn consolidate_index(repo: &Repository) -> Result<()> {
         .collect();
     for o in &idx.objects {
         if !written.contains(o) {
-            repo.backend().delete(o)?;
+            crate::index::delete_index_object(repo, o)?;
         }
     }
+    crate::index::sweep_summaries(repo)?;
     Ok(())
 }
 
@@ -906,12 +906,11 @@ pub fn repair_index(repo: &Repository) -> Result<(u64, Vec<String>)> {
     let new_name = if metas.is_empty() {
         None
     } else {
-        let (id, _) = repo.put_struct(Kind::Index, "index", &IndexObject { containers: metas })?;
-        Some(format!("index/{id}"))
+        Some(crate::index::put_index_object(repo, metas)?.0)
     };
     for o in old {
         if Some(&o.name) != new_name.as_ref() {
-            repo.backend().delete(&o.name)?;
+            crate::index::delete_index_object(repo, &o.name)?;
         }
     }
     // Group by stamp owner again, so expiry stays a matter of its own objects.

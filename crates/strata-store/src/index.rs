@@ -14,7 +14,9 @@ use crate::repo::Repository;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use strata_core::crypto::Kind;
-use strata_core::format::{ContainerId, ContainerMeta, IndexObject, RegionInfo, Stamp};
+use strata_core::format::{
+    encode, ContainerId, ContainerMeta, ContainerSummary, IndexObject, IndexSummary,
+};
 use strata_core::Fingerprint;
 
 /// Where a chunk is stored. `container` is an interned id (see
@@ -76,15 +78,58 @@ impl ContainerTable {
     }
 }
 
-/// What the index keeps about a container besides its chunks.
-#[derive(Clone, Debug)]
-pub struct ContainerSummary {
-    pub regions: Vec<RegionInfo>,
-    pub data_len: u64,
-    pub created: i64,
-    pub stamp: Option<Stamp>,
-    pub chunks: u32,
-    pub raw_bytes: u64,
+/// The name of the summary object of index object `index/HASH`.
+pub fn summary_name(index_name: &str) -> String {
+    format!("isum/{}", index_name.trim_start_matches("index/"))
+}
+
+/// Stores an index object and then its summary (so a summary never names
+/// a missing index object; an index object without one — older
+/// repositories, or a crash in between — is simply read whole). Returns
+/// the index object's name and the bytes written.
+pub fn put_index_object(
+    repo: &Repository,
+    containers: Vec<ContainerMeta>,
+) -> Result<(String, u64)> {
+    let summary: Vec<ContainerSummary> = containers.iter().map(|m| m.summary()).collect();
+    let (id, n) = repo.put_struct(Kind::Index, "index", &IndexObject { containers })?;
+    let name = format!("index/{id}");
+    let env = repo.sealer().seal(
+        Kind::IndexSummary,
+        &encode(&IndexSummary {
+            index: name.clone(),
+            containers: summary,
+        })?,
+        true,
+    )?;
+    repo.backend().put(&summary_name(&name), &env)?;
+    Ok((name, n + env.len() as u64))
+}
+
+/// Deletes an index object, then its summary.
+pub fn delete_index_object(repo: &Repository, name: &str) -> Result<()> {
+    repo.backend().delete(name)?;
+    repo.backend().delete(&summary_name(name))
+}
+
+/// Deletes summaries whose index object is gone (left by a crash between
+/// the two deletes of [`delete_index_object`]). They are harmless — loading
+/// is driven by the index objects — but take space.
+pub fn sweep_summaries(repo: &Repository) -> Result<u64> {
+    let live: HashSet<String> = repo
+        .backend()
+        .list("index/")?
+        .into_iter()
+        .map(|o| summary_name(&o.name))
+        .collect();
+    let mut n = 0;
+    for o in repo.backend().list("isum/")? {
+        if !live.contains(&o.name) {
+            repo.backend().delete(&o.name)?;
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 /// The repository's index objects, loaded.
@@ -98,7 +143,9 @@ pub struct RepoIndex {
 }
 
 impl RepoIndex {
-    /// Loads every index object, calling `each` once per distinct container.
+    /// Reads every index object whole, handing each container's full
+    /// metadata (chunk entries included) to `each` — for the strategies
+    /// that learn chunk or segment locations from it.
     pub fn load(repo: &Repository, mut each: impl FnMut(&ContainerMeta)) -> Result<Self> {
         let mut idx = RepoIndex::default();
         let objects = repo.backend().list("index/")?;
@@ -106,30 +153,68 @@ impl RepoIndex {
         repo.prune_cache("index/", &names);
         for o in objects {
             let obj = repo.load_index_object(&o.name)?;
-            idx.contents.insert(
-                o.name.clone(),
-                obj.containers.iter().map(|m| m.id).collect(),
-            );
-            for m in obj.containers {
-                if idx.containers.contains_key(&m.id) {
-                    continue;
+            let mut sums = Vec::with_capacity(obj.containers.len());
+            let mut seen = HashSet::new();
+            for m in &obj.containers {
+                if !idx.containers.contains_key(&m.id) && seen.insert(m.id) {
+                    each(m);
                 }
-                each(&m);
-                idx.containers.insert(
-                    m.id,
-                    ContainerSummary {
-                        data_len: m.data_len,
-                        created: m.created,
-                        stamp: m.stamp.clone(),
-                        chunks: m.chunks.len() as u32,
-                        raw_bytes: m.raw_bytes(),
-                        regions: m.regions,
-                    },
-                );
+                sums.push(m.summary());
             }
-            idx.objects.push(o.name);
+            idx.add_object(o.name, sums);
         }
         Ok(idx)
+    }
+
+    /// Reads the summaries of the index objects (falling back to the whole
+    /// object where a summary is missing or damaged): everything but chunk
+    /// entries, at about 1/200 of the bytes.
+    pub fn load_summaries(repo: &Repository) -> Result<Self> {
+        let mut idx = RepoIndex::default();
+        let objects = repo.backend().list("index/")?;
+        let have: HashSet<String> = repo
+            .backend()
+            .list("isum/")?
+            .into_iter()
+            .map(|o| o.name)
+            .collect();
+        let names: Vec<String> = objects.iter().map(|o| o.name.clone()).collect();
+        repo.prune_cache("index/", &names);
+        let sum_names: Vec<String> = names.iter().map(|n| summary_name(n)).collect();
+        repo.prune_cache("isum/", &sum_names);
+        for o in objects {
+            let summary = if have.contains(&summary_name(&o.name)) {
+                match repo.load_index_summary(&o.name) {
+                    Ok(s) => Some(s.containers),
+                    Err(e) => {
+                        tracing::warn!("{e}; reading {} whole", o.name);
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let sums = match summary {
+                Some(s) => s,
+                None => repo
+                    .load_index_object(&o.name)?
+                    .containers
+                    .iter()
+                    .map(|m| m.summary())
+                    .collect(),
+            };
+            idx.add_object(o.name, sums);
+        }
+        Ok(idx)
+    }
+
+    fn add_object(&mut self, name: String, sums: Vec<ContainerSummary>) {
+        self.contents
+            .insert(name.clone(), sums.iter().map(|m| m.id).collect());
+        for m in sums {
+            self.containers.entry(m.id).or_insert(m);
+        }
+        self.objects.push(name);
     }
 
     pub fn stored_bytes(&self) -> u64 {
@@ -179,7 +264,7 @@ pub fn edit_index(
     let written = write_by_owner(repo, metas)?;
     for o in affected {
         if !written.contains(o) {
-            repo.backend().delete(o)?;
+            delete_index_object(repo, o)?;
         }
     }
     Ok(written)
@@ -198,11 +283,27 @@ pub(crate) fn write_by_owner(repo: &Repository, metas: Vec<ContainerMeta>) -> Re
     }
     let mut written = Vec::new();
     for (_, containers) in groups {
-        let (id, _) = repo.put_struct(Kind::Index, "index", &IndexObject { containers })?;
-        written.push(format!("index/{id}"));
+        // Bounded objects: a backup loads one whole object at a time.
+        let mut part = Vec::new();
+        let mut entries = 0usize;
+        for m in containers {
+            entries += m.chunks.len().max(1);
+            part.push(m);
+            if entries >= MAX_INDEX_OBJECT_CHUNKS {
+                written.push(put_index_object(repo, std::mem::take(&mut part))?.0);
+                entries = 0;
+            }
+        }
+        if !part.is_empty() {
+            written.push(put_index_object(repo, part)?.0);
+        }
     }
     Ok(written)
 }
+
+/// Chunk entries per index object written by [`write_by_owner`] (~60 MB
+/// of metadata, ~8 GB of 8 KiB chunks).
+const MAX_INDEX_OBJECT_CHUNKS: usize = 1 << 20;
 
 /// A dedup index strategy. Backups look chunks up a segment at a time (the
 /// coarse unit every strategy can work with) and *claim* each chunk they
@@ -238,6 +339,12 @@ pub trait IndexStrategy: Send + Sync {
     fn release_segment(&self, _segment: &Fingerprint) {}
     /// Learns the contents of a container listed in the repository index.
     fn add_container(&self, table: &ContainerTable, meta: &ContainerMeta);
+    /// False for strategies that keep chunk locations on the side (SiLo's
+    /// blocks, Extreme Binning's bins): they need only the known container
+    /// ids, so a backup reads the index summaries, not every chunk entry.
+    fn learns_chunk_entries(&self) -> bool {
+        true
+    }
     /// Called once a segment (or a group of small files looked up as one)
     /// is stored: every non-zero chunk with its location, its plaintext
     /// bytes, and how many chunks it stored anew.
@@ -284,11 +391,23 @@ pub fn build_strategy(
     };
     // Stamped containers hold archival data that expires with its owner:
     // new backups must never reference it, so no strategy learns it.
-    let idx = RepoIndex::load(repo, |m| {
-        if m.stamp.is_none() {
-            strategy.add_container(table, m)
+    let idx = if strategy.learns_chunk_entries() {
+        RepoIndex::load(repo, |m| {
+            if m.stamp.is_none() {
+                strategy.add_container(table, m)
+            }
+        })?
+    } else {
+        let idx = RepoIndex::load_summaries(repo)?;
+        for o in &idx.objects {
+            for id in &idx.contents[o] {
+                if idx.containers[id].stamp.is_none() {
+                    table.intern(*id);
+                }
+            }
         }
-    })?;
+        idx
+    };
     Ok((strategy, idx))
 }
 

@@ -10,12 +10,13 @@
 //! | `data/XX/ID` | data container: regions + metadata section + footer |
 //! | `meta/XX/ID` | the container's metadata section on its own |
 //! | `index/HASH` | [`IndexObject`]: metadata of many containers |
+//! | `isum/HASH` | [`IndexSummary`] of `index/HASH`: the same containers without chunk entries |
 //! | `recipes/HASH` | [`Recipe`] of one version |
 //! | `snapshots/HASH` | [`Snapshot`]: the commit record of one version |
 //! | `locks/ID` | [`strata_core::format::LockInfo`] of a running command |
 //!
 //! `HASH` is the BLAKE3 of the stored bytes, so `check` can verify an
-//! object against its name.
+//! object against its name (for `isum/HASH`, of its index object's bytes).
 
 use crate::backend::Backend;
 use crate::error::{Result, StoreError};
@@ -26,7 +27,8 @@ use std::sync::Arc;
 use strata_core::chunker::ChunkerParams;
 use strata_core::crypto::{random_bytes, KeyFile, Kind, MasterKey, Sealer};
 use strata_core::format::{
-    decode, encode, ContainerId, IndexObject, Recipe, RepoConfig, Snapshot, REPO_FORMAT_VERSION,
+    decode, encode, ContainerId, IndexObject, IndexSummary, Recipe, RepoConfig, Snapshot,
+    REPO_FORMAT_VERSION,
 };
 use strata_core::Hasher;
 
@@ -377,6 +379,34 @@ impl Repository {
         decode("index", &bytes).map_err(|e| StoreError::corrupt(name, e))
     }
 
+    /// Loads the summary `isum/HASH` of the index object `index/HASH`
+    /// through the local cache. The name is not the summary's own hash, so
+    /// a cached copy counts when it opens (checksum or AEAD tag) and names
+    /// the right index object.
+    pub fn load_index_summary(&self, index_name: &str) -> Result<IndexSummary> {
+        let name = crate::index::summary_name(index_name);
+        let decode_summary = |raw: &[u8]| -> Result<IndexSummary> {
+            let bytes = self
+                .sealer
+                .open(Kind::IndexSummary, raw)
+                .map_err(|e| StoreError::corrupt(&name, e))?;
+            let s: IndexSummary =
+                decode("index summary", &bytes).map_err(|e| StoreError::corrupt(&name, e))?;
+            if s.index != index_name {
+                return Err(StoreError::corrupt(
+                    &name,
+                    strata_core::CoreError::Decode {
+                        what: "index summary",
+                        msg: format!("summarises {}, not {index_name}", s.index),
+                    },
+                ));
+            }
+            Ok(s)
+        };
+        let raw = self.get_cached_if(&name, |b| decode_summary(b).is_ok())?;
+        decode_summary(&raw)
+    }
+
     /// The local cache directory of this repository:
     /// `$STRATA_CACHE_DIR` or `$XDG_CACHE_HOME/strata` or `~/.cache/strata`,
     /// then the repository id. `STRATA_NO_CACHE=1` disables the cache.
@@ -402,17 +432,23 @@ impl Repository {
     /// the truth and the cache only saves reads from (remote) backends.
     pub fn get_cached(&self, name: &str) -> Result<Vec<u8>> {
         let want = name.rsplit('/').next().unwrap_or_default();
+        self.get_cached_if(name, |bytes| blake3::hash(bytes).to_hex().as_str() == want)
+    }
+
+    /// [`Self::get_cached`] for objects whose name is not their hash: a
+    /// copy counts (in the cache, or to be kept there) when `valid` says so.
+    fn get_cached_if(&self, name: &str, valid: impl Fn(&[u8]) -> bool) -> Result<Vec<u8>> {
         let path = self.cache_dir().map(|d| d.join(name));
         if let Some(p) = &path {
             if let Ok(bytes) = std::fs::read(p) {
-                if blake3::hash(&bytes).to_hex().as_str() == want {
+                if valid(&bytes) {
                     return Ok(bytes);
                 }
             }
         }
         let bytes = self.backend.get(name)?;
         if let Some(p) = &path {
-            if blake3::hash(&bytes).to_hex().as_str() == want {
+            if valid(&bytes) {
                 if let Some(dir) = p.parent() {
                     let tmp = dir.join(format!(".tmp-{}", std::process::id()));
                     let _ = std::fs::create_dir_all(dir)

@@ -133,7 +133,7 @@ pub(crate) fn maintain_locked(repo: &Repository, opts: &MaintainOptions) -> Resu
         ..Default::default()
     };
     let snaps = repo.list_snapshots()?;
-    let idx = RepoIndex::load(repo, |_| {})?;
+    let idx = RepoIndex::load_summaries(repo)?;
     report.bytes_before = idx.stored_bytes();
 
     // Stamped containers whose owner is not (or no longer) in archival form.
@@ -225,7 +225,7 @@ pub(crate) fn maintain_locked(repo: &Repository, opts: &MaintainOptions) -> Resu
     report.bytes_after = if opts.dry_run {
         report.bytes_before
     } else {
-        RepoIndex::load(repo, |_| {})?.stored_bytes()
+        RepoIndex::load_summaries(repo)?.stored_bytes()
     };
     Ok(report)
 }

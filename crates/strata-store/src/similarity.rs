@@ -315,6 +315,10 @@ impl IndexStrategy for SiloStrategy {
         // Only known containers are valid targets of a block's locations.
         table.intern(meta.id);
     }
+
+    fn learns_chunk_entries(&self) -> bool {
+        false
+    }
 }
 
 /// `binning`: Extreme Binning, one representative per file (per segment
@@ -440,5 +444,9 @@ impl IndexStrategy for BinningStrategy {
 
     fn add_container(&self, table: &ContainerTable, meta: &ContainerMeta) {
         table.intern(meta.id);
+    }
+
+    fn learns_chunk_entries(&self) -> bool {
+        false
     }
 }

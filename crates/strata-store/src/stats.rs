@@ -170,6 +170,7 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
         "data/",
         "meta/",
         "index/",
+        "isum/",
         "recipes/",
         "snapshots/",
     ]

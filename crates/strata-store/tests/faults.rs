@@ -15,6 +15,7 @@ use strata_core::CoreError;
 use strata_store::backup::{backup, BackupOptions, BackupReport};
 use strata_store::check::{check, CheckOptions, CheckReport};
 use strata_store::gc::{forget, gc, GcOptions};
+use strata_store::index::RepoIndex;
 use strata_store::lock;
 use strata_store::repo::data_name;
 use strata_store::restore::{restore, RestoreOptions};
@@ -203,6 +204,7 @@ fn disk_full_during_backup_is_recoverable() {
         "data/",
         "meta/",
         "index/",
+        "isum/",
         "recipes/",
         "snapshots/",
     ] {
@@ -306,6 +308,7 @@ fn disk_full_during_gc_is_harmless() {
         (None, Some("data/")),
         (None, Some("meta/")),
         (None, Some("index/")),
+        (None, Some("isum/")),
     ] {
         let what = format!("gc with budget {budget:?}, full for {prefix:?}");
         {
@@ -776,6 +779,7 @@ fn gc_copy_forward(encrypted: bool) {
     assert!(object_names(b.as_ref(), "data/").is_empty());
     assert!(object_names(b.as_ref(), "meta/").is_empty());
     assert!(object_names(b.as_ref(), "index/").is_empty());
+    assert!(object_names(b.as_ref(), "isum/").is_empty());
     assert!(object_names(b.as_ref(), "recipes/").is_empty());
 }
 
@@ -960,4 +964,143 @@ fn leftover_meta_object_of_rewritten_container() {
     let rep = check_report(&repo, true);
     assert!(rep.ok(), "{:?}", rep.errors);
     env.assert_versions(&repo, &versions, "with leftover meta objects");
+}
+
+// ---------------------------------------------------------------------------
+// Index summaries (`isum/HASH` beside `index/HASH`).
+
+/// Every index object gets a summary, and the summaries say exactly what
+/// the index objects say, after backups, gc and repair alike.
+#[test]
+fn index_summaries_mirror_index_objects() {
+    let env = Env::new();
+    let repo = init_repo(&env.path("repo"), true);
+    let b = repo.backend().clone();
+    let agree = |what: &str| {
+        let index = object_names(b.as_ref(), "index/");
+        let sums = object_names(b.as_ref(), "isum/");
+        let want: Vec<String> = index
+            .iter()
+            .map(|n| strata_store::index::summary_name(n))
+            .collect();
+        assert_eq!(sums, want, "{what}: one summary per index object");
+        let full = RepoIndex::load(&repo, |_| {}).unwrap();
+        let light = RepoIndex::load_summaries(&repo).unwrap();
+        assert!(!full.containers.is_empty(), "{what}");
+        assert_eq!(full.containers, light.containers, "{what}");
+        assert_eq!(full.contents, light.contents, "{what}");
+    };
+    populate(&env, 3);
+    let mut versions = vec![env.version(&repo)];
+    agree("after the first backup");
+    mutate(&env, 4);
+    versions.push(env.version(&repo));
+    agree("after the second backup");
+    forget(&repo, &[versions[0].id.clone()]).unwrap();
+    versions.remove(0);
+    gc(
+        &repo,
+        &GcOptions {
+            threshold: 0.0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    agree("after gc");
+    strata_store::gc::repair_index(&repo).unwrap();
+    agree("after repair index");
+    env.assert_versions(&repo, &versions, "end");
+    let rep = check_report(&repo, true);
+    assert!(rep.ok() && rep.warnings.is_empty(), "{rep:?}");
+}
+
+/// SiLo and Extreme Binning keep chunk locations on the side: their
+/// backups read the small summaries, never the index objects' chunk
+/// entries, while the in-RAM strategies must read them.
+#[test]
+fn similarity_backups_read_summaries_not_chunk_entries() {
+    for (index, reads_index) in [("silo", false), ("binning", false), ("exact", true)] {
+        let env = Env::new();
+        let fb = FaultBackend::new(&env.path("repo"));
+        let mut opts = small_init(false);
+        opts.index = index.into();
+        let repo = Repository::init(fb.clone(), opts).unwrap();
+        populate(&env, 5);
+        let mut versions = vec![env.version(&repo)];
+        mutate(&env, 6);
+        fb.faults().gets.clear();
+        versions.push(env.version(&repo));
+        let gets = std::mem::take(&mut fb.faults().gets);
+        let index_reads = gets.iter().filter(|n| n.starts_with("index/")).count();
+        let summary_reads = gets.iter().filter(|n| n.starts_with("isum/")).count();
+        assert_eq!(index_reads > 0, reads_index, "{index}: read {gets:?}");
+        assert_eq!(summary_reads > 0, !reads_index, "{index}: read {gets:?}");
+        env.assert_versions(&repo, &versions, index);
+    }
+}
+
+/// A damaged summary costs a whole-object read, not data: commands fall
+/// back to the index object, check names the summary, and repair index
+/// rewrites it.
+#[test]
+fn damaged_summary_falls_back_and_is_repaired() {
+    let env = Env::new();
+    let fb = FaultBackend::new(&env.path("repo"));
+    let mut opts = small_init(false);
+    opts.index = "silo".into();
+    let repo = Repository::init(fb.clone(), opts).unwrap();
+    populate(&env, 7);
+    let mut versions = vec![env.version(&repo)];
+    let sum = object_names(fb.as_ref(), "isum/").remove(0);
+    let path = env.path("repo").join(&sum);
+    let mut bytes = fs::read(&path).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    fs::write(&path, &bytes).unwrap();
+    // A stale cached copy must not hide the damage either.
+    std::env::set_var("STRATA_NO_CACHE", "1");
+    let light = RepoIndex::load_summaries(&repo).unwrap();
+    let full = RepoIndex::load(&repo, |_| {}).unwrap();
+    assert_eq!(light.containers, full.containers);
+    mutate(&env, 8);
+    versions.push(env.version(&repo));
+    env.assert_versions(&repo, &versions, "with a damaged summary");
+    let rep = check_report(&repo, false);
+    assert!(
+        rep.errors.iter().any(|e| e.contains(&sum)),
+        "check must name {sum}: {:?}",
+        rep.errors
+    );
+    strata_store::gc::repair_index(&repo).unwrap();
+    let rep = check_report(&repo, true);
+    assert!(rep.ok() && rep.warnings.is_empty(), "{rep:?}");
+    env.assert_versions(&repo, &versions, "after repair");
+}
+
+/// A summary whose index object is gone (a crash between the two deletes)
+/// is reported by check and removed by gc.
+#[test]
+fn orphan_summary_is_reported_and_swept() {
+    let env = Env::new();
+    let repo = init_repo(&env.path("repo"), false);
+    populate(&env, 9);
+    let versions = vec![env.version(&repo)];
+    let b = repo.backend().clone();
+    let sum = object_names(b.as_ref(), "isum/").remove(0);
+    let orphan = format!("isum/{}", "0".repeat(64));
+    b.put(&orphan, &b.get(&sum).unwrap()).unwrap();
+    let rep = check_report(&repo, false);
+    assert!(rep.ok(), "{:?}", rep.errors);
+    assert!(
+        rep.warnings.iter().any(|w| w.contains(&orphan)),
+        "{:?}",
+        rep.warnings
+    );
+    // Loading ignores it: it names another index object.
+    RepoIndex::load_summaries(&repo).unwrap();
+    gc(&repo, &GcOptions::default()).unwrap();
+    assert!(!object_names(b.as_ref(), "isum/").contains(&orphan));
+    let rep = check_report(&repo, true);
+    assert!(rep.ok() && rep.warnings.is_empty(), "{rep:?}");
+    env.assert_versions(&repo, &versions, "after gc");
 }

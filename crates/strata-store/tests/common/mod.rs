@@ -311,6 +311,8 @@ pub struct Faults {
     pub atomic_container_delete: bool,
     pub puts: u64,
     pub failed_puts: u64,
+    /// Names of the whole objects read, in order.
+    pub gets: Vec<String>,
 }
 
 pub struct FaultBackend {
@@ -393,6 +395,7 @@ impl Backend for FaultBackend {
     }
 
     fn get(&self, name: &str) -> Result<Vec<u8>> {
+        self.faults().gets.push(name.to_string());
         let mut v = self.inner.get(name)?;
         self.flip(name, 0, &mut v);
         Ok(v)
