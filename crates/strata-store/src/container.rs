@@ -112,9 +112,12 @@ pub struct SinkResult {
     pub stored_bytes: u64,
 }
 
-/// A background thread that seals and writes finished containers.
+/// Background threads that seal and write finished containers: one seals
+/// (compressing regions in parallel), one writes and fsyncs, so the cores
+/// compress the next container while the disk takes the last one.
 pub struct ContainerSink {
     tx: Option<Sender<RawContainer>>,
+    sealer: Option<std::thread::JoinHandle<Result<()>>>,
     handle: Option<std::thread::JoinHandle<Result<SinkResult>>>,
     pub stored_bytes: Arc<AtomicU64>,
 }
@@ -122,13 +125,27 @@ pub struct ContainerSink {
 impl ContainerSink {
     pub fn start(repo: &Repository) -> Self {
         let (tx, rx): (Sender<RawContainer>, Receiver<RawContainer>) = bounded(2);
+        // A rendezvous: at most one sealed container waits for the disk.
+        let (stx, srx) = bounded::<(Vec<u8>, ContainerMeta)>(0);
+        let sealer = {
+            let repo = repo.clone();
+            std::thread::spawn(move || -> Result<()> {
+                for raw in rx {
+                    let sealed = seal_container(&repo, raw)?;
+                    if stx.send(sealed).is_err() {
+                        // The writer failed; its error is the one to report.
+                        break;
+                    }
+                }
+                Ok(())
+            })
+        };
         let repo = repo.clone();
         let stored = Arc::new(AtomicU64::new(0));
         let stored2 = stored.clone();
         let handle = std::thread::spawn(move || {
             let mut res = SinkResult::default();
-            for raw in rx {
-                let (data, meta) = seal_container(&repo, raw)?;
+            for (data, meta) in srx {
                 let n = write_container(&repo, &data, &meta)?;
                 stored2.fetch_add(n, Ordering::Relaxed);
                 res.stored_bytes += n;
@@ -138,6 +155,7 @@ impl ContainerSink {
         });
         ContainerSink {
             tx: Some(tx),
+            sealer: Some(sealer),
             handle: Some(handle),
             stored_bytes: stored,
         }
@@ -150,11 +168,17 @@ impl ContainerSink {
     /// Waits for every container to be written.
     pub fn finish(mut self) -> Result<SinkResult> {
         drop(self.tx.take());
-        match self.handle.take().map(|h| h.join()) {
+        let panicked = || StoreError::Invalid("container writer thread panicked".into());
+        let sealed = self.sealer.take().map(|h| h.join());
+        let written = match self.handle.take().map(|h| h.join()) {
             Some(Ok(r)) => r,
-            _ => Err(StoreError::Invalid(
-                "container writer thread panicked".into(),
-            )),
+            _ => Err(panicked()),
+        };
+        // A write error stops the sealer too, so it comes first.
+        let res = written?;
+        match sealed {
+            Some(Ok(r)) => r.map(|()| res),
+            _ => Err(panicked()),
         }
     }
 }
