@@ -75,6 +75,41 @@ fn zstd_compress(data: &[u8], level: i32) -> Result<Vec<u8>> {
     })
 }
 
+/// Decompresses a zstd payload. Frames written by [`zstd_compress`] carry
+/// their size, so a per-thread context decompresses them in one call
+/// (a context per region cost ~8 % of a restore); a frame that does not,
+/// or claims more than any region or structure holds, is streamed.
+fn zstd_decompress(payload: &[u8]) -> Result<Vec<u8>> {
+    const MAX_ONE_SHOT: u64 = 256 << 20;
+    thread_local! {
+        static DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let err = |e: std::io::Error| CoreError::Decompress(e.to_string());
+    match zstd::zstd_safe::get_frame_content_size(payload) {
+        Ok(Some(n)) if n <= MAX_ONE_SHOT => DCTX.with(|d| {
+            let mut d = d.borrow_mut();
+            if d.is_none() {
+                *d = Some(zstd::bulk::Decompressor::new().map_err(err)?);
+            }
+            match d.as_mut() {
+                Some(dctx) => {
+                    let out = dctx.decompress(payload, n as usize).map_err(err)?;
+                    if out.len() as u64 != n {
+                        return Err(CoreError::Decompress(format!(
+                            "frame says {n} bytes, holds {}",
+                            out.len()
+                        )));
+                    }
+                    Ok(out)
+                }
+                None => Err(CoreError::Decompress("no context".into())),
+            }
+        }),
+        _ => zstd::stream::decode_all(payload).map_err(err),
+    }
+}
+
 /// Fills `buf` with cryptographically secure random bytes.
 pub fn random_bytes(buf: &mut [u8]) -> Result<()> {
     getrandom::getrandom(buf).map_err(|e| CoreError::Random(e.to_string()))
@@ -303,8 +338,7 @@ impl Sealer {
             });
         }
         if flags & FLAG_ZSTD != 0 {
-            zstd::stream::decode_all(payload.as_slice())
-                .map_err(|e| CoreError::Decompress(e.to_string()))
+            zstd_decompress(&payload)
         } else {
             Ok(payload)
         }
@@ -322,6 +356,33 @@ impl Sealer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zstd_frames_with_and_without_size_decompress() {
+        let data: Vec<u8> = (0..200_000u32)
+            .flat_map(|i| (i / 7).to_le_bytes())
+            .collect();
+        // Ours carry the size: the one-shot path, repeatedly on one context.
+        for level in [1, 3, 1] {
+            let z = zstd_compress(&data, level).unwrap();
+            assert!(z.len() < data.len() / 4);
+            assert_eq!(zstd_decompress(&z).unwrap(), data);
+        }
+        // A streamed frame does not: the streaming path.
+        let streamed = zstd::stream::encode_all(&data[..], 3).unwrap();
+        assert_eq!(
+            zstd::zstd_safe::get_frame_content_size(&streamed).ok(),
+            Some(None)
+        );
+        assert_eq!(zstd_decompress(&streamed).unwrap(), data);
+        // Damage is an error, never a panic or a short result.
+        let mut bad = zstd_compress(&data, 3).unwrap();
+        let at = bad.len() / 2;
+        bad[at] ^= 0xFF;
+        bad.truncate(bad.len() - 3);
+        assert!(zstd_decompress(&bad).is_err());
+        assert!(zstd_decompress(b"not zstd at all").is_err());
+    }
 
     fn fast_kdf() {
         std::env::set_var("STRATA_KDF_FAST", "1");
