@@ -65,13 +65,14 @@ fn zstd_compress(data: &[u8], level: i32) -> Result<Vec<u8>> {
     let err = |e: std::io::Error| CoreError::Encode(format!("zstd: {e}"));
     CCTX.with(|c| {
         let mut c = c.borrow_mut();
-        if c.as_ref().is_none_or(|(l, _)| *l != level) {
-            *c = Some((level, zstd::bulk::Compressor::new(level).map_err(err)?));
+        if c.as_ref().is_some_and(|(l, _)| *l != level) {
+            *c = None;
         }
-        match c.as_mut() {
-            Some((_, cctx)) => cctx.compress(data).map_err(err),
-            None => Err(CoreError::Encode("zstd: no context".into())),
-        }
+        let (_, cctx) = match &mut *c {
+            Some(x) => x,
+            slot @ None => slot.insert((level, zstd::bulk::Compressor::new(level).map_err(err)?)),
+        };
+        cctx.compress(data).map_err(err)
     })
 }
 
@@ -87,24 +88,14 @@ fn zstd_decompress(payload: &[u8]) -> Result<Vec<u8>> {
     }
     let err = |e: std::io::Error| CoreError::Decompress(e.to_string());
     match zstd::zstd_safe::get_frame_content_size(payload) {
+        // zstd itself rejects a frame whose content differs from its size.
         Ok(Some(n)) if n <= MAX_ONE_SHOT => DCTX.with(|d| {
             let mut d = d.borrow_mut();
-            if d.is_none() {
-                *d = Some(zstd::bulk::Decompressor::new().map_err(err)?);
-            }
-            match d.as_mut() {
-                Some(dctx) => {
-                    let out = dctx.decompress(payload, n as usize).map_err(err)?;
-                    if out.len() as u64 != n {
-                        return Err(CoreError::Decompress(format!(
-                            "frame says {n} bytes, holds {}",
-                            out.len()
-                        )));
-                    }
-                    Ok(out)
-                }
-                None => Err(CoreError::Decompress("no context".into())),
-            }
+            let dctx = match &mut *d {
+                Some(x) => x,
+                slot @ None => slot.insert(zstd::bulk::Decompressor::new().map_err(err)?),
+            };
+            dctx.decompress(payload, n as usize).map_err(err)
         }),
         _ => zstd::stream::decode_all(payload).map_err(err),
     }

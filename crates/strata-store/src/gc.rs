@@ -162,6 +162,30 @@ pub(crate) struct CopySource {
     pub len: u32,
 }
 
+impl CopySource {
+    /// The source of a direct reference of `recipe`; `None` when the
+    /// reference names a container the recipe does not list.
+    pub(crate) fn of(recipe: &Recipe, c: &ChunkRef) -> Option<Self> {
+        let container = *recipe.containers.get(c.container as usize)?;
+        Some(CopySource {
+            fp: c.fp,
+            container,
+            region: c.region,
+            offset: c.offset,
+            len: c.len,
+        })
+    }
+
+    /// [`Self::of`], with the error that names the snapshot.
+    pub(crate) fn of_snapshot(recipe: &Recipe, c: &ChunkRef, snapshot: &str) -> Result<Self> {
+        Self::of(recipe, c).ok_or_else(|| {
+            StoreError::Invalid(format!(
+                "recipe of snapshot {snapshot} references an unknown container"
+            ))
+        })
+    }
+}
+
 /// Where [`copy_chunks`] put each fingerprint.
 pub(crate) type Placed = HashMap<Fingerprint, (ContainerId, ChunkLoc)>;
 
@@ -280,18 +304,7 @@ fn rebase(
         let rx = repo.load_recipe(&x.recipe)?;
         for c in recipe_refs(&rx) {
             if c.is_direct() && want.remove(&c.fp) {
-                let container = *rx.containers.get(c.container as usize).ok_or_else(|| {
-                    StoreError::Invalid(format!(
-                        "recipe of snapshot {id} references an unknown container"
-                    ))
-                })?;
-                let src = CopySource {
-                    fp: c.fp,
-                    container,
-                    region: c.region,
-                    offset: c.offset,
-                    len: c.len,
-                };
+                let src = CopySource::of_snapshot(&rx, c, &id)?;
                 found.push((src, x.archival.is_none()));
             }
         }
@@ -319,15 +332,7 @@ fn rebase(
         let mut seen = HashSet::new();
         for c in recipe_refs(&recipe) {
             if c.is_direct() && seen.insert(c.fp) {
-                if let Some(&container) = recipe.containers.get(c.container as usize) {
-                    sources.push(CopySource {
-                        fp: c.fp,
-                        container,
-                        region: c.region,
-                        offset: c.offset,
-                        len: c.len,
-                    });
-                }
+                sources.extend(CopySource::of(&recipe, c));
             }
         }
         recipe.containers.clone()

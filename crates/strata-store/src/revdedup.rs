@@ -263,18 +263,7 @@ fn convert(
             )));
         }
         if c.is_direct() && !next_fps.contains(&c.fp) && seen.insert(c.fp) {
-            let container = *recipe.containers.get(c.container as usize).ok_or_else(|| {
-                StoreError::Invalid(format!(
-                    "recipe of snapshot {vid} references an unknown container"
-                ))
-            })?;
-            sources.push(CopySource {
-                fp: c.fp,
-                container,
-                region: c.region,
-                offset: c.offset,
-                len: c.len,
-            });
+            sources.push(CopySource::of_snapshot(&recipe, c, vid)?);
         }
     }
     let mut out = Converted {
