@@ -601,7 +601,7 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             ids.sort();
             ids.dedup();
             let started = std::time::Instant::now();
-            let rep = strata_store::gc::forget(&repo, &ids)?;
+            let rep = strata_store::forget::forget(&repo, &ids)?;
             let mut v = serde_json::to_value(&rep)?;
             v["seconds"] = json!(started.elapsed().as_secs_f64());
             out.result(&v, || {
@@ -886,6 +886,7 @@ fn gc_cmd(cli: &Cli, out: &Out, repo: &Repository, threshold: f64, dry_run: bool
         threshold,
         dry_run,
         progress: pd.progress.clone(),
+        ..Default::default()
     };
     let started = std::time::Instant::now();
     let res = strata_store::gc::gc(repo, &opts);
@@ -950,12 +951,11 @@ fn maintain_text(rep: &strata_store::revdedup::MaintainReport, secs: f64) -> Str
     let pre = if rep.dry_run { "(dry run) " } else { "" };
     for c in &rep.converted {
         t += &format!(
-            "{pre}reverse-deduplicated {}@{} against the next version: {} indirect, {} kept direct ({} stamped)\n",
+            "{pre}reverse-deduplicated {}@{} against the next version: {} indirect, {} kept direct\n",
             c.series,
             c.version,
             fmt_bytes(c.indirect_bytes),
             fmt_bytes(c.direct_bytes),
-            fmt_bytes(c.stamped_bytes)
         );
     }
     if !rep.expired.is_empty() {
@@ -973,10 +973,11 @@ fn maintain_text(rep: &strata_store::revdedup::MaintainReport, secs: f64) -> Str
         );
     }
     t += &format!(
-        "{pre}pool: {} containers dropped, {} rewritten into {}; {} -> {} ({secs:.1}s)",
+        "{pre}pool: {} containers dropped, {} rewritten into {} ({} moved to stamped containers); {} -> {} ({secs:.1}s)",
         rep.pool.containers_deleted,
         rep.pool.containers_rewritten,
         rep.pool.containers_written,
+        fmt_bytes(rep.pool.bytes_separated),
         fmt_bytes(rep.bytes_before),
         fmt_bytes(rep.bytes_after),
     );

@@ -3,8 +3,9 @@
 //! Structure: every snapshot, recipe, index and metadata object opens
 //! (checksum/AEAD) and decodes; every container listed in the index exists
 //! with the recorded size; every chunk a snapshot references directly is
-//! stored, in the right lifecycle domain (pool for live-form versions, its
-//! own stamped containers for an archival one); every indirect reference
+//! stored, in the right lifecycle domain (the pool for live-form versions,
+//! the pool or its own stamped containers for an archival one); every
+//! indirect reference
 //! is held by the next version (and is damaged when that one's is).
 //! Data (`--read-data`): every region of every container is read,
 //! authenticated and decompressed, and every chunk's fingerprint is
@@ -340,11 +341,12 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
                         let cid = recipe.containers.get(c.container as usize);
                         let meta = cid.and_then(|cid| metas.get(cid).map(|m| (cid, m)));
                         // Live-form versions reference only the pool; an
-                        // archival one only its own stamped containers.
+                        // archival one the pool or its own stamped
+                        // containers.
                         if let Some((_, m)) = meta {
                             let owner = m.stamp.as_ref().map(|st| st.owner.as_str());
-                            let expected = s.archival.as_ref().map(|_| id.as_str());
-                            if owner != expected {
+                            let own = s.archival.is_some() && owner == Some(id.as_str());
+                            if owner.is_some() && !own {
                                 misplaced += 1;
                             }
                         }
@@ -385,7 +387,7 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
                 rep.errors.push(format!(
                     "{label}: {misplaced} direct references into containers of the wrong lifecycle domain ({})",
                     if s.archival.is_some() {
-                        "an archival version must reference only its own stamped containers"
+                        "an archival version may reference only the pool and its own stamped containers"
                     } else {
                         "a live-form version must reference only the shared pool"
                     }

@@ -256,6 +256,15 @@ impl ContainerWriter {
         self.stamp = stamp;
     }
 
+    /// Ends the current compression region: the next chunk starts a new
+    /// one. Copy-forward keeps the chunks of one source region together,
+    /// so their compression is never worse than where they came from.
+    pub fn end_region(&mut self) {
+        if let Some(c) = self.open.as_mut() {
+            Self::close_region(c);
+        }
+    }
+
     fn close_region(c: &mut OpenContainer) {
         if !c.cur.is_empty() {
             // Keep the next region's buffer at full size from the start:

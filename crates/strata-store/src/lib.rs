@@ -9,8 +9,11 @@
 pub mod backend;
 pub mod backup;
 pub mod check;
+pub mod compact;
 pub mod container;
+pub mod copy;
 pub mod error;
+pub mod forget;
 pub mod gc;
 pub mod index;
 pub mod lifecycle;

@@ -12,38 +12,34 @@
 //!    table (§2.4.1);
 //! 2. each chunk reference of the old version whose fingerprint is in the
 //!    table becomes *indirect* (resolved through the next version at
-//!    restore); the others stay *direct* and their chunks are copied into
-//!    new containers *stamped* with the old version (§2.4.3, §2.5);
+//!    restore); the others stay *direct*, where they are;
 //! 3. the new recipe and the snapshot object that points at it are
 //!    committed (the atomic switch);
-//! 4. the pool is compacted: chunk locations that no live-form version
-//!    references any more are removed — whole containers dropped, partly
-//!    dead ones copied forward with their live segments kept whole.
+//! 4. the pool is compacted ([`crate::compact`]): chunk locations that no
+//!    version references any more are removed — whole containers dropped,
+//!    partly dead ones copied forward with their live segments kept whole,
+//!    and chunks one archival version alone holds moved into containers
+//!    *stamped* with it (§2.4.3, §2.5).
 //!
-//! Two-level reference management, as built here: a pool segment is
-//! *shared* while a live-form version references it (that is its
-//! refcount), and only non-shared segments lose chunks. The paper's
-//! per-chunk "direct reference flag" becomes ownership: a chunk an archival
-//! version keeps direct is copied into that version's own stamped
-//! containers, so a chunk is removable from the pool exactly when no
-//! live-form version references it, and a stamped container is deleted
-//! with its owner. Versions of a series expire oldest first and indirect
-//! references only point to newer versions, so expiry (§2.5) deletes the
-//! owner's stamped containers without scanning anything else. The price of
-//! ownership over flags: a chunk kept direct by archival versions of two
-//! series (or reverted content within one) is stored once per owner.
+//! Two-level reference management (§2.4.2): a chunk stays in the pool
+//! while any retained version of any series references it directly — the
+//! paper's direct-reference flag, derived by marking — so converting a
+//! version never copies data and never makes the repository grow. Versions
+//! of a series expire oldest first and indirect references only point to
+//! newer versions, so expiry (§2.5) deletes the owner's stamped containers
+//! without scanning anything else; what it referenced in the pool goes at
+//! the next compaction.
 //!
 //! Every step is resumable: a kill before a version's snapshot object is
-//! replaced leaves it in live form (its stamped containers are leftovers
-//! that the next run deletes); a kill during compaction leaves duplicates
-//! the next run removes.
+//! replaced leaves it in live form; a kill during compaction leaves
+//! duplicates the next run removes.
 
 use crate::backup::Progress;
-use crate::container::read_meta;
+use crate::compact::compact_pool;
+use crate::copy::{delete_containers, rewrite_refs, Target};
 use crate::error::{Result, StoreError};
-use crate::gc::{
-    compact_pool, copy_chunks, count_ref, delete_containers, CopySource, GcOptions, GcReport, Scope,
-};
+use crate::forget::count_ref;
+use crate::gc::{GcOptions, GcReport};
 use crate::index::{edit_index, RepoIndex};
 use crate::lifecycle::{list_policies, version_states, VersionState};
 use crate::lock;
@@ -51,9 +47,9 @@ use crate::repo::{now_ns, Repository};
 use crate::restore::recipe_refs;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use strata_core::crypto::Kind;
-use strata_core::format::{Archival, ChunkRef, ContainerId, RegionInfo, Snapshot, Stamp};
+use strata_core::format::{Archival, ContainerId, Recipe, Snapshot};
 use strata_core::Fingerprint;
 
 #[derive(Clone, Debug)]
@@ -61,6 +57,10 @@ pub struct MaintainOptions {
     /// Pool containers with more than this fraction of dead bytes are
     /// copied forward.
     pub threshold: f64,
+    /// Pool containers with more than this fraction of bytes dead or held
+    /// by one archival version alone are copied forward too, separating
+    /// those chunks into stamped containers (see [`GcOptions::separate`]).
+    pub separate: f64,
     /// Only report what would be done.
     pub dry_run: bool,
     /// The time against which retention by age is judged (default: now).
@@ -72,6 +72,7 @@ impl Default for MaintainOptions {
     fn default() -> Self {
         MaintainOptions {
             threshold: 0.2,
+            separate: 0.5,
             dry_run: false,
             now_ns: None,
             progress: Arc::new(Progress::default()),
@@ -91,9 +92,10 @@ pub struct Converted {
     pub direct_bytes: u64,
     pub indirect_chunks: u64,
     pub indirect_bytes: u64,
-    /// Stamped containers written for its direct chunks, and their size.
-    pub stamped_containers: u64,
-    pub stamped_bytes: u64,
+    /// Plaintext bytes of references made indirect whose chunk the next
+    /// version holds elsewhere: pool bytes the conversion may have freed
+    /// (if no other version references them).
+    pub released_bytes: u64,
     pub seconds: f64,
 }
 
@@ -168,7 +170,7 @@ pub(crate) fn maintain_locked(repo: &Repository, opts: &MaintainOptions) -> Resu
         .map(|(id, _)| id.clone())
         .collect();
     if !expired.is_empty() && !opts.dry_run {
-        let f = crate::gc::forget_locked(repo, &expired)?;
+        let f = crate::forget::forget_locked(repo, &expired)?;
         report.rebased = f.rebased;
         report.stamped_containers_deleted = f.stamped_containers_deleted;
         report.stamped_bytes_freed = f.stamped_bytes_freed;
@@ -200,27 +202,22 @@ pub(crate) fn maintain_locked(repo: &Repository, opts: &MaintainOptions) -> Resu
     for (_, s) in &snaps {
         *recipe_users.entry(s.recipe.as_str()).or_default() += 1;
     }
-    let cache: Mutex<HashMap<ContainerId, Option<Arc<Vec<RegionInfo>>>>> = Default::default();
-    let regions = |id: &ContainerId| -> Option<Arc<Vec<RegionInfo>>> {
-        let mut g = cache.lock().unwrap_or_else(|e| e.into_inner());
-        g.entry(*id)
-            .or_insert_with(|| read_meta(repo, id).ok().map(|m| Arc::new(m.regions)))
-            .clone()
-    };
     for ((vid, v), (nid, n)) in todo {
-        let c = convert(repo, &regions, vid, v, nid, n, opts, &recipe_users)?;
+        let next = repo.load_recipe(&n.recipe)?;
+        let c = convert(repo, vid, v, nid, &next, opts.dry_run, &recipe_users)?;
         report.converted.push(c);
     }
     report.seconds_convert = t.elapsed().as_secs_f64();
 
-    // Chunk removal (§2.4.3): the pool keeps what live-form versions use.
+    // Chunk removal (§2.4.3): the pool keeps what any version references.
     let t = std::time::Instant::now();
     let gc_opts = GcOptions {
         threshold: opts.threshold,
+        separate: opts.separate,
         dry_run: opts.dry_run,
         progress: opts.progress.clone(),
     };
-    compact_pool(repo, Scope::LiveForm, &gc_opts, &mut report.pool)?;
+    compact_pool(repo, &gc_opts, &mut report.pool)?;
     report.seconds_compact = t.elapsed().as_secs_f64();
     report.bytes_after = if opts.dry_run {
         report.bytes_before
@@ -230,40 +227,33 @@ pub(crate) fn maintain_locked(repo: &Repository, opts: &MaintainOptions) -> Resu
     Ok(report)
 }
 
-/// Reverse-deduplicates version `v` against the next version `n` of its
-/// series and commits the archival recipe.
-#[allow(clippy::too_many_arguments)]
-fn convert(
+/// Reverse-deduplicates version `v` against `next`, the recipe of the next
+/// version `nid` of its series, and commits the archival recipe. Nothing
+/// is copied: the references left direct keep pointing where they are.
+pub(crate) fn convert(
     repo: &Repository,
-    regions: &dyn Fn(&ContainerId) -> Option<Arc<Vec<RegionInfo>>>,
     vid: &str,
     v: &Snapshot,
     nid: &str,
-    n: &Snapshot,
-    opts: &MaintainOptions,
+    next: &Recipe,
+    dry_run: bool,
     recipe_users: &HashMap<&str, usize>,
 ) -> Result<Converted> {
     let started = std::time::Instant::now();
-    let recipe = repo.load_recipe(&v.recipe)?;
+    let mut recipe = repo.load_recipe(&v.recipe)?;
     // The temporary table of §2.4.1: every chunk fingerprint of the next
-    // version, direct or indirect (both mean the next version holds it).
-    let next_fps: HashSet<Fingerprint> = {
-        let rn = repo.load_recipe(&n.recipe)?;
-        recipe_refs(&rn)
-            .filter(|c| !c.is_zero())
-            .map(|c| c.fp)
-            .collect()
-    };
-    let mut sources = Vec::new();
-    let mut seen = HashSet::new();
-    for c in recipe_refs(&recipe) {
-        if c.is_indirect() {
-            return Err(StoreError::Invalid(format!(
-                "snapshot {vid} has indirect references but is not marked archival; run `strata check`"
-            )));
-        }
-        if c.is_direct() && !next_fps.contains(&c.fp) && seen.insert(c.fp) {
-            sources.push(CopySource::of_snapshot(&recipe, c, vid)?);
+    // version, direct or indirect (both mean the next version holds it),
+    // with where it is when direct.
+    let mut next_fps: HashMap<Fingerprint, Option<(ContainerId, u32, u32)>> = HashMap::new();
+    for c in recipe_refs(next).filter(|c| !c.is_zero()) {
+        let at = next
+            .containers
+            .get(c.container as usize)
+            .filter(|_| c.is_direct())
+            .map(|id| (*id, c.region, c.offset));
+        let e = next_fps.entry(c.fp).or_insert(at);
+        if e.is_none() {
+            *e = at;
         }
     }
     let mut out = Converted {
@@ -278,73 +268,40 @@ fn convert(
         converted_ns: now_ns(),
         ..Default::default()
     };
-    if opts.dry_run {
-        for c in recipe_refs(&recipe) {
-            let r = if c.is_direct() && next_fps.contains(&c.fp) {
-                ChunkRef::indirect(c.fp, c.len)
-            } else {
-                *c
-            };
-            count_ref(&mut archival, &r);
+    let mut released = 0u64;
+    rewrite_refs(&mut recipe, |c, cid| {
+        if c.is_indirect() {
+            return Err(StoreError::Invalid(format!(
+                "snapshot {vid} has indirect references but is not marked archival; run `strata check`"
+            )));
         }
-        fill(&mut out, &archival);
+        Ok(match (cid, next_fps.get(&c.fp)) {
+            (Some(id), Some(at)) => {
+                if *at != Some((id, c.region, c.offset)) {
+                    released += c.len as u64;
+                }
+                Target::Indirect
+            }
+            _ => Target::Keep,
+        })
+    })?;
+    for c in recipe_refs(&recipe) {
+        count_ref(&mut archival, c);
+    }
+    out.released_bytes = released;
+    fill(&mut out, &archival);
+    if dry_run {
         return Ok(out);
     }
-    opts.progress.bytes_total.fetch_add(
-        sources.iter().map(|s| s.len as u64).sum(),
-        Ordering::Relaxed,
-    );
-    let stamp = Stamp {
-        owner: vid.to_string(),
-        time_ns: v.time_ns,
-    };
-    let (placed, metas) = copy_chunks(repo, regions, &sources, Some(stamp), Some(&opts.progress))?;
-    out.stamped_containers = metas.len() as u64;
-    out.stamped_bytes = metas.iter().map(|m| m.data_len).sum();
-    edit_index(repo, &RepoIndex::default(), &HashSet::new(), metas)?;
-
-    let mut recipe = recipe;
-    let mut table: HashMap<ContainerId, u32> = HashMap::new();
-    let mut containers = Vec::new();
-    for node in &mut recipe.nodes {
-        for s in &mut node.segments {
-            for c in &mut s.chunks {
-                if c.is_zero() {
-                    continue;
-                }
-                if next_fps.contains(&c.fp) {
-                    *c = ChunkRef::indirect(c.fp, c.len);
-                } else {
-                    let (cid, loc) = placed.get(&c.fp).ok_or_else(|| {
-                        StoreError::Invalid(format!("chunk {} was not copied", c.fp.to_hex()))
-                    })?;
-                    let i = *table.entry(*cid).or_insert_with(|| {
-                        containers.push(*cid);
-                        containers.len() as u32 - 1
-                    });
-                    *c = ChunkRef {
-                        fp: c.fp,
-                        len: c.len,
-                        container: i,
-                        region: loc.region,
-                        offset: loc.offset,
-                    };
-                }
-                count_ref(&mut archival, c);
-            }
-        }
-    }
-    recipe.containers = containers;
     let (rid, _) = repo.put_struct(Kind::Recipe, "recipes", &recipe)?;
     let mut nv = v.clone();
     let old_recipe = std::mem::replace(&mut nv.recipe, rid);
-    nv.archival = Some(archival.clone());
+    nv.archival = Some(archival);
     // The atomic switch: from here on the version is archival.
     repo.replace_snapshot(vid, &nv)?;
     if old_recipe != nv.recipe && recipe_users.get(old_recipe.as_str()).copied() == Some(1) {
         repo.backend().delete(&format!("recipes/{old_recipe}"))?;
     }
-    fill(&mut out, &archival);
     out.seconds = started.elapsed().as_secs_f64();
     Ok(out)
 }

@@ -14,7 +14,8 @@ use strata_core::format::{decode, encode, LockInfo, RepoConfig, REPO_FORMAT_VERS
 use strata_core::CoreError;
 use strata_store::backup::{backup, BackupOptions, BackupReport};
 use strata_store::check::{check, CheckOptions, CheckReport};
-use strata_store::gc::{forget, gc, GcOptions};
+use strata_store::forget::forget;
+use strata_store::gc::{gc, GcOptions};
 use strata_store::index::RepoIndex;
 use strata_store::lock;
 use strata_store::repo::data_name;

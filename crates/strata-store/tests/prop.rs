@@ -14,7 +14,9 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use strata_core::chunker::ChunkerParams;
 use strata_store::backup::{backup, BackupOptions};
-use strata_store::gc::{forget, gc, mark_live, repair_index, GcOptions};
+use strata_store::compact::mark_live;
+use strata_store::forget::forget;
+use strata_store::gc::{gc, repair_index, GcOptions};
 use strata_store::index::RepoIndex;
 use strata_store::Repository;
 
@@ -356,7 +358,7 @@ impl World {
 /// has a dead fraction above the threshold (liveness by location: the
 /// chunks direct references point at).
 fn assert_gc_invariant(repo: &Repository, threshold: f64, what: &str) {
-    let live = mark_live(repo, true).unwrap();
+    let live = mark_live(repo).unwrap();
     let mut metas = Vec::new();
     RepoIndex::load(repo, |m| metas.push(m.clone())).unwrap();
     for m in &metas {

@@ -1,0 +1,290 @@
+//! Forgetting versions (DESIGN.md "Lifecycle": expiry by stamp).
+//!
+//! A removed archival version's stamped containers go at once, found by
+//! their stamp without scanning anything; what removed versions referenced
+//! in the shared pool is freed by the next compaction (`maintain`, `gc`).
+//! Survivors whose indirect references lead through a removed version are
+//! *rebased* first.
+
+use crate::copy::{copy_chunks, delete_containers, region_cache, rewrite_refs, CopySource, Target};
+use crate::error::{Result, StoreError};
+use crate::index::{edit_index, RepoIndex};
+use crate::lock;
+use crate::repo::Repository;
+use crate::restore::recipe_refs;
+use std::collections::{HashMap, HashSet};
+use strata_core::crypto::Kind;
+use strata_core::format::{Archival, ChunkRef, ContainerId, Snapshot, Stamp};
+use strata_core::Fingerprint;
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct ForgetReport {
+    pub removed_snapshots: Vec<String>,
+    pub removed_recipes: u64,
+    /// Archival versions whose indirect references led into a removed
+    /// version and were re-pointed (copying what only its stamped
+    /// containers held).
+    pub rebased: Vec<String>,
+    /// Stamped containers deleted with their owners, and their bytes.
+    pub stamped_containers_deleted: u64,
+    pub stamped_bytes_freed: u64,
+}
+
+/// Removes snapshots (by id). An archival version's stamped containers go
+/// at once, without scanning; what removed versions held in the shared
+/// pool is freed by the next compaction (`maintain` or `gc`).
+pub fn forget(repo: &Repository, ids: &[String]) -> Result<ForgetReport> {
+    let _lock = lock::acquire(repo, true, "forget")?;
+    forget_locked(repo, ids)
+}
+
+pub(crate) fn forget_locked(repo: &Repository, ids: &[String]) -> Result<ForgetReport> {
+    let (all, damaged) = repo.list_snapshots_tolerant()?;
+    // A damaged snapshot object can only be dropped: its recipe and data
+    // are unknown, and go at the next gc.
+    let mut ids: Vec<String> = ids.to_vec();
+    let mut report = ForgetReport::default();
+    for (id, _) in &damaged {
+        if let Some(p) = ids.iter().position(|x| x == id) {
+            repo.backend().delete(&format!("snapshots/{id}"))?;
+            report.removed_snapshots.push(ids.remove(p));
+        }
+    }
+    if !damaged.is_empty() && !ids.is_empty() {
+        return Err(StoreError::Invalid(format!(
+            "snapshot {} cannot be read; forget it first (`strata forget {}`)",
+            damaged[0].0, damaged[0].0
+        )));
+    }
+    let ids = &ids[..];
+    let by_id: HashMap<&str, &Snapshot> = all.iter().map(|(i, s)| (i.as_str(), s)).collect();
+    for id in ids {
+        if !by_id.contains_key(id.as_str()) {
+            return Err(StoreError::NoSnapshot(id.clone()));
+        }
+    }
+    let removing: HashSet<&str> = ids.iter().map(String::as_str).collect();
+    let idx = RepoIndex::load_summaries(repo)?;
+    let pool: HashSet<ContainerId> = idx
+        .containers
+        .iter()
+        .filter(|(_, c)| c.stamp.is_none())
+        .map(|(id, _)| *id)
+        .collect();
+
+    // Survivors whose chain of indirect references passes through a
+    // removed version are re-pointed first: until their new snapshot
+    // object is committed, the removed versions still exist.
+    for (uid, u) in &all {
+        if removing.contains(uid.as_str()) {
+            continue;
+        }
+        let through_removed = u
+            .archival
+            .as_ref()
+            .and_then(|a| a.next.as_deref())
+            .is_some_and(|n| removing.contains(n));
+        if through_removed {
+            rebase(repo, uid, u, &by_id, &removing, &pool)?;
+            report.rebased.push(uid.clone());
+        }
+    }
+
+    let mut dropped_recipes = HashSet::new();
+    for id in ids {
+        repo.backend().delete(&format!("snapshots/{id}"))?;
+        dropped_recipes.insert(by_id[id.as_str()].recipe.clone());
+        report.removed_snapshots.push(id.clone());
+    }
+    // From the snapshots as they are now: a rebase above may have given a
+    // survivor a recipe object that a removed version also used.
+    let (now, _) = repo.list_snapshots_tolerant()?;
+    let still: HashSet<&String> = now
+        .iter()
+        .filter(|(i, _)| !removing.contains(i.as_str()))
+        .map(|(_, s)| &s.recipe)
+        .collect();
+    for r in dropped_recipes {
+        if !still.contains(&r) {
+            repo.backend().delete(&format!("recipes/{r}"))?;
+            report.removed_recipes += 1;
+        }
+    }
+
+    // Stamped containers of the removed versions: found in the index by
+    // their stamp, deleted without looking at anything else.
+    let idx = RepoIndex::load_summaries(repo)?;
+    let owned: HashSet<ContainerId> = ids.iter().flat_map(|id| idx.stamped_by(id)).collect();
+    if !owned.is_empty() {
+        report.stamped_bytes_freed = owned
+            .iter()
+            .filter_map(|c| idx.containers.get(c))
+            .map(|c| c.data_len)
+            .sum();
+        report.stamped_containers_deleted = owned.len() as u64;
+        edit_index(repo, &idx, &owned, vec![])?;
+        delete_containers(repo, owned.iter())?;
+    }
+    Ok(report)
+}
+
+/// Re-points an archival version whose next version is being removed: its
+/// indirect references are followed through the removed versions.
+///
+/// Chunks found direct in the removed versions' *pool* containers are
+/// referenced where they are (the pool keeps what any version references);
+/// chunks found in their *stamped* containers, which go with them, are
+/// copied. When a newer version survives, the copies go into new
+/// containers stamped with this version and the rest stay indirect to the
+/// first survivor. When none survives, the version becomes the newest of
+/// its series and returns to live form: its own stamped chunks and the
+/// removed ones' are copied into the pool (a live-form version references
+/// only the pool), so forgetting the newest version stays cheap.
+fn rebase(
+    repo: &Repository,
+    uid: &str,
+    u: &Snapshot,
+    by_id: &HashMap<&str, &Snapshot>,
+    removing: &HashSet<&str>,
+    pool: &HashSet<ContainerId>,
+) -> Result<()> {
+    let broken = |detail: String| StoreError::BrokenChain {
+        snapshot: format!("{}@{}", u.series, u.version),
+        detail,
+    };
+    let recipe = repo.load_recipe(&u.recipe)?;
+    let mut want: HashSet<Fingerprint> = recipe_refs(&recipe)
+        .filter(|c| c.is_indirect())
+        .map(|c| c.fp)
+        .collect();
+    // Direct references met in removed versions.
+    let mut found: Vec<CopySource> = Vec::new();
+    let mut next = u.archival.as_ref().and_then(|a| a.next.clone());
+    let mut visited = HashSet::new();
+    while let Some(id) = next.clone() {
+        if !removing.contains(id.as_str()) || want.is_empty() {
+            break;
+        }
+        if !visited.insert(id.clone()) {
+            return Err(broken(format!("the chain loops at snapshot {id}")));
+        }
+        let x = by_id
+            .get(id.as_str())
+            .ok_or_else(|| broken(format!("snapshot {id} is missing")))?;
+        let rx = repo.load_recipe(&x.recipe)?;
+        for c in recipe_refs(&rx) {
+            if c.is_direct() && want.remove(&c.fp) {
+                found.push(CopySource::of_snapshot(&rx, c, &id)?);
+            }
+        }
+        next = x.archival.as_ref().and_then(|a| a.next.clone());
+    }
+    let next = next.filter(|n| !removing.contains(n.as_str()));
+    if next.is_none() && !want.is_empty() {
+        return Err(broken(format!(
+            "{} indirect chunks are held by no remaining version",
+            want.len()
+        )));
+    }
+    let revive = next.is_none();
+    let (in_pool, mut sources): (Vec<CopySource>, Vec<CopySource>) =
+        found.into_iter().partition(|s| pool.contains(&s.container));
+    let in_pool: HashMap<Fingerprint, CopySource> =
+        in_pool.into_iter().map(|s| (s.fp, s)).collect();
+    if revive {
+        // Its own stamped chunks move to the pool.
+        let mut seen = HashSet::new();
+        for c in recipe_refs(&recipe) {
+            let Some(src) = c.is_direct().then(|| CopySource::of(&recipe, c)).flatten() else {
+                continue;
+            };
+            if !pool.contains(&src.container) && !in_pool.contains_key(&c.fp) && seen.insert(c.fp) {
+                sources.push(src);
+            }
+        }
+    }
+    let stamp = (!revive).then(|| Stamp {
+        owner: uid.to_string(),
+        time_ns: u.time_ns,
+    });
+    let regions = region_cache(repo);
+    let (placed, metas) = copy_chunks(repo, &regions, &sources, stamp, None)?;
+    let idx = RepoIndex::load_summaries(repo)?;
+    edit_index(repo, &idx, &HashSet::new(), metas)?;
+
+    let mut recipe = recipe;
+    let own_stamped: Vec<ContainerId> = recipe
+        .containers
+        .iter()
+        .filter(|c| !pool.contains(c))
+        .copied()
+        .collect();
+    rewrite_refs(&mut recipe, |c, cid| {
+        let moved = c.is_indirect() || (revive && cid.is_some_and(|id| !pool.contains(&id)));
+        if !moved {
+            return Ok(Target::Keep);
+        }
+        if let Some(p) = in_pool.get(&c.fp) {
+            return Ok(Target::At(p.container, p.region, p.offset));
+        }
+        match placed.get(&c.fp) {
+            Some((cid, loc)) => Ok(Target::At(*cid, loc.region, loc.offset)),
+            None if revive => Err(broken(format!(
+                "chunk {} could not be placed while returning to live form",
+                c.fp.to_hex()
+            ))),
+            // Held by the first surviving version.
+            None => Ok(Target::Keep),
+        }
+    })?;
+    let mut counts = Archival {
+        next: next.clone(),
+        converted_ns: u
+            .archival
+            .as_ref()
+            .map(|a| a.converted_ns)
+            .unwrap_or_default(),
+        ..Default::default()
+    };
+    for c in recipe_refs(&recipe) {
+        count_ref(&mut counts, c);
+    }
+    let (rid, _) = repo.put_struct(Kind::Recipe, "recipes", &recipe)?;
+    let mut nu = u.clone();
+    let old_recipe = std::mem::replace(&mut nu.recipe, rid);
+    nu.archival = (!revive).then_some(counts);
+    // The switch; after it the old stamped containers are unreferenced.
+    repo.replace_snapshot(uid, &nu)?;
+    if old_recipe != nu.recipe
+        && !by_id
+            .iter()
+            .any(|(id, s)| *id != uid && s.recipe == old_recipe)
+    {
+        repo.backend().delete(&format!("recipes/{old_recipe}"))?;
+    }
+    if revive {
+        let idx = RepoIndex::load_summaries(repo)?;
+        let stale: HashSet<ContainerId> = own_stamped
+            .into_iter()
+            .filter(|c| {
+                idx.containers
+                    .get(c)
+                    .is_some_and(|s| s.stamp.as_ref().is_some_and(|st| st.owner == uid))
+            })
+            .collect();
+        edit_index(repo, &idx, &stale, vec![])?;
+        delete_containers(repo, stale.iter())?;
+    }
+    Ok(())
+}
+
+/// Adds one reference to the direct/indirect tallies of an archival version.
+pub(crate) fn count_ref(a: &mut Archival, c: &ChunkRef) {
+    if c.is_indirect() {
+        a.indirect_chunks += 1;
+        a.indirect_bytes += c.len as u64;
+    } else if c.is_direct() {
+        a.direct_chunks += 1;
+        a.direct_bytes += c.len as u64;
+    }
+}
