@@ -4,7 +4,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use strata_store::backup::Progress;
+use strata_store::progress::Progress;
 
 pub struct Out {
     pub json: bool,

@@ -11,10 +11,10 @@
 //! authenticated and decompressed, and every chunk's fingerprint is
 //! recomputed. Problems name the object, and the snapshots they affect.
 
-use crate::backup::Progress;
 use crate::container::open_region;
 use crate::error::{Result, StoreError};
 use crate::lock;
+use crate::progress::Progress;
 use crate::repo::{container_id_of, data_name, Repository};
 use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};

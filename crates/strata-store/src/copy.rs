@@ -2,10 +2,10 @@
 //! moves every lifecycle command (maintain, forget's rebase, compaction,
 //! gc) makes with stored data.
 
-use crate::backup::Progress;
 use crate::container::{open_region, ContainerSink, ContainerWriter};
 use crate::error::{Result, StoreError};
 use crate::index::{ChunkLoc, ContainerTable};
+use crate::progress::Progress;
 use crate::repo::{data_name, meta_name, Repository};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;

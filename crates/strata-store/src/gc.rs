@@ -31,7 +31,7 @@ pub struct GcOptions {
     /// chunks into the version's stamped containers (1.0: never).
     pub separate: f64,
     pub dry_run: bool,
-    pub progress: Arc<crate::backup::Progress>,
+    pub progress: Arc<crate::progress::Progress>,
 }
 
 impl Default for GcOptions {

@@ -18,6 +18,7 @@ pub mod gc;
 pub mod index;
 pub mod lifecycle;
 pub mod lock;
+pub mod progress;
 pub mod repo;
 pub mod restore;
 pub mod revdedup;

@@ -14,10 +14,10 @@
 //! last, so nothing restore writes can pass through one. A malicious
 //! repository therefore cannot make restore write outside its target.
 
-use crate::backup::Progress;
 use crate::container::{open_region, read_meta};
 use crate::error::{Result, StoreError};
 use crate::index::{ContainerTable, ExactIndex, RepoIndex};
+use crate::progress::Progress;
 use crate::repo::{data_name, Repository};
 use rayon::prelude::*;
 use std::borrow::Cow;

@@ -34,7 +34,6 @@
 //! replaced leaves it in live form; a kill during compaction leaves
 //! duplicates the next run removes.
 
-use crate::backup::Progress;
 use crate::compact::compact_pool;
 use crate::copy::{delete_containers, rewrite_refs, Target};
 use crate::error::{Result, StoreError};
@@ -43,6 +42,7 @@ use crate::gc::{GcOptions, GcReport};
 use crate::index::{edit_index, RepoIndex};
 use crate::lifecycle::{list_policies, version_states, VersionState};
 use crate::lock;
+use crate::progress::Progress;
 use crate::repo::{now_ns, Repository};
 use crate::restore::recipe_refs;
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -1,0 +1,73 @@
+//! The commit stage of a backup: index object → recipe → snapshot object.
+//! The snapshot write is the atomic switch (DESIGN.md "Principles" 2): a
+//! crash at any earlier point leaves only unreferenced objects that `gc`
+//! removes.
+
+use crate::error::{Result, StoreError};
+use crate::index::ContainerTable;
+use crate::repo::Repository;
+use std::collections::HashMap;
+use strata_core::crypto::Kind;
+use strata_core::format::{Node, Recipe, Snapshot};
+
+/// The recipe of `nodes` (sorted by path), whose direct references hold
+/// indexes into `table`: they are renumbered into the recipe's own
+/// container table, which lists only the containers used.
+pub(crate) fn recipe_of(mut nodes: Vec<Node>, table: &ContainerTable) -> Recipe {
+    let mut local: HashMap<u32, u32> = HashMap::new();
+    let mut containers = Vec::new();
+    for n in &mut nodes {
+        for s in &mut n.segments {
+            for c in &mut s.chunks {
+                if c.is_zero() {
+                    continue;
+                }
+                let g = c.container;
+                c.container = *local.entry(g).or_insert_with(|| {
+                    containers.push(table.get(g));
+                    containers.len() as u32 - 1
+                });
+            }
+        }
+    }
+    nodes.sort_by(|a, b| a.path.cmp(&b.path));
+    Recipe { containers, nodes }
+}
+
+/// Writes the snapshot object — the commit point — with the next free
+/// version number of its series. Two backups of one series may run at once
+/// (they share the lock); should both pick the same number, the one with
+/// the larger id withdraws its object and takes the next number.
+pub(crate) fn commit_snapshot(repo: &Repository, snapshot: &mut Snapshot) -> Result<String> {
+    let next = |repo: &Repository, series: &str| -> Result<u32> {
+        Ok(repo
+            .list_snapshots_tolerant()?
+            .0
+            .iter()
+            .filter(|(_, s)| s.series == series)
+            .map(|(_, s)| s.version)
+            .max()
+            .unwrap_or(0)
+            + 1)
+    };
+    snapshot.version = next(repo, &snapshot.series)?;
+    for _ in 0..16 {
+        let (id, _) = repo.put_struct(Kind::Snapshot, "snapshots", snapshot)?;
+        let clash = repo
+            .list_snapshots_tolerant()?
+            .0
+            .into_iter()
+            .any(|(other, s)| {
+                other < id && s.series == snapshot.series && s.version == snapshot.version
+            });
+        if !clash {
+            return Ok(id);
+        }
+        repo.backend().delete(&format!("snapshots/{id}"))?;
+        snapshot.version = next(repo, &snapshot.series)?.max(snapshot.version + 1);
+    }
+    Err(StoreError::Invalid(format!(
+        "could not find a free version number in series {:?}; retry the backup",
+        snapshot.series
+    )))
+}

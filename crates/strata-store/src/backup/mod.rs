@@ -1,0 +1,440 @@
+//! Backup: walk → chunk → fingerprint → index → pack → commit
+//! (DESIGN.md "Data flow").
+//!
+//! The walk runs on the calling thread and records every entry's metadata.
+//! Files whose size, mtime, ctime and inode match the series' previous
+//! version reuse its recipe without being read. The others are read by
+//! worker threads (one per core); each worker chunks and fingerprints its
+//! file, asks the index strategy about a segment at a time, claims the new
+//! chunks and packs them into its own open container, so a file's new
+//! chunks stay contiguous. Finished containers are compressed, sealed and
+//! written by the [`ContainerSink`]. The commit order is: containers →
+//! index object → recipe → snapshot; the snapshot write is the atomic
+//! switch, so a crash at any earlier point leaves only unreferenced objects
+//! that `gc` removes.
+
+mod commit;
+mod dedup;
+mod parent;
+mod walk;
+
+pub use crate::progress::Progress;
+pub use walk::{read_xattrs, Excludes};
+
+use crate::container::{ContainerSink, ContainerWriter, SinkResult};
+use crate::error::{Result, StoreError};
+use crate::index::{build_strategy, ContainerTable, RepoIndex};
+use crate::lock;
+use crate::repo::{now_ns, Repository};
+use dedup::{Ctx, Outcome, WorkerBuffers};
+use parent::Parent;
+use std::collections::HashSet;
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use strata_core::chunker::ChunkerParams;
+use strata_core::crypto::Kind;
+use strata_core::format::{Node, NodeKind, Snapshot, SnapshotStats};
+use walk::{Job, Source, Walker};
+
+/// A stream to back up as one file.
+pub struct StdinSource {
+    pub reader: Box<dyn Read + Send>,
+    pub name: String,
+}
+
+pub struct BackupOptions {
+    /// Paths to back up (made absolute by the caller or here).
+    pub paths: Vec<PathBuf>,
+    pub stdin: Option<StdinSource>,
+    pub series: Option<String>,
+    pub tags: Vec<String>,
+    pub force_read: bool,
+    /// Overrides the repository's chunker (e.g. fixed-size for images).
+    pub chunker: Option<ChunkerParams>,
+    pub threads: usize,
+    pub progress: Arc<Progress>,
+    /// Glob patterns to leave out: matched against the file name, or
+    /// against the absolute path when the pattern contains `/`. `*` and `?`
+    /// stay within one path component, `**` crosses them.
+    pub excludes: Vec<String>,
+    /// Absolute paths to leave out (the repository itself, for example).
+    pub exclude_paths: Vec<PathBuf>,
+}
+
+impl Default for BackupOptions {
+    fn default() -> Self {
+        BackupOptions {
+            paths: vec![],
+            stdin: None,
+            series: None,
+            tags: vec![],
+            force_read: false,
+            chunker: None,
+            threads: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2),
+            progress: Arc::new(Progress::default()),
+            excludes: vec![],
+            exclude_paths: vec![],
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BackupReport {
+    pub id: String,
+    pub snapshot: Snapshot,
+    pub warnings: Vec<String>,
+    pub index_ram_bytes: u64,
+    pub reused_files: u64,
+    /// Bytes of changed files found in their previous version chunk by
+    /// chunk (not stored again).
+    pub parent_bytes: u64,
+}
+
+/// Default series name: host and the absolute paths.
+pub fn default_series(paths: &[PathBuf], stdin_name: Option<&str>) -> String {
+    let mut parts: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    if let Some(n) = stdin_name {
+        parts.push(format!("stdin:{n}"));
+    }
+    format!("{}:{}", lock::hostname(), parts.join(","))
+}
+
+/// Absolute, lexically normalised roots (`.` and `..` resolved, symlinks
+/// not followed), without those inside another root.
+fn normalise_paths(given: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut paths = Vec::new();
+    for p in given {
+        let abs = if p.is_absolute() {
+            p.clone()
+        } else {
+            std::env::current_dir()
+                .map_err(|e| StoreError::io("resolve", p.display().to_string(), e))?
+                .join(p)
+        };
+        let mut clean = PathBuf::from("/");
+        for c in abs.components() {
+            match c {
+                std::path::Component::ParentDir => {
+                    clean.pop();
+                }
+                std::path::Component::Normal(n) => clean.push(n),
+                _ => {}
+            }
+        }
+        paths.push(clean);
+    }
+    paths.sort();
+    paths.dedup();
+    let all = paths.clone();
+    paths.retain(|p| !all.iter().any(|q| q != p && p.starts_with(q)));
+    Ok(paths)
+}
+
+/// The newest version of `series`, and what a backup can use of it. An
+/// archival version (possible only after its newer versions were
+/// forgotten) or one made with another chunker offers nothing.
+fn load_parent<'a>(
+    repo: &Repository,
+    series: &str,
+    chunker: ChunkerParams,
+    index: &RepoIndex,
+    table: &ContainerTable,
+    strategy: &'a dyn crate::index::IndexStrategy,
+) -> Result<(Option<String>, Parent<'a>)> {
+    let (snapshots, _) = repo.list_snapshots_tolerant()?;
+    let Some((id, ps)) = snapshots
+        .into_iter()
+        .filter(|(_, s)| s.series == series)
+        .max_by_key(|(_, s)| (s.version, s.time_ns))
+    else {
+        return Ok((None, Parent::none(strategy)));
+    };
+    if ps.chunker != chunker || ps.archival.is_some() {
+        return Ok((Some(id), Parent::none(strategy)));
+    }
+    let r = repo.load_recipe(&ps.recipe)?;
+    let parent = Parent::new(r.nodes, &r.containers, index, table, strategy);
+    Ok((Some(id), parent))
+}
+
+/// Adds a stream (`--stdin`) as one file named `name`, with its parent
+/// directories.
+fn add_stdin(walker: &mut Walker<'_>, s: StdinSource, progress: &Progress) -> Result<()> {
+    let now = now_ns();
+    let name = s.name.trim_start_matches('/').as_bytes().to_vec();
+    if crate::restore::safe_rel(&name).is_err() {
+        return Err(StoreError::Invalid(format!(
+            "--stdin-name {:?} must be a relative path without empty, `.` or `..` components",
+            s.name
+        )));
+    }
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let synthetic = |path: Vec<u8>, kind: NodeKind, mode: u32| Node {
+        path,
+        kind,
+        mode,
+        uid,
+        gid,
+        mtime_ns: now,
+        ctime_ns: now,
+        ino: 0,
+        dev: 0,
+        rdev: 0,
+        nlink: 1,
+        size: 0,
+        target: None,
+        segments: vec![],
+        xattrs: vec![],
+    };
+    // Parent directories of a name like `dumps/db.sql`.
+    for (i, _) in name.iter().enumerate().filter(|(_, &b)| b == b'/') {
+        let dir = name[..i].to_vec();
+        if walker.seen.insert(dir.clone()) {
+            walker.nodes.push(synthetic(dir, NodeKind::Dir, 0o40755));
+        }
+    }
+    walker.jobs.push(Job {
+        node: walker.nodes.len(),
+        source: Source::Stream(Mutex::new(Some(s.reader))),
+    });
+    walker.nodes.push(synthetic(name, NodeKind::File, 0o100644));
+    progress.files_total.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Runs the jobs on `threads` workers, each with its own container writer
+/// feeding one sink. Returns every job's outcome and what the sink wrote.
+fn run_workers(
+    ctx: &Ctx<'_>,
+    jobs: &[Job],
+    nodes: &[Node],
+    threads: usize,
+) -> Result<(Vec<(usize, Outcome)>, SinkResult)> {
+    // Work units: one job each, or — for strategies that look small files
+    // up together (SiLo) — runs of small files of one directory, up to a
+    // segment's worth of data.
+    let units: Vec<Vec<usize>> = if ctx.strategy.groups_small_files() {
+        walk::group_small_files(jobs, nodes, ctx.chunker.avg_segment as u64)
+    } else {
+        (0..jobs.len()).map(|i| vec![i]).collect()
+    };
+    let table = ctx.table.clone();
+    let sink = ContainerSink::start(ctx.repo);
+    let next = AtomicUsize::new(0);
+    let results: Vec<Result<Vec<(usize, Outcome)>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.clamp(1, 64))
+            .map(|_| {
+                let sender = sink.sender();
+                let (units, next, table) = (&units, &next, &table);
+                s.spawn(move || -> Result<Vec<(usize, Outcome)>> {
+                    let mut writer = ContainerWriter::new(ctx.repo, table.clone(), sender);
+                    let mut bufs = WorkerBuffers::default();
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(unit) = units.get(i) else { break };
+                        let r = match unit.as_slice() {
+                            [j] => {
+                                let job = &jobs[*j];
+                                ctx.process_job(&mut writer, &mut bufs, job, &nodes[job.node])
+                                    .map(|o| vec![(job.node, o)])
+                            }
+                            many => {
+                                let group: Vec<&Job> = many.iter().map(|j| &jobs[*j]).collect();
+                                ctx.process_group(&mut writer, &mut bufs, &group, nodes)
+                            }
+                        };
+                        match r {
+                            Ok(o) => out.extend(o),
+                            Err(e) => {
+                                ctx.abort.store(true, Ordering::Relaxed);
+                                return Err(e);
+                            }
+                        }
+                    }
+                    writer.flush()?;
+                    Ok(out)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(StoreError::Invalid("backup worker panicked".into())))
+            })
+            .collect()
+    });
+    // The writer thread's error comes first: when it fails, the workers
+    // only see a closed channel.
+    let written = sink.finish()?;
+    // With the containers durable, the strategy may persist what points
+    // at them (its side data is derived; a crash later costs nothing).
+    if results.iter().all(|r| r.is_ok()) {
+        ctx.strategy.finish()?;
+    }
+    let mut outcomes = Vec::new();
+    for r in results {
+        outcomes.extend(r?);
+    }
+    Ok((outcomes, written))
+}
+
+/// Puts each job's outcome into its node; files that failed leave the
+/// tree, with a warning.
+fn apply_outcomes(
+    nodes: &mut Vec<Node>,
+    outcomes: Vec<(usize, Outcome)>,
+    warnings: &mut Vec<String>,
+) {
+    let mut failed: HashSet<usize> = HashSet::new();
+    for (ni, o) in outcomes {
+        match o {
+            Outcome::Done {
+                segments,
+                size,
+                warning,
+            } => {
+                warnings.extend(warning);
+                let n = &mut nodes[ni];
+                n.segments = segments;
+                n.size = size;
+            }
+            Outcome::Failed(msg) => {
+                warnings.push(msg);
+                failed.insert(ni);
+            }
+        }
+    }
+    if !failed.is_empty() {
+        let mut i = 0;
+        nodes.retain(|_| {
+            i += 1;
+            !failed.contains(&(i - 1))
+        });
+    }
+}
+
+/// Runs a backup and commits a new version.
+pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport> {
+    let started = std::time::Instant::now();
+    let _lock = lock::acquire(repo, false, "backup")?;
+    let chunker = opts.chunker.unwrap_or(repo.config().chunker);
+    chunker.validate()?;
+    let paths = normalise_paths(&opts.paths)?;
+    if paths.is_empty() && opts.stdin.is_none() {
+        return Err(StoreError::Invalid(
+            "nothing to back up: give paths or --stdin".into(),
+        ));
+    }
+    let excludes = Excludes::new(&opts.excludes, &opts.exclude_paths)?;
+    let series = opts
+        .series
+        .clone()
+        .unwrap_or_else(|| default_series(&paths, opts.stdin.as_ref().map(|s| s.name.as_str())));
+
+    // Index and parent, then the walk.
+    let table = Arc::new(ContainerTable::default());
+    let (strategy, repo_index) = build_strategy(repo, &table)?;
+    let (parent_id, parent) = load_parent(
+        repo,
+        &series,
+        chunker,
+        &repo_index,
+        &table,
+        strategy.as_ref(),
+    )?;
+    let progress = opts.progress.clone();
+    let mut walker = Walker::new(&parent, opts.force_read, &progress, &excludes);
+    for p in &paths {
+        walker.walk_root(p);
+    }
+    if let Some(s) = opts.stdin.take() {
+        add_stdin(&mut walker, s, &progress)?;
+    }
+    progress.totals_known.store(true, Ordering::Relaxed);
+    let Walker {
+        mut nodes,
+        jobs,
+        mut warnings,
+        reused,
+        ..
+    } = walker;
+
+    // Read, chunk, dedup and pack on the workers.
+    let ctx = Ctx {
+        repo,
+        strategy: strategy.as_ref(),
+        table: table.clone(),
+        chunker,
+        progress: &progress,
+        parent: &parent,
+        abort: AtomicBool::new(false),
+        new_chunks: AtomicU64::new(0),
+        new_raw: AtomicU64::new(0),
+        read_bytes: AtomicU64::new(0),
+        parent_chunks: AtomicU64::new(0),
+        parent_bytes: AtomicU64::new(0),
+    };
+    let (outcomes, written) = run_workers(&ctx, &jobs, &nodes, opts.threads)?;
+    apply_outcomes(&mut nodes, outcomes, &mut warnings);
+
+    // Commit: index object → recipe → snapshot.
+    let mut stored = written.stored_bytes;
+    if !written.metas.is_empty() {
+        let (_, n) = crate::index::put_index_object(repo, written.metas)?;
+        stored += n;
+    }
+    let recipe = commit::recipe_of(nodes, &table);
+    let stats = SnapshotStats {
+        files: recipe
+            .nodes
+            .iter()
+            .filter(|n| n.kind == NodeKind::File)
+            .count() as u64,
+        dirs: recipe
+            .nodes
+            .iter()
+            .filter(|n| n.kind == NodeKind::Dir)
+            .count() as u64,
+        logical_bytes: recipe.nodes.iter().map(|n| n.size).sum(),
+        read_bytes: ctx.read_bytes.load(Ordering::Relaxed),
+        new_chunks: ctx.new_chunks.load(Ordering::Relaxed),
+        new_raw_bytes: ctx.new_raw.load(Ordering::Relaxed),
+        new_stored_bytes: 0,
+        duration_ms: 0,
+        warnings: warnings.len() as u64,
+    };
+    let (recipe_id, rn) = repo.put_struct(Kind::Recipe, "recipes", &recipe)?;
+    stored += rn;
+    let mut snapshot = Snapshot {
+        series,
+        // Assigned at commit.
+        version: 0,
+        time_ns: now_ns(),
+        host: lock::hostname(),
+        paths: paths.iter().map(|p| p.display().to_string()).collect(),
+        tags: opts.tags.clone(),
+        recipe: recipe_id,
+        parent: parent_id,
+        chunker,
+        stats,
+        archival: None,
+    };
+    snapshot.stats.new_stored_bytes = stored;
+    snapshot.stats.duration_ms = started.elapsed().as_millis() as u64;
+    let id = commit::commit_snapshot(repo, &mut snapshot)?;
+    Ok(BackupReport {
+        id,
+        snapshot,
+        warnings,
+        index_ram_bytes: strategy.ram_bytes(),
+        reused_files: reused,
+        parent_bytes: ctx.parent_bytes.load(Ordering::Relaxed),
+    })
+}
