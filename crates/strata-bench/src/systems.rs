@@ -68,6 +68,11 @@ pub struct Strata {
     /// Whether this system runs the RevDedup lifecycle: index `segment` and
     /// a binary with `strata maintain` (decided by `init`).
     pub maintain: bool,
+    /// Whether `strata backup` runs the lifecycle itself (by default, as a
+    /// user gets it); otherwise the harness runs `strata maintain`.
+    pub lifecycle_in_backup: bool,
+    /// Seconds of the lifecycle inside the last backup.
+    last_lifecycle: Option<f64>,
     last_reads: Option<(u64, u64)>,
 }
 
@@ -77,6 +82,8 @@ pub struct Features {
     pub index_strategies: Vec<String>,
     /// `strata maintain` exists (out-of-line reverse dedup and expiry).
     pub maintain: bool,
+    /// `strata backup` runs the lifecycle after its commit by default.
+    pub lifecycle_after_backup: bool,
 }
 
 impl Strata {
@@ -87,6 +94,8 @@ impl Strata {
             init_args: Vec::new(),
             force_read: false,
             maintain: false,
+            lifecycle_in_backup: false,
+            last_lifecycle: None,
             last_reads: None,
         }
     }
@@ -143,6 +152,7 @@ impl Strata {
                 .filter_map(|s| s.as_str().map(String::from))
                 .collect(),
             maintain: v["maintain"].as_bool().unwrap_or(false),
+            lifecycle_after_backup: v["lifecycle_after_backup"].as_bool().unwrap_or(false),
         })
     }
 }
@@ -169,11 +179,16 @@ impl System for Strata {
             } else {
                 ""
             },
-            if self.maintain {
-                "; `strata maintain` after every backup (RevDedup lifecycle), \
-                 deletion by `forget` without --prune"
-            } else {
-                ""
+            match (self.maintain, self.lifecycle_in_backup) {
+                (true, true) => {
+                    "; defaults: the RevDedup lifecycle runs inside every backup \
+                     (timed with it), deletion by `forget` + `maintain`"
+                }
+                (true, false) => {
+                    "; `strata maintain` after every backup (RevDedup lifecycle), \
+                     deletion by `forget` without --prune"
+                }
+                _ => "",
             }
         )
     }
@@ -182,7 +197,9 @@ impl System for Strata {
         // The RevDedup lifecycle (reverse dedup of versions leaving the
         // live window, expiry) applies to the segment index, when the
         // binary has it.
-        self.maintain = self.index == "segment" && Self::features(&self.bin)?.maintain;
+        let f = Self::features(&self.bin)?;
+        self.maintain = self.index == "segment" && f.maintain;
+        self.lifecycle_in_backup = self.maintain && f.lifecycle_after_backup;
         let mut c = self.cmd(repo);
         c.args(["init", "--index", &self.index]);
         for (k, v) in &self.init_args {
@@ -195,6 +212,13 @@ impl System for Strata {
     fn after_backup(&mut self, repo: &Path) -> Result<Option<Measured>> {
         if !self.maintain {
             return Ok(None);
+        }
+        if self.lifecycle_in_backup {
+            // Already done, inside the backup's own time.
+            return Ok(self.last_lifecycle.map(|seconds| Measured {
+                seconds,
+                ..Default::default()
+            }));
         }
         let m = run(self.cmd(repo).arg("maintain"), &[0])?;
         let v: serde_json::Value = serde_json::from_str(&m.stdout)
@@ -220,7 +244,10 @@ impl System for Strata {
         if self.force_read {
             c.arg("--force-read");
         }
-        run(&mut c, &[0])
+        let m = run(&mut c, &[0])?;
+        let v: serde_json::Value = serde_json::from_str(&m.stdout).unwrap_or_default();
+        self.last_lifecycle = v["lifecycle"]["seconds"].as_f64();
+        Ok(m)
     }
 
     fn restore(
@@ -252,11 +279,19 @@ impl System for Strata {
             c.arg(format!("{s}@{v}"));
         }
         // With the lifecycle, archival versions are deleted by dropping
-        // their stamped containers; no mark-and-sweep gc.
+        // their stamped containers; no mark-and-sweep gc. When the backup
+        // runs the lifecycle, what they held in the shared pool is freed by
+        // a compaction (`maintain`), timed with the deletion.
         if !self.maintain {
             c.arg("--prune");
         }
-        run(&mut c, &[0])
+        let mut m = run(&mut c, &[0])?;
+        if self.lifecycle_in_backup {
+            let compact = run(self.cmd(repo).arg("maintain"), &[0])?;
+            m.seconds += compact.seconds;
+            m.peak_rss_bytes = m.peak_rss_bytes.max(compact.peak_rss_bytes);
+        }
+        Ok(m)
     }
 
     fn last_restore_reads(&self) -> Option<(u64, u64)> {
@@ -583,6 +618,22 @@ mod tests {
         assert_eq!(
             calls[calls.len() - 2..],
             ["backup --series a", "forget a@1 b@2 --prune"]
+        );
+        // A binary whose backups run the lifecycle: no separate maintain
+        // after a backup; its seconds come from the backup's report; a
+        // deletion is forget + maintain.
+        let auto = r#"{"index_strategies": ["segment"], "maintain": true, "lifecycle_after_backup": true}"#;
+        let (on, _, calls) = lifecycle_calls(auto, "segment");
+        assert!(on);
+        assert_eq!(
+            calls,
+            [
+                "features",
+                "init --index segment",
+                "backup --series a",
+                "forget a@1 b@2",
+                "maintain"
+            ]
         );
         // A binary without maintain: as before.
         let without = r#"{"index_strategies": ["exact", "segment"]}"#;

@@ -229,9 +229,14 @@ struct BackupArgs {
     /// Leave out files matching this glob (name, or absolute path if it contains '/'; repeatable).
     #[arg(long, short = 'e')]
     exclude: Vec<String>,
-    /// Run `strata maintain` after the backup (reverse dedup, expiry).
-    #[arg(long)]
+    /// Run a full `strata maintain` after the backup (by default the
+    /// backup runs the incremental lifecycle: reverse dedup of the version
+    /// that left the live window, expiry, compaction once it pays).
+    #[arg(long, conflicts_with = "no_lifecycle")]
     maintain: bool,
+    /// Skip the lifecycle after the backup (`strata maintain` catches up).
+    #[arg(long)]
+    no_lifecycle: bool,
 }
 
 fn default_repo() -> Result<PathBuf> {
@@ -457,7 +462,7 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                 }
                 println!("{} snapshots", list.len());
                 if list.iter().any(|(id, _)| state(id) == "archival*") {
-                    println!("archival* = left the live window; `strata maintain` reverse-deduplicates it");
+                    println!("archival* = left the live window; the next backup or `strata maintain` reverse-deduplicates it");
                 }
             }
             Ok(0)
@@ -815,11 +820,11 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                 &json!({"version": env!("CARGO_PKG_VERSION"),
                         "repository_format": strata_core::format::REPO_FORMAT_VERSION,
                         "index_strategies": strategies, "chunkers": ["cdc", "fixed"],
-                        "maintain": true, "lifecycle": ["revdedup"],
+                        "maintain": true, "lifecycle": ["revdedup"], "lifecycle_after_backup": true,
                         "encryption": ["none", "xchacha20poly1305"], "backends": ["local"]}),
                 || {
                     format!(
-                        "strata {}\nrepository format {}\nindex strategies: {}\nlifecycle: revdedup (strata maintain)\nchunkers: cdc, fixed\nbackends: local",
+                        "strata {}\nrepository format {}\nindex strategies: {}\nlifecycle: revdedup (after every backup, and strata maintain)\nchunkers: cdc, fixed\nbackends: local",
                         env!("CARGO_PKG_VERSION"),
                         strata_core::format::REPO_FORMAT_VERSION,
                         strategies.join(", ")
@@ -984,6 +989,39 @@ fn maintain_text(rep: &strata_store::revdedup::MaintainReport, secs: f64) -> Str
     t
 }
 
+/// One line on what the lifecycle after a backup did.
+fn lifecycle_text(l: &strata_store::revdedup::AfterBackup, secs: f64) -> String {
+    use strata_store::revdedup::AfterBackup;
+    match l {
+        AfterBackup::Done(m) => {
+            let mut parts = Vec::new();
+            for c in &m.converted {
+                parts.push(format!(
+                    "{}@{} reverse-deduplicated ({} now indirect)",
+                    c.series,
+                    c.version,
+                    fmt_bytes(c.indirect_bytes)
+                ));
+            }
+            if !m.expired.is_empty() {
+                parts.push(format!("{} versions expired", m.expired.len()));
+            }
+            if m.compacted {
+                parts.push(format!(
+                    "pool compacted ({} freed)",
+                    fmt_bytes(m.bytes_before.saturating_sub(m.bytes_after))
+                ));
+            }
+            if parts.is_empty() {
+                parts.push("nothing to do".into());
+            }
+            format!("  lifecycle: {} ({secs:.1}s)", parts.join("; "))
+        }
+        AfterBackup::Skipped { reason } => format!("  lifecycle skipped: {reason}"),
+        AfterBackup::Failed { error } => format!("  lifecycle failed: {error}"),
+    }
+}
+
 fn cmd_backup(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
     let repo = open(cli)?;
     if a.paths.is_empty() && !a.stdin {
@@ -1003,6 +1041,7 @@ fn cmd_backup(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
         excludes: a.exclude.clone(),
         // Never back the repository up into itself.
         exclude_paths: std::fs::canonicalize(repo_path(cli)?).into_iter().collect(),
+        lifecycle: !a.no_lifecycle && !a.maintain,
         ..Default::default()
     };
     if let Some(t) = a.threads {
@@ -1039,6 +1078,13 @@ fn cmd_backup(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
         v["maintain"] = serde_json::to_value(m)?;
         v["maintain"]["seconds"] = json!(msecs);
     }
+    if let Some((l, lsecs)) = &rep.lifecycle {
+        v["lifecycle"] = serde_json::to_value(l)?;
+        v["lifecycle"]["seconds"] = json!(lsecs);
+        if let strata_store::revdedup::AfterBackup::Failed { error } = l {
+            out.warn(&format!("the lifecycle after the backup failed (the backup is committed): {error}; run `strata maintain`"));
+        }
+    }
     out.result(
         &v,
         || {
@@ -1058,6 +1104,10 @@ fn cmd_backup(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
                 secs,
                 fmt_bytes((s.stats.logical_bytes as f64 / secs.max(1e-3)) as u64)
             );
+            let text = match &rep.lifecycle {
+                Some((l, lsecs)) => format!("{text}\n{}", lifecycle_text(l, *lsecs)),
+                None => text,
+            };
             match &maintained {
                 Some((m, msecs)) => format!("{text}\n{}", maintain_text(m, *msecs)),
                 None => text,

@@ -53,6 +53,9 @@ pub enum Kind {
     /// The container summaries of one index object (`isum/`): what every
     /// command but chunk lookups needs, without the chunk entries.
     IndexSummary = 11,
+    /// The lifecycle's bookkeeping (`lifecycle/state`): bytes the
+    /// incremental lifecycle released since the pool was last compacted.
+    LifecycleState = 12,
 }
 
 /// zstd-compresses `data` with a context kept per thread: creating one

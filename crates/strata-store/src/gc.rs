@@ -148,6 +148,8 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
         }
         // One pool index object (and one per stamp owner) from here on.
         consolidate_index(repo)?;
+        // Whatever the lifecycle released is collected now.
+        crate::lifecycle::store_state(repo, &Default::default())?;
     }
     report.bytes_after = report.bytes_before.saturating_sub(report.bytes_freed);
     if !opts.dry_run {

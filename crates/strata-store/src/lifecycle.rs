@@ -92,6 +92,36 @@ pub fn policy_of(policies: &HashMap<String, Policy>, series: &str) -> Policy {
         .unwrap_or_else(|| Policy::default_for(series))
 }
 
+/// The lifecycle's bookkeeping between runs (`lifecycle/state`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LifecycleState {
+    /// Plaintext bytes the lifecycle released from the pool (references
+    /// reverse dedup made indirect while the next version holds the chunk
+    /// elsewhere; direct references of expired versions) since the pool
+    /// was last compacted: what a compaction could free, at most.
+    pub released_bytes: u64,
+}
+
+const STATE_NAME: &str = "lifecycle/state";
+
+/// The lifecycle's bookkeeping (empty when none is stored yet).
+pub fn load_state(repo: &Repository) -> Result<LifecycleState> {
+    match repo.get_struct(Kind::LifecycleState, STATE_NAME, "lifecycle state") {
+        Err(StoreError::NotFound(_)) => Ok(LifecycleState::default()),
+        // Derived bookkeeping: a damaged copy only delays a compaction.
+        Err(StoreError::Corrupt { .. }) => Ok(LifecycleState::default()),
+        other => other,
+    }
+}
+
+/// Replaces the lifecycle's bookkeeping.
+pub fn store_state(repo: &Repository, state: &LifecycleState) -> Result<()> {
+    let env = repo
+        .sealer()
+        .seal(Kind::LifecycleState, &encode(state)?, false)?;
+    repo.backend().put(STATE_NAME, &env)
+}
+
 /// The state of every snapshot under the policies, at time `now_ns`.
 pub fn version_states(
     snapshots: &[(String, Snapshot)],

@@ -40,7 +40,7 @@ use crate::error::{Result, StoreError};
 use crate::forget::count_ref;
 use crate::gc::{GcOptions, GcReport};
 use crate::index::{edit_index, RepoIndex};
-use crate::lifecycle::{list_policies, version_states, VersionState};
+use crate::lifecycle::{list_policies, load_state, store_state, version_states, VersionState};
 use crate::lock;
 use crate::progress::Progress;
 use crate::repo::{now_ns, Repository};
@@ -66,7 +66,29 @@ pub struct MaintainOptions {
     /// The time against which retention by age is judged (default: now).
     pub now_ns: Option<i64>,
     pub progress: Arc<Progress>,
+    /// Whether versions that left the live window are reverse-deduplicated
+    /// (expiry runs either way).
+    pub reverse_dedup: bool,
+    /// When the pool is compacted.
+    pub compact: Compact,
 }
+
+/// When `maintain` compacts the pool.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Compact {
+    /// Every run (`strata maintain`).
+    Always,
+    /// Once the bytes the lifecycle released since the last compaction
+    /// reach this fraction of the stored bytes (the incremental lifecycle
+    /// after each backup: compaction reads and rewrites containers, so it
+    /// waits until it pays).
+    WhenReleased(f64),
+}
+
+/// Fraction of the stored bytes the incremental lifecycle lets accumulate
+/// as released (possibly dead) pool bytes before it compacts.
+pub const INCREMENTAL_COMPACT_AT: f64 = 0.02;
 
 impl Default for MaintainOptions {
     fn default() -> Self {
@@ -76,6 +98,22 @@ impl Default for MaintainOptions {
             dry_run: false,
             now_ns: None,
             progress: Arc::new(Progress::default()),
+            reverse_dedup: true,
+            compact: Compact::Always,
+        }
+    }
+}
+
+impl MaintainOptions {
+    /// The lifecycle a backup runs after its commit: reverse dedup where
+    /// the index strategy relies on it (`segment`: new backups dedup only
+    /// whole segments and the previous version of each file), expiry, and
+    /// compaction once it pays.
+    pub fn incremental(repo: &Repository) -> Self {
+        MaintainOptions {
+            reverse_dedup: repo.config().index == "segment",
+            compact: Compact::WhenReleased(INCREMENTAL_COMPACT_AT),
+            ..Default::default()
         }
     }
 }
@@ -113,14 +151,61 @@ pub struct MaintainReport {
     pub stamped_bytes_freed: u64,
     /// Stamped containers left by an interrupted run, deleted.
     pub leftovers_deleted: u64,
-    /// The pool compaction after reverse dedup.
+    /// The pool compaction after reverse dedup (empty when it did not run).
     pub pool: GcReport,
+    /// Whether the pool was compacted.
+    pub compacted: bool,
+    /// Bytes released since the last compaction (0 right after one).
+    pub released_bytes: u64,
     pub bytes_before: u64,
     pub bytes_after: u64,
     pub seconds_expire: f64,
     pub seconds_convert: f64,
     pub seconds_compact: f64,
     pub dry_run: bool,
+}
+
+/// What the lifecycle run after a backup did.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum AfterBackup {
+    Done(MaintainReport),
+    /// Another command holds the repository; nothing is lost, the next
+    /// backup (or `strata maintain`) catches up.
+    Skipped {
+        reason: String,
+    },
+    /// The backup is committed, the lifecycle failed.
+    Failed {
+        error: String,
+    },
+}
+
+/// The incremental lifecycle a backup runs once its snapshot is committed
+/// and its own lock released ([`MaintainOptions::incremental`]). It needs
+/// the repository to itself and skips when another command holds it.
+pub fn after_backup(repo: &Repository) -> AfterBackup {
+    let _lock = match lock::acquire(repo, true, "lifecycle after backup") {
+        Ok(l) => l,
+        Err(StoreError::Locked { holder, .. }) => {
+            return AfterBackup::Skipped {
+                reason: format!(
+                    "the repository is in use ({holder}); the next backup or `strata maintain` catches up"
+                ),
+            }
+        }
+        Err(e) => {
+            return AfterBackup::Failed {
+                error: e.to_string(),
+            }
+        }
+    };
+    match maintain_locked(repo, &MaintainOptions::incremental(repo)) {
+        Ok(r) => AfterBackup::Done(r),
+        Err(e) => AfterBackup::Failed {
+            error: e.to_string(),
+        },
+    }
 }
 
 /// Runs the lifecycle: leftovers, expiry, reverse dedup, pool compaction.
@@ -137,8 +222,86 @@ pub(crate) fn maintain_locked(repo: &Repository, opts: &MaintainOptions) -> Resu
     let snaps = repo.list_snapshots()?;
     let idx = RepoIndex::load_summaries(repo)?;
     report.bytes_before = idx.stored_bytes();
+    delete_leftovers(repo, &snaps, &idx, opts.dry_run, &mut report)?;
 
-    // Stamped containers whose owner is not (or no longer) in archival form.
+    // Expiry (§2.5).
+    let t = std::time::Instant::now();
+    let policies = list_policies(repo)?;
+    let states = version_states(&snaps, &policies, opts.now_ns.unwrap_or_else(now_ns));
+    let expired: Vec<&(String, Snapshot)> = snaps
+        .iter()
+        .filter(|(id, _)| states.get(id) == Some(&VersionState::Expired))
+        .collect();
+    // What expired versions referenced in the pool may now be dead.
+    let mut released: u64 = expired
+        .iter()
+        .map(|(_, s)| match &s.archival {
+            Some(a) => a.direct_bytes,
+            None => s.stats.new_raw_bytes,
+        })
+        .sum();
+    report.expired = expired.iter().map(|(id, _)| id.clone()).collect();
+    if !report.expired.is_empty() && !opts.dry_run {
+        let f = crate::forget::forget_locked(repo, &report.expired)?;
+        report.rebased = f.rebased;
+        report.stamped_containers_deleted = f.stamped_containers_deleted;
+        report.stamped_bytes_freed = f.stamped_bytes_freed;
+    }
+    report.seconds_expire = t.elapsed().as_secs_f64();
+
+    // Reverse dedup of the versions that left the live window (§2.4).
+    let t = std::time::Instant::now();
+    opts.progress.totals_known.store(true, Ordering::Relaxed);
+    if opts.reverse_dedup {
+        report.converted = convert_due(repo, &states, opts.dry_run)?;
+        released += report
+            .converted
+            .iter()
+            .map(|c| c.released_bytes)
+            .sum::<u64>();
+    }
+    report.seconds_convert = t.elapsed().as_secs_f64();
+
+    // Chunk removal (§2.4.3): the pool keeps what any version references.
+    let t = std::time::Instant::now();
+    let mut state = load_state(repo)?;
+    state.released_bytes += released;
+    report.compacted = match opts.compact {
+        Compact::Always => true,
+        Compact::WhenReleased(f) => state.released_bytes as f64 >= f * report.bytes_before as f64,
+    };
+    if report.compacted {
+        let gc_opts = GcOptions {
+            threshold: opts.threshold,
+            separate: opts.separate,
+            dry_run: opts.dry_run,
+            progress: opts.progress.clone(),
+        };
+        compact_pool(repo, &gc_opts, &mut report.pool)?;
+        state.released_bytes = 0;
+    }
+    report.released_bytes = state.released_bytes;
+    if !opts.dry_run && (released > 0 || report.compacted) {
+        store_state(repo, &state)?;
+    }
+    report.seconds_compact = t.elapsed().as_secs_f64();
+    report.bytes_after = if opts.dry_run {
+        report.bytes_before
+    } else {
+        RepoIndex::load_summaries(repo)?.stored_bytes()
+    };
+    Ok(report)
+}
+
+/// Deletes stamped containers whose owner is not (or no longer) in
+/// archival form: leftovers of an interrupted run.
+fn delete_leftovers(
+    repo: &Repository,
+    snaps: &[(String, Snapshot)],
+    idx: &RepoIndex,
+    dry_run: bool,
+    report: &mut MaintainReport,
+) -> Result<()> {
     let archival: HashSet<&str> = snaps
         .iter()
         .filter(|(_, s)| s.archival.is_some())
@@ -155,31 +318,20 @@ pub(crate) fn maintain_locked(repo: &Repository, opts: &MaintainOptions) -> Resu
         .map(|(id, _)| *id)
         .collect();
     report.leftovers_deleted = leftovers.len() as u64;
-    if !opts.dry_run && !leftovers.is_empty() {
-        edit_index(repo, &idx, &leftovers, vec![])?;
+    if !dry_run && !leftovers.is_empty() {
+        edit_index(repo, idx, &leftovers, vec![])?;
         delete_containers(repo, leftovers.iter())?;
     }
+    Ok(())
+}
 
-    // Expiry (§2.5).
-    let t = std::time::Instant::now();
-    let policies = list_policies(repo)?;
-    let states = version_states(&snaps, &policies, opts.now_ns.unwrap_or_else(now_ns));
-    let expired: Vec<String> = snaps
-        .iter()
-        .filter(|(id, _)| states.get(id) == Some(&VersionState::Expired))
-        .map(|(id, _)| id.clone())
-        .collect();
-    if !expired.is_empty() && !opts.dry_run {
-        let f = crate::forget::forget_locked(repo, &expired)?;
-        report.rebased = f.rebased;
-        report.stamped_containers_deleted = f.stamped_containers_deleted;
-        report.stamped_bytes_freed = f.stamped_bytes_freed;
-    }
-    report.expired = expired;
-    report.seconds_expire = t.elapsed().as_secs_f64();
-
-    // Reverse dedup of the versions that left the live window (§2.4).
-    let t = std::time::Instant::now();
+/// Reverse-deduplicates every live-form version that left its series'
+/// live window, against the next version of its series.
+fn convert_due(
+    repo: &Repository,
+    states: &HashMap<String, VersionState>,
+    dry_run: bool,
+) -> Result<Vec<Converted>> {
     let snaps = repo.list_snapshots()?;
     let mut series: BTreeMap<&str, Vec<&(String, Snapshot)>> = BTreeMap::new();
     for s in &snaps {
@@ -196,35 +348,16 @@ pub(crate) fn maintain_locked(repo: &Repository, opts: &MaintainOptions) -> Resu
             }
         }
     }
-    let progress = &opts.progress;
-    progress.totals_known.store(true, Ordering::Relaxed);
     let mut recipe_users: HashMap<&str, usize> = HashMap::new();
     for (_, s) in &snaps {
         *recipe_users.entry(s.recipe.as_str()).or_default() += 1;
     }
+    let mut out = Vec::new();
     for ((vid, v), (nid, n)) in todo {
         let next = repo.load_recipe(&n.recipe)?;
-        let c = convert(repo, vid, v, nid, &next, opts.dry_run, &recipe_users)?;
-        report.converted.push(c);
+        out.push(convert(repo, vid, v, nid, &next, dry_run, &recipe_users)?);
     }
-    report.seconds_convert = t.elapsed().as_secs_f64();
-
-    // Chunk removal (§2.4.3): the pool keeps what any version references.
-    let t = std::time::Instant::now();
-    let gc_opts = GcOptions {
-        threshold: opts.threshold,
-        separate: opts.separate,
-        dry_run: opts.dry_run,
-        progress: opts.progress.clone(),
-    };
-    compact_pool(repo, &gc_opts, &mut report.pool)?;
-    report.seconds_compact = t.elapsed().as_secs_f64();
-    report.bytes_after = if opts.dry_run {
-        report.bytes_before
-    } else {
-        RepoIndex::load_summaries(repo)?.stored_bytes()
-    };
-    Ok(report)
+    Ok(out)
 }
 
 /// Reverse-deduplicates version `v` against `next`, the recipe of the next

@@ -1030,8 +1030,24 @@ fn similarity_backups_read_summaries_not_chunk_entries() {
         let mut versions = vec![env.version(&repo)];
         mutate(&env, 6);
         fb.faults().gets.clear();
-        versions.push(env.version(&repo));
+        // The backup alone (the lifecycle after it reads summaries).
+        let tree = env.tree();
+        let r = backup(
+            &repo,
+            BackupOptions {
+                paths: vec![env.src.clone()],
+                series: Some("faults".into()),
+                lifecycle: false,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let gets = std::mem::take(&mut fb.faults().gets);
+        versions.push(Version {
+            id: r.id,
+            recipe: r.snapshot.recipe,
+            tree,
+        });
         let index_reads = gets.iter().filter(|n| n.starts_with("index/")).count();
         let summary_reads = gets.iter().filter(|n| n.starts_with("isum/")).count();
         assert_eq!(index_reads > 0, reads_index, "{index}: read {gets:?}");

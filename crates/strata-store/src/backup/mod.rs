@@ -61,6 +61,10 @@ pub struct BackupOptions {
     pub excludes: Vec<String>,
     /// Absolute paths to leave out (the repository itself, for example).
     pub exclude_paths: Vec<PathBuf>,
+    /// Run the incremental lifecycle once the snapshot is committed
+    /// ([`crate::revdedup::after_backup`]): reverse dedup of the version
+    /// that left the live window, expiry, compaction once it pays.
+    pub lifecycle: bool,
 }
 
 impl Default for BackupOptions {
@@ -78,6 +82,7 @@ impl Default for BackupOptions {
             progress: Arc::new(Progress::default()),
             excludes: vec![],
             exclude_paths: vec![],
+            lifecycle: true,
         }
     }
 }
@@ -92,6 +97,8 @@ pub struct BackupReport {
     /// Bytes of changed files found in their previous version chunk by
     /// chunk (not stored again).
     pub parent_bytes: u64,
+    /// The lifecycle run after the commit, and its seconds.
+    pub lifecycle: Option<(crate::revdedup::AfterBackup, f64)>,
 }
 
 /// Default series name: host and the absolute paths.
@@ -320,10 +327,24 @@ fn apply_outcomes(
     }
 }
 
-/// Runs a backup and commits a new version.
-pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport> {
+/// Runs a backup and commits a new version, then (unless
+/// [`BackupOptions::lifecycle`] is off) the incremental lifecycle.
+pub fn backup(repo: &Repository, opts: BackupOptions) -> Result<BackupReport> {
+    let lifecycle = opts.lifecycle;
+    // Everything the backup held (index, previous recipe, its lock) is
+    // released before the lifecycle runs.
+    let mut report = backup_and_commit(repo, opts)?;
+    if lifecycle {
+        let t = std::time::Instant::now();
+        let r = crate::revdedup::after_backup(repo);
+        report.lifecycle = Some((r, t.elapsed().as_secs_f64()));
+    }
+    Ok(report)
+}
+
+fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport> {
     let started = std::time::Instant::now();
-    let _lock = lock::acquire(repo, false, "backup")?;
+    let lock = lock::acquire(repo, false, "backup")?;
     let chunker = opts.chunker.unwrap_or(repo.config().chunker);
     chunker.validate()?;
     let paths = normalise_paths(&opts.paths)?;
@@ -429,6 +450,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     snapshot.stats.new_stored_bytes = stored;
     snapshot.stats.duration_ms = started.elapsed().as_millis() as u64;
     let id = commit::commit_snapshot(repo, &mut snapshot)?;
+    drop(lock);
     Ok(BackupReport {
         id,
         snapshot,
@@ -436,5 +458,6 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         index_ram_bytes: strategy.ram_bytes(),
         reused_files: reused,
         parent_bytes: ctx.parent_bytes.load(Ordering::Relaxed),
+        lifecycle: None,
     })
 }
