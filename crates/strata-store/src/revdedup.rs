@@ -169,7 +169,7 @@ pub struct MaintainReport {
 #[derive(Clone, Debug, serde::Serialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum AfterBackup {
-    Done(MaintainReport),
+    Done(Box<MaintainReport>),
     /// Another command holds the repository; nothing is lost, the next
     /// backup (or `strata maintain`) catches up.
     Skipped {
@@ -201,7 +201,7 @@ pub fn after_backup(repo: &Repository) -> AfterBackup {
         }
     };
     match maintain_locked(repo, &MaintainOptions::incremental(repo)) {
-        Ok(r) => AfterBackup::Done(r),
+        Ok(r) => AfterBackup::Done(Box::new(r)),
         Err(e) => AfterBackup::Failed {
             error: e.to_string(),
         },
