@@ -246,7 +246,7 @@ impl World {
     fn backup(&mut self, s: usize, what: &str) {
         let src = &self.sources[s];
         self.backups += 1;
-        let lifecycle = self.backups % 2 == 0;
+        let lifecycle = self.backups.is_multiple_of(2);
         let r = backup(
             &self.repo,
             BackupOptions {
