@@ -989,6 +989,15 @@ fn maintain_text(rep: &strata_store::revdedup::MaintainReport, secs: f64) -> Str
     t
 }
 
+/// The process's peak resident memory so far (`VmHWM`), if the system
+/// tells.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// One line on what the lifecycle after a backup did.
 fn lifecycle_text(l: &strata_store::revdedup::AfterBackup, secs: f64) -> String {
     use strata_store::revdedup::AfterBackup;
@@ -1073,7 +1082,8 @@ fn cmd_backup(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
                 "read_bytes": s.stats.read_bytes, "new_chunks": s.stats.new_chunks,
                 "new_raw_bytes": s.stats.new_raw_bytes, "new_stored_bytes": s.stats.new_stored_bytes,
                 "reused_files": rep.reused_files, "seconds": secs, "index_ram_bytes": rep.index_ram_bytes,
-                "warnings": rep.warnings});
+                "warnings": rep.warnings, "threads": rep.threads, "stages": rep.stages,
+                "parent_bytes": rep.parent_bytes, "peak_rss_bytes": peak_rss_bytes()});
     if let Some((m, msecs)) = &maintained {
         v["maintain"] = serde_json::to_value(m)?;
         v["maintain"]["seconds"] = json!(msecs);
@@ -1104,10 +1114,25 @@ fn cmd_backup(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
                 secs,
                 fmt_bytes((s.stats.logical_bytes as f64 / secs.max(1e-3)) as u64)
             );
-            let text = match &rep.lifecycle {
+            let mut text = match &rep.lifecycle {
                 Some((l, lsecs)) => format!("{text}\n{}", lifecycle_text(l, *lsecs)),
                 None => text,
             };
+            if cli.verbose > 0 {
+                text += &format!("\n  stages ({} workers; busy seconds, busy/wall):", rep.threads);
+                for st in &rep.stages {
+                    text += &format!(
+                        "\n    {:<9} {:>7.2}s {:>5.2}  {}",
+                        serde_json::to_value(st.stage)
+                            .ok()
+                            .and_then(|v| v.as_str().map(String::from))
+                            .unwrap_or_default(),
+                        st.busy_seconds,
+                        st.busy_of_wall,
+                        fmt_bytes(st.bytes)
+                    );
+                }
+            }
             match &maintained {
                 Some((m, msecs)) => format!("{text}\n{}", maintain_text(m, *msecs)),
                 None => text,

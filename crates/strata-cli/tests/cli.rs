@@ -2184,3 +2184,49 @@ fn extended_attributes_roundtrip() {
         Some(&b"camera 8"[..])
     );
 }
+
+/// Issue 9: one large file is fingerprinted and compressed by both workers
+/// with `--threads 2`, by one with `--threads 1`; `backup --json` reports
+/// each stage's busy time per worker (and the peak RSS).
+#[test]
+fn one_large_file_uses_every_worker() {
+    let busy = |v: &Value, stage: &str| -> Vec<f64> {
+        let st = v["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["stage"] == stage)
+            .unwrap_or_else(|| panic!("no {stage} stage in {v:#}"));
+        st["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    };
+    for threads in [2usize, 1] {
+        let repo = Repo::new();
+        let src = repo.dir().join("src");
+        write(&src.join("big.img"), &prng(77 + threads as u64, 48 << 20));
+        let n = threads.to_string();
+        let v = repo.backup(&[&src], &["--threads", &n]);
+        assert_eq!(u(&v["threads"]) as usize, threads, "{v:#}");
+        assert!(u(&v["peak_rss_bytes"]) > 0, "{v:#}");
+        for stage in ["hash", "compress"] {
+            let t = busy(&v, stage);
+            // One entry per worker, then one for the other threads.
+            assert_eq!(t.len(), threads + 1, "{stage}: {t:?}");
+            assert!(
+                t[..threads].iter().all(|&x| x > 0.0),
+                "{stage} did not run on every worker: {t:?}"
+            );
+            assert_eq!(t[threads], 0.0, "{stage} ran outside the workers: {t:?}");
+        }
+        let t = repo.dir().join("t");
+        repo.restore("latest", &t);
+        assert!(
+            fs::read(restored(&t, &src).join("big.img")).unwrap()
+                == prng(77 + threads as u64, 48 << 20)
+        );
+    }
+}

@@ -148,6 +148,11 @@ impl<R: Read> ChunkStream<R> {
         self.buf
     }
 
+    /// The reader the stream reads from.
+    pub fn reader(&self) -> &R {
+        &self.reader
+    }
+
     /// Bytes handed out so far.
     pub fn position(&self) -> u64 {
         self.offset

@@ -11,6 +11,7 @@ use crate::error::{Result, StoreError};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// An object name and its size.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,8 +36,110 @@ pub trait Backend: Send + Sync {
     fn size(&self, name: &str) -> Result<Option<u64>>;
     /// Hints that these ranges will be read soon (prefetch).
     fn will_need(&self, _name: &str, _offset: u64, _len: u64) {}
+    /// A writer that streams a new object to storage as it is produced,
+    /// where the backend can (see [`create_object`]); `None` when objects
+    /// are put whole.
+    fn stream(&self, _name: &str) -> Result<Option<Box<dyn ObjectWriter>>> {
+        Ok(None)
+    }
     /// Where the repository is, for messages.
     fn describe(&self) -> String;
+}
+
+/// An object being written piece by piece. It becomes visible under its
+/// name, whole and durable, only at [`ObjectWriter::finish`]; dropped
+/// before that, it leaves nothing behind.
+pub trait ObjectWriter: Send {
+    fn write(&mut self, data: &[u8]) -> Result<()>;
+    /// Bytes written so far.
+    fn written(&self) -> u64;
+    /// Makes the object durable and visible.
+    fn finish(self: Box<Self>) -> Result<()>;
+}
+
+/// A writer for a new object `name`: streamed where the backend supports
+/// it (a local file is written as it goes, so memory holds only what is
+/// being produced), else buffered and put whole at the end.
+pub fn create_object(backend: &Arc<dyn Backend>, name: &str) -> Result<Box<dyn ObjectWriter>> {
+    if let Some(w) = backend.stream(name)? {
+        return Ok(w);
+    }
+    Ok(Box::new(Buffered {
+        backend: backend.clone(),
+        name: name.to_string(),
+        buf: Vec::new(),
+    }))
+}
+
+/// [`ObjectWriter`] over a whole-object put.
+struct Buffered {
+    backend: Arc<dyn Backend>,
+    name: String,
+    buf: Vec<u8>,
+}
+
+impl ObjectWriter for Buffered {
+    fn write(&mut self, data: &[u8]) -> Result<()> {
+        self.buf.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn written(&self) -> u64 {
+        self.buf.len() as u64
+    }
+
+    fn finish(self: Box<Self>) -> Result<()> {
+        self.backend.put(&self.name, &self.buf)
+    }
+}
+
+/// A local object being written: a temporary file in its directory, fsynced
+/// and renamed into place at the end (like [`LocalBackend::put`]).
+struct LocalWriter {
+    file: File,
+    tmp: PathBuf,
+    path: PathBuf,
+    name: String,
+    written: u64,
+    done: bool,
+}
+
+impl ObjectWriter for LocalWriter {
+    fn write(&mut self, data: &[u8]) -> Result<()> {
+        self.file
+            .write_all(data)
+            .map_err(|e| StoreError::io("write", &self.name, e))?;
+        self.written += data.len() as u64;
+        Ok(())
+    }
+
+    fn written(&self) -> u64 {
+        self.written
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<()> {
+        let dir = self
+            .path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let r = (|| {
+            self.file.sync_all()?;
+            fs::rename(&self.tmp, &self.path)?;
+            fsync_dir(&dir)
+        })();
+        r.map_err(|e| StoreError::io("write", &self.name, e))?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for LocalWriter {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
 }
 
 /// A repository in a local directory.
@@ -69,8 +172,9 @@ fn tmp_suffix() -> String {
     format!("{}-{}", std::process::id(), hex::encode(b))
 }
 
-impl Backend for LocalBackend {
-    fn put(&self, name: &str, data: &[u8]) -> Result<()> {
+impl LocalBackend {
+    /// The directory of object `name`, created (durably) if missing.
+    fn dir_of(&self, name: &str) -> Result<PathBuf> {
         let path = self.path(name);
         let dir = path
             .parent()
@@ -82,6 +186,33 @@ impl Backend for LocalBackend {
                 let _ = fsync_dir(pp);
             }
         }
+        Ok(dir.to_path_buf())
+    }
+}
+
+impl Backend for LocalBackend {
+    fn stream(&self, name: &str) -> Result<Option<Box<dyn ObjectWriter>>> {
+        let dir = self.dir_of(name)?;
+        let tmp = dir.join(format!(".tmp-{}", tmp_suffix()));
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(|e| StoreError::io("write", name, e))?;
+        Ok(Some(Box::new(LocalWriter {
+            file,
+            tmp,
+            path: self.path(name),
+            name: name.to_string(),
+            written: 0,
+            done: false,
+        })))
+    }
+
+    fn put(&self, name: &str, data: &[u8]) -> Result<()> {
+        let path = self.path(name);
+        let dir = self.dir_of(name)?;
+        let dir = dir.as_path();
         let tmp = dir.join(format!(".tmp-{}", tmp_suffix()));
         let result = (|| {
             let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;

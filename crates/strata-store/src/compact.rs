@@ -337,7 +337,7 @@ impl Outputs<'_> {
             }
         };
         if *last != Some(source) {
-            w.end_region();
+            w.end_region()?;
             *last = Some(source);
         }
         let loc = w.next_loc(data.len())?;

@@ -14,15 +14,18 @@
 //! `repair index` rebuild everything from data objects alone.
 //!
 //! Writers fill regions and containers in stream order on the backup
-//! worker threads; a [`ContainerSink`] thread compresses and seals the
-//! regions of each finished container in parallel and writes it, so reading
-//! and chunking continue while the previous container is compressed.
+//! worker threads, and compress, seal and write each region as soon as it
+//! is full (the container object is streamed to storage), so memory holds
+//! one region per writer and compression runs on every worker; a
+//! [`ContainerSink`] thread finishes each container (fsync, rename,
+//! metadata object) while the workers go on.
 
+use crate::backend::{create_object, ObjectWriter};
 use crate::error::{Result, StoreError};
 use crate::index::{ChunkLoc, ContainerTable};
 use crate::repo::{data_name, meta_name, now_ns, Repository};
+use crate::stages::{Stage, Stages};
 use crossbeam_channel::{bounded, Receiver, Sender};
-use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use strata_core::crypto::{random_bytes, Kind};
@@ -32,77 +35,49 @@ use strata_core::format::{
 };
 use strata_core::Fingerprint;
 
-/// A container whose regions are filled but not yet compressed or sealed.
-pub struct RawContainer {
-    pub id: ContainerId,
-    pub stamp: Option<Stamp>,
-    pub regions: Vec<Vec<u8>>,
-    pub chunks: Vec<ChunkEntry>,
-    pub segments: Vec<SegmentEntry>,
+/// Seals a region (zstd, then AEAD or checksum).
+pub fn seal_region(repo: &Repository, plain: &[u8]) -> Result<Vec<u8>> {
+    Ok(repo.sealer().seal(Kind::Region, plain, true)?)
 }
 
-/// Compresses and seals the regions (in parallel) and lays out the object.
-pub fn seal_container(repo: &Repository, raw: RawContainer) -> Result<(Vec<u8>, ContainerMeta)> {
+/// The metadata section and footer that close a data container whose
+/// header and regions take `meta_offset` bytes; `meta.data_len` is set to
+/// the object's final length.
+pub fn container_tail(
+    repo: &Repository,
+    meta: &mut ContainerMeta,
+    meta_offset: u64,
+) -> Result<Vec<u8>> {
     let sealer = repo.sealer();
-    let sealed: Vec<Vec<u8>> = raw
-        .regions
-        .par_iter()
-        .map(|r| sealer.seal(Kind::Region, r, true))
-        .collect::<Result<_, _>>()?;
-    let total: usize = sealed.iter().map(|s| s.len()).sum();
-    let mut data = Vec::with_capacity(CONTAINER_HEADER_LEN + total + 4096);
-    data.extend_from_slice(&container_header());
-    let mut regions = Vec::with_capacity(sealed.len());
-    for (s, r) in sealed.iter().zip(&raw.regions) {
-        regions.push(RegionInfo {
-            offset: data.len() as u64,
-            stored_len: s.len() as u32,
-            raw_len: r.len() as u32,
-        });
-        data.extend_from_slice(s);
-    }
-    let meta_offset = data.len() as u64;
-    let mut meta = ContainerMeta {
-        id: raw.id,
-        data_len: 0,
-        created: now_ns() / 1_000_000_000,
-        stamp: raw.stamp,
-        regions,
-        chunks: raw.chunks,
-        segments: raw.segments,
-    };
     // The data length is part of the metadata, and the metadata's own length
     // depends on it; postcard varints make the fixed point reachable in a
     // couple of rounds.
     let mut env;
     loop {
-        env = sealer.seal(Kind::ContainerMeta, &encode(&meta)?, true)?;
+        env = sealer.seal(Kind::ContainerMeta, &encode(&*meta)?, true)?;
         let len = meta_offset + env.len() as u64 + CONTAINER_FOOTER_LEN as u64;
         if len == meta.data_len {
             break;
         }
         meta.data_len = len;
     }
-    data.extend_from_slice(&env);
-    data.extend_from_slice(
+    let mut tail = env;
+    let meta_len = tail.len() as u32;
+    tail.extend_from_slice(
         &ContainerFooter {
             meta_offset,
-            meta_len: env.len() as u32,
+            meta_len,
         }
         .to_bytes(),
     );
-    debug_assert_eq!(data.len() as u64, meta.data_len);
-    Ok((data, meta))
+    Ok(tail)
 }
 
-/// Writes a sealed container: data object first, then its metadata object.
-pub fn write_container(repo: &Repository, data: &[u8], meta: &ContainerMeta) -> Result<u64> {
-    repo.backend().put(&data_name(&meta.id), data)?;
-    let env = repo
-        .sealer()
-        .seal(Kind::ContainerMeta, &encode(meta)?, true)?;
-    repo.backend().put(&meta_name(&meta.id), &env)?;
-    Ok(data.len() as u64 + env.len() as u64)
+/// A data container whose bytes are all written: the finisher makes it
+/// durable and writes its metadata object.
+pub struct Finished {
+    pub data: Box<dyn ObjectWriter>,
+    pub meta: ContainerMeta,
 }
 
 /// What a sink wrote.
@@ -112,73 +87,76 @@ pub struct SinkResult {
     pub stored_bytes: u64,
 }
 
-/// Background threads that seal and write finished containers: one seals
-/// (compressing regions in parallel), one writes and fsyncs, so the cores
-/// compress the next container while the disk takes the last one.
+/// The background thread that finishes containers: fsync and rename of the
+/// data object, then its metadata object (a metadata object always implies
+/// its data exists). Writers compress and write their regions themselves
+/// as they go, so the finisher only waits for the disk, and a bounded
+/// queue keeps memory to the writers' current regions.
 pub struct ContainerSink {
-    tx: Option<Sender<RawContainer>>,
-    sealer: Option<std::thread::JoinHandle<Result<()>>>,
+    tx: Option<Sender<Finished>>,
     handle: Option<std::thread::JoinHandle<Result<SinkResult>>>,
     pub stored_bytes: Arc<AtomicU64>,
+    stages: Option<Arc<Stages>>,
 }
 
 impl ContainerSink {
     pub fn start(repo: &Repository) -> Self {
-        let (tx, rx): (Sender<RawContainer>, Receiver<RawContainer>) = bounded(2);
-        // A rendezvous: at most one sealed container waits for the disk.
-        let (stx, srx) = bounded::<(Vec<u8>, ContainerMeta)>(0);
-        let sealer = {
-            let repo = repo.clone();
-            std::thread::spawn(move || -> Result<()> {
-                for raw in rx {
-                    let sealed = seal_container(&repo, raw)?;
-                    if stx.send(sealed).is_err() {
-                        // The writer failed; its error is the one to report.
-                        break;
-                    }
-                }
-                Ok(())
-            })
-        };
+        Self::with_stages(repo, None)
+    }
+
+    /// A sink whose writers and finisher report to `stages`.
+    pub fn with_stages(repo: &Repository, stages: Option<Arc<Stages>>) -> Self {
+        let (tx, rx): (Sender<Finished>, Receiver<Finished>) = bounded(2);
         let repo = repo.clone();
         let stored = Arc::new(AtomicU64::new(0));
         let stored2 = stored.clone();
+        let st = stages.clone();
         let handle = std::thread::spawn(move || {
             let mut res = SinkResult::default();
-            for (data, meta) in srx {
-                let n = write_container(&repo, &data, &meta)?;
+            for f in rx {
+                let t = std::time::Instant::now();
+                f.data.finish()?;
+                let env = repo
+                    .sealer()
+                    .seal(Kind::ContainerMeta, &encode(&f.meta)?, true)?;
+                repo.backend().put(&meta_name(&f.meta.id), &env)?;
+                let n = f.meta.data_len + env.len() as u64;
+                if let Some(s) = &st {
+                    s.add(Stage::Sync, t, n);
+                }
                 stored2.fetch_add(n, Ordering::Relaxed);
                 res.stored_bytes += n;
-                res.metas.push(meta);
+                res.metas.push(f.meta);
             }
             Ok(res)
         });
         ContainerSink {
             tx: Some(tx),
-            sealer: Some(sealer),
             handle: Some(handle),
             stored_bytes: stored,
+            stages,
         }
     }
 
-    pub fn sender(&self) -> Sender<RawContainer> {
+    pub fn sender(&self) -> Sender<Finished> {
         self.tx.clone().expect("sink is open until finish")
     }
 
-    /// Waits for every container to be written.
+    /// A container writer feeding this sink.
+    pub fn writer(&self, repo: &Repository, table: Arc<ContainerTable>) -> ContainerWriter {
+        let mut w = ContainerWriter::new(repo, table, self.sender());
+        w.stages = self.stages.clone();
+        w
+    }
+
+    /// Waits for every container to be finished.
     pub fn finish(mut self) -> Result<SinkResult> {
         drop(self.tx.take());
-        let panicked = || StoreError::Invalid("container writer thread panicked".into());
-        let sealed = self.sealer.take().map(|h| h.join());
-        let written = match self.handle.take().map(|h| h.join()) {
+        match self.handle.take().map(|h| h.join()) {
             Some(Ok(r)) => r,
-            _ => Err(panicked()),
-        };
-        // A write error stops the sealer too, so it comes first.
-        let res = written?;
-        match sealed {
-            Some(Ok(r)) => r.map(|()| res),
-            _ => Err(panicked()),
+            _ => Err(StoreError::Invalid(
+                "container writer thread panicked".into(),
+            )),
         }
     }
 }
@@ -186,28 +164,36 @@ impl ContainerSink {
 struct OpenContainer {
     id: ContainerId,
     cidx: u32,
-    regions: Vec<Vec<u8>>,
+    data: Box<dyn ObjectWriter>,
+    regions: Vec<RegionInfo>,
     cur: Vec<u8>,
     chunks: Vec<ChunkEntry>,
     segments: Vec<SegmentEntry>,
     raw: usize,
 }
 
-/// Packs chunks into regions and containers in stream order.
+/// Packs chunks into regions and containers in stream order; each region
+/// is compressed, sealed and written as soon as it is full, so a writer
+/// holds one region's plaintext, not a container.
 pub struct ContainerWriter {
+    repo: Repository,
     table: Arc<ContainerTable>,
-    sink: Sender<RawContainer>,
+    sink: Sender<Finished>,
     region_size: usize,
     container_size: usize,
     stamp: Option<Stamp>,
     open: Option<OpenContainer>,
     /// Index of the first chunk of the segment being packed whole, if any.
     segment_start: Option<(u32, u32)>,
+    stages: Option<Arc<Stages>>,
+    /// Nanoseconds spent compressing and writing regions so far.
+    io_ns: u64,
 }
 
 impl ContainerWriter {
-    pub fn new(repo: &Repository, table: Arc<ContainerTable>, sink: Sender<RawContainer>) -> Self {
+    pub fn new(repo: &Repository, table: Arc<ContainerTable>, sink: Sender<Finished>) -> Self {
         ContainerWriter {
+            repo: repo.clone(),
             table,
             sink,
             region_size: repo.config().region_size as usize,
@@ -215,6 +201,8 @@ impl ContainerWriter {
             stamp: None,
             open: None,
             segment_start: None,
+            stages: None,
+            io_ns: 0,
         }
     }
 
@@ -251,6 +239,11 @@ impl ContainerWriter {
         }
     }
 
+    /// Nanoseconds this writer spent compressing and writing regions.
+    pub fn io_ns(&self) -> u64 {
+        self.io_ns
+    }
+
     /// Containers written from now on carry this lifecycle stamp.
     pub fn set_stamp(&mut self, stamp: Option<Stamp>) {
         self.stamp = stamp;
@@ -259,20 +252,38 @@ impl ContainerWriter {
     /// Ends the current compression region: the next chunk starts a new
     /// one. Copy-forward keeps the chunks of one source region together,
     /// so their compression is never worse than where they came from.
-    pub fn end_region(&mut self) {
-        if let Some(c) = self.open.as_mut() {
-            Self::close_region(c);
-        }
+    pub fn end_region(&mut self) -> Result<()> {
+        self.close_region()
     }
 
-    fn close_region(c: &mut OpenContainer) {
-        if !c.cur.is_empty() {
-            // Keep the next region's buffer at full size from the start:
-            // growing it chunk by chunk would reallocate five times.
-            let cap = c.cur.capacity();
-            c.regions
-                .push(std::mem::replace(&mut c.cur, Vec::with_capacity(cap)));
+    /// Seals the current region and writes it to the container's object.
+    fn close_region(&mut self) -> Result<()> {
+        let Some(c) = self.open.as_mut() else {
+            return Ok(());
+        };
+        if c.cur.is_empty() {
+            return Ok(());
         }
+        let t0 = std::time::Instant::now();
+        let t = t0;
+        let sealed = seal_region(&self.repo, &c.cur)?;
+        if let Some(s) = &self.stages {
+            s.add(Stage::Compress, t, c.cur.len() as u64);
+        }
+        let t = std::time::Instant::now();
+        let offset = c.data.written();
+        c.data.write(&sealed)?;
+        if let Some(s) = &self.stages {
+            s.add(Stage::Write, t, sealed.len() as u64);
+        }
+        self.io_ns += t0.elapsed().as_nanos() as u64;
+        c.regions.push(RegionInfo {
+            offset,
+            stored_len: sealed.len() as u32,
+            raw_len: c.cur.len() as u32,
+        });
+        c.cur.clear();
+        Ok(())
     }
 
     /// Where the next chunk of `len` bytes will go, rolling over to a new
@@ -288,9 +299,12 @@ impl ContainerWriter {
             let mut id = [0u8; 16];
             random_bytes(&mut id)?;
             let id = ContainerId(id);
+            let mut data = create_object(self.repo.backend(), &data_name(&id))?;
+            data.write(&container_header())?;
             self.open = Some(OpenContainer {
                 id,
                 cidx: self.table.intern(id),
+                data,
                 regions: Vec::new(),
                 cur: Vec::with_capacity(self.region_size),
                 chunks: Vec::new(),
@@ -298,12 +312,16 @@ impl ContainerWriter {
                 raw: 0,
             });
         }
+        let full = self
+            .open
+            .as_ref()
+            .is_some_and(|c| !c.cur.is_empty() && c.cur.len() + len > self.region_size);
+        if full {
+            self.close_region()?;
+        }
         let c = self.open.as_mut().expect("opened above");
         if self.segment_start == Some((u32::MAX, 0)) {
             self.segment_start = Some((c.cidx, c.chunks.len() as u32));
-        }
-        if !c.cur.is_empty() && c.cur.len() + len > self.region_size {
-            Self::close_region(c);
         }
         Ok(ChunkLoc {
             container: c.cidx,
@@ -326,26 +344,33 @@ impl ContainerWriter {
         c.raw += data.len();
     }
 
-    /// Hands the open container to the sink.
+    /// Closes the open container and hands it to the sink's finisher.
     pub fn flush(&mut self) -> Result<()> {
-        if let Some(mut c) = self.open.take() {
-            Self::close_region(&mut c);
-            if c.chunks.is_empty() {
-                return Ok(());
-            }
-            self.sink
-                .send(RawContainer {
-                    id: c.id,
-                    stamp: self.stamp.clone(),
-                    regions: c.regions,
-                    chunks: c.chunks,
-                    segments: c.segments,
-                })
-                .map_err(|_| {
-                    StoreError::Invalid("container writer stopped (see the error above)".into())
-                })?;
+        self.close_region()?;
+        let Some(mut c) = self.open.take() else {
+            return Ok(());
+        };
+        if c.chunks.is_empty() {
+            // Nothing in it: dropping the writer removes the partial object.
+            return Ok(());
         }
-        Ok(())
+        let mut meta = ContainerMeta {
+            id: c.id,
+            data_len: 0,
+            created: now_ns() / 1_000_000_000,
+            stamp: self.stamp.clone(),
+            regions: c.regions,
+            chunks: c.chunks,
+            segments: c.segments,
+        };
+        let tail = container_tail(&self.repo, &mut meta, c.data.written())?;
+        c.data.write(&tail)?;
+        debug_assert_eq!(c.data.written(), meta.data_len);
+        self.sink
+            .send(Finished { data: c.data, meta })
+            .map_err(|_| {
+                StoreError::Invalid("container writer stopped (see the error above)".into())
+            })
     }
 }
 

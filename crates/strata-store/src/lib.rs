@@ -23,6 +23,7 @@ pub mod repo;
 pub mod restore;
 pub mod revdedup;
 pub mod similarity;
+pub mod stages;
 pub mod stats;
 
 pub use backend::{Backend, LocalBackend};

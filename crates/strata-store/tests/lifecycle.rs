@@ -254,6 +254,13 @@ impl World {
                 series: Some(series_name(s)),
                 threads: 2,
                 lifecycle,
+                // Every third backup reads every file through the block
+                // pipeline that large files take.
+                large_file: if self.backups.is_multiple_of(3) {
+                    0
+                } else {
+                    BackupOptions::default().large_file
+                },
                 ..Default::default()
             },
         )

@@ -470,6 +470,13 @@ fn run_case(c: &Case) {
                 chunker: chunker_for(fixed),
                 force_read,
                 threads,
+                // Every other thread count sends every file through the
+                // block pipeline that large files take.
+                large_file: if threads % 2 == 0 {
+                    0
+                } else {
+                    BackupOptions::default().large_file
+                },
                 ..Default::default()
             },
         )
@@ -547,6 +554,8 @@ fn run_case(c: &Case) {
                         paths: vec![src.clone()],
                         series: Some("prop".into()),
                         chunker: chunker_for(None),
+                        // Crashes inside the block pipeline.
+                        large_file: 0,
                         ..Default::default()
                     },
                 );

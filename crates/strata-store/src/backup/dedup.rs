@@ -1,23 +1,26 @@
-//! The dedup stage of a backup: read → chunk → fingerprint → index lookup
-//! → pack new chunks into containers, one work unit (a file, or a group of
-//! small files) per worker at a time.
-//!
-//! A segment the index strategy does not know is looked up chunk by chunk
-//! in the previous version of the same file ([`ParentFile`]) before its
-//! chunks are stored, so an edit stores only the chunks it changed.
+//! The dedup stage of a backup: a segment of fingerprinted chunks is looked
+//! up — in the previous version of the same file first ([`ParentFile`]),
+//! then in the index strategy — and its new chunks are packed into
+//! containers. Small files go through here whole on one worker
+//! ([`Ctx::process_small`], [`Ctx::process_group`]); large files and
+//! streams are cut into blocks and segments by [`super::pipeline`], which
+//! calls [`Ctx::store_segment`] from every worker.
 
-use super::parent::{Parent, ParentFile};
+use super::parent::ParentFile;
 use super::walk::{Job, Source};
 use crate::container::ContainerWriter;
 use crate::error::{Result, StoreError};
-use crate::index::{ChunkLoc, IndexStrategy};
+use crate::index::{ChunkLoc, ContainerTable, IndexStrategy};
 use crate::progress::Progress;
 use crate::repo::Repository;
+use crate::stages::{Stage, Stages};
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
 use strata_core::chunker::{ChunkStream, ChunkerParams, Segmenter};
 use strata_core::fingerprint::is_zero;
 use strata_core::format::{ChunkRef, Node, SegmentRef, ZERO_CHUNK};
@@ -37,22 +40,25 @@ pub(crate) enum Outcome {
 pub(crate) struct Ctx<'a> {
     pub repo: &'a Repository,
     pub strategy: &'a dyn IndexStrategy,
+    pub table: Arc<ContainerTable>,
     pub chunker: ChunkerParams,
     pub progress: &'a Progress,
-    pub parent: &'a Parent<'a>,
-    pub table: std::sync::Arc<crate::index::ContainerTable>,
+    pub stages: Arc<Stages>,
+    pub parent: &'a super::parent::Parent<'a>,
     pub abort: AtomicBool,
     pub new_chunks: AtomicU64,
     pub new_raw: AtomicU64,
     pub read_bytes: AtomicU64,
-    /// Chunks (and bytes) found in the previous version of their file.
-    pub parent_chunks: AtomicU64,
+    /// Bytes found in the previous version of their file.
     pub parent_bytes: AtomicU64,
+    /// Files at least this large (and streams) go through the block
+    /// pipeline that spreads one file over every worker.
+    pub large_file: u64,
 }
 
 /// A chunk's fingerprint, and whether it is all zeros (never stored, so
 /// not hashed).
-fn chunk_fp(hasher: &strata_core::Hasher, chunk: &[u8]) -> (Fingerprint, bool) {
+pub(crate) fn chunk_fp(hasher: &strata_core::Hasher, chunk: &[u8]) -> (Fingerprint, bool) {
     if is_zero(chunk) {
         (Fingerprint::ZERO, true)
     } else {
@@ -60,7 +66,58 @@ fn chunk_fp(hasher: &strata_core::Hasher, chunk: &[u8]) -> (Fingerprint, bool) {
     }
 }
 
-/// Bytes of a segment's non-zero chunks the strategy did not find.
+/// One chunk of a segment being formed; `start` indexes the segment's data
+/// (all-zero chunks have none).
+#[derive(Clone, Copy)]
+pub(crate) struct PendingChunk {
+    pub fp: Fingerprint,
+    pub start: usize,
+    pub len: u32,
+    pub zero: bool,
+}
+
+/// A segment ready to be looked up and stored: its chunks, the bytes of
+/// its non-zero chunks, and its offset in the file.
+#[derive(Default)]
+pub(crate) struct SegmentJob {
+    pub chunks: Vec<PendingChunk>,
+    pub data: Vec<u8>,
+    pub at: u64,
+}
+
+impl SegmentJob {
+    pub fn push(&mut self, fp: Fingerprint, zero: bool, chunk: &[u8]) {
+        self.chunks.push(PendingChunk {
+            fp,
+            start: self.data.len(),
+            len: chunk.len() as u32,
+            zero,
+        });
+        if !zero {
+            self.data.extend_from_slice(chunk);
+        }
+    }
+
+    /// Plaintext bytes, zero chunks included.
+    pub fn len(&self) -> u64 {
+        self.chunks.iter().map(|c| c.len as u64).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    /// The fingerprints of its non-zero chunks.
+    fn fps(&self) -> Vec<Fingerprint> {
+        self.chunks
+            .iter()
+            .filter(|c| !c.zero)
+            .map(|c| c.fp)
+            .collect()
+    }
+}
+
+/// Bytes of a segment's non-zero chunks not found anywhere.
 fn new_bytes_of(chunks: &[PendingChunk], found: &[Option<ChunkLoc>]) -> usize {
     chunks
         .iter()
@@ -78,48 +135,95 @@ pub(crate) struct WorkerBuffers {
     segment: Vec<u8>,
 }
 
-struct PendingChunk {
-    fp: Fingerprint,
-    start: usize,
-    len: u32,
-    zero: bool,
+/// A reader that counts the time spent in `read` as the read stage.
+pub(crate) struct TimedRead<R> {
+    pub inner: R,
+    pub stages: Arc<Stages>,
+    /// Nanoseconds spent reading so far.
+    pub ns: u64,
+}
+
+impl<R: Read> Read for TimedRead<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let t = Instant::now();
+        let r = self.inner.read(buf);
+        self.ns += t.elapsed().as_nanos() as u64;
+        self.stages
+            .add(Stage::Read, t, *r.as_ref().unwrap_or(&0) as u64);
+        r
+    }
 }
 
 impl<'a> Ctx<'a> {
-    /// Looks a segment up, stores what is new and records its reference.
-    /// `at` is the segment's offset in its file.
-    fn finish_segment(
+    /// Looks up the chunks of `job` in the previous version of its file.
+    pub fn parent_lookup(
+        &self,
+        prev: Option<&mut ParentFile<'_>>,
+        job: &SegmentJob,
+    ) -> Vec<Option<ChunkLoc>> {
+        let n = job.chunks.iter().filter(|c| !c.zero).count();
+        let Some(prev) = prev else {
+            return vec![None; n];
+        };
+        let t = Instant::now();
+        prev.window(job.at, job.at + job.len());
+        let mut found = Vec::with_capacity(n);
+        let mut offset = job.at;
+        let mut bytes = 0u64;
+        for c in &job.chunks {
+            if !c.zero {
+                let f = prev.find(&c.fp, offset);
+                if f.is_some() {
+                    bytes += c.len as u64;
+                }
+                found.push(f);
+            }
+            offset += c.len as u64;
+        }
+        self.parent_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.stages.add(Stage::Lookup, t, job.len());
+        found
+    }
+
+    /// Looks a segment up in the index strategy (for the chunks the
+    /// previous version did not have), stores what is new and returns its
+    /// reference.
+    pub fn store_segment(
         &self,
         writer: &mut ContainerWriter,
-        data: &[u8],
-        chunks: &mut Vec<PendingChunk>,
-        out: &mut Vec<SegmentRef>,
-        prev: Option<&mut ParentFile<'_>>,
-        at: u64,
-    ) -> Result<()> {
-        if chunks.is_empty() {
-            return Ok(());
-        }
+        job: &SegmentJob,
+        mut found: Vec<Option<ChunkLoc>>,
+    ) -> Result<SegmentRef> {
+        let t = Instant::now();
         let hasher = self.repo.hasher();
-        let seg_fp = hasher.hash_fingerprints(chunks.iter().map(|c| &c.fp));
-        let fps: Vec<Fingerprint> = chunks.iter().filter(|c| !c.zero).map(|c| c.fp).collect();
-        let mut found: Vec<Option<ChunkLoc>> = self.strategy.lookup_segment(&seg_fp, &fps);
-        // A segment-level strategy that did not find the segment made this
-        // worker its storer: it must record or release it on every path.
-        let storer = self.strategy.whole_segments() && found.iter().any(|f| f.is_none());
-        if let (Some(prev), true) = (prev, found.iter().any(|f| f.is_none())) {
-            self.fill_from_parent(prev, chunks, &mut found, at);
+        let seg_fp = hasher.hash_fingerprints(job.chunks.iter().map(|c| &c.fp));
+        // A segment-level strategy that does not know the segment makes
+        // this worker its storer: it must record or release it on every
+        // path.
+        let mut storer = false;
+        if found.iter().any(|f| f.is_none()) {
+            let known = self.strategy.lookup_segment(&seg_fp, &job.fps());
+            storer = self.strategy.whole_segments() && known.iter().any(|f| f.is_none());
+            for (f, k) in found.iter_mut().zip(known) {
+                if k.is_some() {
+                    *f = k;
+                }
+            }
         }
+        self.stages.add(Stage::Lookup, t, 0);
+        let t = Instant::now();
+        let io_before = writer.io_ns();
         // Segment-level strategies store a new segment whole, in one
         // container; `appended` counts what this segment added there.
         let whole = storer && found.iter().any(|f| f.is_none());
         let all_new = found.iter().all(|f| f.is_none());
+        let new_bytes = new_bytes_of(&job.chunks, &found);
         let stored = if whole {
             writer
-                .begin_segment(new_bytes_of(chunks, &found))
-                .and_then(|()| self.store_chunks(writer, data, chunks.drain(..), found))
+                .begin_segment(new_bytes)
+                .and_then(|()| self.store_chunks(writer, &job.data, &job.chunks, found))
         } else {
-            self.store_chunks(writer, data, chunks.drain(..), found)
+            self.store_chunks(writer, &job.data, &job.chunks, found)
         };
         let (refs, appended, stored_locs) = match stored {
             Ok(v) => v,
@@ -139,55 +243,31 @@ impl<'a> Ctx<'a> {
             }
         }
         self.segment_done(&seg_fp, &refs, appended as usize)?;
-        out.push(SegmentRef {
+        // Packing, less the compression and writes it triggered (counted
+        // apart by the writer).
+        let io = std::time::Duration::from_nanos(writer.io_ns() - io_before);
+        self.stages
+            .add(Stage::Store, t + io.min(t.elapsed()), new_bytes as u64);
+        Ok(SegmentRef {
             fp: seg_fp,
             chunks: refs,
-        });
-        Ok(())
+        })
     }
 
-    /// Fills the chunks `found` lacks from the previous version of the
-    /// file, where it has them.
-    fn fill_from_parent(
-        &self,
-        prev: &mut ParentFile<'_>,
-        chunks: &[PendingChunk],
-        found: &mut [Option<ChunkLoc>],
-        at: u64,
-    ) {
-        let end = at + chunks.iter().map(|c| c.len as u64).sum::<u64>();
-        prev.window(at, end);
-        let mut offset = at;
-        let mut slots = found.iter_mut();
-        for c in chunks {
-            if !c.zero {
-                let slot = slots.next().expect("one slot per non-zero chunk");
-                if slot.is_none() {
-                    *slot = prev.find(&c.fp, offset);
-                    if slot.is_some() {
-                        self.parent_chunks.fetch_add(1, Ordering::Relaxed);
-                        self.parent_bytes.fetch_add(c.len as u64, Ordering::Relaxed);
-                    }
-                }
-            }
-            offset += c.len as u64;
-        }
-    }
-
-    /// Stores the chunks the strategy did not find (claiming each, so two
-    /// workers never store one twice) and returns every chunk's reference,
-    /// how many this call appended, and where.
+    /// Stores the chunks nobody has (claiming each, so two workers never
+    /// store one twice) and returns every chunk's reference, how many this
+    /// call appended, and where.
     fn store_chunks(
         &self,
         writer: &mut ContainerWriter,
         data: &[u8],
-        chunks: impl Iterator<Item = PendingChunk>,
+        chunks: &[PendingChunk],
         found: Vec<Option<ChunkLoc>>,
     ) -> Result<(Vec<ChunkRef>, u32, Vec<ChunkLoc>)> {
         let mut appended = 0u32;
         let mut stored_locs = Vec::new();
         let mut found = found.into_iter();
-        let mut refs = Vec::new();
+        let mut refs = Vec::with_capacity(chunks.len());
         for c in chunks {
             if c.zero {
                 refs.push(ChunkRef {
@@ -227,139 +307,6 @@ impl<'a> Ctx<'a> {
         Ok((refs, appended, stored_locs))
     }
 
-    /// Small files of one directory looked up as one segment (SiLo §3.2,
-    /// P1): each file is read and chunked whole, then one lookup covers
-    /// them all; each file still gets its own segment in the recipe.
-    pub fn process_group(
-        &self,
-        writer: &mut ContainerWriter,
-        bufs: &mut WorkerBuffers,
-        jobs: &[&Job],
-        nodes: &[Node],
-    ) -> Result<Vec<(usize, Outcome)>> {
-        let hasher = self.repo.hasher();
-        let data = &mut bufs.segment;
-        data.clear();
-        let mut pending: Vec<PendingChunk> = Vec::new();
-        // Per file: node, first pending chunk, size, warning.
-        let mut files: Vec<(usize, usize, u64, Option<String>)> = Vec::new();
-        let mut out = Vec::new();
-        for job in jobs {
-            if self.abort.load(Ordering::Relaxed) {
-                return Err(StoreError::Cancelled);
-            }
-            let Source::Path(p) = &job.source else {
-                return Err(StoreError::Invalid(
-                    "only files are grouped for lookup".into(),
-                ));
-            };
-            let mut f = match open_source(p) {
-                Ok(f) => f,
-                Err(e) => {
-                    out.push((job.node, Outcome::Failed(format!("{}: {e}", p.display()))));
-                    continue;
-                }
-            };
-            let (first, data_mark) = (pending.len(), data.len());
-            // The worker's read buffer (MBs) is reused: zeroing a fresh one
-            // per small file cost more than reading the file.
-            let mut stream = ChunkStream::with_buffer(
-                &mut f as &mut dyn Read,
-                self.chunker,
-                std::mem::take(&mut bufs.read),
-            );
-            let mut failed = None;
-            loop {
-                let next = match stream.next_chunk() {
-                    Ok(n) => n,
-                    Err(e) => {
-                        failed = Some(format!("read error: {e}"));
-                        break;
-                    }
-                };
-                let Some((_, chunk)) = next else { break };
-                let (fp, zero) = chunk_fp(hasher, chunk);
-                pending.push(PendingChunk {
-                    fp,
-                    start: data.len(),
-                    len: chunk.len() as u32,
-                    zero,
-                });
-                if !zero {
-                    data.extend_from_slice(chunk);
-                }
-                self.progress
-                    .bytes_done
-                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                self.read_bytes
-                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-            }
-            let size = stream.position();
-            bufs.read = stream.into_buffer();
-            if let Some(m) = failed {
-                pending.truncate(first);
-                data.truncate(data_mark);
-                out.push((job.node, Outcome::Failed(format!("{}: {m}", p.display()))));
-                continue;
-            }
-            self.progress.files_done.fetch_add(1, Ordering::Relaxed);
-            files.push((
-                job.node,
-                first,
-                size,
-                changed_warning(&f, p, size, &nodes[job.node]),
-            ));
-        }
-        if pending.is_empty() {
-            for (node, _, size, warning) in files {
-                out.push((
-                    node,
-                    Outcome::Done {
-                        segments: vec![],
-                        size,
-                        warning,
-                    },
-                ));
-            }
-            return Ok(out);
-        }
-        let group_fp = hasher.hash_fingerprints(pending.iter().map(|c| &c.fp));
-        let fps: Vec<Fingerprint> = pending.iter().filter(|c| !c.zero).map(|c| c.fp).collect();
-        let found = self.strategy.lookup_segment(&group_fp, &fps);
-        let per_file: Vec<Fingerprint> = files
-            .iter()
-            .enumerate()
-            .map(|(i, f)| {
-                let end = files.get(i + 1).map_or(pending.len(), |n| n.1);
-                hasher.hash_fingerprints(pending[f.1..end].iter().map(|c| &c.fp))
-            })
-            .collect();
-        let total = pending.len();
-        let (refs, appended, _) = self.store_chunks(writer, data, pending.drain(..), found)?;
-        self.segment_done(&group_fp, &refs, appended as usize)?;
-        for (i, (node, first, size, warning)) in files.iter().enumerate() {
-            let end = files.get(i + 1).map_or(total, |n| n.1);
-            let chunks = refs[*first..end].to_vec();
-            let segments = if chunks.is_empty() {
-                vec![]
-            } else {
-                vec![SegmentRef {
-                    fp: per_file[i],
-                    chunks,
-                }]
-            };
-            out.push((
-                *node,
-                Outcome::Done {
-                    segments,
-                    size: *size,
-                    warning: warning.clone(),
-                },
-            ));
-        }
-        Ok(out)
-    }
-
     /// Tells the strategy a segment (or group) is stored.
     fn segment_done(&self, seg_fp: &Fingerprint, refs: &[ChunkRef], new: usize) -> Result<()> {
         let chunks: Vec<(Fingerprint, ChunkLoc)> = refs
@@ -381,75 +328,88 @@ impl<'a> Ctx<'a> {
         self.strategy.segment_done(seg_fp, &chunks, bytes, new)
     }
 
-    /// Reads one source. `Ok(Err(msg))` is a per-file problem (a warning);
-    /// `Err` is fatal for the whole backup.
-    fn process(
+    /// Reads one whole stream into `job`'s segments on this worker:
+    /// chunks, fingerprints, cuts segments, stores each. `Ok(Err(msg))` is
+    /// a problem of this file (a warning); `Err` ends the backup.
+    fn process_stream(
         &self,
         writer: &mut ContainerWriter,
         bufs: &mut WorkerBuffers,
         reader: &mut dyn Read,
         path: &[u8],
-    ) -> Result<Result<(Vec<SegmentRef>, u64), String>> {
+    ) -> Result<std::result::Result<(Vec<SegmentRef>, u64), String>> {
+        let timed = TimedRead {
+            inner: reader,
+            stages: self.stages.clone(),
+            ns: 0,
+        };
         let mut stream =
-            ChunkStream::with_buffer(reader, self.chunker, std::mem::take(&mut bufs.read));
+            ChunkStream::with_buffer(timed, self.chunker, std::mem::take(&mut bufs.read));
         let mut prev = self.parent.file(path);
-        let r = self.process_stream(writer, &mut bufs.segment, &mut stream, prev.as_mut());
+        let mut seg = Segmenter::new(&self.chunker);
+        let mut job = SegmentJob {
+            data: std::mem::take(&mut bufs.segment),
+            ..Default::default()
+        };
+        job.data.clear();
+        let mut segments = Vec::new();
+        let hasher = self.repo.hasher();
+        let result = loop {
+            if self.abort.load(Ordering::Relaxed) {
+                break Err(StoreError::Cancelled);
+            }
+            let t = Instant::now();
+            let read_before = stream.reader().ns;
+            let next = stream.next_chunk();
+            let chunked = t.elapsed().as_nanos() as u64;
+            let next = match next {
+                Ok(n) => n,
+                Err(e) => break Ok(Err(format!("read error: {e}"))),
+            };
+            let Some((offset, chunk)) = next else {
+                break Ok(Ok(()));
+            };
+            let th = Instant::now();
+            let (fp, zero) = chunk_fp(hasher, chunk);
+            self.stages.add(Stage::Hash, th, chunk.len() as u64);
+            if job.is_empty() {
+                job.at = offset;
+            }
+            job.push(fp, zero, chunk);
+            let len = job.chunks.last().map_or(0, |c| c.len as u64);
+            // Chunking is the time in `next_chunk` not spent in `read`.
+            let read_ns = stream.reader().ns - read_before;
+            let not_read = std::time::Duration::from_nanos(chunked.saturating_sub(read_ns));
+            self.stages
+                .add(Stage::Chunk, Instant::now() - not_read, len);
+            self.progress.bytes_done.fetch_add(len, Ordering::Relaxed);
+            self.read_bytes.fetch_add(len, Ordering::Relaxed);
+            if seg.push(&fp, len as u32) {
+                let found = self.parent_lookup(prev.as_mut(), &job);
+                segments.push(self.store_segment(writer, &job, found)?);
+                job.chunks.clear();
+                job.data.clear();
+            }
+        };
+        let size = stream.position();
         bufs.read = stream.into_buffer();
+        let r = match result? {
+            Err(m) => Ok(Err(m)),
+            Ok(()) => {
+                if !job.is_empty() {
+                    let found = self.parent_lookup(prev.as_mut(), &job);
+                    segments.push(self.store_segment(writer, &job, found)?);
+                }
+                Ok(Ok((segments, size)))
+            }
+        };
+        job.data.clear();
+        bufs.segment = job.data;
         r
     }
 
-    fn process_stream(
-        &self,
-        writer: &mut ContainerWriter,
-        data: &mut Vec<u8>,
-        stream: &mut ChunkStream<&mut dyn Read>,
-        mut prev: Option<&mut ParentFile<'_>>,
-    ) -> Result<Result<(Vec<SegmentRef>, u64), String>> {
-        let mut seg = Segmenter::new(&self.chunker);
-        data.clear();
-        let mut pending: Vec<PendingChunk> = Vec::new();
-        let mut segments = Vec::new();
-        let hasher = self.repo.hasher();
-        // Offset of the pending segment in the file.
-        let mut at = 0u64;
-        loop {
-            if self.abort.load(Ordering::Relaxed) {
-                return Err(StoreError::Cancelled);
-            }
-            let next = match stream.next_chunk() {
-                Ok(n) => n,
-                Err(e) => return Ok(Err(format!("read error: {e}"))),
-            };
-            let Some((offset, chunk)) = next else { break };
-            let (fp, zero) = chunk_fp(hasher, chunk);
-            let len = chunk.len() as u32;
-            if pending.is_empty() {
-                at = offset;
-            }
-            pending.push(PendingChunk {
-                fp,
-                start: data.len(),
-                len,
-                zero,
-            });
-            if !zero {
-                data.extend_from_slice(chunk);
-            }
-            self.progress
-                .bytes_done
-                .fetch_add(len as u64, Ordering::Relaxed);
-            self.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
-            if seg.push(&fp, len) {
-                let p = prev.as_deref_mut();
-                self.finish_segment(writer, data, &mut pending, &mut segments, p, at)?;
-                data.clear();
-            }
-        }
-        self.finish_segment(writer, data, &mut pending, &mut segments, prev, at)?;
-        Ok(Ok((segments, stream.position())))
-    }
-
-    pub fn process_job(
+    /// Backs one job up whole on this worker.
+    pub fn process_small(
         &self,
         writer: &mut ContainerWriter,
         bufs: &mut WorkerBuffers,
@@ -463,21 +423,23 @@ impl<'a> Ctx<'a> {
                     .unwrap_or_else(|e| e.into_inner())
                     .take()
                     .ok_or_else(|| StoreError::Invalid("stream read twice".into()))?;
-                Ok(match self.process(writer, bufs, &mut r, &expect.path)? {
-                    Ok((segments, size)) => Outcome::Done {
-                        segments,
-                        size,
-                        warning: None,
+                Ok(
+                    match self.process_stream(writer, bufs, &mut r, &expect.path)? {
+                        Ok((segments, size)) => Outcome::Done {
+                            segments,
+                            size,
+                            warning: None,
+                        },
+                        Err(m) => Outcome::Failed(format!("stdin: {m}")),
                     },
-                    Err(m) => Outcome::Failed(format!("stdin: {m}")),
-                })
+                )
             }
             Source::Path(p) => {
                 let mut f = match open_source(p) {
                     Ok(f) => f,
                     Err(e) => return Ok(Outcome::Failed(format!("{}: {e}", p.display()))),
                 };
-                let r = self.process(writer, bufs, &mut f, &expect.path)?;
+                let r = self.process_stream(writer, bufs, &mut f, &expect.path)?;
                 let (segments, size) = match r {
                     Ok(x) => x,
                     Err(m) => return Ok(Outcome::Failed(format!("{}: {m}", p.display()))),
@@ -490,6 +452,116 @@ impl<'a> Ctx<'a> {
                 })
             }
         }
+    }
+
+    /// Small files of one directory looked up as one segment (SiLo §3.2,
+    /// P1): each file is read and chunked whole, then one lookup covers
+    /// them all; each file still gets its own segment in the recipe.
+    pub fn process_group(
+        &self,
+        writer: &mut ContainerWriter,
+        bufs: &mut WorkerBuffers,
+        jobs: &[&Job],
+        nodes: &[Node],
+    ) -> Result<Vec<(usize, Outcome)>> {
+        let hasher = self.repo.hasher();
+        let mut group = SegmentJob {
+            data: std::mem::take(&mut bufs.segment),
+            ..Default::default()
+        };
+        group.data.clear();
+        // Per file: node, first chunk, size, warning.
+        let mut files: Vec<(usize, usize, u64, Option<String>)> = Vec::new();
+        let mut out = Vec::new();
+        for job in jobs {
+            if self.abort.load(Ordering::Relaxed) {
+                return Err(StoreError::Cancelled);
+            }
+            let Source::Path(p) = &job.source else {
+                return Err(StoreError::Invalid(
+                    "only files are grouped for lookup".into(),
+                ));
+            };
+            let mut f = match open_source(p) {
+                Ok(f) => f,
+                Err(e) => {
+                    out.push((job.node, Outcome::Failed(format!("{}: {e}", p.display()))));
+                    continue;
+                }
+            };
+            let (first, data_mark) = (group.chunks.len(), group.data.len());
+            let timed = TimedRead {
+                inner: &mut f as &mut dyn Read,
+                stages: self.stages.clone(),
+                ns: 0,
+            };
+            // The worker's read buffer (MBs) is reused: zeroing a fresh one
+            // per small file cost more than reading the file.
+            let mut stream =
+                ChunkStream::with_buffer(timed, self.chunker, std::mem::take(&mut bufs.read));
+            let mut failed = None;
+            loop {
+                let next = match stream.next_chunk() {
+                    Ok(n) => n,
+                    Err(e) => {
+                        failed = Some(format!("read error: {e}"));
+                        break;
+                    }
+                };
+                let Some((_, chunk)) = next else { break };
+                let t = Instant::now();
+                let (fp, zero) = chunk_fp(hasher, chunk);
+                self.stages.add(Stage::Hash, t, chunk.len() as u64);
+                group.push(fp, zero, chunk);
+                let len = chunk.len() as u64;
+                self.progress.bytes_done.fetch_add(len, Ordering::Relaxed);
+                self.read_bytes.fetch_add(len, Ordering::Relaxed);
+            }
+            let size = stream.position();
+            bufs.read = stream.into_buffer();
+            if let Some(m) = failed {
+                group.chunks.truncate(first);
+                group.data.truncate(data_mark);
+                out.push((job.node, Outcome::Failed(format!("{}: {m}", p.display()))));
+                continue;
+            }
+            self.progress.files_done.fetch_add(1, Ordering::Relaxed);
+            files.push((
+                job.node,
+                first,
+                size,
+                changed_warning(&f, p, size, &nodes[job.node]),
+            ));
+        }
+        let total = group.chunks.len();
+        let stored = if group.is_empty() {
+            None
+        } else {
+            let n = group.fps().len();
+            Some(self.store_segment(writer, &group, vec![None; n])?)
+        };
+        for (i, (node, first, size, warning)) in files.iter().enumerate() {
+            let end = files.get(i + 1).map_or(total, |n| n.1);
+            let segments = match &stored {
+                Some(g) if end > *first => {
+                    let chunks = g.chunks[*first..end].to_vec();
+                    let fp = hasher.hash_fingerprints(chunks.iter().map(|c| &c.fp));
+                    vec![SegmentRef { fp, chunks }]
+                }
+                _ => vec![],
+            };
+            out.push((
+                *node,
+                Outcome::Done {
+                    segments,
+                    size: *size,
+                    warning: warning.clone(),
+                },
+            ));
+        }
+        group.data.clear();
+        bufs.segment = group.data;
+        Ok(out)
     }
 }
 
@@ -510,7 +582,7 @@ pub(crate) fn open_source(p: &Path) -> std::io::Result<File> {
 
 /// A file modified while it was read is kept as read, with a warning
 /// (restic and borg do the same).
-fn changed_warning(f: &File, p: &Path, size: u64, expect: &Node) -> Option<String> {
+pub(crate) fn changed_warning(f: &File, p: &Path, size: u64, expect: &Node) -> Option<String> {
     let after = f.metadata().ok()?;
     let t = after.mtime() * 1_000_000_000 + after.mtime_nsec();
     (after.len() != size || t != expect.mtime_ns || size != expect.size).then(|| {

@@ -16,22 +16,23 @@
 mod commit;
 mod dedup;
 mod parent;
+mod pipeline;
 mod walk;
 
 pub use crate::progress::Progress;
 pub use walk::{read_xattrs, Excludes};
 
-use crate::container::{ContainerSink, ContainerWriter, SinkResult};
 use crate::error::{Result, StoreError};
 use crate::index::{build_strategy, ContainerTable, RepoIndex};
 use crate::lock;
 use crate::repo::{now_ns, Repository};
-use dedup::{Ctx, Outcome, WorkerBuffers};
+use crate::stages::{Stage, StageReport, Stages};
+use dedup::{Ctx, Outcome};
 use parent::Parent;
 use std::collections::HashSet;
 use std::io::Read;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use strata_core::chunker::ChunkerParams;
 use strata_core::crypto::Kind;
@@ -65,6 +66,10 @@ pub struct BackupOptions {
     /// ([`crate::revdedup::after_backup`]): reverse dedup of the version
     /// that left the live window, expiry, compaction once it pays.
     pub lifecycle: bool,
+    /// Files at least this large (and streams) are cut into blocks whose
+    /// fingerprinting, lookups, packing and compression spread over every
+    /// worker; smaller files are one worker's task each.
+    pub large_file: u64,
 }
 
 impl Default for BackupOptions {
@@ -83,6 +88,7 @@ impl Default for BackupOptions {
             excludes: vec![],
             exclude_paths: vec![],
             lifecycle: true,
+            large_file: pipeline::LARGE,
         }
     }
 }
@@ -99,6 +105,10 @@ pub struct BackupReport {
     pub parent_bytes: u64,
     /// The lifecycle run after the commit, and its seconds.
     pub lifecycle: Option<(crate::revdedup::AfterBackup, f64)>,
+    /// Busy time and bytes of each pipeline stage, per worker.
+    pub stages: Vec<StageReport>,
+    /// Worker threads used.
+    pub threads: usize,
 }
 
 /// Default series name: host and the absolute paths.
@@ -214,84 +224,6 @@ fn add_stdin(walker: &mut Walker<'_>, s: StdinSource, progress: &Progress) -> Re
     Ok(())
 }
 
-/// Runs the jobs on `threads` workers, each with its own container writer
-/// feeding one sink. Returns every job's outcome and what the sink wrote.
-fn run_workers(
-    ctx: &Ctx<'_>,
-    jobs: &[Job],
-    nodes: &[Node],
-    threads: usize,
-) -> Result<(Vec<(usize, Outcome)>, SinkResult)> {
-    // Work units: one job each, or — for strategies that look small files
-    // up together (SiLo) — runs of small files of one directory, up to a
-    // segment's worth of data.
-    let units: Vec<Vec<usize>> = if ctx.strategy.groups_small_files() {
-        walk::group_small_files(jobs, nodes, ctx.chunker.avg_segment as u64)
-    } else {
-        (0..jobs.len()).map(|i| vec![i]).collect()
-    };
-    let table = ctx.table.clone();
-    let sink = ContainerSink::start(ctx.repo);
-    let next = AtomicUsize::new(0);
-    let results: Vec<Result<Vec<(usize, Outcome)>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads.clamp(1, 64))
-            .map(|_| {
-                let sender = sink.sender();
-                let (units, next, table) = (&units, &next, &table);
-                s.spawn(move || -> Result<Vec<(usize, Outcome)>> {
-                    let mut writer = ContainerWriter::new(ctx.repo, table.clone(), sender);
-                    let mut bufs = WorkerBuffers::default();
-                    let mut out = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(unit) = units.get(i) else { break };
-                        let r = match unit.as_slice() {
-                            [j] => {
-                                let job = &jobs[*j];
-                                ctx.process_job(&mut writer, &mut bufs, job, &nodes[job.node])
-                                    .map(|o| vec![(job.node, o)])
-                            }
-                            many => {
-                                let group: Vec<&Job> = many.iter().map(|j| &jobs[*j]).collect();
-                                ctx.process_group(&mut writer, &mut bufs, &group, nodes)
-                            }
-                        };
-                        match r {
-                            Ok(o) => out.extend(o),
-                            Err(e) => {
-                                ctx.abort.store(true, Ordering::Relaxed);
-                                return Err(e);
-                            }
-                        }
-                    }
-                    writer.flush()?;
-                    Ok(out)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(StoreError::Invalid("backup worker panicked".into())))
-            })
-            .collect()
-    });
-    // The writer thread's error comes first: when it fails, the workers
-    // only see a closed channel.
-    let written = sink.finish()?;
-    // With the containers durable, the strategy may persist what points
-    // at them (its side data is derived; a crash later costs nothing).
-    if results.iter().all(|r| r.is_ok()) {
-        ctx.strategy.finish()?;
-    }
-    let mut outcomes = Vec::new();
-    for r in results {
-        outcomes.extend(r?);
-    }
-    Ok((outcomes, written))
-}
-
 /// Puts each job's outcome into its node; files that failed leave the
 /// tree, with a warning.
 fn apply_outcomes(
@@ -360,6 +292,9 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         .unwrap_or_else(|| default_series(&paths, opts.stdin.as_ref().map(|s| s.name.as_str())));
 
     // Index and parent, then the walk.
+    let threads = opts.threads.clamp(1, 256);
+    let stages = Arc::new(Stages::new(threads));
+    let walk_started = std::time::Instant::now();
     let table = Arc::new(ContainerTable::default());
     let (strategy, repo_index) = build_strategy(repo, &table)?;
     let (parent_id, parent) = load_parent(
@@ -370,6 +305,7 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         &table,
         strategy.as_ref(),
     )?;
+    drop(repo_index);
     let progress = opts.progress.clone();
     let mut walker = Walker::new(&parent, opts.force_read, &progress, &excludes);
     for p in &paths {
@@ -386,6 +322,7 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         reused,
         ..
     } = walker;
+    stages.add(Stage::Walk, walk_started, 0);
 
     // Read, chunk, dedup and pack on the workers.
     let ctx = Ctx {
@@ -394,18 +331,20 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         table: table.clone(),
         chunker,
         progress: &progress,
+        stages: stages.clone(),
         parent: &parent,
         abort: AtomicBool::new(false),
         new_chunks: AtomicU64::new(0),
         new_raw: AtomicU64::new(0),
         read_bytes: AtomicU64::new(0),
-        parent_chunks: AtomicU64::new(0),
         parent_bytes: AtomicU64::new(0),
+        large_file: opts.large_file,
     };
-    let (outcomes, written) = run_workers(&ctx, &jobs, &nodes, opts.threads)?;
+    let (outcomes, written) = pipeline::run(&ctx, &jobs, &nodes, threads)?;
     apply_outcomes(&mut nodes, outcomes, &mut warnings);
 
     // Commit: index object → recipe → snapshot.
+    let commit_started = std::time::Instant::now();
     let mut stored = written.stored_bytes;
     if !written.metas.is_empty() {
         let (_, n) = crate::index::put_index_object(repo, written.metas)?;
@@ -451,6 +390,7 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
     snapshot.stats.duration_ms = started.elapsed().as_millis() as u64;
     let id = commit::commit_snapshot(repo, &mut snapshot)?;
     drop(lock);
+    stages.add(Stage::Commit, commit_started, 0);
     Ok(BackupReport {
         id,
         snapshot,
@@ -459,5 +399,7 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         reused_files: reused,
         parent_bytes: ctx.parent_bytes.load(Ordering::Relaxed),
         lifecycle: None,
+        stages: stages.report(started.elapsed().as_secs_f64()),
+        threads,
     })
 }

@@ -1,0 +1,542 @@
+//! The backup's workers: a pool of exactly `threads` threads (so
+//! `--threads 1` is one core's work and `--threads N` spreads over N)
+//! running small tasks in FIFO order.
+//!
+//! A small file is one task: read, chunk, fingerprint, look up, pack,
+//! compress, all on one worker ([`Ctx::process_small`]). A large file or a
+//! stream is a pipeline of tasks so that every worker can help with it:
+//!
+//! ```text
+//! read+chunk block k ──spawns──► read+chunk block k+1   (serial: chunk boundaries)
+//!        │ fingerprint block k (any worker)
+//!        ▼
+//! sequencer (in block order; cheap): segment cuts, previous-version lookups
+//!        │ one task per segment (any worker)
+//!        ▼
+//! index lookup → pack new chunks → compress + write regions
+//! ```
+//!
+//! Only boundary detection of one stream is serial. Reading pauses while
+//! more than [`AHEAD_PER_WORKER`] bytes per worker of that file are read
+//! but not yet stored, so memory stays bounded whatever the file's size.
+
+use super::dedup::{
+    changed_warning, chunk_fp, open_source, Ctx, Outcome, SegmentJob, TimedRead, WorkerBuffers,
+};
+use super::parent::ParentFile;
+use super::walk::{group_small_files, Job, Source};
+use crate::container::{ContainerSink, ContainerWriter, SinkResult};
+use crate::error::{Result, StoreError};
+use crate::index::ChunkLoc;
+use crate::stages::Stage;
+use rayon::prelude::*;
+use rayon::ScopeFifo;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use strata_core::chunker::{ChunkStream, Segmenter};
+use strata_core::format::{Node, SegmentRef};
+use strata_core::Fingerprint;
+
+/// Files at least this large, and streams, go through the block pipeline
+/// by default ([`super::BackupOptions::large_file`]).
+pub const LARGE: u64 = 16 << 20;
+/// Bytes read and chunked at a time from a large file.
+const BLOCK: usize = 4 << 20;
+/// Bytes of one large file read but not yet stored, per worker, before its
+/// reading pauses.
+const AHEAD_PER_WORKER: u64 = 16 << 20;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What every task shares.
+struct Shared<'a> {
+    ctx: &'a Ctx<'a>,
+    jobs: &'a [Job],
+    nodes: &'a [Node],
+    units: Vec<Vec<usize>>,
+    next_unit: AtomicUsize,
+    sink: &'a ContainerSink,
+    /// Idle container writers and buffers: a task takes one and gives it
+    /// back, so there are at most as many as workers.
+    writers: Mutex<Vec<ContainerWriter>>,
+    buffers: Mutex<Vec<WorkerBuffers>>,
+    outcomes: Mutex<Vec<(usize, Outcome)>>,
+    error: Mutex<Option<StoreError>>,
+    /// Read-ahead bound of one large file.
+    ahead: u64,
+}
+
+impl Shared<'_> {
+    fn fail(&self, e: StoreError) {
+        self.ctx.abort.store(true, Ordering::SeqCst);
+        let mut g = lock(&self.error);
+        if g.is_none() {
+            *g = Some(e);
+        }
+    }
+
+    fn aborted(&self) -> bool {
+        self.ctx.abort.load(Ordering::Relaxed)
+    }
+
+    fn with_writer<T>(&self, f: impl FnOnce(&mut ContainerWriter) -> T) -> T {
+        let w = lock(&self.writers).pop();
+        let mut w = w.unwrap_or_else(|| self.sink.writer(self.ctx.repo, self.ctx.table.clone()));
+        let r = f(&mut w);
+        lock(&self.writers).push(w);
+        r
+    }
+
+    fn with_buffers<T>(&self, f: impl FnOnce(&mut WorkerBuffers) -> T) -> T {
+        let b = lock(&self.buffers).pop();
+        let mut b = b.unwrap_or_default();
+        let r = f(&mut b);
+        lock(&self.buffers).push(b);
+        r
+    }
+
+    fn done(&self, node: usize, o: Outcome) {
+        lock(&self.outcomes).push((node, o));
+    }
+}
+
+/// Runs the jobs on a pool of `threads` workers. Returns every job's
+/// outcome and what the containers' sink wrote.
+pub(crate) fn run(
+    ctx: &Ctx<'_>,
+    jobs: &[Job],
+    nodes: &[Node],
+    threads: usize,
+) -> Result<(Vec<(usize, Outcome)>, SinkResult)> {
+    let threads = threads.clamp(1, 256);
+    // Work units: one job each, or — for strategies that look small files
+    // up together (SiLo) — runs of small files of one directory.
+    let units: Vec<Vec<usize>> = if ctx.strategy.groups_small_files() {
+        group_small_files(jobs, nodes, ctx.chunker.avg_segment as u64)
+    } else {
+        (0..jobs.len()).map(|i| vec![i]).collect()
+    };
+    let sink = ContainerSink::with_stages(ctx.repo, Some(ctx.stages.clone()));
+    let shared = Shared {
+        ctx,
+        jobs,
+        nodes,
+        units,
+        next_unit: AtomicUsize::new(0),
+        sink: &sink,
+        writers: Mutex::new(Vec::new()),
+        buffers: Mutex::new(Vec::new()),
+        outcomes: Mutex::new(Vec::new()),
+        error: Mutex::new(None),
+        ahead: AHEAD_PER_WORKER * threads as u64,
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("strata-worker-{i}"))
+        .build()
+        .map_err(|e| StoreError::Invalid(format!("cannot start the backup workers: {e}")))?;
+    pool.scope_fifo(|s| {
+        for _ in 0..threads {
+            let sh = &shared;
+            s.spawn_fifo(move |s| next_unit(s, sh));
+        }
+    });
+    let Shared {
+        writers,
+        outcomes,
+        error,
+        ..
+    } = shared;
+    let mut error = error.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut writers = writers.into_inner().unwrap_or_else(|e| e.into_inner());
+    if error.is_none() {
+        // Close the last containers; after an error, dropping the writers
+        // removes their partial objects instead.
+        let flushed: Result<()> =
+            pool.install(|| writers.par_iter_mut().try_for_each(|w| w.flush()));
+        if let Err(e) = flushed {
+            error = Some(e);
+        }
+    }
+    drop(writers);
+    // The finisher's error comes first: when it fails, the workers only
+    // see a closed channel.
+    let written = sink.finish()?;
+    if let Some(e) = error {
+        return Err(e);
+    }
+    // With the containers durable, the strategy may persist what points
+    // at them (its side data is derived; a crash later costs nothing).
+    ctx.strategy.finish()?;
+    let outcomes = outcomes.into_inner().unwrap_or_else(|e| e.into_inner());
+    Ok((outcomes, written))
+}
+
+/// Takes the next work unit, processes it (or starts its pipeline), and
+/// queues its own continuation behind whatever it spawned.
+fn next_unit<'s>(s: &ScopeFifo<'s>, sh: &'s Shared<'s>) {
+    if sh.aborted() {
+        return;
+    }
+    let i = sh.next_unit.fetch_add(1, Ordering::Relaxed);
+    let Some(unit) = sh.units.get(i) else { return };
+    let ctx = sh.ctx;
+    match unit.as_slice() {
+        [j] if is_large(&sh.jobs[*j], sh.nodes, ctx.large_file) => Stream::start(s, sh, *j),
+        [j] => {
+            let job = &sh.jobs[*j];
+            let node = &sh.nodes[job.node];
+            let r = sh.with_buffers(|b| sh.with_writer(|w| ctx.process_small(w, b, job, node)));
+            match r {
+                Ok(o) => sh.done(job.node, o),
+                Err(e) => sh.fail(e),
+            }
+        }
+        many => {
+            let group: Vec<&Job> = many.iter().map(|j| &sh.jobs[*j]).collect();
+            let r =
+                sh.with_buffers(|b| sh.with_writer(|w| ctx.process_group(w, b, &group, sh.nodes)));
+            match r {
+                Ok(o) => lock(&sh.outcomes).extend(o),
+                Err(e) => sh.fail(e),
+            }
+        }
+    }
+    s.spawn_fifo(move |s| next_unit(s, sh));
+}
+
+fn is_large(job: &Job, nodes: &[Node], large: u64) -> bool {
+    match job.source {
+        Source::Stream(_) => true,
+        Source::Path(_) => nodes[job.node].size >= large,
+    }
+}
+
+/// A run of chunks read from a large file, in file order.
+struct Block {
+    idx: u64,
+    /// File offset of its first chunk.
+    offset: u64,
+    data: Vec<u8>,
+    /// (start in `data`, length) of each chunk.
+    chunks: Vec<(usize, u32)>,
+    hashed: Vec<(Fingerprint, bool)>,
+    /// Set on the last block: end of file, or the read error that ended it.
+    end: Option<std::result::Result<(), String>>,
+}
+
+type Source2<'s> = ChunkStream<TimedRead<Box<dyn Read + Send + 's>>>;
+
+/// Bytes read and chunked at a time: [`BLOCK`], smaller when the
+/// large-file threshold is (tests drive small files through here).
+fn block_size(ctx: &Ctx<'_>) -> usize {
+    BLOCK.min(ctx.large_file.max(1 << 16) as usize)
+}
+
+/// The serial part of reading a large file.
+struct Reader<'s> {
+    stream: Source2<'s>,
+    next: u64,
+}
+
+impl Reader<'_> {
+    /// Reads and chunks up to [`BLOCK`] bytes.
+    fn next_block(&mut self, ctx: &Ctx<'_>) -> Block {
+        let mut b = Block {
+            idx: self.next,
+            offset: self.stream.position(),
+            data: Vec::with_capacity(block_size(ctx) + ctx.chunker.max_chunk() as usize),
+            chunks: Vec::new(),
+            hashed: Vec::new(),
+            end: None,
+        };
+        self.next += 1;
+        let started = Instant::now();
+        let read_before = self.stream.reader().ns;
+        while b.data.len() < block_size(ctx) {
+            match self.stream.next_chunk() {
+                Err(e) => {
+                    b.end = Some(Err(format!("read error: {e}")));
+                    break;
+                }
+                Ok(None) => {
+                    b.end = Some(Ok(()));
+                    break;
+                }
+                Ok(Some((_, c))) => {
+                    b.chunks.push((b.data.len(), c.len() as u32));
+                    b.data.extend_from_slice(c);
+                }
+            }
+        }
+        // Chunking is the time not spent in `read`.
+        let read_ns = self.stream.reader().ns - read_before;
+        let t = started + std::time::Duration::from_nanos(read_ns);
+        ctx.stages
+            .add(Stage::Chunk, t.min(Instant::now()), b.data.len() as u64);
+        let n = b.data.len() as u64;
+        ctx.progress.bytes_done.fetch_add(n, Ordering::Relaxed);
+        ctx.read_bytes.fetch_add(n, Ordering::Relaxed);
+        b
+    }
+}
+
+/// The in-order part: segment cuts and previous-version lookups.
+struct Sequencer<'s> {
+    next_block: u64,
+    waiting: BTreeMap<u64, Block>,
+    seg: Segmenter,
+    cur: SegmentJob,
+    next_seg: usize,
+    prev: Option<ParentFile<'s>>,
+}
+
+/// One large file (or stream) going through the pipeline.
+struct Stream<'s> {
+    node: usize,
+    /// How it is named in messages.
+    label: String,
+    /// The file, to see whether it changed while read.
+    file: Option<(File, std::path::PathBuf)>,
+    reader: Mutex<Reader<'s>>,
+    seq: Mutex<Sequencer<'s>>,
+    results: Mutex<Vec<Option<SegmentRef>>>,
+    /// Segments dispatched but not stored yet.
+    outstanding: AtomicUsize,
+    /// Bytes read but not stored yet.
+    pending: AtomicU64,
+    paused: AtomicBool,
+    dispatched_all: AtomicBool,
+    finalized: AtomicBool,
+    failure: Mutex<Option<String>>,
+    size: AtomicU64,
+}
+
+impl<'s> Stream<'s> {
+    fn start(s: &ScopeFifo<'s>, sh: &'s Shared<'s>, j: usize) {
+        let job = &sh.jobs[j];
+        let node = &sh.nodes[job.node];
+        let (reader, file, label): (Box<dyn Read + Send + 's>, _, String) = match &job.source {
+            Source::Path(p) => match open_source(p) {
+                Ok(f) => {
+                    let handle = f.try_clone().ok().map(|h| (h, p.clone()));
+                    (Box::new(f), handle, p.display().to_string())
+                }
+                Err(e) => {
+                    return sh.done(job.node, Outcome::Failed(format!("{}: {e}", p.display())));
+                }
+            },
+            Source::Stream(m) => match lock(m).take() {
+                Some(r) => (r, None, "stdin".to_string()),
+                None => return sh.fail(StoreError::Invalid("stream read twice".into())),
+            },
+        };
+        let ctx = sh.ctx;
+        let timed = TimedRead {
+            inner: reader,
+            stages: ctx.stages.clone(),
+            ns: 0,
+        };
+        let st = Arc::new(Stream {
+            node: job.node,
+            label,
+            file,
+            reader: Mutex::new(Reader {
+                stream: ChunkStream::new(timed, ctx.chunker),
+                next: 0,
+            }),
+            seq: Mutex::new(Sequencer {
+                next_block: 0,
+                waiting: BTreeMap::new(),
+                seg: Segmenter::new(&ctx.chunker),
+                cur: SegmentJob::default(),
+                next_seg: 0,
+                prev: ctx.parent.file(&node.path),
+            }),
+            results: Mutex::new(Vec::new()),
+            outstanding: AtomicUsize::new(0),
+            pending: AtomicU64::new(0),
+            paused: AtomicBool::new(false),
+            dispatched_all: AtomicBool::new(false),
+            finalized: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            size: AtomicU64::new(0),
+        });
+        s.spawn_fifo(move |s| st.read_block(s, sh));
+    }
+
+    /// Reads and chunks the next block, queues the one after, fingerprints
+    /// this one and hands it to the sequencer.
+    fn read_block(self: Arc<Self>, s: &ScopeFifo<'s>, sh: &'s Shared<'s>) {
+        if sh.aborted() {
+            return;
+        }
+        let mut b = lock(&self.reader).next_block(sh.ctx);
+        self.pending
+            .fetch_add(b.data.len() as u64, Ordering::SeqCst);
+        if b.end.is_none() {
+            self.schedule_read(s, sh);
+        }
+        let t = Instant::now();
+        let hasher = sh.ctx.repo.hasher();
+        b.hashed = b
+            .chunks
+            .iter()
+            .map(|&(a, n)| chunk_fp(hasher, &b.data[a..a + n as usize]))
+            .collect();
+        sh.ctx.stages.add(Stage::Hash, t, b.data.len() as u64);
+        self.sequence(s, sh, b);
+    }
+
+    /// Queues the next read unless too much of the file waits to be
+    /// stored; then the last store below the bound resumes it.
+    fn schedule_read(self: &Arc<Self>, s: &ScopeFifo<'s>, sh: &'s Shared<'s>) {
+        if self.pending.load(Ordering::SeqCst) < sh.ahead {
+            let st = self.clone();
+            s.spawn_fifo(move |s| st.read_block(s, sh));
+            return;
+        }
+        self.paused.store(true, Ordering::SeqCst);
+        // Stores may have drained everything in between: resume now
+        // unless one of them already did.
+        self.resume_if_below(s, sh);
+    }
+
+    fn resume_if_below(self: &Arc<Self>, s: &ScopeFifo<'s>, sh: &'s Shared<'s>) {
+        if self.pending.load(Ordering::SeqCst) < sh.ahead
+            && self
+                .paused
+                .compare_exchange(true, false, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            let st = self.clone();
+            s.spawn_fifo(move |s| st.read_block(s, sh));
+        }
+    }
+
+    /// Takes blocks in file order: cuts segments and dispatches each.
+    fn sequence(self: &Arc<Self>, s: &ScopeFifo<'s>, sh: &'s Shared<'s>, b: Block) {
+        let mut q = lock(&self.seq);
+        q.waiting.insert(b.idx, b);
+        loop {
+            let k = q.next_block;
+            let Some(b) = q.waiting.remove(&k) else {
+                return;
+            };
+            q.next_block += 1;
+            let t = Instant::now();
+            for (i, &(start, len)) in b.chunks.iter().enumerate() {
+                let (fp, zero) = b.hashed[i];
+                if q.cur.is_empty() {
+                    q.cur.at = b.offset + start as u64;
+                }
+                q.cur.push(fp, zero, &b.data[start..start + len as usize]);
+                if q.seg.push(&fp, len) {
+                    let job = std::mem::take(&mut q.cur);
+                    self.dispatch(s, sh, &mut q, job);
+                }
+            }
+            sh.ctx.stages.add(Stage::Lookup, t, 0);
+            if let Some(end) = b.end {
+                match end {
+                    Ok(()) => {
+                        if !q.cur.is_empty() {
+                            let job = std::mem::take(&mut q.cur);
+                            self.dispatch(s, sh, &mut q, job);
+                        }
+                        self.size
+                            .store(b.offset + b.data.len() as u64, Ordering::SeqCst);
+                    }
+                    Err(m) => *lock(&self.failure) = Some(m),
+                }
+                drop(q);
+                self.dispatched_all.store(true, Ordering::SeqCst);
+                if self.outstanding.load(Ordering::SeqCst) == 0 {
+                    self.finalize(sh);
+                }
+                return;
+            }
+        }
+    }
+
+    /// Looks a segment up in the previous version (here, in order) and
+    /// queues its storing.
+    fn dispatch(
+        self: &Arc<Self>,
+        s: &ScopeFifo<'s>,
+        sh: &'s Shared<'s>,
+        q: &mut Sequencer<'s>,
+        job: SegmentJob,
+    ) {
+        let found = sh.ctx.parent_lookup(q.prev.as_mut(), &job);
+        let idx = q.next_seg;
+        q.next_seg += 1;
+        lock(&self.results).push(None);
+        self.outstanding.fetch_add(1, Ordering::SeqCst);
+        let st = self.clone();
+        s.spawn_fifo(move |s| st.store(s, sh, idx, job, found));
+    }
+
+    fn store(
+        self: Arc<Self>,
+        s: &ScopeFifo<'s>,
+        sh: &'s Shared<'s>,
+        idx: usize,
+        job: SegmentJob,
+        found: Vec<Option<ChunkLoc>>,
+    ) {
+        if !sh.aborted() {
+            match sh.with_writer(|w| sh.ctx.store_segment(w, &job, found)) {
+                Ok(seg) => lock(&self.results)[idx] = Some(seg),
+                Err(e) => sh.fail(e),
+            }
+        }
+        let len = job.len();
+        drop(job);
+        self.pending.fetch_sub(len, Ordering::SeqCst);
+        self.resume_if_below(s, sh);
+        if self.outstanding.fetch_sub(1, Ordering::SeqCst) == 1
+            && self.dispatched_all.load(Ordering::SeqCst)
+        {
+            self.finalize(sh);
+        }
+    }
+
+    /// Delivers the file's outcome, once.
+    fn finalize(&self, sh: &Shared<'_>) {
+        if self.finalized.swap(true, Ordering::SeqCst) || sh.aborted() {
+            return;
+        }
+        let outcome = match lock(&self.failure).take() {
+            Some(m) => Outcome::Failed(format!("{}: {m}", self.label)),
+            None => {
+                let segments: Option<Vec<SegmentRef>> = lock(&self.results).drain(..).collect();
+                let Some(segments) = segments else {
+                    return sh.fail(StoreError::Invalid(format!(
+                        "{}: a segment was not stored",
+                        self.label
+                    )));
+                };
+                let size = self.size.load(Ordering::SeqCst);
+                let node = &sh.nodes[self.node];
+                let warning = self
+                    .file
+                    .as_ref()
+                    .and_then(|(f, p)| changed_warning(f, p, size, node));
+                sh.ctx.progress.files_done.fetch_add(1, Ordering::Relaxed);
+                Outcome::Done {
+                    segments,
+                    size,
+                    warning,
+                }
+            }
+        };
+        sh.done(self.node, outcome);
+    }
+}
