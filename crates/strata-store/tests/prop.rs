@@ -472,7 +472,7 @@ fn run_case(c: &Case) {
                 threads,
                 // Every other thread count sends every file through the
                 // block pipeline that large files take.
-                large_file: if threads % 2 == 0 {
+                large_file: if threads.is_multiple_of(2) {
                     0
                 } else {
                     BackupOptions::default().large_file
