@@ -1288,10 +1288,11 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-/// The RevDedup lifecycle from the command line: backups of a series
-/// (each reverse-deduplicating the version before it), `backup
-/// --maintain`, `snapshots` states, `stats` per series, restores of every
-/// version, and deletion of old and middle versions.
+/// The RevDedup lifecycle from the command line: backups of a series left
+/// to `strata maintain` (`--no-lifecycle`), `backup --maintain`,
+/// `snapshots` states, `stats` per series, restores of every version
+/// through chains of indirect references, and deletion of old and middle
+/// versions.
 #[test]
 fn revdedup_lifecycle_end_to_end() {
     let repo = Repo::new();
@@ -1301,27 +1302,24 @@ fn revdedup_lifecycle_end_to_end() {
     let mut ids = Vec::new();
     for i in 0..5 {
         let state = manifest(&src);
-        let extra: &[&str] = if i == 4 { &["--maintain"] } else { &[] };
+        let extra: &[&str] = if i == 4 {
+            &["--maintain"]
+        } else {
+            &["--no-lifecycle"]
+        };
         let mut args = vec!["--series", "life"];
         args.extend_from_slice(extra);
         let v = repo.backup(&[&src], &args);
         if i == 4 {
-            // --maintain runs a full maintain instead, reported with the
-            // backup: only the version before is left to convert.
+            // --maintain runs a full maintain, reported with the backup.
             assert_eq!(
                 v["maintain"]["converted"].as_array().unwrap().len(),
-                1,
+                4,
                 "{v:#}"
             );
             assert!(v["maintain"]["compacted"].as_bool().unwrap(), "{v:#}");
-            assert!(v.get("lifecycle").is_none(), "{v:#}");
-        } else {
-            // By default the backup converts the version that just left
-            // the live window (the default live window is 1).
-            assert_eq!(s(&v["lifecycle"]["status"]), "done", "{v:#}");
-            let converted = v["lifecycle"]["converted"].as_array().unwrap();
-            assert_eq!(converted.len(), usize::from(i > 0), "{v:#}");
         }
+        assert!(v.get("lifecycle").is_none(), "{v:#}");
         let id = s(&v["id"]).to_string();
         expected.insert(id.clone(), state);
         ids.push(id);
@@ -2229,4 +2227,53 @@ fn one_large_file_uses_every_worker() {
                 == prng(77 + threads as u64, 48 << 20)
         );
     }
+}
+
+/// By default every backup runs the lifecycle: the version before it
+/// leaves the live window. When the new backup stored next to nothing of
+/// it again (edits in place: each changed file was deduplicated against
+/// its previous version), it is marked archival without rewriting its
+/// recipe; when content moved (a renamed, edited file stored anew), it is
+/// reverse-deduplicated and the moved copy's old location is released.
+#[test]
+fn default_lifecycle_reverse_dedups_only_what_pays() {
+    let repo = Repo::new();
+    let src = repo.dir().join("src");
+    for i in 0..4u64 {
+        write(&src.join(format!("f{i}.bin")), &prng(300 + i, 3 << 20));
+    }
+    let v1 = repo.backup(&[&src], &[]);
+    assert_eq!(s(&v1["lifecycle"]["status"]), "done", "{v1:#}");
+    // An edit in place: the backup dedups f0 against its previous version.
+    let mut f0 = fs::read(src.join("f0.bin")).unwrap();
+    f0[1 << 20..(1 << 20) + 50_000].copy_from_slice(&prng(9, 50_000));
+    write(&src.join("f0.bin"), &f0);
+    let v2 = repo.backup(&[&src], &[]);
+    let c = &v2["lifecycle"]["converted"][0];
+    assert_eq!(s(&c["id"]), s(&v1["id"]), "{v2:#}");
+    assert_eq!(u(&c["indirect_chunks"]), 0, "marked, not rewritten: {v2:#}");
+    assert!(u(&v2["parent_bytes"]) > 2 << 20, "{v2:#}");
+    assert!(u(&v2["new_raw_bytes"]) < 1 << 20, "{v2:#}");
+    // A rename with an edit: no previous version of that path, so the
+    // file is stored again, and reverse dedup of v2 pays.
+    let mut f1 = fs::read(src.join("f1.bin")).unwrap();
+    f1[..1000].copy_from_slice(&prng(10, 1000));
+    fs::remove_file(src.join("f1.bin")).unwrap();
+    write(&src.join("moved.bin"), &f1);
+    let v3 = repo.backup(&[&src], &[]);
+    let c = &v3["lifecycle"]["converted"][0];
+    assert_eq!(s(&c["id"]), s(&v2["id"]), "{v3:#}");
+    assert!(u(&c["indirect_bytes"]) > 2 << 20, "{v3:#}");
+    assert!(u(&c["released_bytes"]) > 2 << 20, "{v3:#}");
+    // Every version restores exactly; the repository checks clean.
+    for (v, name, content) in [(&v1, "f1.bin", None), (&v3, "moved.bin", Some(&f1))] {
+        let t = repo.scratch(&format!("r{}", u(&v["version"])));
+        repo.restore(s(&v["id"]), &t);
+        let got = fs::read(restored(&t, &src).join(name)).unwrap();
+        match content {
+            Some(c) => assert!(&got == c),
+            None => assert!(got == prng(301, 3 << 20)),
+        }
+    }
+    repo.run(&["check", "--read-data"]).ok();
 }

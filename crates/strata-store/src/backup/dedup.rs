@@ -54,6 +54,9 @@ pub(crate) struct Ctx<'a> {
     /// Files at least this large (and streams) go through the block
     /// pipeline that spreads one file over every worker.
     pub large_file: u64,
+    /// Bytes of new chunks stored that the previous version also holds,
+    /// counted on its 1-in-64 sample of fingerprints.
+    pub stored_again_sampled: AtomicU64,
 }
 
 /// A chunk's fingerprint, and whether it is all zeros (never stored, so
@@ -66,29 +69,38 @@ pub(crate) fn chunk_fp(hasher: &strata_core::Hasher, chunk: &[u8]) -> (Fingerpri
     }
 }
 
-/// One chunk of a segment being formed; `start` indexes the segment's data
-/// (all-zero chunks have none).
+/// One chunk of a segment being formed: its bytes are `len` bytes at
+/// `start` of the segment's own data (`block` = [`OWN`]) or of one of the
+/// blocks it shares (all-zero chunks have none).
 #[derive(Clone, Copy)]
 pub(crate) struct PendingChunk {
     pub fp: Fingerprint,
+    pub block: u32,
     pub start: usize,
     pub len: u32,
     pub zero: bool,
 }
 
-/// A segment ready to be looked up and stored: its chunks, the bytes of
-/// its non-zero chunks, and its offset in the file.
+/// [`PendingChunk::block`] of bytes held in the segment's own data.
+const OWN: u32 = u32::MAX;
+
+/// A segment ready to be looked up and stored: its chunks, their bytes
+/// (copied into `data`, or shared with the blocks a large file was read
+/// in), and its offset in the file.
 #[derive(Default)]
 pub(crate) struct SegmentJob {
     pub chunks: Vec<PendingChunk>,
     pub data: Vec<u8>,
+    pub blocks: Vec<Arc<Vec<u8>>>,
     pub at: u64,
 }
 
 impl SegmentJob {
+    /// Adds a chunk, copying its bytes.
     pub fn push(&mut self, fp: Fingerprint, zero: bool, chunk: &[u8]) {
         self.chunks.push(PendingChunk {
             fp,
+            block: OWN,
             start: self.data.len(),
             len: chunk.len() as u32,
             zero,
@@ -96,6 +108,36 @@ impl SegmentJob {
         if !zero {
             self.data.extend_from_slice(chunk);
         }
+    }
+
+    /// Adds a chunk whose bytes stay in `block` at `start`.
+    pub fn push_shared(
+        &mut self,
+        fp: Fingerprint,
+        zero: bool,
+        block: &Arc<Vec<u8>>,
+        start: usize,
+        len: u32,
+    ) {
+        if !self.blocks.last().is_some_and(|b| Arc::ptr_eq(b, block)) {
+            self.blocks.push(block.clone());
+        }
+        self.chunks.push(PendingChunk {
+            fp,
+            block: self.blocks.len() as u32 - 1,
+            start,
+            len,
+            zero,
+        });
+    }
+
+    /// The bytes of a (non-zero) chunk.
+    fn bytes(&self, c: &PendingChunk) -> &[u8] {
+        let buf = match c.block {
+            OWN => &self.data,
+            b => &self.blocks[b as usize][..],
+        };
+        &buf[c.start..c.start + c.len as usize]
     }
 
     /// Plaintext bytes, zero chunks included.
@@ -158,7 +200,7 @@ impl<'a> Ctx<'a> {
     /// Looks up the chunks of `job` in the previous version of its file.
     pub fn parent_lookup(
         &self,
-        prev: Option<&mut ParentFile<'_>>,
+        prev: Option<&mut ParentFile>,
         job: &SegmentJob,
     ) -> Vec<Option<ChunkLoc>> {
         let n = job.chunks.iter().filter(|c| !c.zero).count();
@@ -221,9 +263,9 @@ impl<'a> Ctx<'a> {
         let stored = if whole {
             writer
                 .begin_segment(new_bytes)
-                .and_then(|()| self.store_chunks(writer, &job.data, &job.chunks, found))
+                .and_then(|()| self.store_chunks(writer, job, found))
         } else {
-            self.store_chunks(writer, &job.data, &job.chunks, found)
+            self.store_chunks(writer, job, found)
         };
         let (refs, appended, stored_locs) = match stored {
             Ok(v) => v,
@@ -260,15 +302,14 @@ impl<'a> Ctx<'a> {
     fn store_chunks(
         &self,
         writer: &mut ContainerWriter,
-        data: &[u8],
-        chunks: &[PendingChunk],
+        job: &SegmentJob,
         found: Vec<Option<ChunkLoc>>,
     ) -> Result<(Vec<ChunkRef>, u32, Vec<ChunkLoc>)> {
         let mut appended = 0u32;
         let mut stored_locs = Vec::new();
         let mut found = found.into_iter();
-        let mut refs = Vec::with_capacity(chunks.len());
-        for c in chunks {
+        let mut refs = Vec::with_capacity(job.chunks.len());
+        for c in &job.chunks {
             if c.zero {
                 refs.push(ChunkRef {
                     fp: Fingerprint::ZERO,
@@ -285,7 +326,11 @@ impl<'a> Ctx<'a> {
                     let loc = writer.next_loc(c.len as usize)?;
                     match self.strategy.claim(&c.fp, loc) {
                         None => {
-                            writer.append(c.fp, &data[c.start..c.start + c.len as usize]);
+                            writer.append(c.fp, job.bytes(c));
+                            if self.parent.sampled_holds(&c.fp) {
+                                self.stored_again_sampled
+                                    .fetch_add(c.len as u64, Ordering::Relaxed);
+                            }
                             self.new_chunks.fetch_add(1, Ordering::Relaxed);
                             self.new_raw.fetch_add(c.len as u64, Ordering::Relaxed);
                             appended += 1;
@@ -352,6 +397,10 @@ impl<'a> Ctx<'a> {
             ..Default::default()
         };
         job.data.clear();
+        // The largest segment at once, so the buffer never doubles past it.
+        job.data.reserve_exact(
+            self.chunker.avg_segment as usize * 2 + self.chunker.max_chunk() as usize,
+        );
         let mut segments = Vec::new();
         let hasher = self.repo.hasher();
         let result = loop {

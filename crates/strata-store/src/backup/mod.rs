@@ -107,6 +107,9 @@ pub struct BackupReport {
     pub lifecycle: Option<(crate::revdedup::AfterBackup, f64)>,
     /// Busy time and bytes of each pipeline stage, per worker.
     pub stages: Vec<StageReport>,
+    /// What the lifecycle needs to know of the previous version: how much
+    /// reverse-deduplicating it against this one could free.
+    pub reverse_hint: Option<crate::revdedup::ReverseHint>,
     /// Worker threads used.
     pub threads: usize,
 }
@@ -268,7 +271,7 @@ pub fn backup(repo: &Repository, opts: BackupOptions) -> Result<BackupReport> {
     let mut report = backup_and_commit(repo, opts)?;
     if lifecycle {
         let t = std::time::Instant::now();
-        let r = crate::revdedup::after_backup(repo);
+        let r = crate::revdedup::after_backup(repo, report.reverse_hint.clone());
         report.lifecycle = Some((r, t.elapsed().as_secs_f64()));
     }
     Ok(report)
@@ -339,6 +342,7 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         read_bytes: AtomicU64::new(0),
         parent_bytes: AtomicU64::new(0),
         large_file: opts.large_file,
+        stored_again_sampled: AtomicU64::new(0),
     };
     let (outcomes, written) = pipeline::run(&ctx, &jobs, &nodes, threads)?;
     apply_outcomes(&mut nodes, outcomes, &mut warnings);
@@ -381,7 +385,7 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         paths: paths.iter().map(|p| p.display().to_string()).collect(),
         tags: opts.tags.clone(),
         recipe: recipe_id,
-        parent: parent_id,
+        parent: parent_id.clone(),
         chunker,
         stats,
         archival: None,
@@ -392,7 +396,7 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
     drop(lock);
     stages.add(Stage::Commit, commit_started, 0);
     Ok(BackupReport {
-        id,
+        id: id.clone(),
         snapshot,
         warnings,
         index_ram_bytes: strategy.ram_bytes(),
@@ -401,5 +405,13 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         lifecycle: None,
         stages: stages.report(started.elapsed().as_secs_f64()),
         threads,
+        reverse_hint: parent_id.map(|previous| crate::revdedup::ReverseHint {
+            previous,
+            next: id.clone(),
+            direct_chunks: parent.direct_chunks,
+            direct_bytes: parent.direct_bytes,
+            // The sample holds 1 in 64 fingerprints.
+            stored_again_bytes: ctx.stored_again_sampled.load(Ordering::Relaxed) * 64,
+        }),
     })
 }

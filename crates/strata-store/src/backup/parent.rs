@@ -14,26 +14,38 @@
 //! after an insertion or deletion larger than the window.
 
 use crate::index::{ChunkLoc, ContainerTable, IndexStrategy, RepoIndex};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
 use strata_core::format::{ChunkRef, ContainerId, Node, NodeKind, SegmentRef};
 use strata_core::Fingerprint;
 
 /// The previous version of the series (empty for a first backup).
 pub(crate) struct Parent<'a> {
-    nodes: HashMap<Vec<u8>, Node>,
+    /// Its files by path; an unchanged file's entry is taken out when the
+    /// walk reuses it (its segments move into the new version).
+    nodes: Mutex<HashMap<Vec<u8>, Node>>,
     /// Per entry of the previous recipe's container table: its interned id
     /// in this backup's table, if the container is still in the pool.
     containers: Vec<Option<u32>>,
     strategy: &'a dyn IndexStrategy,
+    /// 1 in 64 of its chunk fingerprints (by fingerprint), to estimate how
+    /// much of it the new version stores again elsewhere.
+    sample: HashSet<Fingerprint>,
+    /// Its non-zero chunk references and their bytes.
+    pub direct_chunks: u64,
+    pub direct_bytes: u64,
 }
 
 impl<'a> Parent<'a> {
     /// No previous version.
     pub fn none(strategy: &'a dyn IndexStrategy) -> Self {
         Parent {
-            nodes: HashMap::new(),
+            nodes: Mutex::new(HashMap::new()),
             containers: Vec::new(),
             strategy,
+            sample: HashSet::new(),
+            direct_chunks: 0,
+            direct_bytes: 0,
         }
     }
 
@@ -56,16 +68,38 @@ impl<'a> Parent<'a> {
                     .map(|_| table.intern(*id))
             })
             .collect();
+        let (mut sample, mut direct_chunks, mut direct_bytes) = (HashSet::new(), 0, 0);
+        for c in nodes
+            .iter()
+            .flat_map(|n| n.segments.iter().flat_map(|s| &s.chunks))
+        {
+            if c.is_direct() {
+                direct_chunks += 1;
+                direct_bytes += c.len as u64;
+                if is_anchor(&c.fp) {
+                    sample.insert(c.fp);
+                }
+            }
+        }
         let nodes = nodes
             .into_iter()
             .filter(|n| n.kind == NodeKind::File)
-            .map(|n| (n.path.clone(), n))
+            .map(|mut n| (std::mem::take(&mut n.path), n))
             .collect();
         Parent {
-            nodes,
+            nodes: Mutex::new(nodes),
             containers,
             strategy,
+            sample,
+            direct_chunks,
+            direct_bytes,
         }
+    }
+
+    /// Whether the previous version (probably) holds chunk `fp`: exact for
+    /// the 1 in 64 fingerprints of the sample, `false` for the others.
+    pub fn sampled_holds(&self, fp: &Fingerprint) -> bool {
+        is_anchor(fp) && self.sample.contains(fp)
     }
 
     fn loc_of(&self, c: &ChunkRef) -> Option<ChunkLoc> {
@@ -81,7 +115,8 @@ impl<'a> Parent<'a> {
     /// The previous version's segments of `new` when the file is unchanged
     /// (same size, mtime, ctime and inode), pointing at current locations.
     pub fn reuse(&self, new: &Node) -> Option<Vec<SegmentRef>> {
-        let old = self.nodes.get(&new.path)?;
+        let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        let old = nodes.get(&new.path)?;
         if old.size != new.size
             || old.mtime_ns != new.mtime_ns
             || old.ctime_ns != new.ctime_ns
@@ -89,29 +124,42 @@ impl<'a> Parent<'a> {
         {
             return None;
         }
-        let mut segs = old.segments.clone();
-        for s in &mut segs {
+        let mut segs = std::mem::take(&mut nodes.get_mut(&new.path)?.segments);
+        let mut ok = true;
+        'all: for s in &mut segs {
             for c in &mut s.chunks {
                 if c.is_zero() {
                     continue;
                 }
                 // Moved by gc since (or otherwise gone): the current
                 // location, if the strategy knows it.
-                let l = self
-                    .loc_of(c)
-                    .or_else(|| self.strategy.lookup_chunk(&c.fp))?;
-                c.container = l.container;
-                c.region = l.region;
-                c.offset = l.offset;
+                match self.loc_of(c).or_else(|| self.strategy.lookup_chunk(&c.fp)) {
+                    Some(l) => {
+                        c.container = l.container;
+                        c.region = l.region;
+                        c.offset = l.offset;
+                    }
+                    None => {
+                        ok = false;
+                        break 'all;
+                    }
+                }
             }
         }
+        if !ok {
+            // Read it again; the (partly remapped) segments are of no use.
+            nodes.remove(&new.path);
+            return None;
+        }
+        nodes.remove(&new.path);
         Some(segs)
     }
 
     /// The previous version of the file at `path`, for chunk lookups while
     /// it is read again.
-    pub fn file(&self, path: &[u8]) -> Option<ParentFile<'_>> {
-        let node = self.nodes.get(path)?;
+    pub fn file(&self, path: &[u8]) -> Option<ParentFile> {
+        let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        let node = nodes.get(path)?;
         let mut refs = Vec::new();
         let mut offset = 0u64;
         for c in node.segments.iter().flat_map(|s| &s.chunks) {
@@ -120,6 +168,7 @@ impl<'a> Parent<'a> {
             }
             offset += c.len as u64;
         }
+        drop(nodes);
         let anchors = refs
             .iter()
             .enumerate()
@@ -133,7 +182,6 @@ impl<'a> Parent<'a> {
             lo: 0,
             hi: 0,
             drift: 0,
-            _parent: std::marker::PhantomData,
         })
     }
 }
@@ -149,7 +197,7 @@ const WINDOW: u64 = 64 << 20;
 
 /// One file of the previous version: its chunks by offset, and a map of
 /// those in the current window.
-pub(crate) struct ParentFile<'a> {
+pub(crate) struct ParentFile {
     refs: Vec<(u64, Fingerprint, ChunkLoc)>,
     /// The sample of the whole file, to find the place again.
     anchors: HashMap<Fingerprint, usize>,
@@ -160,10 +208,9 @@ pub(crate) struct ParentFile<'a> {
     /// Offset in the previous file minus offset in the new one, at the
     /// last match.
     drift: i64,
-    _parent: std::marker::PhantomData<&'a ()>,
 }
 
-impl ParentFile<'_> {
+impl ParentFile {
     /// Moves the window over the bytes `start..end` of the new file.
     pub fn window(&mut self, start: u64, end: u64) {
         let at = |x: u64, d: i64| (x as i64 + d).max(0) as u64;
@@ -204,7 +251,7 @@ impl ParentFile<'_> {
 mod tests {
     use super::*;
 
-    fn file(n: usize) -> ParentFile<'static> {
+    fn file(n: usize) -> ParentFile {
         let refs: Vec<_> = (0..n)
             .map(|i| {
                 let loc = ChunkLoc {
@@ -226,7 +273,6 @@ mod tests {
             lo: 0,
             hi: 0,
             drift: 0,
-            _parent: std::marker::PhantomData,
         }
     }
 

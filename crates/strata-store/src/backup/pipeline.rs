@@ -48,7 +48,7 @@ pub const LARGE: u64 = 16 << 20;
 const BLOCK: usize = 4 << 20;
 /// Bytes of one large file read but not yet stored, per worker, before its
 /// reading pauses.
-const AHEAD_PER_WORKER: u64 = 16 << 20;
+const AHEAD_PER_WORKER: u64 = 8 << 20;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -218,12 +218,13 @@ fn is_large(job: &Job, nodes: &[Node], large: u64) -> bool {
     }
 }
 
-/// A run of chunks read from a large file, in file order.
+/// A run of chunks read from a large file, in file order. Its segments
+/// share its bytes until they are stored.
 struct Block {
     idx: u64,
     /// File offset of its first chunk.
     offset: u64,
-    data: Vec<u8>,
+    data: Arc<Vec<u8>>,
     /// (start in `data`, length) of each chunk.
     chunks: Vec<(usize, u32)>,
     hashed: Vec<(Fingerprint, bool)>,
@@ -248,10 +249,11 @@ struct Reader<'s> {
 impl Reader<'_> {
     /// Reads and chunks up to [`BLOCK`] bytes.
     fn next_block(&mut self, ctx: &Ctx<'_>) -> Block {
+        let mut data = Vec::with_capacity(block_size(ctx) + ctx.chunker.max_chunk() as usize);
         let mut b = Block {
             idx: self.next,
             offset: self.stream.position(),
-            data: Vec::with_capacity(block_size(ctx) + ctx.chunker.max_chunk() as usize),
+            data: Arc::default(),
             chunks: Vec::new(),
             hashed: Vec::new(),
             end: None,
@@ -259,7 +261,7 @@ impl Reader<'_> {
         self.next += 1;
         let started = Instant::now();
         let read_before = self.stream.reader().ns;
-        while b.data.len() < block_size(ctx) {
+        while data.len() < block_size(ctx) {
             match self.stream.next_chunk() {
                 Err(e) => {
                     b.end = Some(Err(format!("read error: {e}")));
@@ -270,8 +272,8 @@ impl Reader<'_> {
                     break;
                 }
                 Ok(Some((_, c))) => {
-                    b.chunks.push((b.data.len(), c.len() as u32));
-                    b.data.extend_from_slice(c);
+                    b.chunks.push((data.len(), c.len() as u32));
+                    data.extend_from_slice(c);
                 }
             }
         }
@@ -279,22 +281,23 @@ impl Reader<'_> {
         let read_ns = self.stream.reader().ns - read_before;
         let t = started + std::time::Duration::from_nanos(read_ns);
         ctx.stages
-            .add(Stage::Chunk, t.min(Instant::now()), b.data.len() as u64);
-        let n = b.data.len() as u64;
+            .add(Stage::Chunk, t.min(Instant::now()), data.len() as u64);
+        let n = data.len() as u64;
         ctx.progress.bytes_done.fetch_add(n, Ordering::Relaxed);
         ctx.read_bytes.fetch_add(n, Ordering::Relaxed);
+        b.data = Arc::new(data);
         b
     }
 }
 
 /// The in-order part: segment cuts and previous-version lookups.
-struct Sequencer<'s> {
+struct Sequencer {
     next_block: u64,
     waiting: BTreeMap<u64, Block>,
     seg: Segmenter,
     cur: SegmentJob,
     next_seg: usize,
-    prev: Option<ParentFile<'s>>,
+    prev: Option<ParentFile>,
 }
 
 /// One large file (or stream) going through the pipeline.
@@ -305,7 +308,7 @@ struct Stream<'s> {
     /// The file, to see whether it changed while read.
     file: Option<(File, std::path::PathBuf)>,
     reader: Mutex<Reader<'s>>,
-    seq: Mutex<Sequencer<'s>>,
+    seq: Mutex<Sequencer>,
     results: Mutex<Vec<Option<SegmentRef>>>,
     /// Segments dispatched but not stored yet.
     outstanding: AtomicUsize,
@@ -436,7 +439,7 @@ impl<'s> Stream<'s> {
                 if q.cur.is_empty() {
                     q.cur.at = b.offset + start as u64;
                 }
-                q.cur.push(fp, zero, &b.data[start..start + len as usize]);
+                q.cur.push_shared(fp, zero, &b.data, start, len);
                 if q.seg.push(&fp, len) {
                     let job = std::mem::take(&mut q.cur);
                     self.dispatch(s, sh, &mut q, job);
@@ -471,7 +474,7 @@ impl<'s> Stream<'s> {
         self: &Arc<Self>,
         s: &ScopeFifo<'s>,
         sh: &'s Shared<'s>,
-        q: &mut Sequencer<'s>,
+        q: &mut Sequencer,
         job: SegmentJob,
     ) {
         let found = sh.ctx.parent_lookup(q.prev.as_mut(), &job);
