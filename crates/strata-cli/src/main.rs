@@ -871,12 +871,21 @@ fn series_table(list: &[strata_store::stats::SeriesStats]) -> String {
         return String::new();
     }
     let mut t = format!(
-        "\n\n{:<40} {:>5} {:>5} {:>9} {:>8} {:>9} {:>10} {:>10} {:>6}",
-        "series", "live", "arch", "(pending)", "expired", "logical", "indirect", "stamped", "chain"
+        "\n\n{:<40} {:>5} {:>5} {:>9} {:>8} {:>9} {:>10} {:>10} {:>10} {:>6}",
+        "series",
+        "live",
+        "arch",
+        "(pending)",
+        "expired",
+        "logical",
+        "indirect",
+        "rev-freed",
+        "stamped",
+        "chain"
     );
     for s in list {
         t += &format!(
-            "\n{:<40} {:>5} {:>5} {:>9} {:>8} {:>9} {:>10} {:>10} {:>6.2}",
+            "\n{:<40} {:>5} {:>5} {:>9} {:>8} {:>9} {:>10} {:>10} {:>10} {:>6.2}",
             s.series,
             s.live,
             s.archival,
@@ -884,10 +893,12 @@ fn series_table(list: &[strata_store::stats::SeriesStats]) -> String {
             s.expired,
             fmt_bytes(s.logical_bytes),
             fmt_bytes(s.indirect_bytes),
+            fmt_bytes(s.reverse_freed_bytes),
             fmt_bytes(s.stamped_bytes),
             s.avg_chain_length
         );
     }
+    t += "\n(rev-freed: pool space reverse dedup freed; indirect: bytes old versions reach through newer ones)";
     t
 }
 

@@ -2265,6 +2265,10 @@ fn default_lifecycle_reverse_dedups_only_what_pays() {
     assert_eq!(s(&c["id"]), s(&v2["id"]), "{v3:#}");
     assert!(u(&c["indirect_bytes"]) > 2 << 20, "{v3:#}");
     assert!(u(&c["released_bytes"]) > 2 << 20, "{v3:#}");
+    // stats shows, per series, what reverse dedup freed.
+    let st = repo.json(&["stats"]);
+    let series = &st["series_stats"][0];
+    assert!(u(&series["reverse_freed_bytes"]) > 2 << 20, "{st:#}");
     // Every version restores exactly; the repository checks clean.
     for (v, name, content) in [(&v1, "f1.bin", None), (&v3, "moved.bin", Some(&f1))] {
         let t = repo.scratch(&format!("r{}", u(&v["version"])));

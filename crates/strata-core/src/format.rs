@@ -44,6 +44,93 @@ pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T
     })
 }
 
+/// Version byte of [`Snapshot`]: 2 added [`Archival::released_bytes`];
+/// version 1 objects are still read (the field reads as 0).
+pub const SNAPSHOT_VERSION: u8 = 2;
+
+/// Encodes a snapshot with its own structure version.
+pub fn encode_snapshot(s: &Snapshot) -> Result<Vec<u8>> {
+    postcard::to_extend(s, vec![SNAPSHOT_VERSION]).map_err(|e| CoreError::Encode(e.to_string()))
+}
+
+/// Decodes a snapshot of any version this build reads.
+pub fn decode_snapshot(bytes: &[u8]) -> Result<Snapshot> {
+    const WHAT: &str = "snapshot";
+    let (&v, body) = bytes.split_first().ok_or(CoreError::Truncated(WHAT))?;
+    let err = |e: postcard::Error| CoreError::Decode {
+        what: WHAT,
+        msg: e.to_string(),
+    };
+    match v {
+        SNAPSHOT_VERSION => postcard::from_bytes(body).map_err(err),
+        1 => postcard::from_bytes::<v1::Snapshot>(body)
+            .map(Snapshot::from)
+            .map_err(err),
+        found => Err(CoreError::UnknownVersion {
+            what: WHAT,
+            found,
+            supported: SNAPSHOT_VERSION,
+        }),
+    }
+}
+
+/// Structures as version 1 wrote them.
+mod v1 {
+    use super::{ChunkerParams, SnapshotStats};
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    pub struct Archival {
+        pub next: Option<String>,
+        pub converted_ns: i64,
+        pub direct_chunks: u64,
+        pub direct_bytes: u64,
+        pub indirect_chunks: u64,
+        pub indirect_bytes: u64,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Snapshot {
+        pub series: String,
+        pub version: u32,
+        pub time_ns: i64,
+        pub host: String,
+        pub paths: Vec<String>,
+        pub tags: Vec<String>,
+        pub recipe: String,
+        pub parent: Option<String>,
+        pub chunker: ChunkerParams,
+        pub stats: SnapshotStats,
+        pub archival: Option<Archival>,
+    }
+}
+
+impl From<v1::Snapshot> for Snapshot {
+    fn from(s: v1::Snapshot) -> Self {
+        Snapshot {
+            series: s.series,
+            version: s.version,
+            time_ns: s.time_ns,
+            host: s.host,
+            paths: s.paths,
+            tags: s.tags,
+            recipe: s.recipe,
+            parent: s.parent,
+            chunker: s.chunker,
+            stats: s.stats,
+            archival: s.archival.map(|a| Archival {
+                next: a.next,
+                converted_ns: a.converted_ns,
+                direct_chunks: a.direct_chunks,
+                direct_bytes: a.direct_bytes,
+                indirect_chunks: a.indirect_chunks,
+                indirect_bytes: a.indirect_bytes,
+                released_bytes: 0,
+            }),
+        }
+    }
+}
+
 /// Identity of a data container (random, never reused).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ContainerId(pub [u8; 16]);
@@ -368,6 +455,10 @@ pub struct Archival {
     /// Chunk references made indirect and their plaintext bytes.
     pub indirect_chunks: u64,
     pub indirect_bytes: u64,
+    /// Of those, bytes whose chunk the next version holds at another
+    /// location: pool space the conversion could free (snapshot version 2;
+    /// 0 when read from version 1).
+    pub released_bytes: u64,
 }
 
 /// A committed version. Writing this object is the commit point. The
@@ -444,6 +535,73 @@ mod tests {
         ));
         assert!(decode::<LockInfo>("lock", &[]).is_err());
         assert!(decode::<LockInfo>("lock", &[STRUCT_VERSION, 1]).is_err());
+    }
+
+    #[test]
+    fn snapshots_of_version_1_still_read() {
+        #[derive(Serialize)]
+        struct V1Archival {
+            next: Option<String>,
+            converted_ns: i64,
+            direct_chunks: u64,
+            direct_bytes: u64,
+            indirect_chunks: u64,
+            indirect_bytes: u64,
+        }
+        let mut s = Snapshot {
+            series: "s".into(),
+            version: 3,
+            time_ns: 5,
+            host: "h".into(),
+            paths: vec!["/p".into()],
+            tags: vec![],
+            recipe: "r".into(),
+            parent: None,
+            chunker: ChunkerParams::cdc(8192),
+            stats: SnapshotStats::default(),
+            archival: None,
+        };
+        // A version-1 object: the same fields, the archival record without
+        // released_bytes.
+        let old = (
+            &s.series,
+            s.version,
+            s.time_ns,
+            &s.host,
+            &s.paths,
+            &s.tags,
+            &s.recipe,
+            &s.parent,
+            s.chunker,
+            &s.stats,
+            Some(V1Archival {
+                next: Some("n".into()),
+                converted_ns: 7,
+                direct_chunks: 1,
+                direct_bytes: 2,
+                indirect_chunks: 3,
+                indirect_bytes: 4,
+            }),
+        );
+        let bytes = postcard::to_extend(&old, vec![1]).unwrap();
+        let got = decode_snapshot(&bytes).unwrap();
+        s.archival = Some(Archival {
+            next: Some("n".into()),
+            converted_ns: 7,
+            direct_chunks: 1,
+            direct_bytes: 2,
+            indirect_chunks: 3,
+            indirect_bytes: 4,
+            released_bytes: 0,
+        });
+        assert_eq!(got, s);
+        // Version 2 round-trips, with the new field.
+        s.archival.as_mut().unwrap().released_bytes = 9;
+        assert_eq!(decode_snapshot(&encode_snapshot(&s).unwrap()).unwrap(), s);
+        assert!(matches!(
+            decode_snapshot(&[3, 0]),
+            Err(CoreError::UnknownVersion { found: 3, .. })
+        ));
     }
 
     #[test]

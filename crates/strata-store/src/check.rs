@@ -272,7 +272,7 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
     for o in b.list("snapshots/")? {
         rep.snapshots += 1;
         let id = o.name.trim_start_matches("snapshots/").to_string();
-        match repo.get_struct::<Snapshot>(Kind::Snapshot, &o.name, "snapshot") {
+        match repo.get_snapshot(&o.name) {
             Ok(s) => snaps.push((id, s)),
             Err(e) => {
                 rep.errors.push(format!("{e}"));

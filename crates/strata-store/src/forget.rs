@@ -244,6 +244,7 @@ fn rebase(
             .as_ref()
             .map(|a| a.converted_ns)
             .unwrap_or_default(),
+        released_bytes: u.archival.as_ref().map_or(0, |a| a.released_bytes),
         ..Default::default()
     };
     for c in recipe_refs(&recipe) {

@@ -354,14 +354,40 @@ impl Repository {
 
     /// Reads one snapshot by id.
     pub fn load_snapshot(&self, id: &str) -> Result<Snapshot> {
-        self.get_struct(Kind::Snapshot, &format!("snapshots/{id}"), "snapshot")
+        self.get_snapshot(&format!("snapshots/{id}"))
+    }
+
+    /// Reads, verifies and decodes the snapshot object `name`.
+    pub fn get_snapshot(&self, name: &str) -> Result<Snapshot> {
+        let raw = self.backend.get(name)?;
+        let bytes = self
+            .sealer
+            .open(Kind::Snapshot, &raw)
+            .map_err(|e| StoreError::corrupt(name, e))?;
+        strata_core::format::decode_snapshot(&bytes).map_err(|e| StoreError::corrupt(name, e))
+    }
+
+    /// Writes a new snapshot object; its id is the hash of its bytes.
+    pub fn put_snapshot(&self, snapshot: &Snapshot) -> Result<String> {
+        let env = self.sealer.seal(
+            Kind::Snapshot,
+            &strata_core::format::encode_snapshot(snapshot)?,
+            true,
+        )?;
+        let id = blake3::hash(&env).to_hex().to_string();
+        self.backend.put(&format!("snapshots/{id}"), &env)?;
+        Ok(id)
     }
 
     /// Replaces a snapshot object under its existing id: the atomic switch
     /// with which lifecycle commands (maintain, gc, forget) give a version a
     /// new recipe. The id stays the hash of the object's first content.
     pub fn replace_snapshot(&self, id: &str, snapshot: &Snapshot) -> Result<()> {
-        let env = self.sealer.seal(Kind::Snapshot, &encode(snapshot)?, true)?;
+        let env = self.sealer.seal(
+            Kind::Snapshot,
+            &strata_core::format::encode_snapshot(snapshot)?,
+            true,
+        )?;
         self.backend.put(&format!("snapshots/{id}"), &env)
     }
 
@@ -505,7 +531,7 @@ impl Repository {
         let mut damaged = Vec::new();
         for o in self.backend.list("snapshots/")? {
             let id = o.name.trim_start_matches("snapshots/").to_string();
-            match self.get_struct::<Snapshot>(Kind::Snapshot, &o.name, "snapshot") {
+            match self.get_snapshot(&o.name) {
                 Ok(s) => out.push((id, s)),
                 Err(e @ StoreError::Corrupt { .. }) | Err(e @ StoreError::Core(_)) => {
                     tracing::warn!("skipping damaged snapshot {id}: {e}");

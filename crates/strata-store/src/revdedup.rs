@@ -502,6 +502,7 @@ pub(crate) fn convert(
     for c in recipe_refs(&recipe) {
         count_ref(&mut archival, c);
     }
+    archival.released_bytes = released;
     out.released_bytes = released;
     fill(&mut out, &archival);
     if dry_run {

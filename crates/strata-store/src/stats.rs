@@ -43,8 +43,8 @@ pub struct RepoStats {
     /// Plaintext bytes of the distinct non-zero segments the snapshots
     /// reference: what segment-level dedup alone would store.
     pub segment_level_bytes: u64,
-    /// Plaintext bytes the snapshots need: pool chunks referenced by
-    /// live-form versions plus the archival versions' stamped chunks.
+    /// Plaintext bytes the snapshots need: pool chunks some version
+    /// references plus the archival versions' stamped chunks.
     pub referenced_raw_bytes: u64,
     /// Plaintext bytes in pool containers that nothing references any more
     /// (left below the compaction threshold; `gc --threshold 0` frees them).
@@ -77,6 +77,10 @@ pub struct SeriesStats {
     /// indirect reference passes through before it meets a direct one.
     pub direct_bytes: u64,
     pub indirect_bytes: u64,
+    /// Of the indirect bytes, those whose chunk the next version held at
+    /// another location: the pool space reverse dedup freed for this
+    /// series (the rest the backups already shared inline).
+    pub reverse_freed_bytes: u64,
     pub avg_chain_length: f64,
     pub max_chain_length: u32,
     /// Stored bytes of the stamped containers its versions own.
@@ -107,7 +111,7 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
     let mut segs: HashMap<Fingerprint, u64> = HashMap::new();
     let mut recipes = HashSet::new();
     let mut logical_nonzero = 0u64;
-    // Pool chunk locations that live-form versions reference.
+    // Pool chunk locations that some version references.
     let mut pool_refs: HashMap<(ContainerId, u32, u32), u32> = HashMap::new();
     for (_, s) in &snaps {
         let r = repo.load_recipe(&s.recipe)?;
@@ -115,8 +119,12 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
             if !c.is_zero() {
                 logical_nonzero += c.len as u64;
             }
-            if s.archival.is_none() && c.is_direct() {
-                if let Some(cid) = r.containers.get(c.container as usize) {
+            if c.is_direct() {
+                let cid = r.containers.get(c.container as usize);
+                let in_pool = cid
+                    .and_then(|id| idx.containers.get(id))
+                    .is_some_and(|m| m.stamp.is_none());
+                if let (Some(cid), true) = (cid, in_pool) {
                     pool_refs.insert((*cid, c.region, c.offset), c.len);
                 }
             }
@@ -242,6 +250,7 @@ fn series_stats(
             st.reverse_deduplicated += 1;
             st.direct_bytes += a.direct_bytes;
             st.indirect_bytes += a.indirect_bytes;
+            st.reverse_freed_bytes += a.released_bytes;
             let r = repo.load_recipe(&s.recipe)?;
             let next_hops = newer
                 .as_ref()

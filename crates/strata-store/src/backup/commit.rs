@@ -7,7 +7,6 @@ use crate::error::{Result, StoreError};
 use crate::index::ContainerTable;
 use crate::repo::Repository;
 use std::collections::HashMap;
-use strata_core::crypto::Kind;
 use strata_core::format::{Node, Recipe, Snapshot};
 
 /// The recipe of `nodes` (sorted by path), whose direct references hold
@@ -52,7 +51,7 @@ pub(crate) fn commit_snapshot(repo: &Repository, snapshot: &mut Snapshot) -> Res
     };
     snapshot.version = next(repo, &snapshot.series)?;
     for _ in 0..16 {
-        let (id, _) = repo.put_struct(Kind::Snapshot, "snapshots", snapshot)?;
+        let id = repo.put_snapshot(snapshot)?;
         let clash = repo
             .list_snapshots_tolerant()?
             .0
