@@ -1103,7 +1103,8 @@ fn cmd_backup(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
                 "new_raw_bytes": s.stats.new_raw_bytes, "new_stored_bytes": s.stats.new_stored_bytes,
                 "reused_files": rep.reused_files, "seconds": secs, "index_ram_bytes": rep.index_ram_bytes,
                 "warnings": rep.warnings, "threads": rep.threads, "stages": rep.stages,
-                "parent_bytes": rep.parent_bytes, "peak_rss_bytes": peak_rss_bytes()});
+                "parent_bytes": rep.parent_bytes, "similar_bytes": rep.similar_bytes,
+                "peak_rss_bytes": peak_rss_bytes()});
     if let Some((m, msecs)) = &maintained {
         v["maintain"] = serde_json::to_value(m)?;
         v["maintain"]["seconds"] = json!(msecs);

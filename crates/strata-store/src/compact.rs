@@ -404,7 +404,7 @@ fn copy_forward(
                 let loc = out.put(Holder::Shared, (m.id, c.region), c.fp, data_of(j)?)?;
                 moved.insert((m.id, c.region, c.offset), loc);
             }
-            out.pool.end_segment(fp, n as u32);
+            let _ = out.pool.end_segment(fp, n as u32);
             i += n;
             continue;
         }

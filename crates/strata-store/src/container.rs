@@ -221,8 +221,9 @@ impl ContainerWriter {
     }
 
     /// Ends a segment started with [`Self::begin_segment`]; records it in
-    /// the container's metadata when all of it was appended there.
-    pub fn end_segment(&mut self, fp: Fingerprint, appended: u32) -> bool {
+    /// the container's metadata when all of it was appended there, and
+    /// returns where: (interned container, first chunk entry).
+    pub fn end_segment(&mut self, fp: Fingerprint, appended: u32) -> Option<(u32, u32)> {
         let start = self.segment_start.take();
         match (start, self.open.as_mut()) {
             (Some((cidx, first)), Some(c))
@@ -233,9 +234,9 @@ impl ContainerWriter {
                     first_chunk: first,
                     chunks: appended,
                 });
-                true
+                Some((cidx, first))
             }
-            _ => false,
+            _ => None,
         }
     }
 

@@ -332,8 +332,24 @@ pub trait IndexStrategy: Send + Sync {
     fn whole_segments(&self) -> bool {
         false
     }
-    /// Called after a new segment was stored whole at `locs`.
-    fn record_segment(&self, _segment: &Fingerprint, _locs: &[ChunkLoc]) {}
+    /// Called after a new segment was stored whole: its non-zero chunks,
+    /// their locations, and (container, first chunk entry) of its run in
+    /// the container's metadata.
+    fn record_segment(
+        &self,
+        _segment: &Fingerprint,
+        _chunks: &[Fingerprint],
+        _locs: &[ChunkLoc],
+        _at: (u32, u32),
+    ) {
+    }
+    /// For a segment neither it nor the file's previous version knows: the
+    /// locations of its chunks in a *similar* stored segment, if the
+    /// strategy keeps representatives (`segment`: the stored segment with
+    /// the same minimum chunk fingerprint).
+    fn lookup_similar(&self, _chunks: &[Fingerprint]) -> Option<Vec<Option<ChunkLoc>>> {
+        None
+    }
     /// Called when a segment `lookup_segment` handed to this caller to store
     /// was not stored whole after all.
     fn release_segment(&self, _segment: &Fingerprint) {}
@@ -540,6 +556,10 @@ pub struct SegmentIndex {
     repo: Repository,
     table: Arc<ContainerTable>,
     map: Sharded<SegLoc>,
+    /// Each stored segment's representative (its minimum chunk
+    /// fingerprint, a min-hash: two segments share it with a probability
+    /// equal to their resemblance) → where it is stored.
+    reps: Sharded<SegLoc>,
     /// Segments stored by the running backup, whose metadata objects may
     /// not be written yet.
     fresh: Mutex<HashMap<Fingerprint, Arc<Vec<ChunkLoc>>>>,
@@ -564,6 +584,7 @@ impl SegmentIndex {
             repo: repo.clone(),
             table,
             map: Sharded::default(),
+            reps: Sharded::default(),
             fresh: Mutex::default(),
             cache: Mutex::default(),
             pending: Mutex::default(),
@@ -588,6 +609,11 @@ impl SegmentIndex {
         g.insert(c, v.clone());
         Some(v)
     }
+}
+
+/// A segment's representative: its minimum chunk fingerprint.
+fn representative(chunks: &[Fingerprint]) -> Option<Fingerprint> {
+    chunks.iter().min().copied()
 }
 
 impl SegmentIndex {
@@ -664,7 +690,7 @@ impl IndexStrategy for SegmentIndex {
     }
 
     fn ram_bytes(&self) -> u64 {
-        let main = self.map.ram_bytes();
+        let main = self.map.ram_bytes() + self.reps.ram_bytes();
         let fresh: u64 = self
             .fresh
             .lock()
@@ -683,12 +709,49 @@ impl IndexStrategy for SegmentIndex {
         true
     }
 
-    fn record_segment(&self, segment: &Fingerprint, locs: &[ChunkLoc]) {
+    fn record_segment(
+        &self,
+        segment: &Fingerprint,
+        chunks: &[Fingerprint],
+        locs: &[ChunkLoc],
+        at: (u32, u32),
+    ) {
         self.fresh
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(*segment, Arc::new(locs.to_vec()));
+        if let Some(rep) = representative(chunks) {
+            self.reps.shard(&rep).entry(rep).or_insert(SegLoc {
+                container: at.0,
+                first: at.1,
+                chunks: chunks.len() as u32,
+            });
+        }
         self.release_segment(segment);
+    }
+
+    fn lookup_similar(&self, chunks: &[Fingerprint]) -> Option<Vec<Option<ChunkLoc>>> {
+        let rep = representative(chunks)?;
+        let loc = self.reps.shard(&rep).get(&rep).copied()?;
+        // The similar segment's chunks, by fingerprint (its container's
+        // metadata is read, and cached, like a segment hit's).
+        let entries = self.container_chunks(loc.container)?;
+        let run = entries.get(loc.first as usize..(loc.first + loc.chunks) as usize)?;
+        let by_fp: HashMap<Fingerprint, ChunkLoc> = run
+            .iter()
+            .map(|e| {
+                (
+                    e.fp,
+                    ChunkLoc {
+                        container: loc.container,
+                        region: e.region,
+                        offset: e.offset,
+                        len: e.len,
+                    },
+                )
+            })
+            .collect();
+        Some(chunks.iter().map(|fp| by_fp.get(fp).copied()).collect())
     }
 
     fn release_segment(&self, segment: &Fingerprint) {
@@ -702,11 +765,18 @@ impl IndexStrategy for SegmentIndex {
     fn add_container(&self, table: &ContainerTable, meta: &ContainerMeta) {
         let c = table.intern(meta.id);
         for s in &meta.segments {
-            self.shard(&s.fp).entry(s.fp).or_insert(SegLoc {
+            let loc = SegLoc {
                 container: c,
                 first: s.first_chunk,
                 chunks: s.chunks,
-            });
+            };
+            self.shard(&s.fp).entry(s.fp).or_insert(loc);
+            let run = meta
+                .chunks
+                .get(s.first_chunk as usize..(s.first_chunk + s.chunks) as usize);
+            if let Some(rep) = run.and_then(|r| r.iter().map(|e| e.fp).min()) {
+                self.reps.shard(&rep).entry(rep).or_insert(loc);
+            }
         }
     }
 }

@@ -51,6 +51,8 @@ pub(crate) struct Ctx<'a> {
     pub read_bytes: AtomicU64,
     /// Bytes found in the previous version of their file.
     pub parent_bytes: AtomicU64,
+    /// Bytes found in a similar stored segment.
+    pub similar_bytes: AtomicU64,
     /// Files at least this large (and streams) go through the block
     /// pipeline that spreads one file over every worker.
     pub large_file: u64,
@@ -243,13 +245,33 @@ impl<'a> Ctx<'a> {
         // this worker its storer: it must record or release it on every
         // path.
         let mut storer = false;
+        let fps = job.fps();
         if found.iter().any(|f| f.is_none()) {
-            let known = self.strategy.lookup_segment(&seg_fp, &job.fps());
+            let known = self.strategy.lookup_segment(&seg_fp, &fps);
             storer = self.strategy.whole_segments() && known.iter().any(|f| f.is_none());
             for (f, k) in found.iter_mut().zip(known) {
                 if k.is_some() {
                     *f = k;
                 }
+            }
+        }
+        // Still unknown chunks: a similar stored segment may hold them
+        // (content shared with other files or series, not aligned with
+        // their segments).
+        if storer && found.iter().any(|f| f.is_none()) {
+            if let Some(similar) = self.strategy.lookup_similar(&fps) {
+                let mut bytes = 0u64;
+                for ((f, s), len) in found
+                    .iter_mut()
+                    .zip(similar)
+                    .zip(job.chunks.iter().filter(|c| !c.zero).map(|c| c.len as u64))
+                {
+                    if f.is_none() && s.is_some() {
+                        *f = s;
+                        bytes += len;
+                    }
+                }
+                self.similar_bytes.fetch_add(bytes, Ordering::Relaxed);
             }
         }
         self.stages.add(Stage::Lookup, t, 0);
@@ -278,10 +300,15 @@ impl<'a> Ctx<'a> {
             }
         };
         if storer {
-            if whole && writer.end_segment(seg_fp, appended) && all_new {
-                self.strategy.record_segment(&seg_fp, &stored_locs);
-            } else {
-                self.strategy.release_segment(&seg_fp);
+            match whole
+                .then(|| writer.end_segment(seg_fp, appended))
+                .flatten()
+            {
+                Some(at) if all_new => {
+                    self.strategy
+                        .record_segment(&seg_fp, &fps, &stored_locs, at)
+                }
+                _ => self.strategy.release_segment(&seg_fp),
             }
         }
         self.segment_done(&seg_fp, &refs, appended as usize)?;

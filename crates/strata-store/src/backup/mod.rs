@@ -103,6 +103,8 @@ pub struct BackupReport {
     /// Bytes of changed files found in their previous version chunk by
     /// chunk (not stored again).
     pub parent_bytes: u64,
+    /// Bytes of new segments found in similar stored segments (`segment`).
+    pub similar_bytes: u64,
     /// The lifecycle run after the commit, and its seconds.
     pub lifecycle: Option<(crate::revdedup::AfterBackup, f64)>,
     /// Busy time and bytes of each pipeline stage, per worker.
@@ -341,6 +343,7 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         new_raw: AtomicU64::new(0),
         read_bytes: AtomicU64::new(0),
         parent_bytes: AtomicU64::new(0),
+        similar_bytes: AtomicU64::new(0),
         large_file: opts.large_file,
         stored_again_sampled: AtomicU64::new(0),
     };
@@ -402,6 +405,7 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         index_ram_bytes: strategy.ram_bytes(),
         reused_files: reused,
         parent_bytes: ctx.parent_bytes.load(Ordering::Relaxed),
+        similar_bytes: ctx.similar_bytes.load(Ordering::Relaxed),
         lifecycle: None,
         stages: stages.report(started.elapsed().as_secs_f64()),
         threads,
