@@ -43,8 +43,12 @@ def main():
         systems = sys.argv[sys.argv.index("--systems") + 1].split(",")
     enc = ["--encrypt"] if "--encrypt" in sys.argv else []
     strata = os.environ.get("STRATA_BIN", os.path.join(os.path.dirname(__file__), "../target/release/strata"))
-    versions = sorted((d for d in os.listdir(vdir) if os.path.isfile(os.path.join(vdir, d, "disk.img"))),
-                      key=lambda d: int(d.rsplit("-", 1)[-1]) if d.rsplit("-", 1)[-1].isdigit() else d)
+    def order(d):
+        n = d.rsplit("-", 1)[-1]
+        return (0, int(n), d) if n.isdigit() else (1, 0, d)
+    versions = sorted((d for d in os.listdir(vdir)
+                       if not d.startswith(".") and os.path.isfile(os.path.join(vdir, d, "disk.img"))),
+                      key=order)
     env = dict(os.environ, STRATA_PASSWORD="bench", RESTIC_PASSWORD="bench")
     shutil.rmtree(work, ignore_errors=True)
     src = os.path.join(work, "vm")
@@ -72,9 +76,13 @@ def main():
         img = os.path.join(src, "disk.img")
         subprocess.run(["cp", "--sparse=always", os.path.join(vdir, v, "disk.img"), img + ".new"], check=True)
         os.replace(img + ".new", img)
+        # The copy's writeback must not slow whichever system reads first.
+        subprocess.run(["sync"], check=True)
         size = os.path.getsize(img)
         logical += size
-        for s in systems:
+        # Each version, another system goes first.
+        k = versions.index(v) % len(systems)
+        for s in systems[k:] + systems[:k]:
             env_s = dict(env, STRATA_CACHE_DIR=repos[s] + ".cache")
             dt, rss, out = run(cmds[s]["backup"], env_s)
             row = {"version": v, "seconds": dt, "MBps": size / dt / 1e6, "peak_rss_MiB": rss / 2**20,

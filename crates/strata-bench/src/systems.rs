@@ -182,7 +182,7 @@ impl System for Strata {
             match (self.maintain, self.lifecycle_in_backup) {
                 (true, true) => {
                     "; defaults: the RevDedup lifecycle runs inside every backup \
-                     (timed with it), deletion by `forget` + `maintain`"
+                     (timed with it), deletion by `forget --prune`"
                 }
                 (true, false) => {
                     "; `strata maintain` after every backup (RevDedup lifecycle), \
@@ -278,20 +278,15 @@ impl System for Strata {
         for (s, v) in versions {
             c.arg(format!("{s}@{v}"));
         }
-        // With the lifecycle, archival versions are deleted by dropping
-        // their stamped containers; no mark-and-sweep gc. When the backup
-        // runs the lifecycle, what they held in the shared pool is freed by
-        // a compaction (`maintain`), timed with the deletion.
-        if !self.maintain {
+        // With the lifecycle run by `strata maintain`, archival versions
+        // are deleted by dropping their stamped containers, no gc. When the
+        // backups run the lifecycle (the default), archival versions keep
+        // their data in the shared pool, so deletion frees it with
+        // `forget --prune` as for every other index.
+        if !self.maintain || self.lifecycle_in_backup {
             c.arg("--prune");
         }
-        let mut m = run(&mut c, &[0])?;
-        if self.lifecycle_in_backup {
-            let compact = run(self.cmd(repo).arg("maintain"), &[0])?;
-            m.seconds += compact.seconds;
-            m.peak_rss_bytes = m.peak_rss_bytes.max(compact.peak_rss_bytes);
-        }
-        Ok(m)
+        run(&mut c, &[0])
     }
 
     fn last_restore_reads(&self) -> Option<(u64, u64)> {
@@ -621,7 +616,7 @@ mod tests {
         );
         // A binary whose backups run the lifecycle: no separate maintain
         // after a backup; its seconds come from the backup's report; a
-        // deletion is forget + maintain.
+        // deletion is forget --prune.
         let auto = r#"{"index_strategies": ["segment"], "maintain": true, "lifecycle_after_backup": true}"#;
         let (on, _, calls) = lifecycle_calls(auto, "segment");
         assert!(on);
@@ -631,8 +626,7 @@ mod tests {
                 "features",
                 "init --index segment",
                 "backup --series a",
-                "forget a@1 b@2",
-                "maintain"
+                "forget a@1 b@2 --prune"
             ]
         );
         // A binary without maintain: as before.

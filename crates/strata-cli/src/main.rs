@@ -121,6 +121,13 @@ enum Cmd {
         /// Rewrite pool containers with more than this fraction of dead data.
         #[arg(long, default_value_t = 0.2)]
         threshold: f64,
+        /// Also rewrite pool containers with more than this fraction of
+        /// data dead or held by one archival version alone, moving such
+        /// chunks into containers stamped with their version (expiring it
+        /// later deletes them without a scan; the newest versions' containers
+        /// stay dense). 1 turns it off.
+        #[arg(long, default_value_t = 0.5)]
+        separate: f64,
         /// Only report what would be done.
         #[arg(long)]
         dry_run: bool,
@@ -640,9 +647,16 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             }
             Ok(0)
         }
-        Cmd::Maintain { threshold, dry_run } => {
+        Cmd::Maintain {
+            threshold,
+            separate,
+            dry_run,
+        } => {
             let repo = open(cli)?;
-            maintain_cmd(cli, out, &repo, *threshold, *dry_run)
+            if !(0.0..=1.0).contains(separate) {
+                bail!("--separate must be between 0 and 1");
+            }
+            maintain_cmd(cli, out, &repo, (*threshold, *separate), *dry_run)
         }
         Cmd::Gc { threshold, dry_run } => {
             let repo = open(cli)?;
@@ -939,10 +953,10 @@ fn maintain_cmd(
     cli: &Cli,
     out: &Out,
     repo: &Repository,
-    threshold: f64,
+    thresholds: (f64, f64),
     dry_run: bool,
 ) -> Result<i32> {
-    let (rep, secs) = run_maintain(cli, repo, threshold, dry_run)?;
+    let (rep, secs) = run_maintain(cli, repo, thresholds, dry_run)?;
     let mut v = serde_json::to_value(&rep)?;
     v["seconds"] = json!(secs);
     out.result(&v, || maintain_text(&rep, secs));
@@ -952,7 +966,7 @@ fn maintain_cmd(
 fn run_maintain(
     cli: &Cli,
     repo: &Repository,
-    threshold: f64,
+    (threshold, separate): (f64, f64),
     dry_run: bool,
 ) -> Result<(strata_store::revdedup::MaintainReport, f64)> {
     if !(0.0..=1.0).contains(&threshold) {
@@ -961,6 +975,7 @@ fn run_maintain(
     let pd = progress_for(cli, "maintain");
     let opts = strata_store::revdedup::MaintainOptions {
         threshold,
+        separate,
         dry_run,
         progress: pd.progress.clone(),
         ..Default::default()
@@ -1093,7 +1108,7 @@ fn cmd_backup(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
     // `--maintain`: the lifecycle runs once the backup is committed (and
     // its shared lock released); its report joins the backup's output.
     let maintained = if a.maintain {
-        Some(run_maintain(cli, &repo, 0.2, false)?)
+        Some(run_maintain(cli, &repo, (0.2, 0.5), false)?)
     } else {
         None
     };

@@ -28,7 +28,8 @@ pub struct GcOptions {
     pub threshold: f64,
     /// Containers with more than this fraction of bytes that are dead or
     /// held by one archival version alone are rewritten too, moving those
-    /// chunks into the version's stamped containers (1.0: never).
+    /// chunks into the version's stamped containers (1.0, gc's default:
+    /// never; `maintain` separates by default).
     pub separate: f64,
     pub dry_run: bool,
     pub progress: Arc<crate::progress::Progress>,
@@ -38,7 +39,7 @@ impl Default for GcOptions {
     fn default() -> Self {
         GcOptions {
             threshold: 0.2,
-            separate: 0.5,
+            separate: 1.0,
             dry_run: false,
             progress: Arc::new(Default::default()),
         }

@@ -568,8 +568,21 @@ pub struct SegmentIndex {
     /// New segments some worker is storing right now; another worker
     /// meeting the same segment waits for it instead of storing it twice.
     pending: Mutex<std::collections::HashSet<Fingerprint>>,
+    /// Chunks this backup stored, so a chunk repeated within the backup
+    /// (a file copied inside a disk image, say) is stored once: two
+    /// generations of at most [`RECENT_CHUNKS`] / 2 entries each, the older
+    /// dropped when the newer fills, so it covers the last ~1–2 GB of new
+    /// data in bounded RAM.
+    recent: Mutex<(
+        HashMap<Fingerprint, ChunkLoc>,
+        HashMap<Fingerprint, ChunkLoc>,
+    )>,
     stored: std::sync::Condvar,
 }
+
+/// Chunks of the running backup a `segment` index remembers (~64 bytes
+/// each in RAM: at most ~16 MB, the last 128k–256k new chunks).
+const RECENT_CHUNKS: usize = 256 << 10;
 
 /// How long a worker waits for another to store a segment before storing
 /// it itself (a duplicate is harmless; waiting forever is not). The storer
@@ -588,6 +601,7 @@ impl SegmentIndex {
             fresh: Mutex::default(),
             cache: Mutex::default(),
             pending: Mutex::default(),
+            recent: Mutex::default(),
             stored: std::sync::Condvar::new(),
         }
     }
@@ -684,13 +698,25 @@ impl IndexStrategy for SegmentIndex {
         }
     }
 
-    fn claim(&self, _fp: &Fingerprint, _loc: ChunkLoc) -> Option<ChunkLoc> {
-        // Segments are stored whole: no chunk-level dedup inline.
+    fn claim(&self, fp: &Fingerprint, loc: ChunkLoc) -> Option<ChunkLoc> {
+        let mut g = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let (cur, old) = &mut *g;
+        if let Some(l) = cur.get(fp).or_else(|| old.get(fp)) {
+            return Some(*l);
+        }
+        cur.insert(*fp, loc);
+        if cur.len() >= RECENT_CHUNKS / 2 {
+            *old = std::mem::take(cur);
+        }
         None
     }
 
     fn ram_bytes(&self) -> u64 {
-        let main = self.map.ram_bytes() + self.reps.ram_bytes();
+        let recent = {
+            let g = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            (g.0.capacity() + g.1.capacity()) as u64 * (32 + 16 + 8)
+        };
+        let main = self.map.ram_bytes() + self.reps.ram_bytes() + recent;
         let fresh: u64 = self
             .fresh
             .lock()

@@ -116,6 +116,9 @@ impl MaintainOptions {
         MaintainOptions {
             reverse_dedup: repo.config().index == "segment",
             compact: Compact::WhenReleased(INCREMENTAL_COMPACT_AT),
+            // Compaction after a backup frees dead space only; separating
+            // archival data is `strata maintain`'s (it rewrites live data).
+            separate: 1.0,
             ..Default::default()
         }
     }
