@@ -343,6 +343,10 @@ pub trait IndexStrategy: Send + Sync {
         _at: (u32, u32),
     ) {
     }
+    /// Called after the new chunks of a partly new segment were packed
+    /// as one run at (container, first chunk entry): lets the strategy
+    /// find them by similarity later.
+    fn record_run(&self, _chunks: &[Fingerprint], _at: (u32, u32)) {}
     /// For a segment neither it nor the file's previous version knows: the
     /// locations of its chunks in a *similar* stored segment, if the
     /// strategy keeps representatives (`segment`: the stored segment with
@@ -625,9 +629,11 @@ impl SegmentIndex {
     }
 }
 
-/// A segment's representative: its minimum chunk fingerprint.
-fn representative(chunks: &[Fingerprint]) -> Option<Fingerprint> {
-    chunks.iter().min().copied()
+/// A segment's representatives: its minimum and maximum chunk
+/// fingerprints (two min-hashes under opposite orders: a similar segment
+/// shares at least one with a probability ~ 1 − (1 − resemblance)²).
+fn representatives(chunks: &[Fingerprint]) -> Option<[Fingerprint; 2]> {
+    Some([*chunks.iter().min()?, *chunks.iter().max()?])
 }
 
 impl SegmentIndex {
@@ -746,38 +752,58 @@ impl IndexStrategy for SegmentIndex {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(*segment, Arc::new(locs.to_vec()));
-        if let Some(rep) = representative(chunks) {
-            self.reps.shard(&rep).entry(rep).or_insert(SegLoc {
-                container: at.0,
-                first: at.1,
-                chunks: chunks.len() as u32,
-            });
+        let loc = SegLoc {
+            container: at.0,
+            first: at.1,
+            chunks: chunks.len() as u32,
+        };
+        for rep in representatives(chunks).into_iter().flatten() {
+            self.reps.shard(&rep).entry(rep).or_insert(loc);
         }
         self.release_segment(segment);
     }
 
+    fn record_run(&self, chunks: &[Fingerprint], at: (u32, u32)) {
+        let loc = SegLoc {
+            container: at.0,
+            first: at.1,
+            chunks: chunks.len() as u32,
+        };
+        for rep in representatives(chunks).into_iter().flatten() {
+            self.reps.shard(&rep).entry(rep).or_insert(loc);
+        }
+    }
+
     fn lookup_similar(&self, chunks: &[Fingerprint]) -> Option<Vec<Option<ChunkLoc>>> {
-        let rep = representative(chunks)?;
-        let loc = self.reps.shard(&rep).get(&rep).copied()?;
-        // The similar segment's chunks, by fingerprint (its container's
+        // The similar segments' chunks, by fingerprint (their containers'
         // metadata is read, and cached, like a segment hit's).
-        let entries = self.container_chunks(loc.container)?;
-        let run = entries.get(loc.first as usize..(loc.first + loc.chunks) as usize)?;
-        let by_fp: HashMap<Fingerprint, ChunkLoc> = run
-            .iter()
-            .map(|e| {
-                (
-                    e.fp,
-                    ChunkLoc {
-                        container: loc.container,
-                        region: e.region,
-                        offset: e.offset,
-                        len: e.len,
-                    },
-                )
-            })
-            .collect();
-        Some(chunks.iter().map(|fp| by_fp.get(fp).copied()).collect())
+        let mut by_fp: HashMap<Fingerprint, ChunkLoc> = HashMap::new();
+        let mut seen = Vec::new();
+        for rep in representatives(chunks)? {
+            let Some(loc) = self.reps.shard(&rep).get(&rep).copied() else {
+                continue;
+            };
+            if seen.contains(&(loc.container, loc.first)) {
+                continue;
+            }
+            seen.push((loc.container, loc.first));
+            let Some(entries) = self.container_chunks(loc.container) else {
+                continue;
+            };
+            let Some(run) = entries.get(loc.first as usize..(loc.first + loc.chunks) as usize)
+            else {
+                continue;
+            };
+            for e in run {
+                by_fp.entry(e.fp).or_insert(ChunkLoc {
+                    container: loc.container,
+                    region: e.region,
+                    offset: e.offset,
+                    len: e.len,
+                });
+            }
+        }
+        (!by_fp.is_empty()).then(|| chunks.iter().map(|fp| by_fp.get(fp).copied()).collect())
     }
 
     fn release_segment(&self, segment: &Fingerprint) {
@@ -800,8 +826,11 @@ impl IndexStrategy for SegmentIndex {
             let run = meta
                 .chunks
                 .get(s.first_chunk as usize..(s.first_chunk + s.chunks) as usize);
-            if let Some(rep) = run.and_then(|r| r.iter().map(|e| e.fp).min()) {
-                self.reps.shard(&rep).entry(rep).or_insert(loc);
+            if let Some(run) = run {
+                let fps: Vec<Fingerprint> = run.iter().map(|e| e.fp).collect();
+                for rep in representatives(&fps).into_iter().flatten() {
+                    self.reps.shard(&rep).entry(rep).or_insert(loc);
+                }
             }
         }
     }

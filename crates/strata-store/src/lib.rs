@@ -20,6 +20,7 @@ pub mod lifecycle;
 pub mod lock;
 pub mod progress;
 pub mod repo;
+pub mod resolver;
 pub mod restore;
 pub mod revdedup;
 pub mod similarity;

@@ -14,14 +14,14 @@
 //! last, so nothing restore writes can pass through one. A malicious
 //! repository therefore cannot make restore write outside its target.
 
-use crate::container::{open_region, read_meta};
+use crate::container::open_region;
 use crate::error::{Result, StoreError};
-use crate::index::{ContainerTable, ExactIndex, RepoIndex};
 use crate::progress::Progress;
 use crate::repo::{data_name, Repository};
+pub use crate::resolver::{recipe_refs, resolver_for, Resolved, Resolver, MAX_CHAIN};
 use rayon::prelude::*;
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -29,9 +29,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use strata_core::format::{ChunkRef, ContainerId, Node, NodeKind, Recipe, RegionInfo, Snapshot};
-use strata_core::Fingerprint;
+use std::sync::Arc;
+use strata_core::format::{ContainerId, Node, NodeKind, Recipe, RegionInfo, Snapshot};
 
 /// Checks a recipe path and turns it into a relative path.
 pub fn safe_rel(path: &[u8]) -> Result<PathBuf> {
@@ -89,257 +88,6 @@ impl<'a> ParentCheck<'a> {
         }
         Ok(())
     }
-}
-
-/// Resolves chunk references to regions: direct ones through the recipe's
-/// container table, indirect ones (RevDedup §2.4.1) by following the
-/// series' chain of newer versions, and — should a container be missing —
-/// through the full index by fingerprint.
-pub struct Resolver {
-    repo: Repository,
-    containers: Vec<ContainerId>,
-    regions: HashMap<ContainerId, Arc<Vec<RegionInfo>>>,
-    fallback: Mutex<Option<Arc<(ExactIndex, ContainerTable, RepoIndex)>>>,
-    /// Where the recipe's indirect references lead, by fingerprint.
-    indirect: HashMap<Fingerprint, Resolved>,
-    /// Versions followed to resolve the indirect references.
-    pub chain_hops: u32,
-}
-
-/// Where to read a chunk.
-#[derive(Clone, Debug)]
-pub struct Resolved {
-    pub container: ContainerId,
-    pub region_idx: u32,
-    pub region: RegionInfo,
-    pub offset: u32,
-}
-
-/// Longest chain of indirect references followed before giving up: a
-/// series would need this many versions, so anything longer is damage.
-pub const MAX_CHAIN: u32 = 1 << 20;
-
-/// Region tables of containers whose data object exists and whose
-/// metadata opens; anything else (rewritten, damaged) is left out and
-/// resolves through the index instead.
-fn load_regions(
-    repo: &Repository,
-    ids: &[ContainerId],
-) -> HashMap<ContainerId, Arc<Vec<RegionInfo>>> {
-    ids.par_iter()
-        .filter_map(|id| {
-            if !matches!(repo.backend().size(&data_name(id)), Ok(Some(_))) {
-                return None;
-            }
-            read_meta(repo, id).ok().map(|m| (*id, Arc::new(m.regions)))
-        })
-        .collect()
-}
-
-/// The chunk references of a recipe, in order.
-pub fn recipe_refs(recipe: &Recipe) -> impl Iterator<Item = &ChunkRef> {
-    recipe
-        .nodes
-        .iter()
-        .flat_map(|n| n.segments.iter().flat_map(|s| s.chunks.iter()))
-}
-
-impl Resolver {
-    /// A resolver for `recipe`. `used` says which entries of its container
-    /// table will be read; `indirect` lists the fingerprints of the
-    /// indirect references to resolve, through the chain starting at
-    /// `next` (the snapshot's [`strata_core::format::Archival::next`]).
-    /// `label` names the snapshot in errors.
-    pub fn new(
-        repo: &Repository,
-        recipe: &Recipe,
-        used: impl Fn(usize) -> bool,
-        label: &str,
-        next: Option<&str>,
-        indirect: HashSet<Fingerprint>,
-    ) -> Result<Self> {
-        let needed: Vec<ContainerId> = recipe
-            .containers
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| used(*i))
-            .map(|(_, c)| *c)
-            .collect();
-        let mut r = Resolver {
-            repo: repo.clone(),
-            containers: recipe.containers.clone(),
-            regions: load_regions(repo, &needed),
-            fallback: Mutex::new(None),
-            indirect: HashMap::new(),
-            chain_hops: 0,
-        };
-        if !indirect.is_empty() {
-            r.follow_chain(label, next, indirect)?;
-        }
-        Ok(r)
-    }
-
-    /// Walks the newer versions of the series until every wanted
-    /// fingerprint meets a direct reference. Each version on the way must
-    /// hold every fingerprint still wanted (that is what reverse dedup
-    /// checked when it made them indirect); anything else is a broken
-    /// chain, reported with the version where it broke.
-    fn follow_chain(
-        &mut self,
-        label: &str,
-        next: Option<&str>,
-        mut want: HashSet<Fingerprint>,
-    ) -> Result<()> {
-        let broken = |detail: String| StoreError::BrokenChain {
-            snapshot: label.to_string(),
-            detail,
-        };
-        let mut next = next.map(str::to_string);
-        let mut visited = HashSet::new();
-        while !want.is_empty() {
-            let Some(id) = next.take() else {
-                return Err(broken(format!(
-                    "{} chunks are indirect but the chain ends",
-                    want.len()
-                )));
-            };
-            if !visited.insert(id.clone()) || self.chain_hops >= MAX_CHAIN {
-                return Err(broken(format!("the chain loops at snapshot {id}")));
-            }
-            self.chain_hops += 1;
-            let snap = match self.repo.load_snapshot(&id) {
-                Ok(s) => s,
-                Err(StoreError::NotFound(_)) => {
-                    return Err(broken(format!("snapshot {id} is missing")))
-                }
-                Err(e) => return Err(e),
-            };
-            let recipe = self.repo.load_recipe(&snap.recipe)?;
-            let mut present = HashSet::new();
-            let mut direct = Vec::new();
-            for c in recipe_refs(&recipe) {
-                if !c.is_zero() && want.contains(&c.fp) && present.insert(c.fp) && c.is_direct() {
-                    direct.push(*c);
-                }
-            }
-            if present.len() < want.len() {
-                let lost = want.iter().find(|f| !present.contains(*f)).copied();
-                return Err(broken(format!(
-                    "snapshot {id} ({}@{}) does not hold chunk {}",
-                    snap.series,
-                    snap.version,
-                    lost.map(|f| f.to_hex()).unwrap_or_default()
-                )));
-            }
-            let ids: Vec<ContainerId> = {
-                let mut v: Vec<ContainerId> = direct
-                    .iter()
-                    .filter_map(|c| recipe.containers.get(c.container as usize).copied())
-                    .collect();
-                v.sort();
-                v.dedup();
-                v.retain(|c| !self.regions.contains_key(c));
-                v
-            };
-            self.regions.extend(load_regions(&self.repo, &ids));
-            for c in direct {
-                let at = format!("snapshot {id}");
-                let r = self.resolve_in(&recipe.containers, &c, &at)?;
-                self.indirect.insert(c.fp, r);
-                want.remove(&c.fp);
-            }
-            next = snap.archival.and_then(|a| a.next);
-        }
-        Ok(())
-    }
-
-    fn fallback(&self) -> Result<Arc<(ExactIndex, ContainerTable, RepoIndex)>> {
-        let mut g = self.fallback.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = &*g {
-            return Ok(f.clone());
-        }
-        let table = ContainerTable::default();
-        let exact = ExactIndex::default();
-        let idx = RepoIndex::load(&self.repo, |m| exact.add_chunks(&table, m))?;
-        let f = Arc::new((exact, table, idx));
-        *g = Some(f.clone());
-        Ok(f)
-    }
-
-    pub fn resolve(&self, c: &ChunkRef, path: &str) -> Result<Resolved> {
-        if c.is_indirect() {
-            return self
-                .indirect
-                .get(&c.fp)
-                .cloned()
-                .ok_or_else(|| StoreError::MissingChunk {
-                    fp: c.fp.to_hex(),
-                    path: path.to_string(),
-                    container: "(indirect reference not resolved)".into(),
-                });
-        }
-        self.resolve_in(&self.containers, c, path)
-    }
-
-    fn resolve_in(&self, table: &[ContainerId], c: &ChunkRef, path: &str) -> Result<Resolved> {
-        let id = *table.get(c.container as usize).ok_or_else(|| {
-            StoreError::Invalid(format!("recipe of {path} references an unknown container"))
-        })?;
-        if let Some(regions) = self.regions.get(&id) {
-            if let Some(r) = regions.get(c.region as usize) {
-                return Ok(Resolved {
-                    container: id,
-                    region_idx: c.region,
-                    region: *r,
-                    offset: c.offset,
-                });
-            }
-        }
-        let f = self.fallback()?;
-        let missing = || StoreError::MissingChunk {
-            fp: c.fp.to_hex(),
-            path: path.to_string(),
-            container: id.to_hex(),
-        };
-        let loc = f.0.lookup(&c.fp).ok_or_else(missing)?;
-        let cid = f.1.get(loc.container);
-        let summary = f.2.containers.get(&cid).ok_or_else(missing)?;
-        let region = *summary
-            .regions
-            .get(loc.region as usize)
-            .ok_or_else(missing)?;
-        Ok(Resolved {
-            container: cid,
-            region_idx: loc.region,
-            region,
-            offset: loc.offset,
-        })
-    }
-}
-
-/// A resolver for the chunks of `nodes` of a snapshot's recipe.
-pub fn resolver_for(
-    repo: &Repository,
-    snapshot: &Snapshot,
-    recipe: &Recipe,
-    nodes: &[&Node],
-) -> Result<Resolver> {
-    let mut used = vec![false; recipe.containers.len()];
-    let mut indirect = HashSet::new();
-    for n in nodes {
-        for s in &n.segments {
-            for c in &s.chunks {
-                if c.is_indirect() {
-                    indirect.insert(c.fp);
-                } else if let Some(u) = used.get_mut(c.container as usize) {
-                    *u = true;
-                }
-            }
-        }
-    }
-    let label = format!("{}@{}", snapshot.series, snapshot.version);
-    let next = snapshot.archival.as_ref().and_then(|a| a.next.as_deref());
-    Resolver::new(repo, recipe, |i| used[i], &label, next, indirect)
 }
 
 #[derive(Clone, Debug)]

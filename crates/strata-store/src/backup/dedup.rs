@@ -161,6 +161,15 @@ impl SegmentJob {
     }
 }
 
+/// What storing a segment's chunks did: every chunk's reference, and the
+/// chunks appended by this call (count, locations, fingerprints).
+struct Stored {
+    refs: Vec<ChunkRef>,
+    appended: u32,
+    locs: Vec<ChunkLoc>,
+    fps: Vec<Fingerprint>,
+}
+
 /// Bytes of a segment's non-zero chunks not found anywhere.
 fn new_bytes_of(chunks: &[PendingChunk], found: &[Option<ChunkLoc>]) -> usize {
     chunks
@@ -289,7 +298,12 @@ impl<'a> Ctx<'a> {
         } else {
             self.store_chunks(writer, job, found)
         };
-        let (refs, appended, stored_locs) = match stored {
+        let Stored {
+            refs,
+            appended,
+            locs: stored_locs,
+            fps: new_fps,
+        } = match stored {
             Ok(v) => v,
             Err(e) => {
                 // Workers waiting for this segment must not wait in vain.
@@ -308,7 +322,11 @@ impl<'a> Ctx<'a> {
                     self.strategy
                         .record_segment(&seg_fp, &fps, &stored_locs, at)
                 }
-                _ => self.strategy.release_segment(&seg_fp),
+                Some(at) => {
+                    self.strategy.record_run(&new_fps, at);
+                    self.strategy.release_segment(&seg_fp)
+                }
+                None => self.strategy.release_segment(&seg_fp),
             }
         }
         self.segment_done(&seg_fp, &refs, appended as usize)?;
@@ -324,16 +342,16 @@ impl<'a> Ctx<'a> {
     }
 
     /// Stores the chunks nobody has (claiming each, so two workers never
-    /// store one twice) and returns every chunk's reference, how many this
-    /// call appended, and where.
+    /// store one twice).
     fn store_chunks(
         &self,
         writer: &mut ContainerWriter,
         job: &SegmentJob,
         found: Vec<Option<ChunkLoc>>,
-    ) -> Result<(Vec<ChunkRef>, u32, Vec<ChunkLoc>)> {
+    ) -> Result<Stored> {
         let mut appended = 0u32;
         let mut stored_locs = Vec::new();
+        let mut new_fps = Vec::new();
         let mut found = found.into_iter();
         let mut refs = Vec::with_capacity(job.chunks.len());
         for c in &job.chunks {
@@ -362,6 +380,7 @@ impl<'a> Ctx<'a> {
                             self.new_raw.fetch_add(c.len as u64, Ordering::Relaxed);
                             appended += 1;
                             stored_locs.push(loc);
+                            new_fps.push(c.fp);
                             loc
                         }
                         Some(existing) => existing,
@@ -376,7 +395,12 @@ impl<'a> Ctx<'a> {
                 offset: loc.offset,
             });
         }
-        Ok((refs, appended, stored_locs))
+        Ok(Stored {
+            refs,
+            appended,
+            locs: stored_locs,
+            fps: new_fps,
+        })
     }
 
     /// Tells the strategy a segment (or group) is stored.
