@@ -752,14 +752,7 @@ impl IndexStrategy for SegmentIndex {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(*segment, Arc::new(locs.to_vec()));
-        let loc = SegLoc {
-            container: at.0,
-            first: at.1,
-            chunks: chunks.len() as u32,
-        };
-        for rep in representatives(chunks).into_iter().flatten() {
-            self.reps.shard(&rep).entry(rep).or_insert(loc);
-        }
+        self.record_run(chunks, at);
         self.release_segment(segment);
     }
 
