@@ -287,9 +287,13 @@ fn main() {
     // in fragments. Two arenas keep the workers from contending while
     // bounding that.
     // SAFETY: mallopt only tunes the allocator; called before any thread.
+    // Buffers of a MB and more (read blocks, segments, regions being
+    // sealed) are mapped and unmapped on their own instead of fragmenting
+    // the heap (a fixed threshold also stops glibc from raising it).
     #[cfg(target_env = "gnu")]
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
     }
     let cli = Cli::parse();
     let level = match (cli.quiet, cli.verbose) {

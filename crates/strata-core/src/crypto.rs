@@ -75,7 +75,13 @@ fn zstd_compress(data: &[u8], level: i32) -> Result<Vec<u8>> {
             Some(x) => x,
             slot @ None => slot.insert((level, zstd::bulk::Compressor::new(level).map_err(err)?)),
         };
-        cctx.compress(data).map_err(err)
+        let mut out = cctx.compress(data).map_err(err)?;
+        // The buffer was sized for the worst case; a large structure
+        // (a recipe) would hold twice its size until sealed.
+        if out.capacity() > (1 << 20) && out.capacity() > 2 * out.len() {
+            out.shrink_to_fit();
+        }
+        Ok(out)
     })
 }
 

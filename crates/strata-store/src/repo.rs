@@ -331,7 +331,14 @@ impl Repository {
         prefix: &str,
         value: &T,
     ) -> Result<(String, u64)> {
-        let env = self.sealer.seal(kind, &encode(value)?, true)?;
+        self.put_encoded(kind, prefix, &encode(value)?)
+    }
+
+    /// [`Self::put_struct`] for a structure already encoded (with
+    /// [`encode`]): lets a caller drop a large structure (a recipe's tree)
+    /// before it is compressed and sealed.
+    pub fn put_encoded(&self, kind: Kind, prefix: &str, bytes: &[u8]) -> Result<(String, u64)> {
+        let env = self.sealer.seal(kind, bytes, true)?;
         let id = blake3::hash(&env).to_hex().to_string();
         self.backend.put(&format!("{prefix}/{id}"), &env)?;
         Ok((id, env.len() as u64))

@@ -377,7 +377,13 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         duration_ms: 0,
         warnings: warnings.len() as u64,
     };
-    let (recipe_id, rn) = repo.put_struct(Kind::Recipe, "recipes", &recipe)?;
+    // The tree goes before the encoded recipe is compressed and sealed:
+    // the peak memory of a backup of many files is here.
+    let mut encoded = strata_core::format::encode(&recipe)?;
+    drop(recipe);
+    encoded.shrink_to_fit();
+    let (recipe_id, rn) = repo.put_encoded(Kind::Recipe, "recipes", &encoded)?;
+    drop(encoded);
     stored += rn;
     let mut snapshot = Snapshot {
         series,
