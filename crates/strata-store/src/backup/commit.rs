@@ -7,28 +7,36 @@ use crate::error::{Result, StoreError};
 use crate::index::ContainerTable;
 use crate::repo::Repository;
 use std::collections::HashMap;
-use strata_core::format::{Node, Recipe, Snapshot};
+use strata_core::format::{ContainerId, Node, Recipe, SegmentRef, Snapshot};
 
-/// The recipe of `nodes` (sorted by path), whose direct references hold
-/// indexes into `table`: they are renumbered into the recipe's own
-/// container table, which lists only the containers used.
-pub(crate) fn recipe_of(mut nodes: Vec<Node>, table: &ContainerTable) -> Recipe {
+/// Renumbers the direct references of `segments`, which hold indexes into
+/// `table`, into a container table of their own listing only the
+/// containers used, and returns that table.
+pub(crate) fn localise<'a>(
+    segments: impl Iterator<Item = &'a mut SegmentRef>,
+    table: &ContainerTable,
+) -> Vec<ContainerId> {
     let mut local: HashMap<u32, u32> = HashMap::new();
     let mut containers = Vec::new();
-    for n in &mut nodes {
-        for s in &mut n.segments {
-            for c in &mut s.chunks {
-                if c.is_zero() {
-                    continue;
-                }
-                let g = c.container;
-                c.container = *local.entry(g).or_insert_with(|| {
-                    containers.push(table.get(g));
-                    containers.len() as u32 - 1
-                });
+    for s in segments {
+        for c in &mut s.chunks {
+            if c.is_zero() {
+                continue;
             }
+            let g = c.container;
+            c.container = *local.entry(g).or_insert_with(|| {
+                containers.push(table.get(g));
+                containers.len() as u32 - 1
+            });
         }
     }
+    containers
+}
+
+/// The recipe of `nodes` (sorted by path), whose direct references hold
+/// indexes into `table` (see [`localise`]).
+pub(crate) fn recipe_of(mut nodes: Vec<Node>, table: &ContainerTable) -> Recipe {
+    let containers = localise(nodes.iter_mut().flat_map(|n| n.segments.iter_mut()), table);
     nodes.sort_by(|a, b| a.path.cmp(&b.path));
     Recipe { containers, nodes }
 }

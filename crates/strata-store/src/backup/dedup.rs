@@ -427,7 +427,7 @@ impl<'a> Ctx<'a> {
     /// Reads one whole stream into `job`'s segments on this worker:
     /// chunks, fingerprints, cuts segments, stores each. `Ok(Err(msg))` is
     /// a problem of this file (a warning); `Err` ends the backup.
-    fn process_stream(
+    pub(crate) fn process_stream(
         &self,
         writer: &mut ContainerWriter,
         bufs: &mut WorkerBuffers,

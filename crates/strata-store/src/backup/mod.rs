@@ -18,9 +18,11 @@ mod dedup;
 mod parent;
 mod pipeline;
 mod walk;
+mod writer;
 
 pub use crate::progress::Progress;
 pub use walk::{read_xattrs, Excludes};
+pub use writer::{Committed, DedupWriter, StoredStream};
 
 use crate::error::{Result, StoreError};
 use crate::index::{build_strategy, ContainerTable, RepoIndex};
