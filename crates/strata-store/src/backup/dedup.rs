@@ -207,7 +207,39 @@ impl<R: Read> Read for TimedRead<R> {
     }
 }
 
+/// What a [`Ctx`] works with; its counters start at zero.
+pub(crate) struct CtxParts<'a> {
+    pub repo: &'a Repository,
+    pub strategy: &'a dyn IndexStrategy,
+    pub table: Arc<ContainerTable>,
+    pub chunker: ChunkerParams,
+    pub progress: &'a Progress,
+    pub stages: Arc<Stages>,
+    pub parent: &'a super::parent::Parent<'a>,
+    pub large_file: u64,
+}
+
 impl<'a> Ctx<'a> {
+    pub fn new(p: CtxParts<'a>) -> Self {
+        Ctx {
+            repo: p.repo,
+            strategy: p.strategy,
+            table: p.table,
+            chunker: p.chunker,
+            progress: p.progress,
+            stages: p.stages,
+            parent: p.parent,
+            abort: AtomicBool::new(false),
+            new_chunks: AtomicU64::new(0),
+            new_raw: AtomicU64::new(0),
+            read_bytes: AtomicU64::new(0),
+            parent_bytes: AtomicU64::new(0),
+            similar_bytes: AtomicU64::new(0),
+            large_file: p.large_file,
+            stored_again_sampled: AtomicU64::new(0),
+        }
+    }
+
     /// Looks up the chunks of `job` in the previous version of its file.
     pub fn parent_lookup(
         &self,

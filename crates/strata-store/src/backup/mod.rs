@@ -29,12 +29,12 @@ use crate::index::{build_strategy, ContainerTable, RepoIndex};
 use crate::lock;
 use crate::repo::{now_ns, Repository};
 use crate::stages::{Stage, StageReport, Stages};
-use dedup::{Ctx, Outcome};
+use dedup::{Ctx, CtxParts, Outcome};
 use parent::Parent;
 use std::collections::HashSet;
 use std::io::Read;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use strata_core::chunker::ChunkerParams;
 use strata_core::crypto::Kind;
@@ -332,7 +332,7 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
     stages.add(Stage::Walk, walk_started, 0);
 
     // Read, chunk, dedup and pack on the workers.
-    let ctx = Ctx {
+    let ctx = Ctx::new(CtxParts {
         repo,
         strategy: strategy.as_ref(),
         table: table.clone(),
@@ -340,15 +340,8 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         progress: &progress,
         stages: stages.clone(),
         parent: &parent,
-        abort: AtomicBool::new(false),
-        new_chunks: AtomicU64::new(0),
-        new_raw: AtomicU64::new(0),
-        read_bytes: AtomicU64::new(0),
-        parent_bytes: AtomicU64::new(0),
-        similar_bytes: AtomicU64::new(0),
         large_file: opts.large_file,
-        stored_again_sampled: AtomicU64::new(0),
-    };
+    });
     let (outcomes, written) = pipeline::run(&ctx, &jobs, &nodes, threads)?;
     apply_outcomes(&mut nodes, outcomes, &mut warnings);
 

@@ -3,7 +3,7 @@
 //! destaging extents, the Python bindings backing up a stream, a fleet
 //! worker storing a VM's dirty segments.
 
-use super::dedup::{Ctx, WorkerBuffers};
+use super::dedup::{Ctx, CtxParts, WorkerBuffers};
 use super::parent::Parent;
 use crate::container::{ContainerSink, ContainerWriter};
 use crate::error::{Result, StoreError};
@@ -13,7 +13,7 @@ use crate::progress::Progress;
 use crate::repo::Repository;
 use crate::stages::Stages;
 use std::io::Read;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use strata_core::chunker::ChunkerParams;
 use strata_core::format::{ContainerId, SegmentRef};
@@ -98,7 +98,7 @@ impl DedupWriter {
     /// Deduplicates and stores one stream, read to its end.
     pub fn write(&self, reader: &mut dyn Read) -> Result<StoredStream> {
         let parent = Parent::none(self.strategy.as_ref());
-        let ctx = Ctx {
+        let ctx = Ctx::new(CtxParts {
             repo: &self.repo,
             strategy: self.strategy.as_ref(),
             table: self.table.clone(),
@@ -106,15 +106,9 @@ impl DedupWriter {
             progress: &self.progress,
             stages: self.stages.clone(),
             parent: &parent,
-            abort: AtomicBool::new(false),
-            new_chunks: AtomicU64::new(0),
-            new_raw: AtomicU64::new(0),
-            read_bytes: AtomicU64::new(0),
-            parent_bytes: AtomicU64::new(0),
-            similar_bytes: AtomicU64::new(0),
+            // One stream at a time, read on this thread.
             large_file: u64::MAX,
-            stored_again_sampled: AtomicU64::new(0),
-        };
+        });
         let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let (writer, bufs) = &mut *g;
         let r = ctx.process_stream(writer, bufs, reader, b"")?;
