@@ -56,6 +56,9 @@ pub enum Kind {
     /// The lifecycle's bookkeeping (`lifecycle/state`): bytes the
     /// incremental lifecycle released since the pool was last compacted.
     LifecycleState = 12,
+    /// One part of a version's recipe (`parts/`): nodes of consecutive
+    /// paths and their container table.
+    RecipePart = 13,
 }
 
 /// zstd-compresses `data` with a context kept per thread: creating one

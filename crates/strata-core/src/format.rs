@@ -416,11 +416,93 @@ impl Node {
     }
 }
 
-/// How to rebuild one version.
+/// Nodes and the container table their direct references index: one
+/// *part* of a version's recipe (`parts/NAME`), or — in memory, and in
+/// `recipes/` objects of structure version 1 — a whole version's tree.
+/// Nodes are in [`path_cmp`] order.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Recipe {
     pub containers: Vec<ContainerId>,
     pub nodes: Vec<Node>,
+}
+
+/// Version byte of a `recipes/` object holding a [`RecipeIndex`]. Objects
+/// of version 1 hold a whole [`Recipe`] and are still read.
+pub const RECIPE_INDEX_VERSION: u8 = 2;
+
+/// A version's recipe as stored since recipe version 2: the list of its
+/// parts (each a [`Recipe`] of consecutive nodes, stored as its own
+/// content-addressed object, so versions share the parts of unchanged
+/// subtrees) and the union of their container tables.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecipeIndex {
+    /// Every container a part references directly.
+    pub containers: Vec<ContainerId>,
+    pub parts: Vec<PartRef>,
+}
+
+/// One part of a [`RecipeIndex`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartRef {
+    /// Object name of the part: keyed BLAKE3 of its encoded bytes (hex).
+    pub id: String,
+    /// Path of its first node; a part holds the nodes from here up to the
+    /// next part's first path.
+    pub first: Vec<u8>,
+    pub nodes: u32,
+    /// The part's container table as indexes into
+    /// [`RecipeIndex::containers`].
+    pub containers: Vec<u32>,
+}
+
+/// What a `recipes/` object holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecipeObject {
+    /// Structure version 1: the whole tree in one object.
+    Whole(Recipe),
+    Index(RecipeIndex),
+}
+
+/// Encodes a recipe index (structure version [`RECIPE_INDEX_VERSION`]).
+pub fn encode_recipe_index(r: &RecipeIndex) -> Result<Vec<u8>> {
+    postcard::to_extend(r, vec![RECIPE_INDEX_VERSION]).map_err(|e| CoreError::Encode(e.to_string()))
+}
+
+/// Decodes a `recipes/` object of any version this build reads.
+pub fn decode_recipe_object(bytes: &[u8]) -> Result<RecipeObject> {
+    const WHAT: &str = "recipe";
+    let (&v, body) = bytes.split_first().ok_or(CoreError::Truncated(WHAT))?;
+    let err = |e: postcard::Error| CoreError::Decode {
+        what: WHAT,
+        msg: e.to_string(),
+    };
+    match v {
+        RECIPE_INDEX_VERSION => postcard::from_bytes(body)
+            .map(RecipeObject::Index)
+            .map_err(err),
+        STRUCT_VERSION => postcard::from_bytes(body)
+            .map(RecipeObject::Whole)
+            .map_err(err),
+        found => Err(CoreError::UnknownVersion {
+            what: WHAT,
+            found,
+            supported: RECIPE_INDEX_VERSION,
+        }),
+    }
+}
+
+/// The order of nodes in a recipe: component by component, each compared
+/// as bytes, a directory before its contents — the order of a depth-first
+/// walk that visits each directory's entries by name. Equivalent to
+/// comparing the paths as bytes with `/` below every other byte.
+pub fn path_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    let key = |c: u8| if c == b'/' { 0u8 } else { c };
+    for (x, y) in a.iter().zip(b) {
+        if x != y {
+            return key(*x).cmp(&key(*y)).then(x.cmp(y));
+        }
+    }
+    a.len().cmp(&b.len())
 }
 
 /// Figures recorded with each snapshot.
@@ -516,6 +598,48 @@ pub struct LockInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn path_order_is_a_depth_first_walk_by_name() {
+        use std::cmp::Ordering::*;
+        let mut v: Vec<&[u8]> = vec![b"a.txt", b"a/b", b"a", b"ab", b"a/b/c", b"a/a", b"b"];
+        v.sort_by(|x, y| path_cmp(x, y));
+        let want: Vec<&[u8]> = vec![b"a", b"a/a", b"a/b", b"a/b/c", b"a.txt", b"ab", b"b"];
+        assert_eq!(v, want);
+        assert_eq!(path_cmp(b"x", b"x"), Equal);
+        assert_eq!(path_cmp(b"x/", b"x"), Greater);
+    }
+
+    #[test]
+    fn recipe_objects_of_both_versions_decode() {
+        let whole = Recipe {
+            containers: vec![ContainerId([7; 16])],
+            nodes: vec![],
+        };
+        assert_eq!(
+            decode_recipe_object(&encode(&whole).unwrap()).unwrap(),
+            RecipeObject::Whole(whole)
+        );
+        let idx = RecipeIndex {
+            containers: vec![ContainerId([1; 16])],
+            parts: vec![PartRef {
+                id: "ab".into(),
+                first: b"a/b".to_vec(),
+                nodes: 3,
+                containers: vec![0],
+            }],
+        };
+        let bytes = encode_recipe_index(&idx).unwrap();
+        assert_eq!(
+            decode_recipe_object(&bytes).unwrap(),
+            RecipeObject::Index(idx)
+        );
+        let mut future = bytes.clone();
+        future[0] = 9;
+        assert!(decode_recipe_object(&future).is_err());
+        assert!(decode_recipe_object(&[]).is_err());
+        assert!(decode_recipe_object(&bytes[..bytes.len() - 1]).is_err());
+    }
 
     #[test]
     fn version_is_checked() {

@@ -39,7 +39,6 @@ use crate::restore::recipe_refs;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use strata_core::crypto::Kind;
 use strata_core::format::{ContainerId, ContainerMeta, Recipe, Snapshot, Stamp};
 use strata_core::Fingerprint;
 
@@ -283,14 +282,14 @@ pub(crate) fn compact_pool(
     for (rid, ids) in users {
         let mut recipe = repo.load_recipe(rid)?;
         remap_recipe(&mut recipe, &rewritten, &moved, &table)?;
-        let (new_rid, _) = repo.put_struct(Kind::Recipe, "recipes", &recipe)?;
+        let (new_rid, _) = crate::recipe::put(repo, recipe)?;
         for id in ids {
             let mut s = repo.load_snapshot(id)?;
             s.recipe = new_rid.clone();
             repo.replace_snapshot(id, &s)?;
         }
         if new_rid != rid {
-            repo.backend().delete(&format!("recipes/{rid}"))?;
+            crate::recipe::delete_unused(repo, [&rid.to_string()])?;
         }
         report.recipes_remapped += 1;
     }

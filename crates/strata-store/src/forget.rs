@@ -13,7 +13,6 @@ use crate::lock;
 use crate::repo::Repository;
 use crate::restore::recipe_refs;
 use std::collections::{HashMap, HashSet};
-use strata_core::crypto::Kind;
 use strata_core::format::{Archival, ChunkRef, ContainerId, Snapshot, Stamp};
 use strata_core::Fingerprint;
 
@@ -104,12 +103,11 @@ pub(crate) fn forget_locked(repo: &Repository, ids: &[String]) -> Result<ForgetR
         .filter(|(i, _)| !removing.contains(i.as_str()))
         .map(|(_, s)| &s.recipe)
         .collect();
-    for r in dropped_recipes {
-        if !still.contains(&r) {
-            repo.backend().delete(&format!("recipes/{r}"))?;
-            report.removed_recipes += 1;
-        }
-    }
+    let dropped: Vec<String> = dropped_recipes
+        .into_iter()
+        .filter(|r| !still.contains(r))
+        .collect();
+    report.removed_recipes += crate::recipe::delete_unused(repo, &dropped)?;
 
     // Stamped containers of the removed versions: found in the index by
     // their stamp, deleted without looking at anything else.
@@ -250,7 +248,7 @@ fn rebase(
     for c in recipe_refs(&recipe) {
         count_ref(&mut counts, c);
     }
-    let (rid, _) = repo.put_struct(Kind::Recipe, "recipes", &recipe)?;
+    let (rid, _) = crate::recipe::put(repo, recipe)?;
     let mut nu = u.clone();
     let old_recipe = std::mem::replace(&mut nu.recipe, rid);
     nu.archival = (!revive).then_some(counts);
@@ -261,7 +259,7 @@ fn rebase(
             .iter()
             .any(|(id, s)| *id != uid && s.recipe == old_recipe)
     {
-        repo.backend().delete(&format!("recipes/{old_recipe}"))?;
+        crate::recipe::delete_unused(repo, [&old_recipe])?;
     }
     if revive {
         let idx = RepoIndex::load_summaries(repo)?;

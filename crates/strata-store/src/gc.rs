@@ -66,6 +66,8 @@ pub struct GcReport {
     pub orphans_deleted: u64,
     /// Recipe objects no snapshot uses, deleted.
     pub recipes_deleted: u64,
+    /// Recipe parts no recipe uses, deleted.
+    pub parts_deleted: u64,
     pub bytes_before: u64,
     pub bytes_after: u64,
     pub bytes_freed: u64,
@@ -93,7 +95,7 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
     let mut used_stamped: HashSet<ContainerId> = HashSet::new();
     for (_, s) in &snaps {
         if s.archival.is_some() {
-            used_stamped.extend(repo.load_recipe(&s.recipe)?.containers);
+            used_stamped.extend(crate::recipe::containers(repo, &s.recipe)?);
         }
     }
     let stale: HashSet<ContainerId> = idx
@@ -135,16 +137,25 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
         for o in &orphans {
             repo.backend().delete(o)?;
         }
-        // Recipes no snapshot uses (left by interrupted commands).
-        let used: HashSet<String> = repo
-            .list_snapshots()?
-            .into_iter()
+        // Recipes no snapshot uses (left by interrupted commands), then
+        // parts no remaining recipe uses.
+        let snaps = repo.list_snapshots()?;
+        let used: HashSet<String> = snaps
+            .iter()
             .map(|(_, s)| format!("recipes/{}", s.recipe))
             .collect();
         for o in repo.backend().list("recipes/")? {
             if !used.contains(&o.name) {
                 repo.backend().delete(&o.name)?;
                 report.recipes_deleted += 1;
+            }
+        }
+        let parts = crate::recipe::live_parts(repo, snaps.iter().map(|(_, s)| s.recipe.as_str()))?;
+        for o in repo.backend().list(&format!("{}/", crate::recipe::PARTS))? {
+            let id = o.name.rsplit('/').next().unwrap_or_default();
+            if !parts.contains(id) {
+                repo.backend().delete(&o.name)?;
+                report.parts_deleted += 1;
             }
         }
         // One pool index object (and one per stamp owner) from here on.

@@ -60,6 +60,16 @@ impl ContainerTable {
         self.inner.read().unwrap_or_else(|e| e.into_inner()).0[i as usize]
     }
 
+    /// [`Self::get`] for an index that may be out of range.
+    pub fn try_get(&self, i: u32) -> Option<ContainerId> {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .get(i as usize)
+            .copied()
+    }
+
     pub fn lookup(&self, id: &ContainerId) -> Option<u32> {
         self.inner
             .read()

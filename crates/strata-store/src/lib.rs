@@ -19,6 +19,7 @@ pub mod index;
 pub mod lifecycle;
 pub mod lock;
 pub mod progress;
+pub mod recipe;
 pub mod repo;
 pub mod resolver;
 pub mod restore;

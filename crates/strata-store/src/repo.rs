@@ -11,7 +11,8 @@
 //! | `meta/XX/ID` | the container's metadata section on its own |
 //! | `index/HASH` | [`IndexObject`]: metadata of many containers |
 //! | `isum/HASH` | [`IndexSummary`] of `index/HASH`: the same containers without chunk entries |
-//! | `recipes/HASH` | [`Recipe`] of one version |
+//! | `recipes/HASH` | [`strata_core::format::RecipeIndex`] of one version: its parts |
+//! | `parts/NAME` | [`Recipe`]: one part of a version's tree (NAME: keyed hash of its bytes) |
 //! | `snapshots/HASH` | [`Snapshot`]: the commit record of one version |
 //! | `locks/ID` | [`strata_core::format::LockInfo`] of a running command |
 //!
@@ -398,8 +399,10 @@ impl Repository {
         self.backend.put(&format!("snapshots/{id}"), &env)
     }
 
+    /// The whole tree of recipe `id` (all its parts) in memory; see
+    /// [`crate::recipe`] for reading it a part at a time.
     pub fn load_recipe(&self, id: &str) -> Result<Recipe> {
-        self.get_struct(Kind::Recipe, &format!("recipes/{id}"), "recipe")
+        crate::recipe::load_whole(self, id)
     }
 
     /// Loads an index object through the local cache.

@@ -48,7 +48,6 @@ use crate::restore::recipe_refs;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use strata_core::crypto::Kind;
 use strata_core::format::{Archival, ContainerId, Recipe, Snapshot};
 use strata_core::Fingerprint;
 
@@ -511,14 +510,14 @@ pub(crate) fn convert(
     if dry_run {
         return Ok(out);
     }
-    let (rid, _) = repo.put_struct(Kind::Recipe, "recipes", &recipe)?;
+    let (rid, _) = crate::recipe::put(repo, recipe)?;
     let mut nv = v.clone();
     let old_recipe = std::mem::replace(&mut nv.recipe, rid);
     nv.archival = Some(archival);
     // The atomic switch: from here on the version is archival.
     repo.replace_snapshot(vid, &nv)?;
     if old_recipe != nv.recipe && recipe_users.get(old_recipe.as_str()).copied() == Some(1) {
-        repo.backend().delete(&format!("recipes/{old_recipe}"))?;
+        crate::recipe::delete_unused(repo, [&old_recipe])?;
     }
     out.seconds = started.elapsed().as_secs_f64();
     Ok(out)

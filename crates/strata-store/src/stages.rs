@@ -102,6 +102,13 @@ impl Stages {
         s.bytes[i].fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// Adds `ns` nanoseconds of busy time and bytes to a stage.
+    pub fn add_ns(&self, stage: Stage, ns: u64, bytes: u64) {
+        let s = self.slot();
+        s.ns[stage as usize].fetch_add(ns, Ordering::Relaxed);
+        s.bytes[stage as usize].fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// Runs `f` as busy time of `stage`.
     pub fn time<T>(&self, stage: Stage, bytes: u64, f: impl FnOnce() -> T) -> T {
         let t = Instant::now();

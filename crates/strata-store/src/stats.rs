@@ -180,6 +180,7 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
         "index/",
         "isum/",
         "recipes/",
+        "parts/",
         "snapshots/",
     ]
     .iter()

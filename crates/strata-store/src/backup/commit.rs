@@ -7,7 +7,7 @@ use crate::error::{Result, StoreError};
 use crate::index::ContainerTable;
 use crate::repo::Repository;
 use std::collections::HashMap;
-use strata_core::format::{ContainerId, Node, Recipe, SegmentRef, Snapshot};
+use strata_core::format::{ContainerId, SegmentRef, Snapshot};
 
 /// Renumbers the direct references of `segments`, which hold indexes into
 /// `table`, into a container table of their own listing only the
@@ -31,14 +31,6 @@ pub(crate) fn localise<'a>(
         }
     }
     containers
-}
-
-/// The recipe of `nodes` (sorted by path), whose direct references hold
-/// indexes into `table` (see [`localise`]).
-pub(crate) fn recipe_of(mut nodes: Vec<Node>, table: &ContainerTable) -> Recipe {
-    let containers = localise(nodes.iter_mut().flat_map(|n| n.segments.iter_mut()), table);
-    nodes.sort_by(|a, b| a.path.cmp(&b.path));
-    Recipe { containers, nodes }
 }
 
 /// Writes the snapshot object — the commit point — with the next free

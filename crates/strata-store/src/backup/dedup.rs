@@ -6,7 +6,7 @@
 //! streams are cut into blocks and segments by [`super::pipeline`], which
 //! calls [`Ctx::store_segment`] from every worker.
 
-use super::parent::ParentFile;
+use super::parent::{is_anchor, ParentFile};
 use super::walk::{Job, Source};
 use crate::container::ContainerWriter;
 use crate::error::{Result, StoreError};
@@ -14,12 +14,13 @@ use crate::index::{ChunkLoc, ContainerTable, IndexStrategy};
 use crate::progress::Progress;
 use crate::repo::Repository;
 use crate::stages::{Stage, Stages};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use strata_core::chunker::{ChunkStream, ChunkerParams, Segmenter};
 use strata_core::fingerprint::is_zero;
@@ -44,7 +45,6 @@ pub(crate) struct Ctx<'a> {
     pub chunker: ChunkerParams,
     pub progress: &'a Progress,
     pub stages: Arc<Stages>,
-    pub parent: &'a super::parent::Parent<'a>,
     pub abort: AtomicBool,
     pub new_chunks: AtomicU64,
     pub new_raw: AtomicU64,
@@ -56,9 +56,10 @@ pub(crate) struct Ctx<'a> {
     /// Files at least this large (and streams) go through the block
     /// pipeline that spreads one file over every worker.
     pub large_file: u64,
-    /// Bytes of new chunks stored that the previous version also holds,
-    /// counted on its 1-in-64 sample of fingerprints.
-    pub stored_again_sampled: AtomicU64,
+    /// The new chunks stored, 1 in 64 by fingerprint (with their lengths):
+    /// met with the previous version's sample after the walk, it tells how
+    /// much of that version this one stored again.
+    pub stored_sample: Mutex<HashMap<Fingerprint, u32>>,
 }
 
 /// A chunk's fingerprint, and whether it is all zeros (never stored, so
@@ -215,7 +216,6 @@ pub(crate) struct CtxParts<'a> {
     pub chunker: ChunkerParams,
     pub progress: &'a Progress,
     pub stages: Arc<Stages>,
-    pub parent: &'a super::parent::Parent<'a>,
     pub large_file: u64,
 }
 
@@ -228,7 +228,6 @@ impl<'a> Ctx<'a> {
             chunker: p.chunker,
             progress: p.progress,
             stages: p.stages,
-            parent: p.parent,
             abort: AtomicBool::new(false),
             new_chunks: AtomicU64::new(0),
             new_raw: AtomicU64::new(0),
@@ -236,7 +235,7 @@ impl<'a> Ctx<'a> {
             parent_bytes: AtomicU64::new(0),
             similar_bytes: AtomicU64::new(0),
             large_file: p.large_file,
-            stored_again_sampled: AtomicU64::new(0),
+            stored_sample: Mutex::new(HashMap::new()),
         }
     }
 
@@ -404,9 +403,11 @@ impl<'a> Ctx<'a> {
                     match self.strategy.claim(&c.fp, loc) {
                         None => {
                             writer.append(c.fp, job.bytes(c));
-                            if self.parent.sampled_holds(&c.fp) {
-                                self.stored_again_sampled
-                                    .fetch_add(c.len as u64, Ordering::Relaxed);
+                            if is_anchor(&c.fp) {
+                                self.stored_sample
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .insert(c.fp, c.len);
                             }
                             self.new_chunks.fetch_add(1, Ordering::Relaxed);
                             self.new_raw.fetch_add(c.len as u64, Ordering::Relaxed);
@@ -464,7 +465,7 @@ impl<'a> Ctx<'a> {
         writer: &mut ContainerWriter,
         bufs: &mut WorkerBuffers,
         reader: &mut dyn Read,
-        path: &[u8],
+        mut prev: Option<ParentFile>,
     ) -> Result<std::result::Result<(Vec<SegmentRef>, u64), String>> {
         let timed = TimedRead {
             inner: reader,
@@ -473,7 +474,6 @@ impl<'a> Ctx<'a> {
         };
         let mut stream =
             ChunkStream::with_buffer(timed, self.chunker, std::mem::take(&mut bufs.read));
-        let mut prev = self.parent.file(path);
         let mut seg = Segmenter::new(&self.chunker);
         let mut job = SegmentJob {
             data: std::mem::take(&mut bufs.segment),
@@ -545,9 +545,10 @@ impl<'a> Ctx<'a> {
         &self,
         writer: &mut ContainerWriter,
         bufs: &mut WorkerBuffers,
-        job: &Job,
-        expect: &Node,
+        job: &mut Job,
     ) -> Result<Outcome> {
+        let prev = job.prev.take();
+        let expect = &job.node;
         match &job.source {
             Source::Stream(m) => {
                 let mut r = m
@@ -555,23 +556,21 @@ impl<'a> Ctx<'a> {
                     .unwrap_or_else(|e| e.into_inner())
                     .take()
                     .ok_or_else(|| StoreError::Invalid("stream read twice".into()))?;
-                Ok(
-                    match self.process_stream(writer, bufs, &mut r, &expect.path)? {
-                        Ok((segments, size)) => Outcome::Done {
-                            segments,
-                            size,
-                            warning: None,
-                        },
-                        Err(m) => Outcome::Failed(format!("stdin: {m}")),
+                Ok(match self.process_stream(writer, bufs, &mut r, prev)? {
+                    Ok((segments, size)) => Outcome::Done {
+                        segments,
+                        size,
+                        warning: None,
                     },
-                )
+                    Err(m) => Outcome::Failed(format!("stdin: {m}")),
+                })
             }
             Source::Path(p) => {
                 let mut f = match open_source(p) {
                     Ok(f) => f,
                     Err(e) => return Ok(Outcome::Failed(format!("{}: {e}", p.display()))),
                 };
-                let r = self.process_stream(writer, bufs, &mut f, &expect.path)?;
+                let r = self.process_stream(writer, bufs, &mut f, prev)?;
                 let (segments, size) = match r {
                     Ok(x) => x,
                     Err(m) => return Ok(Outcome::Failed(format!("{}: {m}", p.display()))),
@@ -593,8 +592,7 @@ impl<'a> Ctx<'a> {
         &self,
         writer: &mut ContainerWriter,
         bufs: &mut WorkerBuffers,
-        jobs: &[&Job],
-        nodes: &[Node],
+        jobs: &mut [Job],
     ) -> Result<Vec<(usize, Outcome)>> {
         let hasher = self.repo.hasher();
         let mut group = SegmentJob {
@@ -602,10 +600,10 @@ impl<'a> Ctx<'a> {
             ..Default::default()
         };
         group.data.clear();
-        // Per file: node, first chunk, size, warning.
+        // Per file: its index in `jobs`, first chunk, size, warning.
         let mut files: Vec<(usize, usize, u64, Option<String>)> = Vec::new();
         let mut out = Vec::new();
-        for job in jobs {
+        for (ji, job) in jobs.iter().enumerate() {
             if self.abort.load(Ordering::Relaxed) {
                 return Err(StoreError::Cancelled);
             }
@@ -617,7 +615,7 @@ impl<'a> Ctx<'a> {
             let mut f = match open_source(p) {
                 Ok(f) => f,
                 Err(e) => {
-                    out.push((job.node, Outcome::Failed(format!("{}: {e}", p.display()))));
+                    out.push((ji, Outcome::Failed(format!("{}: {e}", p.display()))));
                     continue;
                 }
             };
@@ -654,16 +652,11 @@ impl<'a> Ctx<'a> {
             if let Some(m) = failed {
                 group.chunks.truncate(first);
                 group.data.truncate(data_mark);
-                out.push((job.node, Outcome::Failed(format!("{}: {m}", p.display()))));
+                out.push((ji, Outcome::Failed(format!("{}: {m}", p.display()))));
                 continue;
             }
             self.progress.files_done.fetch_add(1, Ordering::Relaxed);
-            files.push((
-                job.node,
-                first,
-                size,
-                changed_warning(&f, p, size, &nodes[job.node]),
-            ));
+            files.push((ji, first, size, changed_warning(&f, p, size, &job.node)));
         }
         let total = group.chunks.len();
         let stored = if group.is_empty() {

@@ -15,12 +15,14 @@
 
 mod commit;
 mod dedup;
+mod flow;
 mod parent;
 mod pipeline;
 mod walk;
 mod writer;
 
 pub use crate::progress::Progress;
+pub use flow::FlowLimits;
 pub use walk::{read_xattrs, Excludes};
 pub use writer::{Committed, DedupWriter, StoredStream};
 
@@ -29,17 +31,15 @@ use crate::index::{build_strategy, ContainerTable, RepoIndex};
 use crate::lock;
 use crate::repo::{now_ns, Repository};
 use crate::stages::{Stage, StageReport, Stages};
-use dedup::{Ctx, CtxParts, Outcome};
+use dedup::{Ctx, CtxParts};
 use parent::Parent;
-use std::collections::HashSet;
 use std::io::Read;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use strata_core::chunker::ChunkerParams;
-use strata_core::crypto::Kind;
 use strata_core::format::{Node, NodeKind, Snapshot, SnapshotStats};
-use walk::{Job, Source, Walker};
+use walk::{Source, Walker};
 
 /// A stream to back up as one file.
 pub struct StdinSource {
@@ -72,6 +72,8 @@ pub struct BackupOptions {
     /// fingerprinting, lookups, packing and compression spread over every
     /// worker; smaller files are one worker's task each.
     pub large_file: u64,
+    /// What the walk may hold ahead of the workers and the recipe.
+    pub limits: FlowLimits,
 }
 
 impl Default for BackupOptions {
@@ -91,6 +93,7 @@ impl Default for BackupOptions {
             exclude_paths: vec![],
             lifecycle: true,
             large_file: pipeline::LARGE,
+            limits: FlowLimits::default(),
         }
     }
 }
@@ -162,11 +165,11 @@ fn normalise_paths(given: &[PathBuf]) -> Result<Vec<PathBuf>> {
 /// archival version (possible only after its newer versions were
 /// forgotten) or one made with another chunker offers nothing.
 fn load_parent<'a>(
-    repo: &Repository,
+    repo: &'a Repository,
     series: &str,
     chunker: ChunkerParams,
     index: &RepoIndex,
-    table: &ContainerTable,
+    table: &'a ContainerTable,
     strategy: &'a dyn crate::index::IndexStrategy,
 ) -> Result<(Option<String>, Parent<'a>)> {
     let (snapshots, _) = repo.list_snapshots_tolerant()?;
@@ -180,14 +183,13 @@ fn load_parent<'a>(
     if ps.chunker != chunker || ps.archival.is_some() {
         return Ok((Some(id), Parent::none(strategy)));
     }
-    let r = repo.load_recipe(&ps.recipe)?;
-    let parent = Parent::new(r.nodes, &r.containers, index, table, strategy);
+    let parent = Parent::open(repo, &ps.recipe, index, table, strategy)?;
     Ok((Some(id), parent))
 }
 
-/// Adds a stream (`--stdin`) as one file named `name`, with its parent
-/// directories.
-fn add_stdin(walker: &mut Walker<'_>, s: StdinSource, progress: &Progress) -> Result<()> {
+/// The entries of a stream (`--stdin`) backed up as one file named
+/// `name`: its parent directories and the file.
+fn stdin_entries(s: StdinSource, progress: &Progress) -> Result<Vec<(Node, Option<Source>)>> {
     let now = now_ns();
     let name = s.name.trim_start_matches('/').as_bytes().to_vec();
     if crate::restore::safe_rel(&name).is_err() {
@@ -215,55 +217,15 @@ fn add_stdin(walker: &mut Walker<'_>, s: StdinSource, progress: &Progress) -> Re
         segments: vec![],
         xattrs: vec![],
     };
+    let mut out = Vec::new();
     // Parent directories of a name like `dumps/db.sql`.
     for (i, _) in name.iter().enumerate().filter(|(_, &b)| b == b'/') {
-        let dir = name[..i].to_vec();
-        if walker.seen.insert(dir.clone()) {
-            walker.nodes.push(synthetic(dir, NodeKind::Dir, 0o40755));
-        }
+        out.push((synthetic(name[..i].to_vec(), NodeKind::Dir, 0o40755), None));
     }
-    walker.jobs.push(Job {
-        node: walker.nodes.len(),
-        source: Source::Stream(Mutex::new(Some(s.reader))),
-    });
-    walker.nodes.push(synthetic(name, NodeKind::File, 0o100644));
+    let source = Source::Stream(Mutex::new(Some(s.reader)));
+    out.push((synthetic(name, NodeKind::File, 0o100644), Some(source)));
     progress.files_total.fetch_add(1, Ordering::Relaxed);
-    Ok(())
-}
-
-/// Puts each job's outcome into its node; files that failed leave the
-/// tree, with a warning.
-fn apply_outcomes(
-    nodes: &mut Vec<Node>,
-    outcomes: Vec<(usize, Outcome)>,
-    warnings: &mut Vec<String>,
-) {
-    let mut failed: HashSet<usize> = HashSet::new();
-    for (ni, o) in outcomes {
-        match o {
-            Outcome::Done {
-                segments,
-                size,
-                warning,
-            } => {
-                warnings.extend(warning);
-                let n = &mut nodes[ni];
-                n.segments = segments;
-                n.size = size;
-            }
-            Outcome::Failed(msg) => {
-                warnings.push(msg);
-                failed.insert(ni);
-            }
-        }
-    }
-    if !failed.is_empty() {
-        let mut i = 0;
-        nodes.retain(|_| {
-            i += 1;
-            !failed.contains(&(i - 1))
-        });
-    }
+    Ok(out)
 }
 
 /// Runs a backup and commits a new version, then (unless
@@ -298,13 +260,12 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         .clone()
         .unwrap_or_else(|| default_series(&paths, opts.stdin.as_ref().map(|s| s.name.as_str())));
 
-    // Index and parent, then the walk.
+    // Index and parent, then the walk, with everything after it.
     let threads = opts.threads.clamp(1, 256);
     let stages = Arc::new(Stages::new(threads));
-    let walk_started = std::time::Instant::now();
     let table = Arc::new(ContainerTable::default());
     let (strategy, repo_index) = build_strategy(repo, &table)?;
-    let (parent_id, parent) = load_parent(
+    let (parent_id, mut parent) = load_parent(
         repo,
         &series,
         chunker,
@@ -314,24 +275,11 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
     )?;
     drop(repo_index);
     let progress = opts.progress.clone();
-    let mut walker = Walker::new(&parent, opts.force_read, &progress, &excludes);
-    for p in &paths {
-        walker.walk_root(p);
-    }
-    if let Some(s) = opts.stdin.take() {
-        add_stdin(&mut walker, s, &progress)?;
-    }
-    progress.totals_known.store(true, Ordering::Relaxed);
-    let Walker {
-        mut nodes,
-        jobs,
-        mut warnings,
-        reused,
-        ..
-    } = walker;
-    stages.add(Stage::Walk, walk_started, 0);
-
-    // Read, chunk, dedup and pack on the workers.
+    let stdin = opts
+        .stdin
+        .take()
+        .map(|s| stdin_entries(s, &progress))
+        .transpose()?;
     let ctx = Ctx::new(CtxParts {
         repo,
         strategy: strategy.as_ref(),
@@ -339,32 +287,48 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         chunker,
         progress: &progress,
         stages: stages.clone(),
-        parent: &parent,
         large_file: opts.large_file,
     });
-    let (outcomes, written) = pipeline::run(&ctx, &jobs, &nodes, threads)?;
-    apply_outcomes(&mut nodes, outcomes, &mut warnings);
+    let mut walk_warnings = Vec::new();
+    let mut reused = 0;
+    let run = pipeline::run(
+        &ctx,
+        threads,
+        opts.limits,
+        crate::recipe::RecipeWriter::new(repo).with_suspects(parent.suspects()),
+        |feed| {
+            let walk_started = std::time::Instant::now();
+            let mut walker = Walker::new(feed, &mut parent, opts.force_read, &progress, &excludes);
+            walker.add_synthetic(stdin.unwrap_or_default());
+            let r = paths
+                .iter()
+                .try_for_each(|p| walker.walk_root(p))
+                .and_then(|_| walker.finish());
+            progress.totals_known.store(true, Ordering::Relaxed);
+            walk_warnings = std::mem::take(&mut walker.warnings);
+            reused = walker.reused;
+            drop(walker);
+            // Busy time: not the waits for workers to make room.
+            let busy = walk_started.elapsed().saturating_sub(feed.waited);
+            stages.add_ns(Stage::Walk, busy.as_nanos() as u64, 0);
+            r
+        },
+    )?;
+    let mut warnings = walk_warnings;
+    warnings.extend(run.warnings);
+    let written = run.written;
 
-    // Commit: index object → recipe → snapshot.
+    // Commit: index object → recipe (its last part and index) → snapshot.
     let commit_started = std::time::Instant::now();
     let mut stored = written.stored_bytes;
     if !written.metas.is_empty() {
         let (_, n) = crate::index::put_index_object(repo, written.metas)?;
         stored += n;
     }
-    let recipe = commit::recipe_of(nodes, &table);
     let stats = SnapshotStats {
-        files: recipe
-            .nodes
-            .iter()
-            .filter(|n| n.kind == NodeKind::File)
-            .count() as u64,
-        dirs: recipe
-            .nodes
-            .iter()
-            .filter(|n| n.kind == NodeKind::Dir)
-            .count() as u64,
-        logical_bytes: recipe.nodes.iter().map(|n| n.size).sum(),
+        files: run.counts.files,
+        dirs: run.counts.dirs,
+        logical_bytes: run.counts.logical_bytes,
         read_bytes: ctx.read_bytes.load(Ordering::Relaxed),
         new_chunks: ctx.new_chunks.load(Ordering::Relaxed),
         new_raw_bytes: ctx.new_raw.load(Ordering::Relaxed),
@@ -372,13 +336,7 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         duration_ms: 0,
         warnings: warnings.len() as u64,
     };
-    // The tree goes before the encoded recipe is compressed and sealed:
-    // the peak memory of a backup of many files is here.
-    let mut encoded = strata_core::format::encode(&recipe)?;
-    drop(recipe);
-    encoded.shrink_to_fit();
-    let (recipe_id, rn) = repo.put_encoded(Kind::Recipe, "recipes", &encoded)?;
-    drop(encoded);
+    let (recipe_id, rn) = run.recipe.finish()?;
     stored += rn;
     let mut snapshot = Snapshot {
         series,
@@ -415,8 +373,10 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
             next: id.clone(),
             direct_chunks: parent.direct_chunks,
             direct_bytes: parent.direct_bytes,
-            // The sample holds 1 in 64 fingerprints.
-            stored_again_bytes: ctx.stored_again_sampled.load(Ordering::Relaxed) * 64,
+            // The samples hold 1 in 64 fingerprints.
+            stored_again_bytes: parent
+                .stored_again(&ctx.stored_sample.lock().unwrap_or_else(|e| e.into_inner()))
+                * 64,
         }),
     })
 }

@@ -1,7 +1,7 @@
 //! The series' previous version, as a backup uses it: unchanged files take
 //! its recipe without being read ([`Parent::reuse`]), and a changed file's
 //! new segments are deduplicated chunk by chunk against the same file's
-//! chunks in it ([`Parent::file`]).
+//! chunks in it ([`PrevNode::file`]).
 //!
 //! The second is what keeps `segment` backups of edited files as cheap as
 //! an exact index: a segment with a few changed chunks is no longer stored
@@ -13,162 +13,263 @@
 //! whole file's chunks (1 in 64, by fingerprint) finds the place again
 //! after an insertion or deletion larger than the window.
 
+use crate::error::Result;
 use crate::index::{ChunkLoc, ContainerTable, IndexStrategy, RepoIndex};
-use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
-use strata_core::format::{ChunkRef, ContainerId, Node, NodeKind, SegmentRef};
+use crate::recipe;
+use crate::repo::Repository;
+use std::cmp::Ordering;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use strata_core::format::{
+    path_cmp, ChunkRef, ContainerId, Node, NodeKind, PartRef, RecipeObject, SegmentRef,
+};
 use strata_core::Fingerprint;
 
-/// The previous version of the series (empty for a first backup).
+/// The previous version of the series (empty for a first backup), read a
+/// part at a time as the walk goes: the walk visits paths in the recipe's
+/// order ([`path_cmp`]), so its files are met in order and only the part
+/// around the walk's position is in memory.
 pub(crate) struct Parent<'a> {
-    /// Its files by path; an unchanged file's entry is taken out when the
-    /// walk reuses it (its segments move into the new version).
-    nodes: Mutex<HashMap<Vec<u8>, Node>>,
-    /// Per entry of the previous recipe's container table: its interned id
-    /// in this backup's table, if the container is still in the pool.
-    containers: Vec<Option<u32>>,
+    repo: Option<&'a Repository>,
+    /// Parts not read yet.
+    parts: VecDeque<PartRef>,
+    /// Nodes of the part being read, and its container table as interned
+    /// ids of this backup's table (`None`: no longer in the pool).
+    nodes: VecDeque<Node>,
+    containers: Arc<Vec<Option<u32>>>,
+    /// Containers of the pool (those a new version may reference).
+    pool: HashSet<ContainerId>,
+    table: Option<&'a ContainerTable>,
     strategy: &'a dyn IndexStrategy,
     /// 1 in 64 of its chunk fingerprints (by fingerprint), to estimate how
-    /// much of it the new version stores again elsewhere.
+    /// much of it the new version stores again elsewhere; complete once
+    /// [`Self::finish`] has read every part.
     sample: HashSet<Fingerprint>,
-    /// Its non-zero chunk references and their bytes.
+    /// Its non-zero chunk references and their bytes (complete after
+    /// [`Self::finish`]).
     pub direct_chunks: u64,
     pub direct_bytes: u64,
+    /// Set when a part could not be read: the rest of the previous version
+    /// is not used (its files are read again) and the counts are partial.
+    pub damaged: Option<String>,
+    /// Parts found damaged, shared with the recipe writer: should the new
+    /// version hold a part with the same content, it is written again
+    /// (repairing the object) rather than reused.
+    suspects: Arc<Mutex<HashSet<String>>>,
+}
+
+/// A file of the previous version, as the walk takes it.
+pub(crate) struct PrevNode {
+    node: Node,
+    containers: Arc<Vec<Option<u32>>>,
 }
 
 impl<'a> Parent<'a> {
     /// No previous version.
     pub fn none(strategy: &'a dyn IndexStrategy) -> Self {
         Parent {
-            nodes: Mutex::new(HashMap::new()),
-            containers: Vec::new(),
+            repo: None,
+            parts: VecDeque::new(),
+            nodes: VecDeque::new(),
+            containers: Arc::default(),
+            pool: HashSet::new(),
+            table: None,
             strategy,
             sample: HashSet::new(),
             direct_chunks: 0,
             direct_bytes: 0,
+            damaged: None,
+            suspects: Arc::default(),
         }
     }
 
-    /// The previous version's files, from its recipe's nodes and container
-    /// table. Only pool containers still in the index are used.
-    pub fn new(
-        nodes: Vec<Node>,
-        containers: &[ContainerId],
+    /// The previous version whose recipe is `recipe_id`. Only pool
+    /// containers still in the index are used.
+    pub fn open(
+        repo: &'a Repository,
+        recipe_id: &str,
         index: &RepoIndex,
-        table: &ContainerTable,
+        table: &'a ContainerTable,
         strategy: &'a dyn IndexStrategy,
-    ) -> Self {
-        let containers = containers
+    ) -> Result<Self> {
+        let mut p = Parent::none(strategy);
+        p.repo = Some(repo);
+        p.pool = index
+            .containers
             .iter()
-            .map(|id| {
-                index
-                    .containers
-                    .get(id)
-                    .filter(|c| c.stamp.is_none())
-                    .map(|_| table.intern(*id))
-            })
+            .filter(|(_, c)| c.stamp.is_none())
+            .map(|(id, _)| *id)
             .collect();
-        let (mut sample, mut direct_chunks, mut direct_bytes) = (HashSet::new(), 0, 0);
+        p.table = Some(table);
+        match recipe::load_object(repo, recipe_id)? {
+            RecipeObject::Whole(r) => {
+                p.containers = Arc::new(p.map_table(&r.containers));
+                let mut nodes = r.nodes;
+                nodes.sort_by(|a, b| path_cmp(&a.path, &b.path));
+                p.count(&nodes);
+                p.nodes = nodes.into();
+            }
+            RecipeObject::Index(i) => p.parts = i.parts.into(),
+        }
+        Ok(p)
+    }
+
+    fn map_table(&self, ids: &[ContainerId]) -> Vec<Option<u32>> {
+        let Some(table) = self.table else {
+            return vec![];
+        };
+        ids.iter()
+            .map(|id| self.pool.contains(id).then(|| table.intern(*id)))
+            .collect()
+    }
+
+    /// Adds nodes to the sample and the counts.
+    fn count(&mut self, nodes: &[Node]) {
         for c in nodes
             .iter()
             .flat_map(|n| n.segments.iter().flat_map(|s| &s.chunks))
         {
             if c.is_direct() {
-                direct_chunks += 1;
-                direct_bytes += c.len as u64;
+                self.direct_chunks += 1;
+                self.direct_bytes += c.len as u64;
                 if is_anchor(&c.fp) {
-                    sample.insert(c.fp);
+                    self.sample.insert(c.fp);
                 }
             }
         }
-        let nodes = nodes
-            .into_iter()
-            .filter(|n| n.kind == NodeKind::File)
-            .map(|mut n| (std::mem::take(&mut n.path), n))
-            .collect();
-        Parent {
-            nodes: Mutex::new(nodes),
-            containers,
-            strategy,
-            sample,
-            direct_chunks,
-            direct_bytes,
+    }
+
+    /// Reads the next part; `false` when there is none (or it is damaged).
+    fn next_part(&mut self) -> bool {
+        let (Some(repo), Some(part)) = (self.repo, self.parts.pop_front()) else {
+            return false;
+        };
+        match recipe::load_part(repo, &part.id) {
+            Ok(r) => {
+                self.containers = Arc::new(self.map_table(&r.containers));
+                self.count(&r.nodes);
+                self.nodes = r.nodes.into();
+                true
+            }
+            Err(e) => {
+                self.suspects
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(part.id.clone());
+                self.damaged = Some(format!(
+                    "the previous version's recipe is damaged ({e}); its remaining files are read again"
+                ));
+                self.parts.clear();
+                false
+            }
         }
     }
 
-    /// Whether the previous version (probably) holds chunk `fp`: exact for
-    /// the 1 in 64 fingerprints of the sample, `false` for the others.
-    pub fn sampled_holds(&self, fp: &Fingerprint) -> bool {
-        is_anchor(fp) && self.sample.contains(fp)
+    /// The previous version's file at `path`. Calls come in increasing
+    /// path order; everything before `path` is passed over.
+    pub fn take(&mut self, path: &[u8]) -> Option<PrevNode> {
+        loop {
+            while let Some(front) = self.nodes.front() {
+                match path_cmp(&front.path, path) {
+                    Ordering::Less => {
+                        self.nodes.pop_front();
+                    }
+                    Ordering::Equal => {
+                        let node = self.nodes.pop_front()?;
+                        return (node.kind == NodeKind::File).then(|| PrevNode {
+                            node,
+                            containers: self.containers.clone(),
+                        });
+                    }
+                    Ordering::Greater => return None,
+                }
+            }
+            if !self.next_part() {
+                return None;
+            }
+        }
     }
 
-    fn loc_of(&self, c: &ChunkRef) -> Option<ChunkLoc> {
-        let container = (*self.containers.get(c.container as usize)?)?;
-        Some(ChunkLoc {
-            container,
-            region: c.region,
-            offset: c.offset,
-            len: c.len,
-        })
+    /// The parts found damaged so far (see the field).
+    pub fn suspects(&self) -> Arc<Mutex<HashSet<String>>> {
+        self.suspects.clone()
+    }
+
+    /// Reads the parts the walk did not reach, so the sample and counts
+    /// cover the whole previous version.
+    pub fn finish(&mut self) {
+        self.nodes.clear();
+        while self.next_part() {
+            self.nodes.clear();
+        }
+    }
+
+    /// Bytes of `stored` (a 1-in-64 sample by fingerprint of the new
+    /// chunks a backup stored, with their lengths) that the previous
+    /// version holds too: times 64, an estimate of what reverse dedup of
+    /// the previous version against the new one would free.
+    pub fn stored_again(&self, stored: &HashMap<Fingerprint, u32>) -> u64 {
+        stored
+            .iter()
+            .filter(|(fp, _)| self.sample.contains(*fp))
+            .map(|(_, &len)| len as u64)
+            .sum()
     }
 
     /// The previous version's segments of `new` when the file is unchanged
     /// (same size, mtime, ctime and inode), pointing at current locations.
-    pub fn reuse(&self, new: &Node) -> Option<Vec<SegmentRef>> {
-        let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
-        let old = nodes.get(&new.path)?;
-        if old.size != new.size
-            || old.mtime_ns != new.mtime_ns
-            || old.ctime_ns != new.ctime_ns
-            || old.ino != new.ino
+    pub fn reuse(&self, old: &mut PrevNode, new: &Node) -> Option<Vec<SegmentRef>> {
+        let o = &old.node;
+        if o.size != new.size
+            || o.mtime_ns != new.mtime_ns
+            || o.ctime_ns != new.ctime_ns
+            || o.ino != new.ino
         {
             return None;
         }
-        let mut segs = std::mem::take(&mut nodes.get_mut(&new.path)?.segments);
-        let mut ok = true;
-        'all: for s in &mut segs {
+        // Taken: should a chunk be gone, the file is read again without
+        // its previous version (as when gc moved what nobody knows of).
+        let mut segs = std::mem::take(&mut old.node.segments);
+        for s in &mut segs {
             for c in &mut s.chunks {
                 if c.is_zero() {
                     continue;
                 }
                 // Moved by gc since (or otherwise gone): the current
                 // location, if the strategy knows it.
-                match self.loc_of(c).or_else(|| self.strategy.lookup_chunk(&c.fp)) {
-                    Some(l) => {
-                        c.container = l.container;
-                        c.region = l.region;
-                        c.offset = l.offset;
-                    }
-                    None => {
-                        ok = false;
-                        break 'all;
-                    }
-                }
+                let l = loc_of(&old.containers, c).or_else(|| self.strategy.lookup_chunk(&c.fp))?;
+                c.container = l.container;
+                c.region = l.region;
+                c.offset = l.offset;
             }
         }
-        if !ok {
-            // Read it again; the (partly remapped) segments are of no use.
-            nodes.remove(&new.path);
-            return None;
-        }
-        nodes.remove(&new.path);
         Some(segs)
     }
+}
 
-    /// The previous version of the file at `path`, for chunk lookups while
-    /// it is read again.
-    pub fn file(&self, path: &[u8]) -> Option<ParentFile> {
-        let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
-        let node = nodes.get(path)?;
+/// Where a direct reference of a part points, in this backup's table.
+fn loc_of(containers: &[Option<u32>], c: &ChunkRef) -> Option<ChunkLoc> {
+    let container = (*containers.get(c.container as usize)?)?;
+    Some(ChunkLoc {
+        container,
+        region: c.region,
+        offset: c.offset,
+        len: c.len,
+    })
+}
+
+impl PrevNode {
+    /// The previous version of a changed file, for chunk lookups while it
+    /// is read again.
+    pub fn file(self) -> Option<ParentFile> {
         let mut refs = Vec::new();
         let mut offset = 0u64;
-        for c in node.segments.iter().flat_map(|s| &s.chunks) {
-            if let (false, Some(loc)) = (c.is_zero(), self.loc_of(c)) {
+        for c in self.node.segments.iter().flat_map(|s| &s.chunks) {
+            if let (false, Some(loc)) = (c.is_zero(), loc_of(&self.containers, c)) {
                 refs.push((offset, c.fp, loc));
             }
             offset += c.len as u64;
         }
-        drop(nodes);
         let anchors = refs
             .iter()
             .enumerate()
@@ -187,7 +288,7 @@ impl<'a> Parent<'a> {
 }
 
 /// Whether a chunk is in the whole-file sample (1 in 64).
-fn is_anchor(fp: &Fingerprint) -> bool {
+pub(crate) fn is_anchor(fp: &Fingerprint) -> bool {
     fp.0[0] & 63 == 0
 }
 

@@ -23,18 +23,22 @@
 use super::dedup::{
     changed_warning, chunk_fp, open_source, Ctx, Outcome, SegmentJob, TimedRead, WorkerBuffers,
 };
+use super::flow::{Feeder, Flow, FlowLimits, TreeCounts, Unit};
 use super::parent::ParentFile;
-use super::walk::{group_small_files, Job, Source};
+use super::walk::{Job, Source};
 use crate::container::{ContainerSink, ContainerWriter, SinkResult};
 use crate::error::{Result, StoreError};
 use crate::index::ChunkLoc;
+use crate::recipe::RecipeWriter;
 use crate::stages::Stage;
 use rayon::prelude::*;
 use rayon::ScopeFifo;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use strata_core::chunker::{ChunkStream, Segmenter};
@@ -57,16 +61,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// What every task shares.
 struct Shared<'a> {
     ctx: &'a Ctx<'a>,
-    jobs: &'a [Job],
-    nodes: &'a [Node],
-    units: Vec<Vec<usize>>,
-    next_unit: AtomicUsize,
+    flow: &'a Flow<'a>,
     sink: &'a ContainerSink,
     /// Idle container writers and buffers: a task takes one and gives it
     /// back, so there are at most as many as workers.
     writers: Mutex<Vec<ContainerWriter>>,
     buffers: Mutex<Vec<WorkerBuffers>>,
-    outcomes: Mutex<Vec<(usize, Outcome)>>,
     error: Mutex<Option<StoreError>>,
     /// Read-ahead bound of one large file.
     ahead: u64,
@@ -79,6 +79,8 @@ impl Shared<'_> {
         if g.is_none() {
             *g = Some(e);
         }
+        drop(g);
+        self.flow.wake();
     }
 
     fn aborted(&self) -> bool {
@@ -100,39 +102,41 @@ impl Shared<'_> {
         lock(&self.buffers).push(b);
         r
     }
-
-    fn done(&self, node: usize, o: Outcome) {
-        lock(&self.outcomes).push((node, o));
-    }
 }
 
-/// Runs the jobs on a pool of `threads` workers. Returns every job's
-/// outcome and what the containers' sink wrote.
-pub(crate) fn run(
+/// What a run leaves for the commit.
+pub(crate) struct RunResult<'r> {
+    pub written: SinkResult,
+    /// The recipe, all parts but the last written.
+    pub recipe: RecipeWriter<'r>,
+    pub counts: TreeCounts,
+    pub warnings: Vec<String>,
+}
+
+/// Nodes sent to the recipe thread at a time, at most, in flight.
+const RECIPE_BATCHES: usize = 8;
+
+/// Runs a backup's pipeline: `walk` (on the calling thread) hands entries
+/// to a [`Feeder`]; files to read go to a pool of `threads` workers;
+/// finished nodes go, in tree order, to a thread that writes them as
+/// recipe parts into `recipe`. Returns what the containers' sink wrote
+/// and the recipe writer, to be finished once the containers are durable.
+pub(crate) fn run<'r>(
     ctx: &Ctx<'_>,
-    jobs: &[Job],
-    nodes: &[Node],
     threads: usize,
-) -> Result<(Vec<(usize, Outcome)>, SinkResult)> {
+    limits: FlowLimits,
+    recipe: RecipeWriter<'r>,
+    walk: impl FnOnce(&mut Feeder<'_>) -> Result<()>,
+) -> Result<RunResult<'r>> {
     let threads = threads.clamp(1, 256);
-    // Work units: one job each, or — for strategies that look small files
-    // up together (SiLo) — runs of small files of one directory.
-    let units: Vec<Vec<usize>> = if ctx.strategy.groups_small_files() {
-        group_small_files(jobs, nodes, ctx.chunker.avg_segment as u64)
-    } else {
-        (0..jobs.len()).map(|i| vec![i]).collect()
-    };
     let sink = ContainerSink::with_stages(ctx.repo, Some(ctx.stages.clone()));
+    let flow = Flow::new(threads, &ctx.abort);
     let shared = Shared {
         ctx,
-        jobs,
-        nodes,
-        units,
-        next_unit: AtomicUsize::new(0),
+        flow: &flow,
         sink: &sink,
         writers: Mutex::new(Vec::new()),
         buffers: Mutex::new(Vec::new()),
-        outcomes: Mutex::new(Vec::new()),
         error: Mutex::new(None),
         ahead: AHEAD_PER_WORKER * threads as u64,
     };
@@ -141,25 +145,72 @@ pub(crate) fn run(
         .thread_name(|i| format!("strata-worker-{i}"))
         .build()
         .map_err(|e| StoreError::Invalid(format!("cannot start the backup workers: {e}")))?;
-    let done = AtomicBool::new(false);
-    std::thread::scope(|t| {
-        t.spawn(|| prefetch(&shared, &done));
-        pool.scope_fifo(|s| {
-            for _ in 0..threads {
-                let sh = &shared;
-                s.spawn_fifo(move |s| next_unit(s, sh));
+    let (ptx, prx) = sync_channel::<PathBuf>(PREFETCH_FILES);
+    let (rtx, rrx) = sync_channel::<Vec<Node>>(RECIPE_BATCHES);
+    let table = ctx.table.clone();
+    let (walked, counts, recipe) = std::thread::scope(|t| {
+        t.spawn(move || prefetch(prx));
+        let writer = t.spawn(move || -> Result<RecipeWriter<'r>> {
+            let mut w = recipe;
+            for batch in rrx {
+                for n in batch {
+                    w.push(n, |i| table.try_get(i))?;
+                }
             }
+            Ok(w)
         });
-        done.store(true, Ordering::Relaxed);
+        let (walked, counts) = pool.in_place_scope_fifo(|s| {
+            let sh = &shared;
+            let spawn = || s.spawn_fifo(move |s| puller(s, sh));
+            let mut feeder = Feeder {
+                flow: &flow,
+                spawn: &spawn,
+                recipe: rtx,
+                prefetch: Some(ptx),
+                large: ctx.large_file,
+                grouping: ctx
+                    .strategy
+                    .groups_small_files()
+                    .then_some(ctx.chunker.avg_segment as u64),
+                limits,
+                next_seq: 0,
+                group: Vec::new(),
+                group_bytes: 0,
+                counts: TreeCounts::default(),
+                waited: Default::default(),
+            };
+            let r = walk(&mut feeder).and_then(|_| feeder.finish());
+            if r.is_err() {
+                ctx.abort.store(true, Ordering::SeqCst);
+            }
+            (r, feeder.counts)
+        });
+        let recipe = writer
+            .join()
+            .unwrap_or_else(|_| Err(StoreError::Invalid("the recipe writer panicked".into())));
+        (walked, counts, recipe)
     });
-    let Shared {
-        writers,
-        outcomes,
-        error,
-        ..
-    } = shared;
+    let Shared { writers, error, .. } = shared;
     let mut error = error.into_inner().unwrap_or_else(|e| e.into_inner());
     let mut writers = writers.into_inner().unwrap_or_else(|e| e.into_inner());
+    // The first error that is not a consequence of another: a worker's
+    // explains a cancelled walk or a stopped writer, the walk's own error
+    // the workers' cancellation.
+    let recipe = match (error.take(), recipe, walked) {
+        (None, Ok(r), Ok(())) => Ok(r),
+        (w, r, k) => Err([w, r.err(), k.err()]
+            .into_iter()
+            .flatten()
+            .find(|e| !matches!(e, StoreError::Cancelled))
+            .unwrap_or(StoreError::Cancelled)),
+    };
+    let recipe = match recipe {
+        Ok(r) => Some(r),
+        Err(e) => {
+            error = Some(e);
+            None
+        }
+    };
     if error.is_none() {
         // Close the last containers; after an error, dropping the writers
         // removes their partial objects instead.
@@ -176,106 +227,88 @@ pub(crate) fn run(
     if let Some(e) = error {
         return Err(e);
     }
+    let Some(recipe) = recipe else {
+        return Err(StoreError::Cancelled);
+    };
     // With the containers durable, the strategy may persist what points
     // at them (its side data is derived; a crash later costs nothing).
     ctx.strategy.finish()?;
-    let outcomes = outcomes.into_inner().unwrap_or_else(|e| e.into_inner());
-    Ok((outcomes, written))
+    Ok(RunResult {
+        written,
+        recipe,
+        counts,
+        warnings: flow.take_warnings(),
+    })
 }
 
-/// Small files the prefetcher may ask the kernel for ahead of the workers,
-/// in files and in bytes (page cache, not this process's memory).
+/// Small files the walk may hand the prefetcher ahead of the workers (the
+/// queue's bounds keep the walk itself close).
 const PREFETCH_FILES: usize = 256;
-const PREFETCH_BYTES: u64 = 64 << 20;
 
-/// Asks the kernel to read the next small files into the page cache while
-/// the workers are busy (`posix_fadvise(WILLNEED)`): a tree of many small
-/// files on a cold cache is bound by read latency, and this overlaps the
-/// reads without more worker threads than `--threads`. Large files are
-/// read sequentially, which the kernel's own readahead covers.
-fn prefetch(sh: &Shared<'_>, done: &AtomicBool) {
+/// Asks the kernel to read the small files the walk queued into the page
+/// cache while the workers are busy (`posix_fadvise(WILLNEED)`): a tree of
+/// many small files on a cold cache is bound by read latency, and this
+/// overlaps the reads without more worker threads than `--threads`. Large
+/// files are read sequentially, which the kernel's own readahead covers.
+fn prefetch(paths: Receiver<PathBuf>) {
     use std::os::fd::AsRawFd;
-    let size = |u: &[usize]| -> u64 { u.iter().map(|&j| sh.nodes[sh.jobs[j].node].size).sum() };
-    let mut ahead_bytes = 0u64;
-    let mut window: std::collections::VecDeque<(usize, u64)> = Default::default();
-    for (i, unit) in sh.units.iter().enumerate() {
-        loop {
-            if done.load(Ordering::Relaxed) || sh.aborted() {
-                return;
-            }
-            let next = sh.next_unit.load(Ordering::Relaxed);
-            while window.front().is_some_and(|&(k, _)| k < next) {
-                ahead_bytes -= window.pop_front().map_or(0, |w| w.1);
-            }
-            if i < next {
-                break; // the workers are past it already
-            }
-            if window.len() < PREFETCH_FILES && ahead_bytes < PREFETCH_BYTES {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        if i < sh.next_unit.load(Ordering::Relaxed) {
-            continue;
-        }
-        for &j in unit {
-            let job = &sh.jobs[j];
-            let Source::Path(p) = &job.source else {
-                continue;
-            };
-            if sh.nodes[job.node].size >= sh.ctx.large_file {
-                continue;
-            }
-            if let Ok(f) = open_source(p) {
-                // SAFETY: advisory syscall on a descriptor we own.
-                unsafe {
-                    libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED);
-                }
+    for p in paths {
+        if let Ok(f) = open_source(&p) {
+            // SAFETY: advisory syscall on a descriptor we own.
+            unsafe {
+                libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED);
             }
         }
-        let n = size(unit);
-        ahead_bytes += n;
-        window.push_back((i, n));
     }
 }
 
 /// Takes the next work unit, processes it (or starts its pipeline), and
 /// queues its own continuation behind whatever it spawned.
-fn next_unit<'s>(s: &ScopeFifo<'s>, sh: &'s Shared<'s>) {
+fn puller<'s>(s: &ScopeFifo<'s>, sh: &'s Shared<'s>) {
     if sh.aborted() {
         return;
     }
-    let i = sh.next_unit.fetch_add(1, Ordering::Relaxed);
-    let Some(unit) = sh.units.get(i) else { return };
+    let Some(unit) = sh.flow.take_unit() else {
+        return;
+    };
     let ctx = sh.ctx;
-    match unit.as_slice() {
-        [j] if is_large(&sh.jobs[*j], sh.nodes, ctx.large_file) => Stream::start(s, sh, *j),
-        [j] => {
-            let job = &sh.jobs[*j];
-            let node = &sh.nodes[job.node];
-            let r = sh.with_buffers(|b| sh.with_writer(|w| ctx.process_small(w, b, job, node)));
+    match unit {
+        Unit::One(job) if is_large(&job, ctx.large_file) => Stream::start(s, sh, *job),
+        Unit::One(mut job) => {
+            let r = sh.with_buffers(|b| sh.with_writer(|w| ctx.process_small(w, b, &mut job)));
             match r {
-                Ok(o) => sh.done(job.node, o),
+                Ok(o) => sh.flow.complete(job.seq, job.node, o),
                 Err(e) => sh.fail(e),
             }
         }
-        many => {
-            let group: Vec<&Job> = many.iter().map(|j| &sh.jobs[*j]).collect();
-            let r =
-                sh.with_buffers(|b| sh.with_writer(|w| ctx.process_group(w, b, &group, sh.nodes)));
+        Unit::Group(mut jobs) => {
+            let r = sh.with_buffers(|b| sh.with_writer(|w| ctx.process_group(w, b, &mut jobs)));
             match r {
-                Ok(o) => lock(&sh.outcomes).extend(o),
+                Ok(outcomes) => {
+                    let mut by_job: Vec<Option<Outcome>> = jobs.iter().map(|_| None).collect();
+                    for (i, o) in outcomes {
+                        if let Some(slot) = by_job.get_mut(i) {
+                            *slot = Some(o);
+                        }
+                    }
+                    for (job, o) in jobs.into_iter().zip(by_job) {
+                        let o = o.unwrap_or_else(|| {
+                            Outcome::Failed(format!("{}: not stored", job.node.path_str()))
+                        });
+                        sh.flow.complete(job.seq, job.node, o);
+                    }
+                }
                 Err(e) => sh.fail(e),
             }
         }
     }
-    s.spawn_fifo(move |s| next_unit(s, sh));
+    s.spawn_fifo(move |s| puller(s, sh));
 }
 
-fn is_large(job: &Job, nodes: &[Node], large: u64) -> bool {
+fn is_large(job: &Job, large: u64) -> bool {
     match job.source {
         Source::Stream(_) => true,
-        Source::Path(_) => nodes[job.node].size >= large,
+        Source::Path(_) => job.node.size >= large,
     }
 }
 
@@ -363,7 +396,9 @@ struct Sequencer {
 
 /// One large file (or stream) going through the pipeline.
 struct Stream<'s> {
-    node: usize,
+    /// Its place in the tree, and its node until it is stored.
+    slot: u64,
+    node: Mutex<Option<Node>>,
     /// How it is named in messages.
     label: String,
     /// The file, to see whether it changed while read.
@@ -383,17 +418,22 @@ struct Stream<'s> {
 }
 
 impl<'s> Stream<'s> {
-    fn start(s: &ScopeFifo<'s>, sh: &'s Shared<'s>, j: usize) {
-        let job = &sh.jobs[j];
-        let node = &sh.nodes[job.node];
-        let (reader, file, label): (Box<dyn Read + Send + 's>, _, String) = match &job.source {
+    fn start(s: &ScopeFifo<'s>, sh: &'s Shared<'s>, job: Job) {
+        let Job {
+            seq: slot,
+            node,
+            source,
+            prev,
+        } = job;
+        let (reader, file, label): (Box<dyn Read + Send + 's>, _, String) = match &source {
             Source::Path(p) => match open_source(p) {
                 Ok(f) => {
                     let handle = f.try_clone().ok().map(|h| (h, p.clone()));
                     (Box::new(f), handle, p.display().to_string())
                 }
                 Err(e) => {
-                    return sh.done(job.node, Outcome::Failed(format!("{}: {e}", p.display())));
+                    let o = Outcome::Failed(format!("{}: {e}", p.display()));
+                    return sh.flow.complete(slot, node, o);
                 }
             },
             Source::Stream(m) => match lock(m).take() {
@@ -408,7 +448,8 @@ impl<'s> Stream<'s> {
             ns: 0,
         };
         let st = Arc::new(Stream {
-            node: job.node,
+            slot,
+            node: Mutex::new(Some(node)),
             label,
             file,
             reader: Mutex::new(Reader {
@@ -421,7 +462,7 @@ impl<'s> Stream<'s> {
                 seg: Segmenter::new(&ctx.chunker),
                 cur: SegmentJob::default(),
                 next_seg: 0,
-                prev: ctx.parent.file(&node.path),
+                prev,
             }),
             results: Mutex::new(Vec::new()),
             outstanding: AtomicUsize::new(0),
@@ -577,6 +618,9 @@ impl<'s> Stream<'s> {
         if self.finalized.swap(true, Ordering::SeqCst) || sh.aborted() {
             return;
         }
+        let Some(node) = lock(&self.node).take() else {
+            return;
+        };
         let outcome = match lock(&self.failure).take() {
             Some(m) => Outcome::Failed(format!("{}: {m}", self.label)),
             None => {
@@ -588,11 +632,10 @@ impl<'s> Stream<'s> {
                     )));
                 };
                 let size = self.size.load(Ordering::SeqCst);
-                let node = &sh.nodes[self.node];
                 let warning = self
                     .file
                     .as_ref()
-                    .and_then(|(f, p)| changed_warning(f, p, size, node));
+                    .and_then(|(f, p)| changed_warning(f, p, size, &node));
                 sh.ctx.progress.files_done.fetch_add(1, Ordering::Relaxed);
                 Outcome::Done {
                     segments,
@@ -601,6 +644,6 @@ impl<'s> Stream<'s> {
                 }
             }
         };
-        sh.done(self.node, outcome);
+        sh.flow.complete(self.slot, node, outcome);
     }
 }

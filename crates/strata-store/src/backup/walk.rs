@@ -1,18 +1,20 @@
 //! The walk: the first stage of a backup. It records every entry's
-//! metadata (a [`Node`]) and lists the files whose content must be read
-//! (a [`Job`] each); files unchanged since the series' previous version
-//! take its recipe instead (see [`super::parent`]).
+//! metadata (a [`Node`]) and hands it on at once ([`Feed`]) with, for a
+//! file whose content must be read, where to read it; files unchanged
+//! since the series' previous version take its recipe instead (see
+//! [`super::parent`]).
 //!
-//! Directory traversal is `walkdir` (never following symlinks; a
-//! directory's files before its subdirectories, in name order, so the
-//! files of one directory are consecutive jobs), excludes are `globset`
-//! patterns, extended attributes (ACLs among them) come from `xattr`.
+//! Directory traversal is `walkdir` (never following symlinks; each
+//! directory's entries in name order, so paths come in the recipe's order,
+//! [`strata_core::format::path_cmp`], and the previous version is read
+//! alongside), excludes are `globset` patterns, extended attributes (ACLs
+//! among them) come from `xattr`.
 
-use super::parent::Parent;
+use super::parent::{Parent, ParentFile};
 use crate::error::{Result, StoreError};
 use crate::progress::Progress;
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::{self, Metadata};
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -20,7 +22,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
-use strata_core::format::{Node, NodeKind};
+use strata_core::format::{path_cmp, Node, NodeKind};
 
 /// Where a job's bytes come from.
 pub(crate) enum Source {
@@ -28,10 +30,21 @@ pub(crate) enum Source {
     Stream(Mutex<Option<Box<dyn Read + Send>>>),
 }
 
-/// A file whose content must be read: its node and its source.
+/// A file whose content must be read: its node (metadata; the segments
+/// are filled in when it is stored), where to read it, and its previous
+/// version to deduplicate against.
 pub(crate) struct Job {
-    pub node: usize,
+    /// Its place in the tree (see [`super::flow`]).
+    pub seq: u64,
+    pub node: Node,
     pub source: Source,
+    pub prev: Option<ParentFile>,
+}
+
+/// Where the walk hands each entry, in tree order.
+pub(crate) trait Feed {
+    /// The next entry; `source` is set for a file to read.
+    fn push(&mut self, node: Node, source: Option<(Source, Option<ParentFile>)>) -> Result<()>;
 }
 
 /// What the backup leaves out: glob patterns matched against the file name
@@ -87,20 +100,22 @@ impl Excludes {
     }
 }
 
-/// The walk's result and working state.
-pub(crate) struct Walker<'a> {
-    pub nodes: Vec<Node>,
-    pub jobs: Vec<Job>,
+/// The walk's working state.
+pub(crate) struct Walker<'a, 'p> {
+    feed: &'a mut dyn Feed,
     pub warnings: Vec<String>,
     /// Paths recorded for roots and their ancestors (the only entries two
     /// roots can share).
-    pub seen: HashSet<Vec<u8>>,
+    seen: HashSet<Vec<u8>>,
     hardlinks: HashMap<(u64, u64), Vec<u8>>,
-    parent: &'a Parent<'a>,
+    parent: &'a mut Parent<'p>,
     force_read: bool,
     progress: &'a Progress,
     pub reused: u64,
     excludes: &'a Excludes,
+    /// Entries not from the file system (`--stdin` and its directories),
+    /// in path order, each handed on at its place among the others.
+    synthetic: VecDeque<(Node, Option<Source>)>,
 }
 
 /// A path relative to `/`, as the recipe stores it.
@@ -160,16 +175,16 @@ pub fn read_xattrs(path: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
         .collect()
 }
 
-impl<'a> Walker<'a> {
+impl<'a, 'p> Walker<'a, 'p> {
     pub fn new(
-        parent: &'a Parent<'a>,
+        feed: &'a mut dyn Feed,
+        parent: &'a mut Parent<'p>,
         force_read: bool,
         progress: &'a Progress,
         excludes: &'a Excludes,
     ) -> Self {
         Walker {
-            nodes: Vec::new(),
-            jobs: Vec::new(),
+            feed,
             warnings: Vec::new(),
             seen: HashSet::new(),
             hardlinks: HashMap::new(),
@@ -178,18 +193,64 @@ impl<'a> Walker<'a> {
             progress,
             reused: 0,
             excludes,
+            synthetic: VecDeque::new(),
         }
+    }
+
+    /// Adds entries that are not in the file system (a stream and its
+    /// directories): each is handed on where its path falls among the
+    /// walked ones. A path the walk also meets is refused.
+    pub fn add_synthetic(&mut self, mut entries: Vec<(Node, Option<Source>)>) {
+        entries.sort_by(|a, b| path_cmp(&a.0.path, &b.0.path));
+        self.synthetic = entries.into();
+    }
+
+    /// Hands on the synthetic entries that come before `path` (all of
+    /// them when `None`).
+    fn flush_synthetic(&mut self, path: Option<&[u8]>) -> Result<()> {
+        while let Some((n, _)) = self.synthetic.front() {
+            if let Some(p) = path {
+                match path_cmp(&n.path, p) {
+                    std::cmp::Ordering::Greater => break,
+                    // A directory of the stream's name that is walked
+                    // anyway is recorded as it is on disk.
+                    std::cmp::Ordering::Equal if n.kind == NodeKind::Dir => {
+                        self.synthetic.pop_front();
+                        continue;
+                    }
+                    std::cmp::Ordering::Equal => {
+                        return Err(StoreError::Invalid(format!(
+                            "--stdin-name {} is also a path being backed up; choose another name",
+                            n.path_str()
+                        )))
+                    }
+                    std::cmp::Ordering::Less => {}
+                }
+            }
+            let Some((node, source)) = self.synthetic.pop_front() else {
+                break;
+            };
+            let prev = self.parent.take(&node.path);
+            let prev = source.as_ref().and(prev).and_then(|p| p.file());
+            self.feed.push(node, source.map(|s| (s, prev)))?;
+        }
+        Ok(())
     }
 
     /// Records one entry. `dedup` is set for roots and their ancestors, the
     /// only entries two roots can share (nested roots are merged before the
     /// walk), so the set of seen paths stays small.
-    fn add(&mut self, abs: &Path, m: &Metadata, dedup: bool) {
+    fn add(&mut self, abs: &Path, m: &Metadata, dedup: bool) -> Result<()> {
         let rel = rel_bytes(abs);
         // `/` itself has no name to restore; its children are recorded.
         if rel.is_empty() || (dedup && !self.seen.insert(rel.clone())) {
-            return;
+            return Ok(());
         }
+        self.flush_synthetic(Some(&rel))?;
+        // The previous version is read up to here whatever the entry is,
+        // so a damaged part of it is known before a node it covers is
+        // handed on (see [`Parent::suspects`]).
+        let mut prev = self.parent.take(&rel);
         let mut node = node_from_meta(rel.clone(), m);
         node.xattrs = read_xattrs(abs);
         match node.kind {
@@ -198,7 +259,7 @@ impl<'a> Walker<'a> {
                 Err(e) => {
                     self.warnings
                         .push(format!("{}: cannot read link: {e}", abs.display()));
-                    return;
+                    return Ok(());
                 }
             },
             NodeKind::File => {
@@ -207,8 +268,7 @@ impl<'a> Walker<'a> {
                         node.kind = NodeKind::Hardlink;
                         node.target = Some(first.clone());
                         node.size = 0;
-                        self.nodes.push(node);
-                        return;
+                        return self.feed.push(node, None);
                     }
                     self.hardlinks.insert((node.dev, node.ino), rel.clone());
                 }
@@ -216,31 +276,31 @@ impl<'a> Walker<'a> {
                 self.progress
                     .bytes_total
                     .fetch_add(node.size, Ordering::Relaxed);
-                if !self.force_read {
-                    if let Some(segs) = self.parent.reuse(&node) {
+                if let (false, Some(p)) = (self.force_read, prev.as_mut()) {
+                    if let Some(segs) = self.parent.reuse(p, &node) {
                         node.segments = segs;
                         self.progress.files_done.fetch_add(1, Ordering::Relaxed);
                         self.progress
                             .bytes_done
                             .fetch_add(node.size, Ordering::Relaxed);
                         self.reused += 1;
-                        self.nodes.push(node);
-                        return;
+                        return self.feed.push(node, None);
                     }
                 }
-                self.jobs.push(Job {
-                    node: self.nodes.len(),
-                    source: Source::Path(abs.to_path_buf()),
-                });
+                let prev = prev.and_then(|p| p.file());
+                return self
+                    .feed
+                    .push(node, Some((Source::Path(abs.to_path_buf()), prev)));
             }
             _ => {}
         }
-        self.nodes.push(node);
+        self.feed.push(node, None)
     }
 
     /// Walks one root: its ancestors (so restore recreates them with their
-    /// metadata), the root, and everything below it.
-    pub fn walk_root(&mut self, root: &Path) {
+    /// metadata), the root, and everything below it. Roots come in path
+    /// order; [`Self::finish`] ends the walk.
+    pub fn walk_root(&mut self, root: &Path) -> Result<()> {
         let mut anc: Vec<&Path> = root
             .ancestors()
             .skip(1)
@@ -249,36 +309,33 @@ impl<'a> Walker<'a> {
         anc.reverse();
         for a in anc {
             if let Ok(m) = fs::symlink_metadata(a) {
-                self.add(a, &m, true);
+                self.add(a, &m, true)?;
             }
         }
         let m = match fs::symlink_metadata(root) {
             Ok(m) => m,
             Err(e) => {
                 self.warnings.push(format!("{}: {e}", root.display()));
-                return;
+                return Ok(());
             }
         };
-        self.add(root, &m, true);
+        self.add(root, &m, true)?;
         if !m.is_dir() {
-            return;
+            return Ok(());
         }
         let excludes = self.excludes;
         let entries = walkdir::WalkDir::new(root)
             .min_depth(1)
             .follow_links(false)
-            // A directory's files first, then its subdirectories, each in
-            // name order.
-            .sort_by(|a, b| {
-                (a.file_type().is_dir(), a.file_name())
-                    .cmp(&(b.file_type().is_dir(), b.file_name()))
-            })
+            // Each directory's entries by name: depth first, that is the
+            // recipe's path order.
+            .sort_by(|a, b| a.file_name().cmp(b.file_name()))
             .into_iter()
             .filter_entry(|e| !excludes.excluded(e.path(), e.metadata().ok().as_ref()));
         for entry in entries {
             match entry {
                 Ok(e) => match e.metadata() {
-                    Ok(m) => self.add(e.path(), &m, false),
+                    Ok(m) => self.add(e.path(), &m, false)?,
                     Err(err) => {
                         self.warnings
                             .push(format!("{}: {}", e.path().display(), io_cause(&err)))
@@ -299,6 +356,18 @@ impl<'a> Walker<'a> {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Hands on what is left (synthetic entries after every walked path)
+    /// and reads the rest of the previous version for its counts.
+    pub fn finish(&mut self) -> Result<()> {
+        self.flush_synthetic(None)?;
+        self.parent.finish();
+        if let Some(w) = self.parent.damaged.take() {
+            self.warnings.push(w);
+        }
+        Ok(())
     }
 }
 
@@ -310,108 +379,9 @@ fn io_cause(e: &walkdir::Error) -> String {
     }
 }
 
-/// Groups consecutive jobs that are small files of one directory (each at
-/// most a quarter of a segment) into units of up to `segment` bytes; every
-/// other job is a unit of its own. The walk lists a directory's files
-/// together, so consecutive is enough.
-pub(crate) fn group_small_files(jobs: &[Job], nodes: &[Node], segment: u64) -> Vec<Vec<usize>> {
-    let small = |j: &Job| matches!(j.source, Source::Path(_)) && nodes[j.node].size <= segment / 4;
-    let dir = |j: &Job| {
-        let p = &nodes[j.node].path;
-        p[..p.iter().rposition(|&b| b == b'/').unwrap_or(0)].to_vec()
-    };
-    let mut units: Vec<Vec<usize>> = Vec::new();
-    let mut cur: Vec<usize> = Vec::new();
-    let mut cur_bytes = 0u64;
-    let mut cur_dir: Option<Vec<u8>> = None;
-    for (i, j) in jobs.iter().enumerate() {
-        if !small(j) {
-            if !cur.is_empty() {
-                units.push(std::mem::take(&mut cur));
-            }
-            units.push(vec![i]);
-            cur_dir = None;
-            cur_bytes = 0;
-            continue;
-        }
-        let d = dir(j);
-        if cur_dir.as_ref() != Some(&d) || cur_bytes >= segment {
-            if !cur.is_empty() {
-                units.push(std::mem::take(&mut cur));
-            }
-            cur_dir = Some(d);
-            cur_bytes = 0;
-        }
-        cur_bytes += nodes[j.node].size;
-        cur.push(i);
-    }
-    if !cur.is_empty() {
-        units.push(cur);
-    }
-    units
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn small_files_of_a_directory_are_grouped() {
-        let node = |path: &str, size: u64| Node {
-            path: path.as_bytes().to_vec(),
-            kind: NodeKind::File,
-            mode: 0,
-            uid: 0,
-            gid: 0,
-            mtime_ns: 0,
-            ctime_ns: 0,
-            ino: 0,
-            dev: 0,
-            rdev: 0,
-            nlink: 1,
-            size,
-            target: None,
-            segments: vec![],
-            xattrs: vec![],
-        };
-        let nodes = vec![
-            node("a/1", 100),
-            node("a/2", 100),
-            node("a/big", 10_000),
-            node("a/3", 100),
-            node("b/1", 100),
-            node("b/2", 200),
-            node("b/3", 200),
-        ];
-        let jobs: Vec<Job> = (0..nodes.len())
-            .map(|i| Job {
-                node: i,
-                source: Source::Path(PathBuf::from("x")),
-            })
-            .collect();
-        // Segment 1000: small = at most 250 bytes, a unit holds ~1000.
-        let units = group_small_files(&jobs, &nodes, 1000);
-        assert_eq!(units, vec![vec![0, 1], vec![2], vec![3], vec![4, 5, 6]]);
-        // Segment 400: only 100-byte files are small.
-        let units = group_small_files(&jobs, &nodes, 400);
-        assert_eq!(
-            units,
-            vec![vec![0, 1], vec![2], vec![3], vec![4], vec![5], vec![6]]
-        );
-        // Segment 800: b's files are small; a unit closes once it holds a
-        // segment's worth.
-        let units = group_small_files(&jobs, &nodes, 800);
-        assert_eq!(units, vec![vec![0, 1], vec![2], vec![3], vec![4, 5, 6]]);
-        let many: Vec<Node> = (0..10).map(|i| node(&format!("c/{i}"), 200)).collect();
-        let jobs: Vec<Job> = (0..10)
-            .map(|i| Job {
-                node: i,
-                source: Source::Path(PathBuf::from("x")),
-            })
-            .collect();
-        let units = group_small_files(&jobs, &many, 800);
-        assert_eq!(units, vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
-    }
 
     #[test]
     fn excludes() {

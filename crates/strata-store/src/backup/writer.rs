@@ -4,7 +4,6 @@
 //! worker storing a VM's dirty segments.
 
 use super::dedup::{Ctx, CtxParts, WorkerBuffers};
-use super::parent::Parent;
 use crate::container::{ContainerSink, ContainerWriter};
 use crate::error::{Result, StoreError};
 use crate::index::{build_strategy, ContainerTable, IndexStrategy};
@@ -97,7 +96,6 @@ impl DedupWriter {
 
     /// Deduplicates and stores one stream, read to its end.
     pub fn write(&self, reader: &mut dyn Read) -> Result<StoredStream> {
-        let parent = Parent::none(self.strategy.as_ref());
         let ctx = Ctx::new(CtxParts {
             repo: &self.repo,
             strategy: self.strategy.as_ref(),
@@ -105,13 +103,12 @@ impl DedupWriter {
             chunker: self.chunker,
             progress: &self.progress,
             stages: self.stages.clone(),
-            parent: &parent,
             // One stream at a time, read on this thread.
             large_file: u64::MAX,
         });
         let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let (writer, bufs) = &mut *g;
-        let r = ctx.process_stream(writer, bufs, reader, b"")?;
+        let r = ctx.process_stream(writer, bufs, reader, None)?;
         self.new_chunks
             .fetch_add(ctx.new_chunks.load(Ordering::Relaxed), Ordering::Relaxed);
         self.new_raw

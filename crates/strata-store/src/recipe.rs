@@ -1,0 +1,581 @@
+//! Recipes in parts (DESIGN.md "Vocabulary": recipe).
+//!
+//! A version's recipe is a `recipes/HASH` object holding a
+//! [`RecipeIndex`]: the list of its parts and the union of their container
+//! tables. Each part is a `parts/NAME` object holding a [`Recipe`] of
+//! consecutive nodes (in [`path_cmp`] order) with its own container table,
+//! so a part is self-contained and named by the keyed hash of its bytes:
+//! versions share the parts of unchanged subtrees, and a backup writes the
+//! tree a part at a time as it goes instead of holding it whole (as restic
+//! writes a tree per directory).
+//!
+//! Parts are cut where the hash of a node's path says so (at least
+//! [`MIN_NODES`], about [`AVG_NODES`] on average), or at [`MAX_NODES`]
+//! nodes or [`MAX_PART_BYTES`] bytes: cut points follow the paths, not the
+//! position in the tree, so an insertion or removal changes only the parts
+//! around it.
+//!
+//! `recipes/` objects of structure version 1 hold a whole [`Recipe`]; they
+//! are still read (as a recipe of one part).
+
+use crate::error::{Result, StoreError};
+use crate::repo::Repository;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use strata_core::crypto::Kind;
+use strata_core::format::{
+    decode, decode_recipe_object, encode_recipe_index, path_cmp, ContainerId, Node, PartRef,
+    Recipe, RecipeIndex, RecipeObject, STRUCT_VERSION,
+};
+
+/// Object prefix of recipe parts.
+pub const PARTS: &str = "parts";
+/// Fewest nodes in a part before a path may cut it.
+pub const MIN_NODES: usize = 64;
+/// Average nodes per part the path hash aims at (a power of two).
+pub const AVG_NODES: usize = 512;
+/// Most nodes in a part.
+pub const MAX_NODES: usize = 8192;
+/// Most encoded bytes in a part (a single larger node is a part alone).
+pub const MAX_PART_BYTES: usize = 4 << 20;
+
+/// The object name of part `id`.
+pub fn part_name(id: &str) -> String {
+    format!("{PARTS}/{id}")
+}
+
+/// Whether `id` is a well-formed part or recipe id (64 lowercase hex
+/// digits): names read from the repository are checked before they are
+/// used as object names.
+pub fn valid_id(id: &str) -> bool {
+    id.len() == 64 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+fn bad_id(what: &str, id: &str) -> StoreError {
+    StoreError::Invalid(format!(
+        "{what} names an object {:?} that is not a valid id; run `strata check`",
+        id.chars().take(80).collect::<String>()
+    ))
+}
+
+/// Reads and decodes the `recipes/` object `id`.
+pub fn load_object(repo: &Repository, id: &str) -> Result<RecipeObject> {
+    if !valid_id(id) {
+        return Err(bad_id("a snapshot", id));
+    }
+    let name = format!("recipes/{id}");
+    let raw = repo.backend().get(&name)?;
+    let bytes = repo
+        .sealer()
+        .open(Kind::Recipe, &raw)
+        .map_err(|e| StoreError::corrupt(&name, e))?;
+    decode_recipe_object(&bytes).map_err(|e| StoreError::corrupt(&name, e))
+}
+
+/// Reads a part and checks that it is the part its name says.
+pub fn load_part(repo: &Repository, id: &str) -> Result<Recipe> {
+    if !valid_id(id) {
+        return Err(bad_id("a recipe", id));
+    }
+    let name = part_name(id);
+    let raw = repo.backend().get(&name)?;
+    let bytes = repo
+        .sealer()
+        .open(Kind::RecipePart, &raw)
+        .map_err(|e| StoreError::corrupt(&name, e))?;
+    if repo.hasher().hash(&bytes).to_hex() != id {
+        return Err(StoreError::corrupt(
+            &name,
+            strata_core::CoreError::Decode {
+                what: "recipe part",
+                msg: "its content does not match its name".into(),
+            },
+        ));
+    }
+    let part: Recipe = decode("recipe part", &bytes).map_err(|e| StoreError::corrupt(&name, e))?;
+    Ok(part)
+}
+
+/// The ids of the parts of recipe `id` (none for a version-1 recipe).
+pub fn part_ids(repo: &Repository, id: &str) -> Result<Vec<String>> {
+    Ok(match load_object(repo, id)? {
+        RecipeObject::Whole(_) => vec![],
+        RecipeObject::Index(i) => i.parts.into_iter().map(|p| p.id).collect(),
+    })
+}
+
+/// The containers recipe `id` references directly, without reading its
+/// parts.
+pub fn containers(repo: &Repository, id: &str) -> Result<Vec<ContainerId>> {
+    Ok(match load_object(repo, id)? {
+        RecipeObject::Whole(r) => r.containers,
+        RecipeObject::Index(i) => i.containers,
+    })
+}
+
+/// Calls `f` with each part of recipe `id` in order (a version-1 recipe is
+/// one part), holding one part in memory at a time.
+pub fn for_each_part(
+    repo: &Repository,
+    id: &str,
+    mut f: impl FnMut(Recipe) -> Result<()>,
+) -> Result<()> {
+    match load_object(repo, id)? {
+        RecipeObject::Whole(r) => f(r),
+        RecipeObject::Index(i) => {
+            for p in &i.parts {
+                let part = load_part(repo, &p.id)?;
+                if part.nodes.len() != p.nodes as usize {
+                    return Err(StoreError::corrupt(
+                        part_name(&p.id),
+                        strata_core::CoreError::Decode {
+                            what: "recipe part",
+                            msg: format!(
+                                "holds {} nodes, its recipe says {}",
+                                part.nodes.len(),
+                                p.nodes
+                            ),
+                        },
+                    ));
+                }
+                f(part)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The whole tree of recipe `id` in memory: its parts' nodes in order,
+/// their references renumbered into one container table.
+pub fn load_whole(repo: &Repository, id: &str) -> Result<Recipe> {
+    let mut out = Recipe::default();
+    let mut table: HashMap<ContainerId, u32> = HashMap::new();
+    for_each_part(repo, id, |mut part| {
+        if out.nodes.is_empty() && out.containers.is_empty() {
+            // The first (or only) part keeps its numbering.
+            for (i, c) in part.containers.iter().enumerate() {
+                table.insert(*c, i as u32);
+            }
+            out = part;
+            return Ok(());
+        }
+        let map: Vec<u32> = part
+            .containers
+            .iter()
+            .map(|c| {
+                *table.entry(*c).or_insert_with(|| {
+                    out.containers.push(*c);
+                    out.containers.len() as u32 - 1
+                })
+            })
+            .collect();
+        for n in &mut part.nodes {
+            renumber(n, |i| map.get(i as usize).copied())?;
+        }
+        out.nodes.append(&mut part.nodes);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Renumbers the direct references of `n` with `map` (an unknown index is
+/// damage).
+fn renumber(n: &mut Node, map: impl Fn(u32) -> Option<u32>) -> Result<()> {
+    let path = &n.path;
+    for s in &mut n.segments {
+        for c in &mut s.chunks {
+            if c.is_direct() {
+                c.container = map(c.container).ok_or_else(|| {
+                    StoreError::Invalid(format!(
+                        "the recipe of {} references a container its part does not list",
+                        String::from_utf8_lossy(path)
+                    ))
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes a recipe a part at a time. Nodes come in [`path_cmp`] order;
+/// each is encoded as it arrives, so a part in the making is bytes, not
+/// nodes. Parts that exist already (an unchanged subtree of an earlier
+/// version) are not written again.
+pub struct RecipeWriter<'r> {
+    repo: &'r Repository,
+    index: RecipeIndex,
+    union: HashMap<ContainerId, u32>,
+    /// The part being filled: its container table, encoded nodes, count.
+    table: Vec<ContainerId>,
+    local: HashMap<ContainerId, u32>,
+    body: Vec<u8>,
+    count: usize,
+    first: Vec<u8>,
+    last: Option<Vec<u8>>,
+    /// Bytes of the objects written (parts and, at the end, the index).
+    pub stored_bytes: u64,
+    pub parts_written: u64,
+    pub parts_reused: u64,
+    pub nodes: u64,
+    /// Parts known to be damaged: written again even though they exist.
+    suspects: Arc<Mutex<HashSet<String>>>,
+}
+
+impl<'r> RecipeWriter<'r> {
+    pub fn new(repo: &'r Repository) -> Self {
+        RecipeWriter {
+            repo,
+            index: RecipeIndex::default(),
+            union: HashMap::new(),
+            table: Vec::new(),
+            local: HashMap::new(),
+            body: Vec::new(),
+            count: 0,
+            first: Vec::new(),
+            last: None,
+            stored_bytes: 0,
+            parts_written: 0,
+            parts_reused: 0,
+            nodes: 0,
+            suspects: Arc::default(),
+        }
+    }
+
+    /// Parts not to reuse even if they exist (found damaged by whoever
+    /// shares the set), so writing them again repairs them.
+    pub fn with_suspects(mut self, suspects: Arc<Mutex<HashSet<String>>>) -> Self {
+        self.suspects = suspects;
+        self
+    }
+
+    /// Adds the next node. Its direct references hold indexes that
+    /// `container_of` turns into container ids.
+    pub fn push(
+        &mut self,
+        mut node: Node,
+        container_of: impl Fn(u32) -> Option<ContainerId>,
+    ) -> Result<()> {
+        if let Some(last) = &self.last {
+            if path_cmp(last, &node.path) != std::cmp::Ordering::Less {
+                return Err(StoreError::Invalid(format!(
+                    "recipe nodes out of order: {} after {}",
+                    node.path_str(),
+                    String::from_utf8_lossy(last)
+                )));
+            }
+        }
+        for s in &mut node.segments {
+            for c in &mut s.chunks {
+                if !c.is_direct() {
+                    continue;
+                }
+                let id = container_of(c.container).ok_or_else(|| {
+                    StoreError::Invalid(format!(
+                        "{} references container {} of a table that does not have it",
+                        String::from_utf8_lossy(&node.path),
+                        c.container
+                    ))
+                })?;
+                c.container = *self.local.entry(id).or_insert_with(|| {
+                    self.table.push(id);
+                    self.table.len() as u32 - 1
+                });
+            }
+        }
+        if self.count == 0 {
+            self.first = node.path.clone();
+        }
+        postcard::to_extend(&node, std::mem::take(&mut self.body))
+            .map(|b| self.body = b)
+            .map_err(|e| StoreError::Invalid(format!("cannot encode a recipe node: {e}")))?;
+        self.count += 1;
+        self.nodes += 1;
+        let cut = self.count >= MAX_NODES
+            || self.body.len() >= MAX_PART_BYTES
+            || (self.count >= MIN_NODES && path_cuts(self.repo, &node.path));
+        self.last = Some(node.path);
+        if cut {
+            self.cut()?;
+        }
+        Ok(())
+    }
+
+    /// Adds every node of `recipe` (sorting them first).
+    pub fn push_recipe(&mut self, mut recipe: Recipe) -> Result<()> {
+        recipe.nodes.sort_by(|a, b| path_cmp(&a.path, &b.path));
+        let table = std::mem::take(&mut recipe.containers);
+        for n in recipe.nodes {
+            self.push(n, |i| table.get(i as usize).copied())?;
+        }
+        Ok(())
+    }
+
+    /// Closes the part being filled: encodes it, names it and writes it
+    /// unless it exists.
+    fn cut(&mut self) -> Result<()> {
+        if self.count == 0 {
+            return Ok(());
+        }
+        // A `Recipe` in the structure encoding: version byte, container
+        // table, node count, nodes (postcard: a sequence is its length as
+        // a varint, then its elements).
+        let mut bytes = vec![STRUCT_VERSION];
+        bytes = postcard::to_extend(&self.table, bytes)
+            .and_then(|b| postcard::to_extend(&self.count, b))
+            .map_err(|e| StoreError::Invalid(format!("cannot encode a recipe part: {e}")))?;
+        bytes.extend_from_slice(&self.body);
+        let id = self.repo.hasher().hash(&bytes).to_hex();
+        let name = part_name(&id);
+        let suspect = self
+            .suspects
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&id);
+        if !suspect && self.repo.backend().size(&name)?.is_some() {
+            self.parts_reused += 1;
+        } else {
+            let env = self.repo.sealer().seal(Kind::RecipePart, &bytes, true)?;
+            self.repo.backend().put(&name, &env)?;
+            self.stored_bytes += env.len() as u64;
+            self.parts_written += 1;
+        }
+        let containers = self
+            .table
+            .iter()
+            .map(|c| {
+                *self.union.entry(*c).or_insert_with(|| {
+                    self.index.containers.push(*c);
+                    self.index.containers.len() as u32 - 1
+                })
+            })
+            .collect();
+        self.index.parts.push(PartRef {
+            id,
+            first: std::mem::take(&mut self.first),
+            nodes: self.count as u32,
+            containers,
+        });
+        self.table.clear();
+        self.local.clear();
+        self.body.clear();
+        if self.body.capacity() > 2 * MAX_PART_BYTES {
+            self.body.shrink_to(MAX_PART_BYTES);
+        }
+        self.count = 0;
+        Ok(())
+    }
+
+    /// Writes the last part and the recipe object; returns the recipe id
+    /// and the bytes written in all. The caller commits a snapshot naming
+    /// it.
+    pub fn finish(mut self) -> Result<(String, u64)> {
+        self.cut()?;
+        let bytes = encode_recipe_index(&self.index)?;
+        let (id, n) = self.repo.put_encoded(Kind::Recipe, "recipes", &bytes)?;
+        Ok((id, self.stored_bytes + n))
+    }
+}
+
+/// Whether a part may end after the node at `path` (about 1 in
+/// [`AVG_NODES`] paths).
+fn path_cuts(repo: &Repository, path: &[u8]) -> bool {
+    let h = repo.hasher().hash(path);
+    (u16::from_le_bytes([h.0[0], h.0[1]]) as usize).is_multiple_of(AVG_NODES)
+}
+
+/// Stores a whole in-memory recipe in parts; returns its id and the bytes
+/// written.
+pub fn put(repo: &Repository, recipe: Recipe) -> Result<(String, u64)> {
+    let mut w = RecipeWriter::new(repo);
+    w.push_recipe(recipe)?;
+    w.finish()
+}
+
+/// Deletes the recipes among `candidates` that no snapshot uses any more,
+/// and their parts no remaining recipe shares. Returns how many recipes
+/// were deleted. When a snapshot cannot be read its parts are unknown, so
+/// parts are left for `gc` (which refuses to run until that is repaired).
+pub fn delete_unused<'a>(
+    repo: &Repository,
+    candidates: impl IntoIterator<Item = &'a String>,
+) -> Result<u64> {
+    let (snaps, damaged) = repo.list_snapshots_tolerant()?;
+    let live: HashSet<&str> = snaps.iter().map(|(_, s)| s.recipe.as_str()).collect();
+    let dead: HashSet<&String> = candidates
+        .into_iter()
+        .filter(|r| !live.contains(r.as_str()))
+        .collect();
+    let mut dead_parts: HashSet<String> = HashSet::new();
+    for r in &dead {
+        // An unreadable recipe's parts are left to gc.
+        if let Ok(ids) = part_ids(repo, r) {
+            dead_parts.extend(ids);
+        }
+    }
+    for r in &dead {
+        repo.backend().delete(&format!("recipes/{r}"))?;
+    }
+    if dead_parts.is_empty() || !damaged.is_empty() {
+        return Ok(dead.len() as u64);
+    }
+    for r in live {
+        for p in part_ids(repo, r)? {
+            dead_parts.remove(&p);
+        }
+    }
+    for p in dead_parts {
+        repo.backend().delete(&part_name(&p))?;
+    }
+    Ok(dead.len() as u64)
+}
+
+/// Every part the recipes `ids` use.
+pub fn live_parts<'a>(
+    repo: &Repository,
+    ids: impl IntoIterator<Item = &'a str>,
+) -> Result<HashSet<String>> {
+    let mut out = HashSet::new();
+    let mut seen = HashSet::new();
+    for id in ids {
+        if seen.insert(id) {
+            out.extend(part_ids(repo, id)?);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::LocalBackend;
+    use crate::repo::InitOptions;
+    use std::sync::Arc;
+    use strata_core::format::{ChunkRef, NodeKind, SegmentRef};
+    use strata_core::Fingerprint;
+
+    fn repo(dir: &std::path::Path) -> Repository {
+        Repository::init(Arc::new(LocalBackend::new(dir)), InitOptions::default()).unwrap()
+    }
+
+    fn node(path: &str, container: u32) -> Node {
+        Node {
+            path: path.as_bytes().to_vec(),
+            kind: NodeKind::File,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            ino: 0,
+            dev: 0,
+            rdev: 0,
+            nlink: 1,
+            size: 5,
+            target: None,
+            segments: vec![SegmentRef {
+                fp: Fingerprint([1; 32]),
+                chunks: vec![ChunkRef {
+                    fp: Fingerprint([2; 32]),
+                    len: 5,
+                    container,
+                    region: 0,
+                    offset: 0,
+                }],
+            }],
+            xattrs: vec![],
+        }
+    }
+
+    fn tree(n: usize) -> Recipe {
+        Recipe {
+            containers: (0..4).map(|i| ContainerId([i as u8; 16])).collect(),
+            nodes: (0..n)
+                .map(|i| node(&format!("d{}/f{i:05}", i % 7), (i % 4) as u32))
+                .collect(),
+        }
+    }
+
+    /// The container each node's reference names, by path.
+    fn refs(r: &Recipe) -> Vec<(Vec<u8>, ContainerId)> {
+        let mut v: Vec<_> = r
+            .nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.path.clone(),
+                    r.containers[n.segments[0].chunks[0].container as usize],
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn parts_round_trip_and_are_shared() {
+        let d = tempfile::tempdir().unwrap();
+        let repo = repo(d.path());
+        let t = tree(5000);
+        let (id, _) = put(&repo, t.clone()).unwrap();
+        let RecipeObject::Index(idx) = load_object(&repo, &id).unwrap() else {
+            panic!("a new recipe is an index")
+        };
+        assert!(idx.parts.len() > 2, "{} parts", idx.parts.len());
+        let back = load_whole(&repo, &id).unwrap();
+        assert_eq!(back.nodes.len(), 5000);
+        assert_eq!(refs(&back), refs(&t));
+        assert!(back
+            .nodes
+            .windows(2)
+            .all(|w| path_cmp(&w[0].path, &w[1].path).is_lt()));
+        // One file changed: most parts are those of the first version.
+        let mut t2 = t.clone();
+        t2.nodes[2500].size = 6;
+        let mut w = RecipeWriter::new(&repo);
+        w.push_recipe(t2).unwrap();
+        let (written, reused) = (w.parts_written, w.parts_reused);
+        let (id2, _) = w.finish().unwrap();
+        assert_eq!(written, 1, "{reused} reused");
+        assert!(reused >= 2);
+        // Deleting the first recipe keeps the parts the second uses.
+        assert_eq!(delete_unused(&repo, [&id, &id2]).unwrap(), 2);
+        assert!(repo.backend().list("parts/").unwrap().is_empty());
+    }
+
+    #[test]
+    fn version_1_recipes_still_read() {
+        let d = tempfile::tempdir().unwrap();
+        let repo = repo(d.path());
+        let t = tree(10);
+        let (id, _) = repo.put_struct(Kind::Recipe, "recipes", &t).unwrap();
+        assert_eq!(load_whole(&repo, &id).unwrap(), t);
+        assert!(part_ids(&repo, &id).unwrap().is_empty());
+    }
+
+    #[test]
+    fn bad_names_and_swapped_parts_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let repo = repo(d.path());
+        assert!(load_object(&repo, "../config").is_err());
+        assert!(load_part(&repo, "../../etc/passwd").is_err());
+        let (id, _) = put(&repo, tree(3000)).unwrap();
+        let ids = part_ids(&repo, &id).unwrap();
+        let (a, b) = (part_name(&ids[0]), part_name(&ids[1]));
+        let other = repo.backend().get(&b).unwrap();
+        repo.backend().put(&a, &other).unwrap();
+        let e = load_whole(&repo, &id).unwrap_err().to_string();
+        assert!(e.contains("does not match its name"), "{e}");
+    }
+
+    #[test]
+    fn out_of_order_nodes_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let repo = repo(d.path());
+        let mut w = RecipeWriter::new(&repo);
+        w.push(node("b", 0), |_| Some(ContainerId([0; 16])))
+            .unwrap();
+        assert!(w
+            .push(node("a", 0), |_| Some(ContainerId([0; 16])))
+            .is_err());
+    }
+}
