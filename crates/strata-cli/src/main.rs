@@ -2,6 +2,7 @@
 //! argument parsing, passwords, progress bars, human and `--json` output,
 //! exit codes (0 ok, 1 fatal error, 3 backup finished with unreadable files).
 
+mod location;
 mod output;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -13,8 +14,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use strata_core::chunker::ChunkerParams;
 use strata_core::format::NodeKind;
+use strata_store::backend::Location;
 use strata_store::backup::{BackupOptions, StdinSource};
-use strata_store::{Backend, InitOptions, LocalBackend, Repository, StoreError};
+use strata_store::{InitOptions, Repository, StoreError};
 
 #[derive(Parser)]
 #[command(
@@ -27,9 +29,11 @@ use strata_store::{Backend, InitOptions, LocalBackend, Repository, StoreError};
         Exit codes: 0 success, 1 error, 3 backup finished but some files could not be read."
 )]
 struct Cli {
-    /// Repository directory.
+    /// Repository: a directory, or s3://BUCKET/PREFIX[?endpoint=URL&region=R]
+    /// (credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the AWS
+    /// profile; endpoint also from AWS_ENDPOINT_URL).
     #[arg(long, short = 'r', global = true, env = "STRATA_REPO")]
-    repo: Option<PathBuf>,
+    repo: Option<String>,
     /// Read the password from this file (first line).
     #[arg(long, global = true, env = "STRATA_PASSWORD_FILE")]
     password_file: Option<PathBuf>,
@@ -246,15 +250,6 @@ struct BackupArgs {
     no_lifecycle: bool,
 }
 
-fn default_repo() -> Result<PathBuf> {
-    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
-        return Ok(PathBuf::from(x).join("strata/repo"));
-    }
-    let home = std::env::var_os("HOME")
-        .ok_or_else(|| anyhow!("neither --repo, $STRATA_REPO nor $HOME is set"))?;
-    Ok(PathBuf::from(home).join(".local/share/strata/repo"))
-}
-
 fn read_password(cli: &Cli, confirm: bool) -> Result<Vec<u8>, StoreError> {
     if let Some(f) = &cli.password_file {
         let s = std::fs::read_to_string(f)
@@ -324,18 +319,15 @@ fn main() {
     std::process::exit(code);
 }
 
-fn repo_path(cli: &Cli) -> Result<PathBuf> {
-    match &cli.repo {
-        Some(p) => Ok(p.clone()),
-        None => default_repo(),
-    }
+fn repo_location(cli: &Cli) -> Result<Location> {
+    location::location(cli.repo.as_deref())
 }
 
 fn open(cli: &Cli) -> Result<Repository> {
-    let path = repo_path(cli)?;
-    let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&path));
+    let loc = repo_location(cli)?;
+    let backend = location::backend(&loc, false)?;
     let repo = Repository::open(backend, &|| read_password(cli, false))
-        .with_context(|| format!("opening repository {}", path.display()))?;
+        .with_context(|| format!("opening repository {}", location::describe(&loc)))?;
     Ok(repo)
 }
 
@@ -349,7 +341,7 @@ fn progress_for(cli: &Cli, what: &str) -> ProgressDisplay {
 fn run(cli: &Cli, out: &Out) -> Result<i32> {
     match &cli.cmd {
         Cmd::Init(a) => {
-            let path = repo_path(cli)?;
+            let loc = repo_location(cli)?;
             let mut index = a.index.clone();
             for (i, o) in a.index_opt.iter().enumerate() {
                 index.push(if i == 0 && !a.index.contains(':') {
@@ -361,9 +353,7 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             }
             // Checked before anything is created on disk.
             let index_name = strata_store::repo::IndexSpec::parse(&index)?.name;
-            std::fs::create_dir_all(&path)
-                .with_context(|| format!("creating {}", path.display()))?;
-            let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(&path));
+            let backend = location::backend(&loc, true)?;
             let password = if a.encrypt {
                 Some(read_password(cli, true)?)
             } else {
@@ -391,10 +381,10 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                     ..Default::default()
                 },
             )
-            .with_context(|| format!("creating repository at {}", path.display()))?;
+            .with_context(|| format!("creating repository at {}", location::describe(&loc)))?;
             let c = repo.config();
             out.result(
-                &json!({"repository": path, "id": c.id, "encrypted": c.encrypted, "index": c.index,
+                &json!({"repository": location::describe(&loc), "id": c.id, "encrypted": c.encrypted, "index": c.index,
                         "chunk_size": c.chunker.avg_chunk, "compression": c.zstd_level}),
                 || {
                     format!(
@@ -405,7 +395,7 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                             "unencrypted"
                         },
                         &c.id[..8],
-                        path.display()
+                        location::describe(&loc)
                     )
                 },
             );
@@ -1088,7 +1078,10 @@ fn cmd_backup(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
         progress: pd.progress.clone(),
         excludes: a.exclude.clone(),
         // Never back the repository up into itself.
-        exclude_paths: std::fs::canonicalize(repo_path(cli)?).into_iter().collect(),
+        exclude_paths: match repo_location(cli)? {
+            Location::Local(p) => std::fs::canonicalize(p).into_iter().collect(),
+            Location::S3(_) => vec![],
+        },
         lifecycle: !a.no_lifecycle && !a.maintain,
         ..Default::default()
     };

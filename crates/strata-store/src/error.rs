@@ -46,6 +46,23 @@ pub enum StoreError {
     BrokenChain { snapshot: String, detail: String },
     #[error("operation cancelled")]
     Cancelled,
+    #[error(transparent)]
+    Backend(strata_backend::BackendError),
+}
+
+impl From<strata_backend::BackendError> for StoreError {
+    fn from(e: strata_backend::BackendError) -> Self {
+        use strata_backend::ErrorKind as K;
+        match e.kind {
+            K::NotFound => StoreError::NotFound(e.name),
+            K::DiskFull => StoreError::DiskFull(e.name),
+            K::Corrupt => StoreError::Corrupt {
+                name: e.name,
+                cause: CoreError::Truncated("object shorter than its index says"),
+            },
+            _ => StoreError::Backend(e),
+        }
+    }
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

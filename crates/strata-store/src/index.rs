@@ -119,7 +119,7 @@ pub fn put_index_object(
 /// Deletes an index object, then its summary.
 pub fn delete_index_object(repo: &Repository, name: &str) -> Result<()> {
     repo.backend().delete(name)?;
-    repo.backend().delete(&summary_name(name))
+    Ok(repo.backend().delete(&summary_name(name))?)
 }
 
 /// Deletes summaries whose index object is gone (left by a crash between

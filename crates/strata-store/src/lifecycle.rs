@@ -66,7 +66,7 @@ pub fn set_policy(repo: &Repository, p: &Policy) -> Result<()> {
         }
     }
     let env = repo.sealer().seal(Kind::Policy, &encode(p)?, false)?;
-    repo.backend().put(&policy_name(&p.series), &env)
+    Ok(repo.backend().put(&policy_name(&p.series), &env)?)
 }
 
 /// All stored policies, by series.
@@ -119,7 +119,7 @@ pub fn store_state(repo: &Repository, state: &LifecycleState) -> Result<()> {
     let env = repo
         .sealer()
         .seal(Kind::LifecycleState, &encode(state)?, false)?;
-    repo.backend().put(STATE_NAME, &env)
+    Ok(repo.backend().put(STATE_NAME, &env)?)
 }
 
 /// The state of every snapshot under the policies, at time `now_ns`.

@@ -256,10 +256,8 @@ impl Repository {
     pub fn open(backend: Arc<dyn Backend>, password: &dyn Fn() -> Result<Vec<u8>>) -> Result<Self> {
         let raw = match backend.get("config") {
             Ok(r) => r,
-            Err(StoreError::NotFound(_)) => {
-                return Err(StoreError::NoRepository(backend.describe()))
-            }
-            Err(e) => return Err(e),
+            Err(e) if e.is_not_found() => return Err(StoreError::NoRepository(backend.describe())),
+            Err(e) => return Err(e.into()),
         };
         let plain = Sealer::plain(3);
         let bytes = plain
@@ -396,7 +394,7 @@ impl Repository {
             &strata_core::format::encode_snapshot(snapshot)?,
             true,
         )?;
-        self.backend.put(&format!("snapshots/{id}"), &env)
+        Ok(self.backend.put(&format!("snapshots/{id}"), &env)?)
     }
 
     /// The whole tree of recipe `id` (all its parts) in memory; see

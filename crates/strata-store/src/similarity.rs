@@ -174,7 +174,7 @@ fn put_changes<V: Serialize>(
     })
     .map_err(|e| StoreError::Invalid(e.to_string()))?;
     let env = repo.sealer().seal(Kind::IndexData, &bytes, true)?;
-    repo.backend().put(&name, &env)
+    Ok(repo.backend().put(&name, &env)?)
 }
 
 /// A random block/bin id range of this process (high 32 bits).

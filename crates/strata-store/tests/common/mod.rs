@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
 use strata_core::chunker::ChunkerParams;
-use strata_store::backend::ObjectInfo;
+use strata_store::backend::{BackendError, ObjectInfo, Result as BResult};
 use strata_store::backup::{backup, BackupOptions, BackupReport};
 use strata_store::restore::{restore, RestoreOptions};
-use strata_store::{Backend, InitOptions, LocalBackend, Repository, Result, StoreError};
+use strata_store::{Backend, InitOptions, LocalBackend, Repository, Result};
 
 pub const PASSWORD: &[u8] = b"pw";
 
@@ -340,10 +340,10 @@ impl FaultBackend {
         f.full_for = None;
     }
 
-    fn mutation(&self, name: &str) -> Result<()> {
+    fn mutation(&self, name: &str) -> BResult<()> {
         let mut f = self.faults();
         match &mut f.mutations_left {
-            Some(0) => Err(StoreError::io(
+            Some(0) => Err(BackendError::io(
                 "write",
                 name,
                 std::io::Error::other("simulated crash"),
@@ -366,14 +366,14 @@ impl FaultBackend {
 }
 
 impl Backend for FaultBackend {
-    fn put(&self, name: &str, data: &[u8]) -> Result<()> {
+    fn put(&self, name: &str, data: &[u8]) -> BResult<()> {
         self.mutation(name)?;
         {
             let mut f = self.faults();
             f.puts += 1;
             if f.full_for.is_some_and(|p| name.starts_with(p)) {
                 f.failed_puts += 1;
-                return Err(StoreError::io(
+                return Err(BackendError::io(
                     "write",
                     name,
                     std::io::Error::from_raw_os_error(libc::ENOSPC),
@@ -382,7 +382,7 @@ impl Backend for FaultBackend {
             if let Some(b) = &mut f.budget {
                 if data.len() as u64 > *b {
                     f.failed_puts += 1;
-                    return Err(StoreError::io(
+                    return Err(BackendError::io(
                         "write",
                         name,
                         std::io::Error::from_raw_os_error(libc::ENOSPC),
@@ -394,24 +394,24 @@ impl Backend for FaultBackend {
         self.inner.put(name, data)
     }
 
-    fn get(&self, name: &str) -> Result<Vec<u8>> {
+    fn get(&self, name: &str) -> BResult<Vec<u8>> {
         self.faults().gets.push(name.to_string());
         let mut v = self.inner.get(name)?;
         self.flip(name, 0, &mut v);
         Ok(v)
     }
 
-    fn get_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+    fn get_range(&self, name: &str, offset: u64, len: u64) -> BResult<Vec<u8>> {
         let mut v = self.inner.get_range(name, offset, len)?;
         self.flip(name, offset, &mut v);
         Ok(v)
     }
 
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+    fn list(&self, prefix: &str) -> BResult<Vec<ObjectInfo>> {
         self.inner.list(prefix)
     }
 
-    fn delete(&self, name: &str) -> Result<()> {
+    fn delete(&self, name: &str) -> BResult<()> {
         let paired = self.faults().atomic_container_delete
             && name.starts_with("meta/")
             && matches!(self.inner.size(&format!("data/{}", &name[5..])), Ok(None));
@@ -421,7 +421,7 @@ impl Backend for FaultBackend {
         self.inner.delete(name)
     }
 
-    fn size(&self, name: &str) -> Result<Option<u64>> {
+    fn size(&self, name: &str) -> BResult<Option<u64>> {
         self.inner.size(name)
     }
 

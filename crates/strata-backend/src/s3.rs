@@ -1,0 +1,473 @@
+//! An S3-compatible bucket as a backend, on `object_store` (Apache Arrow's
+//! object-store client): path-style addressing unless asked otherwise,
+//! credentials given by the caller (the CLI reads the usual AWS variables
+//! and profile), objects streamed as multipart uploads (8 MiB parts, two in
+//! flight), ranged GETs, and `object_store`'s own retries of throttling,
+//! 5xx and dropped connections. The backend's calls are synchronous: each
+//! runs on a small Tokio runtime the backend owns.
+
+use crate::location::S3Location;
+use crate::{
+    check_name, check_prefix, Backend, BackendError, ErrorKind, ObjectInfo, ObjectWriter, Result,
+};
+use futures_util::TryStreamExt;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path as Key;
+use object_store::signer::Signer;
+use object_store::{
+    ClientOptions, MultipartUpload, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Credentials for a bucket; `None` fields are left unset (anonymous
+/// access when all are).
+#[derive(Clone, Default)]
+pub struct S3Credentials {
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    pub session_token: Option<String>,
+}
+
+impl std::fmt::Debug for S3Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Credentials")
+            .field("access_key_id", &self.access_key_id)
+            .field(
+                "secret_access_key",
+                &self.secret_access_key.as_ref().map(|_| "…"),
+            )
+            .finish()
+    }
+}
+
+/// How the backend talks to the server.
+#[derive(Clone, Debug)]
+pub struct S3Options {
+    pub virtual_hosted: bool,
+    /// Attempts `object_store` makes before an error is returned.
+    pub max_retries: usize,
+    /// Give up retrying after this long.
+    pub retry_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    /// Bytes per multipart part (at least 5 MiB, S3's minimum).
+    pub part_size: usize,
+}
+
+impl Default for S3Options {
+    fn default() -> Self {
+        S3Options {
+            virtual_hosted: false,
+            max_retries: 6,
+            retry_timeout: Duration::from_secs(120),
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(120),
+            part_size: 8 << 20,
+        }
+    }
+}
+
+pub struct S3Backend {
+    store: Arc<AmazonS3>,
+    rt: Arc<tokio::runtime::Runtime>,
+    loc: S3Location,
+    opts: S3Options,
+}
+
+/// Classifies an `object_store` error.
+fn map_err(op: &'static str, name: &str, e: object_store::Error) -> BackendError {
+    use object_store::Error as E;
+    let kind = match &e {
+        E::NotFound { .. } => ErrorKind::NotFound,
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => ErrorKind::Permission,
+        E::InvalidPath { .. } => ErrorKind::Invalid,
+        E::Generic { source, .. } => {
+            let m = source.to_string();
+            if m.contains("NoSuchBucket") {
+                ErrorKind::NotFound
+            } else if m.contains("AccessDenied")
+                || m.contains("InvalidAccessKeyId")
+                || m.contains("SignatureDoesNotMatch")
+                || m.contains("403")
+            {
+                ErrorKind::Permission
+            } else if m.contains("InvalidRange") || m.contains("416") {
+                ErrorKind::Corrupt
+            } else if m.contains("retries") || m.contains("timed out") || m.contains("connect") {
+                ErrorKind::Transient
+            } else {
+                ErrorKind::Other
+            }
+        }
+        _ => ErrorKind::Other,
+    };
+    let mut message = e.to_string();
+    if message.contains("NoSuchBucket") {
+        message = "the bucket does not exist (`strata init` creates it)".into();
+    }
+    BackendError::new(kind, op, name, message)
+}
+
+impl S3Backend {
+    /// Connects to the bucket of `loc` (nothing is sent until the first
+    /// operation).
+    pub fn open(loc: &S3Location, creds: &S3Credentials, opts: S3Options) -> Result<Self> {
+        let invalid =
+            |m: String| BackendError::new(ErrorKind::Invalid, "open", loc.bucket.clone(), m);
+        let mut b = AmazonS3Builder::new()
+            .with_bucket_name(&loc.bucket)
+            .with_region(loc.region.clone().unwrap_or_else(|| "us-east-1".into()))
+            .with_virtual_hosted_style_request(opts.virtual_hosted)
+            .with_retry(RetryConfig {
+                max_retries: opts.max_retries,
+                retry_timeout: opts.retry_timeout,
+                ..Default::default()
+            })
+            .with_client_options(
+                ClientOptions::new()
+                    .with_allow_http(true)
+                    .with_connect_timeout(opts.connect_timeout)
+                    .with_timeout(opts.request_timeout),
+            );
+        if let Some(e) = &loc.endpoint {
+            b = b.with_endpoint(e);
+        }
+        if let Some(k) = &creds.access_key_id {
+            b = b.with_access_key_id(k);
+        }
+        if let Some(k) = &creds.secret_access_key {
+            b = b.with_secret_access_key(k);
+        }
+        if let Some(t) = &creds.session_token {
+            b = b.with_token(t);
+        }
+        if creds.access_key_id.is_none() {
+            b = b.with_skip_signature(true);
+        }
+        let store = b.build().map_err(|e| invalid(e.to_string()))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("strata-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| invalid(format!("cannot start the S3 client: {e}")))?;
+        Ok(S3Backend {
+            store: Arc::new(store),
+            rt: Arc::new(rt),
+            loc: loc.clone(),
+            opts,
+        })
+    }
+
+    fn key(&self, name: &str) -> Key {
+        if self.loc.prefix.is_empty() {
+            Key::from(name)
+        } else {
+            Key::from(format!("{}/{name}", self.loc.prefix))
+        }
+    }
+
+    /// Our name of a key listed from the bucket.
+    fn name_of(&self, key: &Key) -> String {
+        let k = key.as_ref();
+        if self.loc.prefix.is_empty() {
+            k.to_string()
+        } else {
+            k.strip_prefix(&self.loc.prefix)
+                .map(|r| r.trim_start_matches('/').to_string())
+                .unwrap_or_else(|| k.to_string())
+        }
+    }
+
+    /// Sends a request to the bucket itself (not an object), signed with
+    /// the backend's credentials: `PUT` creates it, `HEAD` checks it.
+    fn bucket_request(&self, method: http::Method) -> Result<u16> {
+        let name = self.loc.bucket.clone();
+        let store = self.store.clone();
+        let m = method.clone();
+        self.rt.block_on(async move {
+            let url = store
+                .signed_url(m.clone(), &Key::from(""), Duration::from_secs(300))
+                .await
+                .map_err(|e| map_err("sign", &name, e))?;
+            // The signed URL names the bucket with a trailing `/`.
+            let client = reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .build()
+                .map_err(|e| {
+                    BackendError::new(ErrorKind::Other, "connect", &name, e.to_string())
+                })?;
+            let r = client.request(m, url.as_str()).send().await.map_err(|e| {
+                BackendError::new(ErrorKind::Transient, "connect", &name, e.to_string())
+            })?;
+            Ok(r.status().as_u16())
+        })
+    }
+
+    /// Whether the bucket exists (and these credentials can see it).
+    pub fn bucket_exists(&self) -> Result<bool> {
+        match self.bucket_request(http::Method::HEAD)? {
+            200..=299 => Ok(true),
+            404 => Ok(false),
+            403 => Err(BackendError::new(
+                ErrorKind::Permission,
+                "open",
+                &self.loc.bucket,
+                "access denied: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the profile",
+            )),
+            s => Err(BackendError::new(
+                ErrorKind::Other,
+                "open",
+                &self.loc.bucket,
+                format!("the server answered {s} to a bucket check"),
+            )),
+        }
+    }
+
+    /// Creates the bucket unless it exists (as `restic init` does).
+    pub fn ensure_bucket(&self) -> Result<()> {
+        if self.bucket_exists()? {
+            return Ok(());
+        }
+        match self.bucket_request(http::Method::PUT)? {
+            200..=299 | 409 => Ok(()),
+            s => Err(BackendError::new(
+                ErrorKind::Other,
+                "create bucket",
+                &self.loc.bucket,
+                format!("the server answered {s}"),
+            )),
+        }
+    }
+
+    pub fn location(&self) -> &S3Location {
+        &self.loc
+    }
+}
+
+impl Backend for S3Backend {
+    fn put(&self, name: &str, data: &[u8]) -> Result<()> {
+        check_name("write", name)?;
+        let payload = PutPayload::from(data.to_vec());
+        self.rt
+            .block_on(self.store.put(&self.key(name), payload))
+            .map(|_| ())
+            .map_err(|e| map_err("write", name, e))
+    }
+
+    fn get(&self, name: &str) -> Result<Vec<u8>> {
+        check_name("read", name)?;
+        self.rt
+            .block_on(async {
+                let r = self.store.get(&self.key(name)).await?;
+                r.bytes().await
+            })
+            .map(|b| b.to_vec())
+            .map_err(|e| map_err("read", name, e))
+    }
+
+    fn get_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        check_name("read", name)?;
+        if len == 0 {
+            return self
+                .size(name)?
+                .map(|_| Vec::new())
+                .ok_or_else(|| BackendError::not_found("read", name));
+        }
+        let end = offset + len;
+        let got = self
+            .rt
+            .block_on(self.store.get_range(&self.key(name), offset..end))
+            .map_err(|e| map_err("read", name, e))?;
+        if got.len() as u64 != len {
+            return Err(BackendError::new(
+                ErrorKind::Corrupt,
+                "read",
+                name,
+                format!("object shorter than {end} bytes"),
+            ));
+        }
+        Ok(got.to_vec())
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        check_prefix(prefix)?;
+        let folder = prefix.trim_end_matches('/');
+        let key = match (self.loc.prefix.is_empty(), folder.is_empty()) {
+            (true, true) => None,
+            (true, false) => Some(Key::from(folder)),
+            (false, true) => Some(Key::from(self.loc.prefix.as_str())),
+            (false, false) => Some(self.key(folder)),
+        };
+        let metas: Vec<object_store::ObjectMeta> = self
+            .rt
+            .block_on(self.store.list(key.as_ref()).try_collect())
+            .map_err(|e| map_err("list", prefix, e))?;
+        let mut out: Vec<ObjectInfo> = metas
+            .into_iter()
+            .map(|m| ObjectInfo {
+                name: self.name_of(&m.location),
+                size: m.size,
+            })
+            .filter(|o| check_name("list", &o.name).is_ok())
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    fn delete(&self, name: &str) -> Result<()> {
+        check_name("delete", name)?;
+        match self.rt.block_on(self.store.delete(&self.key(name))) {
+            Ok(()) => Ok(()),
+            Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(map_err("delete", name, e)),
+        }
+    }
+
+    fn size(&self, name: &str) -> Result<Option<u64>> {
+        check_name("stat", name)?;
+        match self.rt.block_on(self.store.head(&self.key(name))) {
+            Ok(m) => Ok(Some(m.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(map_err("stat", name, e)),
+        }
+    }
+
+    fn stream(&self, name: &str) -> Result<Option<Box<dyn ObjectWriter>>> {
+        check_name("write", name)?;
+        Ok(Some(Box::new(S3Writer {
+            store: self.store.clone(),
+            rt: self.rt.clone(),
+            key: self.key(name),
+            name: name.to_string(),
+            part_size: self.opts.part_size.max(5 << 20),
+            buf: Vec::new(),
+            upload: None,
+            in_flight: Vec::new(),
+            written: 0,
+        })))
+    }
+
+    fn describe(&self) -> String {
+        match self.loc.prefix.as_str() {
+            "" => format!("s3://{}", self.loc.bucket),
+            p => format!("s3://{}/{p}", self.loc.bucket),
+        }
+    }
+}
+
+/// Parts of one object uploaded at once, at most.
+const PARTS_IN_FLIGHT: usize = 2;
+
+/// An object written as it is produced: a plain PUT when it stays below
+/// one part, else a multipart upload whose parts go up while the next is
+/// filled. Visible only once completed; dropped before, the upload is
+/// aborted.
+struct S3Writer {
+    store: Arc<AmazonS3>,
+    rt: Arc<tokio::runtime::Runtime>,
+    key: Key,
+    name: String,
+    part_size: usize,
+    buf: Vec<u8>,
+    upload: Option<Box<dyn MultipartUpload>>,
+    in_flight: Vec<tokio::task::JoinHandle<object_store::Result<()>>>,
+    written: u64,
+}
+
+impl S3Writer {
+    fn err(&self, e: object_store::Error) -> BackendError {
+        map_err("write", &self.name, e)
+    }
+
+    /// Sends the buffer as the next part.
+    fn send_part(&mut self) -> Result<()> {
+        if self.upload.is_none() {
+            let up = self
+                .rt
+                .block_on(self.store.put_multipart(&self.key))
+                .map_err(|e| self.err(e))?;
+            self.upload = Some(up);
+        }
+        while self.in_flight.len() >= PARTS_IN_FLIGHT {
+            let h = self.in_flight.remove(0);
+            self.join(h)?;
+        }
+        let data = std::mem::take(&mut self.buf);
+        if let Some(up) = self.upload.as_mut() {
+            let fut = up.put_part(PutPayload::from(data));
+            self.in_flight.push(self.rt.spawn(fut));
+        }
+        Ok(())
+    }
+
+    fn join(&self, h: tokio::task::JoinHandle<object_store::Result<()>>) -> Result<()> {
+        match self.rt.block_on(h) {
+            Ok(r) => r.map_err(|e| self.err(e)),
+            Err(e) => Err(BackendError::new(
+                ErrorKind::Other,
+                "write",
+                &self.name,
+                e.to_string(),
+            )),
+        }
+    }
+}
+
+impl ObjectWriter for S3Writer {
+    fn write(&mut self, mut data: &[u8]) -> Result<()> {
+        self.written += data.len() as u64;
+        while !data.is_empty() {
+            let room = self.part_size - self.buf.len();
+            let n = room.min(data.len());
+            self.buf.extend_from_slice(&data[..n]);
+            data = &data[n..];
+            if self.buf.len() == self.part_size {
+                self.send_part()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn written(&self) -> u64 {
+        self.written
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<()> {
+        if self.upload.is_none() {
+            let payload = PutPayload::from(std::mem::take(&mut self.buf));
+            return self
+                .rt
+                .block_on(self.store.put(&self.key, payload))
+                .map(|_| ())
+                .map_err(|e| self.err(e));
+        }
+        if !self.buf.is_empty() {
+            self.send_part()?;
+        }
+        for h in std::mem::take(&mut self.in_flight) {
+            self.join(h)?;
+        }
+        let mut up = self.upload.take();
+        let r = match up.as_mut() {
+            Some(u) => self.rt.block_on(u.complete()).map(|_| ()),
+            None => Ok(()),
+        };
+        if r.is_err() {
+            self.upload = up;
+        }
+        r.map_err(|e| self.err(e))
+    }
+}
+
+impl Drop for S3Writer {
+    fn drop(&mut self) {
+        for h in self.in_flight.drain(..) {
+            h.abort();
+        }
+        if let Some(mut up) = self.upload.take() {
+            let _ = self.rt.block_on(up.abort());
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Every backend passes the same conformance checks: local, in-memory, the
+//! wrappers, and a real S3 server (versitygw, started by `scripts/test`,
+//! which sets `STRATA_TEST_S3` to its endpoint).
+
+use std::sync::Arc;
+use strata_backend::location::S3Location;
+use strata_backend::s3::{S3Backend, S3Credentials, S3Options};
+use strata_backend::wrap::{Limit, Retry};
+use strata_backend::{conformance, Backend, ErrorKind, LocalBackend, MemoryBackend};
+
+fn pass(b: Arc<dyn Backend>) {
+    if let Err(e) = conformance::run(b.clone()) {
+        panic!("{}: {e}", b.describe());
+    }
+}
+
+#[test]
+fn local_directory() {
+    let d = tempfile::tempdir().unwrap();
+    pass(Arc::new(LocalBackend::new(d.path())));
+    // Nothing outside the root was touched, and no temporary file is left.
+    let left: Vec<_> = walk(d.path());
+    assert!(left.iter().all(|p| !p.contains(".tmp-")), "{left:?}");
+}
+
+fn walk(p: &std::path::Path) -> Vec<String> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(p).unwrap().flatten() {
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path().display().to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn memory() {
+    pass(Arc::new(MemoryBackend::new()));
+}
+
+#[test]
+fn wrapped() {
+    let inner: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    pass(Arc::new(Limit::new(Arc::new(Retry::new(inner)), 4)));
+}
+
+/// The S3 server of the test run, if there is one.
+pub fn s3_endpoint() -> Option<String> {
+    match std::env::var("STRATA_TEST_S3") {
+        Ok(e) if !e.is_empty() => Some(e),
+        _ => {
+            eprintln!(
+                "STRATA_TEST_S3 is not set: skipping the S3 checks (scripts/test starts a server)"
+            );
+            None
+        }
+    }
+}
+
+fn creds() -> S3Credentials {
+    S3Credentials {
+        access_key_id: Some(std::env::var("STRATA_TEST_S3_KEY").unwrap_or("strata".into())),
+        secret_access_key: Some(
+            std::env::var("STRATA_TEST_S3_SECRET").unwrap_or("strata-secret".into()),
+        ),
+        session_token: None,
+    }
+}
+
+fn s3(endpoint: &str, bucket: &str, prefix: &str, creds: &S3Credentials) -> S3Backend {
+    let loc = S3Location {
+        bucket: bucket.into(),
+        prefix: prefix.into(),
+        endpoint: Some(endpoint.into()),
+        region: None,
+    };
+    let opts = S3Options {
+        max_retries: 1,
+        ..Default::default()
+    };
+    S3Backend::open(&loc, creds, opts).unwrap()
+}
+
+#[test]
+fn s3_bucket() {
+    let Some(ep) = s3_endpoint() else { return };
+    let b = s3(&ep, "strata-conformance", "some/prefix", &creds());
+    b.ensure_bucket().unwrap();
+    b.ensure_bucket().unwrap();
+    assert!(b.bucket_exists().unwrap());
+    pass(Arc::new(b));
+    // At the bucket's root too.
+    let b = s3(&ep, "strata-conformance", "", &creds());
+    pass(Arc::new(b));
+}
+
+#[test]
+fn s3_errors_are_clear() {
+    let Some(ep) = s3_endpoint() else { return };
+    let b = s3(&ep, "strata-no-such-bucket", "", &creds());
+    assert!(!b.bucket_exists().unwrap());
+    let e = b.get("config").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NotFound, "{e}");
+    let wrong = S3Credentials {
+        access_key_id: Some("strata".into()),
+        secret_access_key: Some("wrong".into()),
+        session_token: None,
+    };
+    let b = s3(&ep, "strata-conformance", "", &wrong);
+    let e = b.put("x", b"y").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Permission, "{e}");
+    let e = b.bucket_exists().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Permission, "{e}");
+    // Nothing listening.
+    let b = s3("http://127.0.0.1:9", "strata-conformance", "", &creds());
+    let e = b.get("config").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Transient, "{e}");
+}

@@ -1,0 +1,165 @@
+//! Where the repository is (`--repo`, `$STRATA_REPO`, or the default
+//! directory) and the backend that reaches it. For `s3://` repositories
+//! the CLI — not the library — reads the usual AWS settings: the endpoint
+//! from `?endpoint=` or `$AWS_ENDPOINT_URL`, the region from `?region=` or
+//! `$AWS_REGION`/`$AWS_DEFAULT_REGION`, credentials from
+//! `$AWS_ACCESS_KEY_ID`/`$AWS_SECRET_ACCESS_KEY`/`$AWS_SESSION_TOKEN` or
+//! else the profile `$AWS_PROFILE` (default `default`) of
+//! `$AWS_SHARED_CREDENTIALS_FILE` (default `~/.aws/credentials`).
+
+use anyhow::{anyhow, Context, Result};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use strata_store::backend::location::S3Location;
+use strata_store::backend::s3::{S3Backend, S3Credentials, S3Options};
+use strata_store::backend::wrap::{Limit, Retry};
+use strata_store::backend::{Backend, LocalBackend, Location};
+
+/// The default repository directory: `$XDG_DATA_HOME/strata/repo` or
+/// `~/.local/share/strata/repo`.
+pub fn default_repo() -> Result<PathBuf> {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
+        return Ok(PathBuf::from(x).join("strata/repo"));
+    }
+    let home = std::env::var_os("HOME")
+        .ok_or_else(|| anyhow!("neither --repo, $STRATA_REPO nor $HOME is set"))?;
+    Ok(PathBuf::from(home).join(".local/share/strata/repo"))
+}
+
+/// The repository's location from `--repo` (or the default directory).
+pub fn location(repo: Option<&str>) -> Result<Location> {
+    let loc = match repo {
+        Some(r) => Location::parse(r)?,
+        None => Location::Local(default_repo()?),
+    };
+    Ok(match loc {
+        Location::S3(mut s) => {
+            if s.endpoint.is_none() {
+                s.endpoint = env("AWS_ENDPOINT_URL_S3").or_else(|| env("AWS_ENDPOINT_URL"));
+            }
+            if s.region.is_none() {
+                s.region = env("AWS_REGION").or_else(|| env("AWS_DEFAULT_REGION"));
+            }
+            Location::S3(s)
+        }
+        l => l,
+    })
+}
+
+fn env(k: &str) -> Option<String> {
+    std::env::var(k).ok().filter(|v| !v.is_empty())
+}
+
+/// Credentials from the environment, else from the shared credentials
+/// file's profile; none at all is anonymous access.
+fn credentials() -> Result<S3Credentials> {
+    if let (Some(id), Some(secret)) = (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
+        return Ok(S3Credentials {
+            access_key_id: Some(id),
+            secret_access_key: Some(secret),
+            session_token: env("AWS_SESSION_TOKEN"),
+        });
+    }
+    let profile = env("AWS_PROFILE").unwrap_or_else(|| "default".into());
+    let file = env("AWS_SHARED_CREDENTIALS_FILE")
+        .map(PathBuf::from)
+        .or_else(|| env("HOME").map(|h| Path::new(&h).join(".aws/credentials")));
+    let Some(file) = file.filter(|f| f.exists()) else {
+        return Ok(S3Credentials::default());
+    };
+    let text = std::fs::read_to_string(&file)
+        .with_context(|| format!("reading AWS credentials from {}", file.display()))?;
+    let section = profile_section(&text, &profile).ok_or_else(|| {
+        anyhow!(
+            "no profile [{profile}] in {}; set AWS_PROFILE or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+            file.display()
+        )
+    })?;
+    let get = |k: &str| section.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    Ok(S3Credentials {
+        access_key_id: get("aws_access_key_id"),
+        secret_access_key: get("aws_secret_access_key"),
+        session_token: get("aws_session_token"),
+    })
+}
+
+/// The `key = value` lines of `[profile]` in an INI-style AWS file.
+fn profile_section(text: &str, profile: &str) -> Option<Vec<(String, String)>> {
+    let mut found = None;
+    let mut current: Option<&str> = None;
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            current = Some(name.trim());
+            if current == Some(profile) {
+                found.get_or_insert_with(Vec::new);
+            }
+            continue;
+        }
+        if current == Some(profile) {
+            if let (Some(v), Some((k, val))) = (found.as_mut(), line.split_once('=')) {
+                v.push((k.trim().to_string(), val.trim().to_string()));
+            }
+        }
+    }
+    found
+}
+
+/// Concurrent requests to a bucket, at most.
+const S3_CONNECTIONS: usize = 32;
+
+/// The backend of `loc`. With `create`, a missing directory or bucket is
+/// created (for `init`).
+pub fn backend(loc: &Location, create: bool) -> Result<Arc<dyn Backend>> {
+    match loc {
+        Location::Local(path) => {
+            if create {
+                std::fs::create_dir_all(path)
+                    .with_context(|| format!("creating {}", path.display()))?;
+            }
+            Ok(Arc::new(LocalBackend::new(path)))
+        }
+        Location::S3(s) => Ok(s3(s, create)?),
+    }
+}
+
+fn s3(loc: &S3Location, create: bool) -> Result<Arc<dyn Backend>> {
+    let b = S3Backend::open(loc, &credentials()?, S3Options::default())?;
+    if create {
+        b.ensure_bucket()?;
+    }
+    let mut r = Retry::new(Arc::new(b));
+    r.retries = 3;
+    Ok(Arc::new(Limit::new(Arc::new(r), S3_CONNECTIONS)))
+}
+
+/// How a location reads in messages.
+pub fn describe(loc: &Location) -> String {
+    match loc {
+        Location::Local(p) => p.display().to_string(),
+        Location::S3(s) if s.prefix.is_empty() => format!("s3://{}", s.bucket),
+        Location::S3(s) => format!("s3://{}/{}", s.bucket, s.prefix),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_are_found() {
+        let text = "[default]\naws_access_key_id = A\naws_secret_access_key=B\n\n[other]\n# c\naws_access_key_id = C\n";
+        let d = profile_section(text, "default").unwrap();
+        assert_eq!(
+            d,
+            vec![
+                ("aws_access_key_id".into(), "A".into()),
+                ("aws_secret_access_key".into(), "B".into())
+            ]
+        );
+        assert_eq!(profile_section(text, "other").unwrap().len(), 1);
+        assert!(profile_section(text, "none").is_none());
+    }
+}
