@@ -75,37 +75,64 @@ pub struct S3Backend {
     opts: S3Options,
 }
 
-/// Classifies an `object_store` error.
+/// The S3 error code in a server's XML answer (`<Code>…</Code>`).
+fn s3_code(m: &str) -> Option<&str> {
+    let start = m.find("<Code>")? + "<Code>".len();
+    let len = m[start..].find("</Code>")?;
+    Some(&m[start..start + len])
+}
+
+/// Classifies an `object_store` error and says it in one line.
 fn map_err(op: &'static str, name: &str, e: object_store::Error) -> BackendError {
     use object_store::Error as E;
-    let kind = match &e {
-        E::NotFound { .. } => ErrorKind::NotFound,
-        E::PermissionDenied { .. } | E::Unauthenticated { .. } => ErrorKind::Permission,
-        E::InvalidPath { .. } => ErrorKind::Invalid,
-        E::Generic { source, .. } => {
-            let m = source.to_string();
-            if m.contains("NoSuchBucket") {
-                ErrorKind::NotFound
-            } else if m.contains("AccessDenied")
-                || m.contains("InvalidAccessKeyId")
-                || m.contains("SignatureDoesNotMatch")
-                || m.contains("403")
-            {
-                ErrorKind::Permission
-            } else if m.contains("InvalidRange") || m.contains("416") {
-                ErrorKind::Corrupt
-            } else if m.contains("retries") || m.contains("timed out") || m.contains("connect") {
-                ErrorKind::Transient
-            } else {
-                ErrorKind::Other
-            }
+    let full = e.to_string();
+    let code = s3_code(&full).map(str::to_string);
+    let status = full
+        .split("status code: ")
+        .nth(1)
+        .and_then(|r| r.get(..3))
+        .and_then(|c| c.parse::<u16>().ok());
+    let kind = match (&e, code.as_deref(), status) {
+        (E::NotFound { .. }, Some("NoSuchBucket"), _) | (_, Some("NoSuchBucket"), _) => {
+            ErrorKind::NotFound
         }
+        (E::NotFound { .. }, _, _) => ErrorKind::NotFound,
+        (E::PermissionDenied { .. } | E::Unauthenticated { .. }, _, _) => ErrorKind::Permission,
+        (E::InvalidPath { .. }, _, _) => ErrorKind::Invalid,
+        (_, Some("AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch"), _)
+        | (_, _, Some(401 | 403)) => ErrorKind::Permission,
+        (_, Some("InvalidRange"), _) | (_, _, Some(416)) => ErrorKind::Corrupt,
+        (_, Some("SlowDown" | "InternalError" | "ServiceUnavailable"), _)
+        | (_, _, Some(500..=599 | 429)) => ErrorKind::Transient,
+        (E::Generic { .. }, None, None) => ErrorKind::Transient,
         _ => ErrorKind::Other,
     };
-    let mut message = e.to_string();
-    if message.contains("NoSuchBucket") {
-        message = "the bucket does not exist (`strata init` creates it)".into();
-    }
+    let message = match (kind, code.as_deref()) {
+        (ErrorKind::NotFound, Some("NoSuchBucket")) => {
+            "the bucket does not exist (`strata init` creates it)".to_string()
+        }
+        (ErrorKind::NotFound, _) => "no such object".to_string(),
+        (ErrorKind::Permission, c) => format!(
+            "access denied{}: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or the AWS profile",
+            c.map(|c| format!(" ({c})")).unwrap_or_default()
+        ),
+        (_, Some(c)) => format!("the server answered {c}"),
+        _ => {
+            // The innermost cause (a refused connection, a timeout), not
+            // object_store's request dump.
+            let mut cause: &dyn std::error::Error = &e;
+            while let Some(next) = cause.source() {
+                cause = next;
+            }
+            let inner = cause.to_string();
+            let inner = inner.lines().next().unwrap_or_default();
+            if kind == ErrorKind::Transient {
+                format!("cannot reach the server: {}", inner.chars().take(200).collect::<String>())
+            } else {
+                inner.chars().take(300).collect()
+            }
+        }
+    };
     BackendError::new(kind, op, name, message)
 }
 

@@ -2,13 +2,28 @@
 //! exclusive one. A lock is an object `locks/ID`; taking one means writing
 //! ours and then listing the others — if a conflicting one exists, ours is
 //! removed again and the command is refused with a message that names the
-//! holder. A lock left by a dead process on this host is *stale*: it is
-//! ignored and `strata unlock` removes it.
+//! holder.
+//!
+//! A lock is a *lease* (as restic's locks are): it records when it runs
+//! out, and a thread rewrites it every third of the lease while the command
+//! runs. A lock is *stale* — ignored, and removed by `strata unlock` — when
+//! its lease ran out more than [`SKEW`] ago by this host's clock (on any
+//! host: object stores have no process to ask), or when its process on this
+//! host is gone. Locks written before leases (version 1) expire only by
+//! their process.
 
 use crate::error::{Result, StoreError};
 use crate::repo::{now_ns, Repository};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 use strata_core::crypto::{random_bytes, Kind};
-use strata_core::format::LockInfo;
+use strata_core::format::{decode_lock, encode_lock, LockInfo};
+
+/// How long a lock lasts unless refreshed.
+pub const LEASE: Duration = Duration::from_secs(15 * 60);
+/// Clock difference between hosts tolerated before another host's lease
+/// counts as run out.
+pub const SKEW: Duration = Duration::from_secs(10 * 60);
 
 pub fn hostname() -> String {
     let mut buf = [0u8; 256];
@@ -22,37 +37,97 @@ pub fn hostname() -> String {
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
+fn now_s() -> i64 {
+    now_ns() / 1_000_000_000
+}
+
 fn pid_alive(pid: u32) -> bool {
     // SAFETY: kill with signal 0 only checks for existence/permission.
     let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
-/// True when the holder of a lock is known to be gone.
+/// True when the holder of a lock is known to be gone: its lease ran out
+/// (allowing for clock skew), or its process on this host died.
 pub fn is_stale(l: &LockInfo) -> bool {
-    l.host == hostname() && !pid_alive(l.pid)
+    let run_out = l.expires > 0 && now_s() > l.expires.saturating_add(SKEW.as_secs() as i64);
+    run_out || (l.host == hostname() && !pid_alive(l.pid))
 }
 
 /// A lock in words, for messages.
 pub fn describe(l: &LockInfo) -> String {
     format!(
-        "{} (pid {} on {}, {} lock)",
+        "{} (pid {} on {}, {} lock{})",
         l.operation,
         l.pid,
         l.host,
-        if l.exclusive { "exclusive" } else { "shared" }
+        if l.exclusive { "exclusive" } else { "shared" },
+        match l.expires - now_s() {
+            _ if l.expires == 0 => String::new(),
+            left if left >= 0 => format!(", lease {} min left", left / 60),
+            left => format!(", lease ran out {} min ago", -left / 60),
+        }
     )
 }
 
-/// A held lock, released on drop.
+/// A held lock: refreshed by a thread while held, removed on drop.
 pub struct LockGuard {
     repo: Repository,
     name: String,
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    refresher: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
+        {
+            let (m, cv) = &*self.stop;
+            *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            cv.notify_all();
+        }
+        if let Some(t) = self.refresher.take() {
+            let _ = t.join();
+        }
         let _ = self.repo.backend().delete(&self.name);
+    }
+}
+
+fn seal_lock(repo: &Repository, info: &LockInfo) -> Result<Vec<u8>> {
+    Ok(repo.sealer().seal(Kind::Lock, &encode_lock(info)?, false)?)
+}
+
+/// Rewrites the lock every third of its lease until told to stop.
+fn refresh(
+    repo: Repository,
+    name: String,
+    mut info: LockInfo,
+    lease: Duration,
+    stop: Arc<(Mutex<bool>, Condvar)>,
+) {
+    let (m, cv) = &*stop;
+    let mut stopped = m.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        // Told to stop before this thread got here: no wait.
+        if *stopped {
+            return;
+        }
+        let (g, _) = cv
+            .wait_timeout(stopped, lease / 3)
+            .unwrap_or_else(|e| e.into_inner());
+        stopped = g;
+        if *stopped {
+            return;
+        }
+        info.time = now_s();
+        info.expires = info.time + lease.as_secs() as i64;
+        let written =
+            seal_lock(&repo, &info).and_then(|env| Ok(repo.backend().put(&name, &env)?));
+        if let Err(e) = written {
+            tracing::warn!(
+                "could not refresh lock {name}: {e}; it runs out at {}",
+                info.expires
+            );
+        }
     }
 }
 
@@ -60,35 +135,63 @@ impl Drop for LockGuard {
 pub fn list_locks(repo: &Repository) -> Result<Vec<(String, LockInfo)>> {
     let mut out = Vec::new();
     for o in repo.backend().list("locks/")? {
-        match repo.get_struct::<LockInfo>(Kind::Lock, &o.name, "lock") {
-            Ok(l) => out.push((o.name, l)),
-            // A lock being written or removed right now; ignore it.
-            Err(StoreError::NotFound(_)) => {}
-            Err(e) => return Err(e),
-        }
+        let raw = match repo.backend().get(&o.name) {
+            Ok(r) => r,
+            // A lock being removed right now; ignore it.
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let bytes = repo
+            .sealer()
+            .open(Kind::Lock, &raw)
+            .map_err(|e| StoreError::corrupt(&o.name, e))?;
+        out.push((
+            o.name.clone(),
+            decode_lock(&bytes).map_err(|e| StoreError::corrupt(&o.name, e))?,
+        ));
     }
     Ok(out)
 }
 
-/// Takes a lock for `operation`.
+/// Takes a lock for `operation` with the default [`LEASE`].
 pub fn acquire(repo: &Repository, exclusive: bool, operation: &str) -> Result<LockGuard> {
+    acquire_with_lease(repo, exclusive, operation, LEASE)
+}
+
+/// Takes a lock whose lease lasts `lease` and is refreshed every third of
+/// it while held.
+pub fn acquire_with_lease(
+    repo: &Repository,
+    exclusive: bool,
+    operation: &str,
+    lease: Duration,
+) -> Result<LockGuard> {
+    let time = now_s();
     let info = LockInfo {
         host: hostname(),
         pid: std::process::id(),
-        time: now_ns() / 1_000_000_000,
+        time,
         exclusive,
         operation: operation.to_string(),
+        expires: time + lease.as_secs().max(1) as i64,
     };
     let mut id = [0u8; 16];
     random_bytes(&mut id)?;
-    let env = repo
-        .sealer()
-        .seal(Kind::Lock, &strata_core::format::encode(&info)?, false)?;
     let name = format!("locks/{}", hex::encode(id));
-    repo.backend().put(&name, &env)?;
+    repo.backend().put(&name, &seal_lock(repo, &info)?)?;
+    let stop = Arc::new((Mutex::new(false), Condvar::new()));
+    let refresher = {
+        let (repo, name, info, stop) = (repo.clone(), name.clone(), info.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("strata-lock".into())
+            .spawn(move || refresh(repo, name, info, lease, stop))
+            .ok()
+    };
     let guard = LockGuard {
         repo: repo.clone(),
         name: name.clone(),
+        stop,
+        refresher,
     };
     for (other_name, other) in list_locks(repo)? {
         if other_name == name || is_stale(&other) {

@@ -10,7 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use strata_core::crypto::{Kind, Sealer};
-use strata_core::format::{decode, encode, LockInfo, RepoConfig, REPO_FORMAT_VERSION};
+use strata_core::format::{decode, encode, encode_lock, LockInfo, RepoConfig, REPO_FORMAT_VERSION};
 use strata_core::CoreError;
 use strata_store::backup::{backup, BackupOptions, BackupReport};
 use strata_store::check::{check, CheckOptions, CheckReport};
@@ -532,7 +532,7 @@ fn unknown_format_version_is_refused() {
 fn put_lock(repo: &Repository, info: &LockInfo) -> String {
     let env = repo
         .sealer()
-        .seal(Kind::Lock, &encode(info).unwrap(), false)
+        .seal(Kind::Lock, &encode_lock(info).unwrap(), false)
         .unwrap();
     let mut id = [0u8; 16];
     strata_core::crypto::random_bytes(&mut id).unwrap();
@@ -623,16 +623,18 @@ fn stale_locks_are_ignored_and_removed() {
         time: 1,
         exclusive: true,
         operation: "gc".into(),
+        expires: 0,
     };
     assert!(lock::is_stale(&dead));
     let dead_name = put_lock(&repo, &dead);
-    // Another host's lock cannot be judged: it counts.
+    // Another host's lock without a lease cannot be judged: it counts.
     let foreign = LockInfo {
         host: "elsewhere.invalid".into(),
         pid: 4_000_000,
         time: 1,
         exclusive: false,
         operation: "backup".into(),
+        expires: 0,
     };
     assert!(!lock::is_stale(&foreign));
 
@@ -668,6 +670,49 @@ fn stale_locks_are_ignored_and_removed() {
     assert_no_locks(b.as_ref(), "after unlock --all");
     gc(&repo, &GcOptions::default()).unwrap();
     env.assert_versions(&repo, &[v1, v2], "after unlock");
+}
+
+/// Leases: another host's lock counts until its lease ran out (allowing
+/// for clock skew), then it is stale everywhere; a held lock is refreshed.
+#[test]
+fn lock_leases_expire_and_are_refreshed() {
+    let env = Env::new();
+    let repo = init_repo(&env.path("repo"), false);
+    populate(&env, 33);
+    env.version(&repo);
+    let now = strata_store::repo::now_ns() / 1_000_000_000;
+    let skew = lock::SKEW.as_secs() as i64;
+    let foreign = |expires: i64| LockInfo {
+        host: "elsewhere.invalid".into(),
+        pid: 1,
+        time: expires - 900,
+        exclusive: true,
+        operation: "gc".into(),
+        expires,
+    };
+    // Running out a minute ago is within the skew allowed for its clock.
+    let recent = put_lock(&repo, &foreign(now - 60));
+    let (holder, _) = expect_locked(lock::acquire(&repo, false, "backup"), "a recent lease");
+    assert!(holder.contains("lease ran out"), "{holder}");
+    repo.backend().delete(&recent).unwrap();
+    // Long run out: stale on this host as on any other.
+    let old = foreign(now - skew - 60);
+    assert!(lock::is_stale(&old));
+    let old_name = put_lock(&repo, &old);
+    gc(&repo, &GcOptions::default()).unwrap();
+    assert_eq!(lock::unlock(&repo, false).unwrap().len(), 1);
+    assert!(repo.backend().size(&old_name).unwrap().is_none());
+
+    // A held lock's lease moves forward while it is held, and the lock
+    // goes with its guard.
+    let g = lock::acquire_with_lease(&repo, false, "backup", std::time::Duration::from_secs(3))
+        .unwrap();
+    let first = lock::list_locks(&repo).unwrap()[0].1.expires;
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let later = lock::list_locks(&repo).unwrap()[0].1.expires;
+    assert!(later > first, "refreshed: {first} -> {later}");
+    drop(g);
+    assert!(lock::list_locks(&repo).unwrap().is_empty());
 }
 
 // ---------------------------------------------------------------------------

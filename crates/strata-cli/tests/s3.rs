@@ -1,0 +1,176 @@
+//! `strata --repo s3://…` against a real S3 server (versitygw on loopback,
+//! started by `scripts/test`, which sets `STRATA_TEST_S3`): every command a
+//! local repository has, and one clear line for what a user gets wrong.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+
+struct S3Repo {
+    url: String,
+    endpoint: String,
+    tmp: tempfile::TempDir,
+}
+
+fn endpoint() -> Option<String> {
+    match std::env::var("STRATA_TEST_S3") {
+        Ok(e) if !e.is_empty() => Some(e),
+        _ => {
+            eprintln!("STRATA_TEST_S3 is not set: skipping (scripts/test starts an S3 server)");
+            None
+        }
+    }
+}
+
+fn unique(what: &str) -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{what}-{}-{}", std::process::id(), t % 1_000_000_007)
+}
+
+impl S3Repo {
+    fn new(endpoint: &str, bucket: &str) -> S3Repo {
+        S3Repo {
+            url: format!("s3://{bucket}/{}", unique("repo")),
+            endpoint: endpoint.to_string(),
+            tmp: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn cmd_with(&self, url: &str, secret: &str, args: &[&str]) -> Command {
+        let mut c = strata();
+        c.arg("--repo")
+            .arg(url)
+            .args(args)
+            .env("AWS_ENDPOINT_URL", &self.endpoint)
+            .env("AWS_ACCESS_KEY_ID", "strata")
+            .env("AWS_SECRET_ACCESS_KEY", secret)
+            .env("STRATA_PASSWORD", "s3-test");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Run {
+        run_cmd(self.cmd_with(&self.url, "strata-secret", args), None)
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut a = vec!["--json"];
+        a.extend_from_slice(args);
+        self.run(&a).ok().json()
+    }
+}
+
+fn tree(root: &Path, seed: u64) {
+    for i in 0..40u64 {
+        let n = 100 + (i * 7919 % 200_000) as usize;
+        write(&root.join(format!("d{}/f{i}", i % 4)), &prng(seed + i, n));
+    }
+    write(&root.join("big.img"), &prng(seed + 99, 9 << 20));
+}
+
+#[test]
+fn s3_repository_end_to_end() {
+    let Some(ep) = endpoint() else { return };
+    let r = S3Repo::new(&ep, &unique("strata-e2e"));
+    // The bucket does not exist yet: init creates it.
+    let v = r.json(&["init", "--encrypt"]);
+    assert_eq!(v["encrypted"], Value::Bool(true), "{v}");
+    let e = r.run(&["init"]).expect_code(1);
+    assert!(e.stderr.contains("already exists"), "{}", e.stderr);
+
+    let src = r.tmp.path().join("src");
+    tree(&src, 1);
+    let b1 = r.json(&["backup", src.to_str().unwrap()]);
+    assert_eq!(b1["warnings"], serde_json::json!([]), "{b1}");
+    write(&src.join("d1/f1"), b"changed");
+    let b2 = r.json(&["backup", src.to_str().unwrap()]);
+    assert_eq!(b2["version"], 2, "{b2}");
+    let snaps = r.json(&["snapshots"]);
+    assert_eq!(snaps.as_array().unwrap().len(), 2);
+
+    let before = manifest(&src);
+    let target = r.tmp.path().join("restore");
+    let v = r.json(&["restore", "latest", "--target", target.to_str().unwrap()]);
+    assert_eq!(v["warnings"], serde_json::json!([]), "{v}");
+    assert_manifest_eq(
+        &before,
+        &manifest(&restored(&target, &src)),
+        "restore from S3",
+    );
+
+    let c = r.json(&["check", "--read-data"]);
+    assert_eq!(c["errors"], serde_json::json!([]), "{c}");
+    let first = b1["id"].as_str().unwrap();
+    r.json(&["forget", first]);
+    r.json(&["gc"]);
+    let c = r.json(&["check", "--read-data"]);
+    assert_eq!(c["errors"], serde_json::json!([]), "{c}");
+    let target2 = r.tmp.path().join("restore2");
+    r.json(&["restore", "latest", "--target", target2.to_str().unwrap()]);
+    assert_manifest_eq(
+        &before,
+        &manifest(&restored(&target2, &src)),
+        "after forget + gc",
+    );
+    let s = r.json(&["stats"]);
+    assert!(s["stored_bytes"].as_u64().unwrap() > 9 << 20, "{s}");
+}
+
+#[test]
+fn s3_mistakes_get_one_clear_line() {
+    let Some(ep) = endpoint() else { return };
+    let r = S3Repo::new(&ep, &unique("strata-err"));
+    r.json(&["init"]);
+    // Wrong secret key.
+    let e = run_cmd(r.cmd_with(&r.url, "wrong", &["snapshots"]), None).expect_code(1);
+    assert_eq!(e.stderr.trim().lines().count(), 1, "{}", e.stderr);
+    assert!(
+        e.stderr.contains("denied")
+            || e.stderr.contains("credentials")
+            || e.stderr.contains("Signature"),
+        "{}",
+        e.stderr
+    );
+    // A bucket with no repository in it.
+    let other = format!("{}-elsewhere", r.url);
+    let e = run_cmd(r.cmd_with(&other, "strata-secret", &["snapshots"]), None).expect_code(1);
+    assert!(e.stderr.contains("strata init"), "{}", e.stderr);
+    // A bucket that does not exist.
+    let e = run_cmd(
+        r.cmd_with(
+            "s3://strata-no-such-bucket/x",
+            "strata-secret",
+            &["snapshots"],
+        ),
+        None,
+    )
+    .expect_code(1);
+    assert!(e.stderr.contains("strata init"), "{}", e.stderr);
+    // Nothing listening there.
+    let mut c = r.cmd_with(&r.url, "strata-secret", &["snapshots"]);
+    c.env("AWS_ENDPOINT_URL", "http://127.0.0.1:9");
+    let started = std::time::Instant::now();
+    let e = run_cmd(c, None).expect_code(1);
+    assert!(
+        started.elapsed().as_secs() < 60,
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(e.stderr.trim().lines().count(), 1, "{}", e.stderr);
+    // A URL that is not one.
+    let e = run_cmd(
+        r.cmd_with("s3://x/../y", "strata-secret", &["snapshots"]),
+        None,
+    )
+    .expect_code(1);
+    assert!(
+        e.stderr.contains("not allowed") || e.stderr.contains("valid"),
+        "{}",
+        e.stderr
+    );
+}
