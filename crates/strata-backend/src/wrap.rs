@@ -1,8 +1,10 @@
 //! Backends around backends: [`Retry`] retries transient failures with
 //! exponential backoff; [`Limit`] caps how many operations run at once
-//! (an object store throttles, and a laptop's uplink is shared).
+//! (an object store throttles, and a laptop's uplink is shared);
+//! [`Metering`] counts requests and bytes (what a command cost).
 
 use crate::{Backend, BackendError, ErrorKind, ObjectInfo, ObjectWriter, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -227,6 +229,28 @@ mod tests {
     }
 
     #[test]
+    fn metering_counts_requests_and_bytes() {
+        let meter = Arc::new(Meter::default());
+        let m: Arc<dyn Backend> =
+            Arc::new(Metering::new(Arc::new(MemoryBackend::new()), meter.clone()));
+        m.put("a/b", b"hello").unwrap();
+        m.get("a/b").unwrap();
+        m.get_range("a/b", 1, 2).unwrap();
+        m.list("a/").unwrap();
+        m.size("a/b").unwrap();
+        m.delete("a/b").unwrap();
+        let mut w = crate::create_object(&m, "a/c").unwrap();
+        w.write(b"12345678").unwrap();
+        w.finish().unwrap();
+        let r = meter.read();
+        assert_eq!(
+            (r.puts, r.gets, r.ranged_gets, r.lists, r.heads, r.deletes),
+            (2, 1, 1, 1, 1, 1)
+        );
+        assert_eq!((r.bytes_sent, r.bytes_received), (5 + 8, 5 + 2));
+    }
+
+    #[test]
     fn the_limit_holds() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         struct Counting {
@@ -272,5 +296,131 @@ mod tests {
             }
         });
         assert_eq!(c.peak.load(Ordering::SeqCst), 3);
+    }
+}
+
+/// Counts requests by kind and bytes each way: what a command cost on a
+/// metered object store (`--json` reports it).
+#[derive(Default)]
+pub struct Meter {
+    pub puts: AtomicU64,
+    pub gets: AtomicU64,
+    pub ranged_gets: AtomicU64,
+    pub lists: AtomicU64,
+    pub deletes: AtomicU64,
+    pub heads: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub bytes_received: AtomicU64,
+}
+
+/// A snapshot of a [`Meter`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Metered {
+    pub puts: u64,
+    pub gets: u64,
+    pub ranged_gets: u64,
+    pub lists: u64,
+    pub deletes: u64,
+    pub heads: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}
+
+impl Meter {
+    pub fn read(&self) -> Metered {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Metered {
+            puts: r(&self.puts),
+            gets: r(&self.gets),
+            ranged_gets: r(&self.ranged_gets),
+            lists: r(&self.lists),
+            deletes: r(&self.deletes),
+            heads: r(&self.heads),
+            bytes_sent: r(&self.bytes_sent),
+            bytes_received: r(&self.bytes_received),
+        }
+    }
+}
+
+/// Counts what passes through to the inner backend in a [`Meter`].
+pub struct Metering {
+    inner: Arc<dyn Backend>,
+    pub meter: Arc<Meter>,
+}
+
+impl Metering {
+    pub fn new(inner: Arc<dyn Backend>, meter: Arc<Meter>) -> Self {
+        Metering { inner, meter }
+    }
+
+    fn add(&self, counter: &AtomicU64, bytes: &AtomicU64, n: u64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        bytes.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+impl Backend for Metering {
+    fn put(&self, name: &str, data: &[u8]) -> Result<()> {
+        self.add(&self.meter.puts, &self.meter.bytes_sent, data.len() as u64);
+        self.inner.put(name, data)
+    }
+    fn get(&self, name: &str) -> Result<Vec<u8>> {
+        let r = self.inner.get(name);
+        let n = r.as_ref().map_or(0, |v| v.len() as u64);
+        self.add(&self.meter.gets, &self.meter.bytes_received, n);
+        r
+    }
+    fn get_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let r = self.inner.get_range(name, offset, len);
+        let n = r.as_ref().map_or(0, |v| v.len() as u64);
+        self.add(&self.meter.ranged_gets, &self.meter.bytes_received, n);
+        r
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        self.meter.lists.fetch_add(1, Ordering::Relaxed);
+        self.inner.list(prefix)
+    }
+    fn delete(&self, name: &str) -> Result<()> {
+        self.meter.deletes.fetch_add(1, Ordering::Relaxed);
+        self.inner.delete(name)
+    }
+    fn size(&self, name: &str) -> Result<Option<u64>> {
+        self.meter.heads.fetch_add(1, Ordering::Relaxed);
+        self.inner.size(name)
+    }
+    fn will_need(&self, name: &str, offset: u64, len: u64) {
+        self.inner.will_need(name, offset, len)
+    }
+    fn stream(&self, name: &str) -> Result<Option<Box<dyn ObjectWriter>>> {
+        Ok(self.inner.stream(name)?.map(|w| {
+            Box::new(MeteredWriter {
+                inner: w,
+                meter: self.meter.clone(),
+            }) as Box<dyn ObjectWriter>
+        }))
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+struct MeteredWriter {
+    inner: Box<dyn ObjectWriter>,
+    meter: Arc<Meter>,
+}
+
+impl ObjectWriter for MeteredWriter {
+    fn write(&mut self, data: &[u8]) -> Result<()> {
+        self.meter
+            .bytes_sent
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.inner.write(data)
+    }
+    fn written(&self) -> u64 {
+        self.inner.written()
+    }
+    fn finish(self: Box<Self>) -> Result<()> {
+        self.meter.puts.fetch_add(1, Ordering::Relaxed);
+        self.inner.finish()
     }
 }

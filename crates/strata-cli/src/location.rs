@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use strata_store::backend::location::S3Location;
 use strata_store::backend::s3::{S3Backend, S3Credentials, S3Options};
-use strata_store::backend::wrap::{Limit, Retry};
+use strata_store::backend::wrap::{Limit, Meter, Metering, Retry};
 use strata_store::backend::{Backend, LocalBackend, Location};
 
 /// The default repository directory: `$XDG_DATA_HOME/strata/repo` or
@@ -110,19 +110,24 @@ fn profile_section(text: &str, profile: &str) -> Option<Vec<(String, String)>> {
 /// Concurrent requests to a bucket, at most.
 const S3_CONNECTIONS: usize = 32;
 
-/// The backend of `loc`. With `create`, a missing directory or bucket is
-/// created (for `init`).
+/// What this run asked of the repository's storage (reported by `--json`).
+pub static METER: std::sync::OnceLock<Arc<Meter>> = std::sync::OnceLock::new();
+
+/// The backend of `loc`, metered. With `create`, a missing directory or
+/// bucket is created (for `init`).
 pub fn backend(loc: &Location, create: bool) -> Result<Arc<dyn Backend>> {
-    match loc {
+    let inner: Arc<dyn Backend> = match loc {
         Location::Local(path) => {
             if create {
                 std::fs::create_dir_all(path)
                     .with_context(|| format!("creating {}", path.display()))?;
             }
-            Ok(Arc::new(LocalBackend::new(path)))
+            Arc::new(LocalBackend::new(path))
         }
-        Location::S3(s) => Ok(s3(s, create)?),
-    }
+        Location::S3(s) => s3(s, create)?,
+    };
+    let meter = METER.get_or_init(Default::default).clone();
+    Ok(Arc::new(Metering::new(inner, meter)))
 }
 
 fn s3(loc: &S3Location, create: bool) -> Result<Arc<dyn Backend>> {
