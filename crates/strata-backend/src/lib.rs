@@ -14,9 +14,11 @@
 //! | [`s3`] | an S3-compatible bucket (`object_store`), multipart streaming, ranged reads |
 //! | [`wrap`] | retry with backoff on transient errors; a limit on concurrent operations |
 //! | [`conformance`] | the checks every backend passes |
+//! | [`fault_proxy`] | a TCP proxy that injects 503s, dropped connections and latency in front of a real S3 server (tests) |
 //! | [`location`] | `--repo` values: a directory or `s3://BUCKET/PREFIX?endpoint=URL` |
 
 pub mod conformance;
+pub mod fault_proxy;
 pub mod local;
 pub mod location;
 pub mod memory;

@@ -174,3 +174,70 @@ fn s3_mistakes_get_one_clear_line() {
         e.stderr
     );
 }
+
+/// Through a proxy that throttles and drops connections mid-transfer, a
+/// backup and a restore still succeed whole; with the server gone, a
+/// backup fails in one line and commits nothing.
+#[test]
+fn s3_through_a_faulty_network() {
+    use strata_store::backend::fault_proxy::{FaultProxy, Faults};
+    let Some(ep) = endpoint() else { return };
+    let proxy = FaultProxy::start(ep.trim_start_matches("http://")).unwrap();
+    let r = S3Repo::new(&proxy.endpoint(), &unique("strata-flaky"));
+    r.json(&["init", "--encrypt"]);
+    proxy.set(Faults {
+        slow_down_every: 4,
+        cut_upload_every: 3,
+        cut_upload_after: 100_000,
+        cut_download_every: 3,
+        cut_download_after: 100_000,
+        ..Default::default()
+    });
+    let src = r.tmp.path().join("src");
+    tree(&src, 7);
+    let b1 = r.json(&["backup", src.to_str().unwrap()]);
+    assert_eq!(b1["warnings"], serde_json::json!([]), "{b1}");
+    let target = r.tmp.path().join("restore");
+    r.json(&["restore", "latest", "--target", target.to_str().unwrap()]);
+    assert_manifest_eq(
+        &manifest(&src),
+        &manifest(&restored(&target, &src)),
+        "flaky restore",
+    );
+    let i = proxy.injected();
+    assert!(
+        i.slow_downs > 0 && i.cut_uploads + i.cut_downloads > 0,
+        "{i:?}"
+    );
+
+    // The server goes away in the middle of a backup.
+    write(&src.join("d0/new"), &prng(70, 20 << 20));
+    proxy.set(Faults {
+        down_after: proxy.injected().connections + 12,
+        ..Default::default()
+    });
+    let e = r.run(&["backup", src.to_str().unwrap()]).expect_code(1);
+    assert_eq!(e.stderr.trim().lines().count(), 1, "{}", e.stderr);
+    assert!(proxy.injected().refused > 0, "{:?}", proxy.injected());
+    proxy.set(Faults::default());
+    let snaps = r.json(&["snapshots"]);
+    assert_eq!(
+        snaps.as_array().unwrap().len(),
+        1,
+        "nothing committed: {snaps}"
+    );
+    let c = r.json(&["check", "--read-data"]);
+    assert_eq!(c["errors"], serde_json::json!([]), "{c}");
+    // What the failed backup left is swept, and the next backup works.
+    r.json(&["unlock"]);
+    r.json(&["gc"]);
+    let b2 = r.json(&["backup", src.to_str().unwrap()]);
+    assert_eq!(b2["version"], 2, "{b2}");
+    let target = r.tmp.path().join("restore2");
+    r.json(&["restore", "latest", "--target", target.to_str().unwrap()]);
+    assert_manifest_eq(
+        &manifest(&src),
+        &manifest(&restored(&target, &src)),
+        "after the outage",
+    );
+}

@@ -1,0 +1,193 @@
+//! A fault-injecting TCP proxy on loopback, for tests against a real S3
+//! server: it forwards connections to the server and, on a schedule,
+//! answers `503 Slow Down` instead, cuts a connection after some bytes of
+//! request (an upload dropped mid-way) or of response (a download dropped
+//! mid-way), or delays every chunk. No mock: the server behind it is real,
+//! and the client sees what a flaky network and a throttling store do.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What the proxy does to the connections it accepts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Every n-th connection gets `503 Slow Down` to its first request.
+    pub slow_down_every: u64,
+    /// Every n-th connection is cut after this many request bytes.
+    pub cut_upload_every: u64,
+    pub cut_upload_after: u64,
+    /// Every n-th connection is cut after this many response bytes.
+    pub cut_download_every: u64,
+    pub cut_download_after: u64,
+    /// Delay before forwarding each chunk, in milliseconds.
+    pub delay_ms: u64,
+    /// Refuse everything: every connection is closed at once.
+    pub down: bool,
+    /// Refuse every connection after the n-th (counted from the start):
+    /// the server goes away in the middle of a command.
+    pub down_after: u64,
+}
+
+/// Counts of what the proxy did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Injected {
+    pub connections: u64,
+    pub slow_downs: u64,
+    pub cut_uploads: u64,
+    pub cut_downloads: u64,
+    pub refused: u64,
+}
+
+pub struct FaultProxy {
+    addr: SocketAddr,
+    faults: Arc<Mutex<Faults>>,
+    counts: Arc<Mutex<Injected>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl FaultProxy {
+    /// Starts a proxy on a free loopback port in front of `upstream`
+    /// (`host:port`).
+    pub fn start(upstream: &str) -> std::io::Result<FaultProxy> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let faults = Arc::new(Mutex::new(Faults::default()));
+        let counts = Arc::new(Mutex::new(Injected::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let upstream = upstream.to_string();
+        let (f, c, s) = (faults.clone(), counts.clone(), stop.clone());
+        let seq = AtomicU64::new(0);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(client) = conn else { continue };
+                let n = seq.fetch_add(1, Ordering::SeqCst) + 1;
+                let plan = *f.lock().unwrap_or_else(|e| e.into_inner());
+                let (up, counts) = (upstream.clone(), c.clone());
+                std::thread::spawn(move || serve(client, &up, n, plan, &counts));
+            }
+        });
+        Ok(FaultProxy {
+            addr,
+            faults,
+            counts,
+            stop,
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn set(&self, f: Faults) {
+        *self.faults.lock().unwrap_or_else(|e| e.into_inner()) = f;
+    }
+
+    pub fn injected(&self) -> Injected {
+        *self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop.
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+fn every(n: u64, k: u64) -> bool {
+    k > 0 && n.is_multiple_of(k)
+}
+
+fn serve(client: TcpStream, upstream: &str, n: u64, f: Faults, counts: &Mutex<Injected>) {
+    let bump = |g: fn(&mut Injected)| g(&mut counts.lock().unwrap_or_else(|e| e.into_inner()));
+    bump(|c| c.connections += 1);
+    if f.down || (f.down_after > 0 && n > f.down_after) {
+        bump(|c| c.refused += 1);
+        let _ = client.shutdown(Shutdown::Both);
+        return;
+    }
+    if every(n, f.slow_down_every) {
+        bump(|c| c.slow_downs += 1);
+        slow_down(client);
+        return;
+    }
+    let Ok(server) = TcpStream::connect(upstream) else {
+        return;
+    };
+    let up_limit = every(n, f.cut_upload_every).then_some(f.cut_upload_after);
+    let down_limit = every(n, f.cut_download_every).then_some(f.cut_download_after);
+    let (c2, s2) = match (client.try_clone(), server.try_clone()) {
+        (Ok(c), Ok(s)) => (c, s),
+        _ => return,
+    };
+    let delay = Duration::from_millis(f.delay_ms);
+    let upload = std::thread::spawn(move || pump(client, server, up_limit, delay));
+    let cut_down = pump(s2, c2, down_limit, delay);
+    let cut_up = upload.join().unwrap_or(false);
+    if cut_up {
+        bump(|c| c.cut_uploads += 1);
+    }
+    if cut_down {
+        bump(|c| c.cut_downloads += 1);
+    }
+}
+
+/// Reads the request head, answers 503 with S3's `SlowDown` and closes.
+fn slow_down(mut client: TcpStream) {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    let _ = client.set_read_timeout(Some(Duration::from_secs(5)));
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 1 << 16 {
+        match client.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(k) => head.extend_from_slice(&buf[..k]),
+        }
+    }
+    let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
+    let _ = write!(
+        client,
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = client.shutdown(Shutdown::Both);
+}
+
+/// Copies `from` → `to` until EOF, or cuts both after `limit` bytes.
+/// Returns whether it cut.
+fn pump(mut from: TcpStream, mut to: TcpStream, limit: Option<u64>, delay: Duration) -> bool {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut sent = 0u64;
+    loop {
+        let k = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => k,
+        };
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
+        let k = match limit {
+            Some(l) if sent + k as u64 >= l => {
+                let part = (l - sent) as usize;
+                let _ = to.write_all(&buf[..part]);
+                let _ = from.shutdown(Shutdown::Both);
+                let _ = to.shutdown(Shutdown::Both);
+                return true;
+            }
+            _ => k,
+        };
+        if to.write_all(&buf[..k]).is_err() {
+            break;
+        }
+        sent += k as u64;
+    }
+    let _ = to.shutdown(Shutdown::Write);
+    false
+}
