@@ -4,6 +4,7 @@
 
 mod location;
 mod output;
+mod tier;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -13,7 +14,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 use strata_core::chunker::ChunkerParams;
-use strata_core::format::NodeKind;
+use strata_core::format::{NodeKind, Tier};
 use strata_store::backend::Location;
 use strata_store::backup::{BackupOptions, StdinSource};
 use strata_store::{InitOptions, Repository, StoreError};
@@ -28,7 +29,7 @@ use strata_store::{InitOptions, Repository, StoreError};
         Password (encrypted repositories): $STRATA_PASSWORD, --password-file, or a prompt on a terminal.\n\n\
         Exit codes: 0 success, 1 error, 3 backup finished but some files could not be read."
 )]
-struct Cli {
+pub(crate) struct Cli {
     /// Repository: a directory, or s3://BUCKET/PREFIX[?endpoint=URL&region=R]
     /// (credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the AWS
     /// profile; endpoint also from AWS_ENDPOINT_URL).
@@ -157,6 +158,12 @@ enum Cmd {
     },
     /// What this build supports (index strategies, chunkers, format version).
     Features,
+    /// The cloud tier: a bucket holding cold versions as a second dedup
+    /// domain (add, estimate, migrate).
+    Tier {
+        #[command(subcommand)]
+        cmd: tier::TierCmd,
+    },
     /// Rebuild derived structures.
     Repair {
         #[command(subcommand)]
@@ -323,7 +330,7 @@ fn repo_location(cli: &Cli) -> Result<Location> {
     location::location(cli.repo.as_deref())
 }
 
-fn open(cli: &Cli) -> Result<Repository> {
+pub(crate) fn open(cli: &Cli) -> Result<Repository> {
     let loc = repo_location(cli)?;
     let backend = location::backend(&loc, false)?;
     let repo = Repository::open(backend, &|| read_password(cli, false))
@@ -331,7 +338,7 @@ fn open(cli: &Cli) -> Result<Repository> {
     Ok(repo)
 }
 
-fn progress_for(cli: &Cli, what: &str) -> ProgressDisplay {
+pub(crate) fn progress_for(cli: &Cli, what: &str) -> ProgressDisplay {
     ProgressDisplay::start(
         what,
         !cli.quiet && !cli.json && std::io::stderr().is_terminal(),
@@ -423,7 +430,16 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                 .collect();
             // "archival" once reverse-deduplicated; "archival*" while it
             // waits for `strata maintain`.
+            let cloud: std::collections::HashSet<&str> = all
+                .iter()
+                .filter(|(_, s)| s.tier == Tier::Cloud)
+                .map(|(i, _)| i.as_str())
+                .collect();
             let state = |id: &str| {
+                // The lifecycle works on the active tier only.
+                if cloud.contains(id) {
+                    return "-".to_string();
+                }
                 let st = states
                     .get(id)
                     .map(|s| format!("{s:?}").to_lowercase())
@@ -448,18 +464,19 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                                "new_stored_bytes": s.stats.new_stored_bytes, "files": s.stats.files,
                                "duration_ms": s.stats.duration_ms, "state": state(id),
                                "reverse_deduplicated": s.archival.is_some(),
-                               "archival": s.archival})
+                               "archival": s.archival,
+                               "tier": match s.tier { Tier::Active => "active", Tier::Cloud => "cloud" }})
                     })
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else if !out.quiet {
                 println!(
-                    "{:<10} {:<40} {:>4}  {:<20} {:>10} {:>10}  {:<8} tags",
-                    "id", "series", "ver", "time (UTC)", "size", "new", "state"
+                    "{:<10} {:<40} {:>4}  {:<20} {:>10} {:>10}  {:<8} {:<6} tags",
+                    "id", "series", "ver", "time (UTC)", "size", "new", "state", "tier"
                 );
                 for (id, s) in &list {
                     println!(
-                        "{:<10} {:<40} {:>4}  {:<20} {:>10} {:>10}  {:<8} {}",
+                        "{:<10} {:<40} {:>4}  {:<20} {:>10} {:>10}  {:<8} {:<6} {}",
                         &id[..8],
                         s.series,
                         s.version,
@@ -467,6 +484,10 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                         fmt_bytes(s.stats.logical_bytes),
                         fmt_bytes(s.stats.new_stored_bytes),
                         state(id),
+                        match s.tier {
+                            Tier::Active => "active",
+                            Tier::Cloud => "cloud",
+                        },
                         s.tags.join(",")
                     );
                 }
@@ -557,7 +578,8 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             }
             let stdout = std::io::stdout();
             let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-            strata_store::restore::dump(&repo, &s, &r, node, &mut w)?;
+            let data = tier::data_repo(&repo, &s)?;
+            strata_store::restore::dump(&data, &s, &r, node, &mut w)?;
             Ok(0)
         }
         Cmd::Restore {
@@ -573,7 +595,8 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             let pd = progress_for(cli, "restore");
             opts.progress = pd.progress.clone();
             let started = std::time::Instant::now();
-            let res = strata_store::restore::restore(&repo, &s, &r, &opts);
+            let data = tier::data_repo(&repo, &s)?;
+            let res = strata_store::restore::restore(&data, &s, &r, &opts);
             pd.finish();
             let rep = res?;
             let secs = started.elapsed().as_secs_f64();
@@ -616,8 +639,22 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             ids.sort();
             ids.dedup();
             let started = std::time::Instant::now();
-            let rep = strata_store::forget::forget(&repo, &ids)?;
+            let (cloud_ids, ids): (Vec<String>, Vec<String>) = ids
+                .into_iter()
+                .partition(|id| all.iter().any(|(i, s)| i == id && s.tier == Tier::Cloud));
+            let mut cloud_forgotten = 0;
+            if !cloud_ids.is_empty() {
+                let c = tier::cloud(&repo)?;
+                cloud_forgotten = strata_store::tier::forget_cloud(&repo, &c, &cloud_ids)?;
+            }
+            let mut rep = if ids.is_empty() {
+                Default::default()
+            } else {
+                strata_store::forget::forget(&repo, &ids)?
+            };
+            rep.removed_snapshots.extend(cloud_ids);
             let mut v = serde_json::to_value(&rep)?;
+            v["cloud_snapshots_removed"] = json!(cloud_forgotten);
             v["seconds"] = json!(started.elapsed().as_secs_f64());
             out.result(&v, || {
                 let mut t = format!("removed {} snapshots", rep.removed_snapshots.len());
@@ -858,6 +895,7 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             });
             Ok(0)
         }
+        Cmd::Tier { cmd } => tier::run(cli, out, cmd),
         Cmd::Repair {
             what: RepairWhat::Index,
         } => {

@@ -241,3 +241,80 @@ fn s3_through_a_faulty_network() {
         "after the outage",
     );
 }
+
+/// A local repository with its cloud tier in a real bucket: estimate,
+/// migrate, gc, restore from the bucket, the bucket alone, forget.
+#[test]
+fn tier_to_s3() {
+    let Some(ep) = endpoint() else { return };
+    let r = S3Repo::new(&ep, &unique("strata-tier"));
+    let local = r.tmp.path().join("repo");
+    let run = |args: &[&str]| {
+        run_cmd(
+            r.cmd_with(local.to_str().unwrap(), "strata-secret", args),
+            None,
+        )
+    };
+    let json = |args: &[&str]| {
+        let mut a = vec!["--json"];
+        a.extend_from_slice(args);
+        run(&a).ok().json()
+    };
+    json(&["init", "--encrypt"]);
+    let src = r.tmp.path().join("src");
+    let mut trees = Vec::new();
+    let mut ids = Vec::new();
+    for v in 0..3u64 {
+        tree(&src, 10 + v);
+        let b = json(&["backup", src.to_str().unwrap()]);
+        ids.push(b["id"].as_str().unwrap().to_string());
+        trees.push(manifest(&src));
+    }
+    // The estimate needs no cloud tier (it also says what `forget` frees);
+    // a migration does.
+    json(&["tier", "estimate", &ids[0]]);
+    let e = run(&["tier", "migrate", &ids[0]]).expect_code(1);
+    assert!(e.stderr.contains("tier add"), "{}", e.stderr);
+    json(&["tier", "add", &r.url]);
+    let est = json(&["tier", "estimate", &ids[0], &ids[1]]);
+    let freed = est["freed_bytes"].as_u64().unwrap();
+    assert!(freed > 0, "{est}");
+    let before = json(&["stats"])["stored_bytes"].as_u64().unwrap();
+    let m = json(&["tier", "migrate", &ids[0], &ids[1]]);
+    assert_eq!(m["versions"].as_array().unwrap().len(), 2, "{m}");
+    assert!(m["requests"]["puts"].as_u64().unwrap() > 0, "{m}");
+    json(&["gc"]);
+    let after = json(&["stats"])["stored_bytes"].as_u64().unwrap();
+    assert!(
+        before - after >= est["freed_container_bytes"].as_u64().unwrap()
+            && before - after <= freed + freed / 10,
+        "estimate {est}, freed {}",
+        before - after
+    );
+    let snaps = json(&["snapshots"]);
+    let tiers: Vec<&str> = snaps
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["tier"].as_str().unwrap())
+        .collect();
+    assert_eq!(tiers, ["cloud", "cloud", "active"]);
+    for (i, id) in ids.iter().enumerate() {
+        let t = r.tmp.path().join(format!("restore{i}"));
+        json(&["restore", id, "--target", t.to_str().unwrap()]);
+        assert_manifest_eq(
+            &trees[i],
+            &manifest(&restored(&t, &src)),
+            &format!("v{}", i + 1),
+        );
+    }
+    let c = json(&["check", "--read-data"]);
+    assert_eq!(c["errors"], serde_json::json!([]), "{c}");
+    // The bucket alone is a repository of the cloud versions.
+    let alone = r.json(&["snapshots"]);
+    assert_eq!(alone.as_array().unwrap().len(), 2, "{alone}");
+    // Forgetting a cloud version removes it on both sides.
+    json(&["forget", &ids[0]]);
+    assert_eq!(json(&["snapshots"]).as_array().unwrap().len(), 2);
+    assert_eq!(r.json(&["snapshots"]).as_array().unwrap().len(), 1);
+}

@@ -59,6 +59,8 @@ pub enum Kind {
     /// One part of a version's recipe (`parts/`): nodes of consecutive
     /// paths and their container table.
     RecipePart = 13,
+    /// How a repository and its cloud tier know each other (`tier/config`).
+    TierConfig = 14,
 }
 
 /// zstd-compresses `data` with a context kept per thread: creating one

@@ -44,9 +44,10 @@ pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T
     })
 }
 
-/// Version byte of [`Snapshot`]: 2 added [`Archival::released_bytes`];
-/// version 1 objects are still read (the field reads as 0).
-pub const SNAPSHOT_VERSION: u8 = 2;
+/// Version byte of [`Snapshot`]: 2 added [`Archival::released_bytes`], 3
+/// added [`Snapshot::tier`]; versions 1 and 2 are still read (released
+/// bytes 0, tier active).
+pub const SNAPSHOT_VERSION: u8 = 3;
 
 /// Encodes a snapshot with its own structure version.
 pub fn encode_snapshot(s: &Snapshot) -> Result<Vec<u8>> {
@@ -63,6 +64,9 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<Snapshot> {
     };
     match v {
         SNAPSHOT_VERSION => postcard::from_bytes(body).map_err(err),
+        2 => postcard::from_bytes::<v2::Snapshot>(body)
+            .map(Snapshot::from)
+            .map_err(err),
         1 => postcard::from_bytes::<v1::Snapshot>(body)
             .map(Snapshot::from)
             .map_err(err),
@@ -71,6 +75,46 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<Snapshot> {
             found,
             supported: SNAPSHOT_VERSION,
         }),
+    }
+}
+
+/// Snapshots as version 2 wrote them (no tier).
+mod v2 {
+    use super::{Archival, ChunkerParams, SnapshotStats};
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    pub struct Snapshot {
+        pub series: String,
+        pub version: u32,
+        pub time_ns: i64,
+        pub host: String,
+        pub paths: Vec<String>,
+        pub tags: Vec<String>,
+        pub recipe: String,
+        pub parent: Option<String>,
+        pub chunker: ChunkerParams,
+        pub stats: SnapshotStats,
+        pub archival: Option<Archival>,
+    }
+}
+
+impl From<v2::Snapshot> for Snapshot {
+    fn from(s: v2::Snapshot) -> Self {
+        Snapshot {
+            series: s.series,
+            version: s.version,
+            time_ns: s.time_ns,
+            host: s.host,
+            paths: s.paths,
+            tags: s.tags,
+            recipe: s.recipe,
+            parent: s.parent,
+            chunker: s.chunker,
+            stats: s.stats,
+            archival: s.archival,
+            tier: Tier::Active,
+        }
     }
 }
 
@@ -127,6 +171,7 @@ impl From<v1::Snapshot> for Snapshot {
                 indirect_bytes: a.indirect_bytes,
                 released_bytes: 0,
             }),
+            tier: Tier::Active,
         }
     }
 }
@@ -563,6 +608,17 @@ pub struct Snapshot {
     /// Set once the version is reverse-deduplicated (archival form: direct
     /// references only into its own stamped containers, the rest indirect).
     pub archival: Option<Archival>,
+    /// Which tier holds its data (structure version 3).
+    pub tier: Tier,
+}
+
+/// Where a version's data is: the active tier (the repository itself) or
+/// the cloud tier attached to it (`strata tier`), a separate dedup domain.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Tier {
+    #[default]
+    Active,
+    Cloud,
 }
 
 /// An index object: the metadata of a set of containers.
@@ -583,6 +639,21 @@ pub struct RepoConfig {
     pub region_size: u32,
     pub encrypted: bool,
     pub index: String,
+}
+
+/// `tier/config` of a repository and of its cloud tier: which side this
+/// is and who the other side is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierConfig {
+    /// This side's role.
+    pub role: Tier,
+    /// The other side's repository id.
+    pub peer_id: String,
+    /// On the active side: where the cloud tier is (`s3://BUCKET/PREFIX`,
+    /// with its `?endpoint=`), as given to `strata tier add`.
+    pub peer_url: String,
+    /// When it was attached (seconds since the epoch).
+    pub attached: i64,
 }
 
 /// A lock held by a running command: a lease, refreshed while it runs.
@@ -713,7 +784,7 @@ mod tests {
     }
 
     #[test]
-    fn snapshots_of_version_1_still_read() {
+    fn snapshots_of_versions_1_and_2_still_read() {
         #[derive(Serialize)]
         struct V1Archival {
             next: Option<String>,
@@ -735,6 +806,7 @@ mod tests {
             chunker: ChunkerParams::cdc(8192),
             stats: SnapshotStats::default(),
             archival: None,
+            tier: Tier::Active,
         };
         // A version-1 object: the same fields, the archival record without
         // released_bytes.
@@ -770,12 +842,29 @@ mod tests {
             released_bytes: 0,
         });
         assert_eq!(got, s);
-        // Version 2 round-trips, with the new field.
+        // A version-2 object: no tier; it reads as active.
         s.archival.as_mut().unwrap().released_bytes = 9;
+        let v2 = (
+            &s.series,
+            s.version,
+            s.time_ns,
+            &s.host,
+            &s.paths,
+            &s.tags,
+            &s.recipe,
+            &s.parent,
+            s.chunker,
+            &s.stats,
+            &s.archival,
+        );
+        let bytes = postcard::to_extend(&v2, vec![2]).unwrap();
+        assert_eq!(decode_snapshot(&bytes).unwrap(), s);
+        // Version 3 round-trips, with the new fields.
+        s.tier = Tier::Cloud;
         assert_eq!(decode_snapshot(&encode_snapshot(&s).unwrap()).unwrap(), s);
         assert!(matches!(
-            decode_snapshot(&[3, 0]),
-            Err(CoreError::UnknownVersion { found: 3, .. })
+            decode_snapshot(&[4, 0]),
+            Err(CoreError::UnknownVersion { found: 4, .. })
         ));
     }
 

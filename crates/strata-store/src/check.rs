@@ -41,6 +41,9 @@ pub struct CheckReport {
     pub warnings: Vec<String>,
     /// Snapshots that cannot be fully restored.
     pub damaged_snapshots: Vec<String>,
+    /// Snapshots whose data is in the cloud tier: only their local recipe
+    /// copies are checked here.
+    pub cloud_snapshots: u64,
 }
 
 impl CheckReport {
@@ -306,6 +309,12 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
                     continue;
                 }
             };
+            // Its data is in the cloud tier (`strata tier check`); its
+            // local recipe copy read whole above.
+            if s.tier == strata_core::format::Tier::Cloud {
+                rep.cloud_snapshots += 1;
+                continue;
+            }
             let next = s.archival.as_ref().and_then(|a| a.next.clone());
             let next_held = next.as_ref().and_then(|n| held.get(n));
             let mut missing = 0u64;

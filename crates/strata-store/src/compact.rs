@@ -50,7 +50,7 @@ pub type Marks = HashMap<ContainerId, HashSet<(u32, u32)>>;
 pub fn mark_live(repo: &Repository) -> Result<Marks> {
     let mut marks: Marks = HashMap::new();
     let mut seen_recipes = HashSet::new();
-    for (_, s) in repo.list_snapshots()? {
+    for (_, s) in repo.list_active_snapshots()? {
         if !seen_recipes.insert(s.recipe.clone()) {
             continue;
         }
@@ -155,7 +155,7 @@ pub(crate) fn compact_pool(
     opts: &GcOptions,
     report: &mut GcReport,
 ) -> Result<()> {
-    let snaps = repo.list_snapshots()?;
+    let snaps = repo.list_active_snapshots()?;
     let holders = Holders::collect(repo, &snaps)?;
     report.live_chunks += holders.marks.values().map(|m| m.len() as u64).sum::<u64>();
     // Every pool container is examined as the index loads (metadata only;

@@ -73,6 +73,20 @@ pub(crate) fn copy_chunks(
     stamp: Option<Stamp>,
     progress: Option<&Progress>,
 ) -> Result<(Placed, Vec<ContainerMeta>)> {
+    copy_chunks_between(repo, repo, regions, sources, stamp, progress)
+}
+
+/// [`copy_chunks`] from the containers of `src` into new containers of
+/// `dst` (another tier: a repository with the same keys).
+pub(crate) fn copy_chunks_between(
+    src: &Repository,
+    dst: &Repository,
+    regions: &dyn Fn(&ContainerId) -> Option<Arc<Vec<RegionInfo>>>,
+    sources: &[CopySource],
+    stamp: Option<Stamp>,
+    progress: Option<&Progress>,
+) -> Result<(Placed, Vec<ContainerMeta>)> {
+    let repo = src;
     let mut plan: BTreeMap<ContainerId, BTreeMap<u32, Vec<&CopySource>>> = BTreeMap::new();
     for s in sources {
         plan.entry(s.container)
@@ -82,10 +96,10 @@ pub(crate) fn copy_chunks(
             .push(s);
     }
     let table = Arc::new(ContainerTable::default());
-    let sink = ContainerSink::start(repo);
+    let sink = ContainerSink::start(dst);
     let mut placed: HashMap<Fingerprint, ChunkLoc> = HashMap::new();
     let copy_result: Result<()> = (|| {
-        let mut writer = ContainerWriter::new(repo, table.clone(), sink.sender());
+        let mut writer = ContainerWriter::new(dst, table.clone(), sink.sender());
         writer.set_stamp(stamp.clone());
         for (cid, regs) in &plan {
             let name = data_name(cid);

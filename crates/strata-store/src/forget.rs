@@ -58,8 +58,14 @@ pub(crate) fn forget_locked(repo: &Repository, ids: &[String]) -> Result<ForgetR
     let ids = &ids[..];
     let by_id: HashMap<&str, &Snapshot> = all.iter().map(|(i, s)| (i.as_str(), s)).collect();
     for id in ids {
-        if !by_id.contains_key(id.as_str()) {
-            return Err(StoreError::NoSnapshot(id.clone()));
+        match by_id.get(id.as_str()) {
+            None => return Err(StoreError::NoSnapshot(id.clone())),
+            Some(s) if s.tier == strata_core::format::Tier::Cloud => {
+                return Err(StoreError::Invalid(format!(
+                    "snapshot {id} is in the cloud tier: forgetting it removes it from the bucket too                      (`strata forget` does, with the cloud tier reachable)"
+                )))
+            }
+            Some(_) => {}
         }
     }
     let removing: HashSet<&str> = ids.iter().map(String::as_str).collect();

@@ -91,7 +91,7 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
 
     // Stamped containers whose owner is gone, or does not use them (an
     // interrupted maintain or rebase left them).
-    let snaps = repo.list_snapshots()?;
+    let snaps = repo.list_active_snapshots()?;
     let mut used_stamped: HashSet<ContainerId> = HashSet::new();
     for (_, s) in &snaps {
         if s.archival.is_some() {

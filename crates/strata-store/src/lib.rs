@@ -27,6 +27,7 @@ pub mod revdedup;
 pub mod similarity;
 pub mod stages;
 pub mod stats;
+pub mod tier;
 
 pub use backend::{Backend, LocalBackend};
 pub use error::{Result, StoreError};

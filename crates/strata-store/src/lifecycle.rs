@@ -176,6 +176,7 @@ mod tests {
                 chunker: ChunkerParams::cdc(8192),
                 stats: Default::default(),
                 archival: None,
+                tier: Default::default(),
             },
         )
     }

@@ -219,6 +219,9 @@ pub struct RecipeWriter<'r> {
     pub nodes: u64,
     /// Parts known to be damaged: written again even though they exist.
     suspects: Arc<Mutex<HashSet<String>>>,
+    /// Another repository with the same keys (the cloud tier) that gets
+    /// the same objects — the same bytes under the same names.
+    mirror: Option<&'r Repository>,
 }
 
 impl<'r> RecipeWriter<'r> {
@@ -238,7 +241,15 @@ impl<'r> RecipeWriter<'r> {
             parts_reused: 0,
             nodes: 0,
             suspects: Arc::default(),
+            mirror: None,
         }
+    }
+
+    /// Writes every object to `mirror` too, byte for byte (the recipe of a
+    /// version moving to the cloud tier, kept on both sides).
+    pub fn with_mirror(mut self, mirror: &'r Repository) -> Self {
+        self.mirror = Some(mirror);
+        self
     }
 
     /// Parts not to reuse even if they exist (found damaged by whoever
@@ -331,12 +342,18 @@ impl<'r> RecipeWriter<'r> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .contains(&id);
-        if !suspect && self.repo.backend().size(&name)?.is_some() {
-            self.parts_reused += 1;
-        } else {
-            let env = self.repo.sealer().seal(Kind::RecipePart, &bytes, true)?;
-            self.repo.backend().put(&name, &env)?;
-            self.stored_bytes += env.len() as u64;
+        let mut env = None;
+        for repo in std::iter::once(self.repo).chain(self.mirror) {
+            if !suspect && repo.backend().size(&name)?.is_some() {
+                self.parts_reused += 1;
+                continue;
+            }
+            if env.is_none() {
+                env = Some(self.repo.sealer().seal(Kind::RecipePart, &bytes, true)?);
+            }
+            let e = env.as_deref().unwrap_or_default();
+            repo.backend().put(&name, e)?;
+            self.stored_bytes += e.len() as u64;
             self.parts_written += 1;
         }
         let containers = self
@@ -371,8 +388,13 @@ impl<'r> RecipeWriter<'r> {
     pub fn finish(mut self) -> Result<(String, u64)> {
         self.cut()?;
         let bytes = encode_recipe_index(&self.index)?;
-        let (id, n) = self.repo.put_encoded(Kind::Recipe, "recipes", &bytes)?;
-        Ok((id, self.stored_bytes + n))
+        let env = self.repo.sealer().seal(Kind::Recipe, &bytes, true)?;
+        let id = blake3::hash(&env).to_hex().to_string();
+        for repo in std::iter::once(self.repo).chain(self.mirror) {
+            repo.backend().put(&format!("recipes/{id}"), &env)?;
+            self.stored_bytes += env.len() as u64;
+        }
+        Ok((id, self.stored_bytes))
     }
 }
 

@@ -322,6 +322,18 @@ impl Repository {
         &self.hasher
     }
 
+    /// A repository with this one's keys in another backend (its cloud
+    /// tier): same sealer and fingerprint key, so chunks and recipe parts
+    /// are the same bytes and names on both sides.
+    pub(crate) fn sibling(&self, backend: Arc<dyn Backend>, config: RepoConfig) -> Repository {
+        Repository {
+            backend,
+            config,
+            sealer: self.sealer.clone(),
+            hasher: self.hasher.clone(),
+        }
+    }
+
     /// Seals and stores a structure under `prefix/HASH`; returns the id
     /// (HASH) and the stored size.
     pub fn put_struct<T: Serialize>(
@@ -526,6 +538,15 @@ impl Repository {
             )));
         }
         Ok(out)
+    }
+
+    /// The snapshots whose data is in this repository (not moved to the
+    /// cloud tier), oldest first; strict like [`Self::list_snapshots`].
+    /// Everything that reads or moves stored data works on these.
+    pub fn list_active_snapshots(&self) -> Result<Vec<(String, Snapshot)>> {
+        let mut all = self.list_snapshots()?;
+        all.retain(|(_, s)| s.tier == strata_core::format::Tier::Active);
+        Ok(all)
     }
 
     /// The readable snapshots, oldest first, and the ids of those whose

@@ -260,7 +260,7 @@ pub(crate) fn maintain_locked(repo: &Repository, opts: &MaintainOptions) -> Resu
         dry_run: opts.dry_run,
         ..Default::default()
     };
-    let snaps = repo.list_snapshots()?;
+    let snaps = repo.list_active_snapshots()?;
     let idx = RepoIndex::load_summaries(repo)?;
     report.bytes_before = idx.stored_bytes();
     delete_leftovers(repo, &snaps, &idx, opts.dry_run, &mut report)?;
@@ -374,7 +374,7 @@ fn convert_due(
     dry_run: bool,
     hint: Option<&ReverseHint>,
 ) -> Result<Vec<Converted>> {
-    let snaps = repo.list_snapshots()?;
+    let snaps = repo.list_active_snapshots()?;
     let mut series: BTreeMap<&str, Vec<&(String, Snapshot)>> = BTreeMap::new();
     for s in &snaps {
         series.entry(s.1.series.as_str()).or_default().push(s);

@@ -100,7 +100,7 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
     st.stored_bytes = idx.stored_bytes();
     st.index_entries = strategy.entries();
     st.index_ram_bytes = strategy.ram_bytes();
-    let snaps = repo.list_snapshots()?;
+    let snaps = repo.list_active_snapshots()?;
     st.snapshots = snaps.len() as u64;
     st.series = snaps
         .iter()

@@ -48,6 +48,7 @@ fn read_back(repo: &Repository, s: &StoredStream) -> Vec<u8> {
         chunker: repo.config().chunker,
         stats: Default::default(),
         archival: None,
+        tier: Default::default(),
     };
     let mut out = Vec::new();
     strata_store::restore::dump(repo, &snapshot, &recipe, &node, &mut out).unwrap();

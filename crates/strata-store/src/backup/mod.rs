@@ -38,7 +38,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use strata_core::chunker::ChunkerParams;
-use strata_core::format::{Node, NodeKind, Snapshot, SnapshotStats};
+use strata_core::format::{Node, NodeKind, Snapshot, SnapshotStats, Tier};
 use walk::{Source, Walker};
 
 /// A stream to back up as one file.
@@ -180,7 +180,9 @@ fn load_parent<'a>(
     else {
         return Ok((None, Parent::none(strategy)));
     };
-    if ps.chunker != chunker || ps.archival.is_some() {
+    // An archival version, one in the cloud tier (a separate dedup
+    // domain) or one cut with another chunker offers nothing.
+    if ps.chunker != chunker || ps.archival.is_some() || ps.tier != Tier::Active {
         return Ok((Some(id), Parent::none(strategy)));
     }
     let parent = Parent::open(repo, &ps.recipe, index, table, strategy)?;
@@ -351,6 +353,7 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         chunker,
         stats,
         archival: None,
+        tier: Default::default(),
     };
     snapshot.stats.new_stored_bytes = stored;
     snapshot.stats.duration_ms = started.elapsed().as_millis() as u64;

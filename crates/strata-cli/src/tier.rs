@@ -1,0 +1,132 @@
+//! `strata tier …`: the cloud tier of a local repository (Data Domain Cloud
+//! Tier): attach a bucket, estimate what moving versions frees, migrate
+//! them; restore and dump read cloud versions from the bucket.
+
+use crate::location;
+use crate::output::{fmt_bytes, Out};
+use anyhow::{anyhow, Result};
+use clap::{Args, Subcommand};
+use serde_json::json;
+use strata_core::format::{Snapshot, Tier};
+use strata_store::backend::Location;
+use strata_store::tier::select::Selection;
+use strata_store::Repository;
+
+#[derive(Subcommand)]
+pub enum TierCmd {
+    /// Attach a bucket (s3://BUCKET/PREFIX) as this repository's cloud
+    /// tier: a second dedup domain that holds whole versions (created if
+    /// missing; the bucket too).
+    Add { url: String },
+    /// Bytes the active tier would free if the selected versions (or paths
+    /// of them) moved to the cloud tier — or were forgotten.
+    Estimate(SelArgs),
+    /// Move the selected versions to the cloud tier: only chunks the bucket
+    /// lacks are sent; `gc` then frees what only they held locally.
+    Migrate(SelArgs),
+}
+
+/// Which versions a tier command works on.
+#[derive(Args)]
+pub struct SelArgs {
+    /// Snapshots: id (prefix), SERIES@VERSION, `latest`.
+    pub snapshots: Vec<String>,
+    /// Every version of this series (repeatable).
+    #[arg(long)]
+    pub series: Vec<String>,
+    /// Versions at least this many days old.
+    #[arg(long, value_name = "DAYS")]
+    pub older_than: Option<u64>,
+    /// Only these paths of the versions (globs, as `strata ls` shows them;
+    /// `tier estimate` only).
+    #[arg(long)]
+    pub path: Vec<String>,
+}
+
+impl SelArgs {
+    fn selection(&self) -> Selection {
+        Selection {
+            snapshots: self.snapshots.clone(),
+            series: self.series.clone(),
+            older_than_days: self.older_than,
+            paths: self.path.clone(),
+        }
+    }
+}
+
+/// The cloud tier attached to `repo`, opened.
+pub fn cloud(repo: &Repository) -> Result<Repository> {
+    let c = strata_store::tier::attached(repo)?.ok_or_else(|| {
+        anyhow!("this repository has no cloud tier: `strata tier add s3://BUCKET/PREFIX`")
+    })?;
+    let loc = location::location(Some(&c.peer_url))?;
+    let backend = location::backend(&loc, false)?;
+    Ok(strata_store::tier::open_cloud_in(repo, backend)?)
+}
+
+/// The repository holding `s`'s data: `repo`, or its cloud tier.
+pub fn data_repo(repo: &Repository, s: &Snapshot) -> Result<Repository> {
+    match s.tier {
+        Tier::Active => Ok(repo.clone()),
+        Tier::Cloud => cloud(repo),
+    }
+}
+
+pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
+    let repo = crate::open(cli)?;
+    match cmd {
+        TierCmd::Add { url } => {
+            let loc = location::location(Some(url))?;
+            if !matches!(loc, Location::S3(_)) {
+                return Err(anyhow!("a cloud tier is a bucket: s3://BUCKET/PREFIX"));
+            }
+            let backend = location::backend(&loc, true)?;
+            let c = strata_store::tier::attach(&repo, backend, url)?;
+            out.result(
+                &json!({"cloud_tier": url, "id": c.config().id,
+                        "container_size": c.config().container_size}),
+                || format!("cloud tier {} attached ({})", url, &c.config().id[..8]),
+            );
+        }
+        TierCmd::Estimate(a) => {
+            let e = strata_store::tier::estimate::estimate(&repo, &a.selection())?;
+            out.result(&serde_json::to_value(&e)?, || {
+                format!(
+                    "{} versions: {} freed on the active tier ({} in {} whole containers; \
+                     {} of the selection's own chunks uncompressed; {} in whole regions)\n\
+                     {} fingerprints, {} of perfect-hash vector, {:.1}s",
+                    e.versions.len(),
+                    fmt_bytes(e.freed_bytes),
+                    fmt_bytes(e.freed_container_bytes),
+                    e.freed_containers,
+                    fmt_bytes(e.freed_raw_bytes),
+                    fmt_bytes(e.freed_region_bytes),
+                    e.fingerprints,
+                    fmt_bytes(e.phv_bytes),
+                    e.seconds
+                )
+            });
+        }
+        TierCmd::Migrate(a) => {
+            let c = cloud(&repo)?;
+            let pd = crate::progress_for(cli, "migrate");
+            let r = strata_store::tier::migrate::migrate(&repo, &c, &a.selection(), &pd.progress);
+            pd.finish();
+            let r = r?;
+            out.result(&serde_json::to_value(&r)?, || {
+                format!(
+                    "{} versions moved to the cloud tier: {} logical, {} new chunks sent ({} stored, \
+                     {} containers), {} already there; {:.1}s. `strata gc` frees the local copies.",
+                    r.versions.len(),
+                    fmt_bytes(r.logical_bytes),
+                    r.chunks_sent,
+                    fmt_bytes(r.stored_bytes_sent),
+                    r.containers_written,
+                    r.chunks_deduplicated,
+                    r.seconds
+                )
+            });
+        }
+    }
+    Ok(0)
+}

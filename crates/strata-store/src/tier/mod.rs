@@ -1,0 +1,184 @@
+//! The cloud tier (Data Domain Cloud Tier, DESIGN.md "Cloud tier"): a
+//! second deduplication domain in a bucket, attached to a local repository
+//! (the active tier). It is a Strata repository of its own — config, a
+//! copy of the key, containers, index objects, and the recipes and
+//! snapshot objects of the versions it holds — so the bucket alone
+//! restores everything (`strata --repo s3://… restore` works on it, and
+//! `tier dr-rebuild` rebuilds a local site from it). The two sides share
+//! keys, so chunks and recipe parts have the same fingerprints and names
+//! on both; they never share chunks: a version is wholly in one tier.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`select`] | which versions (and paths) a tier command works on |
+//! | [`phv`] | the perfect-hash vector: one bit per fingerprint of a tier |
+//! | [`estimate`] | bytes a move would free on the active tier (§4) |
+//! | [`migrate`] | versions to the cloud tier, deduplicated against it (§6.1) |
+
+pub mod estimate;
+pub mod migrate;
+pub mod phv;
+pub mod select;
+
+use crate::backend::Backend;
+use crate::error::{Result, StoreError};
+use crate::repo::{now_ns, Repository};
+use std::sync::Arc;
+use strata_core::crypto::{random_bytes, Kind, Sealer};
+use strata_core::format::{decode, encode, RepoConfig, Tier, TierConfig};
+
+/// Object holding a side's [`TierConfig`].
+pub const TIER_CONFIG: &str = "tier/config";
+
+/// Default size of the cloud tier's containers: 4 MiB objects, the upper
+/// end of the paper's 1–4 MB (§2.3: larger objects, fewer requests, no
+/// speed gained beyond).
+pub const CLOUD_CONTAINER: u32 = 4 << 20;
+
+fn read_tier_config(repo: &Repository) -> Result<Option<TierConfig>> {
+    match repo.backend().get(TIER_CONFIG) {
+        Ok(raw) => {
+            let bytes = repo
+                .sealer()
+                .open(Kind::TierConfig, &raw)
+                .map_err(|e| StoreError::corrupt(TIER_CONFIG, e))?;
+            Ok(Some(
+                decode("tier config", &bytes).map_err(|e| StoreError::corrupt(TIER_CONFIG, e))?,
+            ))
+        }
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn write_tier_config(repo: &Repository, c: &TierConfig) -> Result<()> {
+    let env = repo.sealer().seal(Kind::TierConfig, &encode(c)?, false)?;
+    Ok(repo.backend().put(TIER_CONFIG, &env)?)
+}
+
+/// The cloud tier attached to `local`, if any: its location as given to
+/// `tier add`.
+pub fn attached(local: &Repository) -> Result<Option<TierConfig>> {
+    Ok(read_tier_config(local)?.filter(|c| c.role == Tier::Active))
+}
+
+/// Attaches the bucket behind `backend` (`url` says where it is) as
+/// `local`'s cloud tier: creates the cloud repository there (same keys,
+/// [`CLOUD_CONTAINER`]-sized containers) or, when the bucket already holds
+/// `local`'s cloud tier, re-attaches it. Returns the cloud repository.
+pub fn attach(local: &Repository, backend: Arc<dyn Backend>, url: &str) -> Result<Repository> {
+    if let Some(c) = attached(local)? {
+        if c.peer_url != url {
+            return Err(StoreError::Invalid(format!(
+                "this repository already has a cloud tier at {}; one cloud tier per repository",
+                c.peer_url
+            )));
+        }
+    }
+    let cloud = match backend.size("config")? {
+        Some(_) => open_cloud_in(local, backend.clone())?,
+        None => create_cloud(local, backend.clone())?,
+    };
+    write_tier_config(
+        local,
+        &TierConfig {
+            role: Tier::Active,
+            peer_id: cloud.config().id.clone(),
+            peer_url: url.to_string(),
+            attached: now_ns() / 1_000_000_000,
+        },
+    )?;
+    Ok(cloud)
+}
+
+/// Creates the cloud repository in an empty bucket.
+fn create_cloud(local: &Repository, backend: Arc<dyn Backend>) -> Result<Repository> {
+    let lc = local.config();
+    let mut id = [0u8; 16];
+    random_bytes(&mut id)?;
+    let config = RepoConfig {
+        id: hex::encode(id),
+        created: now_ns() / 1_000_000_000,
+        container_size: CLOUD_CONTAINER.max(2 * lc.region_size),
+        index: "exact".into(),
+        ..lc.clone()
+    };
+    if lc.encrypted {
+        // The same key, wrapped by the same password: the bucket opens
+        // alone (disaster recovery) with the repository's password.
+        backend.put("keys/default", &local.backend().get("keys/default")?)?;
+    }
+    let cloud = local.sibling(backend.clone(), config.clone());
+    write_tier_config(
+        &cloud,
+        &TierConfig {
+            role: Tier::Cloud,
+            peer_id: lc.id.clone(),
+            peer_url: String::new(),
+            attached: now_ns() / 1_000_000_000,
+        },
+    )?;
+    let env = Sealer::plain(3).seal(Kind::Config, &encode(&config)?, false)?;
+    // The config is written last: it is what makes the bucket a repository.
+    backend.put("config", &env)?;
+    Ok(cloud)
+}
+
+/// Opens `local`'s cloud tier in `backend`, checking that it is the one.
+pub fn open_cloud_in(local: &Repository, backend: Arc<dyn Backend>) -> Result<Repository> {
+    let raw = match backend.get("config") {
+        Ok(r) => r,
+        Err(e) if e.is_not_found() => {
+            return Err(StoreError::Invalid(format!(
+                "no cloud tier at {}: `strata tier add` creates it",
+                backend.describe()
+            )))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let bytes = Sealer::plain(3)
+        .open(Kind::Config, &raw)
+        .map_err(|e| StoreError::corrupt("config", e))?;
+    let config: RepoConfig =
+        decode("config", &bytes).map_err(|e| StoreError::corrupt("config", e))?;
+    let cloud = local.sibling(backend.clone(), config);
+    match read_tier_config(&cloud) {
+        Ok(Some(c)) if c.role == Tier::Cloud && c.peer_id == local.config().id => Ok(cloud),
+        Ok(_) => Err(StoreError::Invalid(format!(
+            "{} holds a repository that is not this repository's cloud tier",
+            backend.describe()
+        ))),
+        // Another repository's keys cannot open its tier config.
+        Err(StoreError::Core(_)) | Err(StoreError::Corrupt { .. }) => {
+            Err(StoreError::Invalid(format!(
+                "{} holds a repository with other keys, not this repository's cloud tier",
+                backend.describe()
+            )))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Forgets versions held by the cloud tier: the bucket's snapshot copy
+/// first (so a disaster recovery does not bring them back), then the local
+/// snapshot object, then recipes neither side uses any more. Their data
+/// in the bucket is freed by the cloud tier's gc. Returns how many.
+pub fn forget_cloud(local: &Repository, cloud: &Repository, ids: &[String]) -> Result<u64> {
+    let _l = crate::lock::acquire(local, true, "forget")?;
+    let _c = crate::lock::acquire(cloud, true, "forget")?;
+    let mut recipes = Vec::new();
+    for id in ids {
+        let s = local.load_snapshot(id)?;
+        if s.tier != Tier::Cloud {
+            return Err(StoreError::Invalid(format!(
+                "snapshot {id} is not in the cloud tier"
+            )));
+        }
+        cloud.backend().delete(&format!("snapshots/{id}"))?;
+        local.backend().delete(&format!("snapshots/{id}"))?;
+        recipes.push(s.recipe);
+    }
+    crate::recipe::delete_unused(cloud, &recipes)?;
+    crate::recipe::delete_unused(local, &recipes)?;
+    Ok(ids.len() as u64)
+}

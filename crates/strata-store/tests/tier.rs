@@ -1,0 +1,257 @@
+//! The cloud tier's logic on any backend (a second directory here; the CLI
+//! tests run it against a real S3 server): estimate, migrate, gc of the
+//! active tier, restore from the cloud tier, the bucket alone as a
+//! repository, refusals, and a migration killed half-way.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
+use strata_core::format::Tier;
+use strata_store::backup::BackupReport;
+use strata_store::gc::{gc, GcOptions};
+use strata_store::index::RepoIndex;
+use strata_store::progress::Progress;
+use strata_store::tier::estimate::estimate;
+use strata_store::tier::migrate::migrate;
+use strata_store::tier::select::Selection;
+use strata_store::{Backend, Repository};
+
+fn stored(repo: &Repository) -> u64 {
+    RepoIndex::load_summaries(repo).unwrap().stored_bytes()
+}
+
+fn segment_repo(dir: &Path, encrypted: bool) -> Repository {
+    if encrypted {
+        fast_kdf();
+    }
+    let mut o = small_init(encrypted);
+    o.index = "segment".into();
+    Repository::init(local(dir), o).unwrap()
+}
+
+/// Four versions: each edits some files and adds one; the first file set
+/// leaves after version 2.
+fn history(src: &Path, repo: &Repository) -> Vec<(BackupReport, Tree)> {
+    let mut out = Vec::new();
+    let mut rng = Rng(7);
+    for v in 0..4u64 {
+        for i in 0..6u64 {
+            if v == 0 || i % 3 == v % 3 {
+                let n = 20_000 + rng.below(200_000) as usize;
+                fs::create_dir_all(src.join(format!("d{}", i % 2))).unwrap();
+                fs::write(src.join(format!("d{}/f{i}", i % 2)), rng.bytes(n)).unwrap();
+            }
+        }
+        fs::write(src.join(format!("new{v}")), rng.bytes(300_000)).unwrap();
+        if v == 2 {
+            fs::remove_file(src.join("new0")).unwrap();
+        }
+        let r = backup_paths(repo, &[src]).unwrap();
+        out.push((r, read_tree(src)));
+    }
+    out
+}
+
+fn sel(ids: &[&str]) -> Selection {
+    Selection {
+        snapshots: ids.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn migrate_estimate_gc_restore() {
+    for encrypted in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        let repo = segment_repo(&tmp.path().join("repo"), encrypted);
+        let versions = history(&src, &repo);
+        let cloud_dir = tmp.path().join("bucket");
+        fs::create_dir_all(&cloud_dir).unwrap();
+        let cloud = strata_store::tier::attach(&repo, local(&cloud_dir), "test://bucket").unwrap();
+        // Attaching again is fine; another location is refused.
+        strata_store::tier::attach(&repo, local(&cloud_dir), "test://bucket").unwrap();
+        assert!(strata_store::tier::attach(&repo, local(&cloud_dir), "test://other").is_err());
+
+        let old: Vec<&str> = versions[..2].iter().map(|(r, _)| r.id.as_str()).collect();
+        let e = estimate(&repo, &sel(&old)).unwrap();
+        assert!(e.freed_bytes > 0, "{e:?}");
+        let before = stored(&repo);
+        let m = migrate(&repo, &cloud, &sel(&old), &Progress::default()).unwrap();
+        assert_eq!(m.versions.len(), 2);
+        assert!(m.chunks_sent > 0 && m.chunks_deduplicated > 0, "{m:?}");
+        gc(&repo, &GcOptions::default()).unwrap();
+        let freed = before - stored(&repo);
+        // Whole containers are freed exactly; the rest within the
+        // compression of the copies gc made.
+        assert!(
+            freed >= e.freed_container_bytes && freed <= e.freed_bytes + e.freed_bytes / 10,
+            "estimate {e:?}, freed {freed}"
+        );
+        let all = repo.list_snapshots().unwrap();
+        let tiers: Vec<Tier> = all.iter().map(|(_, s)| s.tier).collect();
+        assert_eq!(
+            tiers,
+            [Tier::Cloud, Tier::Cloud, Tier::Active, Tier::Active]
+        );
+        assert_check_ok(&repo, true, "active tier after migrate + gc");
+        // The cloud versions restore from the bucket; the active ones as before.
+        for (i, (r, tree)) in versions.iter().enumerate() {
+            let s = repo.load_snapshot(&r.id).unwrap();
+            let data = if i < 2 { &cloud } else { &repo };
+            assert_eq!(s.tier == Tier::Cloud, i < 2);
+            let recipe = repo.load_recipe(&s.recipe).unwrap();
+            let target = tempfile::tempdir_in(tmp.path()).unwrap();
+            strata_store::restore::restore(
+                data,
+                &s,
+                &recipe,
+                &strata_store::restore::RestoreOptions::new(target.path()),
+            )
+            .unwrap();
+            let got = read_tree(&restored_path(target.path(), &src));
+            assert!(got == *tree, "v{}: {}", i + 1, tree.diff(&got));
+        }
+        // The bucket alone is a repository holding the cloud versions.
+        let alone = open_repo(local(&cloud_dir));
+        let snaps = alone.list_snapshots().unwrap();
+        assert_eq!(snaps.len(), 2);
+        for (id, _) in &snaps {
+            let (_, tree) = versions.iter().find(|(r, _)| &r.id == id).unwrap();
+            assert_restores(&alone, id, &src, tmp.path(), tree, "from the bucket alone");
+        }
+        assert_check_ok(&alone, true, "the cloud tier");
+        // Backups go on; a later migration sends only what is new.
+        fs::write(src.join("new9"), b"after the migration").unwrap();
+        let v5 = backup_paths(&repo, &[&src]).unwrap();
+        let m = migrate(
+            &repo,
+            &cloud,
+            &sel(&[&versions[2].0.id]),
+            &Progress::default(),
+        )
+        .unwrap();
+        assert!(m.raw_bytes_sent < m.logical_bytes / 2, "{m:?}");
+        assert_restores(&repo, &v5.id, &src, tmp.path(), &read_tree(&src), "v5");
+    }
+}
+
+#[test]
+fn a_chain_into_a_moving_version_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let repo = segment_repo(&tmp.path().join("repo"), false);
+    let versions = history(&src, &repo);
+    // Reverse dedup makes the old versions point into their next ones.
+    strata_store::lifecycle::set_policy(
+        &repo,
+        &strata_store::lifecycle::Policy {
+            series: versions[0].0.snapshot.series.clone(),
+            live: 1,
+            retain: None,
+            retain_days: None,
+        },
+    )
+    .unwrap();
+    strata_store::revdedup::maintain(&repo, &Default::default()).unwrap();
+    let s1 = repo.load_snapshot(&versions[0].0.id).unwrap();
+    let next = s1
+        .archival
+        .as_ref()
+        .and_then(|a| a.next.clone())
+        .expect("v1 is archival and points into v2");
+    let cloud_dir = tmp.path().join("bucket");
+    fs::create_dir_all(&cloud_dir).unwrap();
+    let cloud = strata_store::tier::attach(&repo, local(&cloud_dir), "test://b").unwrap();
+    let e = migrate(&repo, &cloud, &sel(&[&next]), &Progress::default()).unwrap_err();
+    assert!(e.to_string().contains("select it too"), "{e}");
+    // With the older version selected too, it goes, chains resolved.
+    migrate(
+        &repo,
+        &cloud,
+        &sel(&[&versions[0].0.id, &next]),
+        &Progress::default(),
+    )
+    .unwrap();
+    gc(&repo, &GcOptions::default()).unwrap();
+    assert_restores(
+        &repo,
+        &versions[3].0.id,
+        &src,
+        tmp.path(),
+        &versions[3].1,
+        "v4",
+    );
+    let alone = open_repo(local(&cloud_dir));
+    assert_restores(
+        &alone,
+        &versions[0].0.id,
+        &src,
+        tmp.path(),
+        &versions[0].1,
+        "v1 in the cloud",
+    );
+}
+
+#[test]
+fn a_migration_killed_half_way_loses_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let repo = segment_repo(&tmp.path().join("repo"), false);
+    let versions = history(&src, &repo);
+    let cloud_dir = tmp.path().join("bucket");
+    let faulty = FaultBackend::new(&cloud_dir);
+    let cloud_backend: Arc<dyn Backend> = faulty.clone();
+    let cloud = strata_store::tier::attach(&repo, cloud_backend, "test://b").unwrap();
+    let ids: Vec<&str> = versions[..3].iter().map(|(r, _)| r.id.as_str()).collect();
+    for budget in [1u64, 3, 8, 20] {
+        faulty.faults().mutations_left = Some(budget);
+        let r = migrate(&repo, &cloud, &sel(&ids), &Progress::default());
+        faulty.heal();
+        strata_store::lock::unlock(&repo, true).unwrap();
+        strata_store::lock::unlock(&cloud, true).unwrap();
+        if r.is_ok() {
+            break;
+        }
+        // Every version restores from wherever its snapshot says it is.
+        for (r, tree) in &versions {
+            let s = repo.load_snapshot(&r.id).unwrap();
+            let data = if s.tier == Tier::Cloud { &cloud } else { &repo };
+            let recipe = repo.load_recipe(&s.recipe).unwrap();
+            let target = tempfile::tempdir_in(tmp.path()).unwrap();
+            strata_store::restore::restore(
+                data,
+                &s,
+                &recipe,
+                &strata_store::restore::RestoreOptions::new(target.path()),
+            )
+            .unwrap_or_else(|e| panic!("after a kill at {budget}: {e}"));
+            let got = read_tree(&restored_path(target.path(), &src));
+            assert!(
+                got == *tree,
+                "after a kill at {budget}: {}",
+                tree.diff(&got)
+            );
+        }
+    }
+    // Finishing the job: the rest moves, the first attempts' objects reused.
+    migrate(
+        &repo,
+        &cloud,
+        &Selection {
+            series: vec![versions[0].0.snapshot.series.clone()],
+            ..Default::default()
+        },
+        &Progress::default(),
+    )
+    .unwrap();
+    gc(&repo, &GcOptions::default()).unwrap();
+    assert_check_ok(&repo, true, "after the migrations");
+    let alone = open_repo(local(&cloud_dir));
+    for (r, tree) in &versions {
+        assert_restores(&alone, &r.id, &src, tmp.path(), tree, "from the bucket");
+    }
+}
