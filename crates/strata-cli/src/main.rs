@@ -257,7 +257,7 @@ struct BackupArgs {
     no_lifecycle: bool,
 }
 
-fn read_password(cli: &Cli, confirm: bool) -> Result<Vec<u8>, StoreError> {
+pub(crate) fn read_password(cli: &Cli, confirm: bool) -> Result<Vec<u8>, StoreError> {
     if let Some(f) = &cli.password_file {
         let s = std::fs::read_to_string(f)
             .map_err(|e| StoreError::io("read", f.display().to_string(), e))?;
@@ -326,7 +326,7 @@ fn main() {
     std::process::exit(code);
 }
 
-fn repo_location(cli: &Cli) -> Result<Location> {
+pub(crate) fn repo_location(cli: &Cli) -> Result<Location> {
     location::location(cli.repo.as_deref())
 }
 

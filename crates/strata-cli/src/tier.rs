@@ -24,6 +24,20 @@ pub enum TierCmd {
     /// Move the selected versions to the cloud tier: only chunks the bucket
     /// lacks are sent; `gc` then frees what only they held locally.
     Migrate(SelArgs),
+    /// Bring the selected versions back from the cloud tier: only chunks the
+    /// active tier lacks are read from the bucket.
+    Recall(SelArgs),
+    /// Disaster recovery: rebuild a lost local repository (at --repo, which
+    /// must not exist yet) from its cloud tier alone; its versions are then
+    /// listed and restorable again. Needs the repository's password.
+    DrRebuild {
+        /// The cloud tier: s3://BUCKET/PREFIX.
+        #[arg(long)]
+        from: String,
+        /// Index strategy of the rebuilt local repository.
+        #[arg(long, default_value = "segment")]
+        index: String,
+    },
 }
 
 /// Which versions a tier command works on.
@@ -73,6 +87,9 @@ pub fn data_repo(repo: &Repository, s: &Snapshot) -> Result<Repository> {
 }
 
 pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
+    if let TierCmd::DrRebuild { from, index } = cmd {
+        return dr_rebuild(cli, out, from, index);
+    }
     let repo = crate::open(cli)?;
     match cmd {
         TierCmd::Add { url } => {
@@ -107,26 +124,58 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
                 )
             });
         }
-        TierCmd::Migrate(a) => {
+        TierCmd::Migrate(a) | TierCmd::Recall(a) => {
+            let to_cloud = matches!(cmd, TierCmd::Migrate(_));
             let c = cloud(&repo)?;
-            let pd = crate::progress_for(cli, "migrate");
-            let r = strata_store::tier::migrate::migrate(&repo, &c, &a.selection(), &pd.progress);
+            let pd = crate::progress_for(cli, if to_cloud { "migrate" } else { "recall" });
+            let r = if to_cloud {
+                strata_store::tier::migrate::migrate(&repo, &c, &a.selection(), &pd.progress)
+            } else {
+                strata_store::tier::migrate::recall(&repo, &c, &a.selection(), &pd.progress)
+            };
             pd.finish();
             let r = r?;
             out.result(&serde_json::to_value(&r)?, || {
                 format!(
-                    "{} versions moved to the cloud tier: {} logical, {} new chunks sent ({} stored, \
-                     {} containers), {} already there; {:.1}s. `strata gc` frees the local copies.",
+                    "{} versions moved to the {} tier: {} logical, {} new chunks copied ({} stored, \
+                     {} containers), {} already there; {:.1}s.{}",
                     r.versions.len(),
+                    if to_cloud { "cloud" } else { "active" },
                     fmt_bytes(r.logical_bytes),
                     r.chunks_sent,
                     fmt_bytes(r.stored_bytes_sent),
                     r.containers_written,
                     r.chunks_deduplicated,
-                    r.seconds
+                    r.seconds,
+                    if to_cloud { " `strata gc` frees the local copies." } else { "" }
                 )
             });
         }
+        TierCmd::DrRebuild { .. } => unreachable!("handled above"),
     }
+    Ok(0)
+}
+
+fn dr_rebuild(cli: &crate::Cli, out: &Out, from: &str, index: &str) -> Result<i32> {
+    let cloud_loc = location::location(Some(from))?;
+    let cloud = Repository::open(location::backend(&cloud_loc, false)?, &|| {
+        crate::read_password(cli, false)
+    })?;
+    let loc = crate::repo_location(cli)?;
+    let local = location::backend(&loc, true)?;
+    let (repo, r) = strata_store::tier::dr_rebuild(local, &cloud, from, index)?;
+    let _ = repo;
+    out.result(&serde_json::to_value(&r)?, || {
+        format!(
+            "rebuilt repository {} at {} from {}: {} versions (in the cloud tier), {} recipes, {} parts; {:.1}s",
+            &r.repository_id[..8],
+            location::describe(&loc),
+            from,
+            r.snapshots,
+            r.recipes,
+            r.parts,
+            r.seconds
+        )
+    });
     Ok(0)
 }

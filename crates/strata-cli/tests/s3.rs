@@ -313,8 +313,25 @@ fn tier_to_s3() {
     // The bucket alone is a repository of the cloud versions.
     let alone = r.json(&["snapshots"]);
     assert_eq!(alone.as_array().unwrap().len(), 2, "{alone}");
-    // Forgetting a cloud version removes it on both sides.
+    // Recall version 2; forget version 1 (gone from both sides).
+    let rc = json(&["tier", "recall", &ids[1]]);
+    assert_eq!(rc["versions"].as_array().unwrap().len(), 1, "{rc}");
+    let t = r.tmp.path().join("recalled");
+    json(&["restore", &ids[1], "--target", t.to_str().unwrap()]);
+    assert_manifest_eq(&trees[1], &manifest(&restored(&t, &src)), "recalled v2");
     json(&["forget", &ids[0]]);
     assert_eq!(json(&["snapshots"]).as_array().unwrap().len(), 2);
-    assert_eq!(r.json(&["snapshots"]).as_array().unwrap().len(), 1);
+    assert_eq!(r.json(&["snapshots"]).as_array().unwrap().len(), 0);
+    // Move version 3 out, lose the site, rebuild it from the bucket.
+    json(&["tier", "migrate", &ids[2]]);
+    std::fs::remove_dir_all(&local).unwrap();
+    let d = json(&["tier", "dr-rebuild", "--from", &r.url]);
+    assert_eq!(d["snapshots"], 1, "{d}");
+    let t = r.tmp.path().join("after-dr");
+    json(&["restore", &ids[2], "--target", t.to_str().unwrap()]);
+    assert_manifest_eq(
+        &trees[2],
+        &manifest(&restored(&t, &src)),
+        "v3 after the rebuild",
+    );
 }

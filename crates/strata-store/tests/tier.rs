@@ -255,3 +255,97 @@ fn a_migration_killed_half_way_loses_nothing() {
         assert_restores(&alone, &r.id, &src, tmp.path(), tree, "from the bucket");
     }
 }
+
+/// Recall brings versions back, reading only what the active tier lacks;
+/// after a lost site, the bucket alone rebuilds it.
+#[test]
+fn recall_and_disaster_recovery() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let repo = segment_repo(&tmp.path().join("repo"), true);
+    let versions = history(&src, &repo);
+    let cloud_dir = tmp.path().join("bucket");
+    fs::create_dir_all(&cloud_dir).unwrap();
+    let cloud = strata_store::tier::attach(&repo, local(&cloud_dir), "test://b").unwrap();
+    let old: Vec<&str> = versions[..3].iter().map(|(r, _)| r.id.as_str()).collect();
+    migrate(&repo, &cloud, &sel(&old), &Progress::default()).unwrap();
+    gc(&repo, &GcOptions::default()).unwrap();
+
+    // Recall version 2: most of it is still in the active tier (version 4
+    // shares it), so little is read from the bucket.
+    let r =
+        strata_store::tier::migrate::recall(&repo, &cloud, &sel(&[old[1]]), &Progress::default())
+            .unwrap();
+    assert!(r.chunks_deduplicated > 0, "{r:?}");
+    let s = repo.load_snapshot(old[1]).unwrap();
+    assert_eq!(s.tier, Tier::Active);
+    assert_restores(
+        &repo,
+        old[1],
+        &src,
+        tmp.path(),
+        &versions[1].1,
+        "recalled v2",
+    );
+    assert_check_ok(&repo, true, "after recall");
+    let alone = open_repo(local(&cloud_dir));
+    assert_eq!(
+        alone.list_snapshots().unwrap().len(),
+        2,
+        "the bucket let go of v2"
+    );
+    assert_check_ok(&alone, true, "the bucket after recall");
+
+    // The site is lost: rebuild it from the bucket into a new directory.
+    let rebuilt_dir = tmp.path().join("rebuilt");
+    let (rebuilt, report) =
+        strata_store::tier::dr_rebuild(local(&rebuilt_dir), &alone, "test://b", "segment").unwrap();
+    assert_eq!(report.snapshots, 2, "{report:?}");
+    assert_eq!(rebuilt.config().id, repo.config().id);
+    let rebuilt = open_repo(local(&rebuilt_dir));
+    let cloud2 = strata_store::tier::open_cloud_in(&rebuilt, local(&cloud_dir)).unwrap();
+    for i in [0usize, 2] {
+        let (r, tree) = &versions[i];
+        let s = rebuilt.load_snapshot(&r.id).unwrap();
+        assert_eq!(s.tier, Tier::Cloud);
+        let recipe = rebuilt.load_recipe(&s.recipe).unwrap();
+        let target = tempfile::tempdir_in(tmp.path()).unwrap();
+        strata_store::restore::restore(
+            &cloud2,
+            &s,
+            &recipe,
+            &strata_store::restore::RestoreOptions::new(target.path()),
+        )
+        .unwrap();
+        let got = read_tree(&restored_path(target.path(), &src));
+        assert!(
+            got == *tree,
+            "v{} after the rebuild: {}",
+            i + 1,
+            tree.diff(&got)
+        );
+    }
+    // The rebuilt site backs up and recalls like the lost one.
+    let v = backup_paths(&rebuilt, &[&src]).unwrap();
+    assert_restores(
+        &rebuilt,
+        &v.id,
+        &src,
+        tmp.path(),
+        &read_tree(&src),
+        "new backup",
+    );
+    strata_store::tier::migrate::recall(&rebuilt, &cloud2, &sel(&[old[0]]), &Progress::default())
+        .unwrap();
+    assert_restores(
+        &rebuilt,
+        old[0],
+        &src,
+        tmp.path(),
+        &versions[0].1,
+        "recalled v1",
+    );
+    assert!(
+        strata_store::tier::dr_rebuild(local(&rebuilt_dir), &alone, "test://b", "segment").is_err()
+    );
+}

@@ -22,7 +22,7 @@ use serde::Serialize;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use strata_core::format::{ContainerId, Node, RegionInfo, Snapshot, Tier};
+use strata_core::format::{ContainerId, Node, Recipe, RegionInfo, Snapshot, Tier};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct MigrateReport {
@@ -63,6 +63,28 @@ fn check_chains(all: &[(String, Snapshot)], chosen: &HashSet<&str>) -> Result<()
     Ok(())
 }
 
+/// Which way a version moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Direction {
+    /// Active → cloud (migrate, §6.1): deduplicated against the cloud tier.
+    ToCloud,
+    /// Cloud → active (recall, §6.2): deduplicated against the active tier.
+    ToActive,
+}
+
+/// The fingerprint index of `repo`'s pool (stamped containers belong to
+/// one archival version each and go with it: nothing new may use them).
+fn pool_index(repo: &Repository) -> Result<(ExactIndex, ContainerTable)> {
+    let table = ContainerTable::default();
+    let index = ExactIndex::default();
+    RepoIndex::load(repo, |m| {
+        if m.stamp.is_none() {
+            index.add_chunks(&table, m)
+        }
+    })?;
+    Ok((index, table))
+}
+
 /// Moves the versions `sel` selects from `local` to its cloud tier `cloud`.
 pub fn migrate(
     local: &Repository,
@@ -70,36 +92,71 @@ pub fn migrate(
     sel: &Selection,
     progress: &Progress,
 ) -> Result<MigrateReport> {
+    transfer(local, cloud, sel, progress, Direction::ToCloud)
+}
+
+/// Brings the versions `sel` selects back from the cloud tier `cloud` to
+/// `local`, reading from the bucket only the chunks the active tier lacks.
+pub fn recall(
+    local: &Repository,
+    cloud: &Repository,
+    sel: &Selection,
+    progress: &Progress,
+) -> Result<MigrateReport> {
+    transfer(local, cloud, sel, progress, Direction::ToActive)
+}
+
+fn transfer(
+    local: &Repository,
+    cloud: &Repository,
+    sel: &Selection,
+    progress: &Progress,
+    dir: Direction,
+) -> Result<MigrateReport> {
     let started = std::time::Instant::now();
     if !sel.paths.is_empty() {
         return Err(StoreError::Invalid(
-            "migrate moves whole versions; paths only narrow `tier estimate`".into(),
+            "versions move whole; paths only narrow `tier estimate`".into(),
         ));
     }
-    let _local_lock = lock::acquire(local, true, "tier migrate")?;
-    let _cloud_lock = lock::acquire(cloud, true, "tier migrate")?;
-    let chosen = versions(local, sel, Tier::Active)?;
-    let all = local.list_snapshots()?;
-    let ids: HashSet<&str> = chosen.iter().map(|(id, _)| id.as_str()).collect();
-    check_chains(&all, &ids)?;
-
-    // The cloud tier's fingerprint index.
-    let table = ContainerTable::default();
-    let index = ExactIndex::default();
-    RepoIndex::load(cloud, |m| index.add_chunks(&table, m))?;
-
+    let what = match dir {
+        Direction::ToCloud => "tier migrate",
+        Direction::ToActive => "tier recall",
+    };
+    let _local_lock = lock::acquire(local, true, what)?;
+    let _cloud_lock = lock::acquire(cloud, true, what)?;
+    let (from, to, tier) = match dir {
+        Direction::ToCloud => (local, cloud, Tier::Active),
+        Direction::ToActive => (cloud, local, Tier::Cloud),
+    };
+    let chosen = versions(local, sel, tier)?;
+    if dir == Direction::ToCloud {
+        let all = local.list_snapshots()?;
+        let ids: HashSet<&str> = chosen.iter().map(|(id, _)| id.as_str()).collect();
+        check_chains(&all, &ids)?;
+    }
+    // The destination tier's fingerprint index.
+    let (index, table) = pool_index(to)?;
     let mut report = MigrateReport::default();
     progress.bytes_total.store(
         chosen.iter().map(|(_, s)| s.stats.logical_bytes).sum(),
         Ordering::Relaxed,
     );
     progress.totals_known.store(true, Ordering::Relaxed);
-    let regions = region_cache(local);
+    let regions = region_cache(from);
     // Oldest first: an older version's indirect references lead into the
     // newer ones, still active while it is resolved; and newer versions
     // deduplicate against what the older ones sent.
     for (vid, v) in &chosen {
-        migrate_one(local, cloud, vid, v, &index, &table, &regions, &mut report)?;
+        let moved = Moved {
+            from,
+            to,
+            index: &index,
+            table: &table,
+            regions: &regions,
+        };
+        let r = moved.copy(v, &mut report)?;
+        commit(local, cloud, dir, vid, v, r)?;
         progress
             .bytes_done
             .fetch_add(v.stats.logical_bytes, Ordering::Relaxed);
@@ -109,83 +166,112 @@ pub fn migrate(
     Ok(report)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn migrate_one(
+/// One version's data going from one tier to the other.
+struct Moved<'a> {
+    from: &'a Repository,
+    to: &'a Repository,
+    index: &'a ExactIndex,
+    table: &'a ContainerTable,
+    regions: &'a dyn Fn(&ContainerId) -> Option<Arc<Vec<RegionInfo>>>,
+}
+
+impl Moved<'_> {
+    /// Copies the chunks of `v` the destination lacks and returns `v`'s
+    /// recipe with every reference direct into the destination.
+    fn copy(&self, v: &Snapshot, report: &mut MigrateReport) -> Result<Recipe> {
+        let (from, to, index, table) = (self.from, self.to, self.index, self.table);
+        // The recipe is the same on both sides (the local copy of a cloud
+        // version's recipe is byte for byte the bucket's).
+        let mut r = from.load_recipe(&v.recipe)?;
+        let nodes: Vec<&Node> = r.nodes.iter().collect();
+        let resolver = resolver_for(from, v, &r, &nodes)?;
+        let mut wanted = HashSet::new();
+        let mut sources = Vec::new();
+        for n in &r.nodes {
+            for c in n.segments.iter().flat_map(|s| &s.chunks) {
+                if c.is_zero() {
+                    continue;
+                }
+                report.chunks += 1;
+                report.logical_bytes += c.len as u64;
+                if !wanted.insert(c.fp) {
+                    continue;
+                }
+                if index.lookup(&c.fp).is_some() {
+                    report.chunks_deduplicated += 1;
+                    continue;
+                }
+                let at = resolver.resolve(c, &n.path_str())?;
+                sources.push(CopySource {
+                    fp: c.fp,
+                    container: at.container,
+                    region: at.region_idx,
+                    offset: at.offset,
+                    len: c.len,
+                });
+            }
+        }
+        drop(nodes);
+        let (_, metas) = copy_chunks_between(from, to, self.regions, &sources, None, None)?;
+        report.chunks_sent += sources.len() as u64;
+        report.raw_bytes_sent += sources.iter().map(|s| s.len as u64).sum::<u64>();
+        report.containers_written += metas.len() as u64;
+        report.stored_bytes_sent += metas.iter().map(|m| m.data_len).sum::<u64>();
+        for m in &metas {
+            index.add_chunks(table, m);
+        }
+        if !metas.is_empty() {
+            put_index_object(to, metas)?;
+        }
+        rewrite_refs(&mut r, |c, _| {
+            let loc = index.lookup(&c.fp).ok_or_else(|| {
+                StoreError::Invalid(format!(
+                    "chunk {} was not placed in the destination tier",
+                    c.fp.to_hex()
+                ))
+            })?;
+            Ok(Target::At(table.get(loc.container), loc.region, loc.offset))
+        })?;
+        Ok(r)
+    }
+}
+
+/// Writes the moved version's recipe and flips its snapshot: the commit.
+fn commit(
     local: &Repository,
     cloud: &Repository,
+    dir: Direction,
     vid: &str,
     v: &Snapshot,
-    index: &ExactIndex,
-    table: &ContainerTable,
-    regions: &dyn Fn(&ContainerId) -> Option<Arc<Vec<RegionInfo>>>,
-    report: &mut MigrateReport,
+    r: Recipe,
 ) -> Result<()> {
-    let mut r = local.load_recipe(&v.recipe)?;
-    let nodes: Vec<&Node> = r.nodes.iter().collect();
-    let resolver = resolver_for(local, v, &r, &nodes)?;
-    // What the bucket lacks, read from wherever the active tier has it.
-    let mut wanted = HashSet::new();
-    let mut sources = Vec::new();
-    for n in &r.nodes {
-        for c in n.segments.iter().flat_map(|s| &s.chunks) {
-            if c.is_zero() {
-                continue;
-            }
-            report.chunks += 1;
-            report.logical_bytes += c.len as u64;
-            if !wanted.insert(c.fp) {
-                continue;
-            }
-            if index.lookup(&c.fp).is_some() {
-                report.chunks_deduplicated += 1;
-                continue;
-            }
-            let at = resolver.resolve(c, &n.path_str())?;
-            sources.push(CopySource {
-                fp: c.fp,
-                container: at.container,
-                region: at.region_idx,
-                offset: at.offset,
-                len: c.len,
-            });
-        }
-    }
-    drop(nodes);
-    let (_, metas) = copy_chunks_between(local, cloud, regions, &sources, None, None)?;
-    report.chunks_sent += sources.len() as u64;
-    report.raw_bytes_sent += sources.iter().map(|s| s.len as u64).sum::<u64>();
-    report.containers_written += metas.len() as u64;
-    report.stored_bytes_sent += metas.iter().map(|m| m.data_len).sum::<u64>();
-    for m in &metas {
-        index.add_chunks(table, m);
-    }
-    if !metas.is_empty() {
-        put_index_object(cloud, metas)?;
-    }
-
-    // The version's recipe in the cloud tier: every reference direct.
-    rewrite_refs(&mut r, |c, _| {
-        let loc = index.lookup(&c.fp).ok_or_else(|| {
-            StoreError::Invalid(format!(
-                "chunk {} was not placed in the cloud tier",
-                c.fp.to_hex()
-            ))
-        })?;
-        Ok(Target::At(table.get(loc.container), loc.region, loc.offset))
-    })?;
-    // The same objects on both sides: the bucket's copy first.
-    let mut w = recipe::RecipeWriter::new(cloud).with_mirror(local);
-    w.push_recipe(r)?;
-    let (rid, _) = w.finish()?;
     let mut nv = v.clone();
-    nv.tier = Tier::Cloud;
     nv.archival = None;
-    let old_recipe = std::mem::replace(&mut nv.recipe, rid);
-    // The bucket's namespace copy first, then the flip.
-    cloud.replace_snapshot(vid, &nv)?;
-    local.replace_snapshot(vid, &nv)?;
-    if old_recipe != nv.recipe {
-        recipe::delete_unused(local, [&old_recipe])?;
+    match dir {
+        Direction::ToCloud => {
+            // The same objects on both sides, the bucket's first; then the
+            // bucket's namespace copy; then the flip.
+            let mut w = recipe::RecipeWriter::new(cloud).with_mirror(local);
+            w.push_recipe(r)?;
+            let (rid, _) = w.finish()?;
+            nv.tier = Tier::Cloud;
+            nv.recipe = rid;
+            cloud.replace_snapshot(vid, &nv)?;
+            local.replace_snapshot(vid, &nv)?;
+            if v.recipe != nv.recipe {
+                recipe::delete_unused(local, [&v.recipe])?;
+            }
+        }
+        Direction::ToActive => {
+            let (rid, _) = recipe::put(local, r)?;
+            nv.tier = Tier::Active;
+            nv.recipe = rid;
+            // The flip; then the bucket forgets its copy.
+            local.replace_snapshot(vid, &nv)?;
+            cloud.backend().delete(&format!("snapshots/{vid}"))?;
+            recipe::delete_unused(cloud, [&v.recipe])?;
+            recipe::delete_unused(local, [&v.recipe])?;
+        }
     }
     Ok(())
 }

@@ -182,3 +182,89 @@ pub fn forget_cloud(local: &Repository, cloud: &Repository, ids: &[String]) -> R
     crate::recipe::delete_unused(local, &recipes)?;
     Ok(ids.len() as u64)
 }
+
+/// What `dr_rebuild` brought back.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Rebuilt {
+    pub repository_id: String,
+    pub snapshots: u64,
+    pub recipes: u64,
+    pub parts: u64,
+    pub seconds: f64,
+}
+
+/// Disaster recovery (§2.2): rebuilds a local site from its cloud tier
+/// alone. `local` must be empty; `cloud` is the bucket, opened with the
+/// repository's password (its key copy). The new local repository takes
+/// the lost one's id and settings, is attached to the bucket, and gets the
+/// namespace back: every snapshot object of the bucket with its recipe —
+/// the versions in the cloud tier, restorable at once. (Versions that were
+/// only in the lost active tier are gone with it.)
+pub fn dr_rebuild(
+    local: Arc<dyn Backend>,
+    cloud: &Repository,
+    url: &str,
+    index: &str,
+) -> Result<(Repository, Rebuilt)> {
+    let started = std::time::Instant::now();
+    if local.size("config")?.is_some() {
+        return Err(StoreError::AlreadyExists(local.describe()));
+    }
+    let tc = read_tier_config(cloud)?
+        .filter(|c| c.role == Tier::Cloud)
+        .ok_or_else(|| {
+            StoreError::Invalid(format!(
+                "{} is not a cloud tier (no tier config of its own)",
+                cloud.backend().describe()
+            ))
+        })?;
+    let index = crate::repo::IndexSpec::parse(index)?;
+    let cc = cloud.config();
+    let config = RepoConfig {
+        id: tc.peer_id.clone(),
+        created: now_ns() / 1_000_000_000,
+        container_size: crate::repo::default_container_size(&index.name),
+        index: index.to_string(),
+        ..cc.clone()
+    };
+    if cc.encrypted {
+        local.put("keys/default", &cloud.backend().get("keys/default")?)?;
+    }
+    let repo = cloud.sibling(local.clone(), config.clone());
+    let mut out = Rebuilt {
+        repository_id: config.id.clone(),
+        ..Default::default()
+    };
+    // The namespace: recipes (parts first) before the snapshots naming them.
+    for (id, s) in cloud.list_snapshots()? {
+        for p in crate::recipe::part_ids(cloud, &s.recipe)? {
+            let name = crate::recipe::part_name(&p);
+            if local.size(&name)?.is_none() {
+                local.put(&name, &cloud.backend().get(&name)?)?;
+                out.parts += 1;
+            }
+        }
+        let rname = format!("recipes/{}", s.recipe);
+        if local.size(&rname)?.is_none() {
+            local.put(&rname, &cloud.backend().get(&rname)?)?;
+            out.recipes += 1;
+        }
+        let sname = format!("snapshots/{id}");
+        local.put(&sname, &cloud.backend().get(&sname)?)?;
+        out.snapshots += 1;
+    }
+    write_tier_config(
+        &repo,
+        &TierConfig {
+            role: Tier::Active,
+            peer_id: cc.id.clone(),
+            peer_url: url.to_string(),
+            attached: now_ns() / 1_000_000_000,
+        },
+    )?;
+    let env = Sealer::plain(3).seal(Kind::Config, &encode(&config)?, false)?;
+    // Last: what makes the directory a repository.
+    local.put("config", &env)?;
+    out.seconds = started.elapsed().as_secs_f64();
+    Ok((repo, out))
+}
