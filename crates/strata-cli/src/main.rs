@@ -4,6 +4,7 @@
 
 mod location;
 mod output;
+mod service;
 mod tier;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -163,6 +164,14 @@ enum Cmd {
     Tier {
         #[command(subcommand)]
         cmd: tier::TierCmd,
+    },
+    /// Run next to a cloud tier's bucket (--repo s3://…): assembles new
+    /// objects from ranges of existing ones for `strata tier gc --service`,
+    /// so cleaning the cloud tier downloads nothing.
+    CopyForwardService {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8089")]
+        listen: String,
     },
     /// Rebuild derived structures.
     Repair {
@@ -896,6 +905,7 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             Ok(0)
         }
         Cmd::Tier { cmd } => tier::run(cli, out, cmd),
+        Cmd::CopyForwardService { listen } => service::run(cli.repo.as_deref(), listen),
         Cmd::Repair {
             what: RepairWhat::Index,
         } => {

@@ -27,6 +27,24 @@ pub enum TierCmd {
     /// Bring the selected versions back from the cloud tier: only chunks the
     /// active tier lacks are read from the bucket.
     Recall(SelArgs),
+    /// Clean the cloud tier without downloading it: containers with dead
+    /// regions are deleted or copied forward region by region next to the
+    /// store (the cleaning efficiency region granularity loses is reported).
+    Gc {
+        /// A `strata copy-forward-service` running next to the bucket.
+        #[arg(long, value_name = "URL", conflicts_with = "download")]
+        service: Option<String>,
+        /// Read the live regions here and upload them again (pays egress).
+        #[arg(long)]
+        download: bool,
+        /// Copy a container forward when more than this fraction of it is
+        /// in dead regions.
+        #[arg(long, default_value_t = 0.2)]
+        threshold: f64,
+        /// Only report what would be done.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Disaster recovery: rebuild a lost local repository (at --repo, which
     /// must not exist yet) from its cloud tier alone; its versions are then
     /// listed and restorable again. Needs the repository's password.
@@ -148,6 +166,51 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
                     r.chunks_deduplicated,
                     r.seconds,
                     if to_cloud { " `strata gc` frees the local copies." } else { "" }
+                )
+            });
+        }
+        TierCmd::Gc {
+            service,
+            download,
+            threshold,
+            dry_run,
+        } => {
+            let c = cloud(&repo)?;
+            let copier: Box<dyn strata_store::tier::copy_forward::CopyForward> =
+                match (service, download) {
+                    (Some(url), _) => Box::new(strata_store::tier::copy_forward::Service::new(url)?),
+                    (None, true) => Box::new(strata_store::tier::copy_forward::Download(
+                        c.backend().clone(),
+                    )),
+                    (None, false) if *dry_run => Box::new(
+                        strata_store::tier::copy_forward::Download(c.backend().clone()),
+                    ),
+                    (None, false) => {
+                        return Err(anyhow!(
+                            "say how to copy forward: --service URL (a `strata copy-forward-service` \
+                             next to the bucket: no egress) or --download (reads the live data here)"
+                        ))
+                    }
+                };
+            let opts = strata_store::tier::cloud_gc::CloudGcOptions {
+                threshold: *threshold,
+                dry_run: *dry_run,
+            };
+            let r = strata_store::tier::cloud_gc::cloud_gc(&repo, &c, copier.as_ref(), &opts)?;
+            out.result(&serde_json::to_value(&r)?, || {
+                format!(
+                    "cloud tier: {} freed ({} containers deleted, {} copied forward into {}); \
+                     {} of dead chunks kept in live regions ({:.1} % efficiency lost); \
+                     {} copied next to the store, {} downloaded here; {:.1}s",
+                    fmt_bytes(r.dead_bytes_freed),
+                    r.containers_deleted,
+                    r.containers_copied_forward,
+                    r.containers_written,
+                    fmt_bytes(r.dead_bytes_kept),
+                    r.efficiency_loss * 100.0,
+                    fmt_bytes(r.bytes_copied),
+                    fmt_bytes(r.bytes_downloaded),
+                    r.seconds
                 )
             });
         }

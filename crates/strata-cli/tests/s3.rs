@@ -335,3 +335,94 @@ fn tier_to_s3() {
         "v3 after the rebuild",
     );
 }
+
+/// `strata tier gc --service`: the cloud tier cleaned through a
+/// `strata copy-forward-service` next to the bucket, downloading nothing.
+#[test]
+fn tier_gc_through_the_copy_forward_service() {
+    let Some(ep) = endpoint() else { return };
+    let r = S3Repo::new(&ep, &unique("strata-cgc"));
+    let local = r.tmp.path().join("repo");
+    let run = |args: &[&str]| {
+        run_cmd(
+            r.cmd_with(local.to_str().unwrap(), "strata-secret", args),
+            None,
+        )
+    };
+    let json = |args: &[&str]| {
+        let mut a = vec!["--json"];
+        a.extend_from_slice(args);
+        run(&a).ok().json()
+    };
+    json(&["init", "--encrypt"]);
+    let src = r.tmp.path().join("src");
+    let mut ids = Vec::new();
+    let mut trees = Vec::new();
+    for v in 0..3u64 {
+        tree(&src, 20 + v);
+        ids.push(
+            json(&["backup", src.to_str().unwrap()])["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+        trees.push(manifest(&src));
+    }
+    json(&["tier", "add", &r.url]);
+    json(&["tier", "migrate", &ids[0], &ids[1], &ids[2]]);
+    json(&["forget", &ids[1]]);
+    let e = run(&["tier", "gc"]).expect_code(1);
+    assert!(e.stderr.contains("--service"), "{}", e.stderr);
+
+    // The service, with the bucket's credentials only.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut svc = r
+        .cmd_with(
+            &r.url,
+            "strata-secret",
+            &["copy-forward-service", "--listen", &listen],
+        )
+        .env_remove("STRATA_PASSWORD")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(std::time::Duration::from_secs(20), "the service", || {
+        std::net::TcpStream::connect(&listen).is_ok()
+    });
+    let g = json(&[
+        "tier",
+        "gc",
+        "--service",
+        &format!("http://{listen}"),
+        "--threshold",
+        "0",
+    ]);
+    let _ = svc.kill();
+    let _ = svc.wait();
+    assert!(g["dead_bytes_freed"].as_u64().unwrap() > 0, "{g}");
+    let downloaded = g["bytes_downloaded"].as_u64().unwrap();
+    assert!(
+        downloaded < 1000 * (1 + g["containers_written"].as_u64().unwrap()),
+        "{g}"
+    );
+    assert!(
+        g["bytes_after"].as_u64() < g["bytes_before"].as_u64(),
+        "{g}"
+    );
+    for i in [0usize, 2] {
+        let t = r.tmp.path().join(format!("after-gc{i}"));
+        json(&["restore", &ids[i], "--target", t.to_str().unwrap()]);
+        assert_manifest_eq(
+            &trees[i],
+            &manifest(&restored(&t, &src)),
+            "after the cloud gc",
+        );
+    }
+    let c = r.json(&["check", "--read-data"]);
+    assert_eq!(c["errors"], serde_json::json!([]), "{c}");
+}

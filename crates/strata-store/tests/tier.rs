@@ -349,3 +349,86 @@ fn recall_and_disaster_recovery() {
         strata_store::tier::dr_rebuild(local(&rebuilt_dir), &alone, "test://b", "segment").is_err()
     );
 }
+
+/// The cloud tier is cleaned region by region: after a cloud version is
+/// forgotten, containers only it used go, partly dead ones are copied
+/// forward, and every remaining version still restores from the bucket.
+#[test]
+fn cloud_gc_cleans_by_region() {
+    use strata_store::tier::cloud_gc::{cloud_gc, CloudGcOptions};
+    use strata_store::tier::copy_forward::Download;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let repo = segment_repo(&tmp.path().join("repo"), false);
+    let versions = history(&src, &repo);
+    let cloud_dir = tmp.path().join("bucket");
+    fs::create_dir_all(&cloud_dir).unwrap();
+    let cloud = strata_store::tier::attach(&repo, local(&cloud_dir), "test://b").unwrap();
+    let ids: Vec<String> = versions.iter().map(|(r, _)| r.id.clone()).collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    migrate(&repo, &cloud, &sel(&refs), &Progress::default()).unwrap();
+    let copier = Download(cloud.backend().clone());
+    // Nothing dead yet: nothing to do.
+    let r = cloud_gc(&repo, &cloud, &copier, &CloudGcOptions::default()).unwrap();
+    assert_eq!((r.containers_deleted, r.dead_bytes_freed), (0, 0), "{r:?}");
+    // Versions 1 and 3 go; their chunks no other version has are dead.
+    strata_store::tier::forget_cloud(&repo, &cloud, &[ids[0].clone(), ids[2].clone()]).unwrap();
+    let dry = cloud_gc(
+        &repo,
+        &cloud,
+        &copier,
+        &CloudGcOptions {
+            dry_run: true,
+            threshold: 0.0,
+        },
+    )
+    .unwrap();
+    assert!(dry.dead_bytes_freed > 0, "{dry:?}");
+    let before = stored(&cloud);
+    let r = cloud_gc(
+        &repo,
+        &cloud,
+        &copier,
+        &CloudGcOptions {
+            dry_run: false,
+            threshold: 0.0,
+        },
+    )
+    .unwrap();
+    assert_eq!(r.dead_bytes_freed, dry.dead_bytes_freed, "{r:?}");
+    assert!(r.containers_deleted > 0, "{r:?}");
+    assert!(
+        r.containers_copied_forward > 0 && r.containers_written > 0 && r.recipes_rewritten > 0,
+        "the copy-forward path ran: {r:?}"
+    );
+    assert!((0.0..=1.0).contains(&r.efficiency_loss));
+    let after = stored(&cloud);
+    assert!(after < before, "{before} -> {after}");
+    assert_eq!(r.bytes_after, after);
+    let alone = open_repo(local(&cloud_dir));
+    assert_check_ok(&alone, true, "the cloud tier after its gc");
+    for i in [1usize, 3] {
+        let (v, tree) = &versions[i];
+        assert_restores(&alone, &v.id, &src, tmp.path(), tree, "after the cloud gc");
+        let s = repo.load_snapshot(&v.id).unwrap();
+        let recipe = repo.load_recipe(&s.recipe).unwrap();
+        let target = tempfile::tempdir_in(tmp.path()).unwrap();
+        strata_store::restore::restore(
+            &cloud,
+            &s,
+            &recipe,
+            &strata_store::restore::RestoreOptions::new(target.path()),
+        )
+        .unwrap();
+        let got = read_tree(&restored_path(target.path(), &src));
+        assert!(
+            got == *tree,
+            "v{} via the local namespace: {}",
+            i + 1,
+            tree.diff(&got)
+        );
+    }
+    // A second run finds nothing more.
+    let again = cloud_gc(&repo, &cloud, &copier, &CloudGcOptions::default()).unwrap();
+    assert_eq!(again.containers_deleted, 0, "{again:?}");
+}

@@ -13,8 +13,12 @@
 //! | [`select`] | which versions (and paths) a tier command works on |
 //! | [`phv`] | the perfect-hash vector: one bit per fingerprint of a tier |
 //! | [`estimate`] | bytes a move would free on the active tier (§4) |
-//! | [`migrate`] | versions to the cloud tier, deduplicated against it (§6.1) |
+//! | [`migrate`] | versions to the cloud tier, deduplicated against it (§6.1), and back (recall, §6.2) |
+//! | [`cloud_gc`] | cleaning the cloud tier region by region, copying forward next to the store (§7) |
+//! | [`copy_forward`] | how objects are assembled without downloading them |
 
+pub mod cloud_gc;
+pub mod copy_forward;
 pub mod estimate;
 pub mod migrate;
 pub mod phv;

@@ -1,0 +1,350 @@
+//! Garbage collection of the cloud tier (Data Domain Cloud Tier §7): the
+//! live compression regions are marked from the cloud versions' recipes —
+//! the local copies, so marking reads nothing from the bucket — and
+//! containers with dead regions are cleaned *without downloading them*:
+//! a container with no live region is deleted; one whose dead regions hold
+//! more than `threshold` of its bytes is copied forward region by region,
+//! with its neighbours, into new containers assembled next to the store
+//! ([`super::copy_forward`]). A region with one live chunk is kept whole:
+//! what region granularity keeps of dead chunks is the cleaning efficiency
+//! lost (§8.1.2), reported as `dead_bytes_kept`.
+//!
+//! Order (crash safety): new containers and their metadata objects → an
+//! index object listing them → each affected version's recipe rewritten
+//! (both sides) and its snapshot objects replaced (the bucket's, then the
+//! local one) → the old containers leave the index → they are deleted.
+
+use super::copy_forward::{Assemble, CopyForward, Piece};
+use crate::copy::{delete_containers, rewrite_refs, Target};
+use crate::error::Result;
+use crate::index::{edit_index, put_index_object, RepoIndex};
+use crate::lock;
+use crate::recipe;
+use crate::repo::{data_name, meta_name, now_ns, Repository};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use strata_core::crypto::random_bytes;
+use strata_core::format::{
+    container_header, ChunkEntry, ContainerId, ContainerMeta, RegionInfo, Snapshot, Tier,
+    CONTAINER_FOOTER_LEN, CONTAINER_HEADER_LEN,
+};
+
+#[derive(Clone, Debug)]
+pub struct CloudGcOptions {
+    /// Copy a container forward when more than this fraction of its
+    /// stored region bytes is in dead regions.
+    pub threshold: f64,
+    pub dry_run: bool,
+}
+
+impl Default for CloudGcOptions {
+    fn default() -> Self {
+        CloudGcOptions {
+            threshold: 0.2,
+            dry_run: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CloudGcReport {
+    pub copier: String,
+    pub containers_before: u64,
+    pub bytes_before: u64,
+    pub containers_deleted: u64,
+    pub containers_copied_forward: u64,
+    pub containers_written: u64,
+    /// Stored bytes of dead regions freed.
+    pub dead_bytes_freed: u64,
+    /// Stored bytes (pro rata) of dead chunks inside regions kept for a
+    /// live chunk: what chunk-level cleaning would also free.
+    pub dead_bytes_kept: u64,
+    /// `dead_bytes_kept` over all dead bytes: the efficiency region
+    /// granularity costs (§8.1.2).
+    pub efficiency_loss: f64,
+    /// Region bytes copied next to the store, and bytes that crossed the
+    /// network to and from here for it.
+    pub bytes_copied: u64,
+    pub bytes_downloaded: u64,
+    pub bytes_uploaded: u64,
+    pub recipes_rewritten: u64,
+    pub bytes_after: u64,
+    pub seconds: f64,
+}
+
+/// What the cloud versions use: per container, per region, the offsets of
+/// live chunks.
+type Live = HashMap<ContainerId, HashMap<u32, HashSet<u32>>>;
+
+fn mark(local: &Repository, cloud_versions: &[(String, Snapshot)]) -> Result<Live> {
+    let mut live: Live = HashMap::new();
+    let mut seen = HashSet::new();
+    for (_, s) in cloud_versions {
+        if !seen.insert(s.recipe.clone()) {
+            continue;
+        }
+        recipe::for_each_part(local, &s.recipe, |part| {
+            for c in part
+                .nodes
+                .iter()
+                .flat_map(|n| n.segments.iter().flat_map(|g| &g.chunks))
+            {
+                if let (true, Some(cid)) =
+                    (c.is_direct(), part.containers.get(c.container as usize))
+                {
+                    live.entry(*cid)
+                        .or_default()
+                        .entry(c.region)
+                        .or_default()
+                        .insert(c.offset);
+                }
+            }
+            Ok(())
+        })?;
+    }
+    Ok(live)
+}
+
+/// A new container being planned: its regions (source container and
+/// region) in order.
+struct Plan {
+    id: ContainerId,
+    pieces: Vec<Piece>,
+    meta: ContainerMeta,
+    len: u64,
+}
+
+impl Plan {
+    fn new(created: i64) -> Result<Plan> {
+        let mut b = [0u8; 16];
+        random_bytes(&mut b)?;
+        let id = ContainerId(b);
+        Ok(Plan {
+            id,
+            pieces: vec![Piece::Literal(container_header().to_vec())],
+            meta: ContainerMeta {
+                id,
+                data_len: 0,
+                created,
+                stamp: None,
+                regions: vec![],
+                chunks: vec![],
+                segments: vec![],
+            },
+            len: CONTAINER_HEADER_LEN as u64,
+        })
+    }
+
+    /// Appends region `r` of container `m`; returns its index here.
+    fn push(&mut self, m: &ContainerMeta, r: u32) -> u32 {
+        let info = m.regions[r as usize];
+        let at = self.meta.regions.len() as u32;
+        let merged = match self.pieces.last_mut() {
+            Some(Piece::Range {
+                source,
+                offset,
+                len,
+            }) if *source == data_name(&m.id) && *offset + *len == info.offset => {
+                *len += info.stored_len as u64;
+                true
+            }
+            _ => false,
+        };
+        if !merged {
+            self.pieces.push(Piece::Range {
+                source: data_name(&m.id),
+                offset: info.offset,
+                len: info.stored_len as u64,
+            });
+        }
+        self.meta.regions.push(RegionInfo {
+            offset: self.len,
+            ..info
+        });
+        self.len += info.stored_len as u64;
+        self.meta.chunks.extend(
+            m.chunks
+                .iter()
+                .filter(|c| c.region == r)
+                .map(|c| ChunkEntry { region: at, ..*c }),
+        );
+        at
+    }
+}
+
+/// Cleans the cloud tier `cloud` of `local`.
+pub fn cloud_gc(
+    local: &Repository,
+    cloud: &Repository,
+    copier: &dyn CopyForward,
+    opts: &CloudGcOptions,
+) -> Result<CloudGcReport> {
+    let started = std::time::Instant::now();
+    let _l = lock::acquire(local, true, "tier gc")?;
+    let _c = lock::acquire(cloud, true, "tier gc")?;
+    let mut rep = CloudGcReport {
+        copier: copier.describe(),
+        ..Default::default()
+    };
+    let cloud_versions: Vec<(String, Snapshot)> = local
+        .list_snapshots()?
+        .into_iter()
+        .filter(|(_, s)| s.tier == Tier::Cloud)
+        .collect();
+    // Versions the bucket lists but the local namespace does not (an
+    // interrupted migration's copy) are live too: never delete what some
+    // namespace copy points at.
+    let mut all = cloud_versions.clone();
+    for (id, s) in cloud.list_snapshots()? {
+        if !all.iter().any(|(i, _)| *i == id) {
+            all.push((id, s));
+        }
+    }
+    let live = mark(local, &all)?;
+
+    let mut metas: Vec<ContainerMeta> = Vec::new();
+    let idx = RepoIndex::load(cloud, |m| metas.push(m.clone()))?;
+    metas.sort_by_key(|m| (m.created, m.id));
+    rep.containers_before = metas.len() as u64;
+    rep.bytes_before = idx.stored_bytes();
+    let target = cloud.config().container_size as u64;
+    let mut drop: HashSet<ContainerId> = HashSet::new();
+    let mut plans: Vec<Plan> = Vec::new();
+    let mut moved: HashMap<(ContainerId, u32), (ContainerId, u32)> = HashMap::new();
+    let created = now_ns();
+    for m in &metas {
+        let lm = live.get(&m.id);
+        let region_live = |r: usize| lm.is_some_and(|x| x.contains_key(&(r as u32)));
+        let total: u64 = m.regions.iter().map(|r| r.stored_len as u64).sum();
+        let dead: u64 = (0..m.regions.len())
+            .filter(|&r| !region_live(r))
+            .map(|r| m.regions[r].stored_len as u64)
+            .sum();
+        // Dead chunks inside live regions: what region granularity keeps.
+        for (r, info) in m
+            .regions
+            .iter()
+            .enumerate()
+            .filter(|(r, _)| region_live(*r))
+        {
+            let offs = &lm.map(|x| &x[&(r as u32)]);
+            let dead_raw: u64 = m
+                .chunks
+                .iter()
+                .filter(|c| c.region as usize == r && !offs.is_some_and(|o| o.contains(&c.offset)))
+                .map(|c| c.len as u64)
+                .sum();
+            rep.dead_bytes_kept += info.stored_len as u64 * dead_raw / (info.raw_len.max(1) as u64);
+        }
+        if dead == total {
+            drop.insert(m.id);
+            rep.dead_bytes_freed += total;
+            continue;
+        }
+        if (dead as f64) <= opts.threshold * total as f64 {
+            continue;
+        }
+        rep.containers_copied_forward += 1;
+        rep.dead_bytes_freed += dead;
+        drop.insert(m.id);
+        for r in (0..m.regions.len()).filter(|&r| region_live(r)) {
+            let fits = plans
+                .last()
+                .is_some_and(|p| p.len + m.regions[r].stored_len as u64 <= target);
+            if !fits {
+                plans.push(Plan::new(created)?);
+            }
+            if let Some(p) = plans.last_mut() {
+                let at = p.push(m, r as u32);
+                moved.insert((m.id, r as u32), (p.id, at));
+            }
+        }
+    }
+    let dead_all = rep.dead_bytes_freed + rep.dead_bytes_kept;
+    rep.efficiency_loss = if dead_all == 0 {
+        0.0
+    } else {
+        rep.dead_bytes_kept as f64 / dead_all as f64
+    };
+    if opts.dry_run || drop.is_empty() {
+        rep.bytes_after = rep.bytes_before;
+        rep.seconds = started.elapsed().as_secs_f64();
+        return Ok(rep);
+    }
+
+    // New containers, assembled next to the store, then their metadata.
+    let mut new_metas = Vec::new();
+    for mut p in plans {
+        let tail = crate::container::container_tail(cloud, &mut p.meta, p.len)?;
+        let meta_env = tail[..tail.len() - CONTAINER_FOOTER_LEN].to_vec();
+        p.pieces.push(Piece::Literal(tail));
+        let a = Assemble {
+            dest: data_name(&p.id),
+            pieces: p.pieces,
+        };
+        let cost = copier.assemble(&a)?;
+        rep.bytes_copied += p.len;
+        rep.bytes_downloaded += cost.downloaded;
+        rep.bytes_uploaded += cost.uploaded;
+        match cloud.backend().size(&a.dest)? {
+            Some(n) if n == p.meta.data_len => {}
+            got => {
+                return Err(crate::error::StoreError::Invalid(format!(
+                    "{} was assembled with {got:?} bytes, not {}",
+                    a.dest, p.meta.data_len
+                )))
+            }
+        }
+        cloud.backend().put(&meta_name(&p.id), &meta_env)?;
+        new_metas.push(p.meta);
+    }
+    rep.containers_written = new_metas.len() as u64;
+    if !new_metas.is_empty() {
+        put_index_object(cloud, new_metas)?;
+    }
+
+    // Point the versions at the copies.
+    let mut by_recipe: BTreeMap<String, Vec<(String, Snapshot)>> = BTreeMap::new();
+    for (id, s) in &all {
+        by_recipe
+            .entry(s.recipe.clone())
+            .or_default()
+            .push((id.clone(), s.clone()));
+    }
+    for (rid, users) in by_recipe {
+        let uses = recipe::containers(local, &rid)?;
+        if !uses.iter().any(|c| drop.contains(c)) {
+            continue;
+        }
+        let mut r = local.load_recipe(&rid)?;
+        rewrite_refs(&mut r, |c, cid| {
+            Ok(match cid.and_then(|id| moved.get(&(id, c.region))) {
+                Some((nc, nr)) => Target::At(*nc, *nr, c.offset),
+                None => Target::Keep,
+            })
+        })?;
+        let mut w = recipe::RecipeWriter::new(cloud).with_mirror(local);
+        w.push_recipe(r)?;
+        let (new_rid, _) = w.finish()?;
+        for (id, s) in users {
+            let mut ns = s.clone();
+            ns.recipe = new_rid.clone();
+            cloud.replace_snapshot(&id, &ns)?;
+            if cloud_versions.iter().any(|(i, _)| *i == id) {
+                local.replace_snapshot(&id, &ns)?;
+            }
+        }
+        if new_rid != rid {
+            recipe::delete_unused(cloud, [&rid])?;
+            recipe::delete_unused(local, [&rid])?;
+        }
+        rep.recipes_rewritten += 1;
+    }
+    // The old containers leave the index, then the bucket.
+    edit_index(cloud, &idx, &drop, vec![])?;
+    rep.containers_deleted = drop.len() as u64;
+    delete_containers(cloud, drop.iter())?;
+    rep.bytes_after = RepoIndex::load_summaries(cloud)?.stored_bytes();
+    rep.seconds = started.elapsed().as_secs_f64();
+    Ok(rep)
+}
