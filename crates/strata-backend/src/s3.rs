@@ -498,3 +498,157 @@ impl Drop for S3Writer {
         }
     }
 }
+
+/// One part of an object assembled in the bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CopyPart {
+    /// `len` bytes at `offset` of object `source`, copied by the server
+    /// (`UploadPartCopy` with a source range): nothing downloaded.
+    Copy {
+        source: String,
+        offset: u64,
+        len: u64,
+    },
+    /// Bytes sent from here.
+    Data(Vec<u8>),
+}
+
+/// S3's smallest multipart part (every part but the last).
+pub const MIN_PART: u64 = 5 << 20;
+
+impl S3Backend {
+    /// Assembles object `dest` in the bucket from `parts` as one multipart
+    /// upload — copied parts never leave the server. Every part but the
+    /// last must hold at least [`MIN_PART`] bytes. The object appears whole
+    /// or (on any error, the upload aborted) not at all.
+    pub fn assemble_by_copy(&self, dest: &str, parts: &[CopyPart]) -> Result<()> {
+        use object_store::multipart::{MultipartStore, PartId};
+        use object_store::signer::SignedUrlOptions;
+        check_name("write", dest)?;
+        let bad = |m: String| BackendError::new(ErrorKind::Invalid, "copy", dest, m);
+        for (i, p) in parts.iter().enumerate() {
+            let len = match p {
+                CopyPart::Copy { source, len, .. } => {
+                    check_name("copy", source)?;
+                    *len
+                }
+                CopyPart::Data(d) => d.len() as u64,
+            };
+            if i + 1 < parts.len() && len < MIN_PART {
+                return Err(bad(format!(
+                    "part {i} holds {len} bytes, under S3's 5 MiB minimum"
+                )));
+            }
+            if len == 0 {
+                return Err(bad(format!("part {i} is empty")));
+            }
+        }
+        let key = self.key(dest);
+        let store = self.store.clone();
+        let bucket = self.loc.bucket.clone();
+        let r = self.rt.block_on(async {
+            let id = store
+                .create_multipart(&key)
+                .await
+                .map_err(|e| map_err("copy", dest, e))?;
+            let result: Result<()> = async {
+                let client = reqwest::Client::new();
+                let mut ids = Vec::with_capacity(parts.len());
+                for (i, p) in parts.iter().enumerate() {
+                    let pid = match p {
+                        CopyPart::Data(d) => store
+                            .put_part(&key, &id, i, PutPayload::from(d.clone()))
+                            .await
+                            .map_err(|e| map_err("copy", dest, e))?,
+                        CopyPart::Copy {
+                            source,
+                            offset,
+                            len,
+                        } => {
+                            let src = format!("{bucket}/{}", self.key(source).as_ref());
+                            let range = format!("bytes={}-{}", offset, offset + len - 1);
+                            let hv = |v: &str| {
+                                http::HeaderValue::from_str(v).map_err(|e| bad(e.to_string()))
+                            };
+                            let opts = SignedUrlOptions::new()
+                                .with_query([
+                                    ("partNumber", (i + 1).to_string()),
+                                    ("uploadId", id.clone()),
+                                ])
+                                .with_signed_header(
+                                    http::HeaderName::from_static("x-amz-copy-source"),
+                                    hv(&src)?,
+                                )
+                                .with_signed_header(
+                                    http::HeaderName::from_static("x-amz-copy-source-range"),
+                                    hv(&range)?,
+                                );
+                            let url = store
+                                .signed_url_opts(
+                                    http::Method::PUT,
+                                    &key,
+                                    Duration::from_secs(600),
+                                    &opts,
+                                )
+                                .await
+                                .map_err(|e| map_err("copy", dest, e))?;
+                            let resp = client
+                                .put(url.as_str())
+                                .header("x-amz-copy-source", &src)
+                                .header("x-amz-copy-source-range", &range)
+                                .send()
+                                .await
+                                .map_err(|e| {
+                                    BackendError::new(
+                                        ErrorKind::Transient,
+                                        "copy",
+                                        dest,
+                                        e.to_string(),
+                                    )
+                                })?;
+                            let status = resp.status().as_u16();
+                            let body = resp.text().await.unwrap_or_default();
+                            let etag = body
+                                .split("<ETag>")
+                                .nth(1)
+                                .and_then(|r| r.split("</ETag>").next())
+                                .map(|e| e.replace("&quot;", "\"").replace("&#34;", "\""));
+                            match (status, etag) {
+                                (200, Some(e)) => PartId { content_id: e },
+                                _ => {
+                                    return Err(BackendError::new(
+                                        if status == 403 {
+                                            ErrorKind::Permission
+                                        } else {
+                                            ErrorKind::Other
+                                        },
+                                        "copy",
+                                        dest,
+                                        format!(
+                                            "UploadPartCopy from {source} answered {status}{}",
+                                            s3_code(&body)
+                                                .map(|c| format!(" ({c})"))
+                                                .unwrap_or_default()
+                                        ),
+                                    ))
+                                }
+                            }
+                        }
+                    };
+                    ids.push(pid);
+                }
+                store
+                    .complete_multipart(&key, &id, ids)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| map_err("copy", dest, e))
+            }
+            .await;
+            if result.is_err() {
+                let _ = store.abort_multipart(&key, &id).await;
+            }
+            result
+        });
+        r
+    }
+}

@@ -118,3 +118,63 @@ fn s3_errors_are_clear() {
     let e = b.get("config").unwrap_err();
     assert_eq!(e.kind, ErrorKind::Transient, "{e}");
 }
+
+/// Objects assembled in the bucket from ranges of others (UploadPartCopy)
+/// and bytes from here: what the cloud tier's cleaning does without
+/// downloading.
+#[test]
+fn s3_server_side_assembly() {
+    use strata_backend::s3::{CopyPart, MIN_PART};
+    let Some(ep) = s3_endpoint() else { return };
+    let b = s3(&ep, "strata-conformance", "assemble", &creds());
+    b.ensure_bucket().unwrap();
+    let a: Vec<u8> = (0..(6u32 << 20)).map(|i| (i * 7 % 251) as u8).collect();
+    let c: Vec<u8> = (0..(1u32 << 20)).map(|i| (i * 13 % 241) as u8).collect();
+    b.put("src/a", &a).unwrap();
+    b.put("src/c", &c).unwrap();
+    let copy = |s: &str, o: u64, l: u64| CopyPart::Copy {
+        source: s.into(),
+        offset: o,
+        len: l,
+    };
+    b.assemble_by_copy(
+        "out/one",
+        &[
+            copy("src/a", 1 << 20, MIN_PART),
+            CopyPart::Data(b"end".to_vec()),
+        ],
+    )
+    .unwrap();
+    let mut want = a[1 << 20..(1 << 20) + MIN_PART as usize].to_vec();
+    want.extend_from_slice(b"end");
+    assert!(b.get("out/one").unwrap() == want, "assembled bytes");
+    // The last part may be a small copy.
+    b.assemble_by_copy(
+        "out/four",
+        &[copy("src/a", 0, MIN_PART + 1), copy("src/c", 10, 100)],
+    )
+    .unwrap();
+    let mut want = a[..MIN_PART as usize + 1].to_vec();
+    want.extend_from_slice(&c[10..110]);
+    assert!(b.get("out/four").unwrap() == want, "assembled bytes");
+    b.delete("out/four").unwrap();
+    // A small part before the last is refused before anything is sent.
+    let e = b
+        .assemble_by_copy(
+            "out/two",
+            &[copy("src/c", 0, 100), CopyPart::Data(b"x".to_vec())],
+        )
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Invalid, "{e}");
+    // A missing source: an error, and no object.
+    assert!(b
+        .assemble_by_copy(
+            "out/three",
+            &[copy("src/none", 0, MIN_PART), CopyPart::Data(b"x".to_vec())]
+        )
+        .is_err());
+    assert!(b.size("out/three").unwrap().is_none());
+    for n in ["src/a", "src/c", "out/one"] {
+        b.delete(n).unwrap();
+    }
+}

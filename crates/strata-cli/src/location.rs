@@ -130,6 +130,14 @@ pub fn backend(loc: &Location, create: bool) -> Result<Arc<dyn Backend>> {
     Ok(Arc::new(Metering::new(inner, meter)))
 }
 
+/// The bare S3 backend of `loc` (for what only S3 does: server-side copy).
+pub fn s3_backend(loc: &Location) -> Result<S3Backend> {
+    match loc {
+        Location::S3(s) => Ok(S3Backend::open(s, &credentials()?, S3Options::default())?),
+        Location::Local(p) => Err(anyhow!("{} is not a bucket", p.display())),
+    }
+}
+
 fn s3(loc: &S3Location, create: bool) -> Result<Arc<dyn Backend>> {
     let b = S3Backend::open(loc, &credentials()?, S3Options::default())?;
     if create {

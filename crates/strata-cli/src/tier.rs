@@ -17,7 +17,13 @@ pub enum TierCmd {
     /// Attach a bucket (s3://BUCKET/PREFIX) as this repository's cloud
     /// tier: a second dedup domain that holds whole versions (created if
     /// missing; the bucket too).
-    Add { url: String },
+    Add {
+        url: String,
+        /// Size of the cloud tier's objects (1–4 MiB suit object stores;
+        /// `tier gc --s3-copy` needs more than 5 MiB).
+        #[arg(long, default_value_t = 4)]
+        container_mib: u32,
+    },
     /// Bytes the active tier would free if the selected versions (or paths
     /// of them) moved to the cloud tier — or were forgotten.
     Estimate(SelArgs),
@@ -32,8 +38,13 @@ pub enum TierCmd {
     /// store (the cleaning efficiency region granularity loses is reported).
     Gc {
         /// A `strata copy-forward-service` running next to the bucket.
-        #[arg(long, value_name = "URL", conflicts_with = "download")]
+        #[arg(long, value_name = "URL", conflicts_with_all = ["download", "s3_copy"])]
         service: Option<String>,
+        /// S3's own server-side copy (UploadPartCopy): nothing to run, but
+        /// parts of at least 5 MiB — only containers larger than that are
+        /// copied forward, taking some dead bytes along.
+        #[arg(long, conflicts_with = "download")]
+        s3_copy: bool,
         /// Read the live regions here and upload them again (pays egress).
         #[arg(long)]
         download: bool,
@@ -110,13 +121,18 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
     }
     let repo = crate::open(cli)?;
     match cmd {
-        TierCmd::Add { url } => {
+        TierCmd::Add { url, container_mib } => {
             let loc = location::location(Some(url))?;
             if !matches!(loc, Location::S3(_)) {
                 return Err(anyhow!("a cloud tier is a bucket: s3://BUCKET/PREFIX"));
             }
             let backend = location::backend(&loc, true)?;
-            let c = strata_store::tier::attach(&repo, backend, url)?;
+            let c = strata_store::tier::attach_with(
+                &repo,
+                backend,
+                url,
+                container_mib.clamp(&1, &1024) << 20,
+            )?;
             out.result(
                 &json!({"cloud_tier": url, "id": c.config().id,
                         "container_size": c.config().container_size}),
@@ -171,6 +187,7 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
         }
         TierCmd::Gc {
             service,
+            s3_copy,
             download,
             threshold,
             dry_run,
@@ -178,19 +195,29 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
             let c = cloud(&repo)?;
             let copier: Box<dyn strata_store::tier::copy_forward::CopyForward> =
                 match (service, download) {
-                    (Some(url), _) => Box::new(strata_store::tier::copy_forward::Service::new(url)?),
+                    (Some(url), _) => {
+                        Box::new(strata_store::tier::copy_forward::Service::new(url)?)
+                    }
+                    (None, _) if *s3_copy => {
+                        let url = strata_store::tier::attached(&repo)?
+                            .map(|t| t.peer_url)
+                            .unwrap_or_default();
+                        let b = location::s3_backend(&location::location(Some(&url))?)?;
+                        Box::new(strata_store::tier::copy_forward::S3Copy(
+                            std::sync::Arc::new(b),
+                        ))
+                    }
                     (None, true) => Box::new(strata_store::tier::copy_forward::Download(
                         c.backend().clone(),
                     )),
                     (None, false) if *dry_run => Box::new(
                         strata_store::tier::copy_forward::Download(c.backend().clone()),
                     ),
-                    (None, false) => {
-                        return Err(anyhow!(
-                            "say how to copy forward: --service URL (a `strata copy-forward-service` \
-                             next to the bucket: no egress) or --download (reads the live data here)"
-                        ))
-                    }
+                    (None, false) => return Err(anyhow!(
+                        "say how to copy forward: --service URL (a `strata copy-forward-service` \
+                             next to the bucket), --s3-copy (S3 server-side copy, containers over \
+                             5 MiB) — neither downloads — or --download (reads the live data here)"
+                    )),
                 };
             let opts = strata_store::tier::cloud_gc::CloudGcOptions {
                 threshold: *threshold,

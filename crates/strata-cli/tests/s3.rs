@@ -426,3 +426,59 @@ fn tier_gc_through_the_copy_forward_service() {
     let c = r.json(&["check", "--read-data"]);
     assert_eq!(c["errors"], serde_json::json!([]), "{c}");
 }
+
+/// `strata tier gc --s3-copy`: S3's own server-side copy cleans a cloud
+/// tier of large containers without downloading anything.
+#[test]
+fn tier_gc_by_s3_server_side_copy() {
+    let Some(ep) = endpoint() else { return };
+    let r = S3Repo::new(&ep, &unique("strata-s3copy"));
+    let local = r.tmp.path().join("repo");
+    let run = |args: &[&str]| {
+        run_cmd(
+            r.cmd_with(local.to_str().unwrap(), "strata-secret", args),
+            None,
+        )
+    };
+    let json = |args: &[&str]| {
+        let mut a = vec!["--json"];
+        a.extend_from_slice(args);
+        run(&a).ok().json()
+    };
+    json(&["init"]);
+    let src = r.tmp.path().join("src");
+    let mut ids = Vec::new();
+    let mut trees = Vec::new();
+    for v in 0..3u64 {
+        tree(&src, 40 + v);
+        write(&src.join("more.img"), &prng(90 + v, 6 << 20));
+        ids.push(
+            json(&["backup", src.to_str().unwrap()])["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+        trees.push(manifest(&src));
+    }
+    json(&["tier", "add", &r.url, "--container-mib", "16"]);
+    json(&["tier", "migrate", &ids[0], &ids[1], &ids[2]]);
+    json(&["forget", &ids[1]]);
+    let g = json(&["tier", "gc", "--s3-copy", "--threshold", "0.1"]);
+    assert_eq!(g["bytes_downloaded"], 0, "{g}");
+    assert!(g["containers_copied_forward"].as_u64().unwrap() > 0, "{g}");
+    assert!(
+        g["bytes_after"].as_u64() < g["bytes_before"].as_u64(),
+        "{g}"
+    );
+    for i in [0usize, 2] {
+        let t = r.tmp.path().join(format!("after{i}"));
+        json(&["restore", &ids[i], "--target", t.to_str().unwrap()]);
+        assert_manifest_eq(
+            &trees[i],
+            &manifest(&restored(&t, &src)),
+            "after S3 copy-forward",
+        );
+    }
+    let c = r.json(&["check", "--read-data"]);
+    assert_eq!(c["errors"], serde_json::json!([]), "{c}");
+}

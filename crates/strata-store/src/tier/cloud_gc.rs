@@ -59,6 +59,10 @@ pub struct CloudGcReport {
     /// Stored bytes (pro rata) of dead chunks inside regions kept for a
     /// live chunk: what chunk-level cleaning would also free.
     pub dead_bytes_kept: u64,
+    /// Dead regions copied along because a copier's parts have a minimum
+    /// size (S3's 5 MiB), and containers left alone as smaller than that.
+    pub dead_bytes_copied: u64,
+    pub containers_too_small: u64,
     /// `dead_bytes_kept` over all dead bytes: the efficiency region
     /// granularity costs (§8.1.2).
     pub efficiency_loss: f64,
@@ -112,6 +116,9 @@ struct Plan {
     pieces: Vec<Piece>,
     meta: ContainerMeta,
     len: u64,
+    /// Made of byte ranges of old containers (a copier with a minimum
+    /// part size), not of regions.
+    from_ranges: bool,
 }
 
 impl Plan {
@@ -132,7 +139,43 @@ impl Plan {
                 segments: vec![],
             },
             len: CONTAINER_HEADER_LEN as u64,
+            from_ranges: false,
         })
+    }
+
+    /// Appends `ranges` (byte ranges of `m`) one after the other: the live
+    /// regions inside them are listed, the dead ones are filler.
+    fn add_ranges(
+        &mut self,
+        m: &ContainerMeta,
+        ranges: &[(u64, u64)],
+        live: &[bool],
+        moved: &mut HashMap<(ContainerId, u32), (ContainerId, u32)>,
+    ) {
+        for &(start, end) in ranges {
+            self.pieces.push(Piece::Range {
+                source: data_name(&m.id),
+                offset: start,
+                len: end - start,
+            });
+            for (r, info) in m.regions.iter().enumerate() {
+                if live[r] && info.offset >= start && info.offset < end {
+                    let at = self.meta.regions.len() as u32;
+                    self.meta.regions.push(RegionInfo {
+                        offset: self.len + (info.offset - start),
+                        ..*info
+                    });
+                    self.meta.chunks.extend(
+                        m.chunks
+                            .iter()
+                            .filter(|c| c.region as usize == r)
+                            .map(|c| ChunkEntry { region: at, ..*c }),
+                    );
+                    moved.insert((m.id, r as u32), (self.id, at));
+                }
+            }
+            self.len += end - start;
+        }
     }
 
     /// Appends region `r` of container `m`; returns its index here.
@@ -170,6 +213,54 @@ impl Plan {
         );
         at
     }
+}
+
+/// Byte ranges of container `m` that carry its live regions when every
+/// range must hold at least `min` bytes, the first starting at 0 (so the
+/// header comes along) when `from_zero`: a gap between live regions is
+/// skipped when it is larger than `min`, else copied. `None` when the
+/// container is too small.
+fn ranges_for(
+    m: &ContainerMeta,
+    live: &[bool],
+    min: u64,
+    from_zero: bool,
+) -> Option<Vec<(u64, u64)>> {
+    let end_data = m
+        .regions
+        .iter()
+        .map(|r| r.offset + r.stored_len as u64)
+        .max()?;
+    if end_data < min {
+        return None;
+    }
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (_, info) in m.regions.iter().enumerate().filter(|(r, _)| live[*r]) {
+        let (s, e) = (info.offset, info.offset + info.stored_len as u64);
+        match out.last_mut() {
+            None if from_zero => out.push((0, e.max(min))),
+            None => {
+                let start = s.min(end_data - min);
+                out.push((start, e.max(start + min)))
+            }
+            Some(last) if s <= last.1 || s - last.1 <= min || s + min > end_data => {
+                last.1 = last.1.max(e)
+            }
+            Some(_) => out.push((s, e.max(s + min))),
+        }
+    }
+    for r in &mut out {
+        r.1 = r.1.min(end_data);
+    }
+    // Ranges may meet once clamped; merge them.
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for r in out {
+        match merged.last_mut() {
+            Some(l) if r.0 <= l.1 => l.1 = l.1.max(r.1),
+            _ => merged.push(r),
+        }
+    }
+    Some(merged)
 }
 
 /// Cleans the cloud tier `cloud` of `local`.
@@ -244,6 +335,43 @@ pub fn cloud_gc(
         if (dead as f64) <= opts.threshold * total as f64 {
             continue;
         }
+        let min = copier.min_part();
+        if min > 0 {
+            // Byte ranges of at least `min` (S3's part size), the first from
+            // the start (the header); the dead bytes they must take along
+            // stay, unlisted.
+            let live: Vec<bool> = (0..m.regions.len()).map(region_live).collect();
+            // Into the open plan (its header came with its first range),
+            // or a new one whose first range starts at 0.
+            let open = plans
+                .last()
+                .is_some_and(|p| p.from_ranges && p.len + total <= target);
+            let Some(ranges) = ranges_for(m, &live, min, !open) else {
+                rep.containers_too_small += 1;
+                continue;
+            };
+            if !open {
+                let mut p = Plan::new(created)?;
+                p.pieces.clear();
+                p.len = 0;
+                p.from_ranges = true;
+                plans.push(p);
+            }
+            let copied: u64 = ranges.iter().map(|r| r.1 - r.0).sum();
+            let kept: u64 = (0..m.regions.len())
+                .filter(|&r| live[r])
+                .map(|r| m.regions[r].stored_len as u64)
+                .sum();
+            let header = if open { 0 } else { CONTAINER_HEADER_LEN as u64 };
+            rep.containers_copied_forward += 1;
+            rep.dead_bytes_freed += total.saturating_sub(copied.saturating_sub(header));
+            rep.dead_bytes_copied += copied.saturating_sub(kept + header);
+            drop.insert(m.id);
+            if let Some(p) = plans.last_mut() {
+                p.add_ranges(m, &ranges, &live, &mut moved);
+            }
+            continue;
+        }
         rep.containers_copied_forward += 1;
         rep.dead_bytes_freed += dead;
         drop.insert(m.id);
@@ -260,11 +388,12 @@ pub fn cloud_gc(
             }
         }
     }
-    let dead_all = rep.dead_bytes_freed + rep.dead_bytes_kept;
+    let lost = rep.dead_bytes_kept + rep.dead_bytes_copied;
+    let dead_all = rep.dead_bytes_freed + lost;
     rep.efficiency_loss = if dead_all == 0 {
         0.0
     } else {
-        rep.dead_bytes_kept as f64 / dead_all as f64
+        lost as f64 / dead_all as f64
     };
     if opts.dry_run || drop.is_empty() {
         rep.bytes_after = rep.bytes_before;
@@ -347,4 +476,58 @@ pub fn cloud_gc(
     rep.bytes_after = RepoIndex::load_summaries(cloud)?.stored_bytes();
     rep.seconds = started.elapsed().as_secs_f64();
     Ok(rep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn container(regions: usize, size: u32) -> ContainerMeta {
+        ContainerMeta {
+            id: ContainerId([1; 16]),
+            data_len: 0,
+            created: 0,
+            stamp: None,
+            regions: (0..regions)
+                .map(|i| RegionInfo {
+                    offset: CONTAINER_HEADER_LEN as u64 + i as u64 * size as u64,
+                    stored_len: size,
+                    raw_len: size,
+                })
+                .collect(),
+            chunks: vec![],
+            segments: vec![],
+        }
+    }
+
+    #[test]
+    fn ranges_respect_the_minimum_part_and_cover_what_lives() {
+        const MIB: u64 = 1 << 20;
+        let m = container(20, MIB as u32);
+        let min = 5 * MIB;
+        let mut live = vec![false; 20];
+        for r in [0, 1, 12, 13, 19] {
+            live[r] = true;
+        }
+        for from_zero in [true, false] {
+            let rs = ranges_for(&m, &live, min, from_zero).unwrap();
+            assert!(rs.iter().all(|r| r.1 - r.0 >= min), "{rs:?}");
+            assert_eq!(
+                rs[0].0 == 0,
+                from_zero || m.regions[0].offset == 0 || rs[0].0 == 0
+            );
+            for (i, info) in m.regions.iter().enumerate().filter(|(i, _)| live[*i]) {
+                let end = info.offset + info.stored_len as u64;
+                assert!(
+                    rs.iter().any(|r| r.0 <= info.offset && end <= r.1),
+                    "region {i}: {rs:?}"
+                );
+            }
+            // The dead middle (regions 5..12) is skipped.
+            let copied: u64 = rs.iter().map(|r| r.1 - r.0).sum();
+            assert!(copied < 16 * MIB, "{rs:?}");
+        }
+        // Smaller than a part: nothing to do.
+        assert!(ranges_for(&container(4, MIB as u32), &[true; 4], min, true).is_none());
+    }
 }

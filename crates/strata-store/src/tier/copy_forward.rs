@@ -62,6 +62,55 @@ pub trait CopyForward: Send + Sync {
     fn assemble(&self, a: &Assemble) -> Result<Cost>;
     /// What it is, for reports.
     fn describe(&self) -> String;
+    /// Smallest range it can copy, but in the last piece (0: any).
+    fn min_part(&self) -> u64 {
+        0
+    }
+}
+
+/// S3's own server-side copy (`UploadPartCopy` with source ranges): no
+/// service to run, nothing downloaded; every range must hold 5 MiB, so
+/// cleaning works on containers larger than that and copies some dead
+/// bytes along.
+pub struct S3Copy(pub Arc<crate::backend::s3::S3Backend>);
+
+impl CopyForward for S3Copy {
+    fn assemble(&self, a: &Assemble) -> Result<Cost> {
+        use crate::backend::s3::CopyPart;
+        let mut uploaded = 0;
+        let parts: Vec<CopyPart> = a
+            .pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Literal(b) => {
+                    uploaded += b.len() as u64;
+                    CopyPart::Data(b.clone())
+                }
+                Piece::Range {
+                    source,
+                    offset,
+                    len,
+                } => CopyPart::Copy {
+                    source: source.clone(),
+                    offset: *offset,
+                    len: *len,
+                },
+            })
+            .collect();
+        self.0.assemble_by_copy(&a.dest, &parts)?;
+        Ok(Cost {
+            downloaded: 0,
+            uploaded,
+        })
+    }
+
+    fn describe(&self) -> String {
+        "S3 server-side copy (UploadPartCopy)".into()
+    }
+
+    fn min_part(&self) -> u64 {
+        crate::backend::s3::MIN_PART
+    }
 }
 
 /// Assembles `a` with `backend`: what the service does next to the store,

@@ -71,6 +71,17 @@ pub fn attached(local: &Repository) -> Result<Option<TierConfig>> {
 /// [`CLOUD_CONTAINER`]-sized containers) or, when the bucket already holds
 /// `local`'s cloud tier, re-attaches it. Returns the cloud repository.
 pub fn attach(local: &Repository, backend: Arc<dyn Backend>, url: &str) -> Result<Repository> {
+    attach_with(local, backend, url, CLOUD_CONTAINER)
+}
+
+/// [`attach`] with the cloud tier's container size (of a new cloud tier;
+/// S3's server-side copy cleans only containers above 5 MiB).
+pub fn attach_with(
+    local: &Repository,
+    backend: Arc<dyn Backend>,
+    url: &str,
+    container_size: u32,
+) -> Result<Repository> {
     if let Some(c) = attached(local)? {
         if c.peer_url != url {
             return Err(StoreError::Invalid(format!(
@@ -81,7 +92,7 @@ pub fn attach(local: &Repository, backend: Arc<dyn Backend>, url: &str) -> Resul
     }
     let cloud = match backend.size("config")? {
         Some(_) => open_cloud_in(local, backend.clone())?,
-        None => create_cloud(local, backend.clone())?,
+        None => create_cloud(local, backend.clone(), container_size)?,
     };
     write_tier_config(
         local,
@@ -96,14 +107,18 @@ pub fn attach(local: &Repository, backend: Arc<dyn Backend>, url: &str) -> Resul
 }
 
 /// Creates the cloud repository in an empty bucket.
-fn create_cloud(local: &Repository, backend: Arc<dyn Backend>) -> Result<Repository> {
+fn create_cloud(
+    local: &Repository,
+    backend: Arc<dyn Backend>,
+    container_size: u32,
+) -> Result<Repository> {
     let lc = local.config();
     let mut id = [0u8; 16];
     random_bytes(&mut id)?;
     let config = RepoConfig {
         id: hex::encode(id),
         created: now_ns() / 1_000_000_000,
-        container_size: CLOUD_CONTAINER.max(2 * lc.region_size),
+        container_size: container_size.max(2 * lc.region_size),
         index: "exact".into(),
         ..lc.clone()
     };
