@@ -7,7 +7,14 @@ freed (`stats --json` stored_bytes before and after), what migrate sent
 against what the cloud tier lacked, and the requests. Then the newest cloud
 version is restored from the bucket and compared with the source.
 
+Last, every other cloud version is forgotten and the cloud tier cleaned
+with `tier gc` (--gc service: a copy-forward service next to the bucket;
+s3-copy: S3's UploadPartCopy; download: the egress-paying fallback),
+reporting bytes freed and downloaded and the efficiency region
+granularity costs.
+
 usage: scripts/bench-tier.py WORK [--kind sg-image|ddgen] [--scale S] [--versions N]
+                             [--gc service|s3-copy|download] [--container-mib N]
 Starts its own S3 server unless STRATA_TEST_S3 is set (scripts/s3-server).
 """
 import json, os, random, shutil, subprocess, sys, time
@@ -71,7 +78,7 @@ def run(work, kind, scale, versions, env):
             shutil.copytree(src, os.path.join(work, f"v{v}"))
     shutil.rmtree(src + ".sg-tree", ignore_errors=True)
     bucket = f"s3://bench-tier-{random.randrange(1 << 30)}/cold"
-    strata(env, repo, "tier", "add", bucket)
+    strata(env, repo, "tier", "add", bucket, "--container-mib", arg("--container-mib", "4"))
     rows = []
     for k in range(versions - 1):
         vid = ids[k]
@@ -100,8 +107,38 @@ def run(work, kind, scale, versions, env):
                            target + os.path.join(work, "src")], capture_output=True).returncode == 0
     print(json.dumps({"restore_from_cloud_seconds": secs, "bytes": r["bytes"], "identical": same,
                       "gets": r["requests"]["gets"] + r["requests"]["ranged_gets"]}))
+    # Forget every other cloud version, then clean the cloud tier.
+    for vid in ids[0:versions - 1:2]:
+        strata(env, repo, "forget", vid)
+    how = arg("--gc", "service")
+    svc = None
+    gc_args = ["tier", "gc", "--threshold", "0.2"]
+    if how == "service":
+        import socket
+        sk = socket.socket(); sk.bind(("127.0.0.1", 0)); port = sk.getsockname()[1]; sk.close()
+        svc = subprocess.Popen([STRATA, "--repo", bucket, "copy-forward-service", "--listen",
+                                f"127.0.0.1:{port}"], env=env, stderr=subprocess.DEVNULL)
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port)).close(); break
+            except OSError:
+                time.sleep(0.1)
+        gc_args += ["--service", f"http://127.0.0.1:{port}"]
+    else:
+        gc_args += ["--" + how]
+    try:
+        g = strata(env, repo, *gc_args)
+    finally:
+        if svc:
+            svc.kill()
+    gc = {k: g[k] for k in ("copier", "bytes_before", "bytes_after", "dead_bytes_freed", "dead_bytes_kept",
+                            "dead_bytes_copied", "efficiency_loss", "containers_deleted",
+                            "containers_copied_forward", "containers_too_small", "bytes_copied",
+                            "bytes_downloaded", "seconds")}
+    gc["requests"] = g["requests"]
+    print(json.dumps({"cloud_gc": gc}))
     print(json.dumps({"kind": kind, "scale": scale, "versions": versions, "logical_bytes": logical,
-                      "steps": rows}, indent=1))
+                      "steps": rows, "cloud_gc": gc}, indent=1))
 
 if __name__ == "__main__":
     main()

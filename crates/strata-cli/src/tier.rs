@@ -213,11 +213,13 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
                     (None, false) if *dry_run => Box::new(
                         strata_store::tier::copy_forward::Download(c.backend().clone()),
                     ),
-                    (None, false) => return Err(anyhow!(
+                    (None, false) => {
+                        return Err(anyhow!(
                         "say how to copy forward: --service URL (a `strata copy-forward-service` \
                              next to the bucket), --s3-copy (S3 server-side copy, containers over \
                              5 MiB) — neither downloads — or --download (reads the live data here)"
-                    )),
+                    ))
+                    }
                 };
             let opts = strata_store::tier::cloud_gc::CloudGcOptions {
                 threshold: *threshold,
