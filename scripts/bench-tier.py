@@ -93,8 +93,8 @@ def run(work, kind, scale, versions, env):
                      "estimate_whole_containers": est["freed_container_bytes"],
                      "actual_freed": before - after,
                      "lacked_raw": m["raw_bytes_sent"], "containers_bytes": m["stored_bytes_sent"],
-                     "bytes_uploaded": m["requests"]["bytes_sent"], "puts": m["requests"]["puts"],
-                     "gets": m["requests"]["gets"] + m["requests"]["ranged_gets"],
+                     "bytes_uploaded": m["cloud_requests"]["bytes_sent"], "puts": m["cloud_requests"]["puts"],
+                     "gets": m["cloud_requests"]["gets"] + m["cloud_requests"]["ranged_gets"],
                      "deduplicated_chunks": m["chunks_deduplicated"], "sent_chunks": m["chunks_sent"],
                      "migrate_seconds": secs})
         print(json.dumps(rows[-1]), flush=True)
@@ -105,14 +105,15 @@ def run(work, kind, scale, versions, env):
     secs = time.monotonic() - t
     same = subprocess.run(["diff", "-r", os.path.join(work, f"v{versions - 1}"),
                            target + os.path.join(work, "src")], capture_output=True).returncode == 0
+    cr = r["cloud_requests"]
     print(json.dumps({"restore_from_cloud_seconds": secs, "bytes": r["bytes"], "identical": same,
-                      "gets": r["requests"]["gets"] + r["requests"]["ranged_gets"]}))
+                      "cloud_gets": cr["gets"] + cr["ranged_gets"], "cloud_bytes_received": cr["bytes_received"]}))
     # Forget every other cloud version, then clean the cloud tier.
     for vid in ids[0:versions - 1:2]:
         strata(env, repo, "forget", vid)
     how = arg("--gc", "service")
     svc = None
-    gc_args = ["tier", "gc", "--threshold", "0.2"]
+    gc_args = ["tier", "gc", "--threshold", arg("--threshold", "0.2")]
     if how == "service":
         import socket
         sk = socket.socket(); sk.bind(("127.0.0.1", 0)); port = sk.getsockname()[1]; sk.close()
@@ -135,7 +136,7 @@ def run(work, kind, scale, versions, env):
                             "dead_bytes_copied", "efficiency_loss", "containers_deleted",
                             "containers_copied_forward", "containers_too_small", "bytes_copied",
                             "bytes_downloaded", "seconds")}
-    gc["requests"] = g["requests"]
+    gc["cloud_requests"] = g["cloud_requests"]
     print(json.dumps({"cloud_gc": gc}))
     print(json.dumps({"kind": kind, "scale": scale, "versions": versions, "logical_bytes": logical,
                       "steps": rows, "cloud_gc": gc}, indent=1))

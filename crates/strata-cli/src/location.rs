@@ -110,12 +110,24 @@ fn profile_section(text: &str, profile: &str) -> Option<Vec<(String, String)>> {
 /// Concurrent requests to a bucket, at most.
 const S3_CONNECTIONS: usize = 32;
 
-/// What this run asked of the repository's storage (reported by `--json`).
+/// What this run asked of the repository's storage (reported by `--json`
+/// as `requests`), and of its cloud tier (`cloud_requests`).
 pub static METER: std::sync::OnceLock<Arc<Meter>> = std::sync::OnceLock::new();
+pub static CLOUD_METER: std::sync::OnceLock<Arc<Meter>> = std::sync::OnceLock::new();
 
 /// The backend of `loc`, metered. With `create`, a missing directory or
 /// bucket is created (for `init`).
 pub fn backend(loc: &Location, create: bool) -> Result<Arc<dyn Backend>> {
+    let meter = METER.get_or_init(Default::default).clone();
+    metered_backend(loc, create, meter)
+}
+
+/// [`backend`] counting its requests in `meter` (a cloud tier's own).
+pub fn metered_backend(
+    loc: &Location,
+    create: bool,
+    meter: Arc<Meter>,
+) -> Result<Arc<dyn Backend>> {
     let inner: Arc<dyn Backend> = match loc {
         Location::Local(path) => {
             if create {
@@ -126,7 +138,6 @@ pub fn backend(loc: &Location, create: bool) -> Result<Arc<dyn Backend>> {
         }
         Location::S3(s) => s3(s, create)?,
     };
-    let meter = METER.get_or_init(Default::default).clone();
     Ok(Arc::new(Metering::new(inner, meter)))
 }
 

@@ -18,18 +18,24 @@ impl Out {
 
     /// Prints the result: the JSON value with --json, else the text.
     /// Prints a command's result: `v` with `--json` (plus, for an object,
-    /// `requests`: what the command asked of the repository's storage),
-    /// else `text`.
+    /// `requests`: what the command asked of the repository's storage, and
+    /// `cloud_requests` of its cloud tier when it used it), else `text`.
     pub fn result(&self, v: &serde_json::Value, text: impl FnOnce() -> String) {
         if self.json {
             let mut v = v.clone();
-            if let (Some(o), Some(m)) = (v.as_object_mut(), crate::location::METER.get()) {
-                let m = m.read();
-                o.entry("requests").or_insert(serde_json::json!({
-                    "puts": m.puts, "gets": m.gets, "ranged_gets": m.ranged_gets,
-                    "lists": m.lists, "deletes": m.deletes, "heads": m.heads,
-                    "bytes_sent": m.bytes_sent, "bytes_received": m.bytes_received,
-                }));
+            let meters = [
+                ("requests", crate::location::METER.get()),
+                ("cloud_requests", crate::location::CLOUD_METER.get()),
+            ];
+            for (key, meter) in meters {
+                if let (Some(o), Some(m)) = (v.as_object_mut(), meter) {
+                    let m = m.read();
+                    o.entry(key).or_insert(serde_json::json!({
+                        "puts": m.puts, "gets": m.gets, "ranged_gets": m.ranged_gets,
+                        "lists": m.lists, "deletes": m.deletes, "heads": m.heads,
+                        "bytes_sent": m.bytes_sent, "bytes_received": m.bytes_received,
+                    }));
+                }
             }
             println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         } else if !self.quiet {

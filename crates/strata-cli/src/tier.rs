@@ -97,13 +97,16 @@ impl SelArgs {
     }
 }
 
+use crate::location::CLOUD_METER;
+
 /// The cloud tier attached to `repo`, opened.
 pub fn cloud(repo: &Repository) -> Result<Repository> {
     let c = strata_store::tier::attached(repo)?.ok_or_else(|| {
         anyhow!("this repository has no cloud tier: `strata tier add s3://BUCKET/PREFIX`")
     })?;
     let loc = location::location(Some(&c.peer_url))?;
-    let backend = location::backend(&loc, false)?;
+    let meter = CLOUD_METER.get_or_init(Default::default).clone();
+    let backend = location::metered_backend(&loc, false, meter)?;
     Ok(strata_store::tier::open_cloud_in(repo, backend)?)
 }
 
