@@ -33,6 +33,16 @@ pub enum TierCmd {
     /// Bring the selected versions back from the cloud tier: only chunks the
     /// active tier lacks are read from the bucket.
     Recall(SelArgs),
+    /// The bulk first transfer of many versions (an empty cloud tier):
+    /// reads the active tier in physical order, each chunk once; resumable
+    /// — run it again after an interruption.
+    Seed {
+        #[command(flatten)]
+        sel: SelArgs,
+        /// Drop an interrupted seed instead of finishing it.
+        #[arg(long)]
+        restart: bool,
+    },
     /// Clean the cloud tier without downloading it: containers with dead
     /// regions are deleted or copied forward region by region next to the
     /// store (the cleaning efficiency region granularity loses is reported).
@@ -242,6 +252,38 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
                     r.efficiency_loss * 100.0,
                     fmt_bytes(r.bytes_copied),
                     fmt_bytes(r.bytes_downloaded),
+                    r.seconds
+                )
+            });
+        }
+        TierCmd::Seed { sel, restart } => {
+            if *restart {
+                let had = strata_store::tier::seed::restart(&repo)?;
+                out.result(&json!({ "dropped": had }), || {
+                    if had {
+                        "the interrupted seed was dropped".into()
+                    } else {
+                        "no seed was in progress".into()
+                    }
+                });
+                if sel.snapshots.is_empty() && sel.series.is_empty() && sel.older_than.is_none() {
+                    return Ok(0);
+                }
+            }
+            let c = cloud(&repo)?;
+            let pd = crate::progress_for(cli, "seed");
+            let r = strata_store::tier::seed::seed(&repo, &c, &sel.selection(), &pd.progress);
+            pd.finish();
+            let r = r?;
+            out.result(&serde_json::to_value(&r)?, || {
+                format!(
+                    "{} versions seeded into the cloud tier{}: {} containers read in physical order, \
+                     {} chunks sent ({} stored); {:.1}s. `strata gc` frees the local copies.",
+                    r.versions.len(),
+                    if r.resumed { " (resumed)" } else { "" },
+                    r.containers_read,
+                    r.chunks_sent,
+                    fmt_bytes(r.stored_bytes_sent),
                     r.seconds
                 )
             });

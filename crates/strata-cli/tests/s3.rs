@@ -482,3 +482,47 @@ fn tier_gc_by_s3_server_side_copy() {
     let c = r.json(&["check", "--read-data"]);
     assert_eq!(c["errors"], serde_json::json!([]), "{c}");
 }
+
+/// `strata tier seed`: the bulk first transfer into an empty cloud tier.
+#[test]
+fn tier_seed_to_s3() {
+    let Some(ep) = endpoint() else { return };
+    let r = S3Repo::new(&ep, &unique("strata-seed"));
+    let local = r.tmp.path().join("repo");
+    let json = |args: &[&str]| {
+        let mut a = vec!["--json"];
+        a.extend_from_slice(args);
+        run_cmd(
+            r.cmd_with(local.to_str().unwrap(), "strata-secret", &a),
+            None,
+        )
+        .ok()
+        .json()
+    };
+    json(&["init", "--encrypt"]);
+    let src = r.tmp.path().join("src");
+    let mut ids = Vec::new();
+    let mut trees = Vec::new();
+    for v in 0..3u64 {
+        tree(&src, 60 + v);
+        ids.push(
+            json(&["backup", src.to_str().unwrap()])["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+        trees.push(manifest(&src));
+    }
+    json(&["tier", "add", &r.url]);
+    let s = json(&["tier", "seed", &ids[0], &ids[1]]);
+    assert_eq!(s["versions"].as_array().unwrap().len(), 2, "{s}");
+    assert!(s["cloud_requests"]["puts"].as_u64().unwrap() > 0, "{s}");
+    json(&["gc"]);
+    for i in 0..3 {
+        let t = r.tmp.path().join(format!("seeded{i}"));
+        json(&["restore", &ids[i], "--target", t.to_str().unwrap()]);
+        assert_manifest_eq(&trees[i], &manifest(&restored(&t, &src)), "after the seed");
+    }
+    let c = r.json(&["check", "--read-data"]);
+    assert_eq!(c["errors"], serde_json::json!([]), "{c}");
+}

@@ -61,6 +61,8 @@ pub enum Kind {
     RecipePart = 13,
     /// How a repository and its cloud tier know each other (`tier/config`).
     TierConfig = 14,
+    /// A cloud-tier job's saved progress (`tier/seed`).
+    TierState = 15,
 }
 
 /// zstd-compresses `data` with a context kept per thread: creating one

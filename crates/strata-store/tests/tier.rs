@@ -432,3 +432,79 @@ fn cloud_gc_cleans_by_region() {
     let again = cloud_gc(&repo, &cloud, &copier, &CloudGcOptions::default()).unwrap();
     assert_eq!(again.containers_deleted, 0, "{again:?}");
 }
+
+/// Seeding sends every chunk of the selected versions once, in physical
+/// order, and survives being killed: run again, it goes on from its saved
+/// vector and position.
+#[test]
+fn seeding_resumes_after_kills() {
+    use strata_store::tier::seed::seed;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let repo = segment_repo(&tmp.path().join("repo"), true);
+    let versions = history(&src, &repo);
+    let cloud_dir = tmp.path().join("bucket");
+    let faulty = FaultBackend::new(&cloud_dir);
+    let cloud_backend: Arc<dyn Backend> = faulty.clone();
+    let cloud = strata_store::tier::attach(&repo, cloud_backend, "test://b").unwrap();
+    let ids: Vec<&str> = versions[..3].iter().map(|(r, _)| r.id.as_str()).collect();
+    let mut resumed = false;
+    let mut done = None;
+    for budget in [2u64, 5, 9, 30, 1000] {
+        faulty.faults().mutations_left = Some(budget);
+        let r = seed(&repo, &cloud, &sel(&ids), &Progress::default());
+        faulty.heal();
+        strata_store::lock::unlock(&repo, true).unwrap();
+        strata_store::lock::unlock(&cloud, true).unwrap();
+        match r {
+            Ok(r) => {
+                done = Some(r);
+                break;
+            }
+            Err(e) => {
+                eprintln!("seed with {budget} writes: {e}");
+                // Nothing flipped yet: every version restores locally.
+                for (r, tree) in &versions {
+                    let s = repo.load_snapshot(&r.id).unwrap();
+                    if s.tier == Tier::Active {
+                        assert_restores(&repo, &r.id, &src, tmp.path(), tree, "during the seed");
+                    }
+                }
+                resumed = true;
+            }
+        }
+    }
+    let r = done.expect("the seed finished");
+    assert!(resumed && r.resumed, "{r:?}");
+    assert!(r.fingerprints > 0 && r.chunks_sent > 0);
+    let tiers: Vec<Tier> = repo
+        .list_snapshots()
+        .unwrap()
+        .iter()
+        .map(|(_, s)| s.tier)
+        .collect();
+    assert_eq!(tiers, [Tier::Cloud, Tier::Cloud, Tier::Cloud, Tier::Active]);
+    gc(&repo, &GcOptions::default()).unwrap();
+    let alone = open_repo(local(&cloud_dir));
+    for (r, tree) in &versions[..3] {
+        assert_restores(&alone, &r.id, &src, tmp.path(), tree, "seeded");
+    }
+    assert_check_ok(&alone, true, "the seeded bucket");
+    assert_restores(
+        &repo,
+        &versions[3].0.id,
+        &src,
+        tmp.path(),
+        &versions[3].1,
+        "v4",
+    );
+    // A later migration sends only what the seed did not.
+    let m = migrate(
+        &repo,
+        &cloud,
+        &sel(&[&versions[3].0.id]),
+        &Progress::default(),
+    )
+    .unwrap();
+    assert!(m.chunks_deduplicated > m.chunks_sent, "{m:?}");
+}

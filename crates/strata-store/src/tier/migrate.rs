@@ -43,7 +43,7 @@ pub struct MigrateReport {
 
 /// Refuses a selection that would leave an active version whose indirect
 /// references lead into a migrated one (tiers never share chunks).
-fn check_chains(all: &[(String, Snapshot)], chosen: &HashSet<&str>) -> Result<()> {
+pub(crate) fn check_chains(all: &[(String, Snapshot)], chosen: &HashSet<&str>) -> Result<()> {
     for (id, s) in all {
         if chosen.contains(id.as_str()) || s.tier != Tier::Active {
             continue;
@@ -74,7 +74,7 @@ enum Direction {
 
 /// The fingerprint index of `repo`'s pool (stamped containers belong to
 /// one archival version each and go with it: nothing new may use them).
-fn pool_index(repo: &Repository) -> Result<(ExactIndex, ContainerTable)> {
+pub(crate) fn pool_index(repo: &Repository) -> Result<(ExactIndex, ContainerTable)> {
     let table = ContainerTable::default();
     let index = ExactIndex::default();
     RepoIndex::load(repo, |m| {
@@ -234,6 +234,32 @@ impl Moved<'_> {
         })?;
         Ok(r)
     }
+}
+
+/// Flips version `v` to the cloud tier once every chunk it references is
+/// in the cloud tier's `index` (after a seed): its recipe rewritten into
+/// the cloud tier, written to both sides, then the commit.
+pub(crate) fn flip_to_cloud(
+    local: &Repository,
+    cloud: &Repository,
+    vid: &str,
+    v: &Snapshot,
+    index: &ExactIndex,
+    table: &ContainerTable,
+) -> Result<()> {
+    let mut r = local.load_recipe(&v.recipe)?;
+    rewrite_refs(&mut r, |c, _| {
+        let loc = index.lookup(&c.fp).ok_or_else(|| {
+            StoreError::Invalid(format!(
+                "chunk {} of {}@{} is not in the cloud tier",
+                c.fp.to_hex(),
+                v.series,
+                v.version
+            ))
+        })?;
+        Ok(Target::At(table.get(loc.container), loc.region, loc.offset))
+    })?;
+    commit(local, cloud, Direction::ToCloud, vid, v, r)
 }
 
 /// Writes the moved version's recipe and flips its snapshot: the commit.

@@ -14,6 +14,7 @@
 //! | [`phv`] | the perfect-hash vector: one bit per fingerprint of a tier |
 //! | [`estimate`] | bytes a move would free on the active tier (§4) |
 //! | [`migrate`] | versions to the cloud tier, deduplicated against it (§6.1), and back (recall, §6.2) |
+//! | [`seed`] | the bulk first transfer, in physical order, resumable (§5) |
 //! | [`cloud_gc`] | cleaning the cloud tier region by region, copying forward next to the store (§7) |
 //! | [`copy_forward`] | how objects are assembled without downloading them |
 
@@ -22,6 +23,7 @@ pub mod copy_forward;
 pub mod estimate;
 pub mod migrate;
 pub mod phv;
+pub mod seed;
 pub mod select;
 
 use crate::backend::Backend;

@@ -7,6 +7,7 @@
 use boomphf::Mphf;
 use strata_core::Fingerprint;
 
+#[derive(serde::Serialize, serde::Deserialize)]
 pub struct Phv {
     mphf: Mphf<Fingerprint>,
     bits: Vec<u64>,

@@ -44,6 +44,21 @@ impl Selection {
 
 /// The versions of `tier` that `sel` selects, oldest first.
 pub fn versions(repo: &Repository, sel: &Selection, tier: Tier) -> Result<Vec<(String, Snapshot)>> {
+    select(repo, sel, Some(tier))
+}
+
+/// The versions `sel` selects in either tier (a job that moved some of
+/// them before it was interrupted names them all).
+pub fn versions_any(repo: &Repository, sel: &Selection) -> Result<Vec<(String, Snapshot)>> {
+    select(repo, sel, None)
+}
+
+fn select(
+    repo: &Repository,
+    sel: &Selection,
+    tier: Option<Tier>,
+) -> Result<Vec<(String, Snapshot)>> {
+    let in_tier = |s: &Snapshot| tier.is_none_or(|t| s.tier == t);
     if sel.is_empty() {
         return Err(StoreError::Invalid(
             "select versions: snapshot ids or SERIES@VERSION, --series, or --older-than DAYS"
@@ -60,15 +75,15 @@ pub fn versions(repo: &Repository, sel: &Selection, tier: Tier) -> Result<Vec<(S
     // their versions that are.
     let wrong: Vec<String> = out
         .iter()
-        .filter(|(_, s)| s.tier != tier)
+        .filter(|(_, s)| !in_tier(s))
         .map(|(id, s)| format!("{}@{} ({})", s.series, s.version, &id[..8.min(id.len())]))
         .collect();
     if !wrong.is_empty() {
         return Err(StoreError::Invalid(format!(
             "not in the {} tier: {}",
             match tier {
-                Tier::Active => "active",
-                Tier::Cloud => "cloud",
+                Some(Tier::Cloud) => "cloud",
+                _ => "active",
             },
             wrong.join(", ")
         )));
@@ -79,7 +94,7 @@ pub fn versions(repo: &Repository, sel: &Selection, tier: Tier) -> Result<Vec<(S
         }
         for (id, s) in all
             .iter()
-            .filter(|(_, s)| &s.series == series && s.tier == tier)
+            .filter(|(_, s)| &s.series == series && in_tier(s))
         {
             out.insert(id.clone(), s.clone());
         }
@@ -89,7 +104,7 @@ pub fn versions(repo: &Repository, sel: &Selection, tier: Tier) -> Result<Vec<(S
         if sel.snapshots.is_empty() && sel.series.is_empty() {
             out = all
                 .iter()
-                .filter(|(_, s)| s.tier == tier)
+                .filter(|(_, s)| in_tier(s))
                 .map(|(i, s)| (i.clone(), s.clone()))
                 .collect();
         }
