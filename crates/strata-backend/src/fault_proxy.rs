@@ -68,8 +68,8 @@ impl FaultProxy {
                 let Ok(client) = conn else { continue };
                 let n = seq.fetch_add(1, Ordering::SeqCst) + 1;
                 let plan = *f.lock().unwrap_or_else(|e| e.into_inner());
-                let (up, counts) = (upstream.clone(), c.clone());
-                std::thread::spawn(move || serve(client, &up, n, plan, &counts));
+                let (up, counts, live) = (upstream.clone(), c.clone(), f.clone());
+                std::thread::spawn(move || serve(client, &up, n, plan, &counts, &live));
             }
         });
         Ok(FaultProxy {
@@ -106,7 +106,14 @@ fn every(n: u64, k: u64) -> bool {
     k > 0 && n.is_multiple_of(k)
 }
 
-fn serve(client: TcpStream, upstream: &str, n: u64, f: Faults, counts: &Mutex<Injected>) {
+fn serve(
+    client: TcpStream,
+    upstream: &str,
+    n: u64,
+    f: Faults,
+    counts: &Mutex<Injected>,
+    live: &Arc<Mutex<Faults>>,
+) {
     let bump = |g: fn(&mut Injected)| g(&mut counts.lock().unwrap_or_else(|e| e.into_inner()));
     bump(|c| c.connections += 1);
     if f.down || (f.down_after > 0 && n > f.down_after) {
@@ -129,8 +136,9 @@ fn serve(client: TcpStream, upstream: &str, n: u64, f: Faults, counts: &Mutex<In
         _ => return,
     };
     let delay = Duration::from_millis(f.delay_ms);
-    let upload = std::thread::spawn(move || pump(client, server, up_limit, delay));
-    let cut_down = pump(s2, c2, down_limit, delay);
+    let live2 = live.clone();
+    let upload = std::thread::spawn(move || pump(client, server, up_limit, delay, &live2));
+    let cut_down = pump(s2, c2, down_limit, delay, live);
     let cut_up = upload.join().unwrap_or(false);
     if cut_up {
         bump(|c| c.cut_uploads += 1);
@@ -160,9 +168,16 @@ fn slow_down(mut client: TcpStream) {
     let _ = client.shutdown(Shutdown::Both);
 }
 
-/// Copies `from` → `to` until EOF, or cuts both after `limit` bytes.
-/// Returns whether it cut.
-fn pump(mut from: TcpStream, mut to: TcpStream, limit: Option<u64>, delay: Duration) -> bool {
+/// Copies `from` → `to` until EOF, or cuts both after `limit` bytes (or
+/// once the server is taken down: open connections die with it). Returns
+/// whether it cut on `limit`.
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    limit: Option<u64>,
+    delay: Duration,
+    live: &Mutex<Faults>,
+) -> bool {
     let mut buf = vec![0u8; 64 << 10];
     let mut sent = 0u64;
     loop {
@@ -170,6 +185,11 @@ fn pump(mut from: TcpStream, mut to: TcpStream, limit: Option<u64>, delay: Durat
             Ok(0) | Err(_) => break,
             Ok(k) => k,
         };
+        if live.lock().unwrap_or_else(|e| e.into_inner()).down {
+            let _ = from.shutdown(Shutdown::Both);
+            let _ = to.shutdown(Shutdown::Both);
+            return false;
+        }
         if !delay.is_zero() {
             std::thread::sleep(delay);
         }
@@ -184,7 +204,12 @@ fn pump(mut from: TcpStream, mut to: TcpStream, limit: Option<u64>, delay: Durat
             _ => k,
         };
         if to.write_all(&buf[..k]).is_err() {
-            break;
+            // The other side is gone (a server closing an idle connection):
+            // close this one too, so the client sees it at once rather than
+            // waiting for an answer that cannot come.
+            let _ = from.shutdown(Shutdown::Both);
+            let _ = to.shutdown(Shutdown::Both);
+            return false;
         }
         sent += k as u64;
     }

@@ -36,6 +36,7 @@ fn backend(endpoint: &str, prefix: &str, retries: usize) -> S3Backend {
     let opts = S3Options {
         max_retries: retries,
         retry_timeout: Duration::from_secs(60),
+        request_timeout: Duration::from_secs(20),
         ..Default::default()
     };
     S3Backend::open(&loc, &creds, opts).unwrap()

@@ -63,6 +63,24 @@ impl S3Repo {
         a.extend_from_slice(args);
         self.run(&a).ok().json()
     }
+
+    /// The local repository (the active tier) of the tier tests.
+    fn local(&self) -> std::path::PathBuf {
+        self.tmp.path().join("repo")
+    }
+
+    fn run_local(&self, args: &[&str]) -> Run {
+        run_cmd(
+            self.cmd_with(self.local().to_str().unwrap(), "strata-secret", args),
+            None,
+        )
+    }
+
+    fn json_local(&self, args: &[&str]) -> Value {
+        let mut a = vec!["--json"];
+        a.extend_from_slice(args);
+        self.run_local(&a).ok().json()
+    }
 }
 
 fn tree(root: &Path, seed: u64) {
@@ -248,18 +266,9 @@ fn s3_through_a_faulty_network() {
 fn tier_to_s3() {
     let Some(ep) = endpoint() else { return };
     let r = S3Repo::new(&ep, &unique("strata-tier"));
-    let local = r.tmp.path().join("repo");
-    let run = |args: &[&str]| {
-        run_cmd(
-            r.cmd_with(local.to_str().unwrap(), "strata-secret", args),
-            None,
-        )
-    };
-    let json = |args: &[&str]| {
-        let mut a = vec!["--json"];
-        a.extend_from_slice(args);
-        run(&a).ok().json()
-    };
+    let local = r.local();
+    let run = |args: &[&str]| r.run_local(args);
+    let json = |args: &[&str]| r.json_local(args);
     json(&["init", "--encrypt"]);
     let src = r.tmp.path().join("src");
     let mut trees = Vec::new();
@@ -342,18 +351,8 @@ fn tier_to_s3() {
 fn tier_gc_through_the_copy_forward_service() {
     let Some(ep) = endpoint() else { return };
     let r = S3Repo::new(&ep, &unique("strata-cgc"));
-    let local = r.tmp.path().join("repo");
-    let run = |args: &[&str]| {
-        run_cmd(
-            r.cmd_with(local.to_str().unwrap(), "strata-secret", args),
-            None,
-        )
-    };
-    let json = |args: &[&str]| {
-        let mut a = vec!["--json"];
-        a.extend_from_slice(args);
-        run(&a).ok().json()
-    };
+    let run = |args: &[&str]| r.run_local(args);
+    let json = |args: &[&str]| r.json_local(args);
     json(&["init", "--encrypt"]);
     let src = r.tmp.path().join("src");
     let mut ids = Vec::new();
@@ -433,18 +432,7 @@ fn tier_gc_through_the_copy_forward_service() {
 fn tier_gc_by_s3_server_side_copy() {
     let Some(ep) = endpoint() else { return };
     let r = S3Repo::new(&ep, &unique("strata-s3copy"));
-    let local = r.tmp.path().join("repo");
-    let run = |args: &[&str]| {
-        run_cmd(
-            r.cmd_with(local.to_str().unwrap(), "strata-secret", args),
-            None,
-        )
-    };
-    let json = |args: &[&str]| {
-        let mut a = vec!["--json"];
-        a.extend_from_slice(args);
-        run(&a).ok().json()
-    };
+    let json = |args: &[&str]| r.json_local(args);
     json(&["init"]);
     let src = r.tmp.path().join("src");
     let mut ids = Vec::new();
@@ -488,17 +476,7 @@ fn tier_gc_by_s3_server_side_copy() {
 fn tier_seed_to_s3() {
     let Some(ep) = endpoint() else { return };
     let r = S3Repo::new(&ep, &unique("strata-seed"));
-    let local = r.tmp.path().join("repo");
-    let json = |args: &[&str]| {
-        let mut a = vec!["--json"];
-        a.extend_from_slice(args);
-        run_cmd(
-            r.cmd_with(local.to_str().unwrap(), "strata-secret", &a),
-            None,
-        )
-        .ok()
-        .json()
-    };
+    let json = |args: &[&str]| r.json_local(args);
     json(&["init", "--encrypt"]);
     let src = r.tmp.path().join("src");
     let mut ids = Vec::new();

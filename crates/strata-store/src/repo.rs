@@ -370,6 +370,20 @@ impl Repository {
         decode(what, &bytes).map_err(|e| StoreError::corrupt(name, e))
     }
 
+    /// [`Self::get_struct`] for an object that may not exist.
+    pub fn get_struct_opt<T: DeserializeOwned>(
+        &self,
+        kind: Kind,
+        name: &str,
+        what: &'static str,
+    ) -> Result<Option<T>> {
+        match self.get_struct(kind, name, what) {
+            Ok(v) => Ok(Some(v)),
+            Err(StoreError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Reads one snapshot by id.
     pub fn load_snapshot(&self, id: &str) -> Result<Snapshot> {
         self.get_snapshot(&format!("snapshots/{id}"))

@@ -55,6 +55,31 @@ fn history(src: &Path, repo: &Repository) -> Vec<(BackupReport, Tree)> {
     out
 }
 
+/// Restores version `id` (named in `namespace`) from `data`, the
+/// repository holding its data, and compares it with `tree`.
+fn assert_restores_from(
+    namespace: &Repository,
+    data: &Repository,
+    id: &str,
+    src: &Path,
+    scratch: &Path,
+    tree: &Tree,
+    what: &str,
+) {
+    let s = namespace.load_snapshot(id).unwrap();
+    let recipe = namespace.load_recipe(&s.recipe).unwrap();
+    let target = tempfile::tempdir_in(scratch).unwrap();
+    strata_store::restore::restore(
+        data,
+        &s,
+        &recipe,
+        &strata_store::restore::RestoreOptions::new(target.path()),
+    )
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let got = read_tree(&restored_path(target.path(), src));
+    assert!(got == *tree, "{what}: {}", tree.diff(&got));
+}
+
 fn sel(ids: &[&str]) -> Selection {
     Selection {
         snapshots: ids.iter().map(|s| s.to_string()).collect(),
@@ -100,20 +125,10 @@ fn migrate_estimate_gc_restore() {
         assert_check_ok(&repo, true, "active tier after migrate + gc");
         // The cloud versions restore from the bucket; the active ones as before.
         for (i, (r, tree)) in versions.iter().enumerate() {
-            let s = repo.load_snapshot(&r.id).unwrap();
             let data = if i < 2 { &cloud } else { &repo };
+            let s = repo.load_snapshot(&r.id).unwrap();
             assert_eq!(s.tier == Tier::Cloud, i < 2);
-            let recipe = repo.load_recipe(&s.recipe).unwrap();
-            let target = tempfile::tempdir_in(tmp.path()).unwrap();
-            strata_store::restore::restore(
-                data,
-                &s,
-                &recipe,
-                &strata_store::restore::RestoreOptions::new(target.path()),
-            )
-            .unwrap();
-            let got = read_tree(&restored_path(target.path(), &src));
-            assert!(got == *tree, "v{}: {}", i + 1, tree.diff(&got));
+            assert_restores_from(&repo, data, &r.id, &src, tmp.path(), tree, "a version");
         }
         // The bucket alone is a repository holding the cloud versions.
         let alone = open_repo(local(&cloud_dir));
@@ -220,21 +235,7 @@ fn a_migration_killed_half_way_loses_nothing() {
         for (r, tree) in &versions {
             let s = repo.load_snapshot(&r.id).unwrap();
             let data = if s.tier == Tier::Cloud { &cloud } else { &repo };
-            let recipe = repo.load_recipe(&s.recipe).unwrap();
-            let target = tempfile::tempdir_in(tmp.path()).unwrap();
-            strata_store::restore::restore(
-                data,
-                &s,
-                &recipe,
-                &strata_store::restore::RestoreOptions::new(target.path()),
-            )
-            .unwrap_or_else(|e| panic!("after a kill at {budget}: {e}"));
-            let got = read_tree(&restored_path(target.path(), &src));
-            assert!(
-                got == *tree,
-                "after a kill at {budget}: {}",
-                tree.diff(&got)
-            );
+            assert_restores_from(&repo, data, &r.id, &src, tmp.path(), tree, "after a kill");
         }
     }
     // Finishing the job: the rest moves, the first attempts' objects reused.
@@ -306,23 +307,15 @@ fn recall_and_disaster_recovery() {
     let cloud2 = strata_store::tier::open_cloud_in(&rebuilt, local(&cloud_dir)).unwrap();
     for i in [0usize, 2] {
         let (r, tree) = &versions[i];
-        let s = rebuilt.load_snapshot(&r.id).unwrap();
-        assert_eq!(s.tier, Tier::Cloud);
-        let recipe = rebuilt.load_recipe(&s.recipe).unwrap();
-        let target = tempfile::tempdir_in(tmp.path()).unwrap();
-        strata_store::restore::restore(
+        assert_eq!(rebuilt.load_snapshot(&r.id).unwrap().tier, Tier::Cloud);
+        assert_restores_from(
+            &rebuilt,
             &cloud2,
-            &s,
-            &recipe,
-            &strata_store::restore::RestoreOptions::new(target.path()),
-        )
-        .unwrap();
-        let got = read_tree(&restored_path(target.path(), &src));
-        assert!(
-            got == *tree,
-            "v{} after the rebuild: {}",
-            i + 1,
-            tree.diff(&got)
+            &r.id,
+            &src,
+            tmp.path(),
+            tree,
+            "after the rebuild",
         );
     }
     // The rebuilt site backs up and recalls like the lost one.
@@ -410,22 +403,14 @@ fn cloud_gc_cleans_by_region() {
     for i in [1usize, 3] {
         let (v, tree) = &versions[i];
         assert_restores(&alone, &v.id, &src, tmp.path(), tree, "after the cloud gc");
-        let s = repo.load_snapshot(&v.id).unwrap();
-        let recipe = repo.load_recipe(&s.recipe).unwrap();
-        let target = tempfile::tempdir_in(tmp.path()).unwrap();
-        strata_store::restore::restore(
+        assert_restores_from(
+            &repo,
             &cloud,
-            &s,
-            &recipe,
-            &strata_store::restore::RestoreOptions::new(target.path()),
-        )
-        .unwrap();
-        let got = read_tree(&restored_path(target.path(), &src));
-        assert!(
-            got == *tree,
-            "v{} via the local namespace: {}",
-            i + 1,
-            tree.diff(&got)
+            &v.id,
+            &src,
+            tmp.path(),
+            tree,
+            "via the local namespace",
         );
     }
     // A second run finds nothing more.

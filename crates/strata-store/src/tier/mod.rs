@@ -42,19 +42,7 @@ pub const TIER_CONFIG: &str = "tier/config";
 pub const CLOUD_CONTAINER: u32 = 4 << 20;
 
 fn read_tier_config(repo: &Repository) -> Result<Option<TierConfig>> {
-    match repo.backend().get(TIER_CONFIG) {
-        Ok(raw) => {
-            let bytes = repo
-                .sealer()
-                .open(Kind::TierConfig, &raw)
-                .map_err(|e| StoreError::corrupt(TIER_CONFIG, e))?;
-            Ok(Some(
-                decode("tier config", &bytes).map_err(|e| StoreError::corrupt(TIER_CONFIG, e))?,
-            ))
-        }
-        Err(e) if e.is_not_found() => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+    repo.get_struct_opt(Kind::TierConfig, TIER_CONFIG, "tier config")
 }
 
 fn write_tier_config(repo: &Repository, c: &TierConfig) -> Result<()> {

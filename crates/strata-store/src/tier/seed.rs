@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use strata_core::crypto::Kind;
-use strata_core::format::{decode, encode, ContainerId, ContainerMeta, Tier};
+use strata_core::format::{encode, ContainerId, ContainerMeta, Tier};
 
 /// Where a seed's state is kept, in the active tier.
 pub const SEED_STATE: &str = "tier/seed";
@@ -61,19 +61,7 @@ pub struct SeedReport {
 }
 
 fn load_state(local: &Repository) -> Result<Option<SeedState>> {
-    match local.backend().get(SEED_STATE) {
-        Ok(raw) => {
-            let bytes = local
-                .sealer()
-                .open(Kind::TierState, &raw)
-                .map_err(|e| StoreError::corrupt(SEED_STATE, e))?;
-            Ok(Some(
-                decode("seed state", &bytes).map_err(|e| StoreError::corrupt(SEED_STATE, e))?,
-            ))
-        }
-        Err(e) if e.is_not_found() => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+    local.get_struct_opt(Kind::TierState, SEED_STATE, "seed state")
 }
 
 fn save_state(local: &Repository, s: &SeedState) -> Result<()> {
