@@ -120,6 +120,52 @@ pub fn cloud(repo: &Repository) -> Result<Repository> {
     Ok(strata_store::tier::open_cloud_in(repo, backend)?)
 }
 
+/// Object-store prices (US dollars), from `STRATA_PRICE_GB_MONTH`,
+/// `STRATA_PRICE_PUT_PER_1000` (PUT, COPY, LIST), `STRATA_PRICE_GET_PER_1000`
+/// (GET, HEAD) and `STRATA_PRICE_EGRESS_GB`; S3 Standard's list prices by
+/// default.
+fn prices() -> [(&'static str, f64); 4] {
+    let p = |k: &str, d: f64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| *v >= 0.0)
+            .unwrap_or(d)
+    };
+    [
+        ("gb_month", p("STRATA_PRICE_GB_MONTH", 0.023)),
+        ("put_per_1000", p("STRATA_PRICE_PUT_PER_1000", 0.005)),
+        ("get_per_1000", p("STRATA_PRICE_GET_PER_1000", 0.0004)),
+        ("egress_gb", p("STRATA_PRICE_EGRESS_GB", 0.09)),
+    ]
+}
+
+/// A tier command's JSON with what it cost: its requests and egress to
+/// the cloud tier, and the cloud tier's storage per month afterwards.
+fn with_cost(mut v: serde_json::Value, cloud: &Repository) -> Result<serde_json::Value> {
+    let [(_, gb_month), (_, put), (_, get), (_, egress)] = prices();
+    let m = CLOUD_METER.get().map(|m| m.read()).unwrap_or_default();
+    let stored = strata_store::index::RepoIndex::load_summaries(cloud)?.stored_bytes();
+    let gb = |b: u64| b as f64 / 1e9;
+    let requests = (m.puts + m.lists) as f64 / 1000.0 * put
+        + (m.gets + m.ranged_gets + m.heads) as f64 / 1000.0 * get;
+    let egress_usd = gb(m.bytes_received) * egress;
+    if let Some(o) = v.as_object_mut() {
+        o.insert(
+            "cost".into(),
+            json!({
+                "prices_usd": prices().iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+                "requests_usd": requests,
+                "egress_usd": egress_usd,
+                "command_usd": requests + egress_usd,
+                "cloud_stored_bytes": stored,
+                "storage_usd_per_month": gb(stored) * gb_month,
+            }),
+        );
+    }
+    Ok(v)
+}
+
 /// The repository holding `s`'s data: `repo`, or its cloud tier.
 pub fn data_repo(repo: &Repository, s: &Snapshot) -> Result<Repository> {
     match s.tier {
@@ -182,7 +228,7 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
             };
             pd.finish();
             let r = r?;
-            out.result(&serde_json::to_value(&r)?, || {
+            out.result(&with_cost(serde_json::to_value(&r)?, &c)?, || {
                 format!(
                     "{} versions moved to the {} tier: {} logical, {} new chunks copied ({} stored, \
                      {} containers), {} already there; {:.1}s.{}",
@@ -239,7 +285,7 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
                 dry_run: *dry_run,
             };
             let r = strata_store::tier::cloud_gc::cloud_gc(&repo, &c, copier.as_ref(), &opts)?;
-            out.result(&serde_json::to_value(&r)?, || {
+            out.result(&with_cost(serde_json::to_value(&r)?, &c)?, || {
                 format!(
                     "cloud tier: {} freed ({} containers deleted, {} copied forward into {}); \
                      {} of dead chunks kept in live regions ({:.1} % efficiency lost); \
@@ -275,7 +321,7 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
             let r = strata_store::tier::seed::seed(&repo, &c, &sel.selection(), &pd.progress);
             pd.finish();
             let r = r?;
-            out.result(&serde_json::to_value(&r)?, || {
+            out.result(&with_cost(serde_json::to_value(&r)?, &c)?, || {
                 format!(
                     "{} versions seeded into the cloud tier{}: {} containers read in physical order, \
                      {} chunks sent ({} stored); {:.1}s. `strata gc` frees the local copies.",

@@ -291,7 +291,12 @@ fn tier_to_s3() {
     let before = json(&["stats"])["stored_bytes"].as_u64().unwrap();
     let m = json(&["tier", "migrate", &ids[0], &ids[1]]);
     assert_eq!(m["versions"].as_array().unwrap().len(), 2, "{m}");
-    assert!(m["requests"]["puts"].as_u64().unwrap() > 0, "{m}");
+    assert!(m["cloud_requests"]["puts"].as_u64().unwrap() > 0, "{m}");
+    assert!(
+        m["cost"]["storage_usd_per_month"].as_f64().unwrap() > 0.0,
+        "{m}"
+    );
+    assert!(m["cost"]["command_usd"].as_f64().unwrap() > 0.0, "{m}");
     json(&["gc"]);
     let after = json(&["stats"])["stored_bytes"].as_u64().unwrap();
     assert!(
