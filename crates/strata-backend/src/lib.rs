@@ -22,12 +22,14 @@ pub mod fault_proxy;
 pub mod local;
 pub mod location;
 pub mod memory;
+pub mod overlay;
 pub mod s3;
 pub mod wrap;
 
 pub use local::LocalBackend;
 pub use location::Location;
 pub use memory::MemoryBackend;
+pub use overlay::OverlayBackend;
 
 use std::sync::Arc;
 use thiserror::Error;

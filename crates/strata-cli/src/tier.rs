@@ -25,8 +25,17 @@ pub enum TierCmd {
         container_mib: u32,
     },
     /// Bytes the active tier would free if the selected versions (or paths
-    /// of them) moved to the cloud tier — or were forgotten.
-    Estimate(SelArgs),
+    /// of them) moved to the cloud tier — or were forgotten — and `gc` ran:
+    /// exact to the byte (gc is run on a what-if copy: it reads what gc
+    /// would copy forward and writes nothing).
+    Estimate {
+        #[command(flatten)]
+        sel: SelArgs,
+        /// Metadata only (the paper's estimate): the stored share of the
+        /// selection's own chunks, not gc's exact result.
+        #[arg(long)]
+        fast: bool,
+    },
     /// Move the selected versions to the cloud tier: only chunks the bucket
     /// lacks are sent; `gc` then frees what only they held locally.
     Migrate(SelArgs),
@@ -198,19 +207,29 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
                 || format!("cloud tier {} attached ({})", url, &c.config().id[..8]),
             );
         }
-        TierCmd::Estimate(a) => {
-            let e = strata_store::tier::estimate::estimate(&repo, &a.selection())?;
+        TierCmd::Estimate { sel, fast } => {
+            let e = strata_store::tier::estimate::estimate(&repo, &sel.selection(), !fast)?;
             out.result(&serde_json::to_value(&e)?, || {
+                let how = if e.exact {
+                    format!(
+                        "exactly, by the next gc: {} containers deleted, {} copied forward",
+                        e.gc_containers_deleted, e.gc_containers_rewritten
+                    )
+                } else {
+                    "the selection's own chunks, if gc cleaned every one".to_string()
+                };
                 format!(
-                    "{} versions: {} freed on the active tier ({} in {} whole containers; \
-                     {} of the selection's own chunks uncompressed; {} in whole regions)\n\
+                    "{} versions: {} freed on the active tier ({how})\n\
+                     selection's own chunks: {} stored ({} in {} whole containers, {} in whole \
+                     regions), {} uncompressed\n\
                      {} fingerprints, {} of perfect-hash vector, {:.1}s",
                     e.versions.len(),
                     fmt_bytes(e.freed_bytes),
+                    fmt_bytes(e.selection_bytes),
                     fmt_bytes(e.freed_container_bytes),
                     e.freed_containers,
-                    fmt_bytes(e.freed_raw_bytes),
                     fmt_bytes(e.freed_region_bytes),
+                    fmt_bytes(e.freed_raw_bytes),
                     e.fingerprints,
                     fmt_bytes(e.phv_bytes),
                     e.seconds

@@ -269,6 +269,12 @@ impl ContainerMeta {
         self.chunks.iter().map(|c| c.len as u64).sum()
     }
 
+    /// Bytes of its compression regions: the chunk data as stored,
+    /// without the container's header and metadata.
+    pub fn data_bytes(&self) -> u64 {
+        self.regions.iter().map(|r| r.stored_len as u64).sum()
+    }
+
     /// Everything about the container but its chunk and segment entries.
     pub fn summary(&self) -> ContainerSummary {
         ContainerSummary {
@@ -297,6 +303,13 @@ pub struct ContainerSummary {
     /// Plaintext bytes of all chunks.
     pub raw_bytes: u64,
     pub regions: Vec<RegionInfo>,
+}
+
+impl ContainerSummary {
+    /// Bytes of its compression regions (see [`ContainerMeta::data_bytes`]).
+    pub fn data_bytes(&self) -> u64 {
+        self.regions.iter().map(|r| r.stored_len as u64).sum()
+    }
 }
 
 /// The summaries of one index object's containers, stored as

@@ -207,7 +207,7 @@ pub(crate) fn compact_pool(
     rewrite.sort_by_key(|r| (r.meta.created, r.meta.id));
     report.containers_deleted += drop.len() as u64;
     report.containers_rewritten += rewrite.len() as u64;
-    let freed_drop: u64 = drop.iter().map(|m| m.data_len).sum();
+    let freed_drop: u64 = drop.iter().map(|m| m.data_bytes()).sum();
     let progress = &opts.progress;
     progress.bytes_total.fetch_add(
         rewrite.iter().map(|r| r.meta.data_len).sum(),
@@ -251,7 +251,7 @@ pub(crate) fn compact_pool(
     let written = sink.finish()?;
     copy_result?;
     report.containers_written += written.metas.len() as u64;
-    let added: u64 = written.metas.iter().map(|m| m.data_len).sum();
+    let added: u64 = written.metas.iter().map(|m| m.data_bytes()).sum();
 
     let old: HashSet<ContainerId> = drop
         .iter()
@@ -293,7 +293,7 @@ pub(crate) fn compact_pool(
         }
         report.recipes_remapped += 1;
     }
-    let freed_rewrite: u64 = rewrite.iter().map(|r| r.meta.data_len).sum();
+    let freed_rewrite: u64 = rewrite.iter().map(|r| r.meta.data_bytes()).sum();
     edit_index(repo, &idx, &old, vec![])?;
     delete_containers(repo, old.iter())?;
     report.bytes_freed += (freed_drop + freed_rewrite).saturating_sub(added);

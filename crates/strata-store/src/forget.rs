@@ -123,7 +123,7 @@ pub(crate) fn forget_locked(repo: &Repository, ids: &[String]) -> Result<ForgetR
         report.stamped_bytes_freed = owned
             .iter()
             .filter_map(|c| idx.containers.get(c))
-            .map(|c| c.data_len)
+            .map(|c| c.data_bytes())
             .sum();
         report.stamped_containers_deleted = owned.len() as u64;
         edit_index(repo, &idx, &owned, vec![])?;

@@ -74,10 +74,35 @@ pub struct GcReport {
     pub dry_run: bool,
 }
 
-/// Runs mark-and-sweep garbage collection.
+/// Runs mark-and-sweep garbage collection. A dry run is the real thing
+/// on a what-if copy of the repository ([`simulate`]): its figures are
+/// exactly what a run would do.
 pub fn gc(repo: &Repository, opts: &GcOptions) -> Result<GcReport> {
+    if opts.dry_run {
+        let _lock = lock::acquire(repo, false, "gc --dry-run")?;
+        return simulate(repo, opts, |_| Ok(()));
+    }
     let _lock = lock::acquire(repo, true, "gc")?;
     gc_locked(repo, opts)
+}
+
+/// What gc would do after `change` (run on a what-if copy of `repo`, such
+/// as versions moved away or forgotten): gc itself runs on the copy, so
+/// the report is exact to the byte, while `repo` is not touched. It reads
+/// what a real run would read (the containers it copies forward) and
+/// writes nothing. The caller holds a lock.
+pub fn simulate(
+    repo: &Repository,
+    opts: &GcOptions,
+    change: impl FnOnce(&Repository) -> Result<()>,
+) -> Result<GcReport> {
+    let what_if = repo.dry_run();
+    change(&what_if)?;
+    let mut o = opts.clone();
+    o.dry_run = false;
+    let mut report = gc_locked(&what_if, &o)?;
+    report.dry_run = true;
+    Ok(report)
 }
 
 pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport> {
@@ -108,7 +133,7 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
     let stale_bytes: u64 = stale
         .iter()
         .filter_map(|c| idx.containers.get(c))
-        .map(|c| c.data_len)
+        .map(|c| c.data_bytes())
         .sum();
 
     let indexed: HashSet<_> = idx.containers.keys().copied().collect();
@@ -166,6 +191,7 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
     report.bytes_after = report.bytes_before.saturating_sub(report.bytes_freed);
     if !opts.dry_run {
         report.bytes_after = RepoIndex::load_summaries(repo)?.stored_bytes();
+        report.bytes_freed = report.bytes_before.saturating_sub(report.bytes_after);
     }
     Ok(report)
 }

@@ -227,7 +227,15 @@ impl RepoIndex {
         self.objects.push(name);
     }
 
+    /// Bytes of chunk data (compressed, sealed regions) in the containers:
+    /// what dedup and compression leave of the data, without container
+    /// headers and metadata. What `gc` frees and `tier estimate` predicts.
     pub fn stored_bytes(&self) -> u64 {
+        self.containers.values().map(|c| c.data_bytes()).sum()
+    }
+
+    /// Bytes of the data container objects (data, headers and metadata).
+    pub fn container_bytes(&self) -> u64 {
         self.containers.values().map(|c| c.data_len).sum()
     }
 

@@ -170,6 +170,8 @@ pub struct Repository {
     config: RepoConfig,
     sealer: Sealer,
     hasher: Hasher,
+    /// A what-if copy (see [`Repository::dry_run`]) uses no local cache.
+    no_cache: bool,
 }
 
 pub fn now_ns() -> i64 {
@@ -248,6 +250,7 @@ impl Repository {
             config,
             sealer,
             hasher,
+            no_cache: false,
         })
     }
 
@@ -303,6 +306,7 @@ impl Repository {
             config,
             sealer,
             hasher,
+            no_cache: false,
         })
     }
 
@@ -331,6 +335,22 @@ impl Repository {
             config,
             sealer: self.sealer.clone(),
             hasher: self.hasher.clone(),
+            no_cache: self.no_cache,
+        }
+    }
+
+    /// This repository seen through a what-if layer: commands run on it
+    /// exactly as on the repository, but nothing they write or delete
+    /// reaches it (data objects keep only their sizes), and the local cache
+    /// is left alone. Dropped, it leaves no trace.
+    pub fn dry_run(&self) -> Repository {
+        let layer = strata_backend::OverlayBackend::new(self.backend.clone(), &["data/"]);
+        Repository {
+            backend: Arc::new(layer),
+            config: self.config.clone(),
+            sealer: self.sealer.clone(),
+            hasher: self.hasher.clone(),
+            no_cache: true,
         }
     }
 
@@ -471,6 +491,9 @@ impl Repository {
     /// `$STRATA_CACHE_DIR` or `$XDG_CACHE_HOME/strata` or `~/.cache/strata`,
     /// then the repository id. `STRATA_NO_CACHE=1` disables the cache.
     pub fn cache_dir(&self) -> Option<PathBuf> {
+        if self.no_cache {
+            return None;
+        }
         if std::env::var_os("STRATA_NO_CACHE").is_some_and(|v| !v.is_empty() && v != "0") {
             return None;
         }

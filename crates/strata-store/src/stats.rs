@@ -20,8 +20,11 @@ pub struct RepoStats {
     pub logical_bytes: u64,
     /// Plaintext bytes of the unique stored chunks.
     pub unique_raw_bytes: u64,
-    /// Bytes of data containers.
+    /// Bytes of chunk data as stored (compressed, sealed regions) in the
+    /// data containers.
     pub stored_bytes: u64,
+    /// Bytes of the data container objects (chunk data, headers, metadata).
+    pub container_bytes: u64,
     /// Bytes of everything in the repository (data + metadata).
     pub total_repo_bytes: u64,
     pub containers: u64,
@@ -98,6 +101,7 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
     st.chunks = idx.containers.values().map(|c| c.chunks as u64).sum();
     st.unique_raw_bytes = idx.containers.values().map(|c| c.raw_bytes).sum();
     st.stored_bytes = idx.stored_bytes();
+    st.container_bytes = idx.container_bytes();
     st.index_entries = strategy.entries();
     st.index_ram_bytes = strategy.ram_bytes();
     let snaps = repo.list_active_snapshots()?;
@@ -149,10 +153,10 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
     let mut pool_raw = 0u64;
     for c in idx.containers.values() {
         if c.stamp.is_some() {
-            st.stamped_bytes += c.data_len;
+            st.stamped_bytes += c.data_bytes();
             stamped_raw += c.raw_bytes;
         } else {
-            st.pool_bytes += c.data_len;
+            st.pool_bytes += c.data_bytes();
             pool_raw += c.raw_bytes;
         }
     }
@@ -215,7 +219,7 @@ fn series_stats(
     let mut owned: HashMap<&str, u64> = HashMap::new();
     for c in idx.containers.values() {
         if let Some(s) = &c.stamp {
-            *owned.entry(s.owner.as_str()).or_default() += c.data_len;
+            *owned.entry(s.owner.as_str()).or_default() += c.data_bytes();
         }
     }
     let mut by_series: BTreeMap<&str, Vec<&(String, Snapshot)>> = BTreeMap::new();

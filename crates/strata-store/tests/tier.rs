@@ -102,20 +102,23 @@ fn migrate_estimate_gc_restore() {
         assert!(strata_store::tier::attach(&repo, local(&cloud_dir), "test://other").is_err());
 
         let old: Vec<&str> = versions[..2].iter().map(|(r, _)| r.id.as_str()).collect();
-        let e = estimate(&repo, &sel(&old)).unwrap();
-        assert!(e.freed_bytes > 0, "{e:?}");
+        let before_estimate = stored(&repo);
+        let e = estimate(&repo, &sel(&old), true).unwrap();
+        assert!(e.freed_bytes > 0 && e.exact, "{e:?}");
+        assert_eq!(
+            stored(&repo),
+            before_estimate,
+            "the estimate changed the repository"
+        );
         let before = stored(&repo);
         let m = migrate(&repo, &cloud, &sel(&old), &Progress::default()).unwrap();
         assert_eq!(m.versions.len(), 2);
         assert!(m.chunks_sent > 0 && m.chunks_deduplicated > 0, "{m:?}");
         gc(&repo, &GcOptions::default()).unwrap();
         let freed = before - stored(&repo);
-        // Whole containers are freed exactly; the rest within the
-        // compression of the copies gc made.
-        assert!(
-            freed >= e.freed_container_bytes && freed <= e.freed_bytes + e.freed_bytes / 10,
-            "estimate {e:?}, freed {freed}"
-        );
+        // To the byte.
+        assert_eq!(freed, e.freed_bytes, "estimate {e:?}");
+        assert!(freed >= e.freed_container_bytes, "{e:?}");
         let all = repo.list_snapshots().unwrap();
         let tiers: Vec<Tier> = all.iter().map(|(_, s)| s.tier).collect();
         assert_eq!(

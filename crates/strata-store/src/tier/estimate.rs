@@ -1,14 +1,26 @@
 //! How much active-tier space moving a selection to the cloud tier would
 //! free (Data Domain Cloud Tier §4) — also the answer to "how much would
-//! `forget` free?". No reference counts: a perfect-hash vector over every
-//! fingerprint of the active tier is marked from the selected versions
-//! (and paths), unmarked from every other active version, and what stays
-//! marked is referenced by the selection alone; a walk of every
-//! container's metadata then sums the stored copies of those chunks.
+//! `forget` free?". Two figures:
+//!
+//! - The paper's, from metadata alone. No reference counts: a
+//!   perfect-hash vector over every fingerprint of the active tier is
+//!   marked from the selected versions (and paths), unmarked from every
+//!   other active version, and what stays marked is referenced by the
+//!   selection alone; a walk of every container's metadata then sums the
+//!   stored copies of those chunks (`selection_bytes`, pro rata of each
+//!   region's compression).
+//! - The exact one (`freed_bytes`): what the next `gc` will free once the
+//!   selection has left the active tier. Chunk-level cleaning recompresses
+//!   what it copies forward and leaves containers below its threshold
+//!   alone, so no metadata sum can predict it to the byte; instead gc
+//!   itself runs on a what-if copy of the repository in which the
+//!   selection has moved ([`crate::gc::simulate`]): it reads the
+//!   containers gc would copy forward and writes nothing.
 
 use super::phv::Phv;
 use super::select::{versions, Selection};
 use crate::error::Result;
+use crate::gc::{simulate, GcOptions};
 use crate::index::RepoIndex;
 use crate::recipe;
 use crate::repo::Repository;
@@ -20,11 +32,23 @@ use strata_core::format::{Node, Snapshot, Tier};
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Estimate {
     pub versions: Vec<String>,
-    /// Bytes the active tier frees once the selection is gone and the
-    /// pool compacted: containers every chunk of which is the selection's
-    /// alone, whole, plus the stored share (pro rata of each region's
-    /// compression) of the selection's chunks in the other containers.
+    /// Stored bytes (`stats` `stored_bytes`) the active tier frees when the
+    /// selection has moved (or been forgotten) and `gc` has run with
+    /// `gc_threshold`: exact to the byte when `exact`, including garbage
+    /// that gc would collect anyway. Without `exact` (paths selected, or
+    /// `fast`), `selection_bytes`.
     pub freed_bytes: u64,
+    pub exact: bool,
+    pub gc_threshold: f64,
+    /// Containers that gc would delete, copy forward, and write.
+    pub gc_containers_deleted: u64,
+    pub gc_containers_rewritten: u64,
+    pub gc_containers_written: u64,
+    /// The stored share of the selection's own chunks: containers every
+    /// chunk of which is the selection's alone, whole, plus the pro-rata
+    /// share of each region's compression in the other containers — what
+    /// cleaning every chunk (threshold 0) would free.
+    pub selection_bytes: u64,
     /// Of which: containers freed whole.
     pub freed_container_bytes: u64,
     pub freed_containers: u64,
@@ -68,8 +92,10 @@ fn in_paths(paths: &Option<GlobSet>, n: &Node) -> bool {
     })
 }
 
-/// Estimates what moving `sel` (active versions) would free.
-pub fn estimate(repo: &Repository, sel: &Selection) -> Result<Estimate> {
+/// Estimates what moving `sel` (active versions) would free; `exact` adds
+/// the gc simulation (whole versions only).
+pub fn estimate(repo: &Repository, sel: &Selection, exact: bool) -> Result<Estimate> {
+    let _lock = crate::lock::acquire(repo, false, "tier estimate")?;
     let started = std::time::Instant::now();
     let chosen = versions(repo, sel, Tier::Active)?;
     let paths = sel.path_set()?;
@@ -123,20 +149,39 @@ pub fn estimate(repo: &Repository, sel: &Selection) -> Result<Estimate> {
         }
         if all {
             e.freed_containers += 1;
-            e.freed_container_bytes += m.data_len;
-            e.freed_bytes += m.data_len;
-            e.freed_region_bytes += m.regions.iter().map(|r| r.stored_len as u64).sum::<u64>();
+            e.freed_container_bytes += m.data_bytes();
+            e.selection_bytes += m.data_bytes();
+            e.freed_region_bytes += m.data_bytes();
             return;
         }
         for (i, r) in m.regions.iter().enumerate() {
             let raw = r.raw_len.max(1) as u64;
-            e.freed_bytes += r.stored_len as u64 * marked_raw[i].min(raw) / raw;
+            e.selection_bytes += r.stored_len as u64 * marked_raw[i].min(raw) / raw;
             let (n, k) = region_chunks[i];
             if n > 0 && n == k {
                 e.freed_region_bytes += r.stored_len as u64;
             }
         }
     })?;
+    e.freed_bytes = e.selection_bytes;
+    e.gc_threshold = GcOptions::default().threshold;
+    if exact && paths.is_none() && !chosen.is_empty() {
+        let opts = GcOptions::default();
+        let r = simulate(repo, &opts, |what_if| {
+            for (id, s) in &chosen {
+                let mut moved = s.clone();
+                moved.tier = Tier::Cloud;
+                moved.archival = None;
+                what_if.replace_snapshot(id, &moved)?;
+            }
+            Ok(())
+        })?;
+        e.exact = true;
+        e.freed_bytes = r.bytes_freed;
+        e.gc_containers_deleted = r.containers_deleted + r.stamped_deleted;
+        e.gc_containers_rewritten = r.containers_rewritten;
+        e.gc_containers_written = r.containers_written;
+    }
     e.seconds = started.elapsed().as_secs_f64();
     Ok(e)
 }
