@@ -93,6 +93,11 @@ def run(work, kind, scale, versions, env):
                      "estimate_whole_containers": est["freed_container_bytes"],
                      "actual_freed": before - after,
                      "lacked_raw": m["raw_bytes_sent"], "containers_bytes": m["stored_bytes_sent"],
+                     "lacked_data": m["data_bytes_sent"], "lacked_recipe": m["recipe_bytes_sent"],
+                     "sent_over_lacked": round(m["cloud_requests"]["bytes_sent"]
+                                               / max(1, m["data_bytes_sent"] + m["recipe_bytes_sent"]), 4),
+                     "sent_over_lacked_data": round(m["cloud_requests"]["bytes_sent"]
+                                                    / max(1, m["data_bytes_sent"]), 4),
                      "bytes_uploaded": m["cloud_requests"]["bytes_sent"], "puts": m["cloud_requests"]["puts"],
                      "gets": m["cloud_requests"]["gets"] + m["cloud_requests"]["ranged_gets"],
                      "deduplicated_chunks": m["chunks_deduplicated"], "sent_chunks": m["chunks_sent"],
@@ -135,7 +140,7 @@ def run(work, kind, scale, versions, env):
     gc = {k: g[k] for k in ("copier", "bytes_before", "bytes_after", "dead_bytes_freed", "dead_bytes_kept",
                             "dead_bytes_copied", "efficiency_loss", "containers_deleted",
                             "containers_copied_forward", "containers_too_small", "bytes_copied",
-                            "bytes_downloaded", "seconds")}
+                            "bytes_downloaded", "service_answer_bytes", "seconds")}
     gc["cloud_requests"] = g["cloud_requests"]
     print(json.dumps({"cloud_gc": gc}))
     print(json.dumps({"kind": kind, "scale": scale, "versions": versions, "logical_bytes": logical,

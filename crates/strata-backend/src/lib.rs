@@ -12,11 +12,14 @@
 //! | [`local`] | a directory: crash-safe puts (temporary file, fsync, rename, fsync the directory) |
 //! | [`memory`] | a map in memory, for tests and scratch repositories |
 //! | [`s3`] | an S3-compatible bucket (`object_store`), multipart streaming, ranged reads |
-//! | [`wrap`] | retry with backoff on transient errors; a limit on concurrent operations |
+//! | [`wrap`] | retry with backoff on transient errors; a limit on concurrent operations; metering |
+//! | [`cache`] | a local copy of a remote repository's immutable metadata (checksummed, pruned by listings) |
+//! | [`overlay`] | a what-if layer: runs maintenance to learn what it would do, changing nothing |
 //! | [`conformance`] | the checks every backend passes |
 //! | [`fault_proxy`] | a TCP proxy that injects 503s, dropped connections and latency in front of a real S3 server (tests) |
 //! | [`location`] | `--repo` values: a directory or `s3://BUCKET/PREFIX?endpoint=URL` |
 
+pub mod cache;
 pub mod conformance;
 pub mod fault_proxy;
 pub mod local;
@@ -26,6 +29,7 @@ pub mod overlay;
 pub mod s3;
 pub mod wrap;
 
+pub use cache::Cache;
 pub use local::LocalBackend;
 pub use location::Location;
 pub use memory::MemoryBackend;
@@ -129,6 +133,9 @@ pub trait Backend: Send + Sync {
     fn size(&self, name: &str) -> Result<Option<u64>>;
     /// Hints that these ranges will be read soon (prefetch).
     fn will_need(&self, _name: &str, _offset: u64, _len: u64) {}
+    /// Drops any local copy of an object a reader found damaged, so the
+    /// next read goes to storage ([`cache::Cache`]); wrappers pass it on.
+    fn evict(&self, _name: &str) {}
     /// A writer that streams a new object to storage as it is produced,
     /// where the backend can (see [`create_object`]); `None` when objects
     /// are put whole.

@@ -142,6 +142,16 @@ impl Backend for OverlayBackend {
         }
     }
 
+    fn will_need(&self, name: &str, offset: u64, len: u64) {
+        if !self.layer().contains_key(name) {
+            self.base.will_need(name, offset, len)
+        }
+    }
+
+    fn evict(&self, name: &str) {
+        self.base.evict(name)
+    }
+
     fn stream(&self, name: &str) -> Result<Option<Box<dyn ObjectWriter>>> {
         check_name("write", name)?;
         Ok(Some(Box::new(LayerWriter {

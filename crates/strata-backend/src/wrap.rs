@@ -75,6 +75,9 @@ impl Backend for Retry {
     fn will_need(&self, name: &str, offset: u64, len: u64) {
         self.inner.will_need(name, offset, len)
     }
+    fn evict(&self, name: &str) {
+        self.inner.evict(name)
+    }
     fn stream(&self, name: &str) -> Result<Option<Box<dyn ObjectWriter>>> {
         self.run(|b| b.stream(name))
     }
@@ -137,6 +140,9 @@ impl Backend for Limit {
     }
     fn will_need(&self, name: &str, offset: u64, len: u64) {
         self.inner.will_need(name, offset, len)
+    }
+    fn evict(&self, name: &str) {
+        self.inner.evict(name)
     }
     fn stream(&self, name: &str) -> Result<Option<Box<dyn ObjectWriter>>> {
         // A streamed object's parts are the inner backend's business.
@@ -390,6 +396,9 @@ impl Backend for Metering {
     }
     fn will_need(&self, name: &str, offset: u64, len: u64) {
         self.inner.will_need(name, offset, len)
+    }
+    fn evict(&self, name: &str) {
+        self.inner.evict(name)
     }
     fn stream(&self, name: &str) -> Result<Option<Box<dyn ObjectWriter>>> {
         Ok(self.inner.stream(name)?.map(|w| {

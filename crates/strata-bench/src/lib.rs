@@ -19,4 +19,5 @@ pub mod indextrace;
 pub mod limits;
 pub mod measure;
 pub mod runner;
+pub mod s3;
 pub mod systems;

@@ -337,7 +337,7 @@ fn main() -> Result<()> {
             let mut skipped = Vec::new();
             for w in &wanted {
                 match w.as_str() {
-                    "restic" | "borg" if !systems::installed(w) => {
+                    "restic" | "borg" | "restic+s3" if !systems::installed(w.trim_end_matches("+s3")) => {
                         let msg = format!(
                             "{w} is not installed (scripts/bench-peers-install installs it)"
                         );
@@ -345,6 +345,7 @@ fn main() -> Result<()> {
                         skipped.push(msg);
                     }
                     "restic" => list.push(Box::new(systems::Restic::default())),
+                    "restic+s3" => list.push(Box::new(systems::Restic::on_s3())),
                     "borg" => list.push(Box::new(systems::Borg)),
                     s if s.starts_with("strata-") => {
                         let mut sys = systems::Strata::from_spec(bin.clone(), s)?;
@@ -359,7 +360,7 @@ fn main() -> Result<()> {
                         list.push(Box::new(sys));
                     }
                     other => bail!(
-                        "unknown system {other:?}: use strata-<index>[+option=value...], restic or borg"
+                        "unknown system {other:?}: use strata-<index>[+option=value...][+s3], restic[+s3] or borg"
                     ),
                 }
             }
@@ -368,6 +369,17 @@ fn main() -> Result<()> {
                 .to_lowercase()
                 + if gen.image { "-image" } else { "" };
             let out_dir = out.join(format!("{name}-{}", timestamp()));
+            // The `+s3` systems keep their repositories in a real S3 server
+            // on loopback, started here for the run.
+            let _s3 = if list.iter().any(|s| s.wants_s3()) {
+                let server = strata_bench::s3::S3Server::start(&work.join("s3"))?;
+                for s in list.iter_mut().filter(|s| s.wants_s3()) {
+                    s.set_s3(server.target.clone());
+                }
+                Some(server)
+            } else {
+                None
+            };
             let opts = RunOptions {
                 scenario: gen.kind.clone(),
                 gen: gen.options(),

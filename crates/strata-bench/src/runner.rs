@@ -293,6 +293,7 @@ fn run_once(
         .collect();
     for (s, r) in systems.iter_mut().zip(&repos) {
         let _ = std::fs::remove_dir_all(r);
+        let _ = std::fs::remove_dir_all(s.stored_dir(r));
         let _ = std::fs::remove_dir_all(crate::systems::cache_dir(r));
         s.init(r)
             .with_context(|| format!("initialising {}", s.name()))?;
@@ -359,7 +360,7 @@ fn run_once(
                     logical_bytes: logical[si][v],
                     seconds: m.seconds,
                     mb_per_s: mb(logical[si][v], m.seconds),
-                    stored_bytes_after: tree_bytes(&repos[i]),
+                    stored_bytes_after: tree_bytes(&sys.stored_dir(&repos[i])),
                     peak_rss_bytes: m.peak_rss_bytes,
                     cumulative_logical_bytes: 0,
                     dedup_ratio: 0.0,
@@ -478,7 +479,7 @@ fn run_once(
                 what: "oldest".into(),
                 versions: oldest.len(),
                 seconds: m.seconds,
-                stored_bytes_after: tree_bytes(&repos[i]),
+                stored_bytes_after: tree_bytes(&sys.stored_dir(&repos[i])),
             });
             let half: Vec<(String, usize)> = series
                 .iter()
@@ -491,7 +492,7 @@ fn run_once(
                 what: "half".into(),
                 versions: half.len(),
                 seconds: m.seconds,
-                stored_bytes_after: tree_bytes(&repos[i]),
+                stored_bytes_after: tree_bytes(&sys.stored_dir(&repos[i])),
             });
             eprintln!("delete  {:<14} oldest + half done", sys.name());
         }

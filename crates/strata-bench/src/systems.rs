@@ -3,6 +3,7 @@
 //! default settings with encryption off where the tool allows it.
 
 use crate::measure::{run, Measured};
+use crate::s3::S3Target;
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,6 +35,17 @@ pub trait System {
     ) -> Result<(Measured, PathBuf)>;
     /// Deletes versions and frees their space.
     fn delete(&mut self, repo: &Path, versions: &[(String, usize)]) -> Result<Measured>;
+    /// Whether the system keeps its repository in a bucket (`+s3`).
+    fn wants_s3(&self) -> bool {
+        false
+    }
+    /// The S3 server the runner started for it.
+    fn set_s3(&mut self, _target: S3Target) {}
+    /// Where its repository's bytes are on this machine (a bucket's
+    /// directory in the S3 server's data, for `+s3`).
+    fn stored_dir(&self, repo: &Path) -> PathBuf {
+        repo.to_path_buf()
+    }
     /// Strata only: containers and regions read by the last restore.
     fn last_restore_reads(&self) -> Option<(u64, u64)> {
         None
@@ -74,6 +86,9 @@ pub struct Strata {
     /// Seconds of the lifecycle inside the last backup.
     last_lifecycle: Option<f64>,
     last_reads: Option<(u64, u64)>,
+    /// `+s3`: the repository is `s3://BUCKET/repo` on this server.
+    pub wants_s3: bool,
+    pub s3: Option<S3Target>,
 }
 
 /// What `strata features --json` reports that the harness uses.
@@ -97,6 +112,8 @@ impl Strata {
             lifecycle_in_backup: false,
             last_lifecycle: None,
             last_reads: None,
+            wants_s3: false,
+            s3: None,
         }
     }
 
@@ -110,6 +127,10 @@ impl Strata {
         let index = parts.next().unwrap_or_default();
         let mut s = Strata::new(bin, index);
         for p in parts {
+            if p == "s3" {
+                s.wants_s3 = true;
+                continue;
+            }
             let (k, v) = p
                 .split_once('=')
                 .ok_or_else(|| anyhow!("{p:?} in {spec:?}: use +OPTION=VALUE"))?;
@@ -120,7 +141,17 @@ impl Strata {
 
     fn cmd(&self, repo: &Path) -> Command {
         let mut c = Command::new(&self.bin);
-        c.arg("--repo").arg(repo).arg("--json");
+        match &self.s3 {
+            Some(t) => {
+                c.arg("--repo")
+                    .arg(format!("s3://{}/repo", S3Target::bucket(&self.name())));
+                c.envs(t.env());
+            }
+            None => {
+                c.arg("--repo").arg(repo);
+            }
+        }
+        c.arg("--json");
         c.env_remove("STRATA_PASSWORD").env_remove("STRATA_REPO");
         // The local index cache lives next to the repository, inside the
         // run's work directory (the runner deletes it with the repository),
@@ -163,12 +194,15 @@ impl System for Strata {
         for (k, v) in &self.init_args {
             n += &format!("+{k}={v}");
         }
+        if self.wants_s3 {
+            n += "+s3";
+        }
         n
     }
 
     fn settings(&self) -> String {
         format!(
-            "index {}{}, zstd 3, FastCDC 8 KiB, unencrypted (checksums){}{}",
+            "index {}{}, zstd 3, FastCDC 8 KiB, unencrypted (checksums){}{}{}",
             self.index,
             self.init_args
                 .iter()
@@ -189,6 +223,11 @@ impl System for Strata {
                      deletion by `forget` without --prune"
                 }
                 _ => "",
+            },
+            if self.wants_s3 {
+                "; repository in an S3 bucket (versitygw on loopback)"
+            } else {
+                ""
             }
         )
     }
@@ -293,6 +332,21 @@ impl System for Strata {
         self.last_reads
     }
 
+    fn wants_s3(&self) -> bool {
+        self.wants_s3
+    }
+
+    fn set_s3(&mut self, target: S3Target) {
+        self.s3 = Some(target);
+    }
+
+    fn stored_dir(&self, repo: &Path) -> PathBuf {
+        match &self.s3 {
+            Some(t) => t.bucket_dir(&self.name()),
+            None => repo.to_path_buf(),
+        }
+    }
+
     fn baseline_command(&self) -> Command {
         let mut c = Command::new(&self.bin);
         c.arg("--version");
@@ -300,18 +354,40 @@ impl System for Strata {
     }
 }
 
-/// restic at default settings (it always encrypts; compression `auto`).
+/// restic at default settings (it always encrypts; compression `auto`);
+/// `restic+s3` keeps its repository in a bucket of the runner's S3 server.
 #[derive(Default)]
 pub struct Restic {
     ids: std::collections::HashMap<(String, usize), String>,
+    pub wants_s3: bool,
+    s3: Option<S3Target>,
 }
 
 impl Restic {
-    fn cmd(repo: &Path) -> Command {
+    /// `restic+s3`.
+    pub fn on_s3() -> Self {
+        Restic {
+            wants_s3: true,
+            ..Default::default()
+        }
+    }
+
+    fn cmd(&self, repo: &Path) -> Command {
         let mut c = Command::new("restic");
-        c.arg("-r")
-            .arg(repo)
-            .env("RESTIC_PASSWORD", "bench")
+        match &self.s3 {
+            Some(t) => {
+                c.arg("-r").arg(format!(
+                    "s3:{}/{}/repo",
+                    t.endpoint,
+                    S3Target::bucket(&self.name())
+                ));
+                c.envs(t.env());
+            }
+            None => {
+                c.arg("-r").arg(repo);
+            }
+        }
+        c.env("RESTIC_PASSWORD", "bench")
             .env("RESTIC_CACHE_DIR", cache_dir(repo));
         c
     }
@@ -319,15 +395,39 @@ impl Restic {
 
 impl System for Restic {
     fn name(&self) -> String {
-        "restic".into()
+        if self.wants_s3 {
+            "restic+s3".into()
+        } else {
+            "restic".into()
+        }
+    }
+
+    fn wants_s3(&self) -> bool {
+        self.wants_s3
+    }
+
+    fn set_s3(&mut self, target: S3Target) {
+        self.s3 = Some(target);
+    }
+
+    fn stored_dir(&self, repo: &Path) -> PathBuf {
+        match &self.s3 {
+            Some(t) => t.bucket_dir(&self.name()),
+            None => repo.to_path_buf(),
+        }
     }
 
     fn settings(&self) -> String {
-        "default (compression auto = zstd fast, AES-256 encryption always on)".into()
+        let s = "default (compression auto = zstd fast, AES-256 encryption always on)";
+        if self.wants_s3 {
+            format!("{s}; repository in an S3 bucket (versitygw on loopback)")
+        } else {
+            s.into()
+        }
     }
 
     fn init(&mut self, repo: &Path) -> Result<()> {
-        run(Self::cmd(repo).arg("init"), &[0])?;
+        run(self.cmd(repo).arg("init"), &[0])?;
         Ok(())
     }
 
@@ -339,7 +439,7 @@ impl System for Restic {
         src: &Path,
     ) -> Result<Measured> {
         let m = run(
-            Self::cmd(repo)
+            self.cmd(repo)
                 .args(["backup", "--json", "--host", "bench", "--tag", series])
                 .arg(src),
             &[0, 3],
@@ -368,16 +468,14 @@ impl System for Restic {
             .get(&(series.to_string(), version))
             .ok_or_else(|| anyhow!("no restic snapshot for {series}@{version}"))?;
         let m = run(
-            Self::cmd(repo)
-                .args(["restore", id, "--target"])
-                .arg(target),
+            self.cmd(repo).args(["restore", id, "--target"]).arg(target),
             &[0],
         )?;
         Ok((m, in_target(target, src)))
     }
 
     fn delete(&mut self, repo: &Path, versions: &[(String, usize)]) -> Result<Measured> {
-        let mut c = Self::cmd(repo);
+        let mut c = self.cmd(repo);
         c.arg("forget");
         for k in versions {
             c.arg(

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use strata_store::backend::location::S3Location;
 use strata_store::backend::s3::{S3Backend, S3Credentials, S3Options};
 use strata_store::backend::wrap::{Limit, Meter, Metering, Retry};
-use strata_store::backend::{Backend, LocalBackend, Location};
+use strata_store::backend::{Backend, Cache, LocalBackend, Location};
 
 /// The default repository directory: `$XDG_DATA_HOME/strata/repo` or
 /// `~/.local/share/strata/repo`.
@@ -138,7 +138,47 @@ pub fn metered_backend(
         }
         Location::S3(s) => s3(s, create)?,
     };
-    Ok(Arc::new(Metering::new(inner, meter)))
+    let metered: Arc<dyn Backend> = Arc::new(Metering::new(inner, meter));
+    // A bucket's immutable metadata is kept on this machine too (the
+    // meter counts only what reaches the bucket).
+    let bypass = NO_OBJECT_CACHE.load(std::sync::atomic::Ordering::Relaxed);
+    match (loc, object_cache_dir(loc).filter(|_| !bypass)) {
+        (Location::S3(_), Some(dir)) => Ok(Arc::new(Cache::new(metered, dir, CACHED))),
+        _ => Ok(metered),
+    }
+}
+
+/// Set by commands that must read the bucket itself (check, repair).
+pub static NO_OBJECT_CACHE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// What [`Cache`] keeps of a remote repository: objects written once under
+/// names that never change contents — recipe parts and indexes, container
+/// metadata. (Index objects have their own cache, by repository id.)
+const CACHED: &[&str] = &["parts/", "recipes/", "meta/"];
+
+/// The local cache base: `$STRATA_CACHE_DIR`, else `$XDG_CACHE_HOME/strata`,
+/// else `~/.cache/strata`; `None` when `STRATA_NO_CACHE` is set.
+pub fn cache_base() -> Option<PathBuf> {
+    if std::env::var_os("STRATA_NO_CACHE").is_some_and(|v| !v.is_empty() && v != "0") {
+        return None;
+    }
+    std::env::var_os("STRATA_CACHE_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME")
+                .filter(|v| !v.is_empty())
+                .map(|x| PathBuf::from(x).join("strata"))
+        })
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/strata")))
+}
+
+/// Where the objects of remote location `loc` are cached: one directory
+/// per location (bucket, prefix and endpoint).
+fn object_cache_dir(loc: &Location) -> Option<PathBuf> {
+    let key = blake3::hash(format!("{loc:?}").as_bytes()).to_hex();
+    Some(cache_base()?.join("objects").join(&key[..16]))
 }
 
 /// The bare S3 backend of `loc` (for what only S3 does: server-side copy).

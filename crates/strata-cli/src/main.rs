@@ -355,6 +355,10 @@ pub(crate) fn progress_for(cli: &Cli, what: &str) -> ProgressDisplay {
 }
 
 fn run(cli: &Cli, out: &Out) -> Result<i32> {
+    // Checking and repairing read the bucket itself, never local copies.
+    if matches!(cli.cmd, Cmd::Check { .. } | Cmd::Repair { .. }) {
+        location::NO_OBJECT_CACHE.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     match &cli.cmd {
         Cmd::Init(a) => {
             let loc = repo_location(cli)?;

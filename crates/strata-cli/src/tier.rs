@@ -216,7 +216,10 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
                         e.gc_containers_deleted, e.gc_containers_rewritten
                     )
                 } else {
-                    "the selection's own chunks, if gc cleaned every one".to_string()
+                    format!(
+                        "the selection's own chunks, if gc cleaned every one; not exact: {}",
+                        e.not_exact_because.as_deref().unwrap_or("-")
+                    )
                 };
                 format!(
                     "{} versions: {} freed on the active tier ({how})\n\
@@ -224,7 +227,11 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
                      regions), {} uncompressed\n\
                      {} fingerprints, {} of perfect-hash vector, {:.1}s",
                     e.versions.len(),
-                    fmt_bytes(e.freed_bytes),
+                    if e.freed_bytes < 0 {
+                        format!("-{}", fmt_bytes(e.freed_bytes.unsigned_abs()))
+                    } else {
+                        fmt_bytes(e.freed_bytes as u64)
+                    },
                     fmt_bytes(e.selection_bytes),
                     fmt_bytes(e.freed_container_bytes),
                     e.freed_containers,

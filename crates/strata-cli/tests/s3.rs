@@ -286,7 +286,7 @@ fn tier_to_s3() {
     assert!(e.stderr.contains("tier add"), "{}", e.stderr);
     json(&["tier", "add", &r.url]);
     let est = json(&["tier", "estimate", &ids[0], &ids[1]]);
-    let freed = est["freed_bytes"].as_u64().unwrap();
+    let freed = est["freed_bytes"].as_i64().unwrap();
     assert!(freed > 0, "{est}");
     let before = json(&["stats"])["stored_bytes"].as_u64().unwrap();
     let m = json(&["tier", "migrate", &ids[0], &ids[1]]);
@@ -300,7 +300,7 @@ fn tier_to_s3() {
     json(&["gc"]);
     let after = json(&["stats"])["stored_bytes"].as_u64().unwrap();
     // To the byte: the estimate ran gc on a what-if copy.
-    assert_eq!(before - after, freed, "estimate {est}");
+    assert_eq!(before as i64 - after as i64, freed, "estimate {est}");
     assert_eq!(est["exact"], true, "{est}");
     let snaps = json(&["snapshots"]);
     let tiers: Vec<&str> = snaps
@@ -406,9 +406,11 @@ fn tier_gc_through_the_copy_forward_service() {
     let _ = svc.kill();
     let _ = svc.wait();
     assert!(g["dead_bytes_freed"].as_u64().unwrap() > 0, "{g}");
-    let downloaded = g["bytes_downloaded"].as_u64().unwrap();
+    // No stored byte comes back here: only the service's short answers.
+    assert_eq!(g["bytes_downloaded"], 0, "{g}");
+    let answers = g["service_answer_bytes"].as_u64().unwrap();
     assert!(
-        downloaded < 1000 * (1 + g["containers_written"].as_u64().unwrap()),
+        answers > 0 && answers < 100 * (1 + g["containers_written"].as_u64().unwrap()),
         "{g}"
     );
     assert!(

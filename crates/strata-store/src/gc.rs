@@ -183,8 +183,20 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
                 report.parts_deleted += 1;
             }
         }
-        // One pool index object (and one per stamp owner) from here on.
-        consolidate_index(repo)?;
+        // One pool index object (and one per stamp owner) from here on —
+        // unless it is so already and nothing changed (on a bucket,
+        // rewriting the index is the bulk of a gc that found nothing).
+        let changed = report.containers_deleted
+            + report.containers_written
+            + report.stamped_deleted
+            + report.orphans_deleted
+            > 0;
+        if changed || idx.objects.len() > consolidated_objects(&idx) {
+            consolidate_index(repo)?;
+        } else {
+            // Summaries left by a crash between two deletes.
+            crate::index::sweep_summaries(repo)?;
+        }
         // Whatever the lifecycle released is collected now.
         crate::lifecycle::store_state(repo, &Default::default())?;
     }
@@ -194,6 +206,21 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
         report.bytes_freed = report.bytes_before.saturating_sub(report.bytes_after);
     }
     Ok(report)
+}
+
+/// How many index objects [`consolidate_index`] leaves for `idx`'s
+/// containers, at most.
+fn consolidated_objects(idx: &RepoIndex) -> usize {
+    let mut groups: std::collections::HashMap<Option<&str>, usize> = Default::default();
+    for c in idx.containers.values() {
+        *groups
+            .entry(c.stamp.as_ref().map(|s| s.owner.as_str()))
+            .or_default() += (c.chunks as usize).max(1);
+    }
+    groups
+        .values()
+        .map(|n| n.div_ceil(crate::index::MAX_INDEX_OBJECT_CHUNKS))
+        .sum()
 }
 
 /// Rewrites the index as one object for the pool and one per stamp owner

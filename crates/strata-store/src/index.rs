@@ -321,7 +321,7 @@ pub(crate) fn write_by_owner(repo: &Repository, metas: Vec<ContainerMeta>) -> Re
 
 /// Chunk entries per index object written by [`write_by_owner`] (~60 MB
 /// of metadata, ~8 GB of 8 KiB chunks).
-const MAX_INDEX_OBJECT_CHUNKS: usize = 1 << 20;
+pub(crate) const MAX_INDEX_OBJECT_CHUNKS: usize = 1 << 20;
 
 /// A dedup index strategy. Backups look chunks up a segment at a time (the
 /// coarse unit every strategy can work with) and *claim* each chunk they

@@ -64,12 +64,13 @@ pub fn load_object(repo: &Repository, id: &str) -> Result<RecipeObject> {
         return Err(bad_id("a snapshot", id));
     }
     let name = format!("recipes/{id}");
-    let raw = repo.backend().get(&name)?;
-    let bytes = repo
-        .sealer()
-        .open(Kind::Recipe, &raw)
-        .map_err(|e| StoreError::corrupt(&name, e))?;
-    decode_recipe_object(&bytes).map_err(|e| StoreError::corrupt(&name, e))
+    repo.read_verified(&name, |raw| {
+        let bytes = repo
+            .sealer()
+            .open(Kind::Recipe, raw)
+            .map_err(|e| StoreError::corrupt(&name, e))?;
+        decode_recipe_object(&bytes).map_err(|e| StoreError::corrupt(&name, e))
+    })
 }
 
 /// Reads a part and checks that it is the part its name says.
@@ -78,22 +79,22 @@ pub fn load_part(repo: &Repository, id: &str) -> Result<Recipe> {
         return Err(bad_id("a recipe", id));
     }
     let name = part_name(id);
-    let raw = repo.backend().get(&name)?;
-    let bytes = repo
-        .sealer()
-        .open(Kind::RecipePart, &raw)
-        .map_err(|e| StoreError::corrupt(&name, e))?;
-    if repo.hasher().hash(&bytes).to_hex() != id {
-        return Err(StoreError::corrupt(
-            &name,
-            strata_core::CoreError::Decode {
-                what: "recipe part",
-                msg: "its content does not match its name".into(),
-            },
-        ));
-    }
-    let part: Recipe = decode("recipe part", &bytes).map_err(|e| StoreError::corrupt(&name, e))?;
-    Ok(part)
+    repo.read_verified(&name, |raw| {
+        let bytes = repo
+            .sealer()
+            .open(Kind::RecipePart, raw)
+            .map_err(|e| StoreError::corrupt(&name, e))?;
+        if repo.hasher().hash(&bytes).to_hex() != id {
+            return Err(StoreError::corrupt(
+                &name,
+                strata_core::CoreError::Decode {
+                    what: "recipe part",
+                    msg: "its content does not match its name".into(),
+                },
+            ));
+        }
+        decode("recipe part", &bytes).map_err(|e| StoreError::corrupt(&name, e))
+    })
 }
 
 /// The ids of the parts of recipe `id` (none for a version-1 recipe).
@@ -214,6 +215,8 @@ pub struct RecipeWriter<'r> {
     last: Option<Vec<u8>>,
     /// Bytes of the objects written (parts and, at the end, the index).
     pub stored_bytes: u64,
+    /// Of which, to the repository written to (not the mirror).
+    pub primary_bytes: u64,
     pub parts_written: u64,
     pub parts_reused: u64,
     pub nodes: u64,
@@ -237,6 +240,7 @@ impl<'r> RecipeWriter<'r> {
             first: Vec::new(),
             last: None,
             stored_bytes: 0,
+            primary_bytes: 0,
             parts_written: 0,
             parts_reused: 0,
             nodes: 0,
@@ -354,6 +358,9 @@ impl<'r> RecipeWriter<'r> {
             let e = env.as_deref().unwrap_or_default();
             repo.backend().put(&name, e)?;
             self.stored_bytes += e.len() as u64;
+            if std::ptr::eq(repo, self.repo) {
+                self.primary_bytes += e.len() as u64;
+            }
             self.parts_written += 1;
         }
         let containers = self
@@ -385,7 +392,19 @@ impl<'r> RecipeWriter<'r> {
     /// Writes the last part and the recipe object; returns the recipe id
     /// and the bytes written in all. The caller commits a snapshot naming
     /// it.
-    pub fn finish(mut self) -> Result<(String, u64)> {
+    pub fn finish(self) -> Result<(String, u64)> {
+        let mut total = 0;
+        let id = self.finish_inner(&mut total)?.0;
+        Ok((id, total))
+    }
+
+    /// [`Self::finish`], returning the bytes written to the repository
+    /// written to alone (not the mirror).
+    pub fn finish_primary(self) -> Result<(String, u64)> {
+        self.finish_inner(&mut 0)
+    }
+
+    fn finish_inner(mut self, total: &mut u64) -> Result<(String, u64)> {
         self.cut()?;
         let bytes = encode_recipe_index(&self.index)?;
         let env = self.repo.sealer().seal(Kind::Recipe, &bytes, true)?;
@@ -393,8 +412,12 @@ impl<'r> RecipeWriter<'r> {
         for repo in std::iter::once(self.repo).chain(self.mirror) {
             repo.backend().put(&format!("recipes/{id}"), &env)?;
             self.stored_bytes += env.len() as u64;
+            if std::ptr::eq(repo, self.repo) {
+                self.primary_bytes += env.len() as u64;
+            }
         }
-        Ok((id, self.stored_bytes))
+        *total = self.stored_bytes;
+        Ok((id, self.primary_bytes))
     }
 }
 

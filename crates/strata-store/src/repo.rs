@@ -382,12 +382,27 @@ impl Repository {
         name: &str,
         what: &'static str,
     ) -> Result<T> {
+        self.read_verified(name, |raw| {
+            let bytes = self
+                .sealer
+                .open(kind, raw)
+                .map_err(|e| StoreError::corrupt(name, e))?;
+            decode(what, &bytes).map_err(|e| StoreError::corrupt(name, e))
+        })
+    }
+
+    /// Reads object `name` and hands it to `parse`; when that finds it
+    /// damaged, a local copy (a cache's) is dropped and the object read
+    /// once more from storage before the damage is reported.
+    pub fn read_verified<T>(&self, name: &str, parse: impl Fn(&[u8]) -> Result<T>) -> Result<T> {
         let raw = self.backend.get(name)?;
-        let bytes = self
-            .sealer
-            .open(kind, &raw)
-            .map_err(|e| StoreError::corrupt(name, e))?;
-        decode(what, &bytes).map_err(|e| StoreError::corrupt(name, e))
+        match parse(&raw) {
+            Err(StoreError::Corrupt { .. }) => {
+                self.backend.evict(name);
+                parse(&self.backend.get(name)?)
+            }
+            r => r,
+        }
     }
 
     /// [`Self::get_struct`] for an object that may not exist.
@@ -533,7 +548,11 @@ impl Repository {
         if let Some(p) = &path {
             if valid(&bytes) {
                 if let Some(dir) = p.parent() {
-                    let tmp = dir.join(format!(".tmp-{}", std::process::id()));
+                    let tmp = dir.join(format!(
+                        ".tmp-{}-{:?}",
+                        std::process::id(),
+                        std::thread::current().id()
+                    ));
                     let _ = std::fs::create_dir_all(dir)
                         .and_then(|_| std::fs::write(&tmp, &bytes))
                         .and_then(|_| std::fs::rename(&tmp, p));

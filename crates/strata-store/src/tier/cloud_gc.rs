@@ -71,6 +71,8 @@ pub struct CloudGcReport {
     pub bytes_copied: u64,
     pub bytes_downloaded: u64,
     pub bytes_uploaded: u64,
+    /// Bytes of the copy-forward service's answers (status lines, no data).
+    pub service_answer_bytes: u64,
     pub recipes_rewritten: u64,
     pub bytes_after: u64,
     pub seconds: f64,
@@ -415,6 +417,7 @@ pub fn cloud_gc(
         rep.bytes_copied += p.len;
         rep.bytes_downloaded += cost.downloaded;
         rep.bytes_uploaded += cost.uploaded;
+        rep.service_answer_bytes += cost.answers;
         match cloud.backend().size(&a.dest)? {
             Some(n) if n == p.meta.data_len => {}
             got => {

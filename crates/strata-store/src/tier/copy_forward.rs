@@ -50,10 +50,12 @@ pub struct Assemble {
 /// What assembling cost this side of the network.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Cost {
-    /// Bytes read from the store to here.
+    /// Bytes of stored objects read from the store to here.
     pub downloaded: u64,
     /// Bytes sent from here (literals, or everything when downloading).
     pub uploaded: u64,
+    /// Bytes of a service's answers (status, not data).
+    pub answers: u64,
 }
 
 pub trait CopyForward: Send + Sync {
@@ -101,6 +103,7 @@ impl CopyForward for S3Copy {
         Ok(Cost {
             downloaded: 0,
             uploaded,
+            answers: 0,
         })
     }
 
@@ -158,6 +161,7 @@ impl CopyForward for Download {
         Ok(Cost {
             downloaded: n - literal,
             uploaded: n,
+            answers: 0,
         })
     }
 
@@ -219,8 +223,9 @@ impl CopyForward for Service {
             return Err(fail(format!("answered {status}: {}", text.trim())));
         }
         Ok(Cost {
-            downloaded: text.len() as u64,
+            downloaded: 0,
             uploaded: sent,
+            answers: text.len() as u64,
         })
     }
 

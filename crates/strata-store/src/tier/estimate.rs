@@ -36,9 +36,14 @@ pub struct Estimate {
     /// selection has moved (or been forgotten) and `gc` has run with
     /// `gc_threshold`: exact to the byte when `exact`, including garbage
     /// that gc would collect anyway. Without `exact` (paths selected, or
-    /// `fast`), `selection_bytes`.
-    pub freed_bytes: u64,
+    /// `fast`), `selection_bytes`. Negative in the rare case that gc's
+    /// copies take more room than it frees (it merges small containers,
+    /// and a copied region cut by a container boundary compresses a little
+    /// worse).
+    pub freed_bytes: i64,
     pub exact: bool,
+    /// Why `freed_bytes` is not exact, when it is not.
+    pub not_exact_because: Option<String>,
     pub gc_threshold: f64,
     /// Containers that gc would delete, copy forward, and write.
     pub gc_containers_deleted: u64,
@@ -163,9 +168,20 @@ pub fn estimate(repo: &Repository, sel: &Selection, exact: bool) -> Result<Estim
             }
         }
     })?;
-    e.freed_bytes = e.selection_bytes;
+    e.freed_bytes = e.selection_bytes as i64;
     e.gc_threshold = GcOptions::default().threshold;
-    if exact && paths.is_none() && !chosen.is_empty() {
+    // A selection migrate would refuse (an older active version keeps
+    // chunks in a selected one) cannot be simulated as moved.
+    let ids: HashSet<&str> = chosen.iter().map(|(id, _)| id.as_str()).collect();
+    let refused = super::migrate::check_chains(&repo.list_snapshots()?, &ids).err();
+    e.not_exact_because = if !exact {
+        Some("--fast: metadata only".into())
+    } else if paths.is_some() {
+        Some("paths selected: only whole versions move".into())
+    } else {
+        refused.map(|r| r.to_string())
+    };
+    if e.not_exact_because.is_none() && !chosen.is_empty() {
         let opts = GcOptions::default();
         let r = simulate(repo, &opts, |what_if| {
             for (id, s) in &chosen {
@@ -177,7 +193,7 @@ pub fn estimate(repo: &Repository, sel: &Selection, exact: bool) -> Result<Estim
             Ok(())
         })?;
         e.exact = true;
-        e.freed_bytes = r.bytes_freed;
+        e.freed_bytes = r.bytes_before as i64 - r.bytes_after as i64;
         e.gc_containers_deleted = r.containers_deleted + r.stamped_deleted;
         e.gc_containers_rewritten = r.containers_rewritten;
         e.gc_containers_written = r.containers_written;

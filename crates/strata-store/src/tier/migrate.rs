@@ -36,6 +36,11 @@ pub struct MigrateReport {
     /// …and the containers written for them in the bucket.
     pub containers_written: u64,
     pub stored_bytes_sent: u64,
+    /// Of those containers, the chunk data (compressed regions); the rest
+    /// is their headers and metadata.
+    pub data_bytes_sent: u64,
+    /// Recipe objects (parts, indexes) the destination lacked, written.
+    pub recipe_bytes_sent: u64,
     /// Distinct chunks the cloud tier had already (not sent).
     pub chunks_deduplicated: u64,
     pub seconds: f64,
@@ -156,7 +161,7 @@ fn transfer(
             regions: &regions,
         };
         let r = moved.copy(v, &mut report)?;
-        commit(local, cloud, dir, vid, v, r)?;
+        report.recipe_bytes_sent += commit(local, cloud, dir, vid, v, r)?;
         progress
             .bytes_done
             .fetch_add(v.stats.logical_bytes, Ordering::Relaxed);
@@ -217,6 +222,7 @@ impl Moved<'_> {
         report.raw_bytes_sent += sources.iter().map(|s| s.len as u64).sum::<u64>();
         report.containers_written += metas.len() as u64;
         report.stored_bytes_sent += metas.iter().map(|m| m.data_len).sum::<u64>();
+        report.data_bytes_sent += metas.iter().map(|m| m.data_bytes()).sum::<u64>();
         for m in &metas {
             index.add_chunks(table, m);
         }
@@ -259,10 +265,11 @@ pub(crate) fn flip_to_cloud(
         })?;
         Ok(Target::At(table.get(loc.container), loc.region, loc.offset))
     })?;
-    commit(local, cloud, Direction::ToCloud, vid, v, r)
+    commit(local, cloud, Direction::ToCloud, vid, v, r).map(|_| ())
 }
 
 /// Writes the moved version's recipe and flips its snapshot: the commit.
+/// Returns the bytes of recipe objects the destination lacked.
 fn commit(
     local: &Repository,
     cloud: &Repository,
@@ -270,16 +277,16 @@ fn commit(
     vid: &str,
     v: &Snapshot,
     r: Recipe,
-) -> Result<()> {
+) -> Result<u64> {
     let mut nv = v.clone();
     nv.archival = None;
-    match dir {
+    let sent = match dir {
         Direction::ToCloud => {
             // The same objects on both sides, the bucket's first; then the
             // bucket's namespace copy; then the flip.
             let mut w = recipe::RecipeWriter::new(cloud).with_mirror(local);
             w.push_recipe(r)?;
-            let (rid, _) = w.finish()?;
+            let (rid, sent) = w.finish_primary()?;
             nv.tier = Tier::Cloud;
             nv.recipe = rid;
             cloud.replace_snapshot(vid, &nv)?;
@@ -287,9 +294,10 @@ fn commit(
             if v.recipe != nv.recipe {
                 recipe::delete_unused(local, [&v.recipe])?;
             }
+            sent
         }
         Direction::ToActive => {
-            let (rid, _) = recipe::put(local, r)?;
+            let (rid, sent) = recipe::put(local, r)?;
             nv.tier = Tier::Active;
             nv.recipe = rid;
             // The flip; then the bucket forgets its copy.
@@ -297,7 +305,8 @@ fn commit(
             cloud.backend().delete(&format!("snapshots/{vid}"))?;
             recipe::delete_unused(cloud, [&v.recipe])?;
             recipe::delete_unused(local, [&v.recipe])?;
+            sent
         }
-    }
-    Ok(())
+    };
+    Ok(sent)
 }
