@@ -82,6 +82,10 @@ enum Cmd {
         /// Restore only these paths (repeatable).
         #[arg(long, short)]
         include: Vec<String>,
+        /// Containers read at once (default: the cores; from a bucket,
+        /// twice the cores and at least 4, as reads wait on the network).
+        #[arg(long)]
+        readers: Option<usize>,
     },
     /// Remove snapshots. Reverse-deduplicated (archival) versions free their
     /// stamped data at once; live-form data is freed by `gc` (or `--prune`).
@@ -599,6 +603,7 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             snapshot,
             target,
             include,
+            readers,
         } => {
             let repo = open(cli)?;
             let (id, s) = repo.resolve_snapshot(snapshot)?;
@@ -609,6 +614,12 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             opts.progress = pd.progress.clone();
             let started = std::time::Instant::now();
             let data = tier::data_repo(&repo, &s)?;
+            let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+            opts.readers = readers.unwrap_or(if data.backend().describe().starts_with("s3://") {
+                (2 * cores).max(4)
+            } else {
+                0
+            });
             let res = strata_store::restore::restore(&data, &s, &r, &opts);
             pd.finish();
             let rep = res?;

@@ -98,6 +98,9 @@ pub struct RestoreOptions {
     /// Restore ownership (default: when running as root).
     pub owner: bool,
     pub progress: Arc<Progress>,
+    /// Containers read at once (0: one per core). Reads from a remote
+    /// store wait on the network, so more than the cores keep them busy.
+    pub readers: usize,
 }
 
 impl RestoreOptions {
@@ -108,6 +111,7 @@ impl RestoreOptions {
             // SAFETY: geteuid cannot fail.
             owner: unsafe { libc::geteuid() } == 0,
             progress: Arc::new(Progress::default()),
+            readers: 0,
         }
     }
 }
@@ -354,82 +358,101 @@ pub fn restore(
     let bytes_read = AtomicU64::new(0);
     // Prefetch hints run one container ahead of the readers.
     let backend = repo.backend();
-    plan.par_iter().enumerate().try_for_each_init(
-        HashMap::<u32, File>::new,
-        |open, (ci, (cid, regions))| -> Result<()> {
-            if let Some((next_id, next_regions)) = plan.get(ci + 2) {
-                if let (Some(first), Some(last)) =
-                    (next_regions.values().next(), next_regions.values().last())
-                {
-                    let end = last.0.offset + last.0.stored_len as u64;
-                    backend.will_need(&data_name(next_id), first.0.offset, end - first.0.offset);
-                }
-            }
-            let name = data_name(cid);
-            containers_read.fetch_add(1, Ordering::Relaxed);
-            let regs: Vec<&(RegionInfo, Vec<Piece>)> = regions.values().collect();
-            let mut i = 0;
-            while i < regs.len() {
-                // Coalesce regions separated by small gaps into one read.
-                let start = regs[i].0.offset;
-                let mut j = i;
-                while j + 1 < regs.len() {
-                    let end = regs[j].0.offset + regs[j].0.stored_len as u64;
-                    if regs[j + 1].0.offset.saturating_sub(end) > 64 << 10 || end - start > 16 << 20
+    let pool = match opts.readers {
+        0 => None,
+        n => rayon::ThreadPoolBuilder::new().num_threads(n).build().ok(),
+    };
+    let read_all = || {
+        plan.par_iter().enumerate().try_for_each_init(
+            HashMap::<u32, File>::new,
+            |open, (ci, (cid, regions))| -> Result<()> {
+                if let Some((next_id, next_regions)) = plan.get(ci + 2) {
+                    if let (Some(first), Some(last)) =
+                        (next_regions.values().next(), next_regions.values().last())
                     {
-                        break;
+                        let end = last.0.offset + last.0.stored_len as u64;
+                        backend.will_need(
+                            &data_name(next_id),
+                            first.0.offset,
+                            end - first.0.offset,
+                        );
                     }
-                    j += 1;
                 }
-                let end = regs[j].0.offset + regs[j].0.stored_len as u64;
-                let buf = backend.get_range(&name, start, end - start)?;
-                bytes_read.fetch_add(end - start, Ordering::Relaxed);
-                for (reg, pieces) in &regs[i..=j] {
-                    let a = (reg.offset - start) as usize;
-                    let plain =
-                        open_region(repo, &name, &buf[a..a + reg.stored_len as usize], reg)?;
-                    regions_read.fetch_add(1, Ordering::Relaxed);
-                    for p in pieces {
-                        let data = plain
-                            .get(p.reg_off as usize..p.reg_off as usize + p.len as usize)
-                            .ok_or_else(|| {
-                                StoreError::Invalid(format!("{name}: chunk outside its region"))
-                            })?;
-                        if open.len() > 128 && !open.contains_key(&p.file) {
-                            open.clear();
+                let name = data_name(cid);
+                containers_read.fetch_add(1, Ordering::Relaxed);
+                let regs: Vec<&(RegionInfo, Vec<Piece>)> = regions.values().collect();
+                let mut i = 0;
+                while i < regs.len() {
+                    // Coalesce regions separated by small gaps into one read.
+                    let start = regs[i].0.offset;
+                    let mut j = i;
+                    while j + 1 < regs.len() {
+                        let end = regs[j].0.offset + regs[j].0.stored_len as u64;
+                        if regs[j + 1].0.offset.saturating_sub(end) > 64 << 10
+                            || end - start > 16 << 20
+                        {
+                            break;
                         }
-                        let f = match open.entry(p.file) {
-                            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                            std::collections::hash_map::Entry::Vacant(v) => {
-                                let path = &files[p.file as usize].0;
-                                v.insert(
-                                    OpenOptions::new()
-                                        .write(true)
-                                        .custom_flags(libc::O_NOFOLLOW)
-                                        .open(path)
-                                        .map_err(|e| {
-                                            StoreError::io("open", path.display().to_string(), e)
-                                        })?,
-                                )
-                            }
-                        };
-                        f.write_all_at(data, p.file_off).map_err(|e| {
-                            StoreError::io(
-                                "write",
-                                files[p.file as usize].0.display().to_string(),
-                                e,
-                            )
-                        })?;
-                        progress
-                            .bytes_done
-                            .fetch_add(p.len as u64, Ordering::Relaxed);
+                        j += 1;
                     }
+                    let end = regs[j].0.offset + regs[j].0.stored_len as u64;
+                    let buf = backend.get_range(&name, start, end - start)?;
+                    bytes_read.fetch_add(end - start, Ordering::Relaxed);
+                    for (reg, pieces) in &regs[i..=j] {
+                        let a = (reg.offset - start) as usize;
+                        let plain =
+                            open_region(repo, &name, &buf[a..a + reg.stored_len as usize], reg)?;
+                        regions_read.fetch_add(1, Ordering::Relaxed);
+                        for p in pieces {
+                            let data = plain
+                                .get(p.reg_off as usize..p.reg_off as usize + p.len as usize)
+                                .ok_or_else(|| {
+                                    StoreError::Invalid(format!("{name}: chunk outside its region"))
+                                })?;
+                            if open.len() > 128 && !open.contains_key(&p.file) {
+                                open.clear();
+                            }
+                            let f = match open.entry(p.file) {
+                                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                                std::collections::hash_map::Entry::Vacant(v) => {
+                                    let path = &files[p.file as usize].0;
+                                    v.insert(
+                                        OpenOptions::new()
+                                            .write(true)
+                                            .custom_flags(libc::O_NOFOLLOW)
+                                            .open(path)
+                                            .map_err(|e| {
+                                                StoreError::io(
+                                                    "open",
+                                                    path.display().to_string(),
+                                                    e,
+                                                )
+                                            })?,
+                                    )
+                                }
+                            };
+                            f.write_all_at(data, p.file_off).map_err(|e| {
+                                StoreError::io(
+                                    "write",
+                                    files[p.file as usize].0.display().to_string(),
+                                    e,
+                                )
+                            })?;
+                            progress
+                                .bytes_done
+                                .fetch_add(p.len as u64, Ordering::Relaxed);
+                        }
+                    }
+                    i = j + 1;
                 }
-                i = j + 1;
-            }
-            Ok(())
-        },
-    )?;
+                Ok(())
+            },
+        )
+    };
+    match &pool {
+        Some(p) => p.install(read_all)?,
+        None => read_all()?,
+    }
     report.containers_read = containers_read.load(Ordering::Relaxed);
     report.regions_read = regions_read.load(Ordering::Relaxed);
     report.bytes_read = bytes_read.load(Ordering::Relaxed);
