@@ -156,7 +156,9 @@ fn with_cost(mut v: serde_json::Value, cloud: &Repository) -> Result<serde_json:
     let m = CLOUD_METER.get().map(|m| m.read()).unwrap_or_default();
     let stored = strata_store::index::RepoIndex::load_summaries(cloud)?.stored_bytes();
     let gb = |b: u64| b as f64 / 1e9;
-    let requests = (m.puts + m.lists) as f64 / 1000.0 * put
+    // S3's server-side copy requests (tier gc --s3-copy) are PUT-class.
+    let copies = v["server_side_copy_requests"].as_u64().unwrap_or(0);
+    let requests = (m.puts + m.lists + copies) as f64 / 1000.0 * put
         + (m.gets + m.ranged_gets + m.heads) as f64 / 1000.0 * get;
     let egress_usd = gb(m.bytes_received) * egress;
     if let Some(o) = v.as_object_mut() {

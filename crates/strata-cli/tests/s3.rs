@@ -458,6 +458,13 @@ fn tier_gc_by_s3_server_side_copy() {
     let g = json(&["tier", "gc", "--s3-copy", "--threshold", "0.1"]);
     assert_eq!(g["bytes_downloaded"], 0, "{g}");
     assert!(g["containers_copied_forward"].as_u64().unwrap() > 0, "{g}");
+    // Create + at least one part + complete per container, in the cost.
+    let copies = g["server_side_copy_requests"].as_u64().unwrap();
+    assert!(
+        copies >= 3 * g["containers_copied_forward"].as_u64().unwrap(),
+        "{g}"
+    );
+    assert!(g["cost"]["requests_usd"].as_f64().unwrap() > 0.0, "{g}");
     assert!(
         g["bytes_after"].as_u64() < g["bytes_before"].as_u64(),
         "{g}"

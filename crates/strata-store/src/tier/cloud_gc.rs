@@ -73,6 +73,9 @@ pub struct CloudGcReport {
     pub bytes_uploaded: u64,
     /// Bytes of the copy-forward service's answers (status lines, no data).
     pub service_answer_bytes: u64,
+    /// Requests of S3's server-side copy (multipart create, part copies,
+    /// complete), which the request meter does not see.
+    pub server_side_copy_requests: u64,
     pub recipes_rewritten: u64,
     pub bytes_after: u64,
     pub seconds: f64,
@@ -418,6 +421,7 @@ pub fn cloud_gc(
         rep.bytes_downloaded += cost.downloaded;
         rep.bytes_uploaded += cost.uploaded;
         rep.service_answer_bytes += cost.answers;
+        rep.server_side_copy_requests += cost.requests;
         match cloud.backend().size(&a.dest)? {
             Some(n) if n == p.meta.data_len => {}
             got => {

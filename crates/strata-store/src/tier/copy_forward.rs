@@ -56,6 +56,9 @@ pub struct Cost {
     pub uploaded: u64,
     /// Bytes of a service's answers (status, not data).
     pub answers: u64,
+    /// Requests made to the store on our behalf that no meter saw (S3's
+    /// CreateMultipartUpload, UploadPart(Copy) and Complete).
+    pub requests: u64,
 }
 
 pub trait CopyForward: Send + Sync {
@@ -104,6 +107,7 @@ impl CopyForward for S3Copy {
             downloaded: 0,
             uploaded,
             answers: 0,
+            requests: parts.len() as u64 + 2,
         })
     }
 
@@ -162,6 +166,7 @@ impl CopyForward for Download {
             downloaded: n - literal,
             uploaded: n,
             answers: 0,
+            requests: 0,
         })
     }
 
@@ -226,6 +231,7 @@ impl CopyForward for Service {
             downloaded: 0,
             uploaded: sent,
             answers: text.len() as u64,
+            requests: 0,
         })
     }
 
