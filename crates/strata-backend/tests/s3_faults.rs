@@ -56,13 +56,19 @@ fn throttling_and_dropped_connections_are_survived() {
         cut_download_after: 50_000,
         ..Default::default()
     });
-    let b: Arc<dyn Backend> = Arc::new(b);
+    // As the CLI stacks it: object_store's own retries inside, and the
+    // `Retry` wrapper for what they do not cover (a response body cut
+    // after its headers, as MinIO's longer listings are here).
+    let b: Arc<dyn Backend> = Arc::new(strata_backend::wrap::Retry::new(Arc::new(b)));
     if let Err(e) = conformance::run(b.clone()) {
         panic!("through the faulty proxy: {e} ({:?})", proxy.injected());
     }
     let i = proxy.injected();
+    // Which connections carry big responses depends on how the server
+    // keeps them alive (versitygw: cuts both ways; MinIO reuses more and
+    // may see only cut uploads), so at least one cut of either kind.
     assert!(
-        i.slow_downs > 0 && i.cut_uploads > 0 && i.cut_downloads > 0,
+        i.slow_downs > 0 && i.cut_uploads + i.cut_downloads > 0,
         "faults were injected: {i:?}"
     );
 }

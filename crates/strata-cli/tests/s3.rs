@@ -228,10 +228,13 @@ fn s3_through_a_faulty_network() {
         "{i:?}"
     );
 
-    // The server goes away in the middle of a backup.
+    // The server goes away in the middle of a backup: after its first new
+    // connection (servers differ in how many a backup opens — MinIO keeps
+    // a backup on two — and what matters is that it is gone before the
+    // commit).
     write(&src.join("d0/new"), &prng(70, 20 << 20));
     proxy.set(Faults {
-        down_after: proxy.injected().connections + 12,
+        down_after: proxy.injected().connections + 1,
         ..Default::default()
     });
     let e = r.run(&["backup", src.to_str().unwrap()]).expect_code(1);
