@@ -194,6 +194,20 @@ impl ObjectWriter for Buffered {
     }
 }
 
+/// Bytes `offset..offset + len` of object `name` held in memory as
+/// `whole`; a range past its end is a corrupt (short) object.
+pub fn slice_range(name: &str, whole: &[u8], offset: u64, len: u64) -> Result<Vec<u8>> {
+    match offset.checked_add(len).filter(|&e| e <= whole.len() as u64) {
+        Some(end) => Ok(whole[offset as usize..end as usize].to_vec()),
+        None => Err(BackendError::new(
+            ErrorKind::Corrupt,
+            "read",
+            name,
+            format!("object shorter than {} bytes", offset.saturating_add(len)),
+        )),
+    }
+}
+
 /// Longest object name a backend accepts.
 pub const MAX_NAME: usize = 512;
 

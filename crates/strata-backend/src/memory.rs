@@ -2,7 +2,7 @@
 //! scratch repositories; it obeys the same grammar and semantics as the
 //! others (the conformance suite runs on it).
 
-use crate::{check_name, check_prefix, Backend, BackendError, ErrorKind, ObjectInfo, Result};
+use crate::{check_name, check_prefix, Backend, BackendError, ObjectInfo, Result};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -42,16 +42,7 @@ impl Backend for MemoryBackend {
             .get(name)
             .cloned()
             .ok_or_else(|| BackendError::not_found("read", name))?;
-        let end = offset.checked_add(len).filter(|&e| e <= o.len() as u64);
-        match end {
-            Some(end) => Ok(o[offset as usize..end as usize].to_vec()),
-            None => Err(BackendError::new(
-                ErrorKind::Corrupt,
-                "read",
-                name,
-                format!("object shorter than {} bytes", offset.saturating_add(len)),
-            )),
-        }
+        crate::slice_range(name, &o, offset, len)
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {

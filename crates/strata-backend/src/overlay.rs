@@ -90,16 +90,7 @@ impl Backend for OverlayBackend {
         let Some(b) = self.entry("read", name)? else {
             return self.base.get_range(name, offset, len);
         };
-        let end = offset.checked_add(len).filter(|&e| e <= b.len() as u64);
-        match end {
-            Some(end) => Ok(b[offset as usize..end as usize].to_vec()),
-            None => Err(BackendError::new(
-                ErrorKind::Corrupt,
-                "read",
-                name,
-                format!("object shorter than {} bytes", offset.saturating_add(len)),
-            )),
-        }
+        crate::slice_range(name, &b, offset, len)
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {

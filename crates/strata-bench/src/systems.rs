@@ -63,6 +63,12 @@ pub fn cache_dir(repo: &Path) -> PathBuf {
     repo.with_extension("cache")
 }
 
+/// A system's repository bytes: its bucket's directory on the runner's S3
+/// server (`+s3`), else the repository directory.
+fn stored_dir(s3: Option<&S3Target>, name: &str, repo: &Path) -> PathBuf {
+    s3.map_or_else(|| repo.to_path_buf(), |t| t.bucket_dir(name))
+}
+
 fn in_target(target: &Path, src: &Path) -> PathBuf {
     target.join(src.strip_prefix("/").unwrap_or(src))
 }
@@ -341,10 +347,7 @@ impl System for Strata {
     }
 
     fn stored_dir(&self, repo: &Path) -> PathBuf {
-        match &self.s3 {
-            Some(t) => t.bucket_dir(&self.name()),
-            None => repo.to_path_buf(),
-        }
+        stored_dir(self.s3.as_ref(), &self.name(), repo)
     }
 
     fn baseline_command(&self) -> Command {
@@ -411,10 +414,7 @@ impl System for Restic {
     }
 
     fn stored_dir(&self, repo: &Path) -> PathBuf {
-        match &self.s3 {
-            Some(t) => t.bucket_dir(&self.name()),
-            None => repo.to_path_buf(),
-        }
+        stored_dir(self.s3.as_ref(), &self.name(), repo)
     }
 
     fn settings(&self) -> String {

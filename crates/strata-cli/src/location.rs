@@ -157,28 +157,15 @@ pub static NO_OBJECT_CACHE: std::sync::atomic::AtomicBool =
 /// metadata. (Index objects have their own cache, by repository id.)
 const CACHED: &[&str] = &["parts/", "recipes/", "meta/"];
 
-/// The local cache base: `$STRATA_CACHE_DIR`, else `$XDG_CACHE_HOME/strata`,
-/// else `~/.cache/strata`; `None` when `STRATA_NO_CACHE` is set.
-pub fn cache_base() -> Option<PathBuf> {
-    if std::env::var_os("STRATA_NO_CACHE").is_some_and(|v| !v.is_empty() && v != "0") {
-        return None;
-    }
-    std::env::var_os("STRATA_CACHE_DIR")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("XDG_CACHE_HOME")
-                .filter(|v| !v.is_empty())
-                .map(|x| PathBuf::from(x).join("strata"))
-        })
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/strata")))
-}
-
 /// Where the objects of remote location `loc` are cached: one directory
 /// per location (bucket, prefix and endpoint).
 fn object_cache_dir(loc: &Location) -> Option<PathBuf> {
     let key = blake3::hash(format!("{loc:?}").as_bytes()).to_hex();
-    Some(cache_base()?.join("objects").join(&key[..16]))
+    Some(
+        strata_store::repo::cache_base()?
+            .join("objects")
+            .join(&key[..16]),
+    )
 }
 
 /// The bare S3 backend of `loc` (for what only S3 does: server-side copy).

@@ -174,6 +174,24 @@ pub struct Repository {
     no_cache: bool,
 }
 
+/// The local cache base: `$STRATA_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/strata`, else `~/.cache/strata`; `None` when
+/// `STRATA_NO_CACHE` is set. (Shared with the CLI's object cache.)
+pub fn cache_base() -> Option<PathBuf> {
+    if std::env::var_os("STRATA_NO_CACHE").is_some_and(|v| !v.is_empty() && v != "0") {
+        return None;
+    }
+    std::env::var_os("STRATA_CACHE_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME")
+                .filter(|v| !v.is_empty())
+                .map(|x| PathBuf::from(x).join("strata"))
+        })
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/strata")))
+}
+
 pub fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -509,19 +527,7 @@ impl Repository {
         if self.no_cache {
             return None;
         }
-        if std::env::var_os("STRATA_NO_CACHE").is_some_and(|v| !v.is_empty() && v != "0") {
-            return None;
-        }
-        let base = std::env::var_os("STRATA_CACHE_DIR")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("XDG_CACHE_HOME")
-                    .filter(|v| !v.is_empty())
-                    .map(|x| PathBuf::from(x).join("strata"))
-            })
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/strata")))?;
-        Some(base.join(&self.config.id))
+        Some(cache_base()?.join(&self.config.id))
     }
 
     /// Reads a content-addressed object (`prefix/HASH`) from the local cache
