@@ -29,6 +29,10 @@ pub struct Faults {
     /// Refuse every connection after the n-th (counted from the start):
     /// the server goes away in the middle of a command.
     pub down_after: u64,
+    /// Go down (as `down`) once this many request bytes have passed since
+    /// these faults were set, on whichever connections: the server goes
+    /// away in the middle of an upload however the client reuses them.
+    pub down_after_upload_bytes: u64,
 }
 
 /// Counts of what the proxy did.
@@ -46,6 +50,8 @@ pub struct FaultProxy {
     faults: Arc<Mutex<Faults>>,
     counts: Arc<Mutex<Injected>>,
     stop: Arc<AtomicBool>,
+    /// Request bytes forwarded since the faults were last set.
+    uploaded: Arc<AtomicU64>,
 }
 
 impl FaultProxy {
@@ -59,6 +65,8 @@ impl FaultProxy {
         let stop = Arc::new(AtomicBool::new(false));
         let upstream = upstream.to_string();
         let (f, c, s) = (faults.clone(), counts.clone(), stop.clone());
+        let uploaded = Arc::new(AtomicU64::new(0));
+        let u = uploaded.clone();
         let seq = AtomicU64::new(0);
         std::thread::spawn(move || {
             for conn in listener.incoming() {
@@ -69,7 +77,12 @@ impl FaultProxy {
                 let n = seq.fetch_add(1, Ordering::SeqCst) + 1;
                 let plan = *f.lock().unwrap_or_else(|e| e.into_inner());
                 let (up, counts, live) = (upstream.clone(), c.clone(), f.clone());
-                std::thread::spawn(move || serve(client, &up, n, plan, &counts, &live));
+                let shared = Shared {
+                    counts,
+                    live,
+                    uploaded: u.clone(),
+                };
+                std::thread::spawn(move || serve(client, &up, n, plan, &shared));
             }
         });
         Ok(FaultProxy {
@@ -77,6 +90,7 @@ impl FaultProxy {
             faults,
             counts,
             stop,
+            uploaded,
         })
     }
 
@@ -86,7 +100,9 @@ impl FaultProxy {
     }
 
     pub fn set(&self, f: Faults) {
-        *self.faults.lock().unwrap_or_else(|e| e.into_inner()) = f;
+        let mut live = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        self.uploaded.store(0, Ordering::SeqCst);
+        *live = f;
     }
 
     pub fn injected(&self) -> Injected {
@@ -106,14 +122,17 @@ fn every(n: u64, k: u64) -> bool {
     k > 0 && n.is_multiple_of(k)
 }
 
-fn serve(
-    client: TcpStream,
-    upstream: &str,
-    n: u64,
-    f: Faults,
-    counts: &Mutex<Injected>,
-    live: &Arc<Mutex<Faults>>,
-) {
+/// What every connection's threads share: the counts, the faults as set
+/// now, the request bytes since they were set.
+#[derive(Clone)]
+struct Shared {
+    counts: Arc<Mutex<Injected>>,
+    live: Arc<Mutex<Faults>>,
+    uploaded: Arc<AtomicU64>,
+}
+
+fn serve(client: TcpStream, upstream: &str, n: u64, f: Faults, shared: &Shared) {
+    let counts = &shared.counts;
     let bump = |g: fn(&mut Injected)| g(&mut counts.lock().unwrap_or_else(|e| e.into_inner()));
     bump(|c| c.connections += 1);
     if f.down || (f.down_after > 0 && n > f.down_after) {
@@ -136,9 +155,18 @@ fn serve(
         _ => return,
     };
     let delay = Duration::from_millis(f.delay_ms);
-    let live2 = live.clone();
-    let upload = std::thread::spawn(move || pump(client, server, up_limit, delay, &live2));
-    let cut_down = pump(s2, c2, down_limit, delay, live);
+    let up_shared = shared.clone();
+    let upload = std::thread::spawn(move || {
+        pump(
+            client,
+            server,
+            up_limit,
+            delay,
+            &up_shared.live,
+            Some(&up_shared.uploaded),
+        )
+    });
+    let cut_down = pump(s2, c2, down_limit, delay, &shared.live, None);
     let cut_up = upload.join().unwrap_or(false);
     if cut_up {
         bump(|c| c.cut_uploads += 1);
@@ -169,14 +197,16 @@ fn slow_down(mut client: TcpStream) {
 }
 
 /// Copies `from` → `to` until EOF, or cuts both after `limit` bytes (or
-/// once the server is taken down: open connections die with it). Returns
-/// whether it cut on `limit`.
+/// once the server is taken down: open connections die with it). Request
+/// bytes are added to `uploaded`, which takes the server down past
+/// `down_after_upload_bytes`. Returns whether it cut on `limit`.
 fn pump(
     mut from: TcpStream,
     mut to: TcpStream,
     limit: Option<u64>,
     delay: Duration,
     live: &Mutex<Faults>,
+    uploaded: Option<&AtomicU64>,
 ) -> bool {
     let mut buf = vec![0u8; 64 << 10];
     let mut sent = 0u64;
@@ -185,6 +215,13 @@ fn pump(
             Ok(0) | Err(_) => break,
             Ok(k) => k,
         };
+        if let Some(total) = uploaded {
+            let t = total.fetch_add(k as u64, Ordering::SeqCst) + k as u64;
+            let mut f = live.lock().unwrap_or_else(|e| e.into_inner());
+            if f.down_after_upload_bytes > 0 && t > f.down_after_upload_bytes {
+                f.down = true;
+            }
+        }
         if live.lock().unwrap_or_else(|e| e.into_inner()).down {
             let _ = from.shutdown(Shutdown::Both);
             let _ = to.shutdown(Shutdown::Both);

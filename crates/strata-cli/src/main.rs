@@ -33,7 +33,10 @@ use strata_store::{InitOptions, Repository, StoreError};
 pub(crate) struct Cli {
     /// Repository: a directory, or s3://BUCKET/PREFIX[?endpoint=URL&region=R]
     /// (credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the AWS
-    /// profile; endpoint also from AWS_ENDPOINT_URL).
+    /// profile; endpoint also from AWS_ENDPOINT_URL; path-style addressing
+    /// for an endpoint, virtual-hosted for AWS: &addressing=path|virtual;
+    /// bodies sent UNSIGNED-PAYLOAD, checked by Strata itself:
+    /// &payload=signed to sign them).
     #[arg(long, short = 'r', global = true, env = "STRATA_REPO")]
     repo: Option<String>,
     /// Read the password from this file (first line).

@@ -228,13 +228,13 @@ fn s3_through_a_faulty_network() {
         "{i:?}"
     );
 
-    // The server goes away in the middle of a backup: after its first new
-    // connection (servers differ in how many a backup opens — MinIO keeps
-    // a backup on two — and what matters is that it is gone before the
-    // commit).
+    // The server goes away in the middle of a backup: 4 MiB into its
+    // 20 MiB of new data, on whichever connections the client reuses
+    // (servers differ in how many a backup opens — MinIO keeps a backup on
+    // two — and what matters is that it is gone before the commit).
     write(&src.join("d0/new"), &prng(70, 20 << 20));
     proxy.set(Faults {
-        down_after: proxy.injected().connections + 1,
+        down_after_upload_bytes: 4 << 20,
         ..Default::default()
     });
     let e = r.run(&["backup", src.to_str().unwrap()]).expect_code(1);
