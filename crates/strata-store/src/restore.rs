@@ -98,7 +98,7 @@ pub struct RestoreOptions {
     /// Restore ownership (default: when running as root).
     pub owner: bool,
     pub progress: Arc<Progress>,
-    /// Containers read at once (0: one per core). Reads from a remote
+    /// Reads in flight at once (0: one per core). Reads from a remote
     /// store wait on the network, so more than the cores keep them busy.
     pub readers: usize,
 }
@@ -239,6 +239,135 @@ fn set_xattr(p: &Path, name: &[u8], value: &[u8]) -> std::io::Result<()> {
 }
 
 /// Restores a snapshot (whose recipe the caller loaded) into `opts.target`.
+/// Where restored pieces go, and what reading them counted.
+struct Sink<'a> {
+    /// Restored files (full path, recipe path) by index.
+    files: &'a [(PathBuf, String)],
+    progress: &'a Progress,
+    regions_read: AtomicU64,
+    bytes_read: AtomicU64,
+}
+
+/// One ranged read: neighbouring regions of one container.
+struct ReadGroup<'p> {
+    cid: &'p ContainerId,
+    regions: Vec<&'p (RegionInfo, Vec<Piece>)>,
+    start: u64,
+    end: u64,
+}
+
+/// Regions closer than this are read together (the gap is read and
+/// dropped).
+const MAX_READ_GAP: u64 = 64 << 10;
+/// Longest single read. Readers take reads, not containers, so even a
+/// restore of a few containers has several reads in flight and decodes
+/// one while the next downloads; from a bucket this is ≤ 128 GETs per GB
+/// read.
+const MAX_READ: u64 = 8 << 20;
+
+/// The plan's reads, container by container in physical order.
+fn read_groups(plan: &[(ContainerId, RegionPlan)]) -> Vec<ReadGroup<'_>> {
+    let mut out = Vec::new();
+    for (cid, regions) in plan {
+        let regs: Vec<&(RegionInfo, Vec<Piece>)> = regions.values().collect();
+        let mut i = 0;
+        while i < regs.len() {
+            let start = regs[i].0.offset;
+            let end_of = |k: usize| regs[k].0.offset + regs[k].0.stored_len as u64;
+            let mut j = i;
+            while j + 1 < regs.len()
+                && regs[j + 1].0.offset.saturating_sub(end_of(j)) <= MAX_READ_GAP
+                && end_of(j + 1) - start <= MAX_READ
+            {
+                j += 1;
+            }
+            out.push(ReadGroup {
+                cid,
+                regions: regs[i..=j].to_vec(),
+                start,
+                end: end_of(j),
+            });
+            i = j + 1;
+        }
+    }
+    out
+}
+
+/// Reads every region of the plan once and writes its pieces, `readers`
+/// reads at once (0: one per core), each hinting the read two ahead.
+fn read_plan(
+    repo: &Repository,
+    plan: &[(ContainerId, RegionPlan)],
+    sink: &Sink,
+    readers: usize,
+) -> Result<()> {
+    let groups = read_groups(plan);
+    let backend = repo.backend();
+    let pool = match readers {
+        0 => None,
+        n => rayon::ThreadPoolBuilder::new().num_threads(n).build().ok(),
+    };
+    let read_all = || {
+        groups.par_iter().enumerate().try_for_each_init(
+            HashMap::<u32, File>::new,
+            |open, (gi, g)| -> Result<()> {
+                if let Some(next) = groups.get(gi + 2) {
+                    backend.will_need(&data_name(next.cid), next.start, next.end - next.start);
+                }
+                restore_group(repo, g, sink, open)
+            },
+        )
+    };
+    match &pool {
+        Some(p) => p.install(read_all),
+        None => read_all(),
+    }
+}
+
+/// One read: its regions opened and their pieces written into the files
+/// (`open` keeps this reader's open files, at most 128).
+fn restore_group(
+    repo: &Repository,
+    g: &ReadGroup,
+    sink: &Sink,
+    open: &mut HashMap<u32, File>,
+) -> Result<()> {
+    let name = data_name(g.cid);
+    let buf = repo.backend().get_range(&name, g.start, g.end - g.start)?;
+    sink.bytes_read
+        .fetch_add(g.end - g.start, Ordering::Relaxed);
+    for (reg, pieces) in &g.regions {
+        let a = (reg.offset - g.start) as usize;
+        let plain = open_region(repo, &name, &buf[a..a + reg.stored_len as usize], reg)?;
+        sink.regions_read.fetch_add(1, Ordering::Relaxed);
+        for p in pieces {
+            let data = plain
+                .get(p.reg_off as usize..p.reg_off as usize + p.len as usize)
+                .ok_or_else(|| StoreError::Invalid(format!("{name}: chunk outside its region")))?;
+            if open.len() > 128 && !open.contains_key(&p.file) {
+                open.clear();
+            }
+            let path = &sink.files[p.file as usize].0;
+            let f = match open.entry(p.file) {
+                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => v.insert(
+                    OpenOptions::new()
+                        .write(true)
+                        .custom_flags(libc::O_NOFOLLOW)
+                        .open(path)
+                        .map_err(|e| StoreError::io("open", path.display().to_string(), e))?,
+                ),
+            };
+            f.write_all_at(data, p.file_off)
+                .map_err(|e| StoreError::io("write", path.display().to_string(), e))?;
+            sink.progress
+                .bytes_done
+                .fetch_add(p.len as u64, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
+
 pub fn restore(
     repo: &Repository,
     snapshot: &Snapshot,
@@ -353,109 +482,16 @@ pub fn restore(
     }
     progress.bytes_done.fetch_add(zero_bytes, Ordering::Relaxed);
     let plan: Vec<(ContainerId, RegionPlan)> = plan.into_iter().collect();
-    let containers_read = AtomicU64::new(0);
-    let regions_read = AtomicU64::new(0);
-    let bytes_read = AtomicU64::new(0);
-    // Prefetch hints run one container ahead of the readers.
-    let backend = repo.backend();
-    let pool = match opts.readers {
-        0 => None,
-        n => rayon::ThreadPoolBuilder::new().num_threads(n).build().ok(),
+    let sink = Sink {
+        files: &files,
+        progress,
+        regions_read: AtomicU64::new(0),
+        bytes_read: AtomicU64::new(0),
     };
-    let read_all = || {
-        plan.par_iter().enumerate().try_for_each_init(
-            HashMap::<u32, File>::new,
-            |open, (ci, (cid, regions))| -> Result<()> {
-                if let Some((next_id, next_regions)) = plan.get(ci + 2) {
-                    if let (Some(first), Some(last)) =
-                        (next_regions.values().next(), next_regions.values().last())
-                    {
-                        let end = last.0.offset + last.0.stored_len as u64;
-                        backend.will_need(
-                            &data_name(next_id),
-                            first.0.offset,
-                            end - first.0.offset,
-                        );
-                    }
-                }
-                let name = data_name(cid);
-                containers_read.fetch_add(1, Ordering::Relaxed);
-                let regs: Vec<&(RegionInfo, Vec<Piece>)> = regions.values().collect();
-                let mut i = 0;
-                while i < regs.len() {
-                    // Coalesce regions separated by small gaps into one read.
-                    let start = regs[i].0.offset;
-                    let mut j = i;
-                    while j + 1 < regs.len() {
-                        let end = regs[j].0.offset + regs[j].0.stored_len as u64;
-                        if regs[j + 1].0.offset.saturating_sub(end) > 64 << 10
-                            || end - start > 16 << 20
-                        {
-                            break;
-                        }
-                        j += 1;
-                    }
-                    let end = regs[j].0.offset + regs[j].0.stored_len as u64;
-                    let buf = backend.get_range(&name, start, end - start)?;
-                    bytes_read.fetch_add(end - start, Ordering::Relaxed);
-                    for (reg, pieces) in &regs[i..=j] {
-                        let a = (reg.offset - start) as usize;
-                        let plain =
-                            open_region(repo, &name, &buf[a..a + reg.stored_len as usize], reg)?;
-                        regions_read.fetch_add(1, Ordering::Relaxed);
-                        for p in pieces {
-                            let data = plain
-                                .get(p.reg_off as usize..p.reg_off as usize + p.len as usize)
-                                .ok_or_else(|| {
-                                    StoreError::Invalid(format!("{name}: chunk outside its region"))
-                                })?;
-                            if open.len() > 128 && !open.contains_key(&p.file) {
-                                open.clear();
-                            }
-                            let f = match open.entry(p.file) {
-                                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                                std::collections::hash_map::Entry::Vacant(v) => {
-                                    let path = &files[p.file as usize].0;
-                                    v.insert(
-                                        OpenOptions::new()
-                                            .write(true)
-                                            .custom_flags(libc::O_NOFOLLOW)
-                                            .open(path)
-                                            .map_err(|e| {
-                                                StoreError::io(
-                                                    "open",
-                                                    path.display().to_string(),
-                                                    e,
-                                                )
-                                            })?,
-                                    )
-                                }
-                            };
-                            f.write_all_at(data, p.file_off).map_err(|e| {
-                                StoreError::io(
-                                    "write",
-                                    files[p.file as usize].0.display().to_string(),
-                                    e,
-                                )
-                            })?;
-                            progress
-                                .bytes_done
-                                .fetch_add(p.len as u64, Ordering::Relaxed);
-                        }
-                    }
-                    i = j + 1;
-                }
-                Ok(())
-            },
-        )
-    };
-    match &pool {
-        Some(p) => p.install(read_all)?,
-        None => read_all()?,
-    }
-    report.containers_read = containers_read.load(Ordering::Relaxed);
-    report.regions_read = regions_read.load(Ordering::Relaxed);
-    report.bytes_read = bytes_read.load(Ordering::Relaxed);
+    read_plan(repo, &plan, &sink, opts.readers)?;
+    report.containers_read = plan.len() as u64;
+    report.regions_read = sink.regions_read.load(Ordering::Relaxed);
+    report.bytes_read = sink.bytes_read.load(Ordering::Relaxed);
 
     // Hardlinks, special files, then symlinks (last: nothing is written
     // through them).
@@ -625,6 +661,51 @@ pub fn dump(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Reads cover every region once, in order, never longer than
+    /// `MAX_READ` (unless one region is), never across a gap wider than
+    /// `MAX_READ_GAP`, never across containers.
+    #[test]
+    fn reads_are_bounded_and_cover_the_plan() {
+        let region = |offset: u64, len: u32| {
+            let info = RegionInfo {
+                offset,
+                stored_len: len,
+                raw_len: len,
+            };
+            (info, Vec::new())
+        };
+        let mut plan = Vec::new();
+        for c in 0..2u8 {
+            let mut regions = RegionPlan::new();
+            let mut off = 0u64;
+            for r in 0..40u32 {
+                // 1 MiB regions, a wide gap every 7th, one 12 MiB region.
+                let len = if r == 20 { 12 << 20 } else { 1 << 20 };
+                if r % 7 == 6 {
+                    off += MAX_READ_GAP + 1;
+                }
+                regions.insert(r, region(off, len));
+                off += len as u64;
+            }
+            plan.push((ContainerId([c; 16]), regions));
+        }
+        let groups = read_groups(&plan);
+        let mut seen = 0;
+        for g in &groups {
+            assert!(g.end - g.start <= MAX_READ || g.regions.len() == 1);
+            let mut prev_end = g.start;
+            for (r, _) in &g.regions {
+                assert!(r.offset >= prev_end && r.offset - prev_end <= MAX_READ_GAP);
+                prev_end = r.offset + r.stored_len as u64;
+            }
+            assert_eq!(prev_end, g.end);
+            seen += g.regions.len();
+        }
+        assert_eq!(seen, 80);
+        assert!(groups.len() > 2 * 40 / 8, "{} reads", groups.len());
+        assert!(groups.iter().any(|g| g.end - g.start == 12 << 20));
+    }
 
     #[test]
     fn unsafe_paths_rejected() {
