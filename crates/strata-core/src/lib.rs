@@ -17,6 +17,7 @@ pub mod crypto;
 pub mod error;
 pub mod fingerprint;
 pub mod format;
+pub mod size;
 
 pub use error::{CoreError, Result};
 pub use fingerprint::{Fingerprint, Hasher};
