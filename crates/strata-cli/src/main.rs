@@ -6,6 +6,7 @@ mod location;
 mod output;
 mod service;
 mod tier;
+mod volume;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -171,6 +172,12 @@ enum Cmd {
     Tier {
         #[command(subcommand)]
         cmd: tier::TierCmd,
+    },
+    /// Thin, deduplicated block volumes served over NBD (iDedup's inline
+    /// dedup of duplicate runs at least --threshold blocks long).
+    Volume {
+        #[command(subcommand)]
+        cmd: volume::VolumeCmd,
     },
     /// Run next to a cloud tier's bucket (--repo s3://…): assembles new
     /// objects from ranges of existing ones for `strata tier gc --service`,
@@ -923,6 +930,7 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             Ok(0)
         }
         Cmd::Tier { cmd } => tier::run(cli, out, cmd),
+        Cmd::Volume { cmd } => volume::run(cli, out, cmd),
         Cmd::CopyForwardService { listen } => service::run(cli.repo.as_deref(), listen),
         Cmd::Repair {
             what: RepairWhat::Index,

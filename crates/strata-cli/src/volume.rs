@@ -1,0 +1,235 @@
+//! `strata volume …`: thin, deduplicated block volumes kept in a local
+//! repository (`REPO/volumes/NAME/`) and served over NBD to real clients
+//! (qemu-img, nbdcopy, nbdfuse, fio, a VM's disk), with iDedup's
+//! threshold-based inline dedup.
+
+use crate::location;
+use crate::output::{fmt_bytes, Out};
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Subcommand;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use strata_core::size::parse_size;
+use strata_store::backend::Location;
+use strata_volume::nbd::{Export, Listen, Server};
+use strata_volume::{Threshold, Volume, VolumeConfig};
+
+#[derive(Subcommand)]
+pub enum VolumeCmd {
+    /// Create a thin block volume (nothing is allocated until written).
+    Create {
+        name: String,
+        /// Size the clients see (e.g. 100G; a multiple of 4 KiB).
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        /// Deduplicate only runs of at least this many duplicate 4 KiB
+        /// blocks (so sequential reads stay sequential), or `auto`: the
+        /// median read size seen, 1–8.
+        #[arg(long, default_value = "4")]
+        threshold: Threshold,
+        /// Memory for the dedup metadata (fingerprints of recently written
+        /// blocks); more finds more duplicates.
+        #[arg(long, value_parser = parse_size, default_value = "256M")]
+        cache: u64,
+        /// Write every block anew (the baseline to compare dedup against).
+        #[arg(long)]
+        no_dedup: bool,
+    },
+    /// Serve a volume over NBD until SIGTERM or Ctrl-C (then everything
+    /// acknowledged is destaged and the volume closed cleanly).
+    Serve {
+        name: String,
+        /// HOST:PORT, or unix:PATH (or /PATH) for a Unix socket.
+        #[arg(long, default_value = "127.0.0.1:10809")]
+        listen: String,
+    },
+    /// Dedup ratio, cache hit rate, duplicate sequence lengths, read
+    /// fragmentation, latency percentiles (from the last serve).
+    Stats { name: String },
+    /// The repository's volumes.
+    List,
+}
+
+fn volumes_dir(cli: &crate::Cli) -> Result<PathBuf> {
+    match location::location(cli.repo.as_deref())? {
+        Location::Local(p) => {
+            if !p.join("config").exists() {
+                bail!("no repository at {} (strata init creates one)", p.display());
+            }
+            Ok(p.join("volumes"))
+        }
+        Location::S3(_) => bail!("volumes live in a local repository, not a bucket"),
+    }
+}
+
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        && !name.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(anyhow!(
+            "{name:?} is not a volume name: letters, digits, `-`, `_`, `.` (not first), at most 64"
+        ))
+    }
+}
+
+pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
+    let root = volumes_dir(cli)?;
+    match cmd {
+        VolumeCmd::Create {
+            name,
+            size,
+            threshold,
+            cache,
+            no_dedup,
+        } => {
+            check_name(name)?;
+            let cfg = VolumeConfig {
+                format: 1,
+                size: *size,
+                block_size: 4096,
+                threshold: *threshold,
+                cache_bytes: *cache,
+                dedup: !no_dedup,
+            };
+            Volume::create(&root.join(name), cfg)?;
+            out.result(
+                &serde_json::json!({"volume": name, "size": size, "dedup": !no_dedup}),
+                || format!("volume {name} created ({})", fmt_bytes(*size)),
+            );
+            Ok(0)
+        }
+        VolumeCmd::Serve { name, listen } => serve(out, &root, name, listen),
+        VolumeCmd::Stats { name } => {
+            check_name(name)?;
+            let dir = root.join(name);
+            if !dir.join("volume.json").exists() {
+                bail!("no volume {name:?} (strata volume list)");
+            }
+            let r = strata_volume::report::report(&dir, name)?;
+            let v = serde_json::to_value(&r)?;
+            out.result(&v, || stats_text(&r));
+            Ok(0)
+        }
+        VolumeCmd::List => {
+            let mut names = Vec::new();
+            if let Ok(rd) = std::fs::read_dir(&root) {
+                for e in rd.flatten() {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    if let Ok(c) = Volume::config(&e.path()) {
+                        names.push((n, c.size));
+                    }
+                }
+            }
+            names.sort();
+            let v = serde_json::json!(names
+                .iter()
+                .map(|(n, s)| serde_json::json!({"name": n, "size": s}))
+                .collect::<Vec<_>>());
+            out.result(&v, || {
+                names
+                    .iter()
+                    .map(|(n, s)| format!("{n}\t{}", fmt_bytes(*s)))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+            Ok(0)
+        }
+    }
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn serve(out: &Out, root: &std::path::Path, name: &str, listen: &str) -> Result<i32> {
+    check_name(name)?;
+    let dir = root.join(name);
+    if !dir.join("volume.json").exists() {
+        bail!("no volume {name:?} (strata volume create {name} --size …)");
+    }
+    let vol = Volume::open(&dir).with_context(|| format!("opening volume {name}"))?;
+    let server = Server::start(
+        &Listen::parse(listen),
+        vec![Export {
+            name: name.to_string(),
+            device: vol.clone() as Arc<dyn strata_volume::nbd::BlockDevice>,
+        }],
+    )
+    .with_context(|| format!("cannot listen on {listen}"))?;
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+    }
+    let url = match server.addr().strip_prefix("unix:") {
+        Some(p) => format!("nbd+unix:///{name}?socket={p}"),
+        None => format!("nbd://{}/{name}", server.addr()),
+    };
+    out.result(
+        &serde_json::json!({"volume": name, "listening": server.addr(), "url": url}),
+        || format!("serving volume {name} at {url}"),
+    );
+    while !STOP.load(Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    server.stop();
+    vol.close().context("closing the volume")?;
+    eprintln!("volume {name} closed cleanly");
+    Ok(0)
+}
+
+fn stats_text(r: &strata_volume::report::VolumeReport) -> String {
+    let us = |v: Option<f64>| {
+        v.map(|x| format!("{x:.0} µs"))
+            .unwrap_or_else(|| "–".into())
+    };
+    let mut t = format!(
+        "volume {} ({}), threshold {} (in use: {}), cache {}{}\n",
+        r.name,
+        fmt_bytes(r.size),
+        r.threshold,
+        r.threshold_used,
+        fmt_bytes(r.cache_bytes),
+        if r.dedup { "" } else { ", dedup off" }
+    );
+    t += &format!(
+        "dedup ratio {:.3}: {} blocks written, {} stored new, {} deduplicated ({} duplicates in runs below the threshold)\n",
+        r.dedup_ratio,
+        r.logical_blocks_written,
+        r.physical_blocks_written,
+        r.deduplicated_blocks,
+        r.duplicates_below_threshold
+    );
+    t += &format!(
+        "disk blocks in use {} of {} in the data file\n",
+        r.physical_blocks_in_use, r.data_file_blocks
+    );
+    if let Some(h) = r.cache_hit_rate {
+        t += &format!(
+            "cache: {:.1} % hits, {} of {} blocks, {} in memory\n",
+            h * 100.0,
+            r.live.cache_blocks,
+            r.live.cache_capacity_blocks,
+            fmt_bytes(r.live.cache_memory_bytes)
+        );
+    }
+    t += &format!(
+        "latency: read p50 {} p99 {} ({} reads), write p50 {} p99 {} ({} writes)",
+        us(r.live.read_p50_us),
+        us(r.live.read_p99_us),
+        r.live.reads,
+        us(r.live.write_p50_us),
+        us(r.live.write_p99_us),
+        r.live.writes
+    );
+    t
+}

@@ -1,0 +1,234 @@
+//! Destage (iDedup §3.3.2, §4.2): one buffered batch onto disk. Zero
+//! ranges first, then the written blocks extent by extent in logical
+//! order; the order in which a batch becomes durable is in the
+//! [`crate::volume`] docs.
+
+use crate::idedup::{fingerprint, Fp};
+use crate::volume::{Batch, Disk, Volume, VolumeError, BLOCK, EXTENT_BLOCKS};
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+type Result<T> = std::result::Result<T, VolumeError>;
+
+fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> VolumeError {
+    move |e| VolumeError::Io(what.to_string(), e)
+}
+
+/// Takes `k` disk blocks: the first free extent that fits, else the end.
+fn alloc(d: &mut Disk, k: u64) -> u64 {
+    let fit = d.free.iter().find(|(_, &l)| l >= k).map(|(&s, &l)| (s, l));
+    if let Some((s, l)) = fit {
+        d.free.remove(&s);
+        if l > k {
+            d.free.insert(s + k, l - k);
+        }
+        return s;
+    }
+    let s = d.end;
+    d.end += k;
+    s
+}
+
+/// Returns freed blocks to the free map, merging neighbours.
+fn release(free: &mut BTreeMap<u64, u64>, mut dbns: Vec<u64>) {
+    dbns.sort_unstable();
+    for dbn in dbns {
+        let (mut s, mut l) = (dbn, 1);
+        if let Some((&ps, &pl)) = free.range(..dbn).next_back() {
+            if ps + pl == dbn {
+                free.remove(&ps);
+                s = ps;
+                l += pl;
+            }
+        }
+        if let Some(&nl) = free.get(&(dbn + 1)) {
+            free.remove(&(dbn + 1));
+            l += nl;
+        }
+        free.insert(s, l);
+    }
+}
+
+fn entries_bytes(e: &[u64]) -> Vec<u8> {
+    e.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// What destaging one batch changes besides the data.
+#[derive(Default)]
+struct Changes {
+    /// Map entries to write once the data is durable: first block, entries.
+    map: Vec<(u64, Vec<u64>)>,
+    /// Reference count changes by DBN.
+    refs: HashMap<u64, i64>,
+}
+
+impl Volume {
+    /// Puts `batch` on disk and makes it durable.
+    pub(crate) fn apply(&self, batch: &Batch) -> Result<()> {
+        let threshold = self.threshold();
+        self.live
+            .threshold_used
+            .store(threshold as u64, Ordering::Relaxed);
+        let mut guard = crate::volume::lock(&self.disk);
+        let d = &mut *guard;
+        let mut ch = Changes::default();
+        for (&s, &e) in &batch.zeros.0 {
+            self.zero_map(s, e, &mut ch)?;
+        }
+        let blocks: Vec<(u64, &Arc<Vec<u8>>)> = batch.blocks.iter().map(|(&b, v)| (b, v)).collect();
+        let mut i = 0;
+        while i < blocks.len() {
+            let mut j = i + 1;
+            while j < blocks.len() && j - i < EXTENT_BLOCKS && blocks[j].0 == blocks[j - 1].0 + 1 {
+                j += 1;
+            }
+            self.destage_extent(d, &blocks[i..j], threshold, &mut ch)?;
+            i = j;
+        }
+        self.data.sync_data().map_err(io("data"))?;
+        d.fps.sync_data().map_err(io("fps"))?;
+        for (first, e) in &ch.map {
+            self.map
+                .write_all_at(&entries_bytes(e), first * 8)
+                .map_err(io("map"))?;
+        }
+        self.map.sync_data().map_err(io("map"))?;
+        let freed = apply_refs(&d.refs, &ch.refs)?;
+        d.refs.sync_data().map_err(io("refs"))?;
+        for &f in &freed {
+            d.cache.remove(f);
+        }
+        release(&mut d.free, freed);
+        let counters = d.counters.clone();
+        drop(guard);
+        self.write_state(counters)
+    }
+
+    /// Zeros map entries `s..e`, dropping their references.
+    fn zero_map(&self, s: u64, e: u64, ch: &mut Changes) -> Result<()> {
+        let mut at = s;
+        while at < e {
+            let n = (e - at).min(1 << 16);
+            let old = crate::volume::read_u64s(&self.map, at, n as usize).map_err(io("map"))?;
+            if old.iter().any(|&v| v != 0) {
+                for &v in old.iter().filter(|&&v| v != 0) {
+                    *ch.refs.entry(v - 1).or_default() -= 1;
+                }
+                self.map
+                    .write_all_at(&vec![0u8; n as usize * 8], at * 8)
+                    .map_err(io("map"))?;
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// One extent of consecutive blocks: the sequence algorithm, new
+    /// blocks written, map entries and reference changes recorded.
+    fn destage_extent(
+        &self,
+        d: &mut Disk,
+        ext: &[(u64, &Arc<Vec<u8>>)],
+        threshold: usize,
+        ch: &mut Changes,
+    ) -> Result<()> {
+        let first = ext[0].0;
+        let n = ext.len();
+        let old = crate::volume::read_u64s(&self.map, first, n).map_err(io("map"))?;
+        let zero: Vec<bool> = ext.iter().map(|(_, b)| b.iter().all(|&x| x == 0)).collect();
+        let fps: Vec<Fp> = ext
+            .iter()
+            .zip(&zero)
+            .map(|((_, b), &z)| if z { [0; 16] } else { fingerprint(b) })
+            .collect();
+        let dups: Vec<Vec<u64>> = (0..n)
+            .map(|i| {
+                if zero[i] || !self.cfg.dedup {
+                    Vec::new()
+                } else {
+                    d.cache.lookup(&fps[i])
+                }
+            })
+            .collect();
+        let runs = crate::idedup::find_sequences(&dups, threshold);
+        let mut new = vec![0u64; n];
+        let mut taken = vec![false; n];
+        for r in &runs {
+            for k in 0..r.len {
+                new[r.start + k] = r.dbn + k as u64 + 1;
+                taken[r.start + k] = true;
+            }
+            d.counters.deduplicated_blocks += r.len as u64;
+            d.counters.sequence_lengths.add(r.len, 1);
+        }
+        let nonzero = zero.iter().filter(|z| !**z).count() as u64;
+        d.counters.logical_blocks_written += nonzero;
+        d.counters.duplicates_below_threshold +=
+            (0..n).filter(|&i| !taken[i] && !dups[i].is_empty()).count() as u64;
+        // The rest go to new disk blocks, each stretch contiguous.
+        let mut i = 0;
+        while i < n {
+            if taken[i] || zero[i] {
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < n && !taken[j] && !zero[j] {
+                j += 1;
+            }
+            let k = (j - i) as u64;
+            let at = alloc(d, k);
+            let mut buf = Vec::with_capacity((j - i) * BLOCK);
+            let mut fbuf = Vec::with_capacity((j - i) * 16);
+            for (x, (_, b)) in ext[i..j].iter().enumerate() {
+                buf.extend_from_slice(b);
+                fbuf.extend_from_slice(&fps[i + x]);
+                new[i + x] = at + x as u64 + 1;
+                if self.cfg.dedup {
+                    d.cache.insert(fps[i + x], at + x as u64);
+                }
+            }
+            self.data
+                .write_all_at(&buf, at * BLOCK as u64)
+                .map_err(io("data"))?;
+            d.fps.write_all_at(&fbuf, at * 16).map_err(io("fps"))?;
+            d.counters.physical_blocks_written += k;
+            i = j;
+        }
+        for x in 0..n {
+            if old[x] != 0 {
+                *ch.refs.entry(old[x] - 1).or_default() -= 1;
+            }
+            if new[x] != 0 {
+                *ch.refs.entry(new[x] - 1).or_default() += 1;
+            }
+        }
+        ch.map.push((first, new));
+        Ok(())
+    }
+}
+
+/// Applies reference changes; returns the DBNs that reached zero.
+fn apply_refs(refs: &File, delta: &HashMap<u64, i64>) -> Result<Vec<u64>> {
+    let mut freed = Vec::new();
+    let mut dbns: Vec<(&u64, &i64)> = delta.iter().filter(|(_, &v)| v != 0).collect();
+    dbns.sort_unstable();
+    for (&dbn, &dv) in dbns {
+        let cur = crate::volume::read_ref(refs, dbn).map_err(io("refs"))? as i64;
+        let now = cur + dv;
+        if now < 0 {
+            return Err(VolumeError::Invalid(format!(
+                "reference count of block {dbn} would go below zero ({cur} {dv:+})"
+            )));
+        }
+        refs.write_all_at(&(now as u32).to_le_bytes(), dbn * 4)
+            .map_err(io("refs"))?;
+        if now == 0 {
+            freed.push(dbn);
+        }
+    }
+    Ok(freed)
+}

@@ -1,0 +1,40 @@
+//! Deduplicated block volumes served over NBD (DESIGN.md "Volume",
+//! iDedup §3–§5).
+//!
+//! * [`nbd`] — the NBD server (fixed newstyle, structured replies).
+//! * [`volume`] — the volume: journal-backed write buffer, block map,
+//!   reference counts, free space; [`destage`] runs iDedup on each batch.
+//! * [`idedup`] — the dedup-metadata cache and the sequence algorithm.
+//! * [`journal`] — the write-ahead journal's records.
+//! * [`stats`], [`report`] — latency, fragmentation and dedup figures.
+
+pub mod destage;
+pub mod idedup;
+pub mod journal;
+pub mod nbd;
+pub mod report;
+pub mod stats;
+pub mod volume;
+
+pub use volume::{Threshold, Volume, VolumeConfig, VolumeError};
+
+impl nbd::BlockDevice for Volume {
+    fn size(&self) -> u64 {
+        Volume::size(self)
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<Vec<(u64, u64)>> {
+        self.read_at(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> std::io::Result<()> {
+        self.write_at(offset, data, fua)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Volume::flush(self)
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> std::io::Result<()> {
+        self.zero_range(offset, len, fua)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> std::io::Result<()> {
+        self.zero_range(offset, len, fua)
+    }
+}

@@ -1,0 +1,666 @@
+//! A Network Block Device server (the NBD protocol's fixed newstyle
+//! handshake and transmission phase, as `qemu-img`, `nbdcopy`, `nbdfuse`,
+//! `fio --ioengine=nbd` and the kernel client speak it).
+//!
+//! Handshake: `NBD_OPT_EXPORT_NAME`, `NBD_OPT_GO`, `NBD_OPT_INFO`
+//! (export and block-size information), `NBD_OPT_LIST`, `NBD_OPT_ABORT`,
+//! `NBD_OPT_STRUCTURED_REPLY` (then reads answer in structured chunks and
+//! runs of zeros go back as holes); other options are answered
+//! "unsupported". Transmission: READ, WRITE (with FUA), FLUSH, TRIM,
+//! WRITE_ZEROES, CACHE, DISC. Every connection has its own thread;
+//! `CAN_MULTI_CONN` is advertised because a FLUSH on any connection makes
+//! every acknowledged write durable (the device's journal is shared).
+//!
+//! A protocol error (bad magic, unknown command) ends that connection
+//! only; a request outside the device or longer than [`MAX_REQUEST`] gets
+//! an error reply.
+
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
+const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
+const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
+const REQUEST_MAGIC: u32 = 0x2560_9513;
+const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+
+const FLAG_FIXED_NEWSTYLE: u16 = 1;
+const FLAG_NO_ZEROES: u16 = 2;
+
+const OPT_EXPORT_NAME: u32 = 1;
+const OPT_ABORT: u32 = 2;
+const OPT_LIST: u32 = 3;
+const OPT_INFO: u32 = 6;
+const OPT_GO: u32 = 7;
+const OPT_STRUCTURED_REPLY: u32 = 8;
+
+const REP_ACK: u32 = 1;
+const REP_SERVER: u32 = 2;
+const REP_INFO: u32 = 3;
+const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
+const REP_ERR_INVALID: u32 = (1 << 31) + 3;
+const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
+
+const INFO_EXPORT: u16 = 0;
+const INFO_BLOCK_SIZE: u16 = 3;
+
+const TFLAG_HAS_FLAGS: u16 = 1;
+const TFLAG_SEND_FLUSH: u16 = 1 << 2;
+const TFLAG_SEND_FUA: u16 = 1 << 3;
+const TFLAG_SEND_TRIM: u16 = 1 << 5;
+const TFLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
+const TFLAG_SEND_DF: u16 = 1 << 7;
+const TFLAG_CAN_MULTI_CONN: u16 = 1 << 8;
+const TFLAG_SEND_CACHE: u16 = 1 << 10;
+
+const CMD_READ: u16 = 0;
+const CMD_WRITE: u16 = 1;
+const CMD_DISC: u16 = 2;
+const CMD_FLUSH: u16 = 3;
+const CMD_TRIM: u16 = 4;
+const CMD_CACHE: u16 = 5;
+const CMD_WRITE_ZEROES: u16 = 6;
+
+const CMD_FLAG_FUA: u16 = 1;
+const CMD_FLAG_DF: u16 = 1 << 2;
+
+const REPLY_FLAG_DONE: u16 = 1;
+const REPLY_TYPE_NONE: u16 = 0;
+const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
+const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
+
+/// Error numbers the protocol defines.
+pub const EPERM: u32 = 1;
+pub const EIO: u32 = 5;
+pub const EINVAL: u32 = 22;
+pub const ENOSPC: u32 = 28;
+pub const EOVERFLOW: u32 = 75;
+pub const ENOTSUP: u32 = 95;
+
+/// Longest READ or WRITE a client may send (qemu and nbdcopy use ≤ 32 MiB).
+pub const MAX_REQUEST: u32 = 32 << 20;
+
+/// What the server serves. Offsets and lengths are checked against
+/// [`BlockDevice::size`] before any call.
+pub trait BlockDevice: Send + Sync {
+    fn size(&self) -> u64;
+    /// Fills `buf` from `offset`; also says which block-aligned byte
+    /// ranges of it are known zeros (sent as holes when the client asked
+    /// for structured replies). Returning an empty list is always right.
+    fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<Vec<(u64, u64)>>;
+    /// Acknowledged writes are readable at once and survive a crash after
+    /// the next `flush` (or at once with `fua`).
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()>;
+    fn flush(&self) -> io::Result<()>;
+    /// Reads of a trimmed range return zeros.
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> io::Result<()>;
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> io::Result<()>;
+    /// The preferred I/O size (the block size).
+    fn block_size(&self) -> u32 {
+        4096
+    }
+}
+
+/// One export: a name and its device.
+#[derive(Clone)]
+pub struct Export {
+    pub name: String,
+    pub device: Arc<dyn BlockDevice>,
+}
+
+/// Where to listen.
+#[derive(Clone, Debug)]
+pub enum Listen {
+    Tcp(String),
+    Unix(std::path::PathBuf),
+}
+
+impl Listen {
+    /// `unix:PATH` or a path starting with `/` is a Unix socket, anything
+    /// else `HOST:PORT`.
+    pub fn parse(s: &str) -> Listen {
+        if let Some(p) = s.strip_prefix("unix:") {
+            Listen::Unix(p.into())
+        } else if s.starts_with('/') {
+            Listen::Unix(s.into())
+        } else {
+            Listen::Tcp(s.to_string())
+        }
+    }
+}
+
+/// A running server: stop it with [`Server::stop`] (what SIGTERM does in
+/// the CLI); open connections finish their current request and close.
+pub struct Server {
+    stop: Arc<AtomicBool>,
+    addr: String,
+}
+
+trait Conn: Read + Write + Send + 'static {
+    fn try_clone_box(&self) -> io::Result<Box<dyn Conn>>;
+    fn set_timeout(&self, d: Option<Duration>) -> io::Result<()>;
+}
+impl Conn for TcpStream {
+    fn try_clone_box(&self) -> io::Result<Box<dyn Conn>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    fn set_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(d)
+    }
+}
+impl Conn for UnixStream {
+    fn try_clone_box(&self) -> io::Result<Box<dyn Conn>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    fn set_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(d)
+    }
+}
+
+impl Server {
+    /// Binds and starts accepting in a background thread.
+    pub fn start(listen: &Listen, exports: Vec<Export>) -> io::Result<Server> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let exports = Arc::new(exports);
+        let addr = match listen {
+            Listen::Tcp(a) => {
+                let l = TcpListener::bind(a)?;
+                let addr = l.local_addr()?.to_string();
+                l.set_nonblocking(true)?;
+                let (s, e) = (stop.clone(), exports.clone());
+                std::thread::spawn(move || {
+                    accept_loop(
+                        &s,
+                        || match l.accept() {
+                            Ok((c, _)) => {
+                                c.set_nonblocking(false)?;
+                                let _ = c.set_nodelay(true);
+                                Ok(Some(Box::new(c) as Box<dyn Conn>))
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+                            Err(e) => Err(e),
+                        },
+                        &e,
+                    )
+                });
+                addr
+            }
+            Listen::Unix(p) => {
+                remove_stale_socket(p)?;
+                let l = UnixListener::bind(p)?;
+                l.set_nonblocking(true)?;
+                let (s, e) = (stop.clone(), exports.clone());
+                std::thread::spawn(move || {
+                    accept_loop(
+                        &s,
+                        || match l.accept() {
+                            Ok((c, _)) => {
+                                c.set_nonblocking(false)?;
+                                Ok(Some(Box::new(c) as Box<dyn Conn>))
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+                            Err(e) => Err(e),
+                        },
+                        &e,
+                    )
+                });
+                format!("unix:{}", p.display())
+            }
+        };
+        Ok(Server { stop, addr })
+    }
+
+    /// `HOST:PORT` (with the port chosen when 0 was asked) or `unix:PATH`.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A socket file left by a server that died is removed; anything else at
+/// the path is an error.
+fn remove_stale_socket(p: &Path) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.file_type().is_socket() => {
+            if UnixStream::connect(p).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} is in use by a running server", p.display()),
+                ));
+            }
+            std::fs::remove_file(p)
+        }
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} exists and is not a socket", p.display()),
+        )),
+        Err(_) => Ok(()),
+    }
+}
+
+fn accept_loop(
+    stop: &AtomicBool,
+    mut accept: impl FnMut() -> io::Result<Option<Box<dyn Conn>>>,
+    exports: &Arc<Vec<Export>>,
+) {
+    while !stop.load(Ordering::SeqCst) {
+        match accept() {
+            Ok(Some(c)) => {
+                let e = exports.clone();
+                std::thread::spawn(move || {
+                    if let Err(err) = serve(c, &e) {
+                        tracing::debug!("nbd connection ended: {err}");
+                    }
+                });
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => {
+                tracing::warn!("nbd accept: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+fn proto(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg.into())
+}
+
+fn read_u16(r: &mut impl Read) -> io::Result<u16> {
+    let mut b = [0u8; 2];
+    r.read_exact(&mut b)?;
+    Ok(u16::from_be_bytes(b))
+}
+fn read_u32(r: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_be_bytes(b))
+}
+fn read_u64(r: &mut impl Read) -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b)?;
+    Ok(u64::from_be_bytes(b))
+}
+
+/// One connection: handshake, then requests until DISC or EOF.
+fn serve(conn: Box<dyn Conn>, exports: &[Export]) -> io::Result<()> {
+    conn.set_timeout(Some(Duration::from_secs(30)))?;
+    let mut r = BufReader::with_capacity(256 << 10, conn.try_clone_box()?);
+    let mut w = BufWriter::with_capacity(256 << 10, conn.try_clone_box()?);
+    let Some((export, structured)) = handshake(&mut r, &mut w, exports)? else {
+        return Ok(());
+    };
+    // Clients may sit idle between requests for as long as they like.
+    conn.set_timeout(None)?;
+    transmission(&mut r, &mut w, &*export.device, structured)
+}
+
+fn opt_reply(w: &mut impl Write, opt: u32, kind: u32, data: &[u8]) -> io::Result<()> {
+    w.write_all(&OPT_REPLY_MAGIC.to_be_bytes())?;
+    w.write_all(&opt.to_be_bytes())?;
+    w.write_all(&kind.to_be_bytes())?;
+    w.write_all(&(data.len() as u32).to_be_bytes())?;
+    w.write_all(data)
+}
+
+fn transmission_flags() -> u16 {
+    TFLAG_HAS_FLAGS
+        | TFLAG_SEND_FLUSH
+        | TFLAG_SEND_FUA
+        | TFLAG_SEND_TRIM
+        | TFLAG_SEND_WRITE_ZEROES
+        | TFLAG_SEND_DF
+        | TFLAG_CAN_MULTI_CONN
+        | TFLAG_SEND_CACHE
+}
+
+/// The option haggling. Returns the export chosen and whether structured
+/// replies were agreed, or `None` when the client aborted.
+fn handshake<'e>(
+    r: &mut impl Read,
+    w: &mut impl Write,
+    exports: &'e [Export],
+) -> io::Result<Option<(&'e Export, bool)>> {
+    w.write_all(&NBDMAGIC.to_be_bytes())?;
+    w.write_all(&IHAVEOPT.to_be_bytes())?;
+    w.write_all(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes())?;
+    w.flush()?;
+    let client_flags = read_u32(r)?;
+    if client_flags & u32::from(FLAG_FIXED_NEWSTYLE) == 0 {
+        return Err(proto("client does not speak fixed newstyle"));
+    }
+    let no_zeroes = client_flags & u32::from(FLAG_NO_ZEROES) != 0;
+    let mut structured = false;
+    let find = |name: &str| -> Option<&'e Export> {
+        // The empty name is the default export (the first).
+        if name.is_empty() {
+            exports.first()
+        } else {
+            exports.iter().find(|e| e.name == name)
+        }
+    };
+    loop {
+        if read_u64(r)? != IHAVEOPT {
+            return Err(proto("bad option magic"));
+        }
+        let opt = read_u32(r)?;
+        let len = read_u32(r)?;
+        if len > 64 << 10 {
+            return Err(proto("option too long"));
+        }
+        let mut data = vec![0u8; len as usize];
+        r.read_exact(&mut data)?;
+        match opt {
+            OPT_EXPORT_NAME => {
+                let name = String::from_utf8_lossy(&data);
+                let Some(e) = find(&name) else {
+                    return Err(proto(format!("no export {name:?}")));
+                };
+                w.write_all(&e.device.size().to_be_bytes())?;
+                w.write_all(&transmission_flags().to_be_bytes())?;
+                if !no_zeroes {
+                    w.write_all(&[0u8; 124])?;
+                }
+                w.flush()?;
+                return Ok(Some((e, structured)));
+            }
+            OPT_ABORT => {
+                opt_reply(w, opt, REP_ACK, &[])?;
+                w.flush()?;
+                return Ok(None);
+            }
+            OPT_LIST => {
+                if !data.is_empty() {
+                    opt_reply(w, opt, REP_ERR_INVALID, b"LIST takes no data")?;
+                } else {
+                    for e in exports {
+                        let mut d = (e.name.len() as u32).to_be_bytes().to_vec();
+                        d.extend_from_slice(e.name.as_bytes());
+                        opt_reply(w, opt, REP_SERVER, &d)?;
+                    }
+                    opt_reply(w, opt, REP_ACK, &[])?;
+                }
+            }
+            OPT_STRUCTURED_REPLY => {
+                if data.is_empty() {
+                    structured = true;
+                    opt_reply(w, opt, REP_ACK, &[])?;
+                } else {
+                    opt_reply(w, opt, REP_ERR_INVALID, &[])?;
+                }
+            }
+            OPT_INFO | OPT_GO => match parse_info_request(&data) {
+                None => opt_reply(w, opt, REP_ERR_INVALID, b"malformed request")?,
+                Some((name, wants)) => match find(&name) {
+                    None => {
+                        let msg = format!("no export named {name:?}");
+                        opt_reply(w, opt, REP_ERR_UNKNOWN, msg.as_bytes())?
+                    }
+                    Some(e) => {
+                        let mut d = INFO_EXPORT.to_be_bytes().to_vec();
+                        d.extend_from_slice(&e.device.size().to_be_bytes());
+                        d.extend_from_slice(&transmission_flags().to_be_bytes());
+                        opt_reply(w, opt, REP_INFO, &d)?;
+                        if wants.contains(&INFO_BLOCK_SIZE) {
+                            let mut d = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+                            d.extend_from_slice(&1u32.to_be_bytes());
+                            d.extend_from_slice(&e.device.block_size().to_be_bytes());
+                            d.extend_from_slice(&MAX_REQUEST.to_be_bytes());
+                            opt_reply(w, opt, REP_INFO, &d)?;
+                        }
+                        opt_reply(w, opt, REP_ACK, &[])?;
+                        if opt == OPT_GO {
+                            w.flush()?;
+                            return Ok(Some((e, structured)));
+                        }
+                    }
+                },
+            },
+            _ => opt_reply(w, opt, REP_ERR_UNSUP, &[])?,
+        }
+        w.flush()?;
+    }
+}
+
+/// `NBD_OPT_INFO`/`GO` data: name length, name, count, info types.
+fn parse_info_request(d: &[u8]) -> Option<(String, Vec<u16>)> {
+    let n = u32::from_be_bytes(d.get(..4)?.try_into().ok()?) as usize;
+    let name = std::str::from_utf8(d.get(4..4 + n)?).ok()?.to_string();
+    let rest = d.get(4 + n..)?;
+    let k = u16::from_be_bytes(rest.get(..2)?.try_into().ok()?) as usize;
+    let infos = rest.get(2..2 + 2 * k)?;
+    if rest.len() != 2 + 2 * k {
+        return None;
+    }
+    Some((
+        name,
+        infos
+            .chunks(2)
+            .map(|c| u16::from_be_bytes([c[0], c[1]]))
+            .collect(),
+    ))
+}
+
+struct Request {
+    flags: u16,
+    kind: u16,
+    handle: u64,
+    offset: u64,
+    len: u32,
+}
+
+fn read_request(r: &mut impl Read) -> io::Result<Request> {
+    if read_u32(r)? != REQUEST_MAGIC {
+        return Err(proto("bad request magic"));
+    }
+    Ok(Request {
+        flags: read_u16(r)?,
+        kind: read_u16(r)?,
+        handle: read_u64(r)?,
+        offset: read_u64(r)?,
+        len: read_u32(r)?,
+    })
+}
+
+fn simple_reply(w: &mut impl Write, handle: u64, err: u32, data: &[u8]) -> io::Result<()> {
+    w.write_all(&SIMPLE_REPLY_MAGIC.to_be_bytes())?;
+    w.write_all(&err.to_be_bytes())?;
+    w.write_all(&handle.to_be_bytes())?;
+    w.write_all(data)
+}
+
+fn chunk_header(
+    w: &mut impl Write,
+    flags: u16,
+    kind: u16,
+    handle: u64,
+    len: u32,
+) -> io::Result<()> {
+    w.write_all(&STRUCTURED_REPLY_MAGIC.to_be_bytes())?;
+    w.write_all(&flags.to_be_bytes())?;
+    w.write_all(&kind.to_be_bytes())?;
+    w.write_all(&handle.to_be_bytes())?;
+    w.write_all(&len.to_be_bytes())
+}
+
+/// An error answer, simple or structured.
+fn error_reply(w: &mut impl Write, structured: bool, handle: u64, err: u32) -> io::Result<()> {
+    if structured {
+        chunk_header(w, REPLY_FLAG_DONE, REPLY_TYPE_ERROR, handle, 6)?;
+        w.write_all(&err.to_be_bytes())?;
+        w.write_all(&0u16.to_be_bytes())
+    } else {
+        simple_reply(w, handle, err, &[])
+    }
+}
+
+fn errno(e: &io::Error) -> u32 {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) => ENOSPC,
+        Some(libc::EPERM) | Some(libc::EACCES) | Some(libc::EROFS) => EPERM,
+        _ if e.kind() == io::ErrorKind::InvalidInput => EINVAL,
+        _ => EIO,
+    }
+}
+
+/// A structured read answer: data chunks, and holes for the zero ranges
+/// the device reported (unless the client forbade fragmenting).
+fn structured_read(
+    w: &mut impl Write,
+    req: &Request,
+    buf: &[u8],
+    zeros: &[(u64, u64)],
+) -> io::Result<()> {
+    let mut pieces: Vec<(u64, u64, bool)> = Vec::new();
+    let mut at = 0u64;
+    if req.flags & CMD_FLAG_DF == 0 {
+        for &(z0, z1) in zeros {
+            let (z0, z1) = (z0.max(at), z1.min(buf.len() as u64));
+            if z1 <= z0 {
+                continue;
+            }
+            if z0 > at {
+                pieces.push((at, z0, false));
+            }
+            pieces.push((z0, z1, true));
+            at = z1;
+        }
+    }
+    if at < buf.len() as u64 || pieces.is_empty() {
+        pieces.push((at, buf.len() as u64, false));
+    }
+    let last = pieces.len() - 1;
+    for (i, (a, b, hole)) in pieces.into_iter().enumerate() {
+        let flags = if i == last { REPLY_FLAG_DONE } else { 0 };
+        if hole {
+            chunk_header(w, flags, REPLY_TYPE_OFFSET_HOLE, req.handle, 12)?;
+            w.write_all(&(req.offset + a).to_be_bytes())?;
+            w.write_all(&((b - a) as u32).to_be_bytes())?;
+        } else {
+            chunk_header(
+                w,
+                flags,
+                REPLY_TYPE_OFFSET_DATA,
+                req.handle,
+                8 + (b - a) as u32,
+            )?;
+            w.write_all(&(req.offset + a).to_be_bytes())?;
+            w.write_all(&buf[a as usize..b as usize])?;
+        }
+    }
+    Ok(())
+}
+
+/// Requests until DISC or EOF. Replies go out in request order; the
+/// writer is flushed whenever no further request is already buffered.
+fn transmission(
+    r: &mut BufReader<Box<dyn Conn>>,
+    w: &mut impl Write,
+    dev: &dyn BlockDevice,
+    structured: bool,
+) -> io::Result<()> {
+    let mut buf = Vec::new();
+    loop {
+        let req = match read_request(r) {
+            Ok(q) => q,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let size = dev.size();
+        let in_range = req
+            .offset
+            .checked_add(u64::from(req.len))
+            .is_some_and(|end| end <= size);
+        let fua = req.flags & CMD_FLAG_FUA != 0;
+        match req.kind {
+            CMD_READ => {
+                if req.len > MAX_REQUEST {
+                    error_reply(w, structured, req.handle, EOVERFLOW)?;
+                } else if !in_range {
+                    error_reply(w, structured, req.handle, EINVAL)?;
+                } else {
+                    buf.resize(req.len as usize, 0);
+                    match dev.read(req.offset, &mut buf) {
+                        Ok(zeros) if structured => structured_read(w, &req, &buf, &zeros)?,
+                        Ok(_) => simple_reply(w, req.handle, 0, &buf)?,
+                        Err(e) => error_reply(w, structured, req.handle, errno(&e))?,
+                    }
+                }
+            }
+            CMD_WRITE => {
+                if req.len > MAX_REQUEST {
+                    // The payload cannot be skipped safely: answer, then end.
+                    error_reply(w, structured, req.handle, EOVERFLOW)?;
+                    w.flush()?;
+                    return Err(proto("write longer than the maximum"));
+                }
+                buf.resize(req.len as usize, 0);
+                r.read_exact(&mut buf)?;
+                let res = if !in_range {
+                    Err(ENOSPC)
+                } else {
+                    dev.write(req.offset, &buf, fua).map_err(|e| errno(&e))
+                };
+                done(w, structured, req.handle, res)?;
+            }
+            CMD_FLUSH => done(
+                w,
+                structured,
+                req.handle,
+                dev.flush().map_err(|e| errno(&e)),
+            )?,
+            CMD_TRIM | CMD_WRITE_ZEROES => {
+                let res = if !in_range {
+                    Err(ENOSPC)
+                } else if req.kind == CMD_TRIM {
+                    dev.trim(req.offset, u64::from(req.len), fua)
+                        .map_err(|e| errno(&e))
+                } else {
+                    dev.write_zeroes(req.offset, u64::from(req.len), fua)
+                        .map_err(|e| errno(&e))
+                };
+                done(w, structured, req.handle, res)?;
+            }
+            CMD_CACHE => {
+                let res = if in_range { Ok(()) } else { Err(EINVAL) };
+                done(w, structured, req.handle, res)?;
+            }
+            CMD_DISC => {
+                w.flush()?;
+                return Ok(());
+            }
+            _ => {
+                error_reply(w, structured, req.handle, ENOTSUP)?;
+            }
+        }
+        if r.buffer().is_empty() {
+            w.flush()?;
+        }
+    }
+}
+
+/// The answer to a command without data.
+fn done(w: &mut impl Write, structured: bool, handle: u64, res: Result<(), u32>) -> io::Result<()> {
+    match res {
+        Ok(()) if structured => chunk_header(w, REPLY_FLAG_DONE, REPLY_TYPE_NONE, handle, 0),
+        Ok(()) => simple_reply(w, handle, 0, &[]),
+        Err(e) => error_reply(w, structured, handle, e),
+    }
+}

@@ -1,0 +1,848 @@
+//! A deduplicated block volume: iDedup's write path (§3.3) on files.
+//!
+//! Files in the volume's directory: `volume.json` (size, block size,
+//! threshold, cache size), `journal.N` (acknowledged writes not yet on
+//! disk), `data` (disk blocks, DBN × block size), `map` (logical block →
+//! DBN + 1, 0 = zeros; u64 each), `refs` (u32 reference count per DBN),
+//! `fps` (16-byte fingerprint per DBN, to warm the cache on open),
+//! `state.json` (clean shutdown flag, counters) and `live.json` (the
+//! running server's latency, cache and fragmentation figures).
+//!
+//! Writes are appended to the journal and kept in a buffer that reads see
+//! at once; a background thread destages the buffer in logical block
+//! order, extent by extent: fingerprints, dup-lists from the metadata
+//! cache, [`find_sequences`] at the threshold, references for the runs
+//! kept and new disk blocks for the rest. A batch becomes durable in this
+//! order: new data and fingerprints, then map and reference counts, then
+//! its journal file is deleted — so a crash at any point replays the
+//! journal over a map whose every entry points at durable data. After an
+//! unclean stop the reference counts are rebuilt from the map. Blocks
+//! freed by a batch (overwrites, TRIM) are reused only after it commits.
+
+use crate::idedup::{Fp, MetaCache};
+use crate::journal::{self, Journal, Record};
+use crate::stats::{Histogram, Latency, Persistent};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+pub const BLOCK: usize = 4096;
+const FORMAT: u32 = 1;
+/// The buffer is destaged once it holds this much, or after a second.
+const DESTAGE_AT: usize = 32 << 20;
+/// Writers wait while the buffer holds this much (the batch being
+/// destaged is not counted).
+const BUFFER_MAX: usize = 128 << 20;
+/// Longest extent the sequence algorithm looks at in one go.
+pub(crate) const EXTENT_BLOCKS: usize = 1024;
+
+#[derive(thiserror::Error, Debug)]
+pub enum VolumeError {
+    #[error("{0}: {1}")]
+    Io(String, #[source] io::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+type Result<T> = std::result::Result<T, VolumeError>;
+
+fn ioe(what: impl Into<String>) -> impl FnOnce(io::Error) -> VolumeError {
+    let w = what.into();
+    move |e| VolumeError::Io(w, e)
+}
+
+/// The sequence threshold: a number, or chosen from how the volume is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Threshold {
+    Fixed(u32),
+    Auto,
+}
+
+impl std::str::FromStr for Threshold {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if s == "auto" {
+            return Ok(Threshold::Auto);
+        }
+        match s.parse::<u32>() {
+            Ok(n) if (1..=1024).contains(&n) => Ok(Threshold::Fixed(n)),
+            _ => Err(format!("{s:?}: a threshold is 1..=1024 blocks or `auto`")),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VolumeConfig {
+    pub format: u32,
+    pub size: u64,
+    pub block_size: u32,
+    pub threshold: Threshold,
+    /// Bytes of dedup metadata cache.
+    pub cache_bytes: u64,
+    /// False: every block is written anew (the baseline of §5).
+    pub dedup: bool,
+}
+
+/// The counters and clean flag of the volume in `dir`.
+pub(crate) fn read_state(dir: &Path) -> Result<State> {
+    read_json(&dir.join("state.json"))
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct State {
+    pub(crate) clean: bool,
+    #[serde(default)]
+    pub(crate) counters: Persistent,
+}
+
+/// Contiguous ranges [start, end) of blocks.
+#[derive(Default, Clone, Debug)]
+pub(crate) struct Ranges(pub(crate) BTreeMap<u64, u64>);
+
+impl Ranges {
+    fn contains(&self, b: u64) -> bool {
+        self.0.range(..=b).next_back().is_some_and(|(_, &e)| b < e)
+    }
+
+    fn insert(&mut self, mut s: u64, mut e: u64) {
+        let overlapping: Vec<(u64, u64)> = self
+            .0
+            .range(..=e)
+            .rev()
+            .take_while(|(_, &end)| end >= s)
+            .map(|(&a, &b)| (a, b))
+            .collect();
+        for (a, b) in overlapping {
+            self.0.remove(&a);
+            s = s.min(a);
+            e = e.max(b);
+        }
+        self.0.insert(s, e);
+    }
+}
+
+/// Buffered writes: whole blocks, and ranges written as zeros.
+#[derive(Default)]
+pub(crate) struct Batch {
+    pub(crate) blocks: BTreeMap<u64, Arc<Vec<u8>>>,
+    pub(crate) zeros: Ranges,
+    bytes: usize,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.blocks.is_empty() && self.zeros.0.is_empty()
+    }
+
+    fn put(&mut self, b: u64, data: Arc<Vec<u8>>) {
+        if self.blocks.insert(b, data).is_none() {
+            self.bytes += BLOCK;
+        }
+    }
+
+    fn zero(&mut self, s: u64, e: u64) {
+        let gone: Vec<u64> = self.blocks.range(s..e).map(|(&k, _)| k).collect();
+        for k in gone {
+            self.blocks.remove(&k);
+            self.bytes -= BLOCK;
+        }
+        self.zeros.insert(s, e);
+    }
+}
+
+enum Src {
+    Mem(Arc<Vec<u8>>),
+    Zero,
+    Disk,
+}
+
+struct Mem {
+    buf: Batch,
+    destaging: Option<Arc<Batch>>,
+    journal: Journal,
+    /// The journal of the batch being destaged (synced by FLUSH too).
+    prev_journal: Option<Arc<File>>,
+    /// Set when a destage failed: writes are refused from then on.
+    failed: Option<String>,
+    stop: bool,
+    /// Someone waits for the buffer to reach the disk (sync, full buffer).
+    urgent: bool,
+}
+
+pub(crate) struct Disk {
+    pub(crate) refs: File,
+    pub(crate) fps: File,
+    pub(crate) cache: MetaCache,
+    /// Free disk blocks: start → length.
+    pub(crate) free: BTreeMap<u64, u64>,
+    /// Disk blocks in use or freed are below this.
+    pub(crate) end: u64,
+    pub(crate) counters: Persistent,
+}
+
+/// Live figures of a serving volume.
+#[derive(Default)]
+pub struct LiveStats {
+    pub read_latency: Latency,
+    pub write_latency: Latency,
+    /// Physical runs each read touched (§5.4), last bucket ≥ 64.
+    pub fragmentation: Mutex<Histogram>,
+    /// Blocks per read request (the workload's sequentiality), ≥ 256 last.
+    pub read_sizes: Mutex<Histogram>,
+    pub threshold_used: AtomicU64,
+}
+
+pub struct Volume {
+    pub(crate) dir: PathBuf,
+    pub cfg: VolumeConfig,
+    pub(crate) map: File,
+    pub(crate) data: File,
+    mem: Mutex<Mem>,
+    /// Wakes the destage thread.
+    kick: Condvar,
+    /// Signalled when a batch has been destaged.
+    destaged: Condvar,
+    pub(crate) disk: Mutex<Disk>,
+    pub live: LiveStats,
+    destager: Mutex<Option<std::thread::JoinHandle<()>>>,
+    closed: AtomicBool,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn open_rw(p: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(p)
+        .map_err(ioe(p.display().to_string()))
+}
+
+pub(crate) fn write_json(p: &Path, v: &impl Serialize) -> Result<()> {
+    let tmp = p.with_extension("tmp");
+    let body = serde_json::to_vec_pretty(v).map_err(|e| VolumeError::Invalid(e.to_string()))?;
+    let f = File::create(&tmp).map_err(ioe(tmp.display().to_string()))?;
+    f.write_all_at(&body, 0)
+        .and_then(|_| f.sync_all())
+        .map_err(ioe(tmp.display().to_string()))?;
+    fs::rename(&tmp, p).map_err(ioe(p.display().to_string()))
+}
+
+pub(crate) fn read_json<T: for<'de> Deserialize<'de>>(p: &Path) -> Result<T> {
+    let b = fs::read(p).map_err(ioe(p.display().to_string()))?;
+    serde_json::from_slice(&b).map_err(|e| VolumeError::Invalid(format!("{}: {e}", p.display())))
+}
+
+pub(crate) fn read_u64s(f: &File, first: u64, n: usize) -> io::Result<Vec<u64>> {
+    let mut b = vec![0u8; n * 8];
+    let got = read_full_at(f, &mut b, first * 8)?;
+    b[got..].fill(0);
+    Ok(b.chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+        .collect())
+}
+
+/// Reads as much as the file has (a sparse or short file reads as zeros
+/// past its end); returns the bytes read.
+fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read_at(&mut buf[got..], off + got as u64) {
+            Ok(0) => break,
+            Ok(k) => got += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+pub(crate) fn read_ref(f: &File, dbn: u64) -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    let got = read_full_at(f, &mut b, dbn * 4)?;
+    b[got..].fill(0);
+    Ok(u32::from_le_bytes(b))
+}
+
+impl Volume {
+    /// Creates volume files in `dir` (which must not hold a volume).
+    pub fn create(dir: &Path, cfg: VolumeConfig) -> Result<()> {
+        if cfg.size == 0 || !cfg.size.is_multiple_of(BLOCK as u64) {
+            return Err(VolumeError::Invalid(format!(
+                "the size must be a positive multiple of {BLOCK} bytes"
+            )));
+        }
+        if dir.join("volume.json").exists() {
+            return Err(VolumeError::Invalid(format!(
+                "a volume already exists at {}",
+                dir.display()
+            )));
+        }
+        fs::create_dir_all(dir).map_err(ioe(dir.display().to_string()))?;
+        for f in ["data", "map", "refs", "fps"] {
+            open_rw(&dir.join(f))?;
+        }
+        write_json(
+            &dir.join("state.json"),
+            &State {
+                clean: true,
+                counters: Persistent {
+                    sequence_lengths: Histogram::with_buckets(65),
+                    ..Default::default()
+                },
+            },
+        )?;
+        write_json(&dir.join("volume.json"), &cfg)
+    }
+
+    pub fn config(dir: &Path) -> Result<VolumeConfig> {
+        let cfg: VolumeConfig = read_json(&dir.join("volume.json"))?;
+        if cfg.format != FORMAT || cfg.block_size as usize != BLOCK {
+            return Err(VolumeError::Invalid(format!(
+                "{}: volume format {} / block size {} (this build: {FORMAT} / {BLOCK})",
+                dir.display(),
+                cfg.format,
+                cfg.block_size
+            )));
+        }
+        Ok(cfg)
+    }
+
+    /// Opens a volume, recovers it after an unclean stop (reference
+    /// counts from the map, the journal replayed) and starts destaging.
+    pub fn open(dir: &Path) -> Result<Arc<Volume>> {
+        let cfg = Self::config(dir)?;
+        let state: State = read_json(&dir.join("state.json"))?;
+        let nblocks = cfg.size / BLOCK as u64;
+        let map = open_rw(&dir.join("map"))?;
+        let data = open_rw(&dir.join("data"))?;
+        let refs = open_rw(&dir.join("refs"))?;
+        let fps = open_rw(&dir.join("fps"))?;
+        let end = data.metadata().map_err(ioe("data"))?.len() / BLOCK as u64;
+        if !state.clean {
+            rebuild_refs(&map, &refs, nblocks, end)?;
+        }
+        let (free, cache) = scan_refs(&refs, &fps, end, &cfg, state.clean)?;
+        let old = journal::existing(dir).map_err(ioe(dir.display().to_string()))?;
+        let next_gen = old.last().map(|(g, _)| g + 1).unwrap_or(1);
+        let mut counters = state.counters;
+        if counters.sequence_lengths.counts.is_empty() {
+            counters.sequence_lengths = Histogram::with_buckets(65);
+        }
+        let vol = Arc::new(Volume {
+            dir: dir.to_path_buf(),
+            map,
+            data,
+            mem: Mutex::new(Mem {
+                buf: Batch::default(),
+                destaging: None,
+                journal: Journal::create(dir, next_gen).map_err(ioe("journal"))?,
+                prev_journal: None,
+                failed: None,
+                stop: false,
+                urgent: false,
+            }),
+            kick: Condvar::new(),
+            destaged: Condvar::new(),
+            disk: Mutex::new(Disk {
+                refs,
+                fps,
+                cache,
+                free,
+                end,
+                counters,
+            }),
+            live: LiveStats {
+                fragmentation: Mutex::new(Histogram::with_buckets(65)),
+                read_sizes: Mutex::new(Histogram::with_buckets(257)),
+                ..Default::default()
+            },
+            cfg,
+            destager: Mutex::new(None),
+            closed: AtomicBool::new(false),
+        });
+        // Replay what the journal holds, destage it, then drop it.
+        for (_, p) in &old {
+            let recs = journal::read(p, BLOCK).map_err(ioe(p.display().to_string()))?;
+            let mut batch = Batch::default();
+            for r in recs {
+                match r {
+                    Record::Write { block, data } => {
+                        for (i, c) in data.chunks_exact(BLOCK).enumerate() {
+                            batch.put(block + i as u64, Arc::new(c.to_vec()));
+                        }
+                    }
+                    Record::Zero { block, count } => batch.zero(block, block + count as u64),
+                }
+            }
+            vol.apply(&batch)?;
+            fs::remove_file(p).map_err(ioe(p.display().to_string()))?;
+        }
+        vol.save_state(false)?;
+        let v = vol.clone();
+        *lock(&vol.destager) = Some(std::thread::spawn(move || v.destage_loop()));
+        Ok(vol)
+    }
+
+    pub fn size(&self) -> u64 {
+        self.cfg.size
+    }
+
+    fn save_state(&self, clean: bool) -> Result<()> {
+        let counters = lock(&self.disk).counters.clone();
+        write_json(&self.dir.join("state.json"), &State { clean, counters })
+    }
+
+    /// The counters after a batch (the volume stays marked in use).
+    pub(crate) fn write_state(&self, counters: Persistent) -> Result<()> {
+        write_json(
+            &self.dir.join("state.json"),
+            &State {
+                clean: false,
+                counters,
+            },
+        )
+    }
+
+    /// Where block `b`'s current content is (buffer first).
+    fn src(m: &Mem, b: u64) -> Src {
+        if let Some(d) = m.buf.blocks.get(&b) {
+            return Src::Mem(d.clone());
+        }
+        if m.buf.zeros.contains(b) {
+            return Src::Zero;
+        }
+        if let Some(batch) = &m.destaging {
+            if let Some(d) = batch.blocks.get(&b) {
+                return Src::Mem(d.clone());
+            }
+            if batch.zeros.contains(b) {
+                return Src::Zero;
+            }
+        }
+        Src::Disk
+    }
+
+    /// Reads whole blocks `first..first+n` into `out`; returns which are
+    /// zeros and how many physical runs the disk reads touched.
+    fn read_blocks(&self, first: u64, out: &mut [u8]) -> io::Result<(Vec<bool>, usize)> {
+        let n = out.len() / BLOCK;
+        let srcs: Vec<Src> = {
+            let m = lock(&self.mem);
+            (0..n as u64).map(|i| Self::src(&m, first + i)).collect()
+        };
+        let mut zero = vec![false; n];
+        let any_disk = srcs.iter().any(|s| matches!(s, Src::Disk));
+        let map = if any_disk {
+            read_u64s(&self.map, first, n)?
+        } else {
+            Vec::new()
+        };
+        let mut runs = 0;
+        let mut i = 0;
+        while i < n {
+            match &srcs[i] {
+                Src::Mem(d) => out[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(d),
+                Src::Zero => {
+                    out[i * BLOCK..(i + 1) * BLOCK].fill(0);
+                    zero[i] = true;
+                }
+                Src::Disk if map[i] == 0 => {
+                    out[i * BLOCK..(i + 1) * BLOCK].fill(0);
+                    zero[i] = true;
+                }
+                Src::Disk => {
+                    // One read per physical run.
+                    let mut j = i + 1;
+                    while j < n && matches!(srcs[j], Src::Disk) && map[j] == map[j - 1] + 1 {
+                        j += 1;
+                    }
+                    let dbn = map[i] - 1;
+                    let dst = &mut out[i * BLOCK..j * BLOCK];
+                    let got = read_full_at(&self.data, dst, dbn * BLOCK as u64)?;
+                    if got < dst.len() {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!("data is shorter than block {}", dbn + (j - i) as u64),
+                        ));
+                    }
+                    runs += 1;
+                    i = j;
+                    continue;
+                }
+            }
+            i += 1;
+        }
+        Ok((zero, runs))
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        match offset.checked_add(len) {
+            Some(e) if e <= self.cfg.size => Ok(()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "beyond the end of the volume",
+            )),
+        }
+    }
+
+    /// Reads `buf.len()` bytes at `offset`; returns the block-aligned
+    /// byte ranges of `buf` that are zeros.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<Vec<(u64, u64)>> {
+        let t = Instant::now();
+        self.check_range(offset, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(Vec::new());
+        }
+        let first = offset / BLOCK as u64;
+        let last = (offset + buf.len() as u64 - 1) / BLOCK as u64;
+        let n = (last - first + 1) as usize;
+        let aligned = offset.is_multiple_of(BLOCK as u64) && buf.len().is_multiple_of(BLOCK);
+        let (zero, runs) = if aligned {
+            self.read_blocks(first, buf)?
+        } else {
+            let mut tmp = vec![0u8; n * BLOCK];
+            let r = self.read_blocks(first, &mut tmp)?;
+            let skip = (offset % BLOCK as u64) as usize;
+            buf.copy_from_slice(&tmp[skip..skip + buf.len()]);
+            r
+        };
+        lock(&self.live.read_sizes).add(n, 1);
+        if runs > 0 {
+            lock(&self.live.fragmentation).add(runs, 1);
+        }
+        let mut holes = Vec::new();
+        if aligned {
+            let mut i = 0;
+            while i < n {
+                if zero[i] {
+                    let s = i;
+                    while i < n && zero[i] {
+                        i += 1;
+                    }
+                    holes.push(((s * BLOCK) as u64, (i * BLOCK) as u64));
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        self.live.read_latency.record(t.elapsed());
+        Ok(holes)
+    }
+
+    /// Waits while the buffer is full; fails when destaging has failed.
+    fn lock_for_write(&self) -> io::Result<MutexGuard<'_, Mem>> {
+        let mut m = lock(&self.mem);
+        while m.buf.bytes >= BUFFER_MAX && m.failed.is_none() && !m.stop {
+            m.urgent = true;
+            self.kick.notify_all();
+            m = self.destaged.wait(m).unwrap_or_else(|e| e.into_inner());
+        }
+        if let Some(f) = &m.failed {
+            return Err(io::Error::other(format!("the volume stopped: {f}")));
+        }
+        if m.stop {
+            return Err(io::Error::other("the volume is closing"));
+        }
+        Ok(m)
+    }
+
+    /// Blocks `first..` as whole blocks with `data` placed at `skip`
+    /// bytes into the first (partial blocks at the edges are read first).
+    fn whole_blocks(&self, m: &Mem, offset: u64, data: &[u8]) -> io::Result<(u64, Vec<u8>)> {
+        let first = offset / BLOCK as u64;
+        let skip = (offset % BLOCK as u64) as usize;
+        let n = (skip + data.len()).div_ceil(BLOCK);
+        let mut out = vec![0u8; n * BLOCK];
+        if skip != 0 || !data.len().is_multiple_of(BLOCK) {
+            for b in [first, first + n as u64 - 1] {
+                let dst = &mut out[((b - first) as usize) * BLOCK..][..BLOCK];
+                match Self::src(m, b) {
+                    Src::Mem(d) => dst.copy_from_slice(&d),
+                    Src::Zero => dst.fill(0),
+                    Src::Disk => {
+                        let e = read_u64s(&self.map, b, 1)?[0];
+                        if e != 0 {
+                            read_full_at(&self.data, dst, (e - 1) * BLOCK as u64)?;
+                        }
+                    }
+                }
+            }
+        }
+        out[skip..skip + data.len()].copy_from_slice(data);
+        Ok((first, out))
+    }
+
+    fn after_write(&self, m: MutexGuard<'_, Mem>, fua: bool) -> io::Result<()> {
+        if m.buf.bytes >= DESTAGE_AT {
+            self.kick.notify_all();
+        }
+        let f = m.journal.file().try_clone()?;
+        drop(m);
+        if fua {
+            f.sync_data()?;
+        }
+        Ok(())
+    }
+
+    pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        let t = Instant::now();
+        self.check_range(offset, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let mut m = self.lock_for_write()?;
+        let (first, blocks) = self.whole_blocks(&m, offset, data)?;
+        let mut enc = Vec::with_capacity(blocks.len() + 64);
+        journal::encode(
+            &Record::Write {
+                block: first,
+                data: blocks,
+            },
+            BLOCK,
+            &mut enc,
+        );
+        m.journal.append(&enc)?;
+        let body = &enc[enc.len() - (enc.len() / BLOCK) * BLOCK..];
+        for (i, c) in body.chunks_exact(BLOCK).enumerate() {
+            m.buf.put(first + i as u64, Arc::new(c.to_vec()));
+        }
+        let r = self.after_write(m, fua);
+        self.live.write_latency.record(t.elapsed());
+        r
+    }
+
+    /// TRIM and WRITE_ZEROES: the range reads back as zeros (whole blocks
+    /// become holes; partial edge blocks are written with zeros).
+    pub fn zero_range(&self, offset: u64, len: u64, fua: bool) -> io::Result<()> {
+        self.check_range(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let bs = BLOCK as u64;
+        let a = offset.div_ceil(bs);
+        let b = (offset + len) / bs;
+        if a >= b {
+            return self.write_at(offset, &vec![0u8; len as usize], fua);
+        }
+        if offset < a * bs {
+            self.write_at(offset, &vec![0u8; (a * bs - offset) as usize], false)?;
+        }
+        if offset + len > b * bs {
+            self.write_at(b * bs, &vec![0u8; (offset + len - b * bs) as usize], false)?;
+        }
+        let mut m = self.lock_for_write()?;
+        let mut at = a;
+        let mut enc = Vec::new();
+        while at < b {
+            let count = (b - at).min(u32::MAX as u64) as u32;
+            journal::encode(&Record::Zero { block: at, count }, BLOCK, &mut enc);
+            at += count as u64;
+        }
+        m.journal.append(&enc)?;
+        m.buf.zero(a, b);
+        self.after_write(m, fua)
+    }
+
+    /// Makes every acknowledged write durable.
+    pub fn flush(&self) -> io::Result<()> {
+        let (cur, prev) = {
+            let m = lock(&self.mem);
+            if let Some(f) = &m.failed {
+                return Err(io::Error::other(format!("the volume stopped: {f}")));
+            }
+            (m.journal.file().try_clone()?, m.prev_journal.clone())
+        };
+        if let Some(p) = prev {
+            p.sync_data()?;
+        }
+        cur.sync_data()
+    }
+
+    /// Destages everything buffered now and waits for it.
+    pub fn sync_all(&self) -> io::Result<()> {
+        let mut m = lock(&self.mem);
+        while !m.buf.is_empty() || m.destaging.is_some() {
+            if let Some(f) = &m.failed {
+                return Err(io::Error::other(f.clone()));
+            }
+            m.urgent = true;
+            self.kick.notify_all();
+            m = self
+                .destaged
+                .wait_timeout(m, Duration::from_millis(200))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Destages what is buffered, stops the destage thread and marks the
+    /// volume clean.
+    pub fn close(&self) -> io::Result<()> {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.sync_all()?;
+        lock(&self.mem).stop = true;
+        self.kick.notify_all();
+        if let Some(h) = lock(&self.destager).take() {
+            let _ = h.join();
+        }
+        let m = lock(&self.mem);
+        let _ = fs::remove_file(&m.journal.path);
+        drop(m);
+        self.save_live().map_err(io::Error::other)?;
+        self.save_state(true).map_err(io::Error::other)
+    }
+
+    fn destage_loop(self: Arc<Self>) {
+        loop {
+            let (batch, old_path) = {
+                let mut m = lock(&self.mem);
+                // At most a second's writes wait in the buffer.
+                let deadline = Instant::now() + Duration::from_secs(1);
+                while !m.stop && !m.urgent && m.buf.bytes < DESTAGE_AT {
+                    let now = Instant::now();
+                    if now >= deadline && !m.buf.is_empty() {
+                        break;
+                    }
+                    let wait = deadline
+                        .saturating_duration_since(now)
+                        .max(Duration::from_millis(50));
+                    m = self
+                        .kick
+                        .wait_timeout(m, wait)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+                m.urgent = false;
+                if m.buf.is_empty() {
+                    if m.stop {
+                        return;
+                    }
+                    continue;
+                }
+                let next = m.journal.generation + 1;
+                let fresh = match Journal::create(&self.dir, next) {
+                    Ok(j) => j,
+                    Err(e) => {
+                        m.failed = Some(format!("cannot start journal {next}: {e}"));
+                        self.destaged.notify_all();
+                        return;
+                    }
+                };
+                let old = std::mem::replace(&mut m.journal, fresh);
+                let batch = Arc::new(std::mem::take(&mut m.buf));
+                m.destaging = Some(batch.clone());
+                m.prev_journal = old.file().try_clone().ok().map(Arc::new);
+                (batch, old.path.clone())
+            };
+            let r = self.apply(&batch).and_then(|_| {
+                fs::remove_file(&old_path).map_err(ioe(old_path.display().to_string()))
+            });
+            let _ = self.save_live();
+            let mut m = lock(&self.mem);
+            m.destaging = None;
+            m.prev_journal = None;
+            if let Err(e) = r {
+                tracing::error!("destage failed: {e}");
+                m.failed = Some(e.to_string());
+                self.destaged.notify_all();
+                return;
+            }
+            self.destaged.notify_all();
+        }
+    }
+
+    /// The threshold in force: fixed, or (auto) the median read size in
+    /// blocks seen so far, 1..=8 (4 before any read).
+    pub fn threshold(&self) -> usize {
+        match self.cfg.threshold {
+            Threshold::Fixed(n) => n as usize,
+            Threshold::Auto => {
+                let h = lock(&self.live.read_sizes);
+                if h.total() == 0 {
+                    return 4;
+                }
+                let cdf = h.cdf();
+                cdf.iter().position(|&c| c >= 0.5).unwrap_or(4).clamp(1, 8)
+            }
+        }
+    }
+}
+
+/// Reference counts recounted from the map (after an unclean stop).
+fn rebuild_refs(map: &File, refs: &File, nblocks: u64, end: u64) -> Result<()> {
+    let mut counts = vec![0u32; end as usize];
+    let step = 1 << 16;
+    let mut at = 0;
+    while at < nblocks {
+        let n = step.min(nblocks - at) as usize;
+        for e in read_u64s(map, at, n).map_err(ioe("map"))? {
+            if e != 0 && e - 1 < end {
+                counts[(e - 1) as usize] += 1;
+            }
+        }
+        at += n as u64;
+    }
+    let bytes: Vec<u8> = counts.iter().flat_map(|c| c.to_le_bytes()).collect();
+    refs.set_len(0).map_err(ioe("refs"))?;
+    refs.write_all_at(&bytes, 0).map_err(ioe("refs"))?;
+    refs.sync_all().map_err(ioe("refs"))
+}
+
+/// Free disk blocks from the reference counts, and the metadata cache
+/// warmed with the fingerprints of blocks in use (after a clean stop).
+fn scan_refs(
+    refs: &File,
+    fps: &File,
+    end: u64,
+    cfg: &VolumeConfig,
+    warm: bool,
+) -> Result<(BTreeMap<u64, u64>, MetaCache)> {
+    let mut free = BTreeMap::new();
+    let mut cache = MetaCache::with_bytes(cfg.cache_bytes);
+    let mut raw = vec![0u8; (end * 4) as usize];
+    let got = read_full_at(refs, &mut raw, 0).map_err(ioe("refs"))?;
+    raw[got..].fill(0);
+    let mut fp_raw = Vec::new();
+    if warm && cfg.dedup {
+        fp_raw = vec![0u8; (end * 16) as usize];
+        let got = read_full_at(fps, &mut fp_raw, 0).map_err(ioe("fps"))?;
+        fp_raw[got..].fill(0);
+    }
+    let mut run: Option<(u64, u64)> = None;
+    for d in 0..end {
+        let i = d as usize;
+        let r = u32::from_le_bytes(raw[i * 4..i * 4 + 4].try_into().unwrap_or_default());
+        if r == 0 {
+            run = match run {
+                Some((s, l)) if s + l == d => Some((s, l + 1)),
+                Some((s, l)) => {
+                    free.insert(s, l);
+                    Some((d, 1))
+                }
+                None => Some((d, 1)),
+            };
+        } else if !fp_raw.is_empty() {
+            let fp: Fp = fp_raw[i * 16..i * 16 + 16].try_into().unwrap_or_default();
+            cache.insert(fp, d);
+        }
+    }
+    if let Some((s, l)) = run {
+        free.insert(s, l);
+    }
+    Ok((free, cache))
+}

@@ -1,0 +1,193 @@
+//! The volume against a plain byte array: any sequence of writes, zero
+//! writes, trims, flushes, destages and reopenings reads back exactly
+//! what the array holds; and iDedup's threshold at work.
+
+use proptest::prelude::*;
+use std::path::Path;
+use std::sync::Arc;
+use strata_volume::report::report;
+use strata_volume::{Threshold, Volume, VolumeConfig};
+
+const SIZE: u64 = 64 * 4096;
+
+fn cfg(threshold: u32, dedup: bool) -> VolumeConfig {
+    VolumeConfig {
+        format: 1,
+        size: SIZE,
+        block_size: 4096,
+        threshold: Threshold::Fixed(threshold),
+        cache_bytes: 1 << 20,
+        dedup,
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// offset, length, content seed (few seeds: duplicates happen)
+    Write(u64, u64, u8),
+    Zero(u64, u64),
+    Flush,
+    Destage,
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..SIZE, 1..40_000u64, 0..4u8).prop_map(|(o, l, s)| Op::Write(o, l.min(SIZE - o), s)),
+        2 => (0..SIZE, 1..60_000u64).prop_map(|(o, l)| Op::Zero(o, l.min(SIZE - o))),
+        1 => Just(Op::Flush),
+        1 => Just(Op::Destage),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+/// Content that repeats per 4 KiB block of the absolute offset, so equal
+/// seeds at equal alignment give duplicate blocks.
+fn content(off: u64, len: u64, seed: u8) -> Vec<u8> {
+    (off..off + len)
+        .map(|i| {
+            ((i / 4096) as u8)
+                .wrapping_mul(31)
+                .wrapping_add(seed)
+                .wrapping_add((i % 7) as u8)
+        })
+        .collect()
+}
+
+fn read_all(v: &Volume) -> Vec<u8> {
+    let mut b = vec![0u8; SIZE as usize];
+    v.read_at(0, &mut b).unwrap();
+    b
+}
+
+fn run(dir: &Path, ops: &[Op], threshold: u32, dedup: bool) {
+    Volume::create(dir, cfg(threshold, dedup)).unwrap();
+    let mut v: Arc<Volume> = Volume::open(dir).unwrap();
+    let mut model = vec![0u8; SIZE as usize];
+    for o in ops {
+        match *o {
+            Op::Write(off, len, seed) => {
+                let c = content(off, len, seed);
+                v.write_at(off, &c, false).unwrap();
+                model[off as usize..(off + len) as usize].copy_from_slice(&c);
+            }
+            Op::Zero(off, len) => {
+                v.zero_range(off, len, false).unwrap();
+                model[off as usize..(off + len) as usize].fill(0);
+            }
+            Op::Flush => v.flush().unwrap(),
+            Op::Destage => v.sync_all().unwrap(),
+            Op::Reopen => {
+                v.close().unwrap();
+                drop(v);
+                v = Volume::open(dir).unwrap();
+            }
+        }
+        // An unaligned read in the middle too.
+        let mut b = vec![0u8; 5000];
+        v.read_at(1234, &mut b).unwrap();
+        assert_eq!(b, model[1234..6234]);
+    }
+    assert_eq!(read_all(&v), model);
+    v.close().unwrap();
+    drop(v);
+    let v = Volume::open(dir).unwrap();
+    assert_eq!(read_all(&v), model, "after reopening");
+    v.close().unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn reads_back_what_a_plain_file_would(
+        ops in proptest::collection::vec(op(), 1..30),
+        threshold in 1u32..5,
+        dedup in any::<bool>(),
+    ) {
+        let t = tempfile::tempdir().unwrap();
+        run(&t.path().join("v"), &ops, threshold, dedup);
+    }
+}
+
+/// The journal alone carries acknowledged writes across a crash: the
+/// files are copied while the volume is running (what kill -9 leaves),
+/// and the copy opens with everything written before the flush.
+#[test]
+fn a_crash_keeps_every_flushed_write() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("v");
+    Volume::create(&dir, cfg(2, true)).unwrap();
+    let v = Volume::open(&dir).unwrap();
+    let mut model = vec![0u8; SIZE as usize];
+    for k in 0..20u64 {
+        let off = (k * 12_345) % (SIZE - 9000);
+        let c = content(off, 9000, k as u8 % 3);
+        v.write_at(off, &c, false).unwrap();
+        model[off as usize..off as usize + 9000].copy_from_slice(&c);
+        if k == 10 {
+            v.sync_all().unwrap();
+        }
+    }
+    v.zero_range(8192, 20_000, false).unwrap();
+    model[8192..28_192].fill(0);
+    v.flush().unwrap();
+    let crashed = t.path().join("crashed");
+    std::fs::create_dir(&crashed).unwrap();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), crashed.join(e.file_name())).unwrap();
+    }
+    let r = Volume::open(&crashed).unwrap();
+    assert_eq!(read_all(&r), model);
+    r.close().unwrap();
+    v.close().unwrap();
+}
+
+/// Duplicate runs shorter than the threshold are written anew; longer
+/// ones become references; threshold 1 takes them all.
+#[test]
+fn the_threshold_decides_what_is_deduplicated() {
+    for (threshold, want_dedup) in [(1u32, 16u64 + 3), (4, 16), (8, 16), (17, 0)] {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("v");
+        Volume::create(&dir, cfg(threshold, true)).unwrap();
+        let v = Volume::open(&dir).unwrap();
+        // Blocks 0..16: a run of 16 distinct blocks; blocks 20..23 distinct too.
+        let run: Vec<u8> = (0..16 * 4096)
+            .map(|i| (i / 4096 * 7 + i % 13) as u8 + 1)
+            .collect();
+        let short: Vec<u8> = (0..3 * 4096)
+            .map(|i| (i / 4096 * 5 + i % 11) as u8 + 101)
+            .collect();
+        v.write_at(0, &run, false).unwrap();
+        v.write_at(20 * 4096, &short, false).unwrap();
+        v.sync_all().unwrap();
+        // Their copies: the 16-run at block 32, the 3-run at block 50.
+        v.write_at(32 * 4096, &run, false).unwrap();
+        v.write_at(50 * 4096, &short, false).unwrap();
+        v.close().unwrap();
+        let r = report(&dir, "v").unwrap();
+        assert_eq!(
+            r.deduplicated_blocks, want_dedup,
+            "threshold {threshold}: {r:?}"
+        );
+        assert_eq!(r.logical_blocks_written, 38);
+        assert_eq!(r.physical_blocks_written, 38 - want_dedup);
+        assert_eq!(r.physical_blocks_in_use, 38 - want_dedup);
+        let v = Volume::open(&dir).unwrap();
+        let mut b = vec![0u8; 16 * 4096];
+        v.read_at(32 * 4096, &mut b).unwrap();
+        assert_eq!(b, run);
+        // Overwriting the copy frees nothing shared, trimming both frees.
+        v.zero_range(0, SIZE, false).unwrap();
+        v.close().unwrap();
+        let r = report(&dir, "v").unwrap();
+        assert_eq!(r.physical_blocks_in_use, 0, "threshold {threshold}");
+        // Freed space is reused: writing again does not grow the data file.
+        let v = Volume::open(&dir).unwrap();
+        v.write_at(0, &run, false).unwrap();
+        v.close().unwrap();
+        let r = report(&dir, "v").unwrap();
+        assert_eq!(r.data_file_blocks, 38 - want_dedup, "threshold {threshold}");
+    }
+}
