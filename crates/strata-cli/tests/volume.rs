@@ -144,8 +144,13 @@ fn fio_verifies_random_writes() {
     }
     let r = new_volume("32M");
     let s = serve(&r, "v");
+    // fio may leave a verify state file in its working directory.
+    let wd = r.scratch("fio");
+    std::fs::create_dir(&wd).unwrap();
     let o = Command::new("fio")
+        .current_dir(&wd)
         .args([
+            "--verify_state_save=0",
             "--name=verify",
             "--ioengine=nbd",
             &format!("--uri={}", s.url),
