@@ -1,15 +1,14 @@
-//! Destage (iDedup §3.3.2, §4.2): one buffered batch onto disk. Zero
-//! ranges first, then the written blocks extent by extent in logical
-//! order; the order in which a batch becomes durable is in the
-//! [`crate::volume`] docs.
+//! Destage (iDedup §3.3.2, §4.2): one buffered batch onto disk (written,
+//! not yet synced: a checkpoint makes batches durable together, see
+//! [`crate::volume`]). Zero ranges first, then the written blocks extent
+//! by extent in logical order.
 
 use crate::idedup::{fingerprint, Fp};
-use crate::volume::{Batch, Disk, Volume, VolumeError, BLOCK, EXTENT_BLOCKS};
+use crate::volume::{Batch, Block, Disk, Volume, VolumeError, BLOCK, EXTENT_BLOCKS};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 type Result<T> = std::result::Result<T, VolumeError>;
 
@@ -33,7 +32,7 @@ fn alloc(d: &mut Disk, k: u64) -> u64 {
 }
 
 /// Returns freed blocks to the free map, merging neighbours.
-fn release(free: &mut BTreeMap<u64, u64>, mut dbns: Vec<u64>) {
+pub(crate) fn release(free: &mut BTreeMap<u64, u64>, mut dbns: Vec<u64>) {
     dbns.sort_unstable();
     for dbn in dbns {
         let (mut s, mut l) = (dbn, 1);
@@ -78,7 +77,7 @@ impl Volume {
         for (&s, &e) in &batch.zeros.0 {
             self.zero_map(s, e, &mut ch)?;
         }
-        let blocks: Vec<(u64, &Arc<Vec<u8>>)> = batch.blocks.iter().map(|(&b, v)| (b, v)).collect();
+        let blocks: Vec<(u64, &Block)> = batch.blocks.iter().map(|(&b, v)| (b, v)).collect();
         let mut i = 0;
         while i < blocks.len() {
             let mut j = i + 1;
@@ -88,23 +87,20 @@ impl Volume {
             self.destage_extent(d, &blocks[i..j], threshold, &mut ch)?;
             i = j;
         }
-        self.data.sync_data().map_err(io("data"))?;
-        d.fps.sync_data().map_err(io("fps"))?;
         for (first, e) in &ch.map {
             self.map
                 .write_all_at(&entries_bytes(e), first * 8)
                 .map_err(io("map"))?;
         }
-        self.map.sync_data().map_err(io("map"))?;
         let freed = apply_refs(&d.refs, &ch.refs)?;
-        d.refs.sync_data().map_err(io("refs"))?;
         for &f in &freed {
             d.cache.remove(f);
         }
-        release(&mut d.free, freed);
-        let counters = d.counters.clone();
+        // Free for reuse after the next checkpoint, which makes this
+        // batch durable (until then its journal file stays).
+        d.pending_free.extend(freed);
         drop(guard);
-        self.write_state(counters)
+        Ok(())
     }
 
     /// Zeros map entries `s..e`, dropping their references.
@@ -131,7 +127,7 @@ impl Volume {
     fn destage_extent(
         &self,
         d: &mut Disk,
-        ext: &[(u64, &Arc<Vec<u8>>)],
+        ext: &[(u64, &Block)],
         threshold: usize,
         ch: &mut Changes,
     ) -> Result<()> {
@@ -142,7 +138,14 @@ impl Volume {
         let fps: Vec<Fp> = ext
             .iter()
             .zip(&zero)
-            .map(|((_, b), &z)| if z { [0; 16] } else { fingerprint(b) })
+            .map(|((_, b), &z)| {
+                // With dedup off nothing looks fingerprints up.
+                if z || !self.cfg.dedup {
+                    [0; 16]
+                } else {
+                    fingerprint(b)
+                }
+            })
             .collect();
         let dups: Vec<Vec<u64>> = (0..n)
             .map(|i| {
@@ -211,24 +214,43 @@ impl Volume {
     }
 }
 
-/// Applies reference changes; returns the DBNs that reached zero.
+/// Applies reference changes; returns the DBNs that reached zero. Runs
+/// of neighbouring DBNs (new blocks are allocated in runs) are read and
+/// written as one span.
 fn apply_refs(refs: &File, delta: &HashMap<u64, i64>) -> Result<Vec<u64>> {
     let mut freed = Vec::new();
-    let mut dbns: Vec<(&u64, &i64)> = delta.iter().filter(|(_, &v)| v != 0).collect();
+    let mut dbns: Vec<(u64, i64)> = delta
+        .iter()
+        .filter(|(_, &v)| v != 0)
+        .map(|(&k, &v)| (k, v))
+        .collect();
     dbns.sort_unstable();
-    for (&dbn, &dv) in dbns {
-        let cur = crate::volume::read_ref(refs, dbn).map_err(io("refs"))? as i64;
-        let now = cur + dv;
-        if now < 0 {
-            return Err(VolumeError::Invalid(format!(
-                "reference count of block {dbn} would go below zero ({cur} {dv:+})"
-            )));
+    let mut i = 0;
+    while i < dbns.len() {
+        let mut j = i + 1;
+        while j < dbns.len() && dbns[j].0 - dbns[j - 1].0 <= 16 && dbns[j].0 - dbns[i].0 < 1 << 16 {
+            j += 1;
         }
-        refs.write_all_at(&(now as u32).to_le_bytes(), dbn * 4)
-            .map_err(io("refs"))?;
-        if now == 0 {
-            freed.push(dbn);
+        let (lo, hi) = (dbns[i].0, dbns[j - 1].0);
+        let mut raw = vec![0u8; ((hi - lo + 1) * 4) as usize];
+        let got = crate::volume::read_full_at(refs, &mut raw, lo * 4).map_err(io("refs"))?;
+        raw[got..].fill(0);
+        for &(dbn, dv) in &dbns[i..j] {
+            let at = ((dbn - lo) * 4) as usize;
+            let cur = u32::from_le_bytes(raw[at..at + 4].try_into().unwrap_or_default()) as i64;
+            let now = cur + dv;
+            if now < 0 {
+                return Err(VolumeError::Invalid(format!(
+                    "reference count of block {dbn} would go below zero ({cur} {dv:+})"
+                )));
+            }
+            raw[at..at + 4].copy_from_slice(&(now as u32).to_le_bytes());
+            if now == 0 {
+                freed.push(dbn);
+            }
         }
+        refs.write_all_at(&raw, lo * 4).map_err(io("refs"))?;
+        i = j;
     }
     Ok(freed)
 }

@@ -38,10 +38,18 @@ fn digest(kind: u8, block: u64, count: u32, data: &[u8]) -> [u8; 16] {
 
 /// Encodes one record (header and data) into `out`.
 pub fn encode(rec: &Record, block_size: usize, out: &mut Vec<u8>) {
-    let (kind, block, count, data): (u8, u64, u32, &[u8]) = match rec {
-        Record::Write { block, data } => (1, *block, (data.len() / block_size) as u32, data),
-        Record::Zero { block, count } => (2, *block, *count, &[]),
-    };
+    match rec {
+        Record::Write { block, data } => encode_write(*block, data, block_size, out),
+        Record::Zero { block, count } => encode_raw(2, *block, *count, &[], out),
+    }
+}
+
+/// Encodes a write record of whole blocks from borrowed data.
+pub fn encode_write(block: u64, data: &[u8], block_size: usize, out: &mut Vec<u8>) {
+    encode_raw(1, block, (data.len() / block_size) as u32, data, out)
+}
+
+fn encode_raw(kind: u8, block: u64, count: u32, data: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(MAGIC);
     out.push(kind);
     out.extend_from_slice(&block.to_le_bytes());

@@ -7,7 +7,9 @@
 //! `NBD_OPT_STRUCTURED_REPLY` (then reads answer in structured chunks and
 //! runs of zeros go back as holes); other options are answered
 //! "unsupported". Transmission: READ, WRITE (with FUA), FLUSH, TRIM,
-//! WRITE_ZEROES, CACHE, DISC. Every connection has its own thread;
+//! WRITE_ZEROES, CACHE, DISC. Every connection has a reading thread and
+//! eight workers (replies may come back out of order, as the protocol
+//! allows);
 //! `CAN_MULTI_CONN` is advertised because a FLUSH on any connection makes
 //! every acknowledged write durable (the device's journal is shared).
 //!
@@ -309,6 +311,7 @@ fn serve(conn: Box<dyn Conn>, exports: &[Export]) -> io::Result<()> {
     };
     // Clients may sit idle between requests for as long as they like.
     conn.set_timeout(None)?;
+    w.flush()?;
     transmission(&mut r, &mut w, &*export.device, structured)
 }
 
@@ -568,91 +571,145 @@ fn structured_read(
     Ok(())
 }
 
-/// Requests until DISC or EOF. Replies go out in request order; the
-/// writer is flushed whenever no further request is already buffered.
+/// Requests served at once per connection (clients keep several in
+/// flight: qemu, nbdcopy, fio with an iodepth).
+const WORKERS: usize = 8;
+
+/// Requests until DISC or EOF. One thread reads requests (and write
+/// payloads) and hands them to [`WORKERS`] threads; each reply goes out
+/// whole as soon as it is ready, so replies may come back out of order,
+/// as the protocol allows (the handle says which request they answer).
 fn transmission(
     r: &mut BufReader<Box<dyn Conn>>,
-    w: &mut impl Write,
+    w: &mut BufWriter<Box<dyn Conn>>,
     dev: &dyn BlockDevice,
     structured: bool,
 ) -> io::Result<()> {
-    let mut buf = Vec::new();
+    let (tx, rx) = crossbeam_channel::bounded::<(Request, Vec<u8>)>(WORKERS * 2);
+    let out = std::sync::Mutex::new(w);
+    let send = |reply: &[u8]| -> io::Result<()> {
+        let mut w = out.lock().unwrap_or_else(|e| e.into_inner());
+        w.write_all(reply)?;
+        w.flush()
+    };
+    std::thread::scope(|s| {
+        for _ in 0..WORKERS {
+            let rx = rx.clone();
+            let send = &send;
+            s.spawn(move || {
+                let mut buf = Vec::new();
+                for (req, payload) in rx {
+                    buf.clear();
+                    if answer(&mut buf, &req, payload, dev, structured).is_err()
+                        || send(&buf).is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(rx);
+        let res = read_requests(r, &tx, &send, structured);
+        drop(tx);
+        res
+    })
+}
+
+/// The reading side of [`transmission`].
+fn read_requests(
+    r: &mut BufReader<Box<dyn Conn>>,
+    tx: &crossbeam_channel::Sender<(Request, Vec<u8>)>,
+    send: &dyn Fn(&[u8]) -> io::Result<()>,
+    structured: bool,
+) -> io::Result<()> {
     loop {
         let req = match read_request(r) {
             Ok(q) => q,
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
         };
-        let size = dev.size();
-        let in_range = req
-            .offset
-            .checked_add(u64::from(req.len))
-            .is_some_and(|end| end <= size);
-        let fua = req.flags & CMD_FLAG_FUA != 0;
+        let mut payload = Vec::new();
         match req.kind {
-            CMD_READ => {
-                if req.len > MAX_REQUEST {
-                    error_reply(w, structured, req.handle, EOVERFLOW)?;
-                } else if !in_range {
-                    error_reply(w, structured, req.handle, EINVAL)?;
-                } else {
-                    buf.resize(req.len as usize, 0);
-                    match dev.read(req.offset, &mut buf) {
-                        Ok(zeros) if structured => structured_read(w, &req, &buf, &zeros)?,
-                        Ok(_) => simple_reply(w, req.handle, 0, &buf)?,
-                        Err(e) => error_reply(w, structured, req.handle, errno(&e))?,
-                    }
-                }
+            CMD_DISC => return Ok(()),
+            CMD_WRITE if req.len > MAX_REQUEST => {
+                // The payload cannot be skipped safely: answer, then end.
+                let mut b = Vec::new();
+                error_reply(&mut b, structured, req.handle, EOVERFLOW)?;
+                send(&b)?;
+                return Err(proto("write longer than the maximum"));
             }
             CMD_WRITE => {
-                if req.len > MAX_REQUEST {
-                    // The payload cannot be skipped safely: answer, then end.
-                    error_reply(w, structured, req.handle, EOVERFLOW)?;
-                    w.flush()?;
-                    return Err(proto("write longer than the maximum"));
-                }
+                payload.resize(req.len as usize, 0);
+                r.read_exact(&mut payload)?;
+            }
+            _ => {}
+        }
+        if tx.send((req, payload)).is_err() {
+            return Err(proto("the connection's workers stopped"));
+        }
+    }
+}
+
+/// The reply to one request, into `w`.
+fn answer(
+    w: &mut Vec<u8>,
+    req: &Request,
+    mut buf: Vec<u8>,
+    dev: &dyn BlockDevice,
+    structured: bool,
+) -> io::Result<()> {
+    let size = dev.size();
+    let in_range = req
+        .offset
+        .checked_add(u64::from(req.len))
+        .is_some_and(|end| end <= size);
+    let fua = req.flags & CMD_FLAG_FUA != 0;
+    match req.kind {
+        CMD_READ => {
+            if req.len > MAX_REQUEST {
+                error_reply(w, structured, req.handle, EOVERFLOW)
+            } else if !in_range {
+                error_reply(w, structured, req.handle, EINVAL)
+            } else {
                 buf.resize(req.len as usize, 0);
-                r.read_exact(&mut buf)?;
-                let res = if !in_range {
-                    Err(ENOSPC)
-                } else {
-                    dev.write(req.offset, &buf, fua).map_err(|e| errno(&e))
-                };
-                done(w, structured, req.handle, res)?;
-            }
-            CMD_FLUSH => done(
-                w,
-                structured,
-                req.handle,
-                dev.flush().map_err(|e| errno(&e)),
-            )?,
-            CMD_TRIM | CMD_WRITE_ZEROES => {
-                let res = if !in_range {
-                    Err(ENOSPC)
-                } else if req.kind == CMD_TRIM {
-                    dev.trim(req.offset, u64::from(req.len), fua)
-                        .map_err(|e| errno(&e))
-                } else {
-                    dev.write_zeroes(req.offset, u64::from(req.len), fua)
-                        .map_err(|e| errno(&e))
-                };
-                done(w, structured, req.handle, res)?;
-            }
-            CMD_CACHE => {
-                let res = if in_range { Ok(()) } else { Err(EINVAL) };
-                done(w, structured, req.handle, res)?;
-            }
-            CMD_DISC => {
-                w.flush()?;
-                return Ok(());
-            }
-            _ => {
-                error_reply(w, structured, req.handle, ENOTSUP)?;
+                match dev.read(req.offset, &mut buf) {
+                    Ok(zeros) if structured => structured_read(w, req, &buf, &zeros),
+                    Ok(_) => simple_reply(w, req.handle, 0, &buf),
+                    Err(e) => error_reply(w, structured, req.handle, errno(&e)),
+                }
             }
         }
-        if r.buffer().is_empty() {
-            w.flush()?;
+        CMD_WRITE => {
+            let res = if !in_range {
+                Err(ENOSPC)
+            } else {
+                dev.write(req.offset, &buf, fua).map_err(|e| errno(&e))
+            };
+            done(w, structured, req.handle, res)
         }
+        CMD_FLUSH => done(
+            w,
+            structured,
+            req.handle,
+            dev.flush().map_err(|e| errno(&e)),
+        ),
+        CMD_TRIM | CMD_WRITE_ZEROES => {
+            let res = if !in_range {
+                Err(ENOSPC)
+            } else if req.kind == CMD_TRIM {
+                dev.trim(req.offset, u64::from(req.len), fua)
+                    .map_err(|e| errno(&e))
+            } else {
+                dev.write_zeroes(req.offset, u64::from(req.len), fua)
+                    .map_err(|e| errno(&e))
+            };
+            done(w, structured, req.handle, res)
+        }
+        CMD_CACHE => {
+            let res = if in_range { Ok(()) } else { Err(EINVAL) };
+            done(w, structured, req.handle, res)
+        }
+        _ => error_reply(w, structured, req.handle, ENOTSUP),
     }
 }
 

@@ -11,13 +11,15 @@
 //! Writes are appended to the journal and kept in a buffer that reads see
 //! at once; a background thread destages the buffer in logical block
 //! order, extent by extent: fingerprints, dup-lists from the metadata
-//! cache, [`find_sequences`] at the threshold, references for the runs
-//! kept and new disk blocks for the rest. A batch becomes durable in this
-//! order: new data and fingerprints, then map and reference counts, then
-//! its journal file is deleted — so a crash at any point replays the
-//! journal over a map whose every entry points at durable data. After an
-//! unclean stop the reference counts are rebuilt from the map. Blocks
-//! freed by a batch (overwrites, TRIM) are reused only after it commits.
+//! cache, `find_sequences` at the threshold, references for the runs
+//! kept and new disk blocks for the rest — written, not synced. A
+//! checkpoint (every 512 MiB of journal or 5 s, and on sync and close)
+//! syncs data, fingerprints, map and reference counts, then deletes the
+//! journal files of the batches it covers: until then a crash replays
+//! them over the map, rewriting every block they touched. After an unclean
+//! stop the reference counts are recounted from the map. Blocks freed by
+//! a batch (overwrites, TRIM) are reused only after the next checkpoint,
+//! so no map entry on disk can point at reused data.
 
 use crate::idedup::{Fp, MetaCache};
 use crate::journal::{self, Journal, Record};
@@ -39,6 +41,10 @@ const DESTAGE_AT: usize = 32 << 20;
 /// Writers wait while the buffer holds this much (the batch being
 /// destaged is not counted).
 const BUFFER_MAX: usize = 128 << 20;
+/// Destaged batches become durable together at a checkpoint, after this
+/// many bytes of their journals or this long.
+const CHECKPOINT_BYTES: u64 = 512 << 20;
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
 /// Longest extent the sequence algorithm looks at in one go.
 pub(crate) const EXTENT_BLOCKS: usize = 1024;
 
@@ -128,10 +134,36 @@ impl Ranges {
     }
 }
 
+/// One buffered block: a slice of the journal record it came in (the
+/// record's bytes are shared by all its blocks, not copied per block; a
+/// record partly overwritten stays in memory until its batch is destaged).
+#[derive(Clone)]
+pub(crate) struct Block {
+    buf: Arc<Vec<u8>>,
+    off: usize,
+}
+
+impl Block {
+    /// Blocks of `buf` from byte `start` on (`n` of them).
+    fn slices(buf: &Arc<Vec<u8>>, start: usize, n: usize) -> impl Iterator<Item = Block> + '_ {
+        (0..n).map(move |i| Block {
+            buf: buf.clone(),
+            off: start + i * BLOCK,
+        })
+    }
+}
+
+impl std::ops::Deref for Block {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.off..self.off + BLOCK]
+    }
+}
+
 /// Buffered writes: whole blocks, and ranges written as zeros.
 #[derive(Default)]
 pub(crate) struct Batch {
-    pub(crate) blocks: BTreeMap<u64, Arc<Vec<u8>>>,
+    pub(crate) blocks: BTreeMap<u64, Block>,
     pub(crate) zeros: Ranges,
     bytes: usize,
 }
@@ -141,7 +173,7 @@ impl Batch {
         self.blocks.is_empty() && self.zeros.0.is_empty()
     }
 
-    fn put(&mut self, b: u64, data: Arc<Vec<u8>>) {
+    fn put(&mut self, b: u64, data: Block) {
         if self.blocks.insert(b, data).is_none() {
             self.bytes += BLOCK;
         }
@@ -158,7 +190,7 @@ impl Batch {
 }
 
 enum Src {
-    Mem(Arc<Vec<u8>>),
+    Mem(Block),
     Zero,
     Disk,
 }
@@ -185,6 +217,14 @@ pub(crate) struct Disk {
     /// Disk blocks in use or freed are below this.
     pub(crate) end: u64,
     pub(crate) counters: Persistent,
+    /// Blocks freed since the last checkpoint (reused only after it: a
+    /// map entry on disk may still point at them).
+    pub(crate) pending_free: Vec<u64>,
+    /// Journal files of batches destaged since the last checkpoint, and
+    /// their bytes: kept until the checkpoint makes their batches durable.
+    pub(crate) uncommitted: Vec<PathBuf>,
+    pub(crate) uncommitted_bytes: u64,
+    pub(crate) last_checkpoint: Instant,
 }
 
 /// Live figures of a serving volume.
@@ -255,7 +295,7 @@ pub(crate) fn read_u64s(f: &File, first: u64, n: usize) -> io::Result<Vec<u64>> 
 
 /// Reads as much as the file has (a sparse or short file reads as zeros
 /// past its end); returns the bytes read.
-fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
+pub(crate) fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
     let mut got = 0;
     while got < buf.len() {
         match f.read_at(&mut buf[got..], off + got as u64) {
@@ -266,13 +306,6 @@ fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
         }
     }
     Ok(got)
-}
-
-pub(crate) fn read_ref(f: &File, dbn: u64) -> io::Result<u32> {
-    let mut b = [0u8; 4];
-    let got = read_full_at(f, &mut b, dbn * 4)?;
-    b[got..].fill(0);
-    Ok(u32::from_le_bytes(b))
 }
 
 impl Volume {
@@ -362,6 +395,10 @@ impl Volume {
                 free,
                 end,
                 counters,
+                pending_free: Vec::new(),
+                uncommitted: Vec::new(),
+                uncommitted_bytes: 0,
+                last_checkpoint: Instant::now(),
             }),
             live: LiveStats {
                 fragmentation: Mutex::new(Histogram::with_buckets(65)),
@@ -379,16 +416,19 @@ impl Volume {
             for r in recs {
                 match r {
                     Record::Write { block, data } => {
-                        for (i, c) in data.chunks_exact(BLOCK).enumerate() {
-                            batch.put(block + i as u64, Arc::new(c.to_vec()));
+                        let n = data.len() / BLOCK;
+                        let data = Arc::new(data);
+                        for (i, b) in Block::slices(&data, 0, n).enumerate() {
+                            batch.put(block + i as u64, b);
                         }
                     }
                     Record::Zero { block, count } => batch.zero(block, block + count as u64),
                 }
             }
             vol.apply(&batch)?;
-            fs::remove_file(p).map_err(ioe(p.display().to_string()))?;
+            lock(&vol.disk).uncommitted.push(p.clone());
         }
+        vol.checkpoint()?;
         vol.save_state(false)?;
         let v = vol.clone();
         *lock(&vol.destager) = Some(std::thread::spawn(move || v.destage_loop()));
@@ -602,21 +642,28 @@ impl Volume {
         if data.is_empty() {
             return Ok(());
         }
+        // Whole blocks are encoded before taking the lock; partial ones
+        // need the current content of their edge blocks, under it.
+        let bs = BLOCK as u64;
+        let aligned = offset.is_multiple_of(bs) && data.len().is_multiple_of(BLOCK);
+        let mut enc = Vec::with_capacity(data.len() + 2 * BLOCK + 64);
+        if aligned {
+            journal::encode_write(offset / bs, data, BLOCK, &mut enc);
+        }
         let mut m = self.lock_for_write()?;
-        let (first, blocks) = self.whole_blocks(&m, offset, data)?;
-        let mut enc = Vec::with_capacity(blocks.len() + 64);
-        journal::encode(
-            &Record::Write {
-                block: first,
-                data: blocks,
-            },
-            BLOCK,
-            &mut enc,
-        );
+        let first = if aligned {
+            offset / bs
+        } else {
+            let (first, blocks) = self.whole_blocks(&m, offset, data)?;
+            journal::encode_write(first, &blocks, BLOCK, &mut enc);
+            first
+        };
         m.journal.append(&enc)?;
-        let body = &enc[enc.len() - (enc.len() / BLOCK) * BLOCK..];
-        for (i, c) in body.chunks_exact(BLOCK).enumerate() {
-            m.buf.put(first + i as u64, Arc::new(c.to_vec()));
+        let n = enc.len() / BLOCK;
+        let start = enc.len() - n * BLOCK;
+        let enc = Arc::new(enc);
+        for (i, b) in Block::slices(&enc, start, n).enumerate() {
+            m.buf.put(first + i as u64, b);
         }
         let r = self.after_write(m, fua);
         self.live.write_latency.record(t.elapsed());
@@ -685,7 +732,29 @@ impl Volume {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        Ok(())
+        drop(m);
+        self.checkpoint().map_err(io::Error::other)
+    }
+
+    /// Makes every destaged batch durable: data, fingerprints, map and
+    /// reference counts synced; then the blocks they freed become free
+    /// and their journal files go.
+    pub(crate) fn checkpoint(&self) -> Result<()> {
+        let mut d = lock(&self.disk);
+        self.data.sync_data().map_err(ioe("data"))?;
+        d.fps.sync_data().map_err(ioe("fps"))?;
+        self.map.sync_data().map_err(ioe("map"))?;
+        d.refs.sync_data().map_err(ioe("refs"))?;
+        let freed = std::mem::take(&mut d.pending_free);
+        crate::destage::release(&mut d.free, freed);
+        for p in std::mem::take(&mut d.uncommitted) {
+            fs::remove_file(&p).map_err(ioe(p.display().to_string()))?;
+        }
+        d.uncommitted_bytes = 0;
+        d.last_checkpoint = Instant::now();
+        let counters = d.counters.clone();
+        drop(d);
+        self.write_state(counters)
     }
 
     /// Destages what is buffered, stops the destage thread and marks the
@@ -750,7 +819,17 @@ impl Volume {
                 (batch, old.path.clone())
             };
             let r = self.apply(&batch).and_then(|_| {
-                fs::remove_file(&old_path).map_err(ioe(old_path.display().to_string()))
+                let due = {
+                    let mut d = lock(&self.disk);
+                    d.uncommitted_bytes += fs::metadata(&old_path).map(|m| m.len()).unwrap_or(0);
+                    d.uncommitted.push(old_path.clone());
+                    d.uncommitted_bytes >= CHECKPOINT_BYTES
+                        || d.last_checkpoint.elapsed() >= CHECKPOINT_EVERY
+                };
+                if due {
+                    self.checkpoint()?;
+                }
+                Ok(())
             });
             let _ = self.save_live();
             let mut m = lock(&self.mem);

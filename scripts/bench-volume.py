@@ -1,0 +1,376 @@
+#!/usr/bin/python3
+"""iDedup figures for Strata volumes (issue 11), through real NBD clients.
+
+  scripts/bench-volume.py WORK [--size 256M] [--thresholds 1,2,4,8] [--caches 1,0.5,0.25]
+  scripts/bench-volume.py WORK --fio [--fio-size 512M] [--runtime 10]
+
+Trace mode: `strata-bench gen primary` writes a block-write trace (iDedup
+§3.1/§5 locality model); this script replays it into a fresh volume per
+setting with libnbd (python3-libnbd; consecutive blocks go as one write of
+≤ 1 MiB), flushes, stops the server (SIGTERM: destaged, closed), drops the
+page cache, serves again and reads the same requests back. It reports the
+dedup ratio by threshold and cache size (Fig. 7), the fragmentation CDF of
+the reads (Fig. 8: physical runs per read) and client-side response-time
+percentiles (Fig. 9), beside the same volume with dedup off.
+
+fio mode: the volume with dedup off against `nbdkit file` serving a plain
+file on the same disk (the reference NBD server): 1 MiB sequential write
+and read, 4 KiB random write and read (fio's nbd engine), page cache
+dropped before reads.
+
+Results: WORK/volume-results.json and a Markdown table on stdout.
+"""
+
+import argparse
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BIN = os.path.join(ROOT, "target", "release")
+BLOCK = 4096
+NODE_BYTES = 96  # bytes of cache per block (strata_volume::idedup::NODE_BYTES)
+
+
+def size_arg(s):
+    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    s = s.strip().lower().rstrip("ib").rstrip("b") if s[-1:].lower() == "b" else s.strip().lower()
+    num = s.rstrip("kmg")
+    return int(float(num) * units[s[len(num):]])
+
+
+def drop_caches():
+    try:
+        subprocess.run(["sync"], check=False)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError:
+        pass
+
+
+def read_trace(path):
+    """Requests (first block, data) of consecutive blocks, ≤ 1 MiB each."""
+    with open(path, "rb") as f:
+        head = f.read(40)
+        magic, fmt, bs, vol_blocks, n, _seed = struct.unpack("<8sIIQQQ", head)
+        assert magic == b"STRPRIM1" and fmt == 1 and bs == BLOCK, "not a primary trace"
+        reqs = []
+        cur_first, cur = None, []
+        for _ in range(n):
+            blk = struct.unpack("<Q", f.read(8))[0]
+            data = f.read(BLOCK)
+            if cur and blk == cur_first + len(cur) and len(cur) < 256:
+                cur.append(data)
+            else:
+                if cur:
+                    reqs.append((cur_first, b"".join(cur)))
+                cur_first, cur = blk, [data]
+        if cur:
+            reqs.append((cur_first, b"".join(cur)))
+    return vol_blocks, n, reqs
+
+
+class Served:
+    """`strata volume serve` on a Unix socket."""
+
+    def __init__(self, repo, name, sock):
+        self.sock = sock
+        self.p = subprocess.Popen(
+            [os.path.join(BIN, "strata"), "--repo", repo, "volume", "serve", name,
+             "--listen", "unix:" + sock, "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        doc = ""
+        while True:
+            line = self.p.stdout.readline()
+            if not line:
+                raise SystemExit("serve ended: " + self.p.stderr.read())
+            doc += line
+            try:
+                json.loads(doc)
+                break
+            except ValueError:
+                continue
+
+    def stop(self):
+        self.p.send_signal(signal.SIGTERM)
+        if self.p.wait(timeout=600) != 0:
+            raise SystemExit("serve failed: " + self.p.stderr.read())
+
+
+def connect(sock, name):
+    import nbd
+    h = nbd.NBD()
+    h.set_export_name(name)
+    h.connect_unix(sock)
+    return h
+
+
+CDF_POINTS = [1, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 98, 99, 99.5, 99.9]
+
+
+def svg_chart(path, title, xlabel, ylabel, series, logx=False):
+    """A small line chart: series = [(label, [(x, y), ...]), ...]."""
+    import math
+    W, H, L, B, T, R = 640, 400, 70, 50, 40, 170
+    pts = [p for _, ps in series for p in ps if p[1] is not None]
+    fx = (lambda v: math.log10(max(v, 1e-9))) if logx else (lambda v: v)
+    xs = [fx(p[0]) for p in pts]
+    ys = [p[1] for p in pts]
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(0, min(ys)), max(ys) * 1.05 or 1
+    sx = lambda v: L + (fx(v) - x0) / ((x1 - x0) or 1) * (W - L - R)
+    sy = lambda v: H - B - (v - y0) / ((y1 - y0) or 1) * (H - B - T)
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"]
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{W}" height="{H}" fill="white"/>',
+           f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">{title}</text>',
+           f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="black"/>',
+           f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="black"/>',
+           f'<text x="{(L + W - R) / 2}" y="{H - 12}" text-anchor="middle">{xlabel}</text>',
+           f'<text x="16" y="{(T + H - B) / 2}" transform="rotate(-90 16 {(T + H - B) / 2})" text-anchor="middle">{ylabel}</text>']
+    for k in range(5):
+        yv = y0 + (y1 - y0) * k / 4
+        out.append(f'<text x="{L - 6}" y="{sy(yv) + 4}" text-anchor="end">{yv:.3g}</text>')
+        xv = x0 + (x1 - x0) * k / 4
+        xv = 10 ** xv if logx else xv
+        out.append(f'<text x="{sx(xv)}" y="{H - B + 16}" text-anchor="middle">{xv:.3g}</text>')
+    for i, (label, ps) in enumerate(series):
+        c = colors[i % len(colors)]
+        ps = [p for p in ps if p[1] is not None]
+        if ps:
+            d = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in ps)
+            out.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="{d}"/>')
+        out.append(f'<text x="{W - R + 10}" y="{T + 16 * i + 10}" fill="{c}">{label}</text>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out))
+
+
+def charts(rows, work):
+    """Figs. 7-9 of the paper from the trace runs."""
+    by_cache = {}
+    for r in rows:
+        if r["setting"] == "baseline":
+            continue
+        t, c = r["setting"].split("-")
+        by_cache.setdefault(c, []).append((int(t[1:]), r["saved_fraction"] * 100))
+    svg_chart(os.path.join(work, "volume-dedup-vs-threshold.svg"), "Blocks saved vs threshold (Fig. 7)",
+              "threshold (blocks)", "saved %", [(c.replace("cache", "cache ") + " %", sorted(v))
+                                                 for c, v in sorted(by_cache.items(), reverse=True)])
+    keep = [r for r in rows if r["setting"] == "baseline" or r["setting"].endswith("cache100")]
+    svg_chart(os.path.join(work, "volume-fragmentation-cdf.svg"),
+              "Reads by physical runs touched (Fig. 8)", "runs per read", "cumulative %",
+              [(r["setting"], [(x, y * 100) for x, y in r["fragmentation_cdf"]]) for r in keep])
+    svg_chart(os.path.join(work, "volume-read-latency-cdf.svg"), "Client read response time (Fig. 9)",
+              "µs (log)", "cumulative %", [(r["setting"], [(us, p) for p, us in r["client_read_cdf_us"]])
+                                          for r in keep], logx=True)
+
+
+def pct(xs, p):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100.0 * (len(xs) - 1))))]
+
+
+def strata(repo, *args):
+    out = subprocess.run([os.path.join(BIN, "strata"), "--repo", repo, *args, "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def one_setting(work, label, reqs, vol_blocks, create_args):
+    repo = os.path.join(work, "repo-" + label)
+    subprocess.run(["rm", "-rf", repo], check=True)
+    strata(repo, "init")
+    strata(repo, "volume", "create", "v", "--size", str(vol_blocks * BLOCK), *create_args)
+    sock = os.path.join(work, label + ".sock")
+    s = Served(repo, "v", sock)
+    h = connect(sock, "v")
+    wlat = []
+    t0 = time.perf_counter()
+    for first, data in reqs:
+        t = time.perf_counter()
+        h.pwrite(data, first * BLOCK)
+        wlat.append(time.perf_counter() - t)
+    h.flush()
+    write_s = time.perf_counter() - t0
+    h.shutdown()
+    s.stop()
+    st_w = strata(repo, "volume", "stats", "v")
+    drop_caches()
+    s = Served(repo, "v", sock)
+    h = connect(sock, "v")
+    rlat = []
+    t0 = time.perf_counter()
+    for first, data in reqs:
+        t = time.perf_counter()
+        got = h.pread(len(data), first * BLOCK)
+        rlat.append(time.perf_counter() - t)
+    read_s = time.perf_counter() - t0
+    # The last write of each block wins: check the final image.
+    final = {}
+    for first, data in reqs:
+        for i in range(len(data) // BLOCK):
+            final[first + i] = data[i * BLOCK:(i + 1) * BLOCK]
+    bad = sum(1 for b, d in final.items() if h.pread(BLOCK, b * BLOCK) != d)
+    h.shutdown()
+    s.stop()
+    st_r = strata(repo, "volume", "stats", "v")
+    subprocess.run(["rm", "-rf", repo], check=True)
+    us = lambda x: None if x is None else round(x * 1e6, 1)
+    return {
+        "setting": label,
+        "dedup_ratio": st_w["dedup_ratio"],
+        "saved_fraction": 1 - st_w["physical_blocks_written"] / max(1, st_w["logical_blocks_written"]),
+        "deduplicated_blocks": st_w["deduplicated_blocks"],
+        "logical_blocks_written": st_w["logical_blocks_written"],
+        "cache_capacity_blocks": st_w["cache_capacity_blocks"],
+        "cache_hit_rate": st_w["cache_hit_rate"],
+        "write_mb_s": sum(len(d) for _, d in reqs) / write_s / 1e6,
+        "read_mb_s": sum(len(d) for _, d in reqs) / read_s / 1e6,
+        "client_write_p50_us": us(pct(wlat, 50)), "client_write_p99_us": us(pct(wlat, 99)),
+        "client_read_p50_us": us(pct(rlat, 50)), "client_read_p99_us": us(pct(rlat, 99)),
+        "server_write_p50_us": st_w["write_p50_us"], "server_write_p99_us": st_w["write_p99_us"],
+        "server_read_p50_us": st_r["read_p50_us"], "server_read_p99_us": st_r["read_p99_us"],
+        "fragmentation_cdf": st_r["fragmentation_cdf"],
+        "client_read_cdf_us": [[p, us(pct(rlat, p))] for p in CDF_POINTS],
+        "client_write_cdf_us": [[p, us(pct(wlat, p))] for p in CDF_POINTS],
+        "mismatched_blocks": bad,
+    }
+
+
+def trace_mode(a):
+    trace = os.path.join(a.work, "trace.prim")
+    if not os.path.exists(trace):
+        subprocess.run([os.path.join(BIN, "strata-bench"), "gen", "primary", "--size", a.size,
+                        "--volume-size", a.volume_size or a.size, "--seed", "2", "--out", trace],
+                       check=True)
+    vol_blocks, n, reqs = read_trace(trace)
+    print(f"trace: {n} block writes in {len(reqs)} requests, volume {vol_blocks} blocks", file=sys.stderr)
+    rows = [one_setting(a.work, "baseline", reqs, vol_blocks, ["--no-dedup"])]
+    for c in [float(x) for x in a.caches.split(",")]:
+        cache = max(1, int(c * n)) * NODE_BYTES
+        for t in [int(x) for x in a.thresholds.split(",")]:
+            label = f"t{t}-cache{int(c * 100)}"
+            print("setting", label, file=sys.stderr)
+            rows.append(one_setting(a.work, label, reqs, vol_blocks,
+                                    ["--threshold", str(t), "--cache", str(cache)]))
+    return rows
+
+
+def wait_listening(sock):
+    import socket
+    for _ in range(200):
+        try:
+            c = socket.socket(socket.AF_UNIX)
+            c.connect(sock)
+            c.close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("nothing listens on " + sock)
+
+
+def fio(uri, rw, bs, size, runtime, work):
+    args = ["fio", "--name=j", "--ioengine=nbd", "--uri=" + uri, "--rw=" + rw, "--bs=" + bs,
+            "--size=" + size, "--iodepth=8", "--output-format=json", "--verify_state_save=0"]
+    if runtime:
+        args += ["--runtime=" + str(runtime), "--time_based"]
+    out = subprocess.run(args, check=True, capture_output=True, text=True, cwd=work).stdout
+    j = json.loads(out[out.index("{"):])["jobs"][0]
+    side = j["write"] if "write" in rw else j["read"]
+    clat = side["clat_ns"].get("percentile", {})
+    return {"iops": side["iops"], "mb_s": side["bw_bytes"] / 1e6,
+            "p50_us": clat.get("50.000000", 0) / 1e3, "p99_us": clat.get("99.000000", 0) / 1e3}
+
+
+def fio_mode(a):
+    size = a.fio_size
+    nbytes = size_arg(size)
+    jobs = [("seq-write-1M", "write", "1M", 0), ("rand-write-4k", "randwrite", "4k", a.runtime),
+            ("rand-read-4k", "randread", "4k", a.runtime), ("seq-read-1M", "read", "1M", 0)]
+    rows = []
+    for rep in range(a.repeat):
+        for system in ["nbdkit-file", "strata-nodedup"]:
+            if system == "nbdkit-file":
+                img = os.path.join(a.work, "plain.img")
+                with open(img, "wb") as f:
+                    f.truncate(nbytes)
+                sock = os.path.join(a.work, "nbdkit.sock")
+                if os.path.exists(sock):
+                    os.unlink(sock)
+                p = subprocess.Popen(["nbdkit", "-f", "-U", sock, "file", img])
+                wait_listening(sock)
+                uri = "nbd+unix:///?socket=" + sock
+                stop = lambda: (p.terminate(), p.wait())
+            else:
+                repo = os.path.join(a.work, "repo-fio")
+                subprocess.run(["rm", "-rf", repo], check=True)
+                strata(repo, "init")
+                strata(repo, "volume", "create", "v", "--size", str(nbytes), "--no-dedup")
+                sock = os.path.join(a.work, "strata.sock")
+                s = Served(repo, "v", sock)
+                uri = "nbd+unix:///v?socket=" + sock
+                stop = s.stop
+            for name, rw, bs, rt in jobs:
+                if "read" in rw:
+                    drop_caches()
+                r = fio(uri, rw, bs, size, rt, a.work)
+                r.update(system=system, job=name, rep=rep)
+                rows.append(r)
+                print(json.dumps(r), file=sys.stderr)
+            stop()
+            subprocess.run(["rm", "-rf", os.path.join(a.work, "repo-fio"),
+                            os.path.join(a.work, "plain.img")], check=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("work")
+    ap.add_argument("--size", default="256M")
+    ap.add_argument("--volume-size")
+    ap.add_argument("--thresholds", default="1,2,4,8")
+    ap.add_argument("--caches", default="1,0.25")
+    ap.add_argument("--fio", action="store_true")
+    ap.add_argument("--fio-size", default="512M")
+    ap.add_argument("--runtime", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    if a.fio:
+        rows = fio_mode(a)
+        out = os.path.join(a.work, "volume-fio.json")
+        json.dump(rows, open(out, "w"), indent=1)
+        print("| job | nbdkit file | strata (dedup off) | ratio |")
+        print("|---|---|---|---|")
+        for name in ["seq-write-1M", "rand-write-4k", "rand-read-4k", "seq-read-1M"]:
+            def med(system, key):
+                xs = sorted(r[key] for r in rows if r["system"] == system and r["job"] == name)
+                return xs[len(xs) // 2]
+            key = "mb_s" if "1M" in name else "iops"
+            a_, b_ = med("nbdkit-file", key), med("strata-nodedup", key)
+            print(f"| {name} ({key}) | {a_:.0f} | {b_:.0f} | {b_ / a_:.2f} |")
+        return
+    rows = trace_mode(a)
+    json.dump(rows, open(os.path.join(a.work, "volume-results.json"), "w"), indent=1)
+    charts(rows, a.work)
+    print("| setting | dedup ratio | saved | cache blocks | write MB/s | read MB/s | write p50/p99 µs | read p50/p99 µs | reads touching 1 run | mismatches |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        one = r["fragmentation_cdf"][0][1] if r["fragmentation_cdf"] else None
+        print(f"| {r['setting']} | {r['dedup_ratio']:.3f} | {r['saved_fraction'] * 100:.1f} % | "
+              f"{r['cache_capacity_blocks']} | {r['write_mb_s']:.0f} | {r['read_mb_s']:.0f} | "
+              f"{r['client_write_p50_us']}/{r['client_write_p99_us']} | "
+              f"{r['client_read_p50_us']}/{r['client_read_p99_us']} | "
+              f"{'–' if one is None else f'{one * 100:.1f} %'} | {r['mismatched_blocks']} |")
+
+
+if __name__ == "__main__":
+    main()
