@@ -229,6 +229,8 @@ def one_setting(work, label, reqs, vol_blocks, create_args):
         "dedup_ratio": st_w["dedup_ratio"],
         "saved_fraction": 1 - st_w["physical_blocks_written"] / max(1, st_w["logical_blocks_written"]),
         "deduplicated_blocks": st_w["deduplicated_blocks"],
+        "duplicates_below_threshold": st_w["duplicates_below_threshold"],
+        "sequence_lengths": st_w["sequence_lengths"],
         "logical_blocks_written": st_w["logical_blocks_written"],
         "cache_capacity_blocks": st_w["cache_capacity_blocks"],
         "cache_hit_rate": st_w["cache_hit_rate"],

@@ -49,6 +49,13 @@ pub enum VolumeCmd {
     Stats { name: String },
     /// The repository's volumes.
     List,
+    /// Delete a volume and everything in it (refused while it is served).
+    Delete {
+        name: String,
+        /// Required: the volume's data cannot be recovered afterwards.
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 fn volumes_dir(cli: &crate::Cli) -> Result<PathBuf> {
@@ -115,6 +122,23 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             let r = strata_volume::report::report(&dir, name)?;
             let v = serde_json::to_value(&r)?;
             out.result(&v, || stats_text(&r));
+            Ok(0)
+        }
+        VolumeCmd::Delete { name, yes } => {
+            check_name(name)?;
+            let dir = root.join(name);
+            if !dir.join("volume.json").exists() {
+                bail!("no volume {name:?} (strata volume list)");
+            }
+            if !yes {
+                bail!("deleting volume {name} destroys its data: add --yes");
+            }
+            let lock = Volume::lock(&dir)?;
+            std::fs::remove_dir_all(&dir).with_context(|| format!("deleting {}", dir.display()))?;
+            drop(lock);
+            out.result(&serde_json::json!({"deleted": name}), || {
+                format!("volume {name} deleted")
+            });
             Ok(0)
         }
         VolumeCmd::List => {

@@ -300,3 +300,29 @@ fn bad_clients_get_errors_and_others_keep_working() {
     assert!(d.iter().all(|&x| x == 5));
     request(&mut good, 2, 6, 0, 0); // DISC
 }
+
+/// One process at a time: a second `serve` of the same volume, or a
+/// delete while it is served, is refused in one line; after kill -9 the
+/// lock is gone with the process.
+#[test]
+fn a_served_volume_is_locked() {
+    let r = new_volume("1M");
+    let mut s = serve(&r, "v");
+    let e = r
+        .run(&["volume", "serve", "v", "--listen", "127.0.0.1:0"])
+        .expect_code(1);
+    assert!(
+        e.stderr.contains("in use by another process"),
+        "{}",
+        e.stderr
+    );
+    let e = r.run(&["volume", "delete", "v", "--yes"]).expect_code(1);
+    assert!(e.stderr.contains("in use"), "{}", e.stderr);
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    let e = r.run(&["volume", "delete", "v"]).expect_code(1);
+    assert!(e.stderr.contains("--yes"), "{}", e.stderr);
+    r.json(&["volume", "delete", "v", "--yes"]);
+    let l = r.json(&["volume", "list"]);
+    assert_eq!(l, serde_json::json!([]));
+}

@@ -16,19 +16,47 @@ fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> VolumeError {
     move |e| VolumeError::Io(what.to_string(), e)
 }
 
-/// Takes `k` disk blocks: the first free extent that fits, else the end.
+/// Takes `k` disk blocks, next-fit: the first free extent that fits at
+/// or after where the last allocation ended (then from the start), else
+/// the end of the data. Successive allocations land next to each other
+/// as in a log, so blocks written together stay together on disk — what
+/// a later duplicate of them needs to be one sequence.
 fn alloc(d: &mut Disk, k: u64) -> u64 {
-    let fit = d.free.iter().find(|(_, &l)| l >= k).map(|(&s, &l)| (s, l));
-    if let Some((s, l)) = fit {
-        d.free.remove(&s);
-        if l > k {
-            d.free.insert(s + k, l - k);
+    let cursor = d.cursor;
+    let fits = |(&s, &l): (&u64, &u64)| {
+        // An extent the cursor is inside of counts from the cursor on.
+        let from = s.max(cursor.min(s + l));
+        (s + l - from >= k).then_some((s, l, if from < s + l { from } else { s }))
+    };
+    let fit = d
+        .free
+        .range(..=cursor)
+        .next_back()
+        .and_then(|e| fits(e).filter(|&(_, _, from)| from >= cursor))
+        .or_else(|| d.free.range(cursor + 1..).find_map(fits))
+        .or_else(|| {
+            d.free
+                .iter()
+                .find_map(|(&s, &l)| (l >= k).then_some((s, l, s)))
+        });
+    let at = match fit {
+        Some((s, l, from)) => {
+            d.free.remove(&s);
+            if from > s {
+                d.free.insert(s, from - s);
+            }
+            if s + l > from + k {
+                d.free.insert(from + k, s + l - from - k);
+            }
+            from
         }
-        return s;
-    }
-    let s = d.end;
-    d.end += k;
-    s
+        None => {
+            d.end += k;
+            d.end - k
+        }
+    };
+    d.cursor = at + k;
+    at
 }
 
 /// Returns freed blocks to the free map, merging neighbours.

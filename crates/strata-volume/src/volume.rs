@@ -216,6 +216,8 @@ pub(crate) struct Disk {
     pub(crate) free: BTreeMap<u64, u64>,
     /// Disk blocks in use or freed are below this.
     pub(crate) end: u64,
+    /// Where the last allocation ended (next-fit).
+    pub(crate) cursor: u64,
     pub(crate) counters: Persistent,
     /// Blocks freed since the last checkpoint (reused only after it: a
     /// map entry on disk may still point at them).
@@ -252,6 +254,9 @@ pub struct Volume {
     pub(crate) disk: Mutex<Disk>,
     pub live: LiveStats,
     destager: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Held (flock) while the volume is open — one process at a time —
+    /// and let go by `close`.
+    lock: Mutex<Option<File>>,
     closed: AtomicBool,
 }
 
@@ -356,6 +361,7 @@ impl Volume {
     /// counts from the map, the journal replayed) and starts destaging.
     pub fn open(dir: &Path) -> Result<Arc<Volume>> {
         let cfg = Self::config(dir)?;
+        let lock_file = Self::lock(dir)?;
         let state: State = read_json(&dir.join("state.json"))?;
         let nblocks = cfg.size / BLOCK as u64;
         let map = open_rw(&dir.join("map"))?;
@@ -394,6 +400,7 @@ impl Volume {
                 cache,
                 free,
                 end,
+                cursor: end,
                 counters,
                 pending_free: Vec::new(),
                 uncommitted: Vec::new(),
@@ -407,6 +414,7 @@ impl Volume {
             },
             cfg,
             destager: Mutex::new(None),
+            lock: Mutex::new(Some(lock_file)),
             closed: AtomicBool::new(false),
         });
         // Replay what the journal holds, destage it, then drop it.
@@ -437,6 +445,27 @@ impl Volume {
 
     pub fn size(&self) -> u64 {
         self.cfg.size
+    }
+
+    /// Takes the volume's lock (`lock` in its directory, an exclusive
+    /// `flock`: released by the kernel when the process ends, even by
+    /// kill -9). Fails at once when another process holds it.
+    pub fn lock(dir: &Path) -> Result<File> {
+        use std::os::fd::AsRawFd;
+        let f = open_rw(&dir.join("lock"))?;
+        // SAFETY: flock on a file descriptor we own.
+        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(VolumeError::Invalid(format!(
+                    "the volume at {} is in use by another process (a running `strata volume serve`?)",
+                    dir.display()
+                )));
+            }
+            return Err(VolumeError::Io(format!("locking {}", dir.display()), e));
+        }
+        Ok(f)
     }
 
     fn save_state(&self, clean: bool) -> Result<()> {
@@ -773,7 +802,9 @@ impl Volume {
         let _ = fs::remove_file(&m.journal.path);
         drop(m);
         self.save_live().map_err(io::Error::other)?;
-        self.save_state(true).map_err(io::Error::other)
+        self.save_state(true).map_err(io::Error::other)?;
+        lock(&self.lock).take();
+        Ok(())
     }
 
     fn destage_loop(self: Arc<Self>) {
