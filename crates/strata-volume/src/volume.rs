@@ -254,6 +254,11 @@ pub struct Volume {
     pub(crate) disk: Mutex<Disk>,
     pub live: LiveStats,
     destager: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Held (shared) by every read of the map and data files, taken
+    /// (exclusive) by a checkpoint before it lets freed blocks be reused:
+    /// a read that found an old map entry finishes before its block can
+    /// hold someone else's data.
+    reuse_guard: std::sync::RwLock<()>,
     /// Held (flock) while the volume is open — one process at a time —
     /// and let go by `close`.
     lock: Mutex<Option<File>>,
@@ -275,7 +280,10 @@ fn open_rw(p: &Path) -> Result<File> {
 }
 
 pub(crate) fn write_json(p: &Path, v: &impl Serialize) -> Result<()> {
-    let tmp = p.with_extension("tmp");
+    // A name of its own per write: two threads may save the same file.
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let tmp = p.with_extension(format!("tmp.{}.{n}", std::process::id()));
     let body = serde_json::to_vec_pretty(v).map_err(|e| VolumeError::Invalid(e.to_string()))?;
     let f = File::create(&tmp).map_err(ioe(tmp.display().to_string()))?;
     f.write_all_at(&body, 0)
@@ -415,6 +423,7 @@ impl Volume {
             cfg,
             destager: Mutex::new(None),
             lock: Mutex::new(Some(lock_file)),
+            reuse_guard: std::sync::RwLock::new(()),
             closed: AtomicBool::new(false),
         });
         // Replay what the journal holds, destage it, then drop it.
@@ -469,7 +478,8 @@ impl Volume {
     }
 
     fn save_state(&self, clean: bool) -> Result<()> {
-        let counters = lock(&self.disk).counters.clone();
+        let d = lock(&self.disk);
+        let counters = d.counters.clone();
         write_json(&self.dir.join("state.json"), &State { clean, counters })
     }
 
@@ -513,6 +523,9 @@ impl Volume {
         };
         let mut zero = vec![false; n];
         let any_disk = srcs.iter().any(|s| matches!(s, Src::Disk));
+        // After the mem lock (never while holding it: writers take the
+        // two the other way round).
+        let _reading = self.reuse_guard.read().unwrap_or_else(|e| e.into_inner());
         let map = if any_disk {
             read_u64s(&self.map, first, n)?
         } else {
@@ -635,6 +648,7 @@ impl Volume {
         let n = (skip + data.len()).div_ceil(BLOCK);
         let mut out = vec![0u8; n * BLOCK];
         if skip != 0 || !data.len().is_multiple_of(BLOCK) {
+            let _reading = self.reuse_guard.read().unwrap_or_else(|e| e.into_inner());
             for b in [first, first + n as u64 - 1] {
                 let dst = &mut out[((b - first) as usize) * BLOCK..][..BLOCK];
                 match Self::src(m, b) {
@@ -775,15 +789,16 @@ impl Volume {
         self.map.sync_data().map_err(ioe("map"))?;
         d.refs.sync_data().map_err(ioe("refs"))?;
         let freed = std::mem::take(&mut d.pending_free);
+        // Reads in flight may still use an old map entry: wait for them.
+        drop(self.reuse_guard.write().unwrap_or_else(|e| e.into_inner()));
         crate::destage::release(&mut d.free, freed);
         for p in std::mem::take(&mut d.uncommitted) {
             fs::remove_file(&p).map_err(ioe(p.display().to_string()))?;
         }
         d.uncommitted_bytes = 0;
         d.last_checkpoint = Instant::now();
-        let counters = d.counters.clone();
-        drop(d);
-        self.write_state(counters)
+        // Written under the disk lock: state files never go back in time.
+        self.write_state(d.counters.clone())
     }
 
     /// Destages what is buffered, stops the destage thread and marks the
