@@ -289,7 +289,14 @@ pub(crate) fn write_json(p: &Path, v: &impl Serialize) -> Result<()> {
     f.write_all_at(&body, 0)
         .and_then(|_| f.sync_all())
         .map_err(ioe(tmp.display().to_string()))?;
-    fs::rename(&tmp, p).map_err(ioe(p.display().to_string()))
+    fs::rename(&tmp, p).map_err(ioe(p.display().to_string()))?;
+    // The rename itself must survive a crash.
+    if let Some(dir) = p.parent() {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(ioe(dir.display().to_string()))?;
+    }
+    Ok(())
 }
 
 pub(crate) fn read_json<T: for<'de> Deserialize<'de>>(p: &Path) -> Result<T> {
