@@ -81,17 +81,29 @@ fn trees_are_written_in_parts_that_versions_share() {
         new.len(),
         p2.len()
     );
-    let tree_bytes: u64 = repo
-        .backend()
-        .list("parts/")
-        .unwrap()
-        .iter()
-        .filter(|o| p1.iter().any(|p| o.name.ends_with(p.as_str())))
-        .map(|o| o.size)
-        .sum();
+    let size_of = |names: &[&String]| -> u64 {
+        repo.backend()
+            .list("parts/")
+            .unwrap()
+            .iter()
+            .filter(|o| names.iter().any(|p| o.name.ends_with(p.as_str())))
+            .map(|o| o.size)
+            .sum()
+    };
+    let tree_bytes = size_of(&p1.iter().collect::<Vec<_>>());
+    let new_bytes = size_of(&new);
+    // What v2 stored is its new parts, the changed file and a little
+    // metadata — never the unchanged stretches again. (Parts are cut
+    // where a path's hash says so, and the paths hold a random temporary
+    // directory: their sizes vary from run to run, so no fixed share of
+    // the tree is asserted.)
     assert!(
-        v2.snapshot.stats.new_stored_bytes * 3 < tree_bytes,
-        "an unchanged stretch of the tree is not stored again: {} of a {tree_bytes}-byte tree",
+        new_bytes < tree_bytes,
+        "{new_bytes} of a {tree_bytes}-byte tree"
+    );
+    assert!(
+        v2.snapshot.stats.new_stored_bytes <= new_bytes + (64 << 10),
+        "an unchanged stretch of the tree is not stored again: {} stored, new parts {new_bytes} of a {tree_bytes}-byte tree",
         v2.snapshot.stats.new_stored_bytes,
     );
     let t2 = read_tree(&src);
