@@ -171,51 +171,33 @@ impl Server {
     pub fn start(listen: &Listen, exports: Vec<Export>) -> io::Result<Server> {
         let stop = Arc::new(AtomicBool::new(false));
         let exports = Arc::new(exports);
-        let addr = match listen {
+        let (addr, accept): (String, Acceptor) = match listen {
             Listen::Tcp(a) => {
                 let l = TcpListener::bind(a)?;
-                let addr = l.local_addr()?.to_string();
                 l.set_nonblocking(true)?;
-                let (s, e) = (stop.clone(), exports.clone());
-                std::thread::spawn(move || {
-                    accept_loop(
-                        &s,
-                        || match l.accept() {
-                            Ok((c, _)) => {
-                                c.set_nonblocking(false)?;
-                                let _ = c.set_nodelay(true);
-                                Ok(Some(Box::new(c) as Box<dyn Conn>))
-                            }
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-                            Err(e) => Err(e),
-                        },
-                        &e,
-                    )
-                });
-                addr
+                let addr = l.local_addr()?.to_string();
+                let accept = move || {
+                    let (c, _) = l.accept()?;
+                    c.set_nonblocking(false)?;
+                    let _ = c.set_nodelay(true);
+                    Ok(Box::new(c) as Box<dyn Conn>)
+                };
+                (addr, Box::new(accept))
             }
             Listen::Unix(p) => {
                 remove_stale_socket(p)?;
                 let l = UnixListener::bind(p)?;
                 l.set_nonblocking(true)?;
-                let (s, e) = (stop.clone(), exports.clone());
-                std::thread::spawn(move || {
-                    accept_loop(
-                        &s,
-                        || match l.accept() {
-                            Ok((c, _)) => {
-                                c.set_nonblocking(false)?;
-                                Ok(Some(Box::new(c) as Box<dyn Conn>))
-                            }
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-                            Err(e) => Err(e),
-                        },
-                        &e,
-                    )
-                });
-                format!("unix:{}", p.display())
+                let accept = move || {
+                    let (c, _) = l.accept()?;
+                    c.set_nonblocking(false)?;
+                    Ok(Box::new(c) as Box<dyn Conn>)
+                };
+                (format!("unix:{}", p.display()), Box::new(accept))
             }
         };
+        let (s, e) = (stop.clone(), exports.clone());
+        std::thread::spawn(move || accept_loop(&s, accept, &e));
         Ok(Server { stop, addr })
     }
 
@@ -257,14 +239,15 @@ fn remove_stale_socket(p: &Path) -> io::Result<()> {
     }
 }
 
-fn accept_loop(
-    stop: &AtomicBool,
-    mut accept: impl FnMut() -> io::Result<Option<Box<dyn Conn>>>,
-    exports: &Arc<Vec<Export>>,
-) {
+/// Takes the next connection from a listener (`WouldBlock` when none).
+type Acceptor = Box<dyn FnMut() -> io::Result<Box<dyn Conn>> + Send>;
+
+/// Accepts connections (the listener is non-blocking, so `stop` is
+/// seen within 20 ms) and serves each on its own threads.
+fn accept_loop(stop: &AtomicBool, mut accept: Acceptor, exports: &Arc<Vec<Export>>) {
     while !stop.load(Ordering::SeqCst) {
         match accept() {
-            Ok(Some(c)) => {
+            Ok(c) => {
                 let e = exports.clone();
                 std::thread::spawn(move || {
                     if let Err(err) = serve(c, &e) {
@@ -272,7 +255,9 @@ fn accept_loop(
                     }
                 });
             }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
             Err(e) => {
                 tracing::warn!("nbd accept: {e}");
                 std::thread::sleep(Duration::from_millis(100));
