@@ -38,10 +38,13 @@ NODE_BYTES = 96  # bytes of cache per block (strata_volume::idedup::NODE_BYTES)
 
 
 def size_arg(s):
-    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    s = s.strip().lower().rstrip("ib").rstrip("b") if s[-1:].lower() == "b" else s.strip().lower()
-    num = s.rstrip("kmg")
-    return int(float(num) * units[s[len(num):]])
+    """`512M`, `1G`, `64KiB`, `4096`: bytes (powers of 1024)."""
+    t = s.strip().lower()
+    for suffix in ("ib", "b"):
+        if t.endswith(suffix) and t[:-len(suffix)][-1:] in "kmg":
+            t = t[:-len(suffix)]
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(t[-1:], 1)
+    return int(float(t.rstrip("kmg")) * mult)
 
 
 def drop_caches():
@@ -184,6 +187,17 @@ def strata(repo, *args):
     return json.loads(out)
 
 
+def timed(reqs, op):
+    """Runs op(first, data) for every request: latencies and total seconds."""
+    lat = []
+    t0 = time.perf_counter()
+    for first, data in reqs:
+        t = time.perf_counter()
+        op(first, data)
+        lat.append(time.perf_counter() - t)
+    return lat, time.perf_counter() - t0
+
+
 def one_setting(work, label, reqs, vol_blocks, create_args):
     repo = os.path.join(work, "repo-" + label)
     subprocess.run(["rm", "-rf", repo], check=True)
@@ -192,27 +206,15 @@ def one_setting(work, label, reqs, vol_blocks, create_args):
     sock = os.path.join(work, label + ".sock")
     s = Served(repo, "v", sock)
     h = connect(sock, "v")
-    wlat = []
-    t0 = time.perf_counter()
-    for first, data in reqs:
-        t = time.perf_counter()
-        h.pwrite(data, first * BLOCK)
-        wlat.append(time.perf_counter() - t)
+    wlat, write_s = timed(reqs, lambda first, data: h.pwrite(data, first * BLOCK))
     h.flush()
-    write_s = time.perf_counter() - t0
     h.shutdown()
     s.stop()
     st_w = strata(repo, "volume", "stats", "v")
     drop_caches()
     s = Served(repo, "v", sock)
     h = connect(sock, "v")
-    rlat = []
-    t0 = time.perf_counter()
-    for first, data in reqs:
-        t = time.perf_counter()
-        got = h.pread(len(data), first * BLOCK)
-        rlat.append(time.perf_counter() - t)
-    read_s = time.perf_counter() - t0
+    rlat, read_s = timed(reqs, lambda first, data: h.pread(len(data), first * BLOCK))
     # The last write of each block wins: check the final image.
     final = {}
     for first, data in reqs:
