@@ -4,11 +4,12 @@
 
 mod location;
 mod output;
+mod restore;
 mod service;
 mod tier;
 mod volume;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use output::{fmt_bytes, fmt_time, Out, ProgressDisplay};
 use serde_json::json;
@@ -492,18 +493,18 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                                "duration_ms": s.stats.duration_ms, "state": state(id),
                                "reverse_deduplicated": s.archival.is_some(),
                                "archival": s.archival,
-                               "tier": match s.tier { Tier::Active => "active", Tier::Cloud => "cloud" }})
+                               "tier": tier::tier_name(s), "cloud_part": s.cloud_part})
                     })
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else if !out.quiet {
                 println!(
-                    "{:<10} {:<40} {:>4}  {:<20} {:>10} {:>10}  {:<8} {:<6} tags",
+                    "{:<10} {:<40} {:>4}  {:<20} {:>10} {:>10}  {:<8} {:<12} tags",
                     "id", "series", "ver", "time (UTC)", "size", "new", "state", "tier"
                 );
                 for (id, s) in &list {
                     println!(
-                        "{:<10} {:<40} {:>4}  {:<20} {:>10} {:>10}  {:<8} {:<6} {}",
+                        "{:<10} {:<40} {:>4}  {:<20} {:>10} {:>10}  {:<8} {:<12} {}",
                         &id[..8],
                         s.series,
                         s.version,
@@ -511,10 +512,7 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                         fmt_bytes(s.stats.logical_bytes),
                         fmt_bytes(s.stats.new_stored_bytes),
                         state(id),
-                        match s.tier {
-                            Tier::Active => "active",
-                            Tier::Cloud => "cloud",
-                        },
+                        tier::tier_name(s),
                         s.tags.join(",")
                     );
                 }
@@ -528,7 +526,7 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
         Cmd::Ls { snapshot, path } => {
             let repo = open(cli)?;
             let (_, s) = repo.resolve_snapshot(snapshot)?;
-            let r = repo.load_recipe(&s.recipe)?;
+            let r = strata_store::tier::paths::whole_recipe(&repo, &s)?;
             let inc: Vec<String> = path.iter().cloned().collect();
             let nodes: Vec<_> = r
                 .nodes
@@ -583,82 +581,13 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             }
             Ok(0)
         }
-        Cmd::Dump { snapshot, path } => {
-            let repo = open(cli)?;
-            let (_, s) = repo.resolve_snapshot(snapshot)?;
-            let r = repo.load_recipe(&s.recipe)?;
-            let want = path.trim_start_matches('/').as_bytes();
-            let node = r.nodes.iter().find(|n| n.path == want).ok_or_else(|| {
-                anyhow!("no file {path} in snapshot {snapshot} (see `strata ls {snapshot}`)")
-            })?;
-            // A further name of a hard-linked file: dump the first name's content.
-            let node = match (node.kind, &node.target) {
-                (NodeKind::Hardlink, Some(t)) => {
-                    r.nodes.iter().find(|n| &n.path == t).ok_or_else(|| {
-                        anyhow!("{path} is a hard link to a file missing from the snapshot")
-                    })?
-                }
-                _ => node,
-            };
-            if node.kind != NodeKind::File {
-                bail!("{path} is a {:?}, not a file", node.kind);
-            }
-            let stdout = std::io::stdout();
-            let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-            let data = tier::data_repo(&repo, &s)?;
-            strata_store::restore::dump(&data, &s, &r, node, &mut w)?;
-            Ok(0)
-        }
+        Cmd::Dump { snapshot, path } => restore::dump(cli, snapshot, path),
         Cmd::Restore {
             snapshot,
             target,
             include,
             readers,
-        } => {
-            let repo = open(cli)?;
-            let (id, s) = repo.resolve_snapshot(snapshot)?;
-            let r = repo.load_recipe(&s.recipe)?;
-            let mut opts = strata_store::restore::RestoreOptions::new(target);
-            opts.include = include.clone();
-            let pd = progress_for(cli, "restore");
-            opts.progress = pd.progress.clone();
-            let started = std::time::Instant::now();
-            let data = tier::data_repo(&repo, &s)?;
-            let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-            opts.readers = readers.unwrap_or(if data.backend().describe().starts_with("s3://") {
-                (2 * cores).max(4)
-            } else {
-                0
-            });
-            let res = strata_store::restore::restore(&data, &s, &r, &opts);
-            pd.finish();
-            let rep = res?;
-            let secs = started.elapsed().as_secs_f64();
-            for w in &rep.warnings {
-                out.warn(w);
-            }
-            out.result(
-                &json!({"snapshot": id, "target": target, "files": rep.files, "dirs": rep.dirs, "bytes": rep.bytes,
-                        "seconds": secs, "containers_read": rep.containers_read, "regions_read": rep.regions_read,
-                        "bytes_read": rep.bytes_read, "chain_hops": rep.chain_hops,
-                        "warnings": rep.warnings}),
-                || {
-                    format!(
-                        "restored {} ({}@{}) to {}: {} files, {} in {:.1}s ({}/s), {} containers read",
-                        &id[..8],
-                        s.series,
-                        s.version,
-                        target.display(),
-                        rep.files,
-                        fmt_bytes(rep.bytes),
-                        secs,
-                        fmt_bytes((rep.bytes as f64 / secs.max(1e-6)) as u64),
-                        rep.containers_read
-                    )
-                },
-            );
-            Ok(0)
-        }
+        } => restore::restore(cli, out, snapshot, target, include, *readers),
         Cmd::Forget { snapshots, prune } => {
             let repo = open(cli)?;
             let (all, damaged) = repo.list_snapshots_tolerant()?;
@@ -680,6 +609,15 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             if !cloud_ids.is_empty() {
                 let c = tier::cloud(&repo)?;
                 cloud_forgotten = strata_store::tier::forget_cloud(&repo, &c, &cloud_ids)?;
+            }
+            // Active versions some of whose files are in the cloud tier:
+            // the bucket forgets those first.
+            if all
+                .iter()
+                .any(|(i, s)| ids.contains(i) && s.cloud_part.is_some())
+            {
+                let c = tier::cloud(&repo)?;
+                cloud_forgotten += strata_store::tier::forget_cloud_parts(&repo, &c, &ids)?;
             }
             let mut rep = if ids.is_empty() {
                 Default::default()

@@ -37,10 +37,14 @@ pub enum TierCmd {
         fast: bool,
     },
     /// Move the selected versions to the cloud tier: only chunks the bucket
-    /// lacks are sent; `gc` then frees what only they held locally.
+    /// lacks are sent; `gc` then frees what only they held locally. With
+    /// `--path`, only the matching files move and the rest of each version
+    /// stays active (`snapshots` shows it as active+cloud; restore reads
+    /// both).
     Migrate(SelArgs),
-    /// Bring the selected versions back from the cloud tier: only chunks the
-    /// active tier lacks are read from the bucket.
+    /// Bring the selected versions back from the cloud tier (whole versions,
+    /// and the cloud parts of active versions): only chunks the active tier
+    /// lacks are read from the bucket.
     Recall(SelArgs),
     /// The bulk first transfer of many versions (an empty cloud tier):
     /// reads the active tier in physical order, each chunk once; resumable
@@ -99,8 +103,8 @@ pub struct SelArgs {
     /// Versions at least this many days old.
     #[arg(long, value_name = "DAYS")]
     pub older_than: Option<u64>,
-    /// Only these paths of the versions (globs, as `strata ls` shows them;
-    /// `tier estimate` only).
+    /// Only these files of the versions (globs on the path as `strata ls`
+    /// shows it, e.g. '/srv/logs/**'; `tier estimate` and `tier migrate`).
     #[arg(long)]
     pub path: Vec<String>,
 }
@@ -175,6 +179,31 @@ fn with_cost(mut v: serde_json::Value, cloud: &Repository) -> Result<serde_json:
         );
     }
     Ok(v)
+}
+
+/// Where a version is, as `snapshots` shows it: "active+cloud" when some
+/// of its files moved (`tier migrate --path`), "cloud-part" for the moved
+/// files alone (what a bucket holds of such a version).
+pub fn tier_name(s: &Snapshot) -> &'static str {
+    match (s.tier, s.cloud_part.is_some()) {
+        (Tier::Active, false) => "active",
+        (Tier::Active, true) => "active+cloud",
+        (Tier::Cloud, false) => "cloud",
+        (Tier::Cloud, true) => "cloud-part",
+    }
+}
+
+/// Where `s`'s data is, in the order restore reads it into one tree: the
+/// repository holding its recipe (`repo` or its cloud tier) with `s`, then,
+/// for a version some of whose files moved, the cloud tier with the
+/// version as the bucket holds it (just those files). Recipes load from
+/// `repo`, which keeps a copy of every recipe.
+pub fn sources(repo: &Repository, s: &Snapshot) -> Result<Vec<(Repository, Snapshot)>> {
+    let mut out = vec![(data_repo(repo, s)?, s.clone())];
+    if let Some(p) = strata_store::tier::paths::part_snapshot(s) {
+        out.push((cloud(repo)?, p));
+    }
+    Ok(out)
 }
 
 /// The repository holding `s`'s data: `repo`, or its cloud tier.
@@ -257,8 +286,13 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
             pd.finish();
             let r = r?;
             out.result(&with_cost(serde_json::to_value(&r)?, &c)?, || {
+                let files = if a.path.is_empty() {
+                    String::new()
+                } else {
+                    format!("{} files of ", r.files)
+                };
                 format!(
-                    "{} versions moved to the {} tier: {} logical, {} new chunks copied ({} stored, \
+                    "{files}{} versions moved to the {} tier: {} logical, {} new chunks copied ({} stored, \
                      {} containers), {} already there; {:.1}s.{}",
                     r.versions.len(),
                     if to_cloud { "cloud" } else { "active" },

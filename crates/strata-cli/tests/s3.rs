@@ -350,6 +350,71 @@ fn tier_to_s3() {
     );
 }
 
+/// `strata tier migrate --path`: the big image of each old version moves
+/// to the bucket, the small files stay; `snapshots` says active+cloud,
+/// `ls` and `dump` see the whole tree, restore reads both tiers, `forget`
+/// drops the bucket's part too, and `tier recall` joins a part back.
+#[test]
+fn tier_migrate_paths_to_s3() {
+    let Some(ep) = endpoint() else { return };
+    let r = S3Repo::new(&ep, &unique("strata-paths"));
+    let json = |args: &[&str]| r.json_local(args);
+    json(&["init"]);
+    let src = r.tmp.path().join("src");
+    let mut trees = Vec::new();
+    let mut ids = Vec::new();
+    for v in 0..3u64 {
+        tree(&src, 40 + v);
+        let b = json(&["backup", src.to_str().unwrap()]);
+        ids.push(b["id"].as_str().unwrap().to_string());
+        trees.push(manifest(&src));
+    }
+    json(&["tier", "add", &r.url]);
+    let before = json(&["stats"])["stored_bytes"].as_u64().unwrap();
+    let m = json(&["tier", "migrate", &ids[0], &ids[1], "--path", "**/big.img"]);
+    assert_eq!(m["files"], 2, "{m}");
+    json(&["gc"]);
+    let after = json(&["stats"])["stored_bytes"].as_u64().unwrap();
+    // Two 9 MiB images of random data left the active tier.
+    assert!(before - after > 17 << 20, "{before} -> {after}");
+    let tiers: Vec<String> = json(&["snapshots"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["tier"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(tiers, ["active+cloud", "active+cloud", "active"]);
+    let ls = json(&["ls", &ids[0]]);
+    let img = format!("{}/big.img", src.display());
+    assert!(
+        ls.as_array().unwrap().iter().any(|n| n["path"] == img),
+        "{ls}"
+    );
+    let d = r.run_local(&["dump", &ids[0], &img]).ok();
+    assert_eq!(d.stdout.len(), 9 << 20);
+    for (i, id) in ids.iter().enumerate() {
+        let t = r.tmp.path().join(format!("restore{i}"));
+        json(&["restore", id, "--target", t.to_str().unwrap()]);
+        assert_manifest_eq(
+            &trees[i],
+            &manifest(&restored(&t, &src)),
+            &format!("v{}", i + 1),
+        );
+    }
+    let c = json(&["check", "--read-data"]);
+    assert_eq!(c["errors"], serde_json::json!([]), "{c}");
+    // The bucket alone: the two images.
+    assert_eq!(r.json(&["snapshots"]).as_array().unwrap().len(), 2);
+    json(&["forget", &ids[0]]);
+    assert_eq!(r.json(&["snapshots"]).as_array().unwrap().len(), 1);
+    let rc = json(&["tier", "recall", &ids[1]]);
+    assert_eq!(rc["files"], 1, "{rc}");
+    assert_eq!(r.json(&["snapshots"]).as_array().unwrap().len(), 0);
+    let t = r.tmp.path().join("recalled");
+    json(&["restore", &ids[1], "--target", t.to_str().unwrap()]);
+    assert_manifest_eq(&trees[1], &manifest(&restored(&t, &src)), "recalled v2");
+}
+
 /// `strata tier gc --service`: the cloud tier cleaned through a
 /// `strata copy-forward-service` next to the bucket, downloading nothing.
 #[test]

@@ -45,9 +45,9 @@ pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T
 }
 
 /// Version byte of [`Snapshot`]: 2 added [`Archival::released_bytes`], 3
-/// added [`Snapshot::tier`]; versions 1 and 2 are still read (released
-/// bytes 0, tier active).
-pub const SNAPSHOT_VERSION: u8 = 3;
+/// added [`Snapshot::tier`], 4 [`Snapshot::cloud_part`]; versions 1–3 are
+/// still read (released bytes 0, tier active, no cloud part).
+pub const SNAPSHOT_VERSION: u8 = 4;
 
 /// Encodes a snapshot with its own structure version.
 pub fn encode_snapshot(s: &Snapshot) -> Result<Vec<u8>> {
@@ -64,6 +64,9 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<Snapshot> {
     };
     match v {
         SNAPSHOT_VERSION => postcard::from_bytes(body).map_err(err),
+        3 => postcard::from_bytes::<v3::Snapshot>(body)
+            .map(Snapshot::from)
+            .map_err(err),
         2 => postcard::from_bytes::<v2::Snapshot>(body)
             .map(Snapshot::from)
             .map_err(err),
@@ -75,6 +78,48 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<Snapshot> {
             found,
             supported: SNAPSHOT_VERSION,
         }),
+    }
+}
+
+/// Snapshots as version 3 wrote them (no cloud part).
+mod v3 {
+    use super::{Archival, ChunkerParams, SnapshotStats, Tier};
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    pub struct Snapshot {
+        pub series: String,
+        pub version: u32,
+        pub time_ns: i64,
+        pub host: String,
+        pub paths: Vec<String>,
+        pub tags: Vec<String>,
+        pub recipe: String,
+        pub parent: Option<String>,
+        pub chunker: ChunkerParams,
+        pub stats: SnapshotStats,
+        pub archival: Option<Archival>,
+        pub tier: Tier,
+    }
+}
+
+impl From<v3::Snapshot> for Snapshot {
+    fn from(s: v3::Snapshot) -> Self {
+        Snapshot {
+            series: s.series,
+            version: s.version,
+            time_ns: s.time_ns,
+            host: s.host,
+            paths: s.paths,
+            tags: s.tags,
+            recipe: s.recipe,
+            parent: s.parent,
+            chunker: s.chunker,
+            stats: s.stats,
+            archival: s.archival,
+            tier: s.tier,
+            cloud_part: None,
+        }
     }
 }
 
@@ -114,6 +159,7 @@ impl From<v2::Snapshot> for Snapshot {
             stats: s.stats,
             archival: s.archival,
             tier: Tier::Active,
+            cloud_part: None,
         }
     }
 }
@@ -172,6 +218,7 @@ impl From<v1::Snapshot> for Snapshot {
                 released_bytes: 0,
             }),
             tier: Tier::Active,
+            cloud_part: None,
         }
     }
 }
@@ -623,6 +670,31 @@ pub struct Snapshot {
     pub archival: Option<Archival>,
     /// Which tier holds its data (structure version 3).
     pub tier: Tier,
+    /// Paths moved out of an active version to the cloud tier by `tier
+    /// migrate --path` (structure version 4). In the bucket, the version's
+    /// snapshot object holds just these paths and carries the same record.
+    pub cloud_part: Option<CloudPart>,
+}
+
+impl Snapshot {
+    /// The recipes this version uses: its own and its cloud part's.
+    pub fn recipes(&self) -> impl Iterator<Item = &String> {
+        std::iter::once(&self.recipe).chain(self.cloud_part.as_ref().map(|p| &p.recipe))
+    }
+}
+
+/// The files of a version that live in the cloud tier while the rest of it
+/// stays active: their recipe (all references direct into the cloud
+/// tier's containers; the same object on both sides), which globs chose
+/// them, and what they hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloudPart {
+    pub recipe: String,
+    pub paths: Vec<String>,
+    pub files: u64,
+    pub logical_bytes: u64,
+    /// When the last move was committed (ns since the epoch).
+    pub moved_ns: i64,
 }
 
 /// Where a version's data is: the active tier (the repository itself) or
@@ -820,6 +892,7 @@ mod tests {
             stats: SnapshotStats::default(),
             archival: None,
             tier: Tier::Active,
+            cloud_part: None,
         };
         // A version-1 object: the same fields, the archival record without
         // released_bytes.
@@ -872,12 +945,37 @@ mod tests {
         );
         let bytes = postcard::to_extend(&v2, vec![2]).unwrap();
         assert_eq!(decode_snapshot(&bytes).unwrap(), s);
-        // Version 3 round-trips, with the new fields.
+        // A version-3 object: a tier, no cloud part.
         s.tier = Tier::Cloud;
+        let v3 = (
+            &s.series,
+            s.version,
+            s.time_ns,
+            &s.host,
+            &s.paths,
+            &s.tags,
+            &s.recipe,
+            &s.parent,
+            s.chunker,
+            &s.stats,
+            &s.archival,
+            s.tier,
+        );
+        let bytes = postcard::to_extend(&v3, vec![3]).unwrap();
+        assert_eq!(decode_snapshot(&bytes).unwrap(), s);
+        // Version 4 round-trips, with the new fields.
+        s.cloud_part = Some(CloudPart {
+            recipe: "p".into(),
+            paths: vec!["/logs/**".into()],
+            files: 2,
+            logical_bytes: 3,
+            moved_ns: 4,
+        });
         assert_eq!(decode_snapshot(&encode_snapshot(&s).unwrap()).unwrap(), s);
+        assert_eq!(s.recipes().collect::<Vec<_>>(), ["r", "p"]);
         assert!(matches!(
-            decode_snapshot(&[4, 0]),
-            Err(CoreError::UnknownVersion { found: 4, .. })
+            decode_snapshot(&[5, 0]),
+            Err(CoreError::UnknownVersion { found: 5, .. })
         ));
     }
 

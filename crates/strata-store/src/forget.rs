@@ -98,7 +98,7 @@ pub(crate) fn forget_locked(repo: &Repository, ids: &[String]) -> Result<ForgetR
     let mut dropped_recipes = HashSet::new();
     for id in ids {
         repo.backend().delete(&format!("snapshots/{id}"))?;
-        dropped_recipes.insert(by_id[id.as_str()].recipe.clone());
+        dropped_recipes.extend(by_id[id.as_str()].recipes().cloned());
         report.removed_snapshots.push(id.clone());
     }
     // From the snapshots as they are now: a rebase above may have given a
@@ -107,7 +107,7 @@ pub(crate) fn forget_locked(repo: &Repository, ids: &[String]) -> Result<ForgetR
     let still: HashSet<&String> = now
         .iter()
         .filter(|(i, _)| !removing.contains(i.as_str()))
-        .map(|(_, s)| &s.recipe)
+        .flat_map(|(_, s)| s.recipes())
         .collect();
     let dropped: Vec<String> = dropped_recipes
         .into_iter()

@@ -167,7 +167,8 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
         let snaps = repo.list_snapshots()?;
         let used: HashSet<String> = snaps
             .iter()
-            .map(|(_, s)| format!("recipes/{}", s.recipe))
+            .flat_map(|(_, s)| s.recipes())
+            .map(|r| format!("recipes/{r}"))
             .collect();
         for o in repo.backend().list("recipes/")? {
             if !used.contains(&o.name) {
@@ -175,7 +176,13 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
                 report.recipes_deleted += 1;
             }
         }
-        let parts = crate::recipe::live_parts(repo, snaps.iter().map(|(_, s)| s.recipe.as_str()))?;
+        let parts = crate::recipe::live_parts(
+            repo,
+            snaps
+                .iter()
+                .flat_map(|(_, s)| s.recipes())
+                .map(String::as_str),
+        )?;
         for o in repo.backend().list(&format!("{}/", crate::recipe::PARTS))? {
             let id = o.name.rsplit('/').next().unwrap_or_default();
             if !parts.contains(id) {

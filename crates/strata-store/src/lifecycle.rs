@@ -177,6 +177,7 @@ mod tests {
                 stats: Default::default(),
                 archival: None,
                 tier: Default::default(),
+                cloud_part: None,
             },
         )
     }

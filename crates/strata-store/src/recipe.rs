@@ -445,7 +445,11 @@ pub fn delete_unused<'a>(
     candidates: impl IntoIterator<Item = &'a String>,
 ) -> Result<u64> {
     let (snaps, damaged) = repo.list_snapshots_tolerant()?;
-    let live: HashSet<&str> = snaps.iter().map(|(_, s)| s.recipe.as_str()).collect();
+    let live: HashSet<&str> = snaps
+        .iter()
+        .flat_map(|(_, s)| s.recipes())
+        .map(String::as_str)
+        .collect();
     let dead: HashSet<&String> = candidates
         .into_iter()
         .filter(|r| !live.contains(r.as_str()))

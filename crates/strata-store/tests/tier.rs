@@ -35,6 +35,12 @@ fn segment_repo(dir: &Path, encrypted: bool) -> Repository {
 /// Four versions: each edits some files and adds one; the first file set
 /// leaves after version 2.
 fn history(src: &Path, repo: &Repository) -> Vec<(BackupReport, Tree)> {
+    history_with(src, repo, true)
+}
+
+/// [`history`]; without the lifecycle after each backup, a later
+/// `maintain` rewrites the old versions with indirect references.
+fn history_with(src: &Path, repo: &Repository, lifecycle: bool) -> Vec<(BackupReport, Tree)> {
     let mut out = Vec::new();
     let mut rng = Rng(7);
     for v in 0..4u64 {
@@ -49,7 +55,16 @@ fn history(src: &Path, repo: &Repository) -> Vec<(BackupReport, Tree)> {
         if v == 2 {
             fs::remove_file(src.join("new0")).unwrap();
         }
-        let r = backup_paths(repo, &[src]).unwrap();
+        let r = strata_store::backup::backup(
+            repo,
+            strata_store::backup::BackupOptions {
+                paths: vec![src.to_path_buf()],
+                series: Some("test".into()),
+                lifecycle,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         out.push((r, read_tree(src)));
     }
     out
@@ -495,4 +510,204 @@ fn seeding_resumes_after_kills() {
     )
     .unwrap();
     assert!(m.chunks_deduplicated > m.chunks_sent, "{m:?}");
+}
+
+/// Restores version `id` whole: its recipe from wherever the snapshot
+/// says, then its cloud part (files moved with `--path`) from `cloud`.
+fn restore_whole(
+    repo: &Repository,
+    cloud: &Repository,
+    id: &str,
+    scratch: &Path,
+) -> tempfile::TempDir {
+    let s = repo.load_snapshot(id).unwrap();
+    let target = tempfile::tempdir_in(scratch).unwrap();
+    let mut parts = vec![(if s.tier == Tier::Cloud { cloud } else { repo }, s.clone())];
+    parts.extend(strata_store::tier::paths::part_snapshot(&s).map(|p| (cloud, p)));
+    for (data, part) in parts {
+        let recipe = repo.load_recipe(&part.recipe).unwrap();
+        let opts = strata_store::restore::RestoreOptions::new(target.path());
+        strata_store::restore::restore(data, &part, &recipe, &opts).unwrap();
+    }
+    target
+}
+
+/// Attaches a cloud tier in `dir/bucket`.
+fn bucket(repo: &Repository, dir: &Path) -> (Repository, std::path::PathBuf) {
+    let cloud_dir = dir.join("bucket");
+    fs::create_dir_all(&cloud_dir).unwrap();
+    let cloud = strata_store::tier::attach(repo, local(&cloud_dir), "test://b").unwrap();
+    (cloud, cloud_dir)
+}
+
+/// The d0 files of the versions `ids`.
+fn d0(ids: &[&str]) -> Selection {
+    Selection {
+        paths: vec!["**/d0/**".into()],
+        ..sel(ids)
+    }
+}
+
+fn assert_restore_whole(
+    repo: &Repository,
+    cloud: &Repository,
+    id: &str,
+    src: &Path,
+    tree: &Tree,
+    what: &str,
+) {
+    let t = restore_whole(repo, cloud, id, src.parent().unwrap());
+    let got = read_tree(&restored_path(t.path(), src));
+    assert!(got == *tree, "{what}: {}", tree.diff(&got));
+}
+
+/// `tier migrate --path` through reverse-dedup chains: a move that would
+/// leave an older version's indirect references without a holder is
+/// refused; with the older versions' paths selected too, it goes, and
+/// every version restores whole.
+#[test]
+fn paths_move_through_reverse_dedup_chains() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let repo = segment_repo(&tmp.path().join("repo"), false);
+    let versions = history_with(&src, &repo, false);
+    strata_store::lifecycle::set_policy(
+        &repo,
+        &strata_store::lifecycle::Policy {
+            series: versions[0].0.snapshot.series.clone(),
+            live: 1,
+            retain: None,
+            retain_days: None,
+        },
+    )
+    .unwrap();
+    strata_store::revdedup::maintain(&repo, &Default::default()).unwrap();
+    let ids: Vec<&str> = versions.iter().map(|(r, _)| r.id.as_str()).collect();
+    let indirect = |id: &str| {
+        let s = repo.load_snapshot(id).unwrap();
+        s.archival.map_or(0, |a| a.indirect_chunks)
+    };
+    assert!(indirect(ids[0]) > 0, "reverse dedup made nothing indirect");
+    let (cloud, _) = bucket(&repo, tmp.path());
+    // Version 1's unchanged d0 files are indirect into version 2's.
+    let e = migrate(&repo, &cloud, &d0(&ids[1..2]), &Progress::default()).unwrap_err();
+    assert!(e.to_string().contains("through reverse dedup"), "{e}");
+    assert!(repo.load_snapshot(ids[1]).unwrap().cloud_part.is_none());
+    let m = migrate(&repo, &cloud, &d0(&ids[..3]), &Progress::default()).unwrap();
+    assert_eq!(m.versions.len(), 3, "{m:?}");
+    gc(&repo, &GcOptions::default()).unwrap();
+    for (i, (r, tree)) in versions.iter().enumerate() {
+        assert_restore_whole(&repo, &cloud, &r.id, &src, tree, &format!("v{}", i + 1));
+    }
+    assert_check_ok(&repo, true, "after moving paths");
+}
+
+/// `tier migrate --path`: the files a glob selects leave the active tier,
+/// the rest of each version stays; versions restore whole from both
+/// tiers, the bucket alone restores the moved files; whole migration,
+/// recall and forget of a split version.
+#[test]
+fn paths_move_to_the_cloud_and_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let repo = segment_repo(&tmp.path().join("repo"), true);
+    let versions = history(&src, &repo);
+    let (cloud, cloud_dir) = bucket(&repo, tmp.path());
+    let ids: Vec<&str> = versions.iter().map(|(r, _)| r.id.as_str()).collect();
+    let before = stored(&repo);
+    let m = migrate(&repo, &cloud, &d0(&ids[..3]), &Progress::default()).unwrap();
+    assert_eq!(m.versions.len(), 3, "{m:?}");
+    assert!(m.files >= 3 && m.chunks_sent > 0, "{m:?}");
+    gc(
+        &repo,
+        &GcOptions {
+            threshold: 0.0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // The d0 contents no active file has any more are freed.
+    let kept: std::collections::HashSet<&Vec<u8>> = versions[3].1.files.values().collect();
+    let gone: std::collections::HashSet<&Vec<u8>> = versions[..3]
+        .iter()
+        .flat_map(|(_, t)| t.files.iter())
+        .filter(|(p, d)| p.contains("d0/") && !kept.contains(d))
+        .map(|(_, d)| d)
+        .collect();
+    let gone: u64 = gone.iter().map(|d| d.len() as u64).sum();
+    let freed = before - stored(&repo);
+    assert!(
+        freed as f64 > 0.95 * gone as f64,
+        "freed {freed} of {gone} moved-only bytes"
+    );
+    for (i, (r, tree)) in versions.iter().enumerate() {
+        let s = repo.load_snapshot(&r.id).unwrap();
+        assert_eq!(s.tier, Tier::Active);
+        assert_eq!(s.cloud_part.is_some(), i < 3, "v{}", i + 1);
+        assert_restore_whole(&repo, &cloud, &r.id, &src, tree, &format!("v{}", i + 1));
+        // The listing shows the whole tree.
+        let whole = strata_store::tier::paths::whole_recipe(&repo, &s).unwrap();
+        let local = repo.load_recipe(&s.recipe).unwrap();
+        if i < 3 {
+            assert!(local.nodes.iter().all(|n| !n.path_str().contains("/d0/")));
+            assert!(whole.nodes.iter().any(|n| n.path_str().contains("/d0/")));
+        } else {
+            assert_eq!(whole, local);
+        }
+    }
+    assert_check_ok(&repo, true, "after moving paths");
+    // The bucket alone holds the moved files of each version.
+    let alone = open_repo(local(&cloud_dir));
+    assert_eq!(alone.list_snapshots().unwrap().len(), 3);
+    let s = alone.load_snapshot(ids[0]).unwrap();
+    let t = restore_whole(&alone, &alone, ids[0], tmp.path());
+    let got = read_tree(&restored_path(t.path(), &src));
+    assert_eq!(got.files.len() as u64, s.cloud_part.unwrap().files);
+    assert!(got
+        .files
+        .iter()
+        .all(|(p, d)| p.contains("d0/") && versions[0].1.files.get(p) == Some(d)));
+
+    // Version 1 moves whole (its part goes along); version 2's part comes
+    // back; version 3 is forgotten, the bucket's part with it.
+    migrate(&repo, &cloud, &sel(&ids[..1]), &Progress::default()).unwrap();
+    let s1 = repo.load_snapshot(ids[0]).unwrap();
+    assert_eq!((s1.tier, s1.cloud_part.is_some()), (Tier::Cloud, false));
+    let r =
+        strata_store::tier::migrate::recall(&repo, &cloud, &sel(&ids[1..2]), &Progress::default())
+            .unwrap();
+    assert!(r.files > 0, "{r:?}");
+    let s2 = repo.load_snapshot(ids[1]).unwrap();
+    assert_eq!((s2.tier, s2.cloud_part.is_some()), (Tier::Active, false));
+    let forgotten = [ids[2].to_string()];
+    assert_eq!(
+        strata_store::tier::forget_cloud_parts(&repo, &cloud, &forgotten).unwrap(),
+        1
+    );
+    strata_store::forget::forget(&repo, &forgotten).unwrap();
+    gc(&repo, &GcOptions::default()).unwrap();
+    let g = strata_store::tier::cloud_gc::cloud_gc(
+        &repo,
+        &cloud,
+        &strata_store::tier::copy_forward::Download(cloud.backend().clone()),
+        &strata_store::tier::cloud_gc::CloudGcOptions {
+            threshold: 0.0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(g.bytes_after < g.bytes_before, "{g:?}");
+    let in_bucket: Vec<String> = alone
+        .list_snapshots()
+        .unwrap()
+        .into_iter()
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(in_bucket, vec![ids[0].to_string()]);
+    for i in [0usize, 1, 3] {
+        let what = format!("v{} at the end", i + 1);
+        assert_restore_whole(&repo, &cloud, ids[i], &src, &versions[i].1, &what);
+    }
+    assert_check_ok(&repo, true, "at the end");
+    assert_check_ok(&alone, true, "the bucket at the end");
 }

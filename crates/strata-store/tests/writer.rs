@@ -49,6 +49,7 @@ fn read_back(repo: &Repository, s: &StoredStream) -> Vec<u8> {
         stats: Default::default(),
         archival: None,
         tier: Default::default(),
+        cloud_part: None,
     };
     let mut out = Vec::new();
     strata_store::restore::dump(repo, &snapshot, &recipe, &node, &mut out).unwrap();

@@ -354,6 +354,7 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         stats,
         archival: None,
         tier: Default::default(),
+        cloud_part: None,
     };
     snapshot.stats.new_stored_bytes = stored;
     snapshot.stats.duration_ms = started.elapsed().as_millis() as u64;

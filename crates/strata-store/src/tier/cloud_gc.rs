@@ -16,7 +16,7 @@
 
 use super::copy_forward::{Assemble, CopyForward, Piece};
 use crate::copy::{delete_containers, rewrite_refs, Target};
-use crate::error::Result;
+use crate::error::{Result, StoreError};
 use crate::index::{edit_index, put_index_object, RepoIndex};
 use crate::lock;
 use crate::recipe;
@@ -465,9 +465,14 @@ pub fn cloud_gc(
         for (id, s) in users {
             let mut ns = s.clone();
             ns.recipe = new_rid.clone();
+            if let Some(p) = ns.cloud_part.as_mut() {
+                p.recipe = new_rid.clone();
+            }
             cloud.replace_snapshot(&id, &ns)?;
             if cloud_versions.iter().any(|(i, _)| *i == id) {
                 local.replace_snapshot(&id, &ns)?;
+            } else {
+                repoint_part(local, &id, &rid, &new_rid)?;
             }
         }
         if new_rid != rid {
@@ -483,6 +488,22 @@ pub fn cloud_gc(
     rep.bytes_after = RepoIndex::load_summaries(cloud)?.stored_bytes();
     rep.seconds = started.elapsed().as_secs_f64();
     Ok(rep)
+}
+
+/// Points an active version's cloud part at its rewritten recipe.
+fn repoint_part(local: &Repository, id: &str, old: &str, new: &str) -> Result<()> {
+    let mut s = match local.load_snapshot(id) {
+        Ok(s) => s,
+        Err(StoreError::NotFound(_)) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    match s.cloud_part.as_mut() {
+        Some(p) if p.recipe == old => {
+            p.recipe = new.to_string();
+            local.replace_snapshot(id, &s)
+        }
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -89,7 +89,7 @@ fn each_fp(
     })
 }
 
-fn in_paths(paths: &Option<GlobSet>, n: &Node) -> bool {
+pub(super) fn in_paths(paths: &Option<GlobSet>, n: &Node) -> bool {
     paths.as_ref().is_none_or(|g| {
         let mut p = b"/".to_vec();
         p.extend_from_slice(&n.path);

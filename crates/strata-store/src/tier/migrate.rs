@@ -9,17 +9,18 @@
 //! a later migration reuses it); after it, the version is wholly in the
 //! cloud, and the active tier's `gc` frees what only it held.
 
-use super::select::{versions, Selection};
+use super::paths;
+use super::select::{versions, versions_any, Selection};
 use crate::copy::{copy_chunks_between, region_cache, rewrite_refs, CopySource, Target};
 use crate::error::{Result, StoreError};
 use crate::index::{put_index_object, ContainerTable, ExactIndex, RepoIndex};
 use crate::lock;
 use crate::progress::Progress;
 use crate::recipe;
-use crate::repo::Repository;
+use crate::repo::{now_ns, resolve_in, Repository};
 use crate::resolver::resolver_for;
 use serde::Serialize;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use strata_core::format::{ContainerId, Node, Recipe, RegionInfo, Snapshot, Tier};
@@ -43,6 +44,8 @@ pub struct MigrateReport {
     pub recipe_bytes_sent: u64,
     /// Distinct chunks the cloud tier had already (not sent).
     pub chunks_deduplicated: u64,
+    /// Files moved with `--path` (or whose cloud part was recalled).
+    pub files: u64,
     pub seconds: f64,
 }
 
@@ -119,9 +122,10 @@ fn transfer(
     dir: Direction,
 ) -> Result<MigrateReport> {
     let started = std::time::Instant::now();
-    if !sel.paths.is_empty() {
+    let globs = sel.path_set()?;
+    if globs.is_some() && dir == Direction::ToActive {
         return Err(StoreError::Invalid(
-            "versions move whole; paths only narrow `tier estimate`".into(),
+            "recall brings versions back whole: drop --path".into(),
         ));
     }
     let what = match dir {
@@ -130,12 +134,15 @@ fn transfer(
     };
     let _local_lock = lock::acquire(local, true, what)?;
     let _cloud_lock = lock::acquire(cloud, true, what)?;
-    let (from, to, tier) = match dir {
-        Direction::ToCloud => (local, cloud, Tier::Active),
-        Direction::ToActive => (cloud, local, Tier::Cloud),
+    let (from, to) = match dir {
+        Direction::ToCloud => (local, cloud),
+        Direction::ToActive => (cloud, local),
     };
-    let chosen = versions(local, sel, tier)?;
-    if dir == Direction::ToCloud {
+    let chosen = match dir {
+        Direction::ToCloud => versions(local, sel, Tier::Active)?,
+        Direction::ToActive => recallable(local, sel)?,
+    };
+    if dir == Direction::ToCloud && globs.is_none() {
         let all = local.list_snapshots()?;
         let ids: HashSet<&str> = chosen.iter().map(|(id, _)| id.as_str()).collect();
         check_chains(&all, &ids)?;
@@ -143,25 +150,48 @@ fn transfer(
     // The destination tier's fingerprint index.
     let (index, table) = pool_index(to)?;
     let mut report = MigrateReport::default();
+    let regions = region_cache(from);
+    let moved = Moved {
+        from,
+        to,
+        index: &index,
+        table: &table,
+        regions: &regions,
+    };
+    if let Some(globs) = &globs {
+        migrate_paths(
+            local,
+            cloud,
+            &moved,
+            &chosen,
+            globs,
+            &sel.paths,
+            progress,
+            &mut report,
+        )?;
+        report.seconds = started.elapsed().as_secs_f64();
+        return Ok(report);
+    }
     progress.bytes_total.store(
         chosen.iter().map(|(_, s)| s.stats.logical_bytes).sum(),
         Ordering::Relaxed,
     );
     progress.totals_known.store(true, Ordering::Relaxed);
-    let regions = region_cache(from);
     // Oldest first: an older version's indirect references lead into the
     // newer ones, still active while it is resolved; and newer versions
     // deduplicate against what the older ones sent.
     for (vid, v) in &chosen {
-        let moved = Moved {
-            from,
-            to,
-            index: &index,
-            table: &table,
-            regions: &regions,
-        };
-        let r = moved.copy(v, &mut report)?;
-        report.recipe_bytes_sent += commit(local, cloud, dir, vid, v, r)?;
+        if dir == Direction::ToActive && v.tier == Tier::Active {
+            recall_part(local, cloud, &moved, vid, v, &mut report)?;
+        } else {
+            let r = moved.copy(v, from.load_recipe(&v.recipe)?, &mut report)?;
+            // A version moving whole takes its cloud part along.
+            let r = match (dir, &v.cloud_part) {
+                (Direction::ToCloud, Some(p)) => paths::merge(r, local.load_recipe(&p.recipe)?)?,
+                _ => r,
+            };
+            report.recipe_bytes_sent += commit(local, cloud, dir, vid, v, r)?;
+        }
         progress
             .bytes_done
             .fetch_add(v.stats.logical_bytes, Ordering::Relaxed);
@@ -169,6 +199,157 @@ fn transfer(
     report.versions = chosen.iter().map(|(id, _)| id.clone()).collect();
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// What `tier recall` brings back: versions in the cloud tier and the
+/// cloud parts of active versions.
+fn recallable(local: &Repository, sel: &Selection) -> Result<Vec<(String, Snapshot)>> {
+    let in_cloud = |s: &Snapshot| s.tier == Tier::Cloud || s.cloud_part.is_some();
+    let all = versions_any(local, sel)?;
+    let wrong: Vec<String> = sel
+        .snapshots
+        .iter()
+        .filter_map(|spec| resolve_in(&all, spec).ok())
+        .filter(|(_, s)| !in_cloud(s))
+        .map(|(id, s)| format!("{}@{} ({})", s.series, s.version, &id[..8.min(id.len())]))
+        .collect();
+    if !wrong.is_empty() {
+        return Err(StoreError::Invalid(format!(
+            "nothing of these is in the cloud tier: {}",
+            wrong.join(", ")
+        )));
+    }
+    Ok(all.into_iter().filter(|(_, s)| in_cloud(s)).collect())
+}
+
+/// Moves the files `globs` select out of each chosen version into its
+/// cloud part ([`paths`]): every split is checked against the chains
+/// first; then, version by version (oldest first), the files' chunks the
+/// bucket lacks are sent, the part's recipe and the bucket's snapshot
+/// object are written, and last the local snapshot object switches to the
+/// smaller active recipe with its cloud part — the commit point.
+#[allow(clippy::too_many_arguments)]
+fn migrate_paths(
+    local: &Repository,
+    cloud: &Repository,
+    moved: &Moved,
+    chosen: &[(String, Snapshot)],
+    globs: &globset::GlobSet,
+    patterns: &[String],
+    progress: &Progress,
+    report: &mut MigrateReport,
+) -> Result<()> {
+    let mut splits = Vec::new();
+    for (vid, v) in chosen {
+        if let Some(s) = paths::split(&local.load_recipe(&v.recipe)?, globs)? {
+            splits.push((vid, v, s));
+        }
+    }
+    let after: HashMap<String, Recipe> = splits
+        .iter()
+        .map(|(id, _, s)| ((*id).clone(), s.rest.clone()))
+        .collect();
+    paths::check_chains(local, &after)?;
+    drop(after);
+    progress.bytes_total.store(
+        splits.iter().map(|(_, _, s)| s.logical_bytes).sum(),
+        Ordering::Relaxed,
+    );
+    progress.totals_known.store(true, Ordering::Relaxed);
+    for (vid, v, s) in splits {
+        let part = moved.copy(v, s.part, report)?;
+        let mut cp = v.cloud_part.clone().unwrap_or_default();
+        let part = match &v.cloud_part {
+            Some(old) => paths::merge(local.load_recipe(&old.recipe)?, part)?,
+            None => part,
+        };
+        for p in patterns {
+            if !cp.paths.contains(p) {
+                cp.paths.push(p.clone());
+            }
+        }
+        cp.files += s.files;
+        cp.logical_bytes += s.logical_bytes;
+        cp.moved_ns = now_ns();
+        let mut w = recipe::RecipeWriter::new(cloud).with_mirror(local);
+        w.push_recipe(part)?;
+        let (pid, sent) = w.finish_primary()?;
+        cp.recipe = pid.clone();
+        // The bucket's copy of the version: just what it holds.
+        let mut cv = v.clone();
+        cv.tier = Tier::Cloud;
+        cv.recipe = pid;
+        cv.archival = None;
+        cv.stats.files = cp.files;
+        cv.stats.logical_bytes = cp.logical_bytes;
+        cv.cloud_part = Some(cp.clone());
+        cloud.replace_snapshot(vid, &cv)?;
+        let mut nv = v.clone();
+        recount(&mut nv, &s.rest);
+        let (rid, _) = recipe::put(local, s.rest)?;
+        nv.recipe = rid;
+        nv.cloud_part = Some(cp);
+        // The commit.
+        local.replace_snapshot(vid, &nv)?;
+        recipe::delete_unused(local, v.recipes())?;
+        if let Some(old) = &v.cloud_part {
+            recipe::delete_unused(cloud, [&old.recipe])?;
+        }
+        report.recipe_bytes_sent += sent;
+        report.files += s.files;
+        report.versions.push(vid.clone());
+        progress
+            .bytes_done
+            .fetch_add(s.logical_bytes, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// Brings an active version's cloud part back and joins it to the rest.
+fn recall_part(
+    local: &Repository,
+    cloud: &Repository,
+    moved: &Moved,
+    vid: &str,
+    v: &Snapshot,
+    report: &mut MigrateReport,
+) -> Result<()> {
+    let Some(part) = &v.cloud_part else {
+        return Ok(());
+    };
+    let mut cv = v.clone();
+    cv.archival = None;
+    let back = moved.copy(&cv, cloud.load_recipe(&part.recipe)?, report)?;
+    let joined = paths::merge(local.load_recipe(&v.recipe)?, back)?;
+    let mut nv = v.clone();
+    recount(&mut nv, &joined);
+    nv.cloud_part = None;
+    let (rid, sent) = recipe::put(local, joined)?;
+    nv.recipe = rid;
+    // The commit; then the bucket forgets its copy.
+    local.replace_snapshot(vid, &nv)?;
+    cloud.backend().delete(&format!("snapshots/{vid}"))?;
+    recipe::delete_unused(cloud, [&part.recipe])?;
+    recipe::delete_unused(local, v.recipes())?;
+    report.recipe_bytes_sent += sent;
+    report.files += part.files;
+    Ok(())
+}
+
+/// Recounts an archival version's direct and indirect references after
+/// its recipe changed.
+fn recount(v: &mut Snapshot, r: &Recipe) {
+    if let Some(a) = v.archival.as_mut() {
+        (
+            a.direct_chunks,
+            a.direct_bytes,
+            a.indirect_chunks,
+            a.indirect_bytes,
+        ) = (0, 0, 0, 0);
+        for c in crate::resolver::recipe_refs(r) {
+            crate::forget::count_ref(a, c);
+        }
+    }
 }
 
 /// One version's data going from one tier to the other.
@@ -181,13 +362,11 @@ struct Moved<'a> {
 }
 
 impl Moved<'_> {
-    /// Copies the chunks of `v` the destination lacks and returns `v`'s
-    /// recipe with every reference direct into the destination.
-    fn copy(&self, v: &Snapshot, report: &mut MigrateReport) -> Result<Recipe> {
+    /// Copies the chunks of `r` (of version `v`; the recipe is the same
+    /// on both sides) the destination lacks and returns it with every
+    /// reference direct into the destination.
+    fn copy(&self, v: &Snapshot, mut r: Recipe, report: &mut MigrateReport) -> Result<Recipe> {
         let (from, to, index, table) = (self.from, self.to, self.index, self.table);
-        // The recipe is the same on both sides (the local copy of a cloud
-        // version's recipe is byte for byte the bucket's).
-        let mut r = from.load_recipe(&v.recipe)?;
         let nodes: Vec<&Node> = r.nodes.iter().collect();
         let resolver = resolver_for(from, v, &r, &nodes)?;
         let mut wanted = HashSet::new();
@@ -265,6 +444,11 @@ pub(crate) fn flip_to_cloud(
         })?;
         Ok(Target::At(table.get(loc.container), loc.region, loc.offset))
     })?;
+    // Its cloud part (already in the cloud tier) goes along.
+    let r = match &v.cloud_part {
+        Some(p) => paths::merge(r, local.load_recipe(&p.recipe)?)?,
+        None => r,
+    };
     commit(local, cloud, Direction::ToCloud, vid, v, r).map(|_| ())
 }
 
@@ -280,6 +464,7 @@ fn commit(
 ) -> Result<u64> {
     let mut nv = v.clone();
     nv.archival = None;
+    nv.cloud_part = None;
     let sent = match dir {
         Direction::ToCloud => {
             // The same objects on both sides, the bucket's first; then the
@@ -291,8 +476,9 @@ fn commit(
             nv.recipe = rid;
             cloud.replace_snapshot(vid, &nv)?;
             local.replace_snapshot(vid, &nv)?;
-            if v.recipe != nv.recipe {
-                recipe::delete_unused(local, [&v.recipe])?;
+            recipe::delete_unused(local, v.recipes().filter(|r| **r != nv.recipe))?;
+            if let Some(p) = &v.cloud_part {
+                recipe::delete_unused(cloud, [&p.recipe])?;
             }
             sent
         }

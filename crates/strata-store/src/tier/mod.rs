@@ -14,6 +14,7 @@
 //! | [`phv`] | the perfect-hash vector: one bit per fingerprint of a tier |
 //! | [`estimate`] | bytes a move would free on the active tier (§4) |
 //! | [`migrate`] | versions to the cloud tier, deduplicated against it (§6.1), and back (recall, §6.2) |
+//! | [`paths`] | paths within versions: cutting a version in an active and a cloud part, and joining them |
 //! | [`seed`] | the bulk first transfer, in physical order, resumable (§5) |
 //! | [`cloud_gc`] | cleaning the cloud tier region by region, copying forward next to the store (§7) |
 //! | [`copy_forward`] | how objects are assembled without downloading them |
@@ -22,6 +23,7 @@ pub mod cloud_gc;
 pub mod copy_forward;
 pub mod estimate;
 pub mod migrate;
+pub mod paths;
 pub mod phv;
 pub mod seed;
 pub mod select;
@@ -190,6 +192,23 @@ pub fn forget_cloud(local: &Repository, cloud: &Repository, ids: &[String]) -> R
     crate::recipe::delete_unused(cloud, &recipes)?;
     crate::recipe::delete_unused(local, &recipes)?;
     Ok(ids.len() as u64)
+}
+
+/// Before active versions are forgotten: the bucket forgets their cloud
+/// parts (`tier migrate --path`), so that neither a disaster recovery nor
+/// the cloud tier's gc keeps them. Returns how many parts went.
+pub fn forget_cloud_parts(local: &Repository, cloud: &Repository, ids: &[String]) -> Result<u64> {
+    let _c = crate::lock::acquire(cloud, true, "forget")?;
+    let mut recipes = Vec::new();
+    for id in ids {
+        let s = local.load_snapshot(id)?;
+        if let Some(p) = s.cloud_part.filter(|_| s.tier == Tier::Active) {
+            cloud.backend().delete(&format!("snapshots/{id}"))?;
+            recipes.push(p.recipe);
+        }
+    }
+    crate::recipe::delete_unused(cloud, &recipes)?;
+    Ok(recipes.len() as u64)
 }
 
 /// What `dr_rebuild` brought back.
