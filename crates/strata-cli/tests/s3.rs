@@ -371,10 +371,18 @@ fn tier_migrate_paths_to_s3() {
     }
     json(&["tier", "add", &r.url]);
     let before = json(&["stats"])["stored_bytes"].as_u64().unwrap();
+    let est = json(&["tier", "estimate", &ids[0], &ids[1], "--path", "**/big.img"]);
+    assert_eq!(est["exact"], true, "{est}");
     let m = json(&["tier", "migrate", &ids[0], &ids[1], "--path", "**/big.img"]);
     assert_eq!(m["files"], 2, "{m}");
     json(&["gc"]);
     let after = json(&["stats"])["stored_bytes"].as_u64().unwrap();
+    // To the byte: gc ran on a what-if copy with the files cut out.
+    assert_eq!(
+        est["freed_bytes"].as_i64().unwrap(),
+        before as i64 - after as i64,
+        "{est}"
+    );
     // Two 9 MiB images of random data left the active tier.
     assert!(before - after > 17 << 20, "{before} -> {after}");
     let tiers: Vec<String> = json(&["snapshots"])

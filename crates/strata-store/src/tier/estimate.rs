@@ -35,8 +35,9 @@ pub struct Estimate {
     /// Stored bytes (`stats` `stored_bytes`) the active tier frees when the
     /// selection has moved (or been forgotten) and `gc` has run with
     /// `gc_threshold`: exact to the byte when `exact`, including garbage
-    /// that gc would collect anyway. Without `exact` (paths selected, or
-    /// `fast`), `selection_bytes`. Negative in the rare case that gc's
+    /// that gc would collect anyway (with paths, the what-if versions keep
+    /// all but the selected files). Without `exact` (`fast`, or a move
+    /// that would be refused), `selection_bytes`. Negative in the rare case that gc's
     /// copies take more room than it frees (it merges small containers,
     /// and a copied region cut by a container boundary compresses a little
     /// worse).
@@ -173,11 +174,21 @@ pub fn estimate(repo: &Repository, sel: &Selection, exact: bool) -> Result<Estim
     // A selection migrate would refuse (an older active version keeps
     // chunks in a selected one) cannot be simulated as moved.
     let ids: HashSet<&str> = chosen.iter().map(|(id, _)| id.as_str()).collect();
-    let refused = super::migrate::check_chains(&repo.list_snapshots()?, &ids).err();
+    // With paths, each version as it would stay (its files cut out).
+    let mut rests = std::collections::HashMap::new();
+    if let Some(g) = &paths {
+        for (id, s) in &chosen {
+            if let Some(sp) = super::paths::split(&repo.load_recipe(&s.recipe)?, g)? {
+                rests.insert(id.clone(), sp.rest);
+            }
+        }
+    }
+    let refused = match &paths {
+        None => super::migrate::check_chains(&repo.list_snapshots()?, &ids).err(),
+        Some(_) => super::paths::check_chains(repo, &rests).err(),
+    };
     e.not_exact_because = if !exact {
         Some("--fast: metadata only".into())
-    } else if paths.is_some() {
-        Some("paths selected: only whole versions move".into())
     } else {
         refused.map(|r| r.to_string())
     };
@@ -186,8 +197,14 @@ pub fn estimate(repo: &Repository, sel: &Selection, exact: bool) -> Result<Estim
         let r = simulate(repo, &opts, |what_if| {
             for (id, s) in &chosen {
                 let mut moved = s.clone();
-                moved.tier = Tier::Cloud;
-                moved.archival = None;
+                if paths.is_none() {
+                    moved.tier = Tier::Cloud;
+                    moved.archival = None;
+                } else if let Some(rest) = rests.remove(id) {
+                    moved.recipe = recipe::put(what_if, rest)?.0;
+                } else {
+                    continue;
+                }
                 what_if.replace_snapshot(id, &moved)?;
             }
             Ok(())

@@ -148,6 +148,11 @@ pub fn seed(
     progress: &Progress,
 ) -> Result<SeedReport> {
     let started = std::time::Instant::now();
+    if !sel.paths.is_empty() {
+        return Err(StoreError::Invalid(
+            "a seed moves whole versions: `tier migrate --path` moves files".into(),
+        ));
+    }
     let _l = lock::acquire(local, true, "tier seed")?;
     let _c = lock::acquire(cloud, true, "tier seed")?;
     let mut report = SeedReport::default();
