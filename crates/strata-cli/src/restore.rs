@@ -7,7 +7,7 @@ use crate::{open, progress_for, tier, Cli};
 use anyhow::{anyhow, bail, Result};
 use serde_json::json;
 use std::path::Path;
-use strata_core::format::NodeKind;
+use strata_core::format::{NodeKind, Recipe};
 use strata_store::restore::{RestoreOptions, RestoreReport};
 
 pub fn dump(cli: &Cli, snapshot: &str, path: &str) -> Result<i32> {
@@ -56,6 +56,13 @@ pub fn restore(
 ) -> Result<i32> {
     let repo = open(cli)?;
     let (id, s) = repo.resolve_snapshot(snapshot)?;
+    if !include.is_empty() {
+        all_matched(
+            &strata_store::tier::paths::whole_recipe(&repo, &s)?,
+            include,
+            snapshot,
+        )?;
+    }
     let mut opts = RestoreOptions::new(target);
     opts.include = include.to_vec();
     let pd = progress_for(cli, "restore");
@@ -64,7 +71,10 @@ pub fn restore(
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut rep = RestoreReport::default();
     let mut res = Ok(());
-    for (i, (data, part)) in tier::sources(&repo, &s)?.into_iter().enumerate() {
+    let sources = tier::sources(&repo, &s)?;
+    let n = sources.len();
+    for (i, (data, part)) in sources.into_iter().enumerate() {
+        opts.dir_metadata = i + 1 == n;
         opts.readers = readers.unwrap_or(if data.backend().describe().starts_with("s3://") {
             (2 * cores).max(4)
         } else {
@@ -72,7 +82,7 @@ pub fn restore(
         });
         let r = repo.load_recipe(&part.recipe)?;
         match strata_store::restore::restore(&data, &part, &r, &opts) {
-            Ok(x) => add(&mut rep, x, i == 0),
+            Ok(x) => add(&mut rep, x, i + 1 == n),
             Err(e) => {
                 res = Err(e);
                 break;
@@ -109,10 +119,10 @@ pub fn restore(
 }
 
 /// Adds a part's restore to the total; a cloud part's directories are
-/// the active part's too and count once.
-fn add(total: &mut RestoreReport, r: RestoreReport, first: bool) {
+/// the active part's too and count once (the last pass's).
+fn add(total: &mut RestoreReport, r: RestoreReport, last: bool) {
     total.files += r.files;
-    if first {
+    if last {
         total.dirs = r.dirs;
     }
     total.bytes += r.bytes;
@@ -121,4 +131,31 @@ fn add(total: &mut RestoreReport, r: RestoreReport, first: bool) {
     total.bytes_read += r.bytes_read;
     total.chain_hops += r.chain_hops;
     total.warnings.extend(r.warnings);
+}
+
+/// Whether `path` (a recipe node's) is `pattern` or below it (`/` and a
+/// trailing `/` ignored, as `ls` and `restore --include` take them).
+pub fn under(path: &[u8], pattern: &str) -> bool {
+    let p = pattern
+        .trim_start_matches('/')
+        .trim_end_matches('/')
+        .as_bytes();
+    p.is_empty() || (path.starts_with(p) && (path.len() == p.len() || path[p.len()] == b'/'))
+}
+
+/// Refuses paths that select nothing in the snapshot (a typo would
+/// otherwise print or restore nothing and succeed).
+pub fn all_matched(r: &Recipe, paths: &[String], snapshot: &str) -> Result<()> {
+    let unmatched: Vec<&str> = paths
+        .iter()
+        .filter(|p| !r.nodes.iter().any(|n| under(&n.path, p)))
+        .map(String::as_str)
+        .collect();
+    if !unmatched.is_empty() {
+        bail!(
+            "nothing in snapshot {snapshot} matches {} (paths as `strata ls {snapshot}` shows them)",
+            unmatched.join(", ")
+        );
+    }
+    Ok(())
 }

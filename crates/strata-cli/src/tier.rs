@@ -193,16 +193,18 @@ pub fn tier_name(s: &Snapshot) -> &'static str {
     }
 }
 
-/// Where `s`'s data is, in the order restore reads it into one tree: the
-/// repository holding its recipe (`repo` or its cloud tier) with `s`, then,
-/// for a version some of whose files moved, the cloud tier with the
-/// version as the bucket holds it (just those files). Recipes load from
+/// Where `s`'s data is, in the order restore reads it into one tree: for a
+/// version some of whose files moved, first the cloud tier with the
+/// version as the bucket holds it (just those files); then the repository
+/// holding its recipe (`repo` or its cloud tier) with `s` — last, since it
+/// holds every directory and sets their metadata. Recipes load from
 /// `repo`, which keeps a copy of every recipe.
 pub fn sources(repo: &Repository, s: &Snapshot) -> Result<Vec<(Repository, Snapshot)>> {
-    let mut out = vec![(data_repo(repo, s)?, s.clone())];
+    let mut out = Vec::new();
     if let Some(p) = strata_store::tier::paths::part_snapshot(s) {
         out.push((cloud(repo)?, p));
     }
+    out.push((data_repo(repo, s)?, s.clone()));
     Ok(out)
 }
 

@@ -101,6 +101,10 @@ pub struct RestoreOptions {
     /// Reads in flight at once (0: one per core). Reads from a remote
     /// store wait on the network, so more than the cores keep them busy.
     pub readers: usize,
+    /// Set directories' metadata (mode, times) at the end. Off for the
+    /// first of two passes into one tree (a version's cloud part): a
+    /// read-only directory would refuse the second pass's files.
+    pub dir_metadata: bool,
 }
 
 impl RestoreOptions {
@@ -112,6 +116,7 @@ impl RestoreOptions {
             owner: unsafe { libc::geteuid() } == 0,
             progress: Arc::new(Progress::default()),
             readers: 0,
+            dir_metadata: true,
         }
     }
 }
@@ -552,7 +557,9 @@ pub fn restore(
     // Metadata, deepest first so directory times stick.
     for &i in order.iter().rev() {
         let n = &*nodes[i];
-        if matches!(n.kind, NodeKind::Hardlink | NodeKind::Socket) {
+        if matches!(n.kind, NodeKind::Hardlink | NodeKind::Socket)
+            || (n.kind == NodeKind::Dir && !opts.dir_metadata)
+        {
             continue;
         }
         let full = root.join(&rels[i]);

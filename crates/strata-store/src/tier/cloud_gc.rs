@@ -49,6 +49,10 @@ impl Default for CloudGcOptions {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct CloudGcReport {
     pub copier: String,
+    /// Bucket copies of cloud parts no local version has any more (a
+    /// forget, recall or migration interrupted, a version expired by the
+    /// lifecycle), dropped before marking.
+    pub orphan_parts_dropped: u64,
     pub containers_before: u64,
     pub bytes_before: u64,
     pub containers_deleted: u64,
@@ -282,19 +286,45 @@ pub fn cloud_gc(
         copier: copier.describe(),
         ..Default::default()
     };
-    let cloud_versions: Vec<(String, Snapshot)> = local
-        .list_snapshots()?
-        .into_iter()
+    let local_all = local.list_snapshots()?;
+    let cloud_versions: Vec<(String, Snapshot)> = local_all
+        .iter()
         .filter(|(_, s)| s.tier == Tier::Cloud)
+        .cloned()
         .collect();
+    let mut all = cloud_versions.clone();
+    // Cloud parts of active versions, as the local record has them (the
+    // bucket's copy is brought in line should a crash have left it
+    // behind).
+    for (id, s) in &local_all {
+        if let Some(p) = super::paths::part_snapshot(s) {
+            if !opts.dry_run && cloud.load_snapshot(id).ok().as_ref() != Some(&p) {
+                cloud.replace_snapshot(id, &p)?;
+            }
+            all.push((id.clone(), p));
+        }
+    }
     // Versions the bucket lists but the local namespace does not (an
     // interrupted migration's copy) are live too: never delete what some
-    // namespace copy points at.
-    let mut all = cloud_versions.clone();
+    // namespace copy points at. A part no local version claims is not.
+    let mut orphans = Vec::new();
     for (id, s) in cloud.list_snapshots()? {
-        if !all.iter().any(|(i, _)| *i == id) {
-            all.push((id, s));
+        if all.iter().any(|(i, _)| *i == id) {
+            continue;
         }
+        if s.cloud_part.is_some() {
+            if !opts.dry_run {
+                cloud.backend().delete(&format!("snapshots/{id}"))?;
+            }
+            orphans.push(s.recipe);
+            continue;
+        }
+        all.push((id, s));
+    }
+    rep.orphan_parts_dropped = orphans.len() as u64;
+    if !opts.dry_run {
+        recipe::delete_unused(cloud, &orphans)?;
+        recipe::delete_unused(local, &orphans)?;
     }
     let live = mark(local, &all)?;
 

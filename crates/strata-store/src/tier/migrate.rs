@@ -245,6 +245,8 @@ fn migrate_paths(
             splits.push((vid, v, s));
         }
     }
+    // Along each chain, oldest first (times can be skewed).
+    splits.sort_by(|a, b| (&a.1.series, a.1.version).cmp(&(&b.1.series, b.1.version)));
     let after: HashMap<String, Recipe> = splits
         .iter()
         .map(|(id, _, s)| ((*id).clone(), s.rest.clone()))

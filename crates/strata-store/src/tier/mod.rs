@@ -194,21 +194,18 @@ pub fn forget_cloud(local: &Repository, cloud: &Repository, ids: &[String]) -> R
     Ok(ids.len() as u64)
 }
 
-/// Before active versions are forgotten: the bucket forgets their cloud
-/// parts (`tier migrate --path`), so that neither a disaster recovery nor
-/// the cloud tier's gc keeps them. Returns how many parts went.
-pub fn forget_cloud_parts(local: &Repository, cloud: &Repository, ids: &[String]) -> Result<u64> {
+/// After active versions were forgotten: the bucket forgets their cloud
+/// parts (`tier migrate --path`; `parts` holds each version's id and its
+/// part's recipe, read before the forget). In this order a failed forget
+/// loses nothing, and a crash between the two leaves an orphan that the
+/// cloud tier's gc drops. Returns how many parts went.
+pub fn forget_cloud_parts(cloud: &Repository, parts: &[(String, String)]) -> Result<u64> {
     let _c = crate::lock::acquire(cloud, true, "forget")?;
-    let mut recipes = Vec::new();
-    for id in ids {
-        let s = local.load_snapshot(id)?;
-        if let Some(p) = s.cloud_part.filter(|_| s.tier == Tier::Active) {
-            cloud.backend().delete(&format!("snapshots/{id}"))?;
-            recipes.push(p.recipe);
-        }
+    for (id, _) in parts {
+        cloud.backend().delete(&format!("snapshots/{id}"))?;
     }
-    crate::recipe::delete_unused(cloud, &recipes)?;
-    Ok(recipes.len() as u64)
+    crate::recipe::delete_unused(cloud, parts.iter().map(|(_, r)| r))?;
+    Ok(parts.len() as u64)
 }
 
 /// What `dr_rebuild` brought back.
