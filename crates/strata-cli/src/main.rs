@@ -283,8 +283,12 @@ struct BackupArgs {
 
 pub(crate) fn read_password(cli: &Cli, confirm: bool) -> Result<Vec<u8>, StoreError> {
     if let Some(f) = &cli.password_file {
-        let s = std::fs::read_to_string(f)
-            .map_err(|e| StoreError::io("read", f.display().to_string(), e))?;
+        let s = std::fs::read_to_string(f).map_err(|e| {
+            StoreError::Invalid(format!(
+                "cannot read the password file {}: {e}",
+                f.display()
+            ))
+        })?;
         return Ok(s.lines().next().unwrap_or("").as_bytes().to_vec());
     }
     if let Ok(p) = std::env::var("STRATA_PASSWORD") {
@@ -531,15 +535,9 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
             let nodes: Vec<_> = r
                 .nodes
                 .iter()
-                .filter(|n| {
-                    inc.is_empty()
-                        || inc.iter().any(|p| {
-                            let p = p.trim_start_matches('/').trim_end_matches('/').as_bytes();
-                            n.path.starts_with(p)
-                                && (n.path.len() == p.len() || n.path[p.len()] == b'/')
-                        })
-                })
+                .filter(|n| inc.is_empty() || inc.iter().any(|p| restore::under(&n.path, p)))
                 .collect();
+            restore::all_matched(&r, &inc, snapshot)?;
             if out.json {
                 let v: Vec<_> = nodes
                     .iter()
@@ -611,19 +609,24 @@ fn run(cli: &Cli, out: &Out) -> Result<i32> {
                 cloud_forgotten = strata_store::tier::forget_cloud(&repo, &c, &cloud_ids)?;
             }
             // Active versions some of whose files are in the cloud tier:
-            // the bucket forgets those first.
-            if all
+            // the bucket forgets those parts once the versions are gone.
+            let parts: Vec<(String, String)> = all
                 .iter()
-                .any(|(i, s)| ids.contains(i) && s.cloud_part.is_some())
-            {
-                let c = tier::cloud(&repo)?;
-                cloud_forgotten += strata_store::tier::forget_cloud_parts(&repo, &c, &ids)?;
-            }
+                .filter(|(i, s)| ids.contains(i) && s.tier == Tier::Active)
+                .filter_map(|(i, s)| Some((i.clone(), s.cloud_part.as_ref()?.recipe.clone())))
+                .collect();
+            let part_tier = match parts.is_empty() {
+                true => None,
+                false => Some(tier::cloud(&repo)?),
+            };
             let mut rep = if ids.is_empty() {
                 Default::default()
             } else {
                 strata_store::forget::forget(&repo, &ids)?
             };
+            if let Some(c) = &part_tier {
+                cloud_forgotten += strata_store::tier::forget_cloud_parts(c, &parts)?;
+            }
             rep.removed_snapshots.extend(cloud_ids);
             let mut v = serde_json::to_value(&rep)?;
             v["cloud_snapshots_removed"] = json!(cloud_forgotten);

@@ -551,6 +551,19 @@ fn encrypted_repository() {
         .args(["--json", "snapshots"]);
     let v = run_cmd(c, None).ok().json();
     assert_eq!(v.as_array().unwrap().len(), 1);
+    // A password file that is not there is named as such.
+    let mut c = strata();
+    c.arg("--repo")
+        .arg(&repo.path)
+        .arg("--password-file")
+        .arg(repo.dir().join("nope.txt"))
+        .args(["snapshots"]);
+    let r = run_cmd(c, None).expect_code(1);
+    assert!(
+        r.stderr.contains("cannot read the password file") && r.stderr.contains("nope.txt"),
+        "{}",
+        r.stderr
+    );
     // Integrity holds with the key.
     repo.assert_clean("encrypted repository");
     // init --encrypt without a password and without a terminal.
@@ -561,6 +574,74 @@ fn encrypted_repository() {
     let r = run_cmd(c, None).expect_code(1);
     assert!(r.stderr.contains("STRATA_PASSWORD"), "{}", r.stderr);
     assert!(!repo.dir().join("repo2/config").exists());
+}
+
+/// A path that does not exist is a mistake: exit 1, nothing committed (a
+/// path among others too: the user meant something else).
+#[test]
+fn backup_of_a_missing_path_commits_nothing() {
+    let repo = Repo::new();
+    let src = repo.dir().join("src");
+    write(&src.join("a"), b"a");
+    let missing = repo.dir().join("no/such/path");
+    let r = repo
+        .run(&["backup", missing.to_str().unwrap()])
+        .expect_code(1);
+    assert!(r.stderr.contains("does not exist"), "{}", r.stderr);
+    let r = repo
+        .run(&["backup", src.to_str().unwrap(), missing.to_str().unwrap()])
+        .expect_code(1);
+    assert!(r.stderr.contains("no/such/path"), "{}", r.stderr);
+    assert_eq!(repo.json(&["snapshots"]).as_array().unwrap().len(), 0);
+    repo.json(&["backup", src.to_str().unwrap()]);
+    assert_eq!(repo.json(&["snapshots"]).as_array().unwrap().len(), 1);
+}
+
+/// `ls` and `restore --include` with paths that select nothing say so and
+/// exit 1 instead of printing or restoring nothing.
+#[test]
+fn paths_that_match_nothing_exit_1() {
+    let repo = Repo::new();
+    let src = repo.dir().join("src");
+    write(&src.join("a/b"), b"b");
+    let id = repo.json(&["backup", src.to_str().unwrap()])["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b = format!("{}/a/b", src.display());
+    assert_eq!(repo.json(&["ls", &id, &b]).as_array().unwrap().len(), 1);
+    for args in [
+        vec!["ls", &id, "/missing"],
+        vec!["ls", &id, "relative/path"],
+    ] {
+        let r = repo.run(&args).expect_code(1);
+        assert!(
+            r.stderr.contains("nothing in snapshot"),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+    let t = repo.dir().join("t");
+    let r = repo
+        .run(&[
+            "restore",
+            &id,
+            "--target",
+            t.to_str().unwrap(),
+            "--include",
+            "/nope",
+        ])
+        .expect_code(1);
+    assert!(r.stderr.contains("/nope"), "{}", r.stderr);
+    repo.json(&[
+        "restore",
+        &id,
+        "--target",
+        t.to_str().unwrap(),
+        "--include",
+        &b,
+    ]);
+    assert_eq!(fs::read(restored(&t, &src).join("a/b")).unwrap(), b"b");
 }
 
 // ---------------------------------------------------------------------------

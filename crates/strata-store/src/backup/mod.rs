@@ -251,6 +251,22 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
     let chunker = opts.chunker.unwrap_or(repo.config().chunker);
     chunker.validate()?;
     let paths = normalise_paths(&opts.paths)?;
+    // A path given that does not exist is a mistake, not an empty backup
+    // (one that vanishes during the walk stays a warning).
+    let missing: Vec<String> = paths
+        .iter()
+        .filter(|p| {
+            matches!(std::fs::symlink_metadata(p),
+                     Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+        })
+        .map(|p| p.display().to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Err(StoreError::Invalid(format!(
+            "{} does not exist: nothing backed up",
+            missing.join(", ")
+        )));
+    }
     if paths.is_empty() && opts.stdin.is_none() {
         return Err(StoreError::Invalid(
             "nothing to back up: give paths or --stdin".into(),
