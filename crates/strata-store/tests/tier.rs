@@ -95,6 +95,22 @@ fn assert_restores_from(
     assert!(got == *tree, "{what}: {}", tree.diff(&got));
 }
 
+/// Reverse dedup makes every version of `series` but the newest point
+/// into its next one.
+fn reverse_dedup_all_but_newest(repo: &Repository, series: &str) {
+    strata_store::lifecycle::set_policy(
+        repo,
+        &strata_store::lifecycle::Policy {
+            series: series.to_string(),
+            live: 1,
+            retain: None,
+            retain_days: None,
+        },
+    )
+    .unwrap();
+    strata_store::revdedup::maintain(repo, &Default::default()).unwrap();
+}
+
 fn sel(ids: &[&str]) -> Selection {
     Selection {
         snapshots: ids.iter().map(|s| s.to_string()).collect(),
@@ -179,17 +195,7 @@ fn a_chain_into_a_moving_version_is_refused() {
     let repo = segment_repo(&tmp.path().join("repo"), false);
     let versions = history(&src, &repo);
     // Reverse dedup makes the old versions point into their next ones.
-    strata_store::lifecycle::set_policy(
-        &repo,
-        &strata_store::lifecycle::Policy {
-            series: versions[0].0.snapshot.series.clone(),
-            live: 1,
-            retain: None,
-            retain_days: None,
-        },
-    )
-    .unwrap();
-    strata_store::revdedup::maintain(&repo, &Default::default()).unwrap();
+    reverse_dedup_all_but_newest(&repo, &versions[0].0.snapshot.series);
     let s1 = repo.load_snapshot(&versions[0].0.id).unwrap();
     let next = s1
         .archival
@@ -577,17 +583,7 @@ fn paths_move_through_reverse_dedup_chains() {
     let src = tmp.path().join("src");
     let repo = segment_repo(&tmp.path().join("repo"), false);
     let versions = history_with(&src, &repo, false);
-    strata_store::lifecycle::set_policy(
-        &repo,
-        &strata_store::lifecycle::Policy {
-            series: versions[0].0.snapshot.series.clone(),
-            live: 1,
-            retain: None,
-            retain_days: None,
-        },
-    )
-    .unwrap();
-    strata_store::revdedup::maintain(&repo, &Default::default()).unwrap();
+    reverse_dedup_all_but_newest(&repo, &versions[0].0.snapshot.series);
     let ids: Vec<&str> = versions.iter().map(|(r, _)| r.id.as_str()).collect();
     let indirect = |id: &str| {
         let s = repo.load_snapshot(id).unwrap();
