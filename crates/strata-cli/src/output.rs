@@ -65,26 +65,35 @@ pub fn fmt_bytes(n: u64) -> String {
     }
 }
 
-/// UTC time as `YYYY-MM-DD HH:MM:SS` (civil-from-days, no time zone data).
+/// A time for people: local time, `YYYY-MM-DD HH:MM:SS`.
 pub fn fmt_time(ns: i64) -> String {
-    let secs = ns.div_euclid(1_000_000_000);
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        sod / 3600,
-        (sod / 60) % 60,
-        sod % 60
-    )
+    fmt_time_in(ns, &local_zone())
+}
+
+/// A time for scripts (`--json`): RFC 3339 with the local offset.
+pub fn json_time(ns: i64) -> String {
+    json_time_in(ns, &local_zone())
+}
+
+fn local_zone() -> jiff::tz::TimeZone {
+    static ZONE: std::sync::OnceLock<jiff::tz::TimeZone> = std::sync::OnceLock::new();
+    ZONE.get_or_init(jiff::tz::TimeZone::system).clone()
+}
+
+fn timestamp(ns: i64) -> jiff::Timestamp {
+    jiff::Timestamp::from_nanosecond(ns as i128).unwrap_or(jiff::Timestamp::UNIX_EPOCH)
+}
+
+fn fmt_time_in(ns: i64, tz: &jiff::tz::TimeZone) -> String {
+    timestamp(ns)
+        .to_zoned(tz.clone())
+        .strftime("%Y-%m-%d %H:%M:%S")
+        .to_string()
+}
+
+fn json_time_in(ns: i64, tz: &jiff::tz::TimeZone) -> String {
+    let ts = timestamp(ns);
+    ts.display_with_offset(tz.to_offset(ts)).to_string()
 }
 
 /// A progress bar fed from [`Progress`] counters by a polling thread.
@@ -142,10 +151,20 @@ mod tests {
 
     #[test]
     fn time_and_bytes() {
-        assert_eq!(fmt_time(0), "1970-01-01 00:00:00");
+        let utc = jiff::tz::TimeZone::UTC;
+        assert_eq!(fmt_time_in(0, &utc), "1970-01-01 00:00:00");
         assert_eq!(
-            fmt_time(1_700_000_000 * 1_000_000_000),
+            fmt_time_in(1_700_000_000 * 1_000_000_000, &utc),
             "2023-11-14 22:13:20"
+        );
+        let plus2 = jiff::tz::TimeZone::fixed(jiff::tz::offset(2));
+        assert_eq!(
+            fmt_time_in(1_700_000_000 * 1_000_000_000, &plus2),
+            "2023-11-15 00:13:20"
+        );
+        assert_eq!(
+            json_time_in(1_700_000_000_500_000_000, &plus2),
+            "2023-11-15T00:13:20.5+02:00"
         );
         assert_eq!(fmt_bytes(512), "512 B");
         assert_eq!(fmt_bytes(1536), "1.50 KiB");

@@ -478,6 +478,48 @@ impl SegmentRef {
     }
 }
 
+/// Version byte of [`KeySlot`]: 1 was the bare [`crate::crypto::KeyFile`]
+/// (no host, user or time), still read.
+pub const KEY_SLOT_VERSION: u8 = 2;
+
+/// One key slot (`keys/ID`): the master key wrapped by one password, and
+/// who made it when (`strata key list`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct KeySlot {
+    pub key: crate::crypto::KeyFile,
+    pub host: String,
+    pub user: String,
+    pub created_ns: i64,
+}
+
+pub fn encode_key_slot(k: &KeySlot) -> Result<Vec<u8>> {
+    postcard::to_extend(k, vec![KEY_SLOT_VERSION]).map_err(|e| CoreError::Encode(e.to_string()))
+}
+
+/// Decodes a key slot of either version.
+pub fn decode_key_slot(bytes: &[u8]) -> Result<KeySlot> {
+    let what = "key file";
+    let (&v, body) = bytes.split_first().ok_or(CoreError::Truncated(what))?;
+    let err = |e: postcard::Error| CoreError::Decode {
+        what,
+        msg: e.to_string(),
+    };
+    match v {
+        1 => Ok(KeySlot {
+            key: postcard::from_bytes(body).map_err(err)?,
+            host: String::new(),
+            user: String::new(),
+            created_ns: 0,
+        }),
+        KEY_SLOT_VERSION => postcard::from_bytes(body).map_err(err),
+        found => Err(CoreError::UnknownVersion {
+            what,
+            found,
+            supported: KEY_SLOT_VERSION,
+        }),
+    }
+}
+
 /// What a tree entry is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NodeKind {
@@ -490,6 +532,50 @@ pub enum NodeKind {
     CharDevice,
     BlockDevice,
     Socket,
+}
+
+impl NodeKind {
+    /// The name scripts see (`ls --json` "type").
+    pub fn id(self) -> &'static str {
+        match self {
+            NodeKind::File => "file",
+            NodeKind::Dir => "dir",
+            NodeKind::Symlink => "symlink",
+            NodeKind::Hardlink => "hardlink",
+            NodeKind::Fifo => "fifo",
+            NodeKind::CharDevice => "chardevice",
+            NodeKind::BlockDevice => "blockdevice",
+            NodeKind::Socket => "socket",
+        }
+    }
+
+    /// The name a person reads ("a directory").
+    pub fn noun(self) -> &'static str {
+        match self {
+            NodeKind::File => "a file",
+            NodeKind::Dir => "a directory",
+            NodeKind::Symlink => "a symbolic link",
+            NodeKind::Hardlink => "a hard link",
+            NodeKind::Fifo => "a named pipe",
+            NodeKind::CharDevice => "a character device",
+            NodeKind::BlockDevice => "a block device",
+            NodeKind::Socket => "a socket",
+        }
+    }
+
+    /// The type letter `ls -l` shows.
+    pub fn letter(self) -> char {
+        match self {
+            NodeKind::Dir => 'd',
+            NodeKind::Symlink => 'l',
+            NodeKind::Hardlink => 'h',
+            NodeKind::Fifo => 'p',
+            NodeKind::CharDevice => 'c',
+            NodeKind::BlockDevice => 'b',
+            NodeKind::Socket => 's',
+            NodeKind::File => '-',
+        }
+    }
 }
 
 /// One entry of a version's tree.

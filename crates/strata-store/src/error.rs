@@ -30,8 +30,12 @@ pub enum StoreError {
     Locked { holder: String, hint: String },
     #[error("no snapshot matches {0:?}")]
     NoSnapshot(String),
-    #[error("{0:?} matches several snapshots; use a longer id or SERIES@VERSION")]
-    AmbiguousSnapshot(String),
+    #[error("{spec:?} is ambiguous: matches {candidates} ({hint})")]
+    AmbiguousSnapshot {
+        spec: String,
+        candidates: String,
+        hint: String,
+    },
     #[error("{0}")]
     Invalid(String),
     #[error("unsafe path {0:?} in the repository: refusing to restore outside the target")]

@@ -25,6 +25,27 @@ pub const LEASE: Duration = Duration::from_secs(15 * 60);
 /// counts as run out.
 pub const SKEW: Duration = Duration::from_secs(10 * 60);
 
+/// The name of the user this process runs as (from the password
+/// database, not the environment), or the uid.
+pub fn username() -> String {
+    // SAFETY: getuid cannot fail; getpwuid_r writes into our buffers only.
+    unsafe {
+        let uid = libc::getuid();
+        let mut pw: libc::passwd = std::mem::zeroed();
+        let mut buf = vec![0 as libc::c_char; 4096];
+        let mut res: *mut libc::passwd = std::ptr::null_mut();
+        if libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut res) == 0
+            && !res.is_null()
+            && !pw.pw_name.is_null()
+        {
+            return std::ffi::CStr::from_ptr(pw.pw_name)
+                .to_string_lossy()
+                .into_owned();
+        }
+        uid.to_string()
+    }
+}
+
 pub fn hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for its length; gethostname NUL-terminates
@@ -78,8 +99,26 @@ pub struct LockGuard {
     refresher: Option<std::thread::JoinHandle<()>>,
 }
 
+/// Locks this process holds, so an interrupted command can release them
+/// on its way out ([`release_held`]) as dropping the guards would.
+static HELD: Mutex<Vec<(Arc<dyn crate::backend::Backend>, String)>> = Mutex::new(Vec::new());
+
+/// Removes every lock this process holds. For a process about to exit
+/// without unwinding (Ctrl-C): the guards' drops will not run.
+pub fn release_held() -> usize {
+    let held = std::mem::take(&mut *HELD.lock().unwrap_or_else(|e| e.into_inner()));
+    let n = held.len();
+    for (backend, name) in held {
+        let _ = backend.delete(&name);
+    }
+    n
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
+        HELD.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(_, n)| n != &self.name);
         {
             let (m, cv) = &*self.stop;
             *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
@@ -179,6 +218,9 @@ pub fn acquire_with_lease(
     random_bytes(&mut id)?;
     let name = format!("locks/{}", hex::encode(id));
     repo.backend().put(&name, &seal_lock(repo, &info)?)?;
+    HELD.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((repo.backend().clone(), name.clone()));
     let stop = Arc::new((Mutex::new(false), Condvar::new()));
     let refresher = {
         let (repo, name, info, stop) = (repo.clone(), name.clone(), info.clone(), stop.clone());

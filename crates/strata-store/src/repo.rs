@@ -26,7 +26,7 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use strata_core::chunker::ChunkerParams;
-use strata_core::crypto::{random_bytes, KeyFile, Kind, MasterKey, Sealer};
+use strata_core::crypto::{random_bytes, Kind, MasterKey, Sealer};
 use strata_core::format::{
     decode, encode, ContainerId, IndexObject, IndexSummary, Recipe, RepoConfig, Snapshot,
     REPO_FORMAT_VERSION,
@@ -54,6 +54,38 @@ impl Default for InitOptions {
             region_size: 128 << 10,
             index: "segment".into(),
         }
+    }
+}
+
+impl InitOptions {
+    /// The options `strata init` assembles (and the Python bindings too):
+    /// an index spec (`silo:block-mib=128`), and the sizes left `None`
+    /// take the strategy's defaults. The spec is checked here, before
+    /// anything is created.
+    pub fn with_defaults(
+        index: String,
+        avg_chunk: u32,
+        segment_kib: Option<u32>,
+        zstd_level: i32,
+        container_mib: Option<u32>,
+        password: Option<Vec<u8>>,
+    ) -> Result<Self> {
+        let name = IndexSpec::parse(&index)?.name;
+        Ok(InitOptions {
+            password,
+            chunker: ChunkerParams {
+                avg_segment: segment_kib
+                    .map(|k| k.saturating_mul(1024))
+                    .unwrap_or_else(|| default_segment_size(&name)),
+                ..ChunkerParams::cdc(avg_chunk)
+            },
+            zstd_level,
+            container_size: container_mib
+                .map(|m| m.max(1) << 20)
+                .unwrap_or_else(|| default_container_size(&name)),
+            index,
+            ..Default::default()
+        })
     }
 }
 
@@ -170,6 +202,9 @@ pub struct Repository {
     config: RepoConfig,
     sealer: Sealer,
     hasher: Hasher,
+    /// An encrypted repository's master key and the key slot (`keys/ID`)
+    /// the password opened.
+    key: Option<(MasterKey, String)>,
     /// A what-if copy (see [`Repository::dry_run`]) uses no local cache.
     no_cache: bool,
 }
@@ -247,18 +282,17 @@ impl Repository {
             encrypted: opts.password.is_some(),
             index,
         };
-        let (sealer, hasher) = match &opts.password {
+        let (sealer, hasher, key) = match &opts.password {
             Some(pw) => {
                 let mk = MasterKey::generate()?;
-                let kf = KeyFile::wrap(&mk, pw)?;
-                let env = Sealer::plain(3).seal(Kind::Key, &encode(&kf)?, false)?;
-                backend.put("keys/default", &env)?;
+                crate::keys::write_slot(&backend, "keys/default", &mk, pw)?;
                 (
                     Sealer::encrypted(&mk, opts.zstd_level),
                     Sealer::hasher(Some(&mk)),
+                    Some((mk, "keys/default".to_string())),
                 )
             }
-            None => (Sealer::plain(opts.zstd_level), Hasher::plain()),
+            None => (Sealer::plain(opts.zstd_level), Hasher::plain(), None),
         };
         let env = Sealer::plain(3).seal(Kind::Config, &encode(&config)?, false)?;
         // The config is written last: it is what makes this a repository.
@@ -268,6 +302,7 @@ impl Repository {
             config,
             sealer,
             hasher,
+            key,
             no_cache: false,
         })
     }
@@ -303,27 +338,22 @@ impl Repository {
                 supported: REPO_FORMAT_VERSION,
             }));
         }
-        let (sealer, hasher) = if config.encrypted {
-            let raw = backend.get("keys/default")?;
-            let kb = plain
-                .open(Kind::Key, &raw)
-                .map_err(|e| StoreError::corrupt("keys/default", e))?;
-            let kf: KeyFile =
-                decode("key file", &kb).map_err(|e| StoreError::corrupt("keys/default", e))?;
-            let pw = password()?;
-            let mk = kf.unwrap_key(&pw)?;
+        let (sealer, hasher, key) = if config.encrypted {
+            let (mk, slot) = crate::keys::unlock(&backend, &password()?)?;
             (
                 Sealer::encrypted(&mk, config.zstd_level),
                 Sealer::hasher(Some(&mk)),
+                Some((mk, slot)),
             )
         } else {
-            (Sealer::plain(config.zstd_level), Hasher::plain())
+            (Sealer::plain(config.zstd_level), Hasher::plain(), None)
         };
         Ok(Repository {
             backend,
             config,
             sealer,
             hasher,
+            key,
             no_cache: false,
         })
     }
@@ -344,6 +374,12 @@ impl Repository {
         &self.hasher
     }
 
+    /// The master key and the slot the password opened (encrypted
+    /// repositories).
+    pub(crate) fn key(&self) -> Option<&(MasterKey, String)> {
+        self.key.as_ref()
+    }
+
     /// A repository with this one's keys in another backend (its cloud
     /// tier): same sealer and fingerprint key, so chunks and recipe parts
     /// are the same bytes and names on both sides.
@@ -353,6 +389,7 @@ impl Repository {
             config,
             sealer: self.sealer.clone(),
             hasher: self.hasher.clone(),
+            key: self.key.clone(),
             no_cache: self.no_cache,
         }
     }
@@ -368,6 +405,7 @@ impl Repository {
             config: self.config.clone(),
             sealer: self.sealer.clone(),
             hasher: self.hasher.clone(),
+            key: self.key.clone(),
             no_cache: true,
         }
     }
@@ -638,52 +676,29 @@ impl Repository {
     /// Resolves `latest`, `SERIES@VERSION`, `SERIES@latest` or an id prefix
     /// among the readable snapshots.
     pub fn resolve_snapshot(&self, spec: &str) -> Result<(String, Snapshot)> {
+        self.resolve_snapshot_in(spec, &crate::snapshots::SnapshotFilter::default())
+    }
+
+    /// As [`Repository::resolve_snapshot`], `latest` within `filter`.
+    pub fn resolve_snapshot_in(
+        &self,
+        spec: &str,
+        filter: &crate::snapshots::SnapshotFilter,
+    ) -> Result<(String, Snapshot)> {
         let (all, _) = self.list_snapshots_tolerant()?;
-        resolve_in(&all, spec)
+        crate::snapshots::resolve(&all, spec, filter, &crate::lock::hostname())
     }
 }
 
-/// Snapshot resolution over an already loaded list (oldest first).
+/// Snapshot resolution over an already loaded list (oldest first), with
+/// no filter: see [`crate::snapshots::resolve`].
 pub fn resolve_in(all: &[(String, Snapshot)], spec: &str) -> Result<(String, Snapshot)> {
-    if spec == "latest" {
-        return all
-            .last()
-            .cloned()
-            .ok_or_else(|| StoreError::NoSnapshot(spec.into()));
-    }
-    if let Some((series, ver)) = spec.rsplit_once('@') {
-        let in_series: Vec<_> = all.iter().filter(|(_, s)| s.series == series).collect();
-        if ver == "latest" {
-            return in_series
-                .iter()
-                .max_by_key(|(_, s)| (s.version, s.time_ns))
-                .map(|x| (*x).clone())
-                .ok_or_else(|| StoreError::NoSnapshot(spec.into()));
-        }
-        let v: u32 = ver.parse().map_err(|_| {
-            StoreError::Invalid(format!(
-                "bad version {ver:?} in {spec:?}: use a number or `latest`"
-            ))
-        })?;
-        let m: Vec<_> = in_series
-            .into_iter()
-            .filter(|(_, s)| s.version == v)
-            .collect();
-        return match m.len() {
-            0 => Err(StoreError::NoSnapshot(spec.into())),
-            1 => Ok(m[0].clone()),
-            _ => Err(StoreError::AmbiguousSnapshot(spec.into())),
-        };
-    }
-    if spec.len() < 4 || !spec.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Err(StoreError::NoSnapshot(spec.into()));
-    }
-    let m: Vec<_> = all.iter().filter(|(id, _)| id.starts_with(spec)).collect();
-    match m.len() {
-        0 => Err(StoreError::NoSnapshot(spec.into())),
-        1 => Ok(m[0].clone()),
-        _ => Err(StoreError::AmbiguousSnapshot(spec.into())),
-    }
+    crate::snapshots::resolve(
+        all,
+        spec,
+        &crate::snapshots::SnapshotFilter::default(),
+        &crate::lock::hostname(),
+    )
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use crate::repo::{data_name, Repository};
 pub use crate::resolver::{recipe_refs, resolver_for, Resolved, Resolver, MAX_CHAIN};
 use rayon::prelude::*;
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -90,11 +90,31 @@ impl<'a> ParentCheck<'a> {
     }
 }
 
+/// What restore does with a name that already exists in the target
+/// (restic's `--overwrite`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Overwrite {
+    /// Replace it.
+    Always,
+    /// Replace it unless it already is the same kind with the same size
+    /// and modification time (a symlink: the same target).
+    IfChanged,
+    /// Replace it only when the snapshot's version is newer.
+    IfNewer,
+    /// Leave it as it is.
+    Never,
+}
+
 #[derive(Clone, Debug)]
 pub struct RestoreOptions {
     pub target: PathBuf,
     /// Restore only these paths (and what is below them).
-    pub include: Vec<String>,
+    pub include: Vec<Vec<u8>>,
+    /// Leave out these paths (and what is below them).
+    pub exclude: Vec<Vec<u8>>,
+    /// What to do with files that already exist in the target.
+    pub overwrite: Overwrite,
     /// Restore ownership (default: when running as root).
     pub owner: bool,
     pub progress: Arc<Progress>,
@@ -112,6 +132,8 @@ impl RestoreOptions {
         RestoreOptions {
             target: target.into(),
             include: vec![],
+            exclude: vec![],
+            overwrite: Overwrite::Always,
             // SAFETY: geteuid cannot fail.
             owner: unsafe { libc::geteuid() } == 0,
             progress: Arc::new(Progress::default()),
@@ -131,24 +153,93 @@ pub struct RestoreReport {
     pub bytes_read: u64,
     /// Newer versions followed to resolve indirect references.
     pub chain_hops: u32,
+    /// Names left as they were in the target (`Overwrite`).
+    pub skipped: u64,
     pub warnings: Vec<String>,
+}
+
+/// Whether the name `full` already holds something `policy` says to keep
+/// instead of restoring `n` there. Directories are merged, never kept or
+/// replaced.
+fn keep_existing(full: &Path, n: &Node, policy: Overwrite) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = fs::symlink_metadata(full) else {
+        return false;
+    };
+    match policy {
+        Overwrite::Always => false,
+        Overwrite::Never => true,
+        Overwrite::IfNewer => {
+            let have = m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128;
+            have >= n.mtime_ns as i128
+        }
+        Overwrite::IfChanged => match n.kind {
+            NodeKind::File => {
+                let have = m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128;
+                m.is_file() && m.len() == n.size && have == n.mtime_ns as i128
+            }
+            NodeKind::Symlink => fs::read_link(full)
+                .map(|t| t.as_os_str().as_bytes() == n.target.as_deref().unwrap_or_default())
+                .unwrap_or(false),
+            _ => false,
+        },
+    }
+}
+
+/// Removes what is at `full` unless it is a directory (restore replaces
+/// a name; it never deletes a tree). Never follows a symlink.
+fn remove_non_dir(full: &Path) {
+    if fs::symlink_metadata(full).is_ok_and(|m| !m.is_dir()) {
+        let _ = fs::remove_file(full);
+    }
+}
+
+/// `pattern` without a leading or trailing `/` (paths in a recipe are
+/// relative to the snapshot root).
+fn trim_slashes(mut p: &[u8]) -> &[u8] {
+    while let [b'/', rest @ ..] = p {
+        p = rest;
+    }
+    while let [rest @ .., b'/'] = p {
+        p = rest;
+    }
+    p
+}
+
+/// Whether `path` (a recipe node's) is `pattern` or below it, as `ls`,
+/// `restore --include/--exclude` and `dump` take paths (a leading and a
+/// trailing `/` ignored; an empty pattern is the root). Bytes, so names
+/// that are not UTF-8 can be selected.
+pub fn under(path: &[u8], pattern: &[u8]) -> bool {
+    let p = trim_slashes(pattern);
+    p.is_empty() || (path.starts_with(p) && (path.len() == p.len() || path[p.len()] == b'/'))
 }
 
 /// True when `path` is selected by the include list (or is an ancestor
 /// directory of a selected path).
-pub fn selected(path: &[u8], include: &[String]) -> bool {
-    if include.is_empty() {
-        return true;
-    }
-    include.iter().any(|inc| {
-        let inc = inc.trim_start_matches('/').trim_end_matches('/').as_bytes();
-        if inc.is_empty() {
-            return true;
-        }
-        let under = path.starts_with(inc) && (path.len() == inc.len() || path[inc.len()] == b'/');
-        let ancestor = inc.starts_with(path) && inc.get(path.len()) == Some(&b'/');
-        under || ancestor
-    })
+pub fn selected(path: &[u8], include: &[Vec<u8>]) -> bool {
+    include.is_empty()
+        || include.iter().any(|inc| {
+            let inc = trim_slashes(inc);
+            under(path, inc) || (inc.starts_with(path) && inc.get(path.len()) == Some(&b'/'))
+        })
+}
+
+/// True when `path` is an excluded path or below one.
+pub fn excluded(path: &[u8], exclude: &[Vec<u8>]) -> bool {
+    exclude
+        .iter()
+        .any(|e| !trim_slashes(e).is_empty() && under(path, e))
+}
+
+/// The patterns that select nothing in `recipe` (a typo would otherwise
+/// print or restore nothing and succeed).
+pub fn unmatched<'a>(recipe: &Recipe, patterns: &'a [Vec<u8>]) -> Vec<&'a [u8]> {
+    patterns
+        .iter()
+        .filter(|p| !recipe.nodes.iter().any(|n| under(&n.path, p)))
+        .map(Vec::as_slice)
+        .collect()
 }
 
 /// The regions to read from one container, each with the pieces it fills.
@@ -191,8 +282,13 @@ fn set_times(p: &Path, mtime_ns: i64) -> std::io::Result<()> {
 /// The nodes an include list selects. A hard link whose first name is not
 /// selected becomes a regular file with that name's content (the first such
 /// link of a group); the group's other selected links point at it.
-fn select_nodes<'a>(recipe: &'a Recipe, include: &[String]) -> Vec<Cow<'a, Node>> {
-    let all_selected = include.is_empty();
+fn select_nodes<'a>(
+    recipe: &'a Recipe,
+    include: &[Vec<u8>],
+    exclude: &[Vec<u8>],
+) -> Vec<Cow<'a, Node>> {
+    let all_selected = include.is_empty() && exclude.is_empty();
+    let selected = |p: &[u8], include: &[Vec<u8>]| selected(p, include) && !excluded(p, exclude);
     let by_path: HashMap<&[u8], &Node> = if all_selected {
         HashMap::new()
     } else {
@@ -383,7 +479,7 @@ pub fn restore(
     fs::create_dir_all(root)
         .map_err(|e| StoreError::io("create", root.display().to_string(), e))?;
     let mut report = RestoreReport::default();
-    let nodes = select_nodes(recipe, &opts.include);
+    let nodes = select_nodes(recipe, &opts.include, &opts.exclude);
     let mut rels = Vec::with_capacity(nodes.len());
     for n in &nodes {
         rels.push(safe_rel(&n.path)?);
@@ -431,6 +527,7 @@ pub fn restore(
     }
 
     // Files: create at full size (sparse), then fill from the read plan.
+    let mut kept: HashSet<usize> = HashSet::new();
     let mut files: Vec<(PathBuf, String)> = Vec::new();
     let mut file_nodes: Vec<usize> = Vec::new();
     for &i in &order {
@@ -439,6 +536,13 @@ pub fn restore(
         }
         parents.check(&rels[i])?;
         let full = root.join(&rels[i]);
+        if keep_existing(&full, &nodes[i], opts.overwrite) {
+            kept.insert(i);
+            progress
+                .bytes_done
+                .fetch_add(nodes[i].size, Ordering::Relaxed);
+            continue;
+        }
         let f = OpenOptions::new()
             .write(true)
             .create(true)
@@ -503,6 +607,18 @@ pub fn restore(
     for &i in &order {
         let n = &*nodes[i];
         let full = root.join(&rels[i]);
+        if !matches!(
+            n.kind,
+            NodeKind::Dir | NodeKind::File | NodeKind::Symlink | NodeKind::Socket
+        ) {
+            if keep_existing(&full, n, opts.overwrite) {
+                kept.insert(i);
+                continue;
+            }
+            if n.kind != NodeKind::Hardlink {
+                remove_non_dir(&full);
+            }
+        }
         match n.kind {
             NodeKind::Hardlink => {
                 let first = n.target.as_deref().map(safe_rel).transpose()?;
@@ -546,6 +662,11 @@ pub fn restore(
         }
         parents.check(&rels[i])?;
         let full = root.join(&rels[i]);
+        if keep_existing(&full, n, opts.overwrite) {
+            kept.insert(i);
+            continue;
+        }
+        remove_non_dir(&full);
         let target = std::ffi::OsStr::from_bytes(n.target.as_deref().unwrap_or_default());
         if let Err(e) = std::os::unix::fs::symlink(target, &full) {
             report
@@ -554,11 +675,13 @@ pub fn restore(
         }
     }
 
+    report.skipped = kept.len() as u64;
     // Metadata, deepest first so directory times stick.
     for &i in order.iter().rev() {
         let n = &*nodes[i];
         if matches!(n.kind, NodeKind::Hardlink | NodeKind::Socket)
             || (n.kind == NodeKind::Dir && !opts.dir_metadata)
+            || kept.contains(&i)
         {
             continue;
         }
@@ -618,6 +741,80 @@ pub fn restore(
         }
     }
     Ok(report)
+}
+
+/// What [`verify`] found.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct VerifyReport {
+    pub files: u64,
+    pub bytes: u64,
+    /// Files whose content in the target is not the snapshot's.
+    pub mismatches: Vec<String>,
+}
+
+/// Reads the files `opts` selects back from the target and checks every
+/// chunk against the fingerprint the recipe records — no repository data
+/// is read, so this checks the restore end to end (`restore --verify`).
+pub fn verify(repo: &Repository, recipe: &Recipe, opts: &RestoreOptions) -> Result<VerifyReport> {
+    let nodes = select_nodes(recipe, &opts.include, &opts.exclude);
+    let files: Vec<&Node> = nodes
+        .iter()
+        .map(|n| &**n)
+        .filter(|n| n.kind == NodeKind::File)
+        .collect();
+    let results: Vec<Result<Option<String>>> = files
+        .par_iter()
+        .map(|n| verify_file(repo, &opts.target, n))
+        .collect();
+    let mut rep = VerifyReport::default();
+    for (n, r) in files.iter().zip(results) {
+        rep.files += 1;
+        rep.bytes += n.size;
+        if let Some(m) = r? {
+            rep.mismatches.push(m);
+        }
+    }
+    Ok(rep)
+}
+
+/// `None` when the restored file holds exactly `n`'s content.
+fn verify_file(repo: &Repository, root: &Path, n: &Node) -> Result<Option<String>> {
+    use std::io::Read;
+    let full = root.join(safe_rel(&n.path)?);
+    let shown = full.display().to_string();
+    let mut f = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&full)
+    {
+        Ok(f) => std::io::BufReader::with_capacity(1 << 20, f),
+        Err(e) => return Ok(Some(format!("{shown}: cannot read: {e}"))),
+    };
+    let mut buf = Vec::new();
+    let mut off = 0u64;
+    for c in n.segments.iter().flat_map(|s| &s.chunks) {
+        buf.resize(c.len as usize, 0);
+        if let Err(e) = f.read_exact(&mut buf) {
+            return Ok(Some(format!("{shown}: shorter than the snapshot's ({e})")));
+        }
+        let same = if c.is_zero() {
+            buf.iter().all(|b| *b == 0)
+        } else {
+            repo.hasher().hash(&buf) == c.fp
+        };
+        if !same {
+            return Ok(Some(format!(
+                "{shown}: differs from the snapshot at byte {off}"
+            )));
+        }
+        off += c.len as u64;
+    }
+    let mut extra = [0u8; 1];
+    match f.read(&mut extra) {
+        Ok(0) => Ok(None),
+        Ok(_) => Ok(Some(format!("{shown}: longer than the snapshot's"))),
+        Err(e) => Ok(Some(format!("{shown}: cannot read: {e}"))),
+    }
 }
 
 /// Writes one file's content to `out` in order.
@@ -733,11 +930,19 @@ mod tests {
 
     #[test]
     fn include_selection() {
-        let inc = vec!["/home/u/proj".to_string()];
+        let inc = vec![b"/home/u/proj/".to_vec()];
         assert!(selected(b"home", &inc));
         assert!(selected(b"home/u/proj", &inc));
         assert!(selected(b"home/u/proj/a", &inc));
         assert!(!selected(b"home/u/projx", &inc));
         assert!(!selected(b"home/v", &inc));
+        let ex = vec![b"home/u/proj/a".to_vec()];
+        assert!(excluded(b"home/u/proj/a/b", &ex));
+        assert!(!excluded(b"home/u/proj/ab", &ex));
+        assert!(!excluded(b"home/u/proj", &ex));
+        assert!(!excluded(b"x", &[b"/".to_vec()]));
+        // Names that are not UTF-8 select as bytes.
+        assert!(under(b"d/n\xff/f", b"/d/n\xff"));
+        assert!(!under(b"d/n\xfe", b"/d/n\xff"));
     }
 }

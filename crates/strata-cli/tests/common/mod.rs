@@ -30,6 +30,8 @@ pub fn scrub(c: &mut Command) {
     c.env_remove("STRATA_REPO")
         .env_remove("STRATA_PASSWORD")
         .env_remove("STRATA_PASSWORD_FILE")
+        .env_remove("STRATA_PASSWORD_COMMAND")
+        .env_remove("STRATA_NEW_PASSWORD")
         .env_remove("STRATA_LOG")
         .env("STRATA_KDF_FAST", "1")
         .env(

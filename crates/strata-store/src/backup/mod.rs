@@ -64,6 +64,10 @@ pub struct BackupOptions {
     pub excludes: Vec<String>,
     /// Absolute paths to leave out (the repository itself, for example).
     pub exclude_paths: Vec<PathBuf>,
+    /// Directories holding a file of one of these names are left out.
+    pub exclude_if_present: Vec<String>,
+    /// Do not cross into other file systems below a root.
+    pub one_file_system: bool,
     /// Run the incremental lifecycle once the snapshot is committed
     /// ([`crate::revdedup::after_backup`]): reverse dedup of the version
     /// that left the live window, expiry, compaction once it pays.
@@ -91,6 +95,8 @@ impl Default for BackupOptions {
             progress: Arc::new(Progress::default()),
             excludes: vec![],
             exclude_paths: vec![],
+            exclude_if_present: vec![],
+            one_file_system: false,
             lifecycle: true,
             large_file: pipeline::LARGE,
             limits: FlowLimits::default(),
@@ -272,7 +278,8 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
             "nothing to back up: give paths or --stdin".into(),
         ));
     }
-    let excludes = Excludes::new(&opts.excludes, &opts.exclude_paths)?;
+    let excludes =
+        Excludes::new(&opts.excludes, &opts.exclude_paths)?.if_present(&opts.exclude_if_present)?;
     let series = opts
         .series
         .clone()
@@ -317,6 +324,7 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         |feed| {
             let walk_started = std::time::Instant::now();
             let mut walker = Walker::new(feed, &mut parent, opts.force_read, &progress, &excludes);
+            walker.one_file_system = opts.one_file_system;
             walker.add_synthetic(stdin.unwrap_or_default());
             let r = paths
                 .iter()

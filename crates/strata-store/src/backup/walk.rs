@@ -56,6 +56,9 @@ pub struct Excludes {
     paths: GlobSet,
     exact: Vec<PathBuf>,
     ids: Vec<(u64, u64)>,
+    /// A directory holding a file of one of these names is left out
+    /// (`CACHEDIR.TAG`, `.nobackup`).
+    if_present: Vec<String>,
 }
 
 impl Excludes {
@@ -84,7 +87,19 @@ impl Excludes {
                 .iter()
                 .filter_map(|p| fs::metadata(p).ok().map(|m| (m.dev(), m.ino())))
                 .collect(),
+            if_present: vec![],
         })
+    }
+
+    /// Also leaves out directories that hold a file named one of `names`.
+    pub fn if_present(mut self, names: &[String]) -> Result<Self> {
+        if let Some(bad) = names.iter().find(|n| n.is_empty() || n.contains('/')) {
+            return Err(StoreError::Invalid(format!(
+                "--exclude-if-present takes a file name, not {bad:?}"
+            )));
+        }
+        self.if_present = names.to_vec();
+        Ok(self)
     }
 
     /// Whether `abs` (with metadata `m`, not following symlinks) is left out.
@@ -96,7 +111,14 @@ impl Excludes {
             return true;
         }
         let name = abs.file_name().map(Path::new);
-        self.paths.is_match(abs) || name.is_some_and(|n| self.names.is_match(n))
+        if self.paths.is_match(abs) || name.is_some_and(|n| self.names.is_match(n)) {
+            return true;
+        }
+        m.is_some_and(|m| m.is_dir())
+            && self
+                .if_present
+                .iter()
+                .any(|n| fs::symlink_metadata(abs.join(n)).is_ok())
     }
 }
 
@@ -113,6 +135,9 @@ pub(crate) struct Walker<'a, 'p> {
     progress: &'a Progress,
     pub reused: u64,
     excludes: &'a Excludes,
+    /// Stay on each root's file system (mount points below a root are
+    /// recorded as empty directories).
+    pub one_file_system: bool,
     /// Entries not from the file system (`--stdin` and its directories),
     /// in path order, each handed on at its place among the others.
     synthetic: VecDeque<(Node, Option<Source>)>,
@@ -193,6 +218,7 @@ impl<'a, 'p> Walker<'a, 'p> {
             progress,
             reused: 0,
             excludes,
+            one_file_system: false,
             synthetic: VecDeque::new(),
         }
     }
@@ -327,6 +353,7 @@ impl<'a, 'p> Walker<'a, 'p> {
         let entries = walkdir::WalkDir::new(root)
             .min_depth(1)
             .follow_links(false)
+            .same_file_system(self.one_file_system)
             // Each directory's entries by name: depth first, that is the
             // recipe's path order.
             .sort_by(|a, b| a.file_name().cmp(b.file_name()))

@@ -117,7 +117,7 @@ fn create_cloud(
     if lc.encrypted {
         // The same key, wrapped by the same password: the bucket opens
         // alone (disaster recovery) with the repository's password.
-        backend.put("keys/default", &local.backend().get("keys/default")?)?;
+        crate::keys::sync_slots(local.backend(), &backend)?;
     }
     let cloud = local.sibling(backend.clone(), config.clone());
     write_tier_config(
@@ -253,7 +253,7 @@ pub fn dr_rebuild(
         ..cc.clone()
     };
     if cc.encrypted {
-        local.put("keys/default", &cloud.backend().get("keys/default")?)?;
+        crate::keys::sync_slots(cloud.backend(), &local)?;
     }
     let repo = cloud.sibling(local.clone(), config.clone());
     let mut out = Rebuilt {

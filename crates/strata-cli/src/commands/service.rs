@@ -15,6 +15,13 @@ use std::io::Read;
 /// container's metadata tail, never data).
 const MAX_REQUEST: u64 = 64 << 20;
 
+#[derive(clap::Args)]
+pub struct ServiceArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8089")]
+    pub listen: String,
+}
+
 pub fn run(repo: Option<&str>, listen: &str) -> Result<i32> {
     let loc = location::location(repo)?;
     let backend = location::backend(&loc, false)?;

@@ -86,6 +86,13 @@ fn check_name(name: &str) -> Result<()> {
     }
 }
 
+impl VolumeCmd {
+    /// `serve` runs until a signal and handles it itself.
+    pub fn serves(&self) -> bool {
+        matches!(self, VolumeCmd::Serve { .. })
+    }
+}
+
 pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
     let root = volumes_dir(cli)?;
     match cmd {

@@ -1,0 +1,48 @@
+//! `strata completion SHELL` and `strata man`: shell completions and a
+//! man page, generated from the same definitions as `--help`.
+
+use anyhow::Result;
+use clap::{Args, CommandFactory};
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct CompletionArgs {
+    /// bash, zsh, fish, elvish or powershell.
+    shell: clap_complete::Shell,
+}
+
+pub fn completion(a: &CompletionArgs) -> Result<i32> {
+    let mut cmd = crate::Cli::command();
+    clap_complete::generate(a.shell, &mut cmd, "strata", &mut std::io::stdout());
+    Ok(0)
+}
+
+#[derive(Args)]
+pub struct ManArgs {
+    /// Write `strata.1` and one page per command (`strata-backup.1`, …)
+    /// into this directory instead of printing `strata.1` to stdout.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+pub fn man(a: &ManArgs) -> Result<i32> {
+    let cmd = crate::Cli::command();
+    match &a.dir {
+        None => clap_mangen::Man::new(cmd).render(&mut std::io::stdout())?,
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            clap_mangen::generate_to(cmd, d)?;
+        }
+    }
+    Ok(0)
+}
+
+/// `strata version`: the version, and with --json what it was built with.
+pub fn version(out: &crate::output::Out) -> Result<i32> {
+    out.result(
+        &serde_json::json!({"version": env!("CARGO_PKG_VERSION"),
+            "repository_format": strata_core::format::REPO_FORMAT_VERSION}),
+        || format!("strata {}", env!("CARGO_PKG_VERSION")),
+    );
+    Ok(0)
+}

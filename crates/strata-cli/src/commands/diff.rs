@@ -1,0 +1,96 @@
+//! `strata diff SNAP1 SNAP2`: what changed between two versions, from
+//! their recipes alone (no data is read).
+
+use crate::output::{fmt_bytes, Out};
+use crate::select::{show_path, FilterArgs};
+use crate::{open, Cli};
+use anyhow::Result;
+use clap::Args;
+use serde_json::json;
+use strata_store::treediff::{diff_snapshots, Change};
+
+#[derive(Args)]
+pub struct DiffArgs {
+    /// The older snapshot: id (prefix), SERIES@VERSION, `latest`.
+    old: String,
+    /// The newer snapshot.
+    new: String,
+    /// Leave out directories whose only change is their own metadata
+    /// (their times change whenever an entry does).
+    #[arg(long)]
+    no_dir_metadata: bool,
+    #[command(flatten)]
+    filter: FilterArgs,
+}
+
+pub fn run(cli: &Cli, out: &Out, a: &DiffArgs) -> Result<i32> {
+    let repo = open(cli)?;
+    let f = a.filter.filter();
+    let (oid, old) = repo.resolve_snapshot_in(&a.old, &f)?;
+    let (nid, new) = repo.resolve_snapshot_in(&a.new, &f)?;
+    let (mut entries, summary) = diff_snapshots(&repo, &old, &new)?;
+    if a.no_dir_metadata {
+        entries.retain(|e| {
+            !(e.change == Change::Metadata && e.kind == strata_core::format::NodeKind::Dir)
+        });
+    }
+    if out.json {
+        let v: Vec<_> = entries
+            .iter()
+            .map(|e| {
+                let mut v = serde_json::to_value(e).unwrap_or_default();
+                v["path"] = json!(show_path(&e.path));
+                if std::str::from_utf8(&e.path).is_err() {
+                    let mut b = vec![b'/'];
+                    b.extend_from_slice(&e.path);
+                    v["path_bytes"] = json!(b);
+                }
+                v
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"old": oid, "new": nid, "changes": v, "summary": summary}))?
+        );
+        return Ok(0);
+    }
+    if !out.quiet {
+        println!(
+            "comparing {} ({}@{}) to {} ({}@{})",
+            &oid[..8],
+            old.series,
+            old.version,
+            &nid[..8],
+            new.series,
+            new.version
+        );
+        for e in &entries {
+            let mark = match e.change {
+                Change::Added => '+',
+                Change::Removed => '-',
+                Change::Modified => 'M',
+                Change::Metadata => 'U',
+            };
+            let sizes = match (e.old_size, e.new_size) {
+                (Some(a), Some(b)) if a != b => format!("  {} -> {}", fmt_bytes(a), fmt_bytes(b)),
+                (None, Some(b)) | (Some(b), None) => format!("  {}", fmt_bytes(b)),
+                _ => String::new(),
+            };
+            let what = match e.change {
+                Change::Metadata => format!("  ({})", e.what.join(", ")),
+                _ => String::new(),
+            };
+            println!("{mark}    {}{sizes}{what}", show_path(&e.path));
+        }
+        println!(
+            "\n{} added ({}), {} removed ({}), {} modified, {} metadata only",
+            summary.added,
+            fmt_bytes(summary.added_bytes),
+            summary.removed,
+            fmt_bytes(summary.removed_bytes),
+            summary.modified,
+            summary.metadata
+        );
+    }
+    Ok(0)
+}

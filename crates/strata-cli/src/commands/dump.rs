@@ -1,0 +1,63 @@
+//! `strata dump`: one file of a snapshot to stdout, from whichever tier
+//! holds it.
+
+use super::tier;
+use crate::select::{show_path, FilterArgs};
+use crate::{open, Cli};
+use anyhow::{anyhow, bail, Result};
+use clap::Args;
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use strata_core::format::NodeKind;
+
+#[derive(Args)]
+pub struct DumpArgs {
+    /// Snapshot: id (prefix), `latest`, SERIES@VERSION or SERIES@latest.
+    snapshot: String,
+    /// The file, as `strata ls` shows it (need not be UTF-8).
+    path: OsString,
+    #[command(flatten)]
+    filter: FilterArgs,
+}
+
+pub fn run(cli: &Cli, a: &DumpArgs) -> Result<i32> {
+    let repo = open(cli)?;
+    let (_, s) = repo.resolve_snapshot_in(&a.snapshot, &a.filter.filter())?;
+    let mut want = a.path.as_bytes();
+    while let [b'/', rest @ ..] = want {
+        want = rest;
+    }
+    let shown = show_path(want);
+    // The active recipe first; its cloud part only when the file moved.
+    let mut parts = vec![s.clone()];
+    parts.extend(strata_store::tier::paths::part_snapshot(&s));
+    for (i, part) in parts.iter().enumerate() {
+        let r = repo.load_recipe(&part.recipe)?;
+        let Some(node) = r.nodes.iter().find(|n| n.path == want) else {
+            continue;
+        };
+        // A further name of a hard-linked file: dump the first name's content.
+        let node = match (node.kind, &node.target) {
+            (NodeKind::Hardlink, Some(t)) => r.nodes.iter().find(|n| &n.path == t).ok_or_else(|| {
+                anyhow!("{shown} is a hard link to a file missing from the snapshot")
+            })?,
+            _ => node,
+        };
+        if node.kind != NodeKind::File {
+            bail!("{shown} is {}, not a file", node.kind.noun());
+        }
+        let data = match i {
+            0 => tier::data_repo(&repo, part)?,
+            _ => tier::cloud(&repo)?,
+        };
+        let stdout = std::io::stdout();
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+        strata_store::restore::dump(&data, part, &r, node, &mut w)?;
+        return Ok(0);
+    }
+    bail!(
+        "no file {shown} in snapshot {} (see `strata ls {}`)",
+        a.snapshot,
+        a.snapshot
+    )
+}

@@ -1,0 +1,56 @@
+//! `strata gc`: mark and sweep of data no snapshot references.
+
+use crate::output::{fmt_bytes, Out};
+use crate::{open, progress_for, Cli};
+use anyhow::{bail, Result};
+use clap::Args;
+use serde_json::json;
+use strata_store::Repository;
+
+#[derive(Args)]
+pub struct GcArgs {
+    /// Rewrite containers with more than this fraction of dead data.
+    #[arg(long, default_value_t = 0.2)]
+    threshold: f64,
+    /// Only report what would be freed.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+pub fn run(cli: &Cli, out: &Out, a: &GcArgs) -> Result<i32> {
+    let repo = open(cli)?;
+    gc(cli, out, &repo, a.threshold, a.dry_run)
+}
+
+pub(super) fn gc(cli: &Cli, out: &Out, repo: &Repository, threshold: f64, dry_run: bool) -> Result<i32> {
+    if !(0.0..=1.0).contains(&threshold) {
+        bail!("--threshold must be between 0 and 1");
+    }
+    let pd = progress_for(cli, "gc");
+    let opts = strata_store::gc::GcOptions {
+        threshold,
+        dry_run,
+        progress: pd.progress.clone(),
+        ..Default::default()
+    };
+    let started = std::time::Instant::now();
+    let res = strata_store::gc::gc(repo, &opts);
+    pd.finish();
+    let rep = res?;
+    let mut v = serde_json::to_value(&rep)?;
+    v["seconds"] = json!(started.elapsed().as_secs_f64());
+    out.result(&v, || {
+        format!(
+            "{}{} freed: {} containers deleted, {} rewritten into {}, {} orphans removed; {} -> {}",
+            if dry_run { "(dry run) " } else { "" },
+            fmt_bytes(rep.bytes_freed),
+            rep.containers_deleted,
+            rep.containers_rewritten,
+            rep.containers_written,
+            rep.orphans_deleted,
+            fmt_bytes(rep.bytes_before),
+            fmt_bytes(rep.bytes_after)
+        )
+    });
+    Ok(0)
+}

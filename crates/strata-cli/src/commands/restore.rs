@@ -1,0 +1,289 @@
+//! `strata restore`: read a version from whichever tier holds it — and,
+//! for a version some of whose files moved to the cloud tier (`tier
+//! migrate --path`), from both.
+
+use super::tier;
+use crate::output::{fmt_bytes, Out};
+use crate::select::{path_bytes, show_path, FilterArgs};
+use crate::{open, progress_for, Cli};
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use serde_json::json;
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use strata_store::restore::{Overwrite, RestoreOptions, RestoreReport};
+
+#[derive(Args)]
+pub struct RestoreArgs {
+    /// Snapshot: id (prefix), `latest`, SERIES@VERSION or SERIES@latest.
+    snapshot: String,
+    /// Directory to restore into (created if missing).
+    #[arg(long, short)]
+    target: PathBuf,
+    /// Restore only these paths and what is below them (repeatable).
+    #[arg(long, short)]
+    include: Vec<OsString>,
+    /// Leave out these paths and what is below them (repeatable).
+    #[arg(long, short)]
+    exclude: Vec<OsString>,
+    /// What to do with files that already exist in the target. Without
+    /// it, a target that is not empty is refused.
+    #[arg(long, value_enum)]
+    overwrite: Option<OverwriteArg>,
+    /// Only say what would be restored.
+    #[arg(long)]
+    dry_run: bool,
+    /// After restoring, read the restored files back and compare them
+    /// with the snapshot's content.
+    #[arg(long)]
+    verify: bool,
+    /// Containers read at once (default: the cores; from a bucket,
+    /// twice the cores and at least 4, as reads wait on the network).
+    #[arg(long)]
+    readers: Option<usize>,
+    #[command(flatten)]
+    filter: FilterArgs,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OverwriteArg {
+    /// Replace existing files.
+    Always,
+    /// Replace files whose size or modification time differ.
+    IfChanged,
+    /// Replace files older than the snapshot's.
+    IfNewer,
+    /// Keep every existing file.
+    Never,
+}
+
+impl From<OverwriteArg> for Overwrite {
+    fn from(o: OverwriteArg) -> Self {
+        match o {
+            OverwriteArg::Always => Overwrite::Always,
+            OverwriteArg::IfChanged => Overwrite::IfChanged,
+            OverwriteArg::IfNewer => Overwrite::IfNewer,
+            OverwriteArg::Never => Overwrite::Never,
+        }
+    }
+}
+
+/// Warnings printed one by one before the rest are summed up.
+const WARNINGS_SHOWN: usize = 10;
+
+pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
+    let repo = open(cli)?;
+    let (id, s) = repo.resolve_snapshot_in(&a.snapshot, &a.filter.filter())?;
+    let (include, exclude) = (path_bytes(&a.include), path_bytes(&a.exclude));
+    let whole = strata_store::tier::paths::whole_recipe(&repo, &s)?;
+    let unmatched = strata_store::restore::unmatched(&whole, &include);
+    if !unmatched.is_empty() {
+        bail!(
+            "nothing in snapshot {} matches {} (paths as `strata ls {}` shows them)",
+            a.snapshot,
+            unmatched.iter().map(|p| show_path(p.strip_prefix(b"/").unwrap_or(p))).collect::<Vec<_>>().join(", "),
+            a.snapshot
+        );
+    }
+    if a.overwrite.is_none() && !a.dry_run {
+        refuse_non_empty(&a.target)?;
+    }
+    if a.dry_run {
+        return dry_run(out, &id, &s, &whole, a, &include, &exclude);
+    }
+    let target = &a.target;
+    let readers = a.readers;
+    let mut opts = RestoreOptions::new(target);
+    opts.include = include;
+    opts.exclude = exclude;
+    opts.overwrite = a.overwrite.map_or(Overwrite::Always, Overwrite::from);
+    let pd = progress_for(cli, "restore");
+    opts.progress = pd.progress.clone();
+    let started = std::time::Instant::now();
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut rep = RestoreReport::default();
+    let mut res = Ok(());
+    let sources = tier::sources(&repo, &s)?;
+    let n = sources.len();
+    for (i, (data, part)) in sources.into_iter().enumerate() {
+        opts.dir_metadata = i + 1 == n;
+        opts.readers = readers.unwrap_or(if data.backend().describe().starts_with("s3://") {
+            (2 * cores).max(4)
+        } else {
+            0
+        });
+        let r = repo.load_recipe(&part.recipe)?;
+        match strata_store::restore::restore(&data, &part, &r, &opts) {
+            Ok(x) => add(&mut rep, x, i + 1 == n),
+            Err(e) => {
+                res = Err(e);
+                break;
+            }
+        }
+    }
+    pd.finish();
+    res?;
+    let secs = started.elapsed().as_secs_f64();
+    let verified = match a.verify {
+        true => Some(verify(&repo, &s, &opts)?),
+        false => None,
+    };
+    for w in rep.warnings.iter().take(WARNINGS_SHOWN) {
+        out.warn(w);
+    }
+    if rep.warnings.len() > WARNINGS_SHOWN {
+        out.warn(&format!(
+            "… and {} more warnings (all of them in --json)",
+            rep.warnings.len() - WARNINGS_SHOWN
+        ));
+    }
+    let mut v = json!({"snapshot": id, "target": target, "files": rep.files, "dirs": rep.dirs, "bytes": rep.bytes,
+            "seconds": secs, "containers_read": rep.containers_read, "regions_read": rep.regions_read,
+            "bytes_read": rep.bytes_read, "chain_hops": rep.chain_hops, "skipped": rep.skipped,
+            "tier": tier::tier_name(&s), "warnings": rep.warnings});
+    if let Some(ver) = &verified {
+        v["verify"] = serde_json::to_value(ver)?;
+    }
+    out.result(&v, || {
+        let mut t = format!(
+            "restored {} ({}@{}) to {}: {} files, {} in {:.1}s ({}/s), {} containers read",
+            &id[..8],
+            s.series,
+            s.version,
+            target.display(),
+            rep.files,
+            fmt_bytes(rep.bytes),
+            secs,
+            fmt_bytes((rep.bytes as f64 / secs.max(1e-6)) as u64),
+            rep.containers_read
+        );
+        if rep.skipped > 0 {
+            t += &format!("; {} existing names left as they were", rep.skipped);
+        }
+        if !rep.warnings.is_empty() {
+            t += &format!("; {} warnings", rep.warnings.len());
+        }
+        if let Some(ver) = &verified {
+            t += &format!(
+                "\nverified {} files ({}): {}",
+                ver.files,
+                fmt_bytes(ver.bytes),
+                match ver.mismatches.len() {
+                    0 => "all match the snapshot".to_string(),
+                    n => format!("{n} differ"),
+                }
+            );
+        }
+        t
+    });
+    if let Some(ver) = &verified {
+        for m in &ver.mismatches {
+            out.warn(m);
+        }
+        if !ver.mismatches.is_empty() {
+            return Ok(1);
+        }
+    }
+    Ok(0)
+}
+
+/// Reads the restored files back against the snapshot's fingerprints,
+/// part by part.
+fn verify(
+    repo: &strata_store::Repository,
+    s: &strata_core::format::Snapshot,
+    opts: &RestoreOptions,
+) -> Result<strata_store::restore::VerifyReport> {
+    let mut total = strata_store::restore::VerifyReport::default();
+    for (_, part) in tier::sources(repo, s)? {
+        let r = repo.load_recipe(&part.recipe)?;
+        let v = strata_store::restore::verify(repo, &r, opts)?;
+        total.files += v.files;
+        total.bytes += v.bytes;
+        total.mismatches.extend(v.mismatches);
+    }
+    Ok(total)
+}
+
+/// Without `--overwrite`, restore goes into a new or empty directory only:
+/// merging into a populated tree is a choice to make explicitly.
+fn refuse_non_empty(target: &std::path::Path) -> Result<()> {
+    match std::fs::read_dir(target).map(|mut d| d.next().is_some()) {
+        Ok(true) => bail!(
+            "{} is not empty: restore into a new directory, or choose what happens to existing files with --overwrite always|if-changed|if-newer|never",
+            target.display()
+        ),
+        Ok(false) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => {
+            Err(e).with_context(|| format!("cannot use {} as the restore target", target.display()))
+        }
+    }
+}
+
+/// `--dry-run`: what would be restored, nothing written.
+fn dry_run(
+    out: &Out,
+    id: &str,
+    s: &strata_core::format::Snapshot,
+    whole: &strata_core::format::Recipe,
+    a: &RestoreArgs,
+    include: &[Vec<u8>],
+    exclude: &[Vec<u8>],
+) -> Result<i32> {
+    use strata_store::restore::{excluded, selected};
+    let nodes: Vec<_> = whole
+        .nodes
+        .iter()
+        .filter(|n| selected(&n.path, include) && !excluded(&n.path, exclude))
+        .collect();
+    let files = nodes
+        .iter()
+        .filter(|n| n.kind == strata_core::format::NodeKind::File)
+        .count();
+    let bytes: u64 = nodes.iter().map(|n| n.size).sum();
+    let existing = nodes
+        .iter()
+        .filter(|n| {
+            n.kind != strata_core::format::NodeKind::Dir
+                && std::fs::symlink_metadata(a.target.join(std::ffi::OsStr::from_bytes(&n.path)))
+                    .is_ok()
+        })
+        .count();
+    out.result(
+        &json!({"snapshot": id, "target": a.target, "dry_run": true, "entries": nodes.len(),
+                "files": files, "bytes": bytes, "existing": existing}),
+        || {
+            format!(
+                "(dry run) would restore {} ({}@{}) to {}: {} entries, {} files, {}; {} names already exist there",
+                &id[..8],
+                s.series,
+                s.version,
+                a.target.display(),
+                nodes.len(),
+                files,
+                fmt_bytes(bytes),
+                existing
+            )
+        },
+    );
+    Ok(0)
+}
+
+/// Adds a part's restore to the total; a cloud part's directories are
+/// the active part's too and count once (the last pass's).
+fn add(total: &mut RestoreReport, r: RestoreReport, last: bool) {
+    total.files += r.files;
+    if last {
+        total.dirs = r.dirs;
+    }
+    total.bytes += r.bytes;
+    total.containers_read += r.containers_read;
+    total.regions_read += r.regions_read;
+    total.bytes_read += r.bytes_read;
+    total.chain_hops += r.chain_hops;
+    total.skipped += r.skipped;
+    total.warnings.extend(r.warnings);
+}
+

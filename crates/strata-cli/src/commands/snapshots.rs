@@ -1,0 +1,104 @@
+//! `strata snapshots`: the versions, their lifecycle state and tier.
+
+use super::tier;
+use crate::output::{fmt_bytes, fmt_time, json_time, Out};
+use crate::select::FilterArgs;
+use crate::{open, Cli};
+use anyhow::Result;
+use clap::Args;
+use serde_json::json;
+use strata_core::format::Tier;
+
+#[derive(Args)]
+pub struct SnapshotsArgs {
+    #[command(flatten)]
+    filter: FilterArgs,
+}
+
+pub fn run(cli: &Cli, out: &Out, a: &SnapshotsArgs) -> Result<i32> {
+    let filter = a.filter.filter();
+    let repo = open(cli)?;
+    let (all, damaged) = repo.list_snapshots_tolerant()?;
+    for (id, e) in &damaged {
+        out.warn(&format!(
+            "snapshot {id} cannot be read ({e}); `strata forget {id}` drops it"
+        ));
+    }
+    let policies = strata_store::lifecycle::list_policies(&repo)?;
+    let states = strata_store::lifecycle::version_states(
+        &all,
+        &policies,
+        strata_store::repo::now_ns(),
+    );
+    let reversed: std::collections::HashSet<&str> = all
+        .iter()
+        .filter(|(_, s)| s.archival.is_some())
+        .map(|(i, _)| i.as_str())
+        .collect();
+    // "archival" once reverse-deduplicated; "archival*" while it
+    // waits for `strata maintain`.
+    let cloud: std::collections::HashSet<&str> = all
+        .iter()
+        .filter(|(_, s)| s.tier == Tier::Cloud)
+        .map(|(i, _)| i.as_str())
+        .collect();
+    let state = |id: &str| {
+        // The lifecycle works on the active tier only.
+        if cloud.contains(id) {
+            return "-".to_string();
+        }
+        let st = states
+            .get(id)
+            .map(|s| format!("{s:?}").to_lowercase())
+            .unwrap_or_default();
+        match (st.as_str(), reversed.contains(id)) {
+            ("archival", false) => "archival*".to_string(),
+            (_, true) if st != "archival" => format!("{st} (rev)"),
+            _ => st,
+        }
+    };
+    let list: Vec<_> = all
+        .iter()
+        .filter(|(_, s)| filter.matches(s))
+        .collect();
+    if out.json {
+        let v: Vec<_> = list
+            .iter()
+            .map(|(id, s)| {
+                json!({"id": id, "short_id": &id[..8], "series": s.series, "version": s.version,
+                       "time": json_time(s.time_ns), "time_ns": s.time_ns, "host": s.host, "paths": s.paths,
+                       "tags": s.tags, "logical_bytes": s.stats.logical_bytes,
+                       "new_stored_bytes": s.stats.new_stored_bytes, "files": s.stats.files,
+                       "duration_ms": s.stats.duration_ms, "state": state(id),
+                       "reverse_deduplicated": s.archival.is_some(),
+                       "archival": s.archival,
+                       "tier": tier::tier_name(s), "cloud_part": s.cloud_part})
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else if !out.quiet {
+        println!(
+            "{:<10} {:<40} {:>4}  {:<20} {:>10} {:>10}  {:<8} {:<12} tags",
+            "id", "series", "ver", "time", "size", "new", "state", "tier"
+        );
+        for (id, s) in &list {
+            println!(
+                "{:<10} {:<40} {:>4}  {:<20} {:>10} {:>10}  {:<8} {:<12} {}",
+                &id[..8],
+                s.series,
+                s.version,
+                fmt_time(s.time_ns),
+                fmt_bytes(s.stats.logical_bytes),
+                fmt_bytes(s.stats.new_stored_bytes),
+                state(id),
+                tier::tier_name(s),
+                s.tags.join(",")
+            );
+        }
+        println!("{} snapshots", list.len());
+        if list.iter().any(|(id, _)| state(id) == "archival*") {
+            println!("archival* = left the live window; the next backup or `strata maintain` reverse-deduplicates it");
+        }
+    }
+    Ok(0)
+}

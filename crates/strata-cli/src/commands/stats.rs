@@ -1,0 +1,113 @@
+//! `strata stats`: sizes, ratios, and the lifecycle per series.
+
+use crate::output::{fmt_bytes, Out};
+use crate::{open, Cli};
+use anyhow::Result;
+use clap::Args;
+use serde_json::json;
+use std::sync::Arc;
+
+#[derive(Args)]
+pub struct StatsArgs {
+    /// Only the index strategy: its entries and the RAM it holds.
+    #[arg(long)]
+    index: bool,
+}
+
+pub fn run(cli: &Cli, out: &Out, a: &StatsArgs) -> Result<i32> {
+    let repo = open(cli)?;
+    if a.index {
+        return index_stats(out, &repo);
+    }
+    let st = strata_store::stats::stats(&repo)?;
+    out.result(&serde_json::to_value(&st)?, || {
+        format!(
+            "snapshots:          {} in {} series\n\
+             logical size:       {}\n\
+             unique data:        {} in {} chunks, {} segments\n\
+             stored (data):      {} in {} containers\n\
+             repository total:   {}\n\
+             dedup ratio:        {:.2}x\n\
+             compression ratio:  {:.2}x\n\
+             total ratio:        {:.2}x ({:.1}% space saved)\n\
+             index:              {} ({} entries, {} RAM)\n\
+             pool / archival:    {} shared pool, {} stamped archival containers\n\
+             space saved:        {:.1}% by segment-level dedup, {:.1}% more by reverse dedup (before compression){}",
+            st.snapshots,
+            st.series,
+            fmt_bytes(st.logical_bytes),
+            fmt_bytes(st.unique_raw_bytes),
+            st.chunks,
+            st.segments,
+            fmt_bytes(st.stored_bytes),
+            st.containers,
+            fmt_bytes(st.total_repo_bytes),
+            st.dedup_ratio,
+            st.compression_ratio,
+            st.total_ratio,
+            st.space_saving_pct,
+            st.index_strategy,
+            st.index_entries,
+            fmt_bytes(st.index_ram_bytes),
+            fmt_bytes(st.pool_bytes),
+            fmt_bytes(st.stamped_bytes),
+            st.saving_segment_pct,
+            st.saving_reverse_pct,
+            series_table(&st.series_stats)
+        )
+    });
+    Ok(0)
+}
+
+fn index_stats(out: &Out, repo: &strata_store::Repository) -> Result<i32> {
+    let table = Arc::new(strata_store::index::ContainerTable::default());
+    let (strategy, idx) = strata_store::index::build_strategy(repo, &table)?;
+    let v = json!({"index_strategy": repo.config().index, "index_entries": strategy.entries(),
+                   "index_ram_bytes": strategy.ram_bytes(), "containers": idx.containers.len()});
+    out.result(&v, || {
+        format!(
+            "index: {} — {} entries, {} in RAM ({} containers known)",
+            repo.config().index,
+            strategy.entries(),
+            fmt_bytes(strategy.ram_bytes()),
+            idx.containers.len()
+        )
+    });
+    Ok(0)
+}
+
+fn series_table(list: &[strata_store::stats::SeriesStats]) -> String {
+    if list.is_empty() {
+        return String::new();
+    }
+    let mut t = format!(
+        "\n\n{:<40} {:>5} {:>5} {:>9} {:>8} {:>9} {:>10} {:>10} {:>10} {:>6}",
+        "series",
+        "live",
+        "arch",
+        "(pending)",
+        "expired",
+        "logical",
+        "indirect",
+        "rev-freed",
+        "stamped",
+        "chain"
+    );
+    for s in list {
+        t += &format!(
+            "\n{:<40} {:>5} {:>5} {:>9} {:>8} {:>9} {:>10} {:>10} {:>10} {:>6.2}",
+            s.series,
+            s.live,
+            s.archival,
+            s.pending,
+            s.expired,
+            fmt_bytes(s.logical_bytes),
+            fmt_bytes(s.indirect_bytes),
+            fmt_bytes(s.reverse_freed_bytes),
+            fmt_bytes(s.stamped_bytes),
+            s.avg_chain_length
+        );
+    }
+    t += "\n(rev-freed: pool space reverse dedup freed; indirect: bytes old versions reach through newer ones)";
+    t
+}

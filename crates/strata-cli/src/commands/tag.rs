@@ -1,0 +1,52 @@
+//! `strata tag SNAPSHOT… --add/--remove/--set`: change snapshots' tags
+//! (ids stay the same).
+
+use crate::output::Out;
+use crate::{open, Cli};
+use anyhow::{bail, Result};
+use clap::Args;
+use serde_json::json;
+
+#[derive(Args)]
+pub struct TagArgs {
+    /// Snapshots: ids (prefixes), SERIES@VERSION, SERIES@latest.
+    #[arg(required = true)]
+    snapshots: Vec<String>,
+    /// Add this tag (repeatable).
+    #[arg(long)]
+    add: Vec<String>,
+    /// Remove this tag (repeatable).
+    #[arg(long)]
+    remove: Vec<String>,
+    /// Replace all tags with these (repeatable; `--set ''` clears them).
+    #[arg(long)]
+    set: Vec<String>,
+}
+
+pub fn run(cli: &Cli, out: &Out, a: &TagArgs) -> Result<i32> {
+    if a.add.is_empty() && a.remove.is_empty() && a.set.is_empty() {
+        bail!("nothing to do: give --add, --remove or --set");
+    }
+    let repo = open(cli)?;
+    let (all, _) = repo.list_snapshots_tolerant()?;
+    let mut ids = Vec::new();
+    for s in &a.snapshots {
+        ids.push(strata_store::repo::resolve_in(&all, s)?.0);
+    }
+    ids.sort();
+    ids.dedup();
+    let set: Vec<String> = a.set.iter().filter(|t| !t.is_empty()).cloned().collect();
+    let set = (!a.set.is_empty()).then_some(set.as_slice());
+    let done = strata_store::snapshots::retag(&repo, &ids, set, &a.add, &a.remove)?;
+    let v: Vec<_> = done
+        .iter()
+        .map(|(id, tags)| json!({"id": id, "tags": tags}))
+        .collect();
+    out.result(&json!(v), || {
+        done.iter()
+            .map(|(id, tags)| format!("{}: {}", &id[..8], tags.join(",")))
+            .collect::<Vec<_>>()
+            .join("\n")
+    });
+    Ok(0)
+}
