@@ -75,7 +75,8 @@ fn prompt(question: &str, confirm: bool) -> Option<Result<Vec<u8>, StoreError>> 
     if !(std::io::stdin().is_terminal() && std::io::stderr().is_terminal()) {
         return None;
     }
-    let ask = |q: &str| rpassword::prompt_password(q).map_err(|e| StoreError::io("read", "password", e));
+    let ask =
+        |q: &str| rpassword::prompt_password(q).map_err(|e| StoreError::io("read", "password", e));
     Some((|| {
         let p = ask(question)?;
         if confirm && ask("repeat password: ")? != p {

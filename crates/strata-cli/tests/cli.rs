@@ -1726,7 +1726,14 @@ fn restore_refuses_symlinked_directory_in_target() {
         fs::create_dir_all(t.join(&parent)).unwrap();
         std::os::unix::fs::symlink(&outside, t.join(&link)).unwrap();
         let r = repo
-            .run(&["restore", &id, "--target", path_str(&t), "--overwrite", "always"])
+            .run(&[
+                "restore",
+                &id,
+                "--target",
+                path_str(&t),
+                "--overwrite",
+                "always",
+            ])
             .expect_code(1);
         assert!(
             r.stderr.contains("not a directory") || r.stderr.contains("unsafe path"),

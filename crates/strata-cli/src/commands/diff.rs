@@ -50,7 +50,9 @@ pub fn run(cli: &Cli, out: &Out, a: &DiffArgs) -> Result<i32> {
             .collect();
         println!(
             "{}",
-            serde_json::to_string_pretty(&json!({"old": oid, "new": nid, "changes": v, "summary": summary}))?
+            serde_json::to_string_pretty(
+                &json!({"old": oid, "new": nid, "changes": v, "summary": summary})
+            )?
         );
         return Ok(0);
     }

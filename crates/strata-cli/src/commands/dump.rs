@@ -38,9 +38,11 @@ pub fn run(cli: &Cli, a: &DumpArgs) -> Result<i32> {
         };
         // A further name of a hard-linked file: dump the first name's content.
         let node = match (node.kind, &node.target) {
-            (NodeKind::Hardlink, Some(t)) => r.nodes.iter().find(|n| &n.path == t).ok_or_else(|| {
-                anyhow!("{shown} is a hard link to a file missing from the snapshot")
-            })?,
+            (NodeKind::Hardlink, Some(t)) => {
+                r.nodes.iter().find(|n| &n.path == t).ok_or_else(|| {
+                    anyhow!("{shown} is a hard link to a file missing from the snapshot")
+                })?
+            }
             _ => node,
         };
         if node.kind != NodeKind::File {

@@ -49,7 +49,10 @@ pub fn run(cli: &Cli, out: &Out, a: &FindArgs) -> Result<i32> {
             Ok(r) => hits.extend(find_in(id, s, &r, &m)),
             Err(e) => {
                 unreadable += 1;
-                out.warn(&format!("snapshot {} cannot be read ({e}); skipped", &id[..8]));
+                out.warn(&format!(
+                    "snapshot {} cannot be read ({e}); skipped",
+                    &id[..8]
+                ));
             }
         }
     }

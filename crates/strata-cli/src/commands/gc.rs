@@ -22,7 +22,13 @@ pub fn run(cli: &Cli, out: &Out, a: &GcArgs) -> Result<i32> {
     gc(cli, out, &repo, a.threshold, a.dry_run)
 }
 
-pub(super) fn gc(cli: &Cli, out: &Out, repo: &Repository, threshold: f64, dry_run: bool) -> Result<i32> {
+pub(super) fn gc(
+    cli: &Cli,
+    out: &Out,
+    repo: &Repository,
+    threshold: f64,
+    dry_run: bool,
+) -> Result<i32> {
     if !(0.0..=1.0).contains(&threshold) {
         bail!("--threshold must be between 0 and 1");
     }

@@ -1,6 +1,6 @@
 //! `strata ls`: the entries of a snapshot.
 
-use crate::output::{json_time, fmt_time, Out};
+use crate::output::{fmt_time, json_time, Out};
 use crate::select::{show_path, FilterArgs};
 use crate::{open, Cli};
 use anyhow::{bail, Result};
@@ -36,7 +36,8 @@ pub fn run(cli: &Cli, out: &Out, a: &LsArgs) -> Result<i32> {
             a.snapshot
         );
     }
-    let under = |n: &Node| inc.is_empty() || inc.iter().any(|p| strata_store::restore::under(&n.path, p));
+    let under =
+        |n: &Node| inc.is_empty() || inc.iter().any(|p| strata_store::restore::under(&n.path, p));
     let nodes: Vec<&Node> = r.nodes.iter().filter(|n| under(n)).collect();
     // A hard link shows its file's size (the node itself records none).
     let sizes: HashMap<&[u8], u64> = r

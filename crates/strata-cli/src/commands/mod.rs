@@ -14,6 +14,7 @@ mod init;
 mod key;
 mod ls;
 mod maintain;
+pub mod mount;
 mod policy;
 mod repair;
 mod restore;
@@ -51,6 +52,10 @@ pub(crate) enum Cmd {
     Find(find::FindArgs),
     /// Add, remove or set snapshots' tags.
     Tag(tag::TagArgs),
+    /// Browse the repository as a read-only file system (FUSE): series,
+    /// versions, and each version's tree, read on demand. Runs until
+    /// unmounted (`fusermount3 -u DIR`) or interrupted.
+    Mount(mount::MountArgs),
     /// Remove snapshots. Reverse-deduplicated (archival) versions free their
     /// stamped data at once; live-form data is freed by `gc` (or `--prune`).
     Forget(forget::ForgetArgs),
@@ -112,7 +117,7 @@ impl Cmd {
     /// Commands that serve until stopped and shut down on a signal
     /// themselves.
     pub(crate) fn handles_interrupt(&self) -> bool {
-        matches!(self, Cmd::Volume { cmd } if cmd.serves())
+        matches!(self, Cmd::Volume { cmd } if cmd.serves()) || matches!(self, Cmd::Mount(_))
     }
 }
 
@@ -139,6 +144,7 @@ pub(crate) fn run(cli: &Cli, out: &Out) -> Result<i32> {
         Cmd::Diff(a) => diff::run(cli, out, a),
         Cmd::Find(a) => find::run(cli, out, a),
         Cmd::Tag(a) => tag::run(cli, out, a),
+        Cmd::Mount(a) => mount::run(crate::open(cli)?, out, a),
         Cmd::Key { cmd } => key::run(cli, out, cmd),
         Cmd::Completion(a) => completion::completion(a),
         Cmd::Man(a) => completion::man(a),

@@ -34,8 +34,7 @@ pub fn run(cli: &Cli, out: &Out, a: &PolicyArgs) -> Result<i32> {
     use strata_store::lifecycle::{list_policies, policy_of, set_policy};
     let repo = open(cli)?;
     let mut policies = list_policies(&repo)?;
-    let changing =
-        live.is_some() || retain.is_some() || retain_days.is_some() || *retain_all;
+    let changing = live.is_some() || retain.is_some() || retain_days.is_some() || *retain_all;
     if let Some(series) = series {
         let mut p = policy_of(&policies, series);
         if changing {
@@ -45,7 +44,9 @@ pub fn run(cli: &Cli, out: &Out, a: &PolicyArgs) -> Result<i32> {
                 .iter()
                 .any(|(_, s)| &s.series == series)
             {
-                out.warn(&format!("no snapshot of series {series:?} yet; the policy applies once there is"));
+                out.warn(&format!(
+                    "no snapshot of series {series:?} yet; the policy applies once there is"
+                ));
             }
             if let Some(l) = live {
                 p.live = *l;

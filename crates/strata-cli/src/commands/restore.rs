@@ -82,7 +82,11 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
         bail!(
             "nothing in snapshot {} matches {} (paths as `strata ls {}` shows them)",
             a.snapshot,
-            unmatched.iter().map(|p| show_path(p.strip_prefix(b"/").unwrap_or(p))).collect::<Vec<_>>().join(", "),
+            unmatched
+                .iter()
+                .map(|p| show_path(p.strip_prefix(b"/").unwrap_or(p)))
+                .collect::<Vec<_>>()
+                .join(", "),
             a.snapshot
         );
     }
@@ -286,4 +290,3 @@ fn add(total: &mut RestoreReport, r: RestoreReport, last: bool) {
     total.skipped += r.skipped;
     total.warnings.extend(r.warnings);
 }
-

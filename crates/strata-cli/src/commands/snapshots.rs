@@ -25,11 +25,8 @@ pub fn run(cli: &Cli, out: &Out, a: &SnapshotsArgs) -> Result<i32> {
         ));
     }
     let policies = strata_store::lifecycle::list_policies(&repo)?;
-    let states = strata_store::lifecycle::version_states(
-        &all,
-        &policies,
-        strata_store::repo::now_ns(),
-    );
+    let states =
+        strata_store::lifecycle::version_states(&all, &policies, strata_store::repo::now_ns());
     let reversed: std::collections::HashSet<&str> = all
         .iter()
         .filter(|(_, s)| s.archival.is_some())
@@ -57,10 +54,7 @@ pub fn run(cli: &Cli, out: &Out, a: &SnapshotsArgs) -> Result<i32> {
             _ => st,
         }
     };
-    let list: Vec<_> = all
-        .iter()
-        .filter(|(_, s)| filter.matches(s))
-        .collect();
+    let list: Vec<_> = all.iter().filter(|(_, s)| filter.matches(s)).collect();
     if out.json {
         let v: Vec<_> = list
             .iter()

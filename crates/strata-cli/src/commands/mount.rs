@@ -1,0 +1,1429 @@
+//! `strata mount MOUNTPOINT`: the repository as a read-only file system
+//! (FUSE), like `restic mount` and `borg mount`.
+//!
+//! Layout:
+//!
+//! ```text
+//! MOUNTPOINT/series/<series>/<version>/…   one directory per version, its tree below
+//! MOUNTPOINT/series/<series>/latest        symlink to the newest version's directory
+//! MOUNTPOINT/ids/<short id>/…              the same trees by snapshot id (8 hex digits,
+//!                                          the whole id where 8 are ambiguous)
+//! ```
+//!
+//! Series names are arbitrary strings; as one path component they are
+//! percent-encoded where needed ([`escape_component`]): `%` → `%25`, `/` →
+//! `%2F`, NUL → `%00`, and the names `.`/`..` become `%2E`/`%2E%2E` (the
+//! empty name is `%`). Names inside snapshots are passed through as the
+//! bytes the backup recorded, UTF-8 or not; recipe entries whose path could
+//! not be a real one (empty, `.`/`..` components, NUL) are left out.
+//!
+//! Snapshots are listed once, at mount time. A version's tree is built the
+//! first time something below it is looked at (its recipe loaded, one
+//! child map); its resolver the first time one of its files is opened
+//! ([`strata_store::fsread::SnapshotReader`]); reads go through one
+//! [`RegionCache`] shared by every file. Files show the size, mode,
+//! owner and times the backup recorded; a hard link shows the file it
+//! links to (same inode number); symlinks read as recorded. Versions moved
+//! to the cloud tier, or with files moved there, read from the tier, opened
+//! on first use.
+//!
+//! Everything that would change the file system fails with EROFS (the mount
+//! is read-only as well). An error reading the repository is EIO for the
+//! reader and a warning in the log.
+//!
+//! The command runs until the file system is unmounted (`fusermount3 -u
+//! MOUNTPOINT`, `umount`) or it gets Ctrl-C / SIGTERM, which unmount it
+//! (lazily when the mount point is busy) and exit 0. It holds a shared lock
+//! on the repository meanwhile, so gc, forget and maintenance wait rather
+//! than delete data under the mount.
+
+use anyhow::{bail, Context, Result};
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, KernelConfig, MountOption, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    SessionACL,
+};
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use strata_core::format::{Node, NodeKind, Recipe, Snapshot, Tier};
+use strata_store::fsread::{content_len, FileReader, RegionCache, SnapshotReader};
+use strata_store::restore::safe_rel;
+use strata_store::Repository;
+
+/// Arguments of `strata mount`.
+#[derive(clap::Args)]
+pub struct MountArgs {
+    /// Directory to mount the repository on (must exist). Runs in the
+    /// foreground until it is unmounted (`fusermount3 -u MOUNTPOINT`) or
+    /// gets Ctrl-C / SIGTERM.
+    pub mountpoint: PathBuf,
+    /// Let other users use the mount (non-root users need
+    /// `user_allow_other` in /etc/fuse.conf). The kernel then checks the
+    /// snapshot's permissions, and the mount goes away by itself should
+    /// strata die.
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Only these series (repeatable; all by default).
+    #[arg(long, value_name = "NAME")]
+    pub series: Vec<String>,
+    /// Memory for recently read regions (decrypted, decompressed), in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    pub cache_mib: usize,
+}
+
+/// Attributes and entries never change while mounted: the kernel may keep
+/// them as long as it likes.
+const TTL: Duration = Duration::from_secs(3600);
+/// Inode numbers: bits 40.. hold the view (snapshot × way in) + 1, bits
+/// 0..40 the entry in its tree; view 0 is the fixed part of the layout.
+const VIEW_SHIFT: u32 = 40;
+const LOCAL_MASK: u64 = (1 << VIEW_SHIFT) - 1;
+const INO_ROOT: u64 = 1;
+const INO_SERIES: u64 = 2;
+const INO_IDS: u64 = 3;
+/// Series `k` is directory `SERIES_BASE + 2k`, its `latest` link the next.
+const SERIES_BASE: u64 = 16;
+
+/// How a snapshot's tree was reached: the two ways get distinct inode
+/// numbers, since the kernel wants one parent per directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Via {
+    Series,
+    Ids,
+}
+
+/// What an inode number stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ino {
+    Root,
+    SeriesDir,
+    IdsDir,
+    Series(usize),
+    Latest(usize),
+    Tree { snap: usize, via: Via, local: u64 },
+}
+
+impl Ino {
+    fn decode(ino: u64) -> Option<Ino> {
+        let view = ino >> VIEW_SHIFT;
+        if view > 0 {
+            let v = (view - 1) as usize;
+            let via = if v % 2 == 0 { Via::Series } else { Via::Ids };
+            let local = ino & LOCAL_MASK;
+            return Some(Ino::Tree {
+                snap: v / 2,
+                via,
+                local,
+            });
+        }
+        match ino {
+            INO_ROOT => Some(Ino::Root),
+            INO_SERIES => Some(Ino::SeriesDir),
+            INO_IDS => Some(Ino::IdsDir),
+            n if n >= SERIES_BASE => {
+                let k = ((n - SERIES_BASE) / 2) as usize;
+                Some(match (n - SERIES_BASE) % 2 {
+                    0 => Ino::Series(k),
+                    _ => Ino::Latest(k),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    fn encode(self) -> u64 {
+        match self {
+            Ino::Root => INO_ROOT,
+            Ino::SeriesDir => INO_SERIES,
+            Ino::IdsDir => INO_IDS,
+            Ino::Series(k) => SERIES_BASE + 2 * k as u64,
+            Ino::Latest(k) => SERIES_BASE + 2 * k as u64 + 1,
+            Ino::Tree { snap, via, local } => {
+                let view = 2 * snap as u64 + (via == Via::Ids) as u64 + 1;
+                (view << VIEW_SHIFT) | (local & LOCAL_MASK)
+            }
+        }
+    }
+}
+
+/// A series name as one file name: percent-encoding of `%`, `/` and NUL,
+/// and of the dots of `.` and `..`; `%` alone for the empty name. Distinct
+/// names stay distinct.
+pub fn escape_component(name: &str) -> String {
+    match name {
+        "" => return "%".into(),
+        "." => return "%2E".into(),
+        ".." => return "%2E%2E".into(),
+        _ => {}
+    }
+    let mut out = String::with_capacity(name.len());
+    for ch in name.chars() {
+        match ch {
+            '%' => out.push_str("%25"),
+            '/' => out.push_str("%2F"),
+            '\0' => out.push_str("%00"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Nanoseconds since the epoch as a time (before it too).
+fn time_of(ns: i64) -> SystemTime {
+    let d = Duration::from_nanos(ns.unsigned_abs());
+    if ns >= 0 {
+        UNIX_EPOCH.checked_add(d).unwrap_or(UNIX_EPOCH)
+    } else {
+        UNIX_EPOCH.checked_sub(d).unwrap_or(UNIX_EPOCH)
+    }
+}
+
+/// One entry of a version's tree.
+struct TNode {
+    /// Last path component.
+    name: Vec<u8>,
+    parent: u64,
+    /// The recipe node (part, index); `None` for the root and for
+    /// directories the recipe lacks but its paths imply.
+    src: Option<(usize, usize)>,
+    /// Children, sorted by name.
+    children: Vec<u64>,
+    /// For a hard link: the entry of the file it names.
+    link: Option<u64>,
+    /// Content length of a file, target length of a symlink.
+    size: u64,
+}
+
+/// One recipe of a version: its own, or its cloud part's.
+struct Part {
+    snapshot: Snapshot,
+    recipe: Arc<Recipe>,
+    /// Its data is in the cloud tier.
+    cloud: bool,
+    reader: Mutex<Option<Arc<SnapshotReader>>>,
+}
+
+/// A version's tree, built on first use.
+struct Loaded {
+    parts: Vec<Part>,
+    nodes: Vec<TNode>,
+}
+
+impl Loaded {
+    fn node(&self, local: u64) -> Option<&TNode> {
+        self.nodes.get(usize::try_from(local).ok()?)
+    }
+
+    /// The recipe node behind a tree entry.
+    fn recipe_node(&self, t: &TNode) -> Option<&Node> {
+        let (p, i) = t.src?;
+        self.parts.get(p)?.recipe.nodes.get(i)
+    }
+
+    fn is_dir(&self, local: u64) -> bool {
+        match self.node(local) {
+            Some(t) => self.recipe_node(t).is_none_or(|n| n.kind == NodeKind::Dir),
+            None => false,
+        }
+    }
+
+    /// The child of directory `dir` called `name`, hard links followed.
+    fn child(&self, dir: u64, name: &[u8]) -> Option<u64> {
+        let d = self.node(dir)?;
+        let at = d
+            .children
+            .binary_search_by(|c| {
+                let n = self.node(*c).map(|t| t.name.as_slice()).unwrap_or(b"");
+                n.cmp(name)
+            })
+            .ok()?;
+        let c = d.children[at];
+        Some(self.node(c)?.link.unwrap_or(c))
+    }
+}
+
+/// Builds the tree of a version from its recipes (the first holds every
+/// directory; later ones add only paths it lacks). Returns the nodes and
+/// how many recipe entries were left out (unusable paths, entries below a
+/// non-directory).
+fn build_tree(parts: &[Part]) -> (Vec<TNode>, usize) {
+    let mut nodes = vec![TNode {
+        name: Vec::new(),
+        parent: 0,
+        src: None,
+        children: Vec::new(),
+        link: None,
+        size: 0,
+    }];
+    let mut at: HashMap<&[u8], u64> = HashMap::from([(&b""[..], 0)]);
+    let kind_of = |nodes: &[TNode], l: u64| {
+        nodes[l as usize]
+            .src
+            .map(|(p, i)| parts[p].recipe.nodes[i].kind)
+            .unwrap_or(NodeKind::Dir)
+    };
+    let mut skipped = 0;
+    for (p, part) in parts.iter().enumerate() {
+        for (i, n) in part.recipe.nodes.iter().enumerate() {
+            if safe_rel(&n.path).is_err() {
+                skipped += 1;
+                continue;
+            }
+            if let Some(&l) = at.get(n.path.as_slice()) {
+                // A directory first made up for its children becomes the
+                // recorded one.
+                if nodes[l as usize].src.is_none() && l != 0 && n.kind == NodeKind::Dir {
+                    nodes[l as usize].src = Some((p, i));
+                }
+                continue;
+            }
+            // The parent, and any ancestors the recipe lacks, made up.
+            let mut missing = Vec::new();
+            let mut path = n.path.as_slice();
+            let parent = loop {
+                let up = path
+                    .iter()
+                    .rposition(|&b| b == b'/')
+                    .map_or(&path[..0], |k| &path[..k]);
+                if let Some(&l) = at.get(up) {
+                    break l;
+                }
+                missing.push(up);
+                path = up;
+            };
+            if kind_of(&nodes, parent) != NodeKind::Dir {
+                skipped += 1;
+                continue;
+            }
+            let mut parent = parent;
+            for dir in missing.into_iter().rev() {
+                parent = push_node(&mut nodes, &mut at, dir, parent, None, 0);
+            }
+            let size = match n.kind {
+                NodeKind::File => content_len(n),
+                NodeKind::Symlink => n.target.as_ref().map_or(0, |t| t.len() as u64),
+                _ => 0,
+            };
+            push_node(&mut nodes, &mut at, &n.path, parent, Some((p, i)), size);
+        }
+    }
+    for l in 0..nodes.len() {
+        let mut c = std::mem::take(&mut nodes[l].children);
+        c.sort_by(|a, b| nodes[*a as usize].name.cmp(&nodes[*b as usize].name));
+        nodes[l].children = c;
+        let Some((p, i)) = nodes[l].src else { continue };
+        let n = &parts[p].recipe.nodes[i];
+        if n.kind == NodeKind::Hardlink {
+            let target = n.target.as_deref().and_then(|t| at.get(t)).copied();
+            nodes[l].link = target.filter(|&t| kind_of(&nodes, t) == NodeKind::File);
+        }
+    }
+    (nodes, skipped)
+}
+
+/// Appends an entry for `path` under `parent`.
+fn push_node<'a>(
+    nodes: &mut Vec<TNode>,
+    at: &mut HashMap<&'a [u8], u64>,
+    path: &'a [u8],
+    parent: u64,
+    src: Option<(usize, usize)>,
+    size: u64,
+) -> u64 {
+    let l = nodes.len() as u64;
+    let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path).to_vec();
+    nodes.push(TNode {
+        name,
+        parent,
+        src,
+        children: Vec::new(),
+        link: None,
+        size,
+    });
+    nodes[parent as usize].children.push(l);
+    at.insert(path, l);
+    l
+}
+
+/// A series as a directory: its versions, by number.
+struct SeriesDir {
+    name: OsString,
+    /// (directory name, snapshot index), in version order.
+    versions: Vec<(OsString, usize)>,
+    /// Index into `versions` of the newest.
+    latest: Option<usize>,
+    mtime: SystemTime,
+}
+
+/// A snapshot and its tree once loaded.
+struct SnapEntry {
+    id: String,
+    snap: Snapshot,
+    series: usize,
+    loaded: Mutex<Option<Arc<Loaded>>>,
+}
+
+/// The file system: the snapshots listed at mount time, their trees as
+/// they are used, open files, and the shared region cache.
+struct StrataFs {
+    repo: Repository,
+    cache: Arc<RegionCache>,
+    snaps: Vec<SnapEntry>,
+    series: Vec<SeriesDir>,
+    /// (directory name, snapshot index), sorted by name.
+    ids: Vec<(OsString, usize)>,
+    cloud: Mutex<Option<Repository>>,
+    files: Mutex<HashMap<u64, Arc<FileReader>>>,
+    next_fh: AtomicU64,
+    uid: u32,
+    gid: u32,
+    mounted: SystemTime,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Replies EIO for a repository error, with a warning in the log.
+fn eio(what: &str, e: impl std::fmt::Display) -> Errno {
+    tracing::warn!("{what}: {e:#}");
+    Errno::EIO
+}
+
+impl StrataFs {
+    /// The layout of `snapshots` (oldest first), restricted to the series
+    /// in `only` when it is not empty.
+    fn new(
+        repo: Repository,
+        snapshots: Vec<(String, Snapshot)>,
+        only: &[String],
+        cache: Arc<RegionCache>,
+    ) -> StrataFs {
+        let mut snapshots = snapshots;
+        if !only.is_empty() {
+            snapshots.retain(|(_, s)| only.contains(&s.series));
+        }
+        // Series by name, versions by number (then time, then id).
+        snapshots.sort_by(|a, b| {
+            (&a.1.series, a.1.version, a.1.time_ns, &a.0).cmp(&(
+                &b.1.series,
+                b.1.version,
+                b.1.time_ns,
+                &b.0,
+            ))
+        });
+        let mut series: Vec<SeriesDir> = Vec::new();
+        let mut snaps = Vec::with_capacity(snapshots.len());
+        for (i, (id, s)) in snapshots.into_iter().enumerate() {
+            let name = OsString::from(escape_component(&s.series));
+            if series.last().is_none_or(|d| d.name != name) {
+                series.push(SeriesDir {
+                    name,
+                    versions: Vec::new(),
+                    latest: None,
+                    mtime: UNIX_EPOCH,
+                });
+            }
+            let k = series.len() - 1;
+            let d = &mut series[k];
+            let mut vname = s.version.to_string();
+            if d.versions.iter().any(|(n, _)| n == vname.as_str()) {
+                // Two snapshots claim one version: the second by its id too.
+                vname = format!("{vname}-{}", escape_component(&id));
+            }
+            d.versions.push((OsString::from(vname), i));
+            d.latest = Some(d.versions.len() - 1);
+            d.mtime = d.mtime.max(time_of(s.time_ns));
+            snaps.push(SnapEntry {
+                id,
+                snap: s,
+                series: k,
+                loaded: Mutex::new(None),
+            });
+        }
+        let ids = short_ids(&snaps);
+        // SAFETY: getuid/getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        StrataFs {
+            repo,
+            cache,
+            snaps,
+            series,
+            ids,
+            cloud: Mutex::new(None),
+            files: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            uid,
+            gid,
+            mounted: SystemTime::now(),
+        }
+    }
+
+    /// The cloud tier, opened on first use.
+    fn cloud(&self) -> Result<Repository> {
+        let mut g = lock(&self.cloud);
+        if let Some(c) = &*g {
+            return Ok(c.clone());
+        }
+        let c = super::tier::cloud(&self.repo)?;
+        *g = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Snapshot `s`'s tree, loading its recipes the first time.
+    fn loaded(&self, s: usize) -> Result<Arc<Loaded>, Errno> {
+        let e = self.snaps.get(s).ok_or(Errno::ENOENT)?;
+        let mut g = lock(&e.loaded);
+        if let Some(l) = &*g {
+            return Ok(l.clone());
+        }
+        let what = format!("snapshot {} ({}@{})", e.id, e.snap.series, e.snap.version);
+        let mut parts = Vec::new();
+        let mut add = |snapshot: Snapshot, cloud: bool| -> Result<(), Errno> {
+            let recipe = self
+                .repo
+                .load_recipe(&snapshot.recipe)
+                .map_err(|err| eio(&format!("{what}: loading its recipe"), err))?;
+            parts.push(Part {
+                snapshot,
+                recipe: Arc::new(recipe),
+                cloud,
+                reader: Mutex::new(None),
+            });
+            Ok(())
+        };
+        add(e.snap.clone(), e.snap.tier == Tier::Cloud)?;
+        if let Some(p) = strata_store::tier::paths::part_snapshot(&e.snap) {
+            add(p, true)?;
+        }
+        let (nodes, skipped) = build_tree(&parts);
+        if skipped > 0 {
+            tracing::warn!("{what}: {skipped} entries with unusable paths left out");
+        }
+        let l = Arc::new(Loaded { parts, nodes });
+        *g = Some(l.clone());
+        Ok(l)
+    }
+
+    /// The reader of one recipe of a version (its data repository opened
+    /// on first use).
+    fn part_reader(&self, l: &Loaded, p: usize) -> Result<Arc<SnapshotReader>> {
+        let part = l.parts.get(p).context("no such recipe part")?;
+        let mut g = lock(&part.reader);
+        if let Some(r) = &*g {
+            return Ok(r.clone());
+        }
+        let data = if part.cloud {
+            self.cloud()?
+        } else {
+            self.repo.clone()
+        };
+        let r = Arc::new(SnapshotReader::new(
+            data,
+            part.snapshot.clone(),
+            part.recipe.clone(),
+            self.cache.clone(),
+        ));
+        *g = Some(r.clone());
+        Ok(r)
+    }
+
+    /// Attributes of a directory of the fixed layout.
+    fn dir_attr(&self, ino: u64, mtime: SystemTime) -> FileAttr {
+        self.attr(ino, FileType::Directory, 0o555, 0, mtime)
+    }
+
+    fn attr(&self, ino: u64, kind: FileType, perm: u16, size: u64, mtime: SystemTime) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: mtime,
+            mtime,
+            ctime: mtime,
+            crtime: mtime,
+            kind,
+            perm,
+            nlink: 1,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    /// Attributes of entry `local` of a snapshot's tree.
+    fn tree_attr(&self, ino: u64, s: &SnapEntry, l: &Loaded, local: u64) -> Option<FileAttr> {
+        let t = l.node(local)?;
+        let Some(n) = l.recipe_node(t) else {
+            return Some(self.dir_attr(ino, time_of(s.snap.time_ns)));
+        };
+        let kind = match n.kind {
+            NodeKind::Dir => FileType::Directory,
+            NodeKind::File | NodeKind::Hardlink => FileType::RegularFile,
+            NodeKind::Symlink => FileType::Symlink,
+            NodeKind::Fifo => FileType::NamedPipe,
+            NodeKind::CharDevice => FileType::CharDevice,
+            NodeKind::BlockDevice => FileType::BlockDevice,
+            NodeKind::Socket => FileType::Socket,
+        };
+        let mut a = self.attr(
+            ino,
+            kind,
+            (n.mode & 0o7777) as u16,
+            t.size,
+            time_of(n.mtime_ns),
+        );
+        a.ctime = time_of(n.ctime_ns);
+        a.uid = n.uid;
+        a.gid = n.gid;
+        a.rdev = n.rdev as u32;
+        if kind == FileType::RegularFile {
+            a.nlink = n.nlink.clamp(1, u32::MAX as u64) as u32;
+        }
+        Some(a)
+    }
+
+    /// Attributes of any inode.
+    fn getattr_of(&self, ino: u64) -> Result<FileAttr, Errno> {
+        let newest = || {
+            self.series
+                .iter()
+                .map(|d| d.mtime)
+                .max()
+                .unwrap_or(self.mounted)
+        };
+        match Ino::decode(ino).ok_or(Errno::ENOENT)? {
+            Ino::Root | Ino::SeriesDir | Ino::IdsDir => Ok(self.dir_attr(ino, newest())),
+            Ino::Series(k) => {
+                let d = self.series.get(k).ok_or(Errno::ENOENT)?;
+                Ok(self.dir_attr(ino, d.mtime))
+            }
+            Ino::Latest(k) => {
+                let d = self.series.get(k).ok_or(Errno::ENOENT)?;
+                let (name, _) = d
+                    .latest
+                    .and_then(|i| d.versions.get(i))
+                    .ok_or(Errno::ENOENT)?;
+                let size = name.len() as u64;
+                Ok(self.attr(ino, FileType::Symlink, 0o777, size, d.mtime))
+            }
+            Ino::Tree { snap, local, .. } => {
+                let s = self.snaps.get(snap).ok_or(Errno::ENOENT)?;
+                let l = self.loaded(snap)?;
+                self.tree_attr(ino, s, &l, local).ok_or(Errno::ENOENT)
+            }
+        }
+    }
+
+    /// The inode `name` names in directory `parent`.
+    fn lookup_ino(&self, parent: u64, name: &OsStr) -> Result<u64, Errno> {
+        let find = |v: &[(OsString, usize)]| {
+            v.binary_search_by(|(n, _)| n.as_os_str().cmp(name))
+                .ok()
+                .map(|i| v[i].1)
+        };
+        let ino = match Ino::decode(parent).ok_or(Errno::ENOENT)? {
+            Ino::Root => match name.as_bytes() {
+                b"series" => Ino::SeriesDir,
+                b"ids" => Ino::IdsDir,
+                _ => return Err(Errno::ENOENT),
+            },
+            Ino::SeriesDir => {
+                let k = self
+                    .series
+                    .binary_search_by(|d| d.name.as_os_str().cmp(name))
+                    .map_err(|_| Errno::ENOENT)?;
+                Ino::Series(k)
+            }
+            Ino::IdsDir => Ino::Tree {
+                snap: find(&self.ids).ok_or(Errno::ENOENT)?,
+                via: Via::Ids,
+                local: 0,
+            },
+            Ino::Series(k) => {
+                let d = self.series.get(k).ok_or(Errno::ENOENT)?;
+                if name == "latest" && d.latest.is_some() {
+                    Ino::Latest(k)
+                } else {
+                    let i = d.versions.iter().position(|(n, _)| n == name);
+                    Ino::Tree {
+                        snap: d.versions[i.ok_or(Errno::ENOENT)?].1,
+                        via: Via::Series,
+                        local: 0,
+                    }
+                }
+            }
+            Ino::Latest(_) => return Err(Errno::ENOTDIR),
+            Ino::Tree { snap, via, local } => {
+                let l = self.loaded(snap)?;
+                if !l.is_dir(local) {
+                    return Err(Errno::ENOTDIR);
+                }
+                let c = l.child(local, name.as_bytes()).ok_or(Errno::ENOENT)?;
+                Ino::Tree {
+                    snap,
+                    via,
+                    local: c,
+                }
+            }
+        };
+        Ok(ino.encode())
+    }
+
+    /// The entries of directory `ino` from index `from` on (`.` and `..`
+    /// are 0 and 1), handed to `add` until it says the reply is full.
+    fn list(
+        &self,
+        ino: u64,
+        from: usize,
+        add: &mut dyn FnMut(u64, FileType, &OsStr) -> bool,
+    ) -> Result<(), Errno> {
+        use FileType::{Directory as D, Symlink as L};
+        // (parent, children) of the fixed layout; a tree lists itself.
+        let (parent, children): (u64, Vec<(u64, FileType, OsString)>) = match Ino::decode(ino)
+            .ok_or(Errno::ENOENT)?
+        {
+            Ino::Root => (
+                INO_ROOT,
+                vec![(INO_SERIES, D, "series".into()), (INO_IDS, D, "ids".into())],
+            ),
+            Ino::SeriesDir => (
+                INO_ROOT,
+                (self.series.iter().enumerate())
+                    .map(|(k, d)| (Ino::Series(k).encode(), D, d.name.clone()))
+                    .collect(),
+            ),
+            Ino::IdsDir => (
+                INO_ROOT,
+                (self.ids.iter())
+                    .map(|(n, s)| (tree_root(*s, Via::Ids), D, n.clone()))
+                    .collect(),
+            ),
+            Ino::Series(k) => {
+                let d = self.series.get(k).ok_or(Errno::ENOENT)?;
+                let mut c: Vec<_> = (d.versions.iter())
+                    .map(|(n, s)| (tree_root(*s, Via::Series), D, n.clone()))
+                    .collect();
+                if d.latest.is_some() {
+                    c.push((Ino::Latest(k).encode(), L, "latest".into()));
+                }
+                (INO_SERIES, c)
+            }
+            Ino::Latest(_) => return Err(Errno::ENOTDIR),
+            Ino::Tree { snap, via, local } => return self.list_tree(snap, via, local, from, add),
+        };
+        let dots = [(ino, D, OsString::from(".")), (parent, D, "..".into())];
+        for (e, kind, name) in dots.into_iter().chain(children).skip(from) {
+            if add(e, kind, &name) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::list`] for a directory of a snapshot's tree.
+    fn list_tree(
+        &self,
+        snap: usize,
+        via: Via,
+        local: u64,
+        from: usize,
+        add: &mut dyn FnMut(u64, FileType, &OsStr) -> bool,
+    ) -> Result<(), Errno> {
+        let l = self.loaded(snap)?;
+        if !l.is_dir(local) {
+            return Err(Errno::ENOTDIR);
+        }
+        let t = l.node(local).ok_or(Errno::ENOENT)?;
+        let ino = |local| Ino::Tree { snap, via, local }.encode();
+        let parent = match (local, via) {
+            (0, Via::Series) => Ino::Series(self.snaps[snap].series).encode(),
+            (0, Via::Ids) => INO_IDS,
+            _ => ino(t.parent),
+        };
+        let dots = [(ino(local), OsStr::new(".")), (parent, OsStr::new(".."))];
+        for (e, name) in dots.into_iter().skip(from) {
+            if add(e, FileType::Directory, name) {
+                return Ok(());
+            }
+        }
+        for &c in t.children.iter().skip(from.saturating_sub(2)) {
+            let Some(ct) = l.node(c) else { continue };
+            let target = ct.link.unwrap_or(c);
+            let kind = self
+                .tree_attr(0, &self.snaps[snap], &l, target)
+                .map_or(FileType::RegularFile, |a| a.kind);
+            if add(ino(target), kind, OsStr::from_bytes(&ct.name)) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens a file of a snapshot for reading.
+    fn open_file(&self, ino: u64) -> Result<u64, Errno> {
+        let Some(Ino::Tree { snap, local, .. }) = Ino::decode(ino) else {
+            return Err(Errno::EISDIR);
+        };
+        let l = self.loaded(snap)?;
+        let t = l.node(local).ok_or(Errno::ENOENT)?;
+        let n = l.recipe_node(t).ok_or(Errno::EISDIR)?;
+        let (p, _) = t.src.ok_or(Errno::EISDIR)?;
+        let path = n.path_str();
+        match n.kind {
+            NodeKind::File => {}
+            NodeKind::Dir => return Err(Errno::EISDIR),
+            NodeKind::Hardlink => {
+                return Err(eio(&path, "hard link to a file missing from the snapshot"))
+            }
+            _ => return Err(Errno::EACCES),
+        }
+        let reader = self
+            .part_reader(&l, p)
+            .and_then(|r| Ok(r.open(n)?))
+            .map_err(|e| eio(&format!("{path}: opening"), e))?;
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&self.files).insert(fh, Arc::new(reader));
+        Ok(fh)
+    }
+
+    /// The extended attributes of an entry of a snapshot's tree.
+    fn xattrs(&self, ino: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Errno> {
+        let Some(Ino::Tree { snap, local, .. }) = Ino::decode(ino) else {
+            return Ok(Vec::new());
+        };
+        let l = self.loaded(snap)?;
+        let t = l.node(local).ok_or(Errno::ENOENT)?;
+        Ok(l.recipe_node(t)
+            .map(|n| n.xattrs.clone())
+            .unwrap_or_default())
+    }
+}
+
+/// Inode of snapshot `s`'s tree root reached through `via`.
+fn tree_root(s: usize, via: Via) -> u64 {
+    Ino::Tree {
+        snap: s,
+        via,
+        local: 0,
+    }
+    .encode()
+}
+
+/// Directory names of `/ids`: 8 hex digits of each id, the whole id where
+/// two share them; sorted by name.
+fn short_ids(snaps: &[SnapEntry]) -> Vec<(OsString, usize)> {
+    let short = |id: &str| id.get(..8).unwrap_or(id).to_string();
+    let mut count: HashMap<String, usize> = HashMap::new();
+    for s in snaps {
+        *count.entry(short(&s.id)).or_default() += 1;
+    }
+    let mut ids: Vec<(OsString, usize)> = snaps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let name = match count.get(&short(&s.id)) {
+                Some(1) => short(&s.id),
+                _ => s.id.clone(),
+            };
+            (OsString::from(escape_component(&name)), i)
+        })
+        .collect();
+    ids.sort();
+    ids.dedup_by(|a, b| a.0 == b.0);
+    ids
+}
+
+/// Replies for an xattr request: the size when asked for it, ERANGE when
+/// the buffer is too small, else the bytes.
+fn reply_xattr(reply: ReplyXattr, size: u32, data: &[u8]) {
+    if size == 0 {
+        reply.size(data.len() as u32);
+    } else if (size as usize) < data.len() {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(data);
+    }
+}
+
+impl Filesystem for StrataFs {
+    fn init(&mut self, _req: &Request, _config: &mut KernelConfig) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self
+            .lookup_ino(parent.0, name)
+            .and_then(|ino| self.getattr_of(ino))
+        {
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.getattr_of(ino.0) {
+            Ok(a) => reply.attr(&TTL, &a),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let target = match Ino::decode(ino.0) {
+            Some(Ino::Latest(k)) => self
+                .series
+                .get(k)
+                .and_then(|d| d.versions.get(d.latest?))
+                .map(|(n, _)| n.as_bytes().to_vec()),
+            Some(Ino::Tree { snap, local, .. }) => match self.loaded(snap) {
+                Ok(l) => l
+                    .node(local)
+                    .and_then(|t| l.recipe_node(t))
+                    .filter(|n| n.kind == NodeKind::Symlink)
+                    .map(|n| n.target.clone().unwrap_or_default()),
+                Err(e) => return reply.error(e),
+            },
+            _ => None,
+        };
+        match target {
+            Some(t) => reply.data(&t),
+            None => reply.error(Errno::EINVAL),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.acc_mode() != OpenAccMode::O_RDONLY {
+            return reply.error(Errno::EROFS);
+        }
+        match self.open_file(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(f) = lock(&self.files).get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        match f.read_at(offset, size as usize) {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(eio(&format!("reading inode {:#x} at {offset}", ino.0), e)),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        lock(&self.files).remove(&fh.0);
+        reply.ok();
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: fuser::LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let from = usize::try_from(offset).unwrap_or(usize::MAX);
+        let mut next = offset;
+        let res = self.list(ino.0, from, &mut |e, kind, name| {
+            next += 1;
+            reply.add(INodeNo(e), next, kind, name)
+        });
+        match res {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        reply.statfs(0, 0, 0, 0, 0, 4096, 255, 4096);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.xattrs(ino.0) {
+            Ok(x) => match x.iter().find(|(n, _)| n.as_slice() == name.as_bytes()) {
+                Some((_, v)) => reply_xattr(reply, size, v),
+                None => reply.error(Errno::NO_XATTR),
+            },
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.xattrs(ino.0) {
+            Ok(x) => {
+                let mut names = Vec::new();
+                for (n, _) in &x {
+                    names.extend_from_slice(n);
+                    names.push(0);
+                }
+                reply_xattr(reply, size, &names)
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        if mask.contains(AccessFlags::W_OK) {
+            reply.error(Errno::EROFS)
+        } else {
+            reply.ok()
+        }
+    }
+
+    // Everything that would change the file system: read-only.
+
+    #[allow(clippy::too_many_arguments)]
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<fuser::TimeOrNow>,
+        _mtime: Option<fuser::TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _write_flags: fuser::WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: fuser::ReplyWrite,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: fuser::ReplyCreate,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: fuser::ReplyWrite,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+}
+
+/// Set by SIGINT / SIGTERM.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Mount options. `fuser` is built without default features: its
+/// pure-Rust mount (no libfuse, no headers at build time) calls mount(2)
+/// itself when root and otherwise runs the setuid `fusermount3` (or
+/// `fusermount`) helper of the fuse3 package. `auto_unmount` needs that
+/// helper to stay around and `fuser` allows it only with `allow_other`, so
+/// it comes with `--allow-other`; without it, strata unmounts on its own
+/// signals (a killed strata leaves a dead mount for `fusermount3 -u`).
+fn mount_config(a: &MountArgs) -> fuser::Config {
+    let mut c = fuser::Config::default();
+    c.mount_options = vec![MountOption::RO, MountOption::FSName("strata".into())];
+    if a.allow_other {
+        c.acl = SessionACL::All;
+        c.mount_options
+            .extend([MountOption::AutoUnmount, MountOption::DefaultPermissions]);
+    }
+    // Several requests at once: a slow read (a bucket, a resolver being
+    // built) does not hold up listing.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    c.n_threads = Some(cores.clamp(2, 8));
+    c
+}
+
+/// Unmounts after a signal: normally, or lazily (detached now, gone when
+/// the last user lets go) when the mount point is busy.
+fn unmount(mut unmounter: fuser::SessionUnmounter, mountpoint: &Path) {
+    let Err(e) = unmounter.unmount() else { return };
+    tracing::warn!(
+        "unmounting {}: {e}; detaching it instead",
+        mountpoint.display()
+    );
+    let ok = std::process::Command::new("fusermount3")
+        .args(["-u", "-z", "--"])
+        .arg(mountpoint)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        if let Ok(c) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) {
+            // SAFETY: a valid NUL-terminated path.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
+/// `strata mount`: serves the repository until unmounted or signalled.
+pub fn run(repo: Repository, out: &crate::output::Out, a: &MountArgs) -> Result<i32> {
+    let mountpoint = a.mountpoint.as_path();
+    match std::fs::metadata(mountpoint) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => bail!("{} is not a directory", mountpoint.display()),
+        Err(e) => bail!("mount point {}: {e}", mountpoint.display()),
+    }
+    let _lock = strata_store::lock::acquire(&repo, false, "mount")?;
+    let (snapshots, damaged) = repo.list_snapshots_tolerant()?;
+    for (id, e) in &damaged {
+        out.warn(&format!("snapshot {id} left out: {e}"));
+    }
+    let cache = Arc::new(RegionCache::new(a.cache_mib.saturating_mul(1 << 20)));
+    let fs = StrataFs::new(repo, snapshots, &a.series, cache);
+    let (n_snaps, n_series) = (fs.snaps.len(), fs.series.len());
+    // Before mounting, so that a signal from now on unmounts.
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+    }
+    let mut session = fuser::Session::new(fs, mountpoint, &mount_config(a)).with_context(|| {
+        format!(
+            "mounting on {} (FUSE needs /dev/fuse, and fusermount3 from the fuse3 package unless root)",
+            mountpoint.display()
+        )
+    })?;
+    let unmounter = session.unmount_callable();
+    let serving = std::thread::Builder::new()
+        .name("fuse".into())
+        .spawn(move || session.run())
+        .context("starting the file system thread")?;
+    out.result(
+        &serde_json::json!({"mountpoint": mountpoint.display().to_string(), "snapshots": n_snaps, "series": n_series}),
+        || {
+            format!(
+                "{n_snaps} snapshots of {n_series} series mounted at {}; \
+                 unmount with `fusermount3 -u {}` or Ctrl-C",
+                mountpoint.display(),
+                mountpoint.display()
+            )
+        },
+    );
+    while !serving.is_finished() && !STOP.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if !serving.is_finished() {
+        unmount(unmounter, mountpoint);
+        // A lazily detached mount ends when its last user lets go; exiting
+        // closes the device, which ends it for them.
+        let until = Instant::now() + Duration::from_secs(3);
+        while !serving.is_finished() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !serving.is_finished() {
+            return Ok(0);
+        }
+    }
+    match serving.join() {
+        Ok(Ok(())) => Ok(0),
+        Ok(Err(e)) => Err(e).context("serving the file system"),
+        Err(_) => bail!("the file system thread panicked"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaped_names_are_single_distinct_components() {
+        let names = [
+            "", ".", "..", "a/b", "a%2Fb", "%", "a\0b", "ok", "...", "a∕b",
+        ];
+        let esc: Vec<String> = names.iter().map(|n| escape_component(n)).collect();
+        for e in &esc {
+            assert!(!e.contains('/') && !e.contains('\0') && e != "." && e != "..");
+        }
+        let mut uniq = esc.clone();
+        uniq.sort();
+        uniq.dedup();
+        assert_eq!(uniq.len(), names.len(), "{esc:?}");
+        assert_eq!(escape_component("home/alice"), "home%2Falice");
+    }
+
+    #[test]
+    fn inode_numbers_round_trip() {
+        for i in [
+            Ino::Root,
+            Ino::SeriesDir,
+            Ino::IdsDir,
+            Ino::Series(0),
+            Ino::Latest(0),
+            Ino::Series(12345),
+            Ino::Latest(12345),
+            Ino::Tree {
+                snap: 0,
+                via: Via::Series,
+                local: 0,
+            },
+            Ino::Tree {
+                snap: 7,
+                via: Via::Ids,
+                local: LOCAL_MASK,
+            },
+        ] {
+            assert_eq!(Ino::decode(i.encode()), Some(i), "{i:?}");
+        }
+        assert_eq!(Ino::decode(0), None);
+    }
+
+    fn node(path: &str, kind: NodeKind, target: Option<&str>) -> Node {
+        Node {
+            path: path.as_bytes().to_vec(),
+            kind,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            ino: 0,
+            dev: 0,
+            rdev: 0,
+            nlink: 1,
+            size: 0,
+            target: target.map(|t| t.as_bytes().to_vec()),
+            segments: Vec::new(),
+            xattrs: Vec::new(),
+        }
+    }
+
+    fn part(nodes: Vec<Node>) -> Part {
+        Part {
+            snapshot: Snapshot {
+                series: String::new(),
+                version: 1,
+                time_ns: 0,
+                host: String::new(),
+                paths: Vec::new(),
+                tags: Vec::new(),
+                recipe: String::new(),
+                parent: None,
+                chunker: strata_core::chunker::ChunkerParams::cdc(8192),
+                stats: Default::default(),
+                archival: None,
+                tier: Tier::Active,
+                cloud_part: None,
+            },
+            recipe: Arc::new(Recipe {
+                containers: Vec::new(),
+                nodes,
+            }),
+            cloud: false,
+            reader: Mutex::new(None),
+        }
+    }
+
+    /// Missing ancestors are made up, bad paths and entries below files
+    /// left out, hard links resolved, children sorted, names raw bytes.
+    #[test]
+    fn tree_from_recipe() {
+        let mut odd = node("x", NodeKind::File, None);
+        odd.path = b"home/\xff\xfe".to_vec();
+        let parts = vec![part(vec![
+            node("home", NodeKind::Dir, None),
+            node("home/b", NodeKind::File, None),
+            node("home/b/under-a-file", NodeKind::File, None),
+            node("home/a", NodeKind::Hardlink, Some("home/b")),
+            node("../evil", NodeKind::File, None),
+            node("deep/er/file", NodeKind::File, None),
+            node("home/dangling", NodeKind::Hardlink, Some("nope")),
+            odd,
+        ])];
+        let (nodes, skipped) = build_tree(&parts);
+        assert_eq!(skipped, 2);
+        let l = Loaded { parts, nodes };
+        let home = l.child(0, b"home").unwrap();
+        assert!(l.is_dir(home));
+        let b = l.child(home, b"b").unwrap();
+        assert_eq!(l.child(home, b"a"), Some(b), "hard link → its file");
+        assert!(l.child(b, b"under-a-file").is_none());
+        let dangling = l.child(home, b"dangling").unwrap();
+        assert!(l.node(dangling).unwrap().link.is_none());
+        assert!(l.child(home, b"\xff\xfe").is_some());
+        let deep = l.child(0, b"deep").unwrap();
+        assert!(l.is_dir(deep) && l.node(deep).unwrap().src.is_none());
+        let er = l.child(deep, b"er").unwrap();
+        assert!(l.child(er, b"file").is_some());
+        let names: Vec<&[u8]> = (l.node(home).unwrap().children.iter())
+            .map(|c| l.node(*c).unwrap().name.as_slice())
+            .collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted);
+    }
+}
