@@ -10,20 +10,45 @@ use strata_store::StoreError;
 
 /// The repository password.
 pub(crate) fn read_password(cli: &Cli, confirm: bool) -> Result<Vec<u8>, StoreError> {
-    if let Some(f) = &cli.password_file {
-        return from_file(f);
+    Sources {
+        file: cli.password_file.as_deref(),
+        command: cli.password_command.as_deref(),
+        env: "STRATA_PASSWORD",
+        flags: "--password-file or --password-command",
+        question: "repository password: ",
     }
-    if let Some(c) = &cli.password_command {
-        return from_command(c);
+    .read(confirm)
+}
+
+/// Where one password may come from, in order.
+pub(crate) struct Sources<'a> {
+    pub file: Option<&'a Path>,
+    pub command: Option<&'a str>,
+    /// The environment variable holding it.
+    pub env: &'static str,
+    /// The flags that give it, for the error message.
+    pub flags: &'static str,
+    pub question: &'static str,
+}
+
+impl Sources<'_> {
+    pub(crate) fn read(&self, confirm: bool) -> Result<Vec<u8>, StoreError> {
+        if let Some(f) = self.file {
+            return from_file(f);
+        }
+        if let Some(c) = self.command {
+            return from_command(c);
+        }
+        if let Ok(p) = std::env::var(self.env) {
+            return Ok(p.into_bytes());
+        }
+        prompt(self.question, confirm).unwrap_or_else(|| {
+            Err(StoreError::Invalid(format!(
+                "the repository is encrypted: set ${}, use {}, or run on a terminal",
+                self.env, self.flags
+            )))
+        })
     }
-    if let Ok(p) = std::env::var("STRATA_PASSWORD") {
-        return Ok(p.into_bytes());
-    }
-    prompt("repository password: ", confirm).unwrap_or_else(|| {
-        Err(StoreError::Invalid(
-            "the repository is encrypted: set $STRATA_PASSWORD, use --password-file or --password-command, or run on a terminal".into(),
-        ))
-    })
 }
 
 /// A new password (`strata key add|passwd`): `--new-password-file`,

@@ -23,6 +23,7 @@ pub mod lock;
 pub mod progress;
 pub mod recipe;
 pub mod repo;
+pub mod repo_copy;
 pub mod resolver;
 pub mod restore;
 pub mod retention;

@@ -4,6 +4,7 @@
 mod backup;
 mod check;
 mod completion;
+mod copy;
 mod diff;
 mod dump;
 mod features;
@@ -52,6 +53,9 @@ pub(crate) enum Cmd {
     Find(find::FindArgs),
     /// Add, remove or set snapshots' tags.
     Tag(tag::TagArgs),
+    /// Copy snapshots from another repository into this one (deduplicated
+    /// against it; already copied ones are skipped).
+    Copy(copy::CopyArgs),
     /// Browse the repository as a read-only file system (FUSE): series,
     /// versions, and each version's tree, read on demand. Runs until
     /// unmounted (`fusermount3 -u DIR`) or interrupted.
@@ -144,6 +148,7 @@ pub(crate) fn run(cli: &Cli, out: &Out) -> Result<i32> {
         Cmd::Diff(a) => diff::run(cli, out, a),
         Cmd::Find(a) => find::run(cli, out, a),
         Cmd::Tag(a) => tag::run(cli, out, a),
+        Cmd::Copy(a) => copy::run(cli, out, a),
         Cmd::Mount(a) => mount::run(crate::open(cli)?, out, a),
         Cmd::Key { cmd } => key::run(cli, out, cmd),
         Cmd::Completion(a) => completion::completion(a),

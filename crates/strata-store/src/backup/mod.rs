@@ -47,7 +47,19 @@ pub struct StdinSource {
     pub name: String,
 }
 
+/// A tree that is not read from the file system (`strata copy`): its
+/// entries, each file with a reader of its content, and the time, host
+/// and paths the new snapshot records (those of the original).
+pub struct Import {
+    pub entries: Vec<(Node, Option<Box<dyn Read + Send>>)>,
+    pub time_ns: i64,
+    pub host: String,
+    pub paths: Vec<String>,
+}
+
 pub struct BackupOptions {
+    /// A tree to store instead of `paths` (needs `series`).
+    pub import: Option<Import>,
     /// Paths to back up (made absolute by the caller or here).
     pub paths: Vec<PathBuf>,
     pub stdin: Option<StdinSource>,
@@ -83,6 +95,7 @@ pub struct BackupOptions {
 impl Default for BackupOptions {
     fn default() -> Self {
         BackupOptions {
+            import: None,
             paths: vec![],
             stdin: None,
             series: None,
@@ -236,6 +249,24 @@ fn stdin_entries(s: StdinSource, progress: &Progress) -> Result<Vec<(Node, Optio
     Ok(out)
 }
 
+/// The entries of an imported tree, files with their readers as streams
+/// (their chunks are cut anew with this repository's chunker and keys).
+fn import_entries(
+    entries: Vec<(Node, Option<Box<dyn Read + Send>>)>,
+    progress: &Progress,
+) -> Vec<(Node, Option<Source>)> {
+    entries
+        .into_iter()
+        .map(|(mut n, r)| {
+            n.segments.clear();
+            if r.is_some() {
+                progress.files_total.fetch_add(1, Ordering::Relaxed);
+            }
+            (n, r.map(|r| Source::Stream(Mutex::new(Some(r)))))
+        })
+        .collect()
+}
+
 /// Runs a backup and commits a new version, then (unless
 /// [`BackupOptions::lifecycle`] is off) the incremental lifecycle.
 pub fn backup(repo: &Repository, opts: BackupOptions) -> Result<BackupReport> {
@@ -273,9 +304,15 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
             missing.join(", ")
         )));
     }
-    if paths.is_empty() && opts.stdin.is_none() {
+    if paths.is_empty() && opts.stdin.is_none() && opts.import.is_none() {
         return Err(StoreError::Invalid(
             "nothing to back up: give paths or --stdin".into(),
+        ));
+    }
+    if opts.import.is_some() && (opts.series.is_none() || !paths.is_empty() || opts.stdin.is_some())
+    {
+        return Err(StoreError::Invalid(
+            "an imported tree is stored alone, in a named series".into(),
         ));
     }
     let excludes =
@@ -300,11 +337,16 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
     )?;
     drop(repo_index);
     let progress = opts.progress.clone();
-    let stdin = opts
+    let mut stdin = opts
         .stdin
         .take()
         .map(|s| stdin_entries(s, &progress))
         .transpose()?;
+    let import = opts.import.take().map(|i| {
+        let (time, host, paths) = (i.time_ns, i.host, i.paths);
+        stdin = Some(import_entries(i.entries, &progress));
+        (time, host, paths)
+    });
     let ctx = Ctx::new(CtxParts {
         repo,
         strategy: strategy.as_ref(),
@@ -380,6 +422,9 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         tier: Default::default(),
         cloud_part: None,
     };
+    if let Some((time, host, paths)) = import {
+        (snapshot.time_ns, snapshot.host, snapshot.paths) = (time, host, paths);
+    }
     snapshot.stats.new_stored_bytes = stored;
     snapshot.stats.duration_ms = started.elapsed().as_millis() as u64;
     let id = commit::commit_snapshot(repo, &mut snapshot)?;

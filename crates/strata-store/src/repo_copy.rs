@@ -1,0 +1,115 @@
+//! `strata copy`: versions from another repository stored in this one, as
+//! backups of a tree read from there — cut with this repository's chunker,
+//! fingerprinted with its key, deduplicated against what it holds (and
+//! against the previous version of the series), encrypted with its key.
+//! The copy keeps the original's series, time, host, paths and tags; a
+//! version whose series, host and time this repository already has counts
+//! as copied, so running the command again copies only what is new.
+
+use crate::backup::{backup, BackupOptions, BackupReport, Import};
+use crate::error::{Result, StoreError};
+use crate::fsread::{FileReader, RegionCache, SnapshotReader};
+use crate::progress::Progress;
+use crate::repo::Repository;
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::Arc;
+use strata_core::format::{Node, NodeKind, Snapshot};
+
+/// Settings of one copy.
+pub struct CopyOptions {
+    pub threads: usize,
+    pub progress: Arc<Progress>,
+}
+
+/// Whether `have` (this repository's snapshots) already holds a copy of
+/// `s`: the same series, host and time.
+pub fn already_copied(have: &[(String, Snapshot)], s: &Snapshot) -> bool {
+    have.iter()
+        .any(|(_, h)| h.series == s.series && h.host == s.host && h.time_ns == s.time_ns)
+}
+
+/// Stores version `original` of another repository in `dst`. `parts` are
+/// where its tree lives: (repository holding the data, the snapshot as that
+/// repository records it) — one pair, or two for a version some of whose
+/// files moved to a cloud tier. Returns the new snapshot's backup report.
+pub fn copy_version(
+    parts: &[(Repository, Snapshot)],
+    original: &Snapshot,
+    dst: &Repository,
+    opts: CopyOptions,
+) -> Result<BackupReport> {
+    let cache = Arc::new(RegionCache::new(64 << 20));
+    let mut entries: Vec<(Node, Option<Box<dyn Read + Send>>)> = Vec::new();
+    // A directory can be in two parts; it is stored once (the last part's,
+    // the active one, as restore sets it last).
+    let mut at: HashMap<Vec<u8>, usize> = HashMap::new();
+    for (repo, part) in parts {
+        let recipe = Arc::new(repo.load_recipe(&part.recipe)?);
+        let reader = Arc::new(SnapshotReader::new(
+            repo.clone(),
+            part.clone(),
+            recipe.clone(),
+            cache.clone(),
+        ));
+        for n in recipe.nodes.iter() {
+            let content: Option<Box<dyn Read + Send>> = match n.kind {
+                NodeKind::File => Some(Box::new(Content {
+                    snapshot: reader.clone(),
+                    node: n.clone(),
+                    file: None,
+                    offset: 0,
+                })),
+                _ => None,
+            };
+            match at.get(&n.path) {
+                Some(&i) => entries[i] = (n.clone(), content),
+                None => {
+                    at.insert(n.path.clone(), entries.len());
+                    entries.push((n.clone(), content));
+                }
+            }
+        }
+    }
+    let opts = BackupOptions {
+        import: Some(Import {
+            entries,
+            time_ns: original.time_ns,
+            host: original.host.clone(),
+            paths: original.paths.clone(),
+        }),
+        series: Some(original.series.clone()),
+        tags: original.tags.clone(),
+        threads: opts.threads,
+        progress: opts.progress,
+        chunker: Some(dst.config().chunker),
+        ..Default::default()
+    };
+    backup(dst, opts)
+}
+
+/// A file's content read on demand from the other repository.
+struct Content {
+    snapshot: Arc<SnapshotReader>,
+    node: Node,
+    file: Option<FileReader>,
+    offset: u64,
+}
+
+impl Read for Content {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let to_io = |e: StoreError| std::io::Error::other(e.to_string());
+        if self.file.is_none() {
+            self.file = Some(self.snapshot.open(&self.node).map_err(to_io)?);
+        }
+        let Some(file) = &self.file else {
+            return Ok(0);
+        };
+        let data = file
+            .read_at(self.offset, buf.len().min(1 << 20))
+            .map_err(to_io)?;
+        buf[..data.len()].copy_from_slice(&data);
+        self.offset += data.len() as u64;
+        Ok(data.len())
+    }
+}
