@@ -122,6 +122,35 @@ pub fn store_state(repo: &Repository, state: &LifecycleState) -> Result<()> {
     Ok(repo.backend().put(STATE_NAME, &env)?)
 }
 
+/// Each snapshot's state as `strata snapshots` shows it: `live`,
+/// `archival` (reverse-deduplicated), `archival*` (left the live window,
+/// waiting for the lifecycle), `expired`, `live (rev)` for a version that
+/// is reverse-deduplicated yet back in the window, `-` for a version in
+/// the cloud tier (the lifecycle works on the active tier only).
+pub fn display_states(
+    snapshots: &[(String, Snapshot)],
+    policies: &HashMap<String, Policy>,
+    now_ns: i64,
+) -> HashMap<String, String> {
+    let states = version_states(snapshots, policies, now_ns);
+    snapshots
+        .iter()
+        .map(|(id, s)| {
+            let st = states
+                .get(id)
+                .map(|s| format!("{s:?}").to_lowercase())
+                .unwrap_or_default();
+            let shown = match (s.tier, st.as_str(), s.archival.is_some()) {
+                (strata_core::format::Tier::Cloud, _, _) => "-".to_string(),
+                (_, "archival", false) => "archival*".to_string(),
+                (_, _, true) if st != "archival" => format!("{st} (rev)"),
+                _ => st,
+            };
+            (id.clone(), shown)
+        })
+        .collect()
+}
+
 /// The state of every snapshot under the policies, at time `now_ns`.
 pub fn version_states(
     snapshots: &[(String, Snapshot)],

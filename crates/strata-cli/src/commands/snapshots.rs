@@ -7,7 +7,6 @@ use crate::{open, Cli};
 use anyhow::Result;
 use clap::Args;
 use serde_json::json;
-use strata_core::format::Tier;
 
 #[derive(Args)]
 pub struct SnapshotsArgs {
@@ -25,35 +24,12 @@ pub fn run(cli: &Cli, out: &Out, a: &SnapshotsArgs) -> Result<i32> {
         ));
     }
     let policies = strata_store::lifecycle::list_policies(&repo)?;
-    let states =
-        strata_store::lifecycle::version_states(&all, &policies, strata_store::repo::now_ns());
-    let reversed: std::collections::HashSet<&str> = all
-        .iter()
-        .filter(|(_, s)| s.archival.is_some())
-        .map(|(i, _)| i.as_str())
-        .collect();
-    // "archival" once reverse-deduplicated; "archival*" while it
-    // waits for `strata maintain`.
-    let cloud: std::collections::HashSet<&str> = all
-        .iter()
-        .filter(|(_, s)| s.tier == Tier::Cloud)
-        .map(|(i, _)| i.as_str())
-        .collect();
-    let state = |id: &str| {
-        // The lifecycle works on the active tier only.
-        if cloud.contains(id) {
-            return "-".to_string();
-        }
-        let st = states
-            .get(id)
-            .map(|s| format!("{s:?}").to_lowercase())
-            .unwrap_or_default();
-        match (st.as_str(), reversed.contains(id)) {
-            ("archival", false) => "archival*".to_string(),
-            (_, true) if st != "archival" => format!("{st} (rev)"),
-            _ => st,
-        }
-    };
+    let states = strata_store::lifecycle::display_states(
+        &all,
+        &policies,
+        strata_store::repo::now_ns(),
+    );
+    let state = |id: &str| states.get(id).cloned().unwrap_or_default();
     let list: Vec<_> = all.iter().filter(|(_, s)| filter.matches(s)).collect();
     if out.json {
         let v: Vec<_> = list
