@@ -3,7 +3,21 @@
 //! exit codes. One module per command under `commands/`.
 //!
 //! Exit codes: 0 success, 1 error, 2 usage error (clap), 3 the command
-//! finished but some files could not be read, 130 interrupted (Ctrl-C).
+//! finished but some files could not be read, 10 no repository, 11 the
+//! repository is locked, 12 wrong password, 130 interrupted (Ctrl-C).
+
+/// Every `println!` in this crate goes through [`output::write_line`]: a
+/// reader that goes away (`strata ls | head`) ends the command quietly
+/// instead of a panic on the broken pipe. (A crate-level `macro_rules!`
+/// shadows the prelude's `println!` in every module declared below.)
+macro_rules! println {
+    () => {
+        $crate::output::write_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::write_line(format_args!($($arg)*))
+    };
+}
 
 mod commands;
 mod interrupt;
@@ -32,6 +46,7 @@ pub(crate) use password::read_password;
         Repository: --repo DIR, or $STRATA_REPO, or $XDG_DATA_HOME/strata/repo (~/.local/share/strata/repo).\n\
         Password (encrypted repositories): --password-file, --password-command, $STRATA_PASSWORD, or a prompt on a terminal.\n\n\
         Exit codes: 0 success, 1 error, 2 usage error, 3 finished but some files could not be read, \
+        10 no repository, 11 repository locked, 12 wrong password, \
         130 interrupted (Ctrl-C; nothing of the interrupted work is committed)."
 )]
 pub(crate) struct Cli {
@@ -103,14 +118,28 @@ fn main() {
         Ok(code) => code,
         Err(e) => {
             let msg = format!("{e:#}");
+            let code = exit_code(&e);
             if cli.json {
-                println!("{}", json!({ "error": msg }));
+                println!("{}", json!({ "error": msg, "exit_code": code }));
             }
             eprintln!("error: {msg}");
-            1
+            code
         }
     };
     std::process::exit(code);
+}
+
+/// Failures scripts tell apart by exit code, as restic's: 10 no
+/// repository there, 11 the repository is locked, 12 wrong password;
+/// every other error 1.
+fn exit_code(e: &anyhow::Error) -> i32 {
+    use strata_store::StoreError;
+    match e.chain().find_map(|c| c.downcast_ref::<StoreError>()) {
+        Some(StoreError::NoRepository(_)) => 10,
+        Some(StoreError::Locked { .. }) => 11,
+        Some(StoreError::Core(strata_core::CoreError::WrongPassword)) => 12,
+        _ => 1,
+    }
 }
 
 pub(crate) fn repo_location(cli: &Cli) -> Result<Location> {

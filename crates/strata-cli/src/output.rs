@@ -6,6 +6,22 @@ use std::sync::Arc;
 use std::time::Duration;
 use strata_store::progress::Progress;
 
+/// One line on stdout. When the reader has gone (a closed pipe), the
+/// command's output is no longer wanted: exit at once, successfully, as
+/// `head` expects of the command before it.
+pub fn write_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    if let Err(e) = o.write_fmt(args).and_then(|_| o.write_all(b"\n")) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            let _ = strata_store::lock::release_held();
+            std::process::exit(0);
+        }
+        eprintln!("error: cannot write the output: {e}");
+        std::process::exit(1);
+    }
+}
+
 pub struct Out {
     pub json: bool,
     pub quiet: bool,

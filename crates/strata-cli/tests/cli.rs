@@ -533,7 +533,7 @@ fn encrypted_repository() {
         .arg(&repo.path)
         .args(["snapshots"])
         .env("STRATA_PASSWORD", "wrong");
-    let r = run_cmd(c, None).expect_code(1);
+    let r = run_cmd(c, None).expect_code(12);
     assert!(r.stderr.contains("wrong password"), "{}", r.stderr);
     // No password and no terminal.
     let mut c = strata();
@@ -982,7 +982,7 @@ fn blocked_backup(repo: &Repo, name: &str) -> std::process::Child {
 fn locks_block_gc_and_stale_locks_are_ignored() {
     let repo = Repo::new();
     let mut child = blocked_backup(&repo, "one");
-    let r = repo.run(&["gc"]).expect_code(1);
+    let r = repo.run(&["gc"]).expect_code(11);
     assert!(r.stderr.contains("locked"), "{}", r.stderr);
     let r = repo.run(&["forget", "latest"]);
     assert_eq!(r.code, 1);

@@ -156,7 +156,7 @@ fn s3_mistakes_get_one_clear_line() {
     );
     // A bucket with no repository in it.
     let other = format!("{}-elsewhere", r.url);
-    let e = run_cmd(r.cmd_with(&other, "strata-secret", &["snapshots"]), None).expect_code(1);
+    let e = run_cmd(r.cmd_with(&other, "strata-secret", &["snapshots"]), None).expect_code(10);
     assert!(e.stderr.contains("strata init"), "{}", e.stderr);
     // A bucket that does not exist.
     let e = run_cmd(
@@ -167,7 +167,7 @@ fn s3_mistakes_get_one_clear_line() {
         ),
         None,
     )
-    .expect_code(1);
+    .expect_code(10);
     assert!(e.stderr.contains("strata init"), "{}", e.stderr);
     // Nothing listening there.
     let mut c = r.cmd_with(&r.url, "strata-secret", &["snapshots"]);

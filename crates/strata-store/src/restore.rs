@@ -282,7 +282,7 @@ fn set_times(p: &Path, mtime_ns: i64) -> std::io::Result<()> {
 /// The nodes an include list selects. A hard link whose first name is not
 /// selected becomes a regular file with that name's content (the first such
 /// link of a group); the group's other selected links point at it.
-fn select_nodes<'a>(
+pub fn select_nodes<'a>(
     recipe: &'a Recipe,
     include: &[Vec<u8>],
     exclude: &[Vec<u8>],

@@ -28,11 +28,13 @@ pub fn run(cli: &Cli, out: &Out, a: &DiffArgs) -> Result<i32> {
     let f = a.filter.filter();
     let (oid, old) = repo.resolve_snapshot_in(&a.old, &f)?;
     let (nid, new) = repo.resolve_snapshot_in(&a.new, &f)?;
-    let (mut entries, summary) = diff_snapshots(&repo, &old, &new)?;
+    let (mut entries, mut summary) = diff_snapshots(&repo, &old, &new)?;
     if a.no_dir_metadata {
+        let before = entries.len();
         entries.retain(|e| {
             !(e.change == Change::Metadata && e.kind == strata_core::format::NodeKind::Dir)
         });
+        summary.metadata -= (before - entries.len()) as u64;
     }
     if out.json {
         let v: Vec<_> = entries

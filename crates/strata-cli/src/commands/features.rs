@@ -11,10 +11,10 @@ pub fn run(out: &Out) -> Result<i32> {
                 "repository_format": strata_core::format::REPO_FORMAT_VERSION,
                 "index_strategies": strategies, "chunkers": ["cdc", "fixed"],
                 "maintain": true, "lifecycle": ["revdedup"], "lifecycle_after_backup": true,
-                "encryption": ["none", "xchacha20poly1305"], "backends": ["local"]}),
+                "encryption": ["none", "xchacha20poly1305"], "backends": ["local", "s3"]}),
         || {
             format!(
-                "strata {}\nrepository format {}\nindex strategies: {}\nlifecycle: revdedup (after every backup, and strata maintain)\nchunkers: cdc, fixed\nbackends: local",
+                "strata {}\nrepository format {}\nindex strategies: {}\nlifecycle: revdedup (after every backup, and strata maintain)\nchunkers: cdc, fixed\nbackends: local, s3",
                 env!("CARGO_PKG_VERSION"),
                 strata_core::format::REPO_FORMAT_VERSION,
                 strategies.join(", ")

@@ -56,6 +56,13 @@ pub fn run(cli: &Cli, out: &Out, a: &FindArgs) -> Result<i32> {
             }
         }
     }
+    if hits.is_empty() {
+        bail!(
+            "no path matching {} in {} snapshots",
+            a.patterns.join(" "),
+            snaps.len() - unreadable
+        );
+    }
     if out.json {
         let v: Vec<_> = hits
             .iter()
@@ -93,13 +100,6 @@ pub fn run(cli: &Cli, out: &Out, a: &FindArgs) -> Result<i32> {
                 show_path(&h.path)
             );
         }
-    }
-    if hits.is_empty() {
-        bail!(
-            "no path matching {} in {} snapshots",
-            a.patterns.join(" "),
-            snaps.len() - unreadable
-        );
     }
     Ok(0)
 }

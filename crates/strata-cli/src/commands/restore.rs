@@ -236,12 +236,9 @@ fn dry_run(
     include: &[Vec<u8>],
     exclude: &[Vec<u8>],
 ) -> Result<i32> {
-    use strata_store::restore::{excluded, selected};
-    let nodes: Vec<_> = whole
-        .nodes
-        .iter()
-        .filter(|n| selected(&n.path, include) && !excluded(&n.path, exclude))
-        .collect();
+    // The nodes restore would write (a hard link whose first name is left
+    // out becomes a file).
+    let nodes = strata_store::restore::select_nodes(whole, include, exclude);
     let files = nodes
         .iter()
         .filter(|n| n.kind == strata_core::format::NodeKind::File)
