@@ -128,6 +128,13 @@ pub struct MasterKey {
     secret: [u8; 32],
 }
 
+/// The key does not outlive its holder in memory.
+impl Drop for MasterKey {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.secret);
+    }
+}
+
 impl MasterKey {
     pub fn generate() -> Result<Self> {
         let mut secret = [0u8; 32];
@@ -191,10 +198,10 @@ pub struct KeyFile {
 impl KeyFile {
     pub fn wrap(master: &MasterKey, password: &[u8]) -> Result<Self> {
         let kdf = KdfParams::new_default()?;
-        let kek = kdf.derive(password)?;
+        let kek = zeroize::Zeroizing::new(kdf.derive(password)?);
         let mut nonce = [0u8; 24];
         random_bytes(&mut nonce)?;
-        let cipher = XChaCha20Poly1305::new((&kek).into());
+        let cipher = XChaCha20Poly1305::new((&*kek).into());
         let wrapped = cipher
             .encrypt(XNonce::from_slice(&nonce), master.secret.as_slice())
             .map_err(|_| CoreError::Authentication)?;
@@ -206,11 +213,13 @@ impl KeyFile {
     }
 
     pub fn unwrap_key(&self, password: &[u8]) -> Result<MasterKey> {
-        let kek = self.kdf.derive(password)?;
-        let cipher = XChaCha20Poly1305::new((&kek).into());
-        let plain = cipher
-            .decrypt(XNonce::from_slice(&self.nonce), self.wrapped.as_slice())
-            .map_err(|_| CoreError::WrongPassword)?;
+        let kek = zeroize::Zeroizing::new(self.kdf.derive(password)?);
+        let cipher = XChaCha20Poly1305::new((&*kek).into());
+        let plain = zeroize::Zeroizing::new(
+            cipher
+                .decrypt(XNonce::from_slice(&self.nonce), self.wrapped.as_slice())
+                .map_err(|_| CoreError::WrongPassword)?,
+        );
         let secret: [u8; 32] = plain
             .as_slice()
             .try_into()

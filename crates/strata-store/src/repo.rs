@@ -339,7 +339,8 @@ impl Repository {
             }));
         }
         let (sealer, hasher, key) = if config.encrypted {
-            let (mk, slot) = crate::keys::unlock(&backend, &password()?)?;
+            let pw = zeroize::Zeroizing::new(password()?);
+            let (mk, slot) = crate::keys::unlock(&backend, &pw)?;
             (
                 Sealer::encrypted(&mk, config.zstd_level),
                 Sealer::hasher(Some(&mk)),

@@ -63,13 +63,13 @@ pub fn run(cli: &Cli, out: &Out, cmd: &KeyCmd) -> Result<i32> {
             });
         }
         KeyCmd::Add { new_password_file } => {
-            let pw = read_new_password(new_password_file.as_deref())?;
+            let pw = zeroize::Zeroizing::new(read_new_password(new_password_file.as_deref())?);
             let id = keys::add(&repo, &pw)?;
             sync_cloud(out, &repo);
             out.result(&json!({"added": id}), || format!("added key {id}"));
         }
         KeyCmd::Passwd { new_password_file } => {
-            let pw = read_new_password(new_password_file.as_deref())?;
+            let pw = zeroize::Zeroizing::new(read_new_password(new_password_file.as_deref())?);
             let id = keys::passwd(&repo, &pw)?;
             sync_cloud(out, &repo);
             out.result(&json!({"added": id}), || {
