@@ -325,6 +325,11 @@ impl FileReader {
         }
     }
 
+    /// The file's path in its snapshot (for messages).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
     /// The file's length in bytes.
     pub fn size(&self) -> u64 {
         self.ends.last().copied().unwrap_or(0)

@@ -46,7 +46,7 @@ use fuser::{
 };
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -114,7 +114,11 @@ impl Ino {
         let view = ino >> VIEW_SHIFT;
         if view > 0 {
             let v = (view - 1) as usize;
-            let via = if v % 2 == 0 { Via::Series } else { Via::Ids };
+            let via = if v.is_multiple_of(2) {
+                Via::Series
+            } else {
+                Via::Ids
+            };
             let local = ino & LOCAL_MASK;
             return Some(Ino::Tree {
                 snap: v / 2,
@@ -182,6 +186,13 @@ fn time_of(ns: i64) -> SystemTime {
     } else {
         UNIX_EPOCH.checked_sub(d).unwrap_or(UNIX_EPOCH)
     }
+}
+
+/// A device number as `stat` gives it (glibc's 64-bit encoding) in the
+/// kernel's 32-bit one that FUSE carries.
+fn kernel_dev(dev: u64) -> u32 {
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)
 }
 
 /// One entry of a version's tree.
@@ -384,6 +395,9 @@ struct StrataFs {
     uid: u32,
     gid: u32,
     mounted: SystemTime,
+    /// Unmounts the session; taken by whoever ends it first (a signal, or
+    /// [`Filesystem::destroy`] once the kernel let go).
+    unmounter: Arc<Mutex<Option<fuser::SessionUnmounter>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -409,19 +423,19 @@ impl StrataFs {
         if !only.is_empty() {
             snapshots.retain(|(_, s)| only.contains(&s.series));
         }
-        // Series by name, versions by number (then time, then id).
+        // Series by directory name (lookups search it), versions by
+        // number (then time, then id: the last is `SERIES@latest`).
+        let mut snapshots: Vec<(String, String, Snapshot)> = snapshots
+            .into_iter()
+            .map(|(id, s)| (escape_component(&s.series), id, s))
+            .collect();
         snapshots.sort_by(|a, b| {
-            (&a.1.series, a.1.version, a.1.time_ns, &a.0).cmp(&(
-                &b.1.series,
-                b.1.version,
-                b.1.time_ns,
-                &b.0,
-            ))
+            (&a.0, a.2.version, a.2.time_ns, &a.1).cmp(&(&b.0, b.2.version, b.2.time_ns, &b.1))
         });
         let mut series: Vec<SeriesDir> = Vec::new();
         let mut snaps = Vec::with_capacity(snapshots.len());
-        for (i, (id, s)) in snapshots.into_iter().enumerate() {
-            let name = OsString::from(escape_component(&s.series));
+        for (i, (name, id, s)) in snapshots.into_iter().enumerate() {
+            let name = OsString::from(name);
             if series.last().is_none_or(|d| d.name != name) {
                 series.push(SeriesDir {
                     name,
@@ -462,6 +476,7 @@ impl StrataFs {
             uid,
             gid,
             mounted: SystemTime::now(),
+            unmounter: Arc::default(),
         }
     }
 
@@ -584,7 +599,7 @@ impl StrataFs {
         a.ctime = time_of(n.ctime_ns);
         a.uid = n.uid;
         a.gid = n.gid;
-        a.rdev = n.rdev as u32;
+        a.rdev = kernel_dev(n.rdev);
         if kind == FileType::RegularFile {
             a.nlink = n.nlink.clamp(1, u32::MAX as u64) as u32;
         }
@@ -617,6 +632,11 @@ impl StrataFs {
             }
             Ino::Tree { snap, local, .. } => {
                 let s = self.snaps.get(snap).ok_or(Errno::ENOENT)?;
+                if local == 0 {
+                    // A version's root is always made up: `ls -l` of a
+                    // series loads no recipe.
+                    return Ok(self.dir_attr(ino, time_of(s.snap.time_ns)));
+                }
                 let l = self.loaded(snap)?;
                 self.tree_attr(ino, s, &l, local).ok_or(Errno::ENOENT)
             }
@@ -796,7 +816,7 @@ impl StrataFs {
     }
 
     /// The extended attributes of an entry of a snapshot's tree.
-    fn xattrs(&self, ino: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Errno> {
+    fn xattrs(&self, ino: u64) -> Result<Xattrs, Errno> {
         let Some(Ino::Tree { snap, local, .. }) = Ino::decode(ino) else {
             return Ok(Vec::new());
         };
@@ -807,6 +827,9 @@ impl StrataFs {
             .unwrap_or_default())
     }
 }
+
+/// Extended attributes: (name, value).
+type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// Inode of snapshot `s`'s tree root reached through `via`.
 fn tree_root(s: usize, via: Via) -> u64 {
@@ -857,6 +880,15 @@ fn reply_xattr(reply: ReplyXattr, size: u32, data: &[u8]) {
 impl Filesystem for StrataFs {
     fn init(&mut self, _req: &Request, _config: &mut KernelConfig) -> std::io::Result<()> {
         Ok(())
+    }
+
+    /// The kernel ended the session (someone unmounted the file system).
+    /// `fuser` would then try to unmount it again as the session ends, and
+    /// log that failure: the unmounter taken here leaves it nothing to do.
+    fn destroy(&mut self) {
+        if let Some(mut u) = lock(&self.unmounter).take() {
+            let _ = u.unmount();
+        }
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -913,7 +945,7 @@ impl Filesystem for StrataFs {
     fn read(
         &self,
         _req: &Request,
-        ino: INodeNo,
+        _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -926,7 +958,7 @@ impl Filesystem for StrataFs {
         };
         match f.read_at(offset, size as usize) {
             Ok(data) => reply.data(&data),
-            Err(e) => reply.error(eio(&format!("reading inode {:#x} at {offset}", ino.0), e)),
+            Err(e) => reply.error(eio(&format!("reading {} at {offset}", f.path()), e)),
         }
     }
 
@@ -1209,35 +1241,65 @@ fn mount_config(a: &MountArgs) -> fuser::Config {
     c
 }
 
-/// Unmounts after a signal: normally, or lazily (detached now, gone when
-/// the last user lets go) when the mount point is busy.
-fn unmount(mut unmounter: fuser::SessionUnmounter, mountpoint: &Path) {
-    let Err(e) = unmounter.unmount() else { return };
+/// Waits up to `limit` for the file system thread to end.
+fn wait_for(serving: &std::thread::JoinHandle<std::io::Result<()>>, limit: Duration) -> bool {
+    let until = Instant::now() + limit;
+    while !serving.is_finished() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    serving.is_finished()
+}
+
+/// Runs `fusermount3 ARGS -- MOUNTPOINT`; whether it succeeded.
+fn fusermount(args: &[&str], mountpoint: &Path) -> bool {
+    std::process::Command::new("fusermount3")
+        .args(args)
+        .arg("--")
+        .arg(mountpoint)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Unmounts after a signal: normally, else — the mount point is busy —
+/// lazily: detached at once, gone when its last user lets go (exiting
+/// closes the device, which ends it for them).
+fn unmount(
+    mut unmounter: fuser::SessionUnmounter,
+    mountpoint: &Path,
+    serving: &std::thread::JoinHandle<std::io::Result<()>>,
+) {
+    if let Err(e) = unmounter.unmount() {
+        tracing::debug!("unmounting {}: {e}", mountpoint.display());
+    }
+    if wait_for(serving, Duration::from_millis(300)) {
+        return;
+    }
+    // With `auto_unmount`, the helper unmounts only a file system whose
+    // server is gone: ask it to unmount this one now.
+    if fusermount(&["-u"], mountpoint) && wait_for(serving, Duration::from_secs(1)) {
+        return;
+    }
     tracing::warn!(
-        "unmounting {}: {e}; detaching it instead",
+        "{} is busy: detaching it (it goes away when its last user lets go)",
         mountpoint.display()
     );
-    let ok = std::process::Command::new("fusermount3")
-        .args(["-u", "-z", "--"])
-        .arg(mountpoint)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
+    if !fusermount(&["-u", "-z"], mountpoint) {
         if let Ok(c) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) {
             // SAFETY: a valid NUL-terminated path.
             unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
         }
     }
+    wait_for(serving, Duration::from_secs(2));
 }
 
 /// `strata mount`: serves the repository until unmounted or signalled.
 pub fn run(repo: Repository, out: &crate::output::Out, a: &MountArgs) -> Result<i32> {
-    let mountpoint = a.mountpoint.as_path();
-    match std::fs::metadata(mountpoint) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => bail!("{} is not a directory", mountpoint.display()),
-        Err(e) => bail!("mount point {}: {e}", mountpoint.display()),
-    }
+    let mountpoint = match std::fs::canonicalize(&a.mountpoint) {
+        Ok(p) if p.is_dir() => p,
+        Ok(_) => bail!("{} is not a directory", a.mountpoint.display()),
+        Err(e) => bail!("mount point {}: {e}", a.mountpoint.display()),
+    };
     let _lock = strata_store::lock::acquire(&repo, false, "mount")?;
     let (snapshots, damaged) = repo.list_snapshots_tolerant()?;
     for (id, e) in &damaged {
@@ -1245,6 +1307,7 @@ pub fn run(repo: Repository, out: &crate::output::Out, a: &MountArgs) -> Result<
     }
     let cache = Arc::new(RegionCache::new(a.cache_mib.saturating_mul(1 << 20)));
     let fs = StrataFs::new(repo, snapshots, &a.series, cache);
+    let slot = fs.unmounter.clone();
     let (n_snaps, n_series) = (fs.snaps.len(), fs.series.len());
     // Before mounting, so that a signal from now on unmounts.
     // SAFETY: the handler only stores to an atomic.
@@ -1252,13 +1315,13 @@ pub fn run(repo: Repository, out: &crate::output::Out, a: &MountArgs) -> Result<
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
     }
-    let mut session = fuser::Session::new(fs, mountpoint, &mount_config(a)).with_context(|| {
+    let mut session = fuser::Session::new(fs, &mountpoint, &mount_config(a)).with_context(|| {
         format!(
             "mounting on {} (FUSE needs /dev/fuse, and fusermount3 from the fuse3 package unless root)",
             mountpoint.display()
         )
     })?;
-    let unmounter = session.unmount_callable();
+    *lock(&slot) = Some(session.unmount_callable());
     let serving = std::thread::Builder::new()
         .name("fuse".into())
         .spawn(move || session.run())
@@ -1278,12 +1341,11 @@ pub fn run(repo: Repository, out: &crate::output::Out, a: &MountArgs) -> Result<
         std::thread::sleep(Duration::from_millis(100));
     }
     if !serving.is_finished() {
-        unmount(unmounter, mountpoint);
-        // A lazily detached mount ends when its last user lets go; exiting
-        // closes the device, which ends it for them.
-        let until = Instant::now() + Duration::from_secs(3);
-        while !serving.is_finished() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(20));
+        // Not `if let` on the guard: destroy() takes the lock as the
+        // session ends.
+        let u = lock(&slot).take();
+        if let Some(u) = u {
+            unmount(u, &mountpoint, &serving);
         }
         if !serving.is_finished() {
             return Ok(0);
@@ -1317,6 +1379,15 @@ mod tests {
     }
 
     #[test]
+    fn device_numbers_in_the_kernel_encoding() {
+        assert_eq!(kernel_dev(libc::makedev(8, 1)), (8 << 8) | 1);
+        assert_eq!(
+            kernel_dev(libc::makedev(259, 0x12345)),
+            0x45 | (259 << 8) | (0x123 << 20)
+        );
+    }
+
+    #[test]
     fn inode_numbers_round_trip() {
         for i in [
             Ino::Root,
@@ -1342,6 +1413,68 @@ mod tests {
         assert_eq!(Ino::decode(0), None);
     }
 
+    fn snapshot(series: &str, version: u32) -> Snapshot {
+        Snapshot {
+            series: series.into(),
+            version,
+            time_ns: version as i64,
+            host: String::new(),
+            paths: Vec::new(),
+            tags: Vec::new(),
+            recipe: String::new(),
+            parent: None,
+            chunker: strata_core::chunker::ChunkerParams::cdc(8192),
+            stats: Default::default(),
+            archival: None,
+            tier: Tier::Active,
+            cloud_part: None,
+        }
+    }
+
+    /// Series whose escaped names sort differently from the names
+    /// themselves are all found; `latest` is the highest version.
+    #[test]
+    fn layout_finds_every_series_and_version() {
+        let backend = Arc::new(strata_store::backend::MemoryBackend::new());
+        let repo = Repository::init(backend, Default::default()).unwrap();
+        let names = ["a/b", "a-b", "a", "a%b", "", "é/x"];
+        let mut snaps = Vec::new();
+        for (i, n) in names.iter().enumerate() {
+            for v in [2, 1, 3] {
+                snaps.push((format!("abcdefgh{i}{v}"), snapshot(n, v)));
+            }
+        }
+        snaps.push(("ffff".into(), snapshot("only", 1)));
+        let fs = StrataFs::new(repo, snaps, &[], Arc::default());
+        let mut listed = Vec::new();
+        fs.list(INO_SERIES, 0, &mut |_, _, n| {
+            listed.push(n.to_os_string());
+            false
+        })
+        .unwrap();
+        assert_eq!(listed.len(), names.len() + 3);
+        for n in names {
+            let dir = fs.lookup_ino(INO_SERIES, OsStr::new(&escape_component(n)));
+            let dir = dir.unwrap_or_else(|_| panic!("series {n:?} not found"));
+            let latest = fs.lookup_ino(dir, OsStr::new("latest")).unwrap();
+            let Some(Ino::Latest(k)) = Ino::decode(latest) else {
+                panic!("latest of {n:?}")
+            };
+            let d = &fs.series[k];
+            let (vname, s) = &d.versions[d.latest.unwrap()];
+            assert_eq!(vname, "3");
+            assert_eq!(fs.snaps[*s].snap.series, n);
+            for v in ["1", "2", "3"] {
+                assert!(fs.lookup_ino(dir, OsStr::new(v)).is_ok(), "{n:?}/{v}");
+            }
+            assert!(fs.lookup_ino(dir, OsStr::new("4")).is_err());
+        }
+        // Short ids, the whole id where 8 digits are ambiguous.
+        assert!(fs.lookup_ino(INO_IDS, OsStr::new("ffff")).is_ok());
+        assert!(fs.lookup_ino(INO_IDS, OsStr::new("abcdefgh")).is_err());
+        assert!(fs.lookup_ino(INO_IDS, OsStr::new("abcdefgh01")).is_ok());
+    }
+
     fn node(path: &str, kind: NodeKind, target: Option<&str>) -> Node {
         Node {
             path: path.as_bytes().to_vec(),
@@ -1364,21 +1497,7 @@ mod tests {
 
     fn part(nodes: Vec<Node>) -> Part {
         Part {
-            snapshot: Snapshot {
-                series: String::new(),
-                version: 1,
-                time_ns: 0,
-                host: String::new(),
-                paths: Vec::new(),
-                tags: Vec::new(),
-                recipe: String::new(),
-                parent: None,
-                chunker: strata_core::chunker::ChunkerParams::cdc(8192),
-                stats: Default::default(),
-                archival: None,
-                tier: Tier::Active,
-                cloud_part: None,
-            },
+            snapshot: snapshot("", 1),
             recipe: Arc::new(Recipe {
                 containers: Vec::new(),
                 nodes,

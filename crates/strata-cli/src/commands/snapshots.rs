@@ -24,11 +24,8 @@ pub fn run(cli: &Cli, out: &Out, a: &SnapshotsArgs) -> Result<i32> {
         ));
     }
     let policies = strata_store::lifecycle::list_policies(&repo)?;
-    let states = strata_store::lifecycle::display_states(
-        &all,
-        &policies,
-        strata_store::repo::now_ns(),
-    );
+    let states =
+        strata_store::lifecycle::display_states(&all, &policies, strata_store::repo::now_ns());
     let state = |id: &str| states.get(id).cloned().unwrap_or_default();
     let list: Vec<_> = all.iter().filter(|(_, s)| filter.matches(s)).collect();
     if out.json {
