@@ -113,7 +113,7 @@ fn main() {
         )
         .init();
     let out = Out::new(cli.json, cli.quiet);
-    interrupt::install(cli.json, cli.cmd.handles_interrupt());
+    interrupt::install(cli.json, cli.cmd.handles_interrupt(), cli.cmd.stepwise());
     let code = match commands::run(&cli, &out) {
         Ok(code) => code,
         Err(e) => {

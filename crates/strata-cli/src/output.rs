@@ -6,19 +6,23 @@ use std::sync::Arc;
 use std::time::Duration;
 use strata_store::progress::Progress;
 
-/// One line on stdout. When the reader has gone (a closed pipe), the
-/// command's output is no longer wanted: exit at once, successfully, as
-/// `head` expects of the command before it.
+/// Set once the reader of stdout has gone (a closed pipe).
+static STDOUT_GONE: AtomicBool = AtomicBool::new(false);
+
+/// One line on stdout. When the reader has gone (`strata ls | head`),
+/// further output is dropped and the command finishes its work (a
+/// `forget` whose listing nobody reads still forgets); no panic.
 pub fn write_line(args: std::fmt::Arguments<'_>) {
     use std::io::Write;
+    if STDOUT_GONE.load(Ordering::Relaxed) {
+        return;
+    }
     let mut o = std::io::stdout().lock();
     if let Err(e) = o.write_fmt(args).and_then(|_| o.write_all(b"\n")) {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            let _ = strata_store::lock::release_held();
-            std::process::exit(0);
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("error: cannot write the output: {e}");
         }
-        eprintln!("error: cannot write the output: {e}");
-        std::process::exit(1);
+        STDOUT_GONE.store(true, Ordering::Relaxed);
     }
 }
 

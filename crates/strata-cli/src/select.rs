@@ -46,7 +46,7 @@ pub fn show_path(p: &[u8]) -> String {
     let mut s = String::from("/");
     for chunk in p.utf8_chunks() {
         for c in chunk.valid().chars() {
-            if c.is_control() {
+            if c.is_control() || c == '\\' {
                 s.extend(c.escape_default());
             } else {
                 s.push(c);
@@ -57,4 +57,18 @@ pub fn show_path(p: &[u8]) -> String {
         }
     }
     s
+}
+
+/// A recipe path for `--json`: the name itself (with a leading `/`) when
+/// it is UTF-8, else the escaped form plus `path_bytes`, the exact bytes.
+pub fn json_path(v: &mut serde_json::Value, key: &str, p: &[u8]) {
+    match std::str::from_utf8(p) {
+        Ok(s) => v[key] = serde_json::json!(format!("/{s}")),
+        Err(_) => {
+            v[key] = serde_json::json!(show_path(p));
+            let mut b = vec![b'/'];
+            b.extend_from_slice(p);
+            v[format!("{key}_bytes")] = serde_json::json!(b);
+        }
+    }
 }

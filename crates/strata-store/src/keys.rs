@@ -23,6 +23,9 @@ pub struct KeyInfo {
     pub created_ns: i64,
     /// The slot the current password opened.
     pub current: bool,
+    /// Why the slot cannot be read, when it cannot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub damaged: Option<String>,
 }
 
 /// Wraps `mk` with `password` into the slot object `name`.
@@ -67,24 +70,34 @@ pub(crate) fn unlock(backend: &Arc<dyn Backend>, password: &[u8]) -> Result<(Mas
                 .into(),
         ));
     }
-    let mut damaged = None;
+    let mut damaged = Vec::new();
+    let mut refused = false;
+    let mut failed = None;
     for name in names {
         let slot = match read_slot(backend, &name) {
             Ok(s) => s,
             Err(e) => {
                 // One damaged slot must not lock out the others.
-                tracing::warn!("key slot {name} cannot be read: {e}");
-                damaged = Some(e);
+                damaged.push(format!("{name}: {e}"));
                 continue;
             }
         };
         match slot.key.unwrap_key(password) {
             Ok(mk) => return Ok((mk, name)),
-            Err(CoreError::WrongPassword) => continue,
-            Err(e) => return Err(e.into()),
+            Err(CoreError::WrongPassword) => refused = true,
+            // A slot whose parameters this build cannot use: try the rest.
+            Err(e) => failed = Some(StoreError::from(e)),
         }
     }
-    Err(damaged.unwrap_or(StoreError::Core(CoreError::WrongPassword)))
+    for d in &damaged {
+        tracing::warn!("key slot {d} (`strata key remove` drops it)");
+    }
+    if refused || damaged.is_empty() && failed.is_none() {
+        return Err(StoreError::Core(CoreError::WrongPassword));
+    }
+    Err(failed.unwrap_or_else(|| {
+        StoreError::Invalid(format!("no key slot can be read: {}", damaged.join("; ")))
+    }))
 }
 
 fn master(repo: &Repository) -> Result<&(MasterKey, String)> {
@@ -98,13 +111,25 @@ pub fn list(repo: &Repository) -> Result<Vec<KeyInfo>> {
     let (_, current) = master(repo)?;
     let mut out = Vec::new();
     for name in slot_names(repo.backend())? {
-        let slot = read_slot(repo.backend(), &name)?;
-        out.push(KeyInfo {
-            id: name.trim_start_matches("keys/").to_string(),
-            host: slot.host,
-            user: slot.user,
-            created_ns: slot.created_ns,
-            current: &name == current,
+        let id = name.trim_start_matches("keys/").to_string();
+        let current = &name == current;
+        out.push(match read_slot(repo.backend(), &name) {
+            Ok(slot) => KeyInfo {
+                id,
+                host: slot.host,
+                user: slot.user,
+                created_ns: slot.created_ns,
+                current,
+                damaged: None,
+            },
+            Err(e) => KeyInfo {
+                id,
+                host: String::new(),
+                user: String::new(),
+                created_ns: 0,
+                current,
+                damaged: Some(e.to_string()),
+            },
         });
     }
     Ok(out)
@@ -112,6 +137,11 @@ pub fn list(repo: &Repository) -> Result<Vec<KeyInfo>> {
 
 /// Adds a slot opened by `password`; returns its id.
 pub fn add(repo: &Repository, password: &[u8]) -> Result<String> {
+    let _lock = crate::lock::acquire(repo, true, "key")?;
+    add_locked(repo, password)
+}
+
+fn add_locked(repo: &Repository, password: &[u8]) -> Result<String> {
     let (mk, _) = master(repo)?;
     if password.is_empty() {
         return Err(StoreError::Invalid("the new password is empty".into()));
@@ -126,8 +156,10 @@ pub fn add(repo: &Repository, password: &[u8]) -> Result<String> {
 /// Removes slot `id` (a unique prefix will do). The slot in use and the
 /// last slot are refused: either would lock everyone out.
 pub fn remove(repo: &Repository, id: &str) -> Result<String> {
+    let _lock = crate::lock::acquire(repo, true, "key")?;
     let (_, current) = master(repo)?;
     let names = slot_names(repo.backend())?;
+    still_there(&names, current)?;
     let m: Vec<&String> = names
         .iter()
         .filter(|n| n.trim_start_matches("keys/").starts_with(id) && !id.is_empty())
@@ -157,11 +189,26 @@ pub fn remove(repo: &Repository, id: &str) -> Result<String> {
     Ok(name.trim_start_matches("keys/").to_string())
 }
 
+/// Refuses to change keys when the slot this process opened is gone
+/// (another `key` command removed it meanwhile): removing any other slot
+/// could then leave none.
+fn still_there(names: &[String], current: &str) -> Result<()> {
+    if names.iter().any(|n| n == current) {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!(
+            "the key this command opened ({current}) was removed meanwhile; open the repository again"
+        )))
+    }
+}
+
 /// Changes the password of the slot in use: a new slot first, then the
 /// old one removed (a crash in between leaves both, never neither).
 pub fn passwd(repo: &Repository, password: &[u8]) -> Result<String> {
+    let _lock = crate::lock::acquire(repo, true, "key")?;
     let (_, current) = master(repo)?;
-    let id = add(repo, password)?;
+    still_there(&slot_names(repo.backend())?, current)?;
+    let id = add_locked(repo, password)?;
     repo.backend().delete(current)?;
     Ok(id)
 }
@@ -222,5 +269,16 @@ mod tests {
         let r3 = open(&b, b"three").unwrap();
         assert_eq!(list(&r3).unwrap().len(), 1);
         assert!(remove(&r3, &new).is_err());
+        // A damaged slot: the password still opens, a wrong one is still
+        // a wrong password, and the list shows it.
+        b.put("keys/00aa", b"garbage").unwrap();
+        assert!(open(&b, b"three").is_ok());
+        assert!(matches!(
+            open(&b, b"nope"),
+            Err(StoreError::Core(CoreError::WrongPassword))
+        ));
+        let l = list(&r3).unwrap();
+        assert!(l.iter().any(|k| k.id == "00aa" && k.damaged.is_some()));
+        assert_eq!(remove(&r3, "00aa").unwrap(), "00aa");
     }
 }

@@ -101,14 +101,23 @@ pub struct LockGuard {
 
 /// Locks this process holds, so an interrupted command can release them
 /// on its way out ([`release_held`]) as dropping the guards would.
-static HELD: Mutex<Vec<(Arc<dyn crate::backend::Backend>, String)>> = Mutex::new(Vec::new());
+type Held = (
+    Arc<dyn crate::backend::Backend>,
+    String,
+    Arc<(Mutex<bool>, Condvar)>,
+);
+static HELD: Mutex<Vec<Held>> = Mutex::new(Vec::new());
 
 /// Removes every lock this process holds. For a process about to exit
 /// without unwinding (Ctrl-C): the guards' drops will not run.
 pub fn release_held() -> usize {
     let held = std::mem::take(&mut *HELD.lock().unwrap_or_else(|e| e.into_inner()));
     let n = held.len();
-    for (backend, name) in held {
+    for (backend, name, stop) in held {
+        // The refresher first (waiting out a refresh in flight), so it
+        // cannot write the lock again after it is deleted.
+        *stop.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        stop.1.notify_all();
         let _ = backend.delete(&name);
     }
     n
@@ -118,7 +127,7 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         HELD.lock()
             .unwrap_or_else(|e| e.into_inner())
-            .retain(|(_, n)| n != &self.name);
+            .retain(|(_, n, _)| n != &self.name);
         {
             let (m, cv) = &*self.stop;
             *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
@@ -218,10 +227,12 @@ pub fn acquire_with_lease(
     random_bytes(&mut id)?;
     let name = format!("locks/{}", hex::encode(id));
     repo.backend().put(&name, &seal_lock(repo, &info)?)?;
-    HELD.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push((repo.backend().clone(), name.clone()));
     let stop = Arc::new((Mutex::new(false), Condvar::new()));
+    HELD.lock().unwrap_or_else(|e| e.into_inner()).push((
+        repo.backend().clone(),
+        name.clone(),
+        stop.clone(),
+    ));
     let refresher = {
         let (repo, name, info, stop) = (repo.clone(), name.clone(), info.clone(), stop.clone());
         std::thread::Builder::new()

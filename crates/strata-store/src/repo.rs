@@ -256,6 +256,11 @@ impl Repository {
             return Err(StoreError::AlreadyExists(backend.describe()));
         }
         opts.chunker.validate()?;
+        if opts.password.as_ref().is_some_and(|p| p.is_empty()) {
+            return Err(StoreError::Invalid(
+                "the password is empty: an encrypted repository needs one".into(),
+            ));
+        }
         // Stored normalised, so `stats` shows exactly what is in effect.
         let index = IndexSpec::parse(&opts.index)?.to_string();
         if !(1..=22).contains(&opts.zstd_level) {

@@ -29,6 +29,23 @@ pub fn already_copied(have: &[(String, Snapshot)], s: &Snapshot) -> bool {
         .any(|(_, h)| h.series == s.series && h.host == s.host && h.time_ns == s.time_ns)
 }
 
+/// Why `s` cannot join its series in `dst`, if it cannot: a series'
+/// versions are numbered in time order and the lifecycle reverse-
+/// deduplicates each against the next, so a version older than the
+/// series' newest there would be numbered after newer data.
+pub fn out_of_order(have: &[(String, Snapshot)], s: &Snapshot) -> Option<String> {
+    let newest = have
+        .iter()
+        .filter(|(_, h)| h.series == s.series)
+        .max_by_key(|(_, h)| h.time_ns)?;
+    (newest.1.time_ns > s.time_ns).then(|| {
+        format!(
+            "series {} here already has a newer version ({}@{}); a copy would be numbered after it",
+            s.series, newest.1.series, newest.1.version
+        )
+    })
+}
+
 /// Stores version `original` of another repository in `dst`. `parts` are
 /// where its tree lives: (repository holding the data, the snapshot as that
 /// repository records it) — one pair, or two for a version some of whose
@@ -39,6 +56,12 @@ pub fn copy_version(
     dst: &Repository,
     opts: CopyOptions,
 ) -> Result<BackupReport> {
+    // Nothing the source's gc or forget does may pull data from under the
+    // copy: a shared lock on every repository read from.
+    let _locks = parts
+        .iter()
+        .map(|(repo, _)| crate::lock::acquire(repo, false, "copy (source)"))
+        .collect::<Result<Vec<_>>>()?;
     let cache = Arc::new(RegionCache::new(64 << 20));
     let mut entries: Vec<(Node, Option<Box<dyn Read + Send>>)> = Vec::new();
     // A directory can be in two parts; it is stored once (the last part's,

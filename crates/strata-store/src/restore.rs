@@ -160,7 +160,7 @@ pub struct RestoreReport {
 
 /// Whether the name `full` already holds something `policy` says to keep
 /// instead of restoring `n` there. Directories are merged, never kept or
-/// replaced.
+/// replaced (`never` and `if-newer` keep their metadata too).
 fn keep_existing(full: &Path, n: &Node, policy: Overwrite) -> bool {
     use std::os::unix::fs::MetadataExt;
     let Ok(m) = fs::symlink_metadata(full) else {
@@ -494,6 +494,9 @@ pub fn restore(
     progress.totals_known.store(true, Ordering::Relaxed);
 
     let mut parents = ParentCheck::new(root);
+    // Existing directories are merged; `never` and `if-newer` leave their
+    // metadata as it is (the others make the target match the snapshot).
+    let mut created_dirs: HashSet<usize> = HashSet::new();
     // Directories (sorted order puts parents first).
     let mut order: Vec<usize> = (0..nodes.len()).collect();
     order.sort_by(|&a, &b| nodes[a].path.cmp(&nodes[b].path));
@@ -504,13 +507,15 @@ pub fn restore(
         parents.check(&rels[i])?;
         let full = root.join(&rels[i]);
         match fs::create_dir(&full) {
-            Ok(()) => {}
+            Ok(()) => {
+                created_dirs.insert(i);
+            }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 let m = fs::symlink_metadata(&full)
                     .map_err(|e| StoreError::io("stat", full.display().to_string(), e))?;
                 if !m.is_dir() {
-                    return Err(StoreError::UnsafePath(format!(
-                        "{} exists and is not a directory",
+                    return Err(StoreError::Invalid(format!(
+                        "{} exists in the target and is not a directory (the snapshot has a directory there)",
                         full.display()
                     )));
                 }
@@ -543,10 +548,13 @@ pub fn restore(
                 .fetch_add(nodes[i].size, Ordering::Relaxed);
             continue;
         }
+        // A name is replaced, never written through: an existing file may
+        // be a hard link to something outside the target, a symlink, or a
+        // FIFO. It goes first; the file is then created new.
+        remove_non_dir(&full);
         let f = OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&full)
@@ -680,7 +688,10 @@ pub fn restore(
     for &i in order.iter().rev() {
         let n = &*nodes[i];
         if matches!(n.kind, NodeKind::Hardlink | NodeKind::Socket)
-            || (n.kind == NodeKind::Dir && !opts.dir_metadata)
+            || (n.kind == NodeKind::Dir
+                && (!opts.dir_metadata
+                    || (matches!(opts.overwrite, Overwrite::Never | Overwrite::IfNewer)
+                        && !created_dirs.contains(&i))))
             || kept.contains(&i)
         {
             continue;

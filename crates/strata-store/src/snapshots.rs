@@ -58,6 +58,13 @@ pub fn resolve(
     if spec.is_empty() || !spec.chars().all(|c| c.is_ascii_hexdigit()) {
         return Err(StoreError::NoSnapshot(spec.into()));
     }
+    // `forget 2` is far more likely a version number than an id prefix.
+    if spec.len() < 4 && spec.chars().all(|c| c.is_ascii_digit()) {
+        return Err(StoreError::Invalid(format!(
+            "{spec:?} looks like a version number: name a version as SERIES@{spec} \
+             (an id prefix of digits only needs at least 4 of them)"
+        )));
+    }
     let spec_l = spec.to_ascii_lowercase();
     let m: Vec<_> = all
         .iter()
@@ -255,6 +262,10 @@ mod tests {
         let f = SnapshotFilter::default();
         assert_eq!(resolve(&l, "a26", &f, "h1").unwrap().0, "a2660000");
         assert_eq!(resolve(&l, "B", &f, "h1").unwrap().0, "b0000000");
+        assert!(resolve(&l, "2", &f, "h1")
+            .unwrap_err()
+            .to_string()
+            .contains("SERIES@2"));
         let e = resolve(&l, "a2", &f, "h1").unwrap_err().to_string();
         assert!(e.contains("a2660000…") && e.contains("a2f00000…"), "{e}");
         assert!(matches!(

@@ -165,7 +165,9 @@ pub fn run(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
             Location::Local(p) => std::fs::canonicalize(p).into_iter().collect(),
             Location::S3(_) => vec![],
         },
-        lifecycle: !a.no_lifecycle && !a.maintain && !a.dry_run,
+        // Run below, once the commit is noted (an interruption during the
+        // lifecycle must not say that nothing was committed).
+        lifecycle: false,
         ..Default::default()
     };
     if let Some(t) = a.threads {
@@ -179,9 +181,14 @@ pub fn run(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
     }
     let res = strata_store::backup::backup(&repo, opts);
     pd.finish();
-    let rep = res?;
+    let mut rep = res?;
     if !a.dry_run {
         crate::interrupt::committed(format!("snapshot {}", &rep.id[..8]));
+    }
+    if !a.no_lifecycle && !a.maintain && !a.dry_run {
+        let t = std::time::Instant::now();
+        let l = strata_store::revdedup::after_backup(&repo, rep.reverse_hint.clone());
+        rep.lifecycle = Some((l, t.elapsed().as_secs_f64()));
     }
     for w in &rep.warnings {
         out.warn(w);

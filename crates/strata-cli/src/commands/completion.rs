@@ -13,8 +13,18 @@ pub struct CompletionArgs {
 
 pub fn completion(a: &CompletionArgs) -> Result<i32> {
     let mut cmd = crate::Cli::command();
-    clap_complete::generate(a.shell, &mut cmd, "strata", &mut std::io::stdout());
-    Ok(0)
+    let mut script = Vec::new();
+    clap_complete::generate(a.shell, &mut cmd, "strata", &mut script);
+    write_all_stdout(&script)
+}
+
+/// Writes `bytes` to stdout; a reader that went away is not an error.
+fn write_all_stdout(bytes: &[u8]) -> Result<i32> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(bytes) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(0),
+    }
 }
 
 #[derive(Args)]
@@ -28,7 +38,11 @@ pub struct ManArgs {
 pub fn man(a: &ManArgs) -> Result<i32> {
     let cmd = crate::Cli::command();
     match &a.dir {
-        None => clap_mangen::Man::new(cmd).render(&mut std::io::stdout())?,
+        None => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(cmd).render(&mut page)?;
+            return write_all_stdout(&page);
+        }
         Some(d) => {
             std::fs::create_dir_all(d)?;
             clap_mangen::generate_to(cmd, d)?;

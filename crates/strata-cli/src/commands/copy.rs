@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
 use std::path::PathBuf;
-use strata_store::repo_copy::{already_copied, copy_version, CopyOptions};
+use strata_store::repo_copy::{already_copied, copy_version, out_of_order, CopyOptions};
 use strata_store::Repository;
 
 #[derive(Args)]
@@ -72,11 +72,22 @@ pub fn run(cli: &Cli, out: &Out, a: &CopyArgs) -> Result<i32> {
     chosen.dedup_by(|x, y| x.0 == y.0);
     let mut copied = Vec::new();
     let mut skipped = 0;
+    let mut refused = 0;
     let mut warnings = 0;
     for (id, s) in &chosen {
         let (have, _) = dst.list_snapshots_tolerant()?;
         if already_copied(&have, s) {
             skipped += 1;
+            continue;
+        }
+        if let Some(why) = out_of_order(&have, s) {
+            out.warn(&format!(
+                "{} ({}@{}) not copied: {why}",
+                &id[..8],
+                s.series,
+                s.version
+            ));
+            refused += 1;
             continue;
         }
         let pd = progress_for(cli, &format!("copy {}@{}", s.series, s.version));
@@ -113,14 +124,19 @@ pub fn run(cli: &Cli, out: &Out, a: &CopyArgs) -> Result<i32> {
         );
     }
     out.result(
-        &json!({"copied": copied, "already_present": skipped}),
+        &json!({"copied": copied, "already_present": skipped, "refused": refused}),
         || {
             format!(
-                "{} snapshots copied, {} already present",
+                "{} snapshots copied, {} already present{}",
                 copied.len(),
-                skipped
+                skipped,
+                match refused {
+                    0 => String::new(),
+                    n => format!(", {n} refused (see above)"),
+                }
             )
         },
     );
-    Ok(if warnings > 0 { 3 } else { 0 })
+    // 3: finished, but not everything asked for is there.
+    Ok(if warnings > 0 || refused > 0 { 3 } else { 0 })
 }

@@ -2,7 +2,7 @@
 //! their recipes alone (no data is read).
 
 use crate::output::{fmt_bytes, Out};
-use crate::select::{show_path, FilterArgs};
+use crate::select::{json_path, show_path, FilterArgs};
 use crate::{open, Cli};
 use anyhow::Result;
 use clap::Args;
@@ -41,12 +41,7 @@ pub fn run(cli: &Cli, out: &Out, a: &DiffArgs) -> Result<i32> {
             .iter()
             .map(|e| {
                 let mut v = serde_json::to_value(e).unwrap_or_default();
-                v["path"] = json!(show_path(&e.path));
-                if std::str::from_utf8(&e.path).is_err() {
-                    let mut b = vec![b'/'];
-                    b.extend_from_slice(&e.path);
-                    v["path_bytes"] = json!(b);
-                }
+                json_path(&mut v, "path", &e.path);
                 v
             })
             .collect();

@@ -54,8 +54,15 @@ pub fn run(cli: &Cli, a: &DumpArgs) -> Result<i32> {
         };
         let stdout = std::io::stdout();
         let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-        strata_store::restore::dump(&data, part, &r, node, &mut w)?;
-        return Ok(0);
+        return match strata_store::restore::dump(&data, part, &r, node, &mut w) {
+            // `strata dump … | head`: the reader has what it wanted.
+            Err(strata_store::StoreError::Io { cause, .. })
+                if cause.kind() == std::io::ErrorKind::BrokenPipe =>
+            {
+                Ok(0)
+            }
+            r => r.map(|_| 0).map_err(Into::into),
+        };
     }
     bail!(
         "no file {shown} in snapshot {} (see `strata ls {}`)",

@@ -1,7 +1,7 @@
 //! `strata find PATTERN…`: which snapshots hold matching paths.
 
 use crate::output::{fmt_bytes, fmt_time, json_time, Out};
-use crate::select::{show_path, FilterArgs};
+use crate::select::{json_path, show_path, FilterArgs};
 use crate::{open, Cli};
 use anyhow::{bail, Result};
 use clap::Args;
@@ -70,11 +70,7 @@ pub fn run(cli: &Cli, out: &Out, a: &FindArgs) -> Result<i32> {
                 let mut v = json!({"snapshot": h.snapshot_id, "series": h.series, "version": h.version,
                     "time": json_time(h.time_ns), "path": show_path(&h.path), "type": h.kind.id(),
                     "size": h.size, "mtime": json_time(h.mtime_ns)});
-                if std::str::from_utf8(&h.path).is_err() {
-                    let mut b = vec![b'/'];
-                    b.extend_from_slice(&h.path);
-                    v["path_bytes"] = json!(b);
-                }
+                json_path(&mut v, "path", &h.path);
                 v
             })
             .collect();

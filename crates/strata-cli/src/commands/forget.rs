@@ -89,7 +89,15 @@ fn chosen(
             // A damaged snapshot can be named by its full id.
             match damaged.iter().find(|(id, _)| id == s) {
                 Some((id, _)) => ids.push(id.clone()),
-                None => ids.push(strata_store::repo::resolve_in(all, s)?.0),
+                None => ids.push(
+                    strata_store::snapshots::resolve(
+                        all,
+                        s,
+                        &a.filter.filter(),
+                        &strata_store::lock::hostname(),
+                    )?
+                    .0,
+                ),
             }
         }
     } else {

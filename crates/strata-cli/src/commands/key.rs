@@ -52,10 +52,10 @@ pub fn run(cli: &Cli, out: &Out, cmd: &KeyCmd) -> Result<i32> {
                         k.id,
                         k.user,
                         k.host,
-                        if k.created_ns == 0 {
-                            "-".into()
-                        } else {
-                            fmt_time(k.created_ns)
+                        match (&k.damaged, k.created_ns) {
+                            (Some(e), _) => format!("DAMAGED: {e}"),
+                            (None, 0) => "-".into(),
+                            (None, t) => fmt_time(t),
                         }
                     );
                 }

@@ -1,7 +1,7 @@
 //! `strata ls`: the entries of a snapshot.
 
 use crate::output::{fmt_time, json_time, Out};
-use crate::select::{show_path, FilterArgs};
+use crate::select::{json_path, show_path, FilterArgs};
 use crate::{open, Cli};
 use anyhow::{bail, Result};
 use clap::Args;
@@ -58,12 +58,7 @@ pub fn run(cli: &Cli, out: &Out, a: &LsArgs) -> Result<i32> {
                        "size": size(n), "mode": n.mode & 0o7777, "uid": n.uid, "gid": n.gid,
                        "mtime": json_time(n.mtime_ns),
                        "target": n.target.as_ref().map(|t| String::from_utf8_lossy(t).into_owned())});
-                if std::str::from_utf8(&n.path).is_err() {
-                    // Lossless for names that are not UTF-8.
-                    let mut b = vec![b'/'];
-                    b.extend_from_slice(&n.path);
-                    e["path_bytes"] = json!(b);
-                }
+                json_path(&mut e, "path", &n.path);
                 e
             })
             .collect();

@@ -125,6 +125,23 @@ impl Cmd {
     }
 }
 
+impl Cmd {
+    /// Commands that commit in several steps: an interruption keeps the
+    /// steps already done.
+    pub(crate) fn stepwise(&self) -> bool {
+        matches!(
+            self,
+            Cmd::Forget(_)
+                | Cmd::Gc(_)
+                | Cmd::Maintain(_)
+                | Cmd::Copy(_)
+                | Cmd::Tier { .. }
+                | Cmd::Tag(_)
+                | Cmd::Repair { .. }
+        )
+    }
+}
+
 pub(crate) fn run(cli: &Cli, out: &Out) -> Result<i32> {
     // Checking and repairing read the bucket itself, never local copies.
     if matches!(cli.cmd, Cmd::Check(_) | Cmd::Repair { .. }) {

@@ -6,6 +6,7 @@ use crate::{open, Cli};
 use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
+use strata_core::format::Tier;
 
 #[derive(Args)]
 pub struct TagArgs {
@@ -38,6 +39,24 @@ pub fn run(cli: &Cli, out: &Out, a: &TagArgs) -> Result<i32> {
     let set: Vec<String> = a.set.iter().filter(|t| !t.is_empty()).cloned().collect();
     let set = (!a.set.is_empty()).then_some(set.as_slice());
     let done = strata_store::snapshots::retag(&repo, &ids, set, &a.add, &a.remove)?;
+    // A version (or part of one) in the cloud tier: the bucket's copy of
+    // its snapshot is what disaster recovery reads; it gets the tags too.
+    let in_cloud: Vec<String> = all
+        .iter()
+        .filter(|(i, s)| ids.contains(i) && (s.tier == Tier::Cloud || s.cloud_part.is_some()))
+        .map(|(i, _)| i.clone())
+        .collect();
+    if !in_cloud.is_empty() {
+        let res = super::tier::cloud(&repo).and_then(|c| {
+            strata_store::snapshots::retag(&c, &in_cloud, set, &a.add, &a.remove)
+                .map_err(Into::into)
+        });
+        if let Err(e) = res {
+            out.warn(&format!(
+                "the cloud tier's copies keep their old tags: {e:#}; run the command again to retry"
+            ));
+        }
+    }
     let v: Vec<_> = done
         .iter()
         .map(|(id, tags)| json!({"id": id, "tags": tags}))

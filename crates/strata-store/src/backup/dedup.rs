@@ -562,7 +562,7 @@ impl<'a> Ctx<'a> {
                         size,
                         warning: None,
                     },
-                    Err(m) => Outcome::Failed(format!("stdin: {m}")),
+                    Err(m) => Outcome::Failed(format!("{}: {m}", expect.path_str())),
                 })
             }
             Source::Path(p) => {

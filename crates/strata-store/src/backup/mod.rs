@@ -384,6 +384,15 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
     )?;
     let mut warnings = walk_warnings;
     warnings.extend(run.warnings);
+    // An imported tree is all or nothing: a file that could not be read
+    // would be missing from a copy that counts as done.
+    if import.is_some() && !warnings.is_empty() {
+        return Err(StoreError::Invalid(format!(
+            "nothing committed: {} file(s) could not be read from the source: {}",
+            warnings.len(),
+            warnings.join("; ")
+        )));
+    }
     let written = run.written;
 
     // Commit: index object → recipe (its last part and index) → snapshot.

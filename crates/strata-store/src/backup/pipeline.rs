@@ -437,7 +437,7 @@ impl<'s> Stream<'s> {
                 }
             },
             Source::Stream(m) => match lock(m).take() {
-                Some(r) => (r, None, "stdin".to_string()),
+                Some(r) => (r, None, node.path_str()),
                 None => return sh.fail(StoreError::Invalid("stream read twice".into())),
             },
         };
