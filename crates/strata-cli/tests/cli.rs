@@ -13,20 +13,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-fn s(v: &Value) -> &str {
-    v.as_str()
-        .unwrap_or_else(|| panic!("expected a string, got {v}"))
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64()
-        .unwrap_or_else(|| panic!("expected a number, got {v}"))
-}
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
 /// `ls SPEC --json` as path → entry.
 fn ls(repo: &Repo, spec: &str) -> BTreeMap<String, Value> {
     match repo.json(&["ls", spec]) {

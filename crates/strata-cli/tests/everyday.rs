@@ -18,20 +18,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
 
-fn s(v: &Value) -> &str {
-    v.as_str()
-        .unwrap_or_else(|| panic!("expected a string, got {v}"))
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64()
-        .unwrap_or_else(|| panic!("expected a number, got {v}"))
-}
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
 fn arr(v: Value) -> Vec<Value> {
     match v {
         Value::Array(a) => a,
@@ -558,6 +544,11 @@ fn overwrite_setup(repo: &Repo) -> (PathBuf, String, PathBuf) {
     (src, id, t)
 }
 
+/// A restore's names left alone and files written.
+fn assert_counts(v: &Value, skipped: u64, files: u64) {
+    assert_eq!((u(&v["skipped"]), u(&v["files"])), (skipped, files), "{v}");
+}
+
 fn restore_ow(repo: &Repo, id: &str, t: &Path, mode: &str) -> Value {
     let v = repo.json(&["restore", id, "-t", path_str(t), "--overwrite", mode]);
     assert_eq!(v["warnings"], json!([]), "{v}");
@@ -597,16 +588,13 @@ fn restore_overwrite_never_and_always() {
     assert_eq!(fs::read(&f1).unwrap(), b"changed!", "never replaced a file");
     // The missing file comes back; the existing one is skipped.
     assert_eq!(fs::read(&f2).unwrap(), b"two two");
-    assert_eq!(u(&v["skipped"]), 1, "{v}");
-    assert_eq!(u(&v["files"]), 1, "{v}");
+    assert_counts(&v, 1, 1);
 
     let v = restore_ow(&repo, &id, &t, "never");
-    assert_eq!(u(&v["skipped"]), 2, "{v}");
-    assert_eq!(u(&v["files"]), 0, "{v}");
+    assert_counts(&v, 2, 0);
 
     let v = restore_ow(&repo, &id, &t, "always");
-    assert_eq!(u(&v["skipped"]), 0, "{v}");
-    assert_eq!(u(&v["files"]), 2, "{v}");
+    assert_counts(&v, 0, 2);
     assert_eq!(fs::read(&f1).unwrap(), b"one");
     assert_trees_equal(&src, &restored(&t, &src));
 }
@@ -625,8 +613,7 @@ fn restore_overwrite_if_changed() {
     write(&f2, b"2");
     set_mtime(&f2, mtime(&src.join("sub/f2")));
     let v = restore_ow(&repo, &id, &t, "if-changed");
-    assert_eq!(u(&v["skipped"]), 1, "{v}");
-    assert_eq!(u(&v["files"]), 1, "{v}");
+    assert_counts(&v, 1, 1);
     assert_eq!(fs::read(&f1).unwrap(), b"ONE");
     assert_eq!(fs::read(&f2).unwrap(), b"two two");
     // Same size, another mtime: replaced.
@@ -653,8 +640,7 @@ fn restore_overwrite_if_newer() {
         SystemTime::UNIX_EPOCH + Duration::from_secs(946_684_800),
     );
     let v = restore_ow(&repo, &id, &t, "if-newer");
-    assert_eq!(u(&v["skipped"]), 1, "{v}");
-    assert_eq!(u(&v["files"]), 1, "{v}");
+    assert_counts(&v, 1, 1);
     assert_eq!(fs::read(&f1).unwrap(), b"newer");
     assert_eq!(fs::read(&f2).unwrap(), b"two two");
     assert_eq!(mtime(&f2), mtime(&src.join("sub/f2")));

@@ -73,14 +73,19 @@ pub fn resolve(
     match m.len() {
         0 => Err(StoreError::NoSnapshot(spec.into())),
         1 => Ok(m[0].clone()),
-        _ => Err(StoreError::AmbiguousSnapshot {
-            spec: spec.into(),
-            candidates: short_list(
-                m.iter()
-                    .map(|(id, _)| format!("{}…", &id[..id.len().min(8)])),
-            ),
-            hint: "give more of the id".into(),
-        }),
+        _ => Err(ambiguous(spec, &m, "give more of the id")),
+    }
+}
+
+/// `spec` names all of `m`: the error lists their short ids.
+fn ambiguous(spec: &str, m: &[&(String, Snapshot)], hint: &str) -> StoreError {
+    StoreError::AmbiguousSnapshot {
+        spec: spec.into(),
+        candidates: short_list(
+            m.iter()
+                .map(|(id, _)| format!("{}…", &id[..id.len().min(8)])),
+        ),
+        hint: hint.into(),
     }
 }
 
@@ -110,14 +115,7 @@ fn in_series(
     match m.len() {
         0 => Err(StoreError::NoSnapshot(spec.into())),
         1 => Ok(m[0].clone()),
-        _ => Err(StoreError::AmbiguousSnapshot {
-            spec: spec.into(),
-            candidates: short_list(
-                m.iter()
-                    .map(|(id, _)| format!("{}…", &id[..id.len().min(8)])),
-            ),
-            hint: "name it by id".into(),
-        }),
+        _ => Err(ambiguous(spec, &m, "name it by id")),
     }
 }
 

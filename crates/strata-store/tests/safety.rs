@@ -249,7 +249,6 @@ fn existing_symlink_in_the_target_is_not_followed() {
             fx.file_node(b"link/evil"),
         ],
         vec![bare_node(b"link/evil", NodeKind::Dir)],
-        vec![fx.file_node(b"link")],
     ]
     .into_iter()
     .enumerate()
@@ -263,6 +262,16 @@ fn existing_symlink_in_the_target_is_not_followed() {
         );
         fx.assert_outside_untouched();
     }
+    // A file of the symlink's name replaces the symlink (a name is
+    // replaced, never written through).
+    let mut recipe = fx.recipe.clone();
+    recipe.nodes.push(fx.file_node(b"link"));
+    restore(&fx.repo, &fx.snapshot, &fx.store(&recipe), &opts(&target)).unwrap();
+    assert!(fs::symlink_metadata(target.join("link"))
+        .unwrap()
+        .file_type()
+        .is_file());
+    fx.assert_outside_untouched();
 }
 
 #[test]

@@ -12,6 +12,22 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+/// A JSON string, or a panic naming what was there.
+pub fn s(v: &Value) -> &str {
+    v.as_str()
+        .unwrap_or_else(|| panic!("expected a string, got {v}"))
+}
+
+/// A JSON number, or a panic naming what was there.
+pub fn u(v: &Value) -> u64 {
+    v.as_u64()
+        .unwrap_or_else(|| panic!("expected a number, got {v}"))
+}
+
+pub fn path_str(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
 /// Path of the binary under test.
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_strata")
