@@ -15,15 +15,12 @@ use strata_store::backend::s3::{S3Backend, S3Credentials, S3Options};
 use strata_store::backend::wrap::{Limit, Meter, Metering, Retry};
 use strata_store::backend::{Backend, Cache, LocalBackend, Location};
 
-/// The default repository directory: `$XDG_DATA_HOME/strata/repo` or
-/// `~/.local/share/strata/repo`.
+/// The default repository directory: `strata/repo` in the user's data
+/// directory (`$XDG_DATA_HOME`, else `~/.local/share`).
 pub fn default_repo() -> Result<PathBuf> {
-    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
-        return Ok(PathBuf::from(x).join("strata/repo"));
-    }
-    let home = std::env::var_os("HOME")
-        .ok_or_else(|| anyhow!("neither --repo, $STRATA_REPO nor $HOME is set"))?;
-    Ok(PathBuf::from(home).join(".local/share/strata/repo"))
+    let dirs = directories::BaseDirs::new()
+        .ok_or_else(|| anyhow!("neither --repo, $STRATA_REPO nor a home directory is set"))?;
+    Ok(dirs.data_dir().join("strata/repo"))
 }
 
 /// The repository's location from `--repo` (or the default directory).

@@ -171,4 +171,27 @@ mod tests {
     fn command_line_definition_is_consistent() {
         super::Cli::command().debug_assert();
     }
+
+    /// Every command and every argument has a description in `--help`.
+    #[test]
+    fn every_argument_is_described() {
+        fn walk(c: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let here = format!("{path} {}", c.get_name());
+            if c.get_about().is_none() && !path.is_empty() {
+                missing.push(format!("{here}: the command"));
+            }
+            for a in c.get_arguments() {
+                let id = a.get_id().as_str();
+                if a.get_help().is_none() && !matches!(id, "help" | "version") {
+                    missing.push(format!("{here}: {id}"));
+                }
+            }
+            for sub in c.get_subcommands().filter(|s| s.get_name() != "help") {
+                walk(sub, &here, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "", &mut missing);
+        assert!(missing.is_empty(), "no description: {missing:#?}");
+    }
 }

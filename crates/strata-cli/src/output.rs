@@ -70,19 +70,9 @@ impl Out {
     }
 }
 
+/// A size for people, in binary units (`1.50 KiB`).
 pub fn fmt_bytes(n: u64) -> String {
-    const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = n as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.2} {}", U[i])
-    }
+    humansize::format_size(n, humansize::BINARY)
 }
 
 /// A time for people: local time, `YYYY-MM-DD HH:MM:SS`.

@@ -18,6 +18,7 @@ pub enum TierCmd {
     /// tier: a second dedup domain that holds whole versions (created if
     /// missing; the bucket too).
     Add {
+        /// The bucket and prefix: s3://BUCKET/PREFIX[?endpoint=URL&region=R].
         url: String,
         /// Size of the cloud tier's objects (1–4 MiB suit object stores;
         /// `tier gc --s3-copy` needs more than 5 MiB).

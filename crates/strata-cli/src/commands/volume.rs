@@ -19,6 +19,7 @@ use strata_volume::{Threshold, Volume, VolumeConfig};
 pub enum VolumeCmd {
     /// Create a thin block volume (nothing is allocated until written).
     Create {
+        /// The volume's name (letters, digits, `-`, `_`, `.`).
         name: String,
         /// Size the clients see (e.g. 100G; a multiple of 4 KiB).
         #[arg(long, value_parser = parse_size)]
@@ -39,6 +40,7 @@ pub enum VolumeCmd {
     /// Serve a volume over NBD until SIGTERM or Ctrl-C (then everything
     /// acknowledged is destaged and the volume closed cleanly).
     Serve {
+        /// The volume's name (letters, digits, `-`, `_`, `.`).
         name: String,
         /// HOST:PORT, or unix:PATH (or /PATH) for a Unix socket.
         #[arg(long, default_value = "127.0.0.1:10809")]
@@ -46,11 +48,15 @@ pub enum VolumeCmd {
     },
     /// Dedup ratio, cache hit rate, duplicate sequence lengths, read
     /// fragmentation, latency percentiles (from the last serve).
-    Stats { name: String },
+    Stats {
+        /// The volume's name.
+        name: String,
+    },
     /// The repository's volumes.
     List,
     /// Delete a volume and everything in it (refused while it is served).
     Delete {
+        /// The volume's name (letters, digits, `-`, `_`, `.`).
         name: String,
         /// Required: the volume's data cannot be recovered afterwards.
         #[arg(long)]
