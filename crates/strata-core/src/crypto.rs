@@ -161,19 +161,51 @@ pub struct KdfParams {
     pub salt: [u8; 16],
 }
 
+/// The cost of the password hash (Argon2id) a new key slot gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KdfCost {
+    pub memory_kib: u32,
+    pub iterations: u32,
+}
+
+impl Default for KdfCost {
+    /// 64 MiB, 3 passes: about half a second on a small machine.
+    fn default() -> Self {
+        KdfCost {
+            memory_kib: 64 * 1024,
+            iterations: 3,
+        }
+    }
+}
+
+impl KdfCost {
+    /// Refuses costs Argon2id cannot run with.
+    pub fn validate(self) -> Result<Self> {
+        argon2::Params::new(self.memory_kib, self.iterations, 1, Some(32))
+            .map_err(|e| CoreError::Kdf(e.to_string()))?;
+        Ok(self)
+    }
+}
+
 impl KdfParams {
-    /// Defaults: 64 MiB, 3 passes — about half a second on a small machine.
-    /// `STRATA_KDF_FAST=1` (tests only) makes it cheap.
-    pub fn new_default() -> Result<Self> {
+    /// A fresh salt with `cost`.
+    pub fn new(cost: KdfCost) -> Result<Self> {
         let mut salt = [0u8; 16];
         random_bytes(&mut salt)?;
-        let fast = std::env::var_os("STRATA_KDF_FAST").is_some();
         Ok(KdfParams {
-            m_cost_kib: if fast { 256 } else { 64 * 1024 },
-            t_cost: if fast { 1 } else { 3 },
+            m_cost_kib: cost.validate()?.memory_kib,
+            t_cost: cost.iterations,
             p_cost: 1,
             salt,
         })
+    }
+
+    /// The cost these parameters were made with.
+    pub fn cost(&self) -> KdfCost {
+        KdfCost {
+            memory_kib: self.m_cost_kib,
+            iterations: self.t_cost,
+        }
     }
 
     fn derive(&self, password: &[u8]) -> Result<[u8; 32]> {
@@ -196,8 +228,8 @@ pub struct KeyFile {
 }
 
 impl KeyFile {
-    pub fn wrap(master: &MasterKey, password: &[u8]) -> Result<Self> {
-        let kdf = KdfParams::new_default()?;
+    pub fn wrap(master: &MasterKey, password: &[u8], cost: KdfCost) -> Result<Self> {
+        let kdf = KdfParams::new(cost)?;
         let kek = zeroize::Zeroizing::new(kdf.derive(password)?);
         let mut nonce = [0u8; 24];
         random_bytes(&mut nonce)?;
@@ -400,9 +432,11 @@ mod tests {
         assert!(zstd_decompress(b"not zstd at all").is_err());
     }
 
-    fn fast_kdf() {
-        std::env::set_var("STRATA_KDF_FAST", "1");
-    }
+    /// Cheap Argon2 for the tests.
+    const FAST: KdfCost = KdfCost {
+        memory_kib: 256,
+        iterations: 1,
+    };
 
     #[test]
     fn plain_roundtrip_and_corruption() {
@@ -436,7 +470,6 @@ mod tests {
 
     #[test]
     fn encrypted_roundtrip_tamper_and_wrong_key() {
-        fast_kdf();
         let mk = MasterKey::generate().unwrap();
         let s = Sealer::encrypted(&mk, 3);
         let env = s.seal(Kind::Recipe, b"secret recipe", true).unwrap();
@@ -457,9 +490,15 @@ mod tests {
 
     #[test]
     fn keyfile_wrong_password() {
-        fast_kdf();
         let mk = MasterKey::generate().unwrap();
-        let kf = KeyFile::wrap(&mk, b"right").unwrap();
+        let kf = KeyFile::wrap(&mk, b"right", FAST).unwrap();
+        assert_eq!(kf.kdf.cost(), FAST);
+        assert!(KdfCost {
+            memory_kib: 1,
+            iterations: 1
+        }
+        .validate()
+        .is_err());
         let back = kf.unwrap_key(b"right").unwrap();
         assert_eq!(back.secret, mk.secret);
         assert!(matches!(

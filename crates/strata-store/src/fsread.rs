@@ -404,7 +404,6 @@ mod tests {
     /// An encrypted repository with small containers and regions, so a
     /// few MB spread over many of both (the integration tests' options).
     fn init(dir: &Path) -> Repository {
-        std::env::set_var("STRATA_KDF_FAST", "1");
         std::env::set_var(
             "STRATA_CACHE_DIR",
             std::env::temp_dir().join("strata-test-cache"),
@@ -413,6 +412,10 @@ mod tests {
         chunker.avg_segment = 64 << 10;
         let opts = InitOptions {
             password: Some(b"pw".to_vec()),
+            kdf: strata_core::crypto::KdfCost {
+                memory_kib: 256,
+                iterations: 1,
+            },
             container_size: 256 << 10,
             region_size: 32 << 10,
             chunker,

@@ -8,7 +8,7 @@ use crate::backend::Backend;
 use crate::error::{Result, StoreError};
 use crate::repo::{now_ns, Repository};
 use std::sync::Arc;
-use strata_core::crypto::{random_bytes, KeyFile, Kind, MasterKey, Sealer};
+use strata_core::crypto::{random_bytes, KdfCost, KeyFile, Kind, MasterKey, Sealer};
 use strata_core::format::{decode_key_slot, encode_key_slot, KeySlot};
 use strata_core::CoreError;
 
@@ -34,9 +34,10 @@ pub(crate) fn write_slot(
     name: &str,
     mk: &MasterKey,
     password: &[u8],
+    cost: KdfCost,
 ) -> Result<()> {
     let slot = KeySlot {
-        key: KeyFile::wrap(mk, password)?,
+        key: KeyFile::wrap(mk, password, cost)?,
         host: crate::lock::hostname(),
         user: crate::lock::username(),
         created_ns: now_ns(),
@@ -142,14 +143,16 @@ pub fn add(repo: &Repository, password: &[u8]) -> Result<String> {
 }
 
 fn add_locked(repo: &Repository, password: &[u8]) -> Result<String> {
-    let (mk, _) = master(repo)?;
+    let (mk, current) = master(repo)?;
+    // As costly as the slot in use (set at init).
+    let cost = read_slot(repo.backend(), current)?.key.kdf.cost();
     if password.is_empty() {
         return Err(StoreError::Invalid("the new password is empty".into()));
     }
     let mut id = [0u8; 16];
     random_bytes(&mut id)?;
     let id = hex::encode(id);
-    write_slot(repo.backend(), &format!("keys/{id}"), mk, password)?;
+    write_slot(repo.backend(), &format!("keys/{id}"), mk, password, cost)?;
     Ok(id)
 }
 
@@ -244,6 +247,10 @@ mod tests {
         let b: Arc<dyn Backend> = Arc::new(strata_backend::MemoryBackend::default());
         let opts = InitOptions {
             password: Some(b"one".to_vec()),
+            kdf: KdfCost {
+                memory_kib: 256,
+                iterations: 1,
+            },
             ..Default::default()
         };
         let repo = Repository::init(b.clone(), opts).unwrap();
@@ -265,6 +272,10 @@ mod tests {
         assert!(open(&b, b"one").is_err());
         // The last one stays; passwd swaps it.
         let new = passwd(&r2, b"three").unwrap();
+        // New slots cost what the first did.
+        assert!(list(&r2).is_ok());
+        let slot = read_slot(&b, &format!("keys/{new}")).unwrap();
+        assert_eq!(slot.key.kdf.cost().memory_kib, 256);
         assert!(open(&b, b"two").is_err());
         let r3 = open(&b, b"three").unwrap();
         assert_eq!(list(&r3).unwrap().len(), 1);

@@ -26,7 +26,7 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use strata_core::chunker::ChunkerParams;
-use strata_core::crypto::{random_bytes, Kind, MasterKey, Sealer};
+use strata_core::crypto::{random_bytes, KdfCost, Kind, MasterKey, Sealer};
 use strata_core::format::{
     decode, encode, ContainerId, IndexObject, IndexSummary, Recipe, RepoConfig, Snapshot,
     REPO_FORMAT_VERSION,
@@ -37,6 +37,9 @@ use strata_core::Hasher;
 #[derive(Clone, Debug)]
 pub struct InitOptions {
     pub password: Option<Vec<u8>>,
+    /// The password hash's cost for the first key slot (later slots take
+    /// the cost of the slot that opened the repository).
+    pub kdf: KdfCost,
     pub chunker: ChunkerParams,
     pub zstd_level: i32,
     pub container_size: u32,
@@ -48,6 +51,7 @@ impl Default for InitOptions {
     fn default() -> Self {
         InitOptions {
             password: None,
+            kdf: KdfCost::default(),
             chunker: ChunkerParams::cdc(8192),
             zstd_level: 3,
             container_size: 32 << 20,
@@ -290,7 +294,7 @@ impl Repository {
         let (sealer, hasher, key) = match &opts.password {
             Some(pw) => {
                 let mk = MasterKey::generate()?;
-                crate::keys::write_slot(&backend, "keys/default", &mk, pw)?;
+                crate::keys::write_slot(&backend, "keys/default", &mk, pw, opts.kdf)?;
                 (
                     Sealer::encrypted(&mk, opts.zstd_level),
                     Sealer::hasher(Some(&mk)),

@@ -428,7 +428,6 @@ fn corrupted_read_is_reported_encrypted() {
 
 #[test]
 fn wrong_password_is_refused() {
-    fast_kdf();
     let tmp = tempfile::tempdir().unwrap();
     init_repo(tmp.path(), true);
     let r = Repository::open(local(tmp.path()), &|| Ok(b"not the password".to_vec()));

@@ -452,9 +452,6 @@ fn data_bytes(repo: &Repository) -> u64 {
 
 fn run(steps: &[Step], encrypted: bool) {
     let tmp = tempfile::tempdir().unwrap();
-    if encrypted {
-        fast_kdf();
-    }
     let fb = FaultBackend::new(&tmp.path().join("repo"));
     let mut opts = small_init(encrypted);
     opts.index = "segment".into();

@@ -418,9 +418,6 @@ fn run_case(c: &Case) {
     let src = tmp.path().join("src");
     let scratch = tmp.path().join("scratch");
     fs::create_dir_all(&scratch).unwrap();
-    if c.encrypted {
-        fast_kdf();
-    }
     let fb = FaultBackend::new(&repo_dir);
     let mut opts = small_init(c.encrypted);
     opts.index = c.index.into();

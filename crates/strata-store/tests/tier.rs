@@ -24,9 +24,6 @@ fn stored(repo: &Repository) -> u64 {
 }
 
 fn segment_repo(dir: &Path, encrypted: bool) -> Repository {
-    if encrypted {
-        fast_kdf();
-    }
     let mut o = small_init(encrypted);
     o.index = "segment".into();
     Repository::init(local(dir), o).unwrap()

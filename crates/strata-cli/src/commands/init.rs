@@ -5,6 +5,7 @@ use crate::{location, read_password, repo_location, Cli};
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
+use strata_core::crypto::KdfCost;
 use strata_store::{InitOptions, Repository};
 
 #[derive(Args)]
@@ -41,6 +42,14 @@ pub struct InitArgs {
     /// 1), record-duplicates (1: duplicate segments join new blocks too, 0).
     #[arg(long = "index-opt", value_name = "KEY=VALUE")]
     index_opt: Vec<String>,
+    /// Memory of the password hash (Argon2id) in KiB, with --encrypt;
+    /// keys added later cost the same. Lower only where memory is scarce
+    /// (or in tests): it is what makes guessing passwords expensive.
+    #[arg(long, value_name = "KIB", default_value_t = KdfCost::default().memory_kib)]
+    kdf_memory_kib: u32,
+    /// Passes of the password hash (Argon2id), with --encrypt.
+    #[arg(long, value_name = "N", default_value_t = KdfCost::default().iterations)]
+    kdf_iterations: u32,
 }
 
 pub fn run(cli: &Cli, out: &Out, a: &InitArgs) -> Result<i32> {
@@ -63,6 +72,11 @@ pub fn run(cli: &Cli, out: &Out, a: &InitArgs) -> Result<i32> {
         a.container_mib,
         None,
     )?;
+    opts.kdf = KdfCost {
+        memory_kib: a.kdf_memory_kib,
+        iterations: a.kdf_iterations,
+    }
+    .validate()?;
     let backend = location::backend(&loc, true)?;
     if a.encrypt {
         opts.password = Some(read_password(cli, true)?);

@@ -28,12 +28,16 @@ pub fn path_str(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
 
+/// `init` options for a cheap password hash: encrypted test repositories
+/// open in milliseconds.
+pub const FAST_KDF: [&str; 4] = ["--kdf-memory-kib", "256", "--kdf-iterations", "1"];
+
 /// Path of the binary under test.
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_strata")
 }
 
-/// A `strata` command with a clean environment: cheap KDF, no repository or
+/// A `strata` command with a clean environment: no repository or
 /// password inherited from the caller, stdin not a terminal.
 pub fn strata() -> Command {
     let mut c = Command::new(bin());
@@ -49,7 +53,6 @@ pub fn scrub(c: &mut Command) {
         .env_remove("STRATA_PASSWORD_COMMAND")
         .env_remove("STRATA_NEW_PASSWORD")
         .env_remove("STRATA_LOG")
-        .env("STRATA_KDF_FAST", "1")
         .env(
             "STRATA_CACHE_DIR",
             std::env::temp_dir().join("strata-test-cache"),
@@ -171,6 +174,9 @@ impl Repo {
         };
         let mut args = vec!["init"];
         args.extend_from_slice(extra);
+        if extra.contains(&"--encrypt") {
+            args.extend_from_slice(&FAST_KDF);
+        }
         let v = r.json(&args);
         assert_eq!(v["encrypted"], Value::Bool(password.is_some()), "{v}");
         r

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
 use strata_core::chunker::ChunkerParams;
+use strata_core::crypto::KdfCost;
 use strata_store::backend::{BackendError, ObjectInfo, Result as BResult};
 use strata_store::backup::{backup, BackupOptions, BackupReport};
 use strata_store::restore::{restore, RestoreOptions};
@@ -17,9 +18,10 @@ use strata_store::{Backend, InitOptions, LocalBackend, Repository, Result};
 pub const PASSWORD: &[u8] = b"pw";
 
 /// Cheap Argon2 for encrypted test repositories.
-pub fn fast_kdf() {
-    std::env::set_var("STRATA_KDF_FAST", "1");
-}
+pub const FAST_KDF: KdfCost = KdfCost {
+    memory_kib: 256,
+    iterations: 1,
+};
 
 pub fn password() -> Result<Vec<u8>> {
     Ok(PASSWORD.to_vec())
@@ -37,6 +39,7 @@ pub fn small_init(encrypted: bool) -> InitOptions {
     chunker.avg_segment = 64 << 10;
     InitOptions {
         password: encrypted.then(|| PASSWORD.to_vec()),
+        kdf: FAST_KDF,
         container_size: 256 << 10,
         region_size: 32 << 10,
         chunker,
@@ -49,9 +52,6 @@ pub fn small_init(encrypted: bool) -> InitOptions {
 
 /// Creates a repository with [`small_init`] options in `dir`.
 pub fn init_repo(dir: &Path, encrypted: bool) -> Repository {
-    if encrypted {
-        fast_kdf();
-    }
     let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(dir));
     Repository::init(backend, small_init(encrypted)).expect("init repository")
 }
@@ -59,7 +59,6 @@ pub fn init_repo(dir: &Path, encrypted: bool) -> Repository {
 /// Opens the repository in `dir` through `backend` (defaults to a plain
 /// local backend).
 pub fn open_repo(backend: Arc<dyn Backend>) -> Repository {
-    fast_kdf();
     match Repository::open(backend, &password) {
         Ok(r) => r,
         Err(e) => panic!("open repository: {e}"),
