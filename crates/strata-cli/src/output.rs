@@ -70,6 +70,12 @@ impl Out {
     }
 }
 
+/// An id's first 8 characters, as listings show it (the whole name when
+/// it is shorter: a stray object must not crash a listing).
+pub fn short(id: &str) -> &str {
+    id.get(..8).unwrap_or(id)
+}
+
 /// A size for people, in binary units (`1.50 KiB`).
 pub fn fmt_bytes(n: u64) -> String {
     humansize::format_size(n, humansize::BINARY)

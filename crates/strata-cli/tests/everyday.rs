@@ -1847,3 +1847,20 @@ fn a_closed_pipe_does_not_stop_the_work() {
     assert_eq!(st.code(), Some(0));
     assert_eq!(repo.snapshots().len(), 1);
 }
+
+/// A stray object among the snapshots (a name that is no snapshot id)
+/// is reported by name, never a crash; `forget NAME` drops it.
+#[test]
+fn a_stray_object_among_the_snapshots_is_named_not_a_crash() {
+    let repo = Repo::new();
+    let v = stdin_backup(&repo, "f", b"data", &[]);
+    fs::write(repo.path.join("snapshots/x"), b"junk").unwrap();
+    let r = repo.run(&["check"]).expect_code(1);
+    assert!(r.out().contains("damaged snapshots: x"), "{}", r.out());
+    let list = repo.snapshots();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0]["id"], v["id"]);
+    repo.run(&["forget", "x"]).ok();
+    assert!(!repo.path.join("snapshots/x").exists());
+    repo.run(&["check"]).ok();
+}

@@ -125,6 +125,15 @@ impl<K: ChunkKey, L: Location> Frozen<K, L> {
         if bytes.len() != slots_at + cap * Self::SLOT {
             return Err(bad("length does not match the table size"));
         }
+        // Exactly `n` occupied slots (so, with `cap` ≥ 1.5 n, free ones
+        // that end every probe): a crafted bitmap with every slot taken
+        // would make lookups of absent keys go round forever.
+        let taken = (0..cap)
+            .filter(|i| bytes[bitmap_at + i / 8] & (1 << (i % 8)) != 0)
+            .count();
+        if taken != n {
+            return Err(bad("occupied slots do not match the entry count"));
+        }
         Ok(Frozen {
             bytes,
             id,
@@ -228,9 +237,17 @@ mod tests {
             Frozen::<Fingerprint, PosLoc>::from_bytes("t", bytes[..bytes.len() - 1].to_vec())
                 .is_err()
         );
-        let mut b = bytes;
+        let mut b = bytes.clone();
         b[0] = 9;
         assert!(Frozen::<Fingerprint, PosLoc>::from_bytes("t", b).is_err());
+        // Every slot marked taken: refused (a lookup would never end).
+        let (n, cap) = (f.n, f.cap);
+        let mut full = bytes;
+        for byte in &mut full[f.bitmap_at..f.bitmap_at + cap.div_ceil(8)] {
+            *byte = 0xff;
+        }
+        assert!(n < cap);
+        assert!(Frozen::<Fingerprint, PosLoc>::from_bytes("t", full).is_err());
         let empty = Frozen::<[u8; 16], ()>::build(1, &[], 0, std::iter::empty());
         let e = Frozen::<[u8; 16], ()>::from_bytes("e", empty).unwrap();
         assert!(e.is_empty() && e.get(&[1; 16]).is_none());

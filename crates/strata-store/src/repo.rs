@@ -670,6 +670,21 @@ impl Repository {
         let mut damaged = Vec::new();
         for o in self.backend.list("snapshots/")? {
             let id = o.name.trim_start_matches("snapshots/").to_string();
+            // Snapshot ids are the 64 hex digits of their object's hash;
+            // anything else there is a stray object, not a snapshot.
+            if id.len() != 64
+                || !id
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+            {
+                let e = StoreError::Invalid(format!(
+                    "{}: not a snapshot (the name is not a snapshot id)",
+                    o.name
+                ));
+                tracing::warn!("skipping {e}");
+                damaged.push((id, e));
+                continue;
+            }
             match self.get_snapshot(&o.name) {
                 Ok(s) => out.push((id, s)),
                 Err(e @ StoreError::Corrupt { .. }) | Err(e @ StoreError::Core(_)) => {

@@ -183,7 +183,7 @@ pub fn run(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
     pd.finish();
     let mut rep = res?;
     if !a.dry_run {
-        crate::interrupt::committed(format!("snapshot {}", &rep.id[..8]));
+        crate::interrupt::committed(format!("snapshot {}", crate::output::short(&rep.id)));
     }
     if !a.no_lifecycle && !a.maintain && !a.dry_run {
         let t = std::time::Instant::now();
@@ -202,7 +202,7 @@ pub fn run(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
     } else {
         None
     };
-    let mut v = json!({"id": rep.id, "short_id": &rep.id[..8], "series": s.series, "version": s.version,
+    let mut v = json!({"id": rep.id, "short_id": crate::output::short(&rep.id), "series": s.series, "version": s.version,
                 "files": s.stats.files, "dirs": s.stats.dirs, "logical_bytes": s.stats.logical_bytes,
                 "read_bytes": s.stats.read_bytes, "new_chunks": s.stats.new_chunks,
                 "new_raw_bytes": s.stats.new_raw_bytes, "new_stored_bytes": s.stats.new_stored_bytes,
@@ -227,7 +227,7 @@ pub fn run(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
             let text = format!(
                 "{}snapshot {} {}: {}@{}\n  {} files ({} unchanged), {} dirs, {} logical, {} read\n  {} new chunks, {} new data, {} added to the repository\n  {:.1}s ({}/s)",
                 if a.dry_run { "(dry run) " } else { "" },
-                &rep.id[..8],
+                crate::output::short(&rep.id),
                 if a.dry_run { "would be saved" } else { "saved" },
                 s.series,
                 s.version,

@@ -55,7 +55,7 @@ pub fn run(cli: &Cli, out: &Out, a: &CheckArgs) -> Result<i32> {
                 rep.errors.len(),
                 rep.damaged_snapshots
                     .iter()
-                    .map(|s| &s[..8])
+                    .map(|s| crate::output::short(s))
                     .collect::<Vec<_>>()
                     .join(", ")
             )

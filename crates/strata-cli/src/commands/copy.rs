@@ -83,7 +83,7 @@ pub fn run(cli: &Cli, out: &Out, a: &CopyArgs) -> Result<i32> {
         if let Some(why) = out_of_order(&have, s) {
             out.warn(&format!(
                 "{} ({}@{}) not copied: {why}",
-                &id[..8],
+                crate::output::short(id),
                 s.series,
                 s.version
             ));
@@ -99,20 +99,26 @@ pub fn run(cli: &Cli, out: &Out, a: &CopyArgs) -> Result<i32> {
         };
         let res = copy_version(&tier::sources(&src, s)?, s, &dst, opts);
         pd.finish();
-        let rep =
-            res.with_context(|| format!("copying {} ({}@{})", &id[..8], s.series, s.version))?;
+        let rep = res.with_context(|| {
+            format!(
+                "copying {} ({}@{})",
+                crate::output::short(id),
+                s.series,
+                s.version
+            )
+        })?;
         for w in &rep.warnings {
             out.warn(w);
         }
         warnings += rep.warnings.len();
-        crate::interrupt::committed(format!("copy of {}", &id[..8]));
+        crate::interrupt::committed(format!("copy of {}", crate::output::short(id)));
         if !out.json && !out.quiet {
             println!(
                 "copied {} ({}@{}) as {}: {} logical, {} added",
-                &id[..8],
+                crate::output::short(id),
                 s.series,
                 s.version,
-                &rep.id[..8],
+                crate::output::short(&rep.id),
                 fmt_bytes(rep.snapshot.stats.logical_bytes),
                 fmt_bytes(rep.snapshot.stats.new_stored_bytes)
             );

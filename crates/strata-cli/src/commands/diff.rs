@@ -56,10 +56,10 @@ pub fn run(cli: &Cli, out: &Out, a: &DiffArgs) -> Result<i32> {
     if !out.quiet {
         println!(
             "comparing {} ({}@{}) to {} ({}@{})",
-            &oid[..8],
+            crate::output::short(&oid),
             old.series,
             old.version,
-            &nid[..8],
+            crate::output::short(&nid),
             new.series,
             new.version
         );

@@ -51,7 +51,7 @@ pub fn run(cli: &Cli, out: &Out, a: &FindArgs) -> Result<i32> {
                 unreadable += 1;
                 out.warn(&format!(
                     "snapshot {} cannot be read ({e}); skipped",
-                    &id[..8]
+                    crate::output::short(id)
                 ));
             }
         }
@@ -81,7 +81,7 @@ pub fn run(cli: &Cli, out: &Out, a: &FindArgs) -> Result<i32> {
             if last != Some(&h.snapshot_id) {
                 println!(
                     "snapshot {} ({}@{}, {}):",
-                    &h.snapshot_id[..8],
+                    crate::output::short(&h.snapshot_id),
                     h.series,
                     h.version,
                     fmt_time(h.time_ns)

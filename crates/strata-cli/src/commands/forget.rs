@@ -113,7 +113,7 @@ fn chosen(
                 println!(
                     "{} {} {}@{}  {}  {}",
                     if d.keep { "keep  " } else { "remove" },
-                    &d.id[..8],
+                    crate::output::short(&d.id),
                     d.series,
                     d.version,
                     fmt_time(d.time_ns),

@@ -91,7 +91,7 @@ pub fn run(cli: &Cli, out: &Out, a: &InitArgs) -> Result<i32> {
             format!(
                 "created {} repository {} at {}",
                 if c.encrypted { "encrypted" } else { "unencrypted" },
-                &c.id[..8],
+                crate::output::short(&c.id),
                 location::describe(&loc)
             )
         },

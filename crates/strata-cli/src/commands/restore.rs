@@ -152,7 +152,7 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
     out.result(&v, || {
         let mut t = format!(
             "restored {} ({}@{}) to {}: {} files, {} in {:.1}s ({}/s), {} containers read",
-            &id[..8],
+            crate::output::short(&id),
             s.series,
             s.version,
             target.display(),
@@ -258,7 +258,7 @@ fn dry_run(
         || {
             format!(
                 "(dry run) would restore {} ({}@{}) to {}: {} entries, {} files, {}; {} names already exist there",
-                &id[..8],
+                crate::output::short(id),
                 s.series,
                 s.version,
                 a.target.display(),

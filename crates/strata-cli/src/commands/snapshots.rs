@@ -32,7 +32,7 @@ pub fn run(cli: &Cli, out: &Out, a: &SnapshotsArgs) -> Result<i32> {
         let v: Vec<_> = list
             .iter()
             .map(|(id, s)| {
-                json!({"id": id, "short_id": &id[..8], "series": s.series, "version": s.version,
+                json!({"id": id, "short_id": crate::output::short(id), "series": s.series, "version": s.version,
                        "time": json_time(s.time_ns), "time_ns": s.time_ns, "host": s.host, "paths": s.paths,
                        "tags": s.tags, "logical_bytes": s.stats.logical_bytes,
                        "new_stored_bytes": s.stats.new_stored_bytes, "files": s.stats.files,
@@ -51,7 +51,7 @@ pub fn run(cli: &Cli, out: &Out, a: &SnapshotsArgs) -> Result<i32> {
         for (id, s) in &list {
             println!(
                 "{:<10} {:<40} {:>4}  {:<20} {:>10} {:>10}  {:<8} {:<12} {}",
-                &id[..8],
+                crate::output::short(id),
                 s.series,
                 s.version,
                 fmt_time(s.time_ns),

@@ -63,7 +63,7 @@ pub fn run(cli: &Cli, out: &Out, a: &TagArgs) -> Result<i32> {
         .collect();
     out.result(&json!(v), || {
         done.iter()
-            .map(|(id, tags)| format!("{}: {}", &id[..8], tags.join(",")))
+            .map(|(id, tags)| format!("{}: {}", crate::output::short(id), tags.join(",")))
             .collect::<Vec<_>>()
             .join("\n")
     });

@@ -238,7 +238,13 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
             out.result(
                 &json!({"cloud_tier": url, "id": c.config().id,
                         "container_size": c.config().container_size}),
-                || format!("cloud tier {} attached ({})", url, &c.config().id[..8]),
+                || {
+                    format!(
+                        "cloud tier {} attached ({})",
+                        url,
+                        crate::output::short(&c.config().id)
+                    )
+                },
             );
         }
         TierCmd::Estimate { sel, fast } => {
@@ -416,7 +422,7 @@ fn dr_rebuild(cli: &crate::Cli, out: &Out, from: &str, index: &str) -> Result<i3
     out.result(&serde_json::to_value(&r)?, || {
         format!(
             "rebuilt repository {} at {} from {}: {} versions (in the cloud tier), {} recipes, {} parts; {:.1}s",
-            &r.repository_id[..8],
+            crate::output::short(&r.repository_id),
             location::describe(&loc),
             from,
             r.snapshots,
