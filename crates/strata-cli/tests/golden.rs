@@ -1,0 +1,110 @@
+//! Golden repositories (`tests/golden/NAME/`, made once by
+//! `scripts/make-golden` with the build of their time and never rewritten):
+//! this build must open each, find it clean with `check --read-data`, list
+//! the same snapshot ids and restore every version byte-exact — including
+//! reverse-deduplicated (archival) ones, hard links, symlinks, an empty
+//! file, a zero run and a name that is not UTF-8. A format change that
+//! would strand old repositories fails here.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+fn copy_tree(from: &Path, to: &Path) {
+    for e in walkdir::WalkDir::new(from) {
+        let e = e.unwrap();
+        let rel = e.path().strip_prefix(from).unwrap();
+        let dst = to.join(rel);
+        if e.file_type().is_dir() {
+            fs::create_dir_all(&dst).unwrap();
+        } else {
+            fs::copy(e.path(), &dst).unwrap();
+        }
+    }
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn check_fixture(dir: &Path) {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    copy_tree(&dir.join("repo"), &repo);
+    let expected: Value =
+        serde_json::from_slice(&fs::read(dir.join("expected.json")).unwrap()).unwrap();
+    let run = |args: &[&str]| {
+        let mut c = strata();
+        c.arg("--repo")
+            .arg(&repo)
+            .env("STRATA_PASSWORD", "golden")
+            .args(args);
+        run_cmd(c, None).ok()
+    };
+    let c = run(&["--json", "check", "--read-data"]).json();
+    assert_eq!(c["errors"], serde_json::json!([]), "{}: {c}", dir.display());
+    let snaps = run(&["--json", "snapshots"]).json();
+    let versions = expected.as_object().unwrap();
+    assert_eq!(snaps.as_array().unwrap().len(), versions.len());
+    for (spec, want) in versions {
+        let listed = snaps
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| format!("{}@{}", s(&v["series"]), v["version"]) == *spec)
+            .unwrap_or_else(|| panic!("{spec} is not listed"));
+        assert_eq!(listed["id"], want["id"], "{spec}: snapshot id changed");
+        let target = tmp
+            .path()
+            .join(format!("restore-{}", spec.replace(['@', ':', '/'], "_")));
+        run(&["restore", spec, "-t", path_str(&target), "--verify"]);
+        for (path, e) in want["entries"].as_object().unwrap() {
+            let rel: PathBuf = match e.get("path_hex").and_then(Value::as_str) {
+                Some(h) => OsStr::from_bytes(&hex(h)).into(),
+                None => path.trim_start_matches('/').into(),
+            };
+            let full = target.join(rel.strip_prefix("/").unwrap_or(&rel));
+            let meta = fs::symlink_metadata(&full)
+                .unwrap_or_else(|err| panic!("{spec}: {path} not restored: {err}"));
+            match s(&e["type"]) {
+                "file" | "hardlink" if meta.is_file() => {
+                    let data = fs::read(&full).unwrap();
+                    if let Some(sum) = e.get("sha256").and_then(Value::as_str) {
+                        assert_eq!(data.len() as u64, u(&e["size"]), "{spec}: {path}");
+                        assert_eq!(hex::encode(Sha256::digest(&data)), sum, "{spec}: {path}");
+                    }
+                }
+                "dir" => assert!(meta.is_dir(), "{spec}: {path}"),
+                "symlink" => assert_eq!(
+                    fs::read_link(&full).unwrap().as_os_str().as_bytes(),
+                    s(&e["target"]).as_bytes(),
+                    "{spec}: {path}"
+                ),
+                other => panic!("{spec}: {path} restored as {meta:?}, expected {other}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn golden_repositories_open_check_and_restore_exactly() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let mut n = 0;
+    for d in fs::read_dir(&root).unwrap() {
+        let d = d.unwrap().path();
+        if d.join("expected.json").exists() {
+            check_fixture(&d);
+            n += 1;
+        }
+    }
+    assert!(n >= 1, "no golden repository in {}", root.display());
+}
