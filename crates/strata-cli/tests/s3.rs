@@ -96,14 +96,7 @@ fn s3_repository_end_to_end() {
     let Some(ep) = endpoint() else { return };
     let r = S3Repo::new(&ep, &unique("strata-e2e"));
     // The bucket does not exist yet: init creates it.
-    let v = r.json(&[
-        "init",
-        "--encrypt",
-        "--kdf-memory-kib",
-        "256",
-        "--kdf-iterations",
-        "1",
-    ]);
+    let v = r.json(&INIT_ENCRYPTED);
     assert_eq!(v["encrypted"], Value::Bool(true), "{v}");
     let e = r.run(&["init"]).expect_code(1);
     assert!(e.stderr.contains("already exists"), "{}", e.stderr);
@@ -209,14 +202,7 @@ fn s3_through_a_faulty_network() {
     let Some(ep) = endpoint() else { return };
     let proxy = FaultProxy::start(ep.trim_start_matches("http://")).unwrap();
     let r = S3Repo::new(&proxy.endpoint(), &unique("strata-flaky"));
-    r.json(&[
-        "init",
-        "--encrypt",
-        "--kdf-memory-kib",
-        "256",
-        "--kdf-iterations",
-        "1",
-    ]);
+    r.json(&INIT_ENCRYPTED);
     proxy.set(Faults {
         slow_down_every: 4,
         cut_upload_every: 3,
@@ -286,14 +272,7 @@ fn tier_to_s3() {
     let local = r.local();
     let run = |args: &[&str]| r.run_local(args);
     let json = |args: &[&str]| r.json_local(args);
-    json(&[
-        "init",
-        "--encrypt",
-        "--kdf-memory-kib",
-        "256",
-        "--kdf-iterations",
-        "1",
-    ]);
+    json(&INIT_ENCRYPTED);
     let src = r.tmp.path().join("src");
     let mut trees = Vec::new();
     let mut ids = Vec::new();
@@ -452,14 +431,7 @@ fn tier_gc_through_the_copy_forward_service() {
     let r = S3Repo::new(&ep, &unique("strata-cgc"));
     let run = |args: &[&str]| r.run_local(args);
     let json = |args: &[&str]| r.json_local(args);
-    json(&[
-        "init",
-        "--encrypt",
-        "--kdf-memory-kib",
-        "256",
-        "--kdf-iterations",
-        "1",
-    ]);
+    json(&INIT_ENCRYPTED);
     let src = r.tmp.path().join("src");
     let mut ids = Vec::new();
     let mut trees = Vec::new();
@@ -592,14 +564,7 @@ fn tier_seed_to_s3() {
     let Some(ep) = endpoint() else { return };
     let r = S3Repo::new(&ep, &unique("strata-seed"));
     let json = |args: &[&str]| r.json_local(args);
-    json(&[
-        "init",
-        "--encrypt",
-        "--kdf-memory-kib",
-        "256",
-        "--kdf-iterations",
-        "1",
-    ]);
+    json(&INIT_ENCRYPTED);
     let src = r.tmp.path().join("src");
     let mut ids = Vec::new();
     let mut trees = Vec::new();

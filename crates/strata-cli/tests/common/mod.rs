@@ -32,6 +32,16 @@ pub fn path_str(p: &Path) -> &str {
 /// open in milliseconds.
 pub const FAST_KDF: [&str; 4] = ["--kdf-memory-kib", "256", "--kdf-iterations", "1"];
 
+/// `init --encrypt` with [`FAST_KDF`].
+pub const INIT_ENCRYPTED: [&str; 6] = [
+    "init",
+    "--encrypt",
+    FAST_KDF[0],
+    FAST_KDF[1],
+    FAST_KDF[2],
+    FAST_KDF[3],
+];
+
 /// Path of the binary under test.
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_strata")
