@@ -23,6 +23,20 @@ pub fn default_repo() -> Result<PathBuf> {
     Ok(dirs.data_dir().join("strata/repo"))
 }
 
+/// Where local caches live: `$STRATA_CACHE_DIR`, else `strata` in the
+/// user's cache directory (`$XDG_CACHE_HOME`, `~/.cache`); `None` when
+/// `$STRATA_NO_CACHE` is set (not empty, not 0). Passed to the library
+/// (`Repository::with_cache`), which reads no environment.
+pub fn cache_base() -> Option<PathBuf> {
+    if std::env::var_os("STRATA_NO_CACHE").is_some_and(|v| !v.is_empty() && v != "0") {
+        return None;
+    }
+    match std::env::var_os("STRATA_CACHE_DIR").filter(|v| !v.is_empty()) {
+        Some(d) => Some(PathBuf::from(d)),
+        None => Some(directories::BaseDirs::new()?.cache_dir().join("strata")),
+    }
+}
+
 /// The repository's location from `--repo` (or the default directory).
 pub fn location(repo: Option<&str>) -> Result<Location> {
     let loc = match repo {
@@ -158,11 +172,7 @@ const CACHED: &[&str] = &["parts/", "recipes/", "meta/"];
 /// per location (bucket, prefix and endpoint).
 fn object_cache_dir(loc: &Location) -> Option<PathBuf> {
     let key = blake3::hash(format!("{loc:?}").as_bytes()).to_hex();
-    Some(
-        strata_store::repo::cache_base()?
-            .join("objects")
-            .join(&key[..16]),
-    )
+    Some(cache_base()?.join("objects").join(&key[..16]))
 }
 
 /// The bare S3 backend of `loc` (for what only S3 does: server-side copy).

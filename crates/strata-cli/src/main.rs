@@ -150,7 +150,8 @@ pub(crate) fn open(cli: &Cli) -> Result<Repository> {
     let loc = repo_location(cli)?;
     let backend = location::backend(&loc, false)?;
     let repo = Repository::open(backend, &|| read_password(cli, false))
-        .with_context(|| format!("opening repository {}", location::describe(&loc)))?;
+        .with_context(|| format!("opening repository {}", location::describe(&loc)))?
+        .with_cache(location::cache_base());
     Ok(repo)
 }
 

@@ -404,10 +404,6 @@ mod tests {
     /// An encrypted repository with small containers and regions, so a
     /// few MB spread over many of both (the integration tests' options).
     fn init(dir: &Path) -> Repository {
-        std::env::set_var(
-            "STRATA_CACHE_DIR",
-            std::env::temp_dir().join("strata-test-cache"),
-        );
         let mut chunker = ChunkerParams::cdc(1024);
         chunker.avg_segment = 64 << 10;
         let opts = InitOptions {

@@ -211,24 +211,10 @@ pub struct Repository {
     key: Option<(MasterKey, String)>,
     /// A what-if copy (see [`Repository::dry_run`]) uses no local cache.
     no_cache: bool,
-}
-
-/// The local cache base: `$STRATA_CACHE_DIR`, else
-/// `$XDG_CACHE_HOME/strata`, else `~/.cache/strata`; `None` when
-/// `STRATA_NO_CACHE` is set. (Shared with the CLI's object cache.)
-pub fn cache_base() -> Option<PathBuf> {
-    if std::env::var_os("STRATA_NO_CACHE").is_some_and(|v| !v.is_empty() && v != "0") {
-        return None;
-    }
-    std::env::var_os("STRATA_CACHE_DIR")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("XDG_CACHE_HOME")
-                .filter(|v| !v.is_empty())
-                .map(|x| PathBuf::from(x).join("strata"))
-        })
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/strata")))
+    /// Where local caches live (a directory per repository id below it);
+    /// `None`: no cache. Set by the caller ([`Repository::with_cache`]);
+    /// the library reads no environment.
+    cache_base: Option<PathBuf>,
 }
 
 pub fn now_ns() -> i64 {
@@ -313,6 +299,7 @@ impl Repository {
             hasher,
             key,
             no_cache: false,
+            cache_base: None,
         })
     }
 
@@ -365,6 +352,7 @@ impl Repository {
             hasher,
             key,
             no_cache: false,
+            cache_base: None,
         })
     }
 
@@ -401,6 +389,7 @@ impl Repository {
             hasher: self.hasher.clone(),
             key: self.key.clone(),
             no_cache: self.no_cache,
+            cache_base: self.cache_base.clone(),
         }
     }
 
@@ -417,6 +406,7 @@ impl Repository {
             hasher: self.hasher.clone(),
             key: self.key.clone(),
             no_cache: true,
+            cache_base: None,
         }
     }
 
@@ -568,14 +558,21 @@ impl Repository {
         decode_summary(&raw)
     }
 
-    /// The local cache directory of this repository:
-    /// `$STRATA_CACHE_DIR` or `$XDG_CACHE_HOME/strata` or `~/.cache/strata`,
-    /// then the repository id. `STRATA_NO_CACHE=1` disables the cache.
+    /// Keeps local caches (index objects and summaries) under `base`, a
+    /// directory per repository id; `None` turns caching off (the
+    /// default). The CLI passes `$STRATA_CACHE_DIR` or the user's cache
+    /// directory.
+    pub fn with_cache(mut self, base: Option<PathBuf>) -> Self {
+        self.cache_base = base;
+        self
+    }
+
+    /// The local cache directory of this repository, if it has one.
     pub fn cache_dir(&self) -> Option<PathBuf> {
         if self.no_cache {
             return None;
         }
-        Some(cache_base()?.join(&self.config.id))
+        Some(self.cache_base.as_ref()?.join(&self.config.id))
     }
 
     /// Reads a content-addressed object (`prefix/HASH`) from the local cache

@@ -46,8 +46,9 @@ fn open_source(a: &CopyArgs) -> Result<Repository> {
         flags: "--from-password-file or --from-password-command",
         question: "source repository password: ",
     };
-    Repository::open(backend, &|| pw.read(false))
-        .with_context(|| format!("opening the source repository {}", location::describe(&loc)))
+    Ok(Repository::open(backend, &|| pw.read(false))
+        .with_context(|| format!("opening the source repository {}", location::describe(&loc)))?
+        .with_cache(location::cache_base()))
 }
 
 pub fn run(cli: &Cli, out: &Out, a: &CopyArgs) -> Result<i32> {

@@ -82,6 +82,7 @@ pub fn run(cli: &Cli, out: &Out, a: &InitArgs) -> Result<i32> {
         opts.password = Some(read_password(cli, true)?);
     }
     let repo = Repository::init(backend, opts)
+        .map(|r| r.with_cache(location::cache_base()))
         .with_context(|| format!("creating repository at {}", location::describe(&loc)))?;
     let c = repo.config();
     out.result(

@@ -30,11 +30,6 @@ pub fn password() -> Result<Vec<u8>> {
 /// Small containers, regions, chunks and segments so that small trees
 /// spread over many containers.
 pub fn small_init(encrypted: bool) -> InitOptions {
-    // Keep the tests' index caches out of ~/.cache.
-    std::env::set_var(
-        "STRATA_CACHE_DIR",
-        std::env::temp_dir().join("strata-test-cache"),
-    );
     let mut chunker = ChunkerParams::cdc(1024);
     chunker.avg_segment = 64 << 10;
     InitOptions {
