@@ -1,6 +1,7 @@
 //! Sealed envelopes (every object in a repository is one): opening
 //! arbitrary bytes as any kind, plain or encrypted, returns an error or
-//! the plaintext — never a panic, never an unbounded allocation.
+//! the plaintext — never a panic. (Decompression is not yet bounded: a
+//! small frame can expand a lot; libFuzzer's -rss_limit_mb catches blow-ups.)
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -1864,3 +1864,15 @@ fn a_stray_object_among_the_snapshots_is_named_not_a_crash() {
     assert!(!repo.path.join("snapshots/x").exists());
     repo.run(&["check"]).ok();
 }
+
+/// A lock object nobody can read blocks nothing; `unlock` removes it.
+#[test]
+fn an_unreadable_lock_blocks_nothing() {
+    let repo = Repo::new();
+    fs::create_dir_all(repo.path.join("locks")).unwrap();
+    fs::write(repo.path.join("locks/0123abcd"), b"junk").unwrap();
+    stdin_backup(&repo, "f", b"data", &[]);
+    repo.json(&["gc"]);
+    repo.json(&["unlock"]);
+    assert!(!repo.path.join("locks/0123abcd").exists());
+}

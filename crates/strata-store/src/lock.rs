@@ -189,13 +189,26 @@ pub fn list_locks(repo: &Repository) -> Result<Vec<(String, LockInfo)>> {
             Err(e) if e.is_not_found() => continue,
             Err(e) => return Err(e.into()),
         };
-        let bytes = repo
+        let info = repo
             .sealer()
             .open(Kind::Lock, &raw)
-            .map_err(|e| StoreError::corrupt(&o.name, e))?;
+            .map_err(|e| StoreError::corrupt(&o.name, e))
+            .and_then(|b| decode_lock(&b).map_err(|e| StoreError::corrupt(&o.name, e)));
         out.push((
             o.name.clone(),
-            decode_lock(&bytes).map_err(|e| StoreError::corrupt(&o.name, e))?,
+            info.unwrap_or_else(|e| {
+                // A lock nobody can read holds nothing: it counts as stale
+                // (so it blocks no command, and `strata unlock` removes it).
+                tracing::warn!("{e}: treated as a stale lock");
+                LockInfo {
+                    host: "?".into(),
+                    pid: 0,
+                    time: 0,
+                    exclusive: false,
+                    operation: "unreadable lock object".into(),
+                    expires: 1,
+                }
+            }),
         ));
     }
     Ok(out)

@@ -334,6 +334,21 @@ impl Repository {
                 supported: REPO_FORMAT_VERSION,
             }));
         }
+        // The id names the local cache directory: 32 hex digits, nothing
+        // that could reach elsewhere on this host.
+        if config.id.len() != 32 || !config.id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(StoreError::Invalid(format!(
+                "the repository config's id {:?} is not a repository id: the config is damaged or forged",
+                config.id
+            )));
+        }
+        // A config claiming "unencrypted" beside key slots is a downgrade
+        // (the config is only checksummed): refuse rather than read plain.
+        if !config.encrypted && !backend.list("keys/")?.is_empty() {
+            return Err(StoreError::Invalid(
+                "the repository has key slots but its config says it is not encrypted: the config is damaged or forged".into(),
+            ));
+        }
         let (sealer, hasher, key) = if config.encrypted {
             let pw = zeroize::Zeroizing::new(password()?);
             let (mk, slot) = crate::keys::unlock(&backend, &pw)?;
@@ -726,6 +741,49 @@ pub fn resolve_in(all: &[(String, Snapshot)], spec: &str) -> Result<(String, Sna
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rewrites the (checksummed, not authenticated) config of `b`.
+    fn forge_config(b: &Arc<dyn Backend>, change: impl Fn(&mut RepoConfig)) {
+        let raw = b.get("config").unwrap();
+        let plain = Sealer::plain(3).open(Kind::Config, &raw).unwrap();
+        let mut c: RepoConfig = decode("config", &plain).unwrap();
+        change(&mut c);
+        let env = Sealer::plain(3)
+            .seal(Kind::Config, &encode(&c).unwrap(), false)
+            .unwrap();
+        b.put("config", &env).unwrap();
+    }
+
+    #[test]
+    fn forged_configs_are_refused() {
+        let pw = || Ok(b"pw".to_vec());
+        for (encrypted, change) in [
+            // An id that would lead the cache directory elsewhere.
+            (
+                false,
+                (|c: &mut RepoConfig| c.id = "../../../../tmp/x".into()) as fn(&mut RepoConfig),
+            ),
+            // "Unencrypted" beside key slots: a downgrade.
+            (true, |c: &mut RepoConfig| c.encrypted = false),
+        ] {
+            let b: Arc<dyn Backend> = Arc::new(strata_backend::MemoryBackend::default());
+            let opts = InitOptions {
+                password: encrypted.then(|| b"pw".to_vec()),
+                kdf: KdfCost {
+                    memory_kib: 256,
+                    iterations: 1,
+                },
+                ..Default::default()
+            };
+            Repository::init(b.clone(), opts).unwrap();
+            assert!(Repository::open(b.clone(), &pw).is_ok());
+            forge_config(&b, change);
+            let e = Repository::open(b.clone(), &pw)
+                .err()
+                .expect("forged config opened");
+            assert!(e.to_string().contains("damaged or forged"), "{e}");
+        }
+    }
 
     #[test]
     fn index_specs_parse_validate_and_normalise() {

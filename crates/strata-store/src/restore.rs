@@ -438,8 +438,17 @@ fn restore_group(
     sink.bytes_read
         .fetch_add(g.end - g.start, Ordering::Relaxed);
     for (reg, pieces) in &g.regions {
-        let a = (reg.offset - g.start) as usize;
-        let plain = open_region(repo, &name, &buf[a..a + reg.stored_len as usize], reg)?;
+        // Offsets come from container metadata: checked, not trusted.
+        let stored = reg
+            .offset
+            .checked_sub(g.start)
+            .and_then(|a| buf.get(a as usize..(a as usize).checked_add(reg.stored_len as usize)?))
+            .ok_or_else(|| {
+                StoreError::Invalid(format!(
+                    "{name}: a region lies outside the range read (damaged container metadata; run `strata check`)"
+                ))
+            })?;
+        let plain = open_region(repo, &name, stored, reg)?;
         sink.regions_read.fetch_add(1, Ordering::Relaxed);
         for p in pieces {
             let data = plain
@@ -633,8 +642,18 @@ pub fn restore(
                 match first {
                     Some(first) => {
                         parents.check(&rels[i])?;
+                        // The source too: a symlink already in the target
+                        // must not lead the link to a file outside it.
+                        parents.check(&first)?;
+                        let first = root.join(first);
+                        if fs::symlink_metadata(&first).is_ok_and(|m| !m.is_file()) {
+                            return Err(StoreError::UnsafePath(format!(
+                                "{}: hard link to something that is not a restored file",
+                                full.display()
+                            )));
+                        }
                         let _ = fs::remove_file(&full);
-                        if let Err(e) = fs::hard_link(root.join(first), &full) {
+                        if let Err(e) = fs::hard_link(&first, &full) {
                             report
                                 .warnings
                                 .push(format!("{}: cannot create hard link: {e}", full.display()));
