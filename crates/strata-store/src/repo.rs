@@ -6,7 +6,7 @@
 //! | name | content |
 //! |---|---|
 //! | `config` | [`RepoConfig`], plain envelope (readable before the password) |
-//! | `keys/default` | [`KeyFile`]: master key wrapped by Argon2id(password) |
+//! | `keys/default`, `keys/ID` | key slots (`KeySlot`): the master key wrapped by Argon2id(password), see [`crate::keys`] |
 //! | `data/XX/ID` | data container: regions + metadata section + footer |
 //! | `meta/XX/ID` | the container's metadata section on its own |
 //! | `index/HASH` | [`IndexObject`]: metadata of many containers |
@@ -16,8 +16,10 @@
 //! | `snapshots/HASH` | [`Snapshot`]: the commit record of one version |
 //! | `locks/ID` | [`strata_core::format::LockInfo`] of a running command |
 //!
-//! `HASH` is the BLAKE3 of the stored bytes, so `check` can verify an
-//! object against its name (for `isum/HASH`, of its index object's bytes).
+//! `HASH` is the BLAKE3 of the stored bytes at first write (for
+//! `isum/HASH`, of its index object's bytes); the local cache checks its
+//! copies against it. Objects read from the repository are not yet checked
+//! against their names (docs/security.md §5).
 
 use crate::backend::Backend;
 use crate::error::{Result, StoreError};
