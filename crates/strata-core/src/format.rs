@@ -602,6 +602,28 @@ pub struct Node {
 }
 
 impl Node {
+    /// A node of `kind` at `path` with every other field zero or empty
+    /// (one link): a base for `Node { mode, size, ..Node::new(p, k) }`.
+    pub fn new(path: Vec<u8>, kind: NodeKind) -> Node {
+        Node {
+            path,
+            kind,
+            mode: 0,
+            uid: 0,
+            gid: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            ino: 0,
+            dev: 0,
+            rdev: 0,
+            nlink: 1,
+            size: 0,
+            target: None,
+            segments: vec![],
+            xattrs: vec![],
+        }
+    }
+
     pub fn path_str(&self) -> String {
         String::from_utf8_lossy(&self.path).into_owned()
     }

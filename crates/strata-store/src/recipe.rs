@@ -508,19 +508,8 @@ mod tests {
 
     fn node(path: &str, container: u32) -> Node {
         Node {
-            path: path.as_bytes().to_vec(),
-            kind: NodeKind::File,
             mode: 0o644,
-            uid: 0,
-            gid: 0,
-            mtime_ns: 0,
-            ctime_ns: 0,
-            ino: 0,
-            dev: 0,
-            rdev: 0,
-            nlink: 1,
             size: 5,
-            target: None,
             segments: vec![SegmentRef {
                 fp: Fingerprint([1; 32]),
                 chunks: vec![ChunkRef {
@@ -531,7 +520,7 @@ mod tests {
                     offset: 0,
                 }],
             }],
-            xattrs: vec![],
+            ..Node::new(path.as_bytes().to_vec(), NodeKind::File)
         }
     }
 

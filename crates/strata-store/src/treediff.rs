@@ -547,8 +547,6 @@ mod tests {
     /// A node with everyday metadata and no content.
     fn node(path: &[u8], kind: NodeKind) -> Node {
         Node {
-            path: path.to_vec(),
-            kind,
             mode: if kind == NodeKind::Dir {
                 0o40755
             } else {
@@ -560,12 +558,7 @@ mod tests {
             ctime_ns: 1_000,
             ino: 7,
             dev: 1,
-            rdev: 0,
-            nlink: 1,
-            size: 0,
-            target: None,
-            segments: vec![],
-            xattrs: vec![],
+            ..Node::new(path.to_vec(), kind)
         }
     }
 

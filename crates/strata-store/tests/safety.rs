@@ -104,26 +104,15 @@ impl Fixture {
 
 fn bare_node(path: &[u8], kind: NodeKind) -> Node {
     Node {
-        path: path.to_vec(),
-        kind,
         mode: match kind {
             NodeKind::Dir => 0o040755,
             NodeKind::Symlink => 0o120777,
             NodeKind::Fifo => 0o010644,
             _ => 0o100644,
         },
-        uid: 0,
-        gid: 0,
         mtime_ns: 1_600_000_000_000_000_000,
         ctime_ns: 1_600_000_000_000_000_000,
-        ino: 0,
-        dev: 0,
-        rdev: 0,
-        nlink: 1,
-        size: 0,
-        target: None,
-        segments: vec![],
-        xattrs: vec![],
+        ..Node::new(path.to_vec(), kind)
     }
 }
 

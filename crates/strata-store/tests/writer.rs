@@ -11,21 +11,10 @@ use strata_store::{Repository, StoreError};
 
 fn node_of(s: &StoredStream) -> Node {
     Node {
-        path: b"stream".to_vec(),
-        kind: NodeKind::File,
         mode: 0o100644,
-        uid: 0,
-        gid: 0,
-        mtime_ns: 0,
-        ctime_ns: 0,
-        ino: 0,
-        dev: 0,
-        rdev: 0,
-        nlink: 1,
         size: s.size,
-        target: None,
         segments: s.segments.clone(),
-        xattrs: vec![],
+        ..Node::new(b"stream".to_vec(), NodeKind::File)
     }
 }
 

@@ -1477,21 +1477,9 @@ mod tests {
 
     fn node(path: &str, kind: NodeKind, target: Option<&str>) -> Node {
         Node {
-            path: path.as_bytes().to_vec(),
-            kind,
             mode: 0o644,
-            uid: 0,
-            gid: 0,
-            mtime_ns: 0,
-            ctime_ns: 0,
-            ino: 0,
-            dev: 0,
-            rdev: 0,
-            nlink: 1,
-            size: 0,
             target: target.map(|t| t.as_bytes().to_vec()),
-            segments: Vec::new(),
-            xattrs: Vec::new(),
+            ..Node::new(path.as_bytes().to_vec(), kind)
         }
     }
 

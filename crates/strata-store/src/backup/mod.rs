@@ -222,21 +222,12 @@ fn stdin_entries(s: StdinSource, progress: &Progress) -> Result<Vec<(Node, Optio
     // SAFETY: getuid/getgid cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let synthetic = |path: Vec<u8>, kind: NodeKind, mode: u32| Node {
-        path,
-        kind,
         mode,
         uid,
         gid,
         mtime_ns: now,
         ctime_ns: now,
-        ino: 0,
-        dev: 0,
-        rdev: 0,
-        nlink: 1,
-        size: 0,
-        target: None,
-        segments: vec![],
-        xattrs: vec![],
+        ..Node::new(path, kind)
     };
     let mut out = Vec::new();
     // Parent directories of a name like `dumps/db.sql`.

@@ -273,24 +273,13 @@ mod tests {
             .into_iter()
             .collect::<Vec<_>>();
         Node {
-            path: path.as_bytes().to_vec(),
-            kind,
-            mode: 0,
-            uid: 0,
-            gid: 0,
-            mtime_ns: 0,
-            ctime_ns: 0,
-            ino: 0,
-            dev: 0,
-            rdev: 0,
-            nlink: 1,
             size: if chunks.is_empty() { 0 } else { 10 },
             target: (kind == NodeKind::Hardlink).then(|| b"a/logs/x.log".to_vec()),
             segments: vec![SegmentRef {
                 fp: Fingerprint::ZERO,
                 chunks,
             }],
-            xattrs: vec![],
+            ..Node::new(path.as_bytes().to_vec(), kind)
         }
     }
 
