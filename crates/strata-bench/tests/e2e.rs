@@ -8,7 +8,20 @@ use strata_bench::gen::GenOptions;
 use strata_bench::runner::{self, RunOptions};
 use strata_bench::systems::{self, System};
 
+/// The `strata` binary under test. `scripts/test` names the one `cargo test
+/// --workspace` has just built (`STRATA_TEST_BIN`); building it again here
+/// with `-p strata-cli` alone would resolve features without the
+/// workspace's dev-dependencies and compile every dependency a second time.
 fn strata_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("STRATA_TEST_BIN") {
+        let bin = PathBuf::from(bin);
+        assert!(
+            bin.is_file(),
+            "STRATA_TEST_BIN {} is not a file",
+            bin.display()
+        );
+        return bin;
+    }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let status = Command::new(env!("CARGO"))
         .args(["build", "-q", "-p", "strata-cli"])
