@@ -1,6 +1,11 @@
 //! A repository in a local directory: each object a file. Every put is
 //! crash-safe: write a temporary file (`.tmp-…`, never listed), fsync it,
 //! rename it into place, fsync the directory.
+//!
+//! Nothing inside the repository is followed through a symbolic link: a
+//! repository on shared storage may have been written by someone else, and
+//! a symlinked `isum/` or `data/ab` would otherwise make gc delete, or
+//! backup write, files outside it. The root itself may be a link.
 
 use crate::{check_name, check_prefix, Backend, BackendError, ObjectInfo, ObjectWriter, Result};
 use std::fs::{self, File, OpenOptions};
@@ -21,10 +26,46 @@ impl LocalBackend {
         &self.root
     }
 
-    /// The file of a valid object name.
+    /// The file of a valid object name, none of whose directories inside
+    /// the repository (nor the file itself) is a symbolic link.
     fn path(&self, op: &'static str, name: &str) -> Result<PathBuf> {
         check_name(op, name)?;
+        self.refuse_links(op, name, true)?;
         Ok(self.root.join(name))
+    }
+
+    /// Fails if a component of `rel` (a checked name or prefix) below the
+    /// root is a symbolic link; the last one only when `last` is set.
+    /// Components that do not exist yet end the walk.
+    fn refuse_links(&self, op: &'static str, rel: &str, last: bool) -> Result<()> {
+        let parts: Vec<&str> = rel.split('/').filter(|c| !c.is_empty()).collect();
+        let n = if last {
+            parts.len()
+        } else {
+            parts.len().saturating_sub(1)
+        };
+        let mut p = self.root.clone();
+        for c in &parts[..n] {
+            p.push(c);
+            match fs::symlink_metadata(&p) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(BackendError::new(
+                        crate::ErrorKind::Corrupt,
+                        op,
+                        rel,
+                        format!(
+                            "{} is a symbolic link inside the repository; refusing to follow it \
+                             (it may point outside): remove it",
+                            p.display()
+                        ),
+                    ))
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                Err(e) => return Err(BackendError::io(op, rel, e)),
+            }
+        }
+        Ok(())
     }
 
     /// The directory of object `name`, created (durably) if missing.
@@ -167,6 +208,7 @@ impl Backend for LocalBackend {
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         check_prefix(prefix)?;
+        self.refuse_links("list", prefix, true)?;
         let mut out = Vec::new();
         let start = self.root.join(prefix.trim_end_matches('/'));
         if !start.exists() {
@@ -200,7 +242,11 @@ impl Backend for LocalBackend {
     }
 
     fn delete(&self, name: &str) -> Result<()> {
-        match fs::remove_file(self.path("delete", name)?) {
+        // Unlinking removes a link itself, never its target: only the
+        // directories on the way must not be links.
+        check_name("delete", name)?;
+        self.refuse_links("delete", name, false)?;
+        match fs::remove_file(self.root.join(name)) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(BackendError::io("delete", name, e)),
@@ -235,5 +281,69 @@ impl Backend for LocalBackend {
 
     fn describe(&self) -> String {
         self.root.display().to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// A repository whose `isum/` and `data/ab` are links to a directory
+    /// outside it: no operation reads, lists, writes or deletes there.
+    #[test]
+    fn symlinks_inside_the_repository_are_not_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        fs::create_dir_all(outside.join("ab")).unwrap();
+        fs::write(outside.join("victim"), b"precious").unwrap();
+        fs::write(outside.join("ab").join("victim"), b"precious").unwrap();
+        let root = tmp.path().join("repo");
+        fs::create_dir_all(root.join("data")).unwrap();
+        symlink(&outside, root.join("isum")).unwrap();
+        symlink(outside.join("ab"), root.join("data").join("ab")).unwrap();
+        fs::create_dir_all(root.join("meta")).unwrap();
+        symlink(outside.join("victim"), root.join("meta").join("m1")).unwrap();
+        let b = LocalBackend::new(&root);
+
+        for (name, what) in [("isum/victim", "read"), ("data/ab/victim", "read")] {
+            let e = b.get(name).unwrap_err();
+            assert_eq!(e.kind, crate::ErrorKind::Corrupt, "{what} {name}: {e}");
+            assert!(e.to_string().contains("symbolic link"), "{e}");
+            assert!(b.get_range(name, 0, 1).is_err());
+            assert!(b.size(name).is_err());
+            assert!(b.delete(name).is_err());
+            assert!(b.put(name, b"x").is_err());
+            assert!(b.stream(name).is_err());
+        }
+        // The object itself a link: not read, but deleting removes the link.
+        assert!(b.get("meta/m1").is_err());
+        b.put("data/cd/ok", b"fine").unwrap();
+        assert!(b.list("isum/").is_err());
+        assert!(b.list("data/ab/").is_err());
+        // Listing the parent skips links (neither files nor directories).
+        let names: Vec<String> = b.list("").unwrap().into_iter().map(|o| o.name).collect();
+        assert_eq!(names, vec!["data/cd/ok".to_string()]);
+        b.delete("meta/m1").unwrap();
+        assert!(!root.join("meta").join("m1").exists());
+
+        assert_eq!(fs::read(outside.join("victim")).unwrap(), b"precious");
+        assert_eq!(
+            fs::read(outside.join("ab").join("victim")).unwrap(),
+            b"precious"
+        );
+        assert_eq!(fs::read_dir(&outside).unwrap().count(), 2);
+    }
+
+    /// The repository root itself may be reached through a link.
+    #[test]
+    fn a_linked_root_works() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir_all(tmp.path().join("real")).unwrap();
+        symlink(tmp.path().join("real"), tmp.path().join("link")).unwrap();
+        let b = LocalBackend::new(tmp.path().join("link"));
+        b.put("data/ab/x", b"1").unwrap();
+        assert_eq!(b.get("data/ab/x").unwrap(), b"1");
+        assert_eq!(b.list("data/").unwrap().len(), 1);
     }
 }

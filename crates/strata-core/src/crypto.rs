@@ -94,9 +94,15 @@ fn zstd_compress(data: &[u8], level: i32) -> Result<Vec<u8>> {
 
 /// Decompresses a zstd payload. Frames written by [`zstd_compress`] carry
 /// their size, so a per-thread context decompresses them in one call
-/// (a context per region cost ~8 % of a restore); a frame that does not,
-/// or claims more than any region or structure holds, is streamed.
+/// (a context per region cost ~8 % of a restore); a larger frame, or one
+/// that does not say its size, is streamed — never past
+/// [`MAX_DECOMPRESSED`], so a small crafted object cannot expand without
+/// bound (a decompression bomb).
 fn zstd_decompress(payload: &[u8]) -> Result<Vec<u8>> {
+    zstd_decompress_within(payload, MAX_DECOMPRESSED)
+}
+
+fn zstd_decompress_within(payload: &[u8], max: u64) -> Result<Vec<u8>> {
     const MAX_ONE_SHOT: u64 = 256 << 20;
     thread_local! {
         static DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
@@ -105,7 +111,7 @@ fn zstd_decompress(payload: &[u8]) -> Result<Vec<u8>> {
     let err = |e: std::io::Error| CoreError::Decompress(e.to_string());
     match zstd::zstd_safe::get_frame_content_size(payload) {
         // zstd itself rejects a frame whose content differs from its size.
-        Ok(Some(n)) if n <= MAX_ONE_SHOT => DCTX.with(|d| {
+        Ok(Some(n)) if n <= MAX_ONE_SHOT.min(max) => DCTX.with(|d| {
             let mut d = d.borrow_mut();
             let dctx = match &mut *d {
                 Some(x) => x,
@@ -113,9 +119,29 @@ fn zstd_decompress(payload: &[u8]) -> Result<Vec<u8>> {
             };
             dctx.decompress(payload, n as usize).map_err(err)
         }),
-        _ => zstd::stream::decode_all(payload).map_err(err),
+        Ok(Some(n)) if n > max => Err(CoreError::Decompress(format!(
+            "the frame says it holds {n} bytes, more than any object holds ({max})"
+        ))),
+        _ => {
+            use std::io::Read;
+            let dec = zstd::stream::read::Decoder::new(payload).map_err(err)?;
+            let mut out = Vec::new();
+            dec.take(max + 1).read_to_end(&mut out).map_err(err)?;
+            if out.len() as u64 > max {
+                return Err(CoreError::Decompress(format!(
+                    "decompresses to more than any object holds ({max} bytes)"
+                )));
+            }
+            Ok(out)
+        }
     }
 }
+
+/// The most any compressed region or structure may decompress to (4 GiB):
+/// regions are at most a container (32 MiB by default), recipes are cut
+/// into parts of 4 MiB, and the largest other structures (index tables)
+/// stay far below it even for repositories of billions of chunks.
+pub const MAX_DECOMPRESSED: u64 = 4 << 30;
 
 /// Fills `buf` with cryptographically secure random bytes.
 pub fn random_bytes(buf: &mut [u8]) -> Result<()> {
@@ -179,8 +205,24 @@ impl Default for KdfCost {
 }
 
 impl KdfCost {
-    /// Refuses costs Argon2id cannot run with.
+    /// The most a key slot may ask for: a crafted slot read from a
+    /// repository must not make opening it take the host's memory or
+    /// hours of CPU (4 GiB, 64 passes).
+    pub const MAX_MEMORY_KIB: u32 = 4 << 20;
+    pub const MAX_ITERATIONS: u32 = 64;
+
+    /// Refuses costs Argon2id cannot run with, or above the ceiling.
     pub fn validate(self) -> Result<Self> {
+        if self.memory_kib > Self::MAX_MEMORY_KIB || self.iterations > Self::MAX_ITERATIONS {
+            return Err(CoreError::Kdf(format!(
+                "password hash cost {} KiB x {} passes is above the ceiling \
+                 ({} KiB x {} passes)",
+                self.memory_kib,
+                self.iterations,
+                Self::MAX_MEMORY_KIB,
+                Self::MAX_ITERATIONS
+            )));
+        }
         argon2::Params::new(self.memory_kib, self.iterations, 1, Some(32))
             .map_err(|e| CoreError::Kdf(e.to_string()))?;
         Ok(self)
@@ -209,6 +251,13 @@ impl KdfParams {
     }
 
     fn derive(&self, password: &[u8]) -> Result<[u8; 32]> {
+        self.cost().validate()?;
+        if !(1..=16).contains(&self.p_cost) {
+            return Err(CoreError::Kdf(format!(
+                "password hash parallelism {} is outside 1..=16",
+                self.p_cost
+            )));
+        }
         let params = argon2::Params::new(self.m_cost_kib, self.t_cost, self.p_cost, Some(32))
             .map_err(|e| CoreError::Kdf(e.to_string()))?;
         let a = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
@@ -404,6 +453,48 @@ impl Sealer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A small frame that expands past the ceiling is refused, whether it
+    /// says its size or not (a decompression bomb).
+    #[test]
+    fn zstd_bombs_are_refused() {
+        let zeros = vec![0u8; 1 << 20];
+        let streamed = zstd::stream::encode_all(&zeros[..], 19).unwrap();
+        let sized = zstd_compress(&zeros, 19).unwrap();
+        assert!(streamed.len() < 1024 && sized.len() < 1024);
+        for z in [&streamed, &sized] {
+            let e = zstd_decompress_within(z, 64 << 10).unwrap_err().to_string();
+            assert!(e.contains("more than any object holds"), "{e}");
+            assert_eq!(zstd_decompress_within(z, 1 << 20).unwrap(), zeros);
+        }
+    }
+
+    /// A key slot asking for more than the ceiling is refused before the
+    /// hash runs.
+    #[test]
+    fn kdf_cost_has_a_ceiling() {
+        let master = MasterKey::generate().unwrap();
+        let cheap = KdfCost {
+            memory_kib: 256,
+            iterations: 1,
+        };
+        let mut slot = KeyFile::wrap(&master, b"pw", cheap).unwrap();
+        assert!(slot.unwrap_key(b"pw").is_ok());
+        slot.kdf.m_cost_kib = u32::MAX;
+        let e = slot.unwrap_key(b"pw").err().unwrap().to_string();
+        assert!(e.contains("ceiling"), "{e}");
+        slot.kdf.m_cost_kib = 256;
+        slot.kdf.t_cost = 1_000_000;
+        assert!(slot.unwrap_key(b"pw").is_err());
+        slot.kdf.t_cost = 1;
+        slot.kdf.p_cost = 1000;
+        assert!(slot.unwrap_key(b"pw").is_err());
+        let big = KdfCost {
+            memory_kib: KdfCost::MAX_MEMORY_KIB + 1,
+            iterations: 1,
+        };
+        assert!(KeyFile::wrap(&master, b"pw", big).is_err());
+    }
 
     #[test]
     fn zstd_frames_with_and_without_size_decompress() {

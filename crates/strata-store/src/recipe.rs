@@ -122,10 +122,16 @@ pub fn for_each_part(
     mut f: impl FnMut(Recipe) -> Result<()>,
 ) -> Result<()> {
     match load_object(repo, id)? {
-        RecipeObject::Whole(r) => f(r),
+        RecipeObject::Whole(r) => {
+            check_unique(&format!("recipes/{id}"), &r.nodes)?;
+            f(r)
+        }
         RecipeObject::Index(i) => {
+            let mut last: Option<Vec<u8>> = None;
             for p in &i.parts {
                 let part = load_part(repo, &p.id)?;
+                check_order(&part_name(&p.id), &part.nodes, last.as_deref())?;
+                last = part.nodes.last().map(|n| n.path.clone());
                 if part.nodes.len() != p.nodes as usize {
                     return Err(StoreError::corrupt(
                         part_name(&p.id),
@@ -144,6 +150,50 @@ pub fn for_each_part(
             Ok(())
         }
     }
+}
+
+/// A recipe's nodes must come in strictly increasing [`path_cmp`] order,
+/// each part after the one before (`after`: the previous part's last path),
+/// as [`RecipeWriter`] writes them: no path twice, so restore never
+/// writes one path two ways.
+fn check_order(name: &str, nodes: &[Node], after: Option<&[u8]>) -> Result<()> {
+    let mut prev = after;
+    for n in nodes {
+        if let Some(p) = prev {
+            if path_cmp(p, &n.path) != std::cmp::Ordering::Less {
+                return Err(out_of_order(name, &n.path, p));
+            }
+        }
+        prev = Some(&n.path);
+    }
+    Ok(())
+}
+
+/// A version-1 recipe (one object, written before parts) has no order to
+/// check, but no path may appear twice.
+fn check_unique(name: &str, nodes: &[Node]) -> Result<()> {
+    let mut seen = HashSet::with_capacity(nodes.len());
+    for n in nodes {
+        if !seen.insert(n.path.as_slice()) {
+            return Err(out_of_order(name, &n.path, &n.path));
+        }
+    }
+    Ok(())
+}
+
+fn out_of_order(name: &str, path: &[u8], after: &[u8]) -> StoreError {
+    let lossy = |p: &[u8]| String::from_utf8_lossy(p).into_owned();
+    StoreError::corrupt(
+        name,
+        strata_core::CoreError::Decode {
+            what: "recipe",
+            msg: if path == after {
+                format!("path {} appears twice", lossy(path))
+            } else {
+                format!("path {} comes after {}", lossy(path), lossy(after))
+            },
+        },
+    )
 }
 
 /// The whole tree of recipe `id` in memory: its parts' nodes in order,
@@ -588,6 +638,33 @@ mod tests {
         let (id, _) = repo.put_struct(Kind::Recipe, "recipes", &t).unwrap();
         assert_eq!(load_whole(&repo, &id).unwrap(), t);
         assert!(part_ids(&repo, &id).unwrap().is_empty());
+    }
+
+    /// A crafted recipe naming one path twice (version 1), or with its
+    /// parts swapped (each part intact), is refused, not restored twice.
+    #[test]
+    fn duplicate_and_disordered_paths_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let repo = repo(d.path());
+        let mut t = tree(10);
+        t.nodes[5].path = t.nodes[3].path.clone();
+        let (id, _) = repo.put_struct(Kind::Recipe, "recipes", &t).unwrap();
+        let e = load_whole(&repo, &id).unwrap_err().to_string();
+        assert!(e.contains("appears twice") && e.contains(&id), "{e}");
+
+        let (id, _) = put(&repo, tree(3000)).unwrap();
+        let RecipeObject::Index(mut idx) = load_object(&repo, &id).unwrap() else {
+            panic!("a new recipe is an index")
+        };
+        idx.parts.swap(0, 1);
+        let bytes = strata_core::format::encode_recipe_index(&idx).unwrap();
+        let (bad, _) = repo.put_encoded(Kind::Recipe, "recipes", &bytes).unwrap();
+        let e = load_whole(&repo, &bad).unwrap_err().to_string();
+        assert!(e.contains("comes after"), "{e}");
+        assert!(
+            e.contains(&part_name(&idx.parts[1].id)) || e.contains("parts/"),
+            "{e}"
+        );
     }
 
     #[test]
