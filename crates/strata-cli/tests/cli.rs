@@ -807,6 +807,82 @@ fn corruption_detected_and_contained() {
     assert_eq!(damaged, BTreeSet::from([s(&va["id"]), s(&vb["id"])]));
 }
 
+/// `check --read-data` lists the paths a damaged region takes with it, and
+/// `repair snapshots` stores the rest as a new snapshot (series
+/// `SERIES.repaired`, tag `repaired`) that restores exactly the surviving
+/// files; with `--forget` the damaged original goes.
+#[test]
+fn repair_salvages_damaged_snapshots() {
+    let repo = Repo::new();
+    let src = repo.dir().join("src");
+    for i in 0..40u64 {
+        write(&src.join(format!("f{i:02}.bin")), &prng(300 + i, 100_000));
+    }
+    write(&src.join("sub/note.txt"), b"a small note\n");
+    let full = manifest(&src);
+    let v = repo.backup(&[&src], &[]);
+    let id = s(&v["id"]).to_string();
+    let victim = repo
+        .objects("data")
+        .into_iter()
+        .max_by_key(|n| fs::metadata(repo.path.join(n)).unwrap().len())
+        .unwrap();
+    let vp = repo.path.join(&victim);
+    let mut bytes = fs::read(&vp).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x20;
+    fs::write(&vp, &bytes).unwrap();
+
+    let (code, c) = repo.check(true);
+    assert_eq!(code, 1, "{c:#}");
+    let lost: BTreeSet<String> = c["damaged_paths"][&id]
+        .as_array()
+        .unwrap_or_else(|| panic!("no damaged paths for {id}: {c:#}"))
+        .iter()
+        .map(|p| s(p).to_string())
+        .collect();
+    assert!(!lost.is_empty() && lost.len() < 40, "{lost:?}");
+
+    // A dry run changes nothing.
+    let r = repo.run(&["--json", "repair", "snapshots", "--read-data", "--dry-run"]);
+    assert_eq!(r.code, 3, "{}", r.out());
+    assert_eq!(repo.snapshot_ids(), BTreeSet::from([id.clone()]));
+
+    let r = repo.run(&["--json", "repair", "snapshots", "--read-data", "--forget"]);
+    assert_eq!(r.code, 3, "{}", r.out());
+    let rep = r.json();
+    let snaps = rep["snapshots"].as_array().unwrap();
+    assert_eq!(snaps.len(), 1, "{rep:#}");
+    let got: BTreeSet<String> = snaps[0]["lost_paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| s(p).to_string())
+        .collect();
+    assert_eq!(got, lost);
+    assert_eq!(snaps[0]["forgotten"], json!(true), "{rep:#}");
+    let new_id = s(&snaps[0]["repaired_as"]).to_string();
+    let list = repo.snapshots();
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(s(&list[0]["id"]), new_id);
+    assert!(s(&list[0]["series"]).ends_with(".repaired"), "{list:?}");
+    assert!(list[0]["tags"].to_string().contains("repaired"), "{list:?}");
+
+    // The salvage restores every surviving file exactly.
+    let t = repo.scratch("t");
+    repo.restore(&new_id, &t);
+    let mut want = full.clone();
+    want.retain(|p, _| p.as_os_str().is_empty() || !lost.iter().any(|l| Path::new(l).ends_with(p)));
+    assert_manifest_eq(
+        &want,
+        &manifest(&restored(&t, &src)),
+        "the salvaged snapshot",
+    );
+    // Nothing references the damaged chunk any more.
+    let (_, c) = repo.check(true);
+    assert_eq!(c["damaged_snapshots"], json!([]), "{c:#}");
+}
+
 // ---------------------------------------------------------------------------
 // 8. Forget and gc.
 
@@ -2385,4 +2461,132 @@ fn segment_index_dedups_against_similar_segments() {
     let t = repo.dir().join("t");
     repo.restore(s(&v["id"]), &t);
     assert!(fs::read(restored(&t, &b).join("x.bin")).unwrap() == shifted);
+}
+
+// ---------------------------------------------------------------------------
+// A real full filesystem under the repository.
+
+/// A tmpfs mounted for one test and unmounted (lazily) when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `mib` MiB at `at`; `None` (with a message) where
+    /// this process may not mount (not root, or no CAP_SYS_ADMIN).
+    fn mount(at: &Path, mib: u32) -> Option<Tmpfs> {
+        fs::create_dir_all(at).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(at)
+            .stderr(Stdio::piped())
+            .output();
+        match st {
+            Ok(o) if o.status.success() => Some(Tmpfs(at.to_path_buf())),
+            Ok(o) => {
+                eprintln!(
+                    "SKIPPED: cannot mount a tmpfs here ({}); CI runs this as root",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!("SKIPPED: no mount command ({e})");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Fills the filesystem holding `dir` with one file, then gives back
+/// `leave` bytes of it.
+fn fill_filesystem(file: &Path, leave: u64) {
+    use std::io::Write;
+    let mut f = fs::File::create(file).unwrap();
+    let block = vec![0x5au8; 1 << 16];
+    loop {
+        match f.write(&block) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(28) => break,
+            Err(e) => panic!("filling the filesystem: {e}"),
+        }
+    }
+    let _ = f.flush();
+    let len = f.metadata().unwrap().len();
+    f.set_len(len.saturating_sub(leave)).unwrap();
+}
+
+/// The repository's filesystem (a 32 MiB tmpfs) fills mid-backup: the
+/// backup fails saying the disk is full, nothing is half-committed, the
+/// earlier version still checks and restores, and once space is freed the
+/// next backup works and gc sweeps the failed attempt's leftovers.
+#[test]
+fn full_filesystem_mid_backup() {
+    let tmp = tempfile::Builder::new()
+        .prefix("strata-e2e-full-")
+        .tempdir()
+        .unwrap();
+    let Some(mnt) = Tmpfs::mount(&tmp.path().join("mnt"), 32) else {
+        return;
+    };
+    let repo = Repo {
+        path: mnt.0.join("repo"),
+        tmp,
+        password: None,
+    };
+    repo.json(&["init"]);
+    let src = repo.dir().join("src");
+    write(&src.join("one.bin"), &prng(900, 3 << 20));
+    write(&src.join("notes.txt"), b"version one\n");
+    let m1 = manifest(&src);
+    let v1 = repo.backup(&[&src], &[]);
+
+    // ~1 MiB left; the next version brings 12 MiB of new data.
+    let filler = mnt.0.join("filler");
+    fill_filesystem(&filler, 1 << 20);
+    write(&src.join("two.bin"), &prng(901, 12 << 20));
+    write(&src.join("notes.txt"), b"version two\n");
+    let m2 = manifest(&src);
+    let r = repo.backup_run(&[&src], &[]);
+    assert_eq!(r.code, 1, "backup on a full disk: {}", r.out());
+    let msg = r.stderr.to_lowercase();
+    assert!(
+        msg.contains("full") || msg.contains("no space"),
+        "the error does not say the disk is full: {}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+    assert_eq!(
+        repo.snapshot_ids(),
+        BTreeSet::from([s(&v1["id"]).to_string()]),
+        "a failed backup committed something"
+    );
+    // Reading still works on the full disk (no lock file needs to fit:
+    // the filler left 1 MiB).
+    let (code, v) = repo.check(true);
+    assert_eq!(code, 0, "check on the full disk: {v:#}");
+    assert_eq!(v["damaged_snapshots"], json!([]), "{v:#}");
+    let t1 = repo.scratch("t1");
+    repo.restore(s(&v1["id"]), &t1);
+    assert_manifest_eq(&m1, &manifest(&restored(&t1, &src)), "version 1, disk full");
+
+    // Space comes back: the next backup works and gc removes the leftovers.
+    fs::remove_file(&filler).unwrap();
+    let v2 = repo.backup(&[&src], &[]);
+    repo.json(&["gc"]);
+    let v = repo.assert_clean("after the disk was freed");
+    assert_eq!(v["warnings"], json!([]), "{v:#}");
+    for (id, m, t) in [(&v1, &m1, "r1"), (&v2, &m2, "r2")] {
+        let t = repo.scratch(t);
+        repo.restore(s(&id["id"]), &t);
+        assert_manifest_eq(m, &manifest(&restored(&t, &src)), t.to_str().unwrap());
+    }
+    // Unmount before the temporary directory holding the mount point goes.
+    drop(mnt);
+    drop(repo);
 }

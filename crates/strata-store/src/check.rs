@@ -17,7 +17,7 @@ use crate::lock;
 use crate::progress::Progress;
 use crate::repo::{container_id_of, data_name, Repository};
 use rayon::prelude::*;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use strata_core::crypto::Kind;
@@ -41,6 +41,12 @@ pub struct CheckReport {
     pub warnings: Vec<String>,
     /// Snapshots that cannot be fully restored.
     pub damaged_snapshots: Vec<String>,
+    /// Per damaged snapshot whose recipe reads, the paths whose data is
+    /// (partly) unavailable.
+    pub damaged_paths: BTreeMap<String, Vec<String>>,
+    /// The same paths as bytes (`strata repair snapshots` leaves them out).
+    #[serde(skip)]
+    pub(crate) damaged_raw: HashMap<String, HashSet<Vec<u8>>>,
     /// Snapshots whose data is in the cloud tier: only their local recipe
     /// copies are checked here.
     pub cloud_snapshots: u64,
@@ -55,18 +61,57 @@ impl CheckReport {
 pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
     let _lock = lock::acquire(repo, false, "check")?;
     let mut rep = CheckReport::default();
-    let b = repo.backend();
+    let idx = check_index(repo, &mut rep)?;
+    rep.containers = idx.metas.len() as u64;
+    let bad_containers = check_containers(repo, &idx, &mut rep)?;
+    let bad_fps = if opts.read_data {
+        read_data(repo, &idx.metas, &bad_containers, opts, &mut rep)
+    } else {
+        HashSet::new()
+    };
+    // Chunks available per fingerprint (for references moved by gc).
+    let mut good_fps: HashSet<Fingerprint> = HashSet::new();
+    for m in idx.metas.values() {
+        rep.chunks += m.chunks.len() as u64;
+        if !bad_containers.contains(&m.id) {
+            good_fps.extend(
+                m.chunks
+                    .iter()
+                    .map(|c| c.fp)
+                    .filter(|f| !bad_fps.contains(f)),
+            );
+        }
+    }
+    let avail = Available {
+        metas: &idx.metas,
+        bad_containers: &bad_containers,
+        bad_fps: &bad_fps,
+        good_fps: &good_fps,
+    };
+    check_snapshots(repo, &avail, &mut rep)?;
+    Ok(rep)
+}
 
-    // Index objects, one by one so one bad object does not hide the rest.
+/// What the index objects list.
+struct IndexState {
+    metas: HashMap<ContainerId, ContainerMeta>,
+    /// An index object could not be read: unlisted containers may be live.
+    damaged: bool,
+}
+
+/// Index objects, one by one so one bad object does not hide the rest,
+/// and their summaries, which must say what the index objects say:
+/// commands other than chunk lookups trust them instead.
+fn check_index(repo: &Repository, rep: &mut CheckReport) -> Result<IndexState> {
+    let b = repo.backend();
     let mut metas: HashMap<ContainerId, ContainerMeta> = HashMap::new();
-    let mut index_damaged = false;
-    let mut index_summaries: HashMap<String, Vec<strata_core::format::ContainerSummary>> =
-        HashMap::new();
+    let mut damaged = false;
+    let mut summaries: HashMap<String, Vec<strata_core::format::ContainerSummary>> = HashMap::new();
     for o in b.list("index/")? {
         // Straight from the repository: the local cache would hide damage.
         match repo.get_struct::<strata_core::format::IndexObject>(Kind::Index, &o.name, "index") {
             Ok(obj) => {
-                index_summaries.insert(
+                summaries.insert(
                     crate::index::summary_name(&o.name),
                     obj.containers.iter().map(|m| m.summary()).collect(),
                 );
@@ -76,15 +121,13 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
             }
             Err(e) => {
                 rep.errors.push(format!("{e} (run `strata repair index`)"));
-                index_damaged = true;
+                damaged = true;
             }
         }
     }
-    // Summaries must say what their index objects say: commands other
-    // than chunk lookups trust them instead.
     for o in b.list("isum/")? {
-        let Some(want) = index_summaries.get(&o.name) else {
-            if !index_damaged {
+        let Some(want) = summaries.get(&o.name) else {
+            if !damaged {
                 rep.warnings.push(format!(
                     "{}: summary of a missing index object (left by an interrupted command; `strata gc` removes it)",
                     o.name
@@ -106,28 +149,39 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
             Err(e) => rep.errors.push(format!("{e} (run `strata repair index`)")),
         }
     }
-    rep.containers = metas.len() as u64;
+    Ok(IndexState { metas, damaged })
+}
+
+/// Every listed container's data object exists with its recorded size,
+/// and its metadata object says what the index says; containers nobody
+/// lists are reported. Returns the containers that cannot be read.
+fn check_containers(
+    repo: &Repository,
+    idx: &IndexState,
+    rep: &mut CheckReport,
+) -> Result<HashSet<ContainerId>> {
+    let b = repo.backend();
     let sizes: HashMap<String, u64> = b
         .list("data/")?
         .into_iter()
         .map(|o| (o.name, o.size))
         .collect();
     let meta_objs: HashSet<String> = b.list("meta/")?.into_iter().map(|o| o.name).collect();
-    let mut bad_containers: HashSet<ContainerId> = HashSet::new();
-    for (id, m) in &metas {
+    let mut bad: HashSet<ContainerId> = HashSet::new();
+    for (id, m) in &idx.metas {
         let name = data_name(id);
         match sizes.get(&name) {
             None => {
                 rep.errors
                     .push(format!("{name}: listed in the index but missing"));
-                bad_containers.insert(*id);
+                bad.insert(*id);
             }
             Some(&s) if s != m.data_len => {
                 rep.errors.push(format!(
                     "{name}: size {s}, index says {} (truncated?)",
                     m.data_len
                 ));
-                bad_containers.insert(*id);
+                bad.insert(*id);
             }
             _ => {}
         }
@@ -150,10 +204,10 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
     }
     for name in sizes.keys() {
         if let Some(id) = container_id_of(name) {
-            if !metas.contains_key(&id) {
+            if !idx.metas.contains_key(&id) {
                 // With a damaged index object, an unlisted container may
                 // well be in use: only repair can tell.
-                rep.warnings.push(if index_damaged {
+                rep.warnings.push(if idx.damaged {
                     format!("{name}: not in any readable index object (`strata repair index` re-lists it; do not run gc before)")
                 } else {
                     format!("{name}: not in the index (left by an interrupted command; `strata gc` removes it)")
@@ -161,118 +215,130 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
             }
         }
     }
+    Ok(bad)
+}
 
-    // Data.
-    let mut bad_fps: HashSet<Fingerprint> = HashSet::new();
-    if opts.read_data {
-        let progress = &opts.progress;
-        progress
-            .bytes_total
-            .store(metas.values().map(|m| m.data_len).sum(), Ordering::Relaxed);
-        progress.totals_known.store(true, Ordering::Relaxed);
-        let regions_read = AtomicU64::new(0);
-        let bytes_read = AtomicU64::new(0);
-        let found: Mutex<(Vec<String>, HashSet<Fingerprint>, HashSet<ContainerId>)> =
-            Mutex::default();
-        let hasher = repo.hasher();
-        let list: Vec<&ContainerMeta> = metas
-            .values()
-            .filter(|m| !bad_containers.contains(&m.id))
-            .collect();
-        list.par_iter().for_each(|m| {
-            let name = data_name(&m.id);
-            let mut errs = Vec::new();
-            let mut fps = HashSet::new();
-            match b.get(&name) {
+/// Reads every region of every readable container, authenticates and
+/// decompresses it and recomputes every chunk's fingerprint. Returns the
+/// fingerprints found damaged.
+fn read_data(
+    repo: &Repository,
+    metas: &HashMap<ContainerId, ContainerMeta>,
+    bad_containers: &HashSet<ContainerId>,
+    opts: &CheckOptions,
+    rep: &mut CheckReport,
+) -> HashSet<Fingerprint> {
+    let progress = &opts.progress;
+    progress
+        .bytes_total
+        .store(metas.values().map(|m| m.data_len).sum(), Ordering::Relaxed);
+    progress.totals_known.store(true, Ordering::Relaxed);
+    let regions_read = AtomicU64::new(0);
+    let bytes_read = AtomicU64::new(0);
+    let found: Mutex<(Vec<String>, HashSet<Fingerprint>)> = Mutex::default();
+    let list: Vec<&ContainerMeta> = metas
+        .values()
+        .filter(|m| !bad_containers.contains(&m.id))
+        .collect();
+    list.par_iter().for_each(|m| {
+        let (errs, fps) = read_container(repo, m, &regions_read, &bytes_read);
+        progress.bytes_done.fetch_add(m.data_len, Ordering::Relaxed);
+        let mut g = found.lock().unwrap_or_else(|e| e.into_inner());
+        g.0.extend(errs);
+        g.1.extend(fps);
+    });
+    let (errs, fps) = found.into_inner().unwrap_or_else(|e| e.into_inner());
+    rep.errors.extend(errs);
+    rep.regions_read = regions_read.load(Ordering::Relaxed);
+    rep.bytes_read = bytes_read.load(Ordering::Relaxed);
+    fps
+}
+
+/// One container of [`read_data`]: its errors and damaged fingerprints.
+fn read_container(
+    repo: &Repository,
+    m: &ContainerMeta,
+    regions_read: &AtomicU64,
+    bytes_read: &AtomicU64,
+) -> (Vec<String>, HashSet<Fingerprint>) {
+    let name = data_name(&m.id);
+    let mut errs = Vec::new();
+    let mut fps = HashSet::new();
+    let data = match repo.backend().get(&name) {
+        Err(e) => {
+            errs.push(format!("{e}"));
+            fps.extend(m.chunks.iter().map(|c| c.fp));
+            return (errs, fps);
+        }
+        Ok(data) => data,
+    };
+    bytes_read.fetch_add(data.len() as u64, Ordering::Relaxed);
+    if data.len() < 8 || data[..5] != container_header()[..5] {
+        errs.push(format!("{name}: bad container header"));
+    }
+    let mut plains: Vec<Option<Vec<u8>>> = Vec::with_capacity(m.regions.len());
+    for r in &m.regions {
+        let end = r.offset as usize + r.stored_len as usize;
+        let p = match data.get(r.offset as usize..end) {
+            None => {
+                errs.push(format!(
+                    "{name}: region at offset {} lies past the end",
+                    r.offset
+                ));
+                None
+            }
+            Some(env) => match open_region(repo, &name, env, r) {
+                Ok(p) => Some(p),
                 Err(e) => {
                     errs.push(format!("{e}"));
-                    fps.extend(m.chunks.iter().map(|c| c.fp));
+                    None
                 }
-                Ok(data) => {
-                    bytes_read.fetch_add(data.len() as u64, Ordering::Relaxed);
-                    if data.len() < 8 || data[..5] != container_header()[..5] {
-                        errs.push(format!("{name}: bad container header"));
-                    }
-                    let mut plains: Vec<Option<Vec<u8>>> = Vec::with_capacity(m.regions.len());
-                    for r in &m.regions {
-                        let end = r.offset as usize + r.stored_len as usize;
-                        let p = match data.get(r.offset as usize..end) {
-                            None => {
-                                errs.push(format!(
-                                    "{name}: region at offset {} lies past the end",
-                                    r.offset
-                                ));
-                                None
-                            }
-                            Some(env) => match open_region(repo, &name, env, r) {
-                                Ok(p) => Some(p),
-                                Err(e) => {
-                                    errs.push(format!("{e}"));
-                                    None
-                                }
-                            },
-                        };
-                        regions_read.fetch_add(1, Ordering::Relaxed);
-                        plains.push(p);
-                    }
-                    for c in &m.chunks {
-                        let ok = plains
-                            .get(c.region as usize)
-                            .and_then(|p| p.as_ref())
-                            .and_then(|p| p.get(c.offset as usize..(c.offset + c.len) as usize))
-                            .map(|d| hasher.hash(d) == c.fp);
-                        match ok {
-                            Some(true) => {}
-                            Some(false) => {
-                                errs.push(format!(
-                                    "{name}: chunk {} does not match its fingerprint",
-                                    c.fp.to_hex()
-                                ));
-                                fps.insert(c.fp);
-                            }
-                            None => {
-                                fps.insert(c.fp);
-                            }
-                        }
-                    }
-                }
-            }
-            opts.progress
-                .bytes_done
-                .fetch_add(m.data_len, Ordering::Relaxed);
-            let mut g = found.lock().unwrap_or_else(|e| e.into_inner());
-            if !errs.is_empty() {
-                g.2.insert(m.id);
-            }
-            g.0.extend(errs);
-            g.1.extend(fps);
-        });
-        let (errs, fps, _) = found.into_inner().unwrap_or_else(|e| e.into_inner());
-        rep.errors.extend(errs);
-        bad_fps = fps;
-        rep.regions_read = regions_read.load(Ordering::Relaxed);
-        rep.bytes_read = bytes_read.load(Ordering::Relaxed);
+            },
+        };
+        regions_read.fetch_add(1, Ordering::Relaxed);
+        plains.push(p);
     }
-
-    // Chunks available per fingerprint (for references moved by gc).
-    let mut good_fps: HashSet<Fingerprint> = HashSet::new();
-    for m in metas.values() {
-        rep.chunks += m.chunks.len() as u64;
-        if !bad_containers.contains(&m.id) {
-            good_fps.extend(
-                m.chunks
-                    .iter()
-                    .map(|c| c.fp)
-                    .filter(|f| !bad_fps.contains(f)),
-            );
+    let hasher = repo.hasher();
+    for c in &m.chunks {
+        let ok = plains
+            .get(c.region as usize)
+            .and_then(|p| p.as_ref())
+            .and_then(|p| p.get(c.offset as usize..(c.offset + c.len) as usize))
+            .map(|d| hasher.hash(d) == c.fp);
+        match ok {
+            Some(true) => {}
+            Some(false) => {
+                errs.push(format!(
+                    "{name}: chunk {} does not match its fingerprint",
+                    c.fp.to_hex()
+                ));
+                fps.insert(c.fp);
+            }
+            None => {
+                fps.insert(c.fp);
+            }
         }
     }
+    (errs, fps)
+}
 
-    // Snapshots and recipes, per series newest first, so that the indirect
-    // references of a version are checked against the next version's
-    // chunks (and its unavailable ones) held from the step before.
+/// What the containers can provide, as found above.
+struct Available<'a> {
+    metas: &'a HashMap<ContainerId, ContainerMeta>,
+    bad_containers: &'a HashSet<ContainerId>,
+    bad_fps: &'a HashSet<Fingerprint>,
+    good_fps: &'a HashSet<Fingerprint>,
+}
+
+/// Per snapshot id: its chunk fingerprints, and those it cannot provide.
+type Held = HashMap<String, (HashSet<Fingerprint>, HashSet<Fingerprint>)>;
+
+/// Snapshots and recipes, per series newest first, so that the indirect
+/// references of a version are checked against the next version's chunks
+/// (and its unavailable ones) held from the step before.
+fn check_snapshots(repo: &Repository, avail: &Available, rep: &mut CheckReport) -> Result<()> {
     let mut snaps: Vec<(String, Snapshot)> = Vec::new();
-    for o in b.list("snapshots/")? {
+    for o in repo.backend().list("snapshots/")? {
         rep.snapshots += 1;
         let id = o.name.trim_start_matches("snapshots/").to_string();
         match repo.get_snapshot(&o.name) {
@@ -284,131 +350,172 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
         }
     }
     snaps.sort_by_key(|(_, s)| std::cmp::Reverse((s.version, s.time_ns)));
-    // Per snapshot id: its chunk fingerprints, and those it cannot provide.
-    let mut held: HashMap<String, (HashSet<Fingerprint>, HashSet<Fingerprint>)> = HashMap::new();
-    let series_order = {
-        let mut v: Vec<&str> = snaps.iter().map(|(_, s)| s.series.as_str()).collect();
-        v.sort();
-        v.dedup();
-        v.into_iter().map(String::from).collect::<Vec<_>>()
-    };
+    let mut series_order: Vec<&str> = snaps.iter().map(|(_, s)| s.series.as_str()).collect();
+    series_order.sort();
+    series_order.dedup();
+    let mut held: Held = HashMap::new();
     for series in series_order {
         held.clear();
         for (id, s) in snaps.iter().filter(|(_, s)| s.series == series) {
-            let label = format!(
-                "snapshot {} ({}@{})",
-                &id[..8.min(id.len())],
-                s.series,
-                s.version
-            );
-            let recipe = match repo.load_recipe(&s.recipe) {
-                Ok(r) => r,
-                Err(e) => {
-                    rep.errors.push(format!("{label}: {e}"));
-                    rep.damaged_snapshots.push(id.clone());
-                    continue;
-                }
-            };
-            // Its data is in the cloud tier (`strata tier check`); its
-            // local recipe copy read whole above.
-            if s.tier == strata_core::format::Tier::Cloud {
-                rep.cloud_snapshots += 1;
-                continue;
-            }
-            let next = s.archival.as_ref().and_then(|a| a.next.clone());
-            let next_held = next.as_ref().and_then(|n| held.get(n));
-            let mut missing = 0u64;
-            let mut broken = 0u64;
-            let mut misplaced = 0u64;
-            let mut first = None;
-            let mut fps = HashSet::new();
-            let mut bad = HashSet::new();
-            for n in &recipe.nodes {
-                for seg in &n.segments {
-                    for c in &seg.chunks {
-                        if c.is_zero() {
-                            continue;
-                        }
-                        fps.insert(c.fp);
-                        if c.is_indirect() {
-                            match next_held {
-                                Some((nf, nb)) if nf.contains(&c.fp) => {
-                                    if nb.contains(&c.fp) {
-                                        bad.insert(c.fp);
-                                        missing += 1;
-                                        first.get_or_insert_with(|| n.path_str());
-                                    }
-                                }
-                                _ => {
-                                    broken += 1;
-                                    bad.insert(c.fp);
-                                    first.get_or_insert_with(|| n.path_str());
-                                }
-                            }
-                            continue;
-                        }
-                        let cid = recipe.containers.get(c.container as usize);
-                        let meta = cid.and_then(|cid| metas.get(cid).map(|m| (cid, m)));
-                        // Live-form versions reference only the pool; an
-                        // archival one the pool or its own stamped
-                        // containers.
-                        if let Some((_, m)) = meta {
-                            let owner = m.stamp.as_ref().map(|st| st.owner.as_str());
-                            let own = s.archival.is_some() && owner == Some(id.as_str());
-                            if owner.is_some() && !own {
-                                misplaced += 1;
-                            }
-                        }
-                        let direct_ok = meta
-                            .map(|(cid, m)| {
-                                !bad_containers.contains(cid)
-                                    && !bad_fps.contains(&c.fp)
-                                    && m.regions.get(c.region as usize).is_some_and(|r| {
-                                        c.offset as u64 + c.len as u64 <= r.raw_len as u64
-                                    })
-                            })
-                            .unwrap_or(false);
-                        if !direct_ok && !good_fps.contains(&c.fp) {
-                            missing += 1;
-                            bad.insert(c.fp);
-                            first.get_or_insert_with(|| n.path_str());
-                        }
-                    }
-                }
-            }
-            let mut damaged = false;
-            if missing > 0 {
-                rep.errors.push(format!(
-                    "{label}: {missing} chunks unavailable (first in {})",
-                    first.clone().unwrap_or_default()
-                ));
-                damaged = true;
-            }
-            if broken > 0 {
-                rep.errors.push(format!(
-                    "{label}: {broken} indirect references that the next version {} does not hold (first in {})",
-                    next.as_deref().map(|n| &n[..8.min(n.len())]).unwrap_or("(none)"),
-                    first.unwrap_or_default()
-                ));
-                damaged = true;
-            }
-            if misplaced > 0 {
-                rep.errors.push(format!(
-                    "{label}: {misplaced} direct references into containers of the wrong lifecycle domain ({})",
-                    if s.archival.is_some() {
-                        "an archival version may reference only the pool and its own stamped containers"
-                    } else {
-                        "a live-form version must reference only the shared pool"
-                    }
-                ));
-            }
-            if damaged {
-                rep.damaged_snapshots.push(id.clone());
-            }
-            held.insert(id.clone(), (fps, bad));
+            check_snapshot(repo, avail, &mut held, (id, s), rep);
         }
     }
-    Ok(rep)
+    Ok(())
+}
+
+/// What one recipe's references come to.
+#[derive(Default)]
+struct RecipeFindings {
+    missing: u64,
+    broken: u64,
+    misplaced: u64,
+    /// Paths with unavailable data, in recipe order.
+    paths: Vec<Vec<u8>>,
+    fps: HashSet<Fingerprint>,
+    bad: HashSet<Fingerprint>,
+}
+
+fn check_snapshot(
+    repo: &Repository,
+    avail: &Available,
+    held: &mut Held,
+    (id, s): (&String, &Snapshot),
+    rep: &mut CheckReport,
+) {
+    let label = format!(
+        "snapshot {} ({}@{})",
+        &id[..8.min(id.len())],
+        s.series,
+        s.version
+    );
+    let recipe = match repo.load_recipe(&s.recipe) {
+        Ok(r) => r,
+        Err(e) => {
+            rep.errors.push(format!("{label}: {e}"));
+            rep.damaged_snapshots.push(id.clone());
+            return;
+        }
+    };
+    // Its data is in the cloud tier (`strata tier check`); its local
+    // recipe copy read whole above.
+    if s.tier == strata_core::format::Tier::Cloud {
+        rep.cloud_snapshots += 1;
+        return;
+    }
+    let next = s.archival.as_ref().and_then(|a| a.next.clone());
+    let f = recipe_findings(
+        avail,
+        &recipe,
+        (id, s),
+        next.as_ref().and_then(|n| held.get(n)),
+    );
+    let first = f
+        .paths
+        .first()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .unwrap_or_default();
+    if f.missing > 0 {
+        rep.errors.push(format!(
+            "{label}: {} chunks unavailable, in {} files (first {first})",
+            f.missing,
+            f.paths.len()
+        ));
+    }
+    if f.broken > 0 {
+        rep.errors.push(format!(
+            "{label}: {} indirect references that the next version {} does not hold (first in {first})",
+            f.broken,
+            next.as_deref().map(|n| &n[..8.min(n.len())]).unwrap_or("(none)"),
+        ));
+    }
+    if f.misplaced > 0 {
+        rep.errors.push(format!(
+            "{label}: {} direct references into containers of the wrong lifecycle domain ({})",
+            f.misplaced,
+            if s.archival.is_some() {
+                "an archival version may reference only the pool and its own stamped containers"
+            } else {
+                "a live-form version must reference only the shared pool"
+            }
+        ));
+    }
+    if f.missing > 0 || f.broken > 0 {
+        rep.damaged_snapshots.push(id.clone());
+        let lossy = f
+            .paths
+            .iter()
+            .map(|p| String::from_utf8_lossy(p).into_owned());
+        rep.damaged_paths.insert(id.clone(), lossy.collect());
+        rep.damaged_raw
+            .insert(id.clone(), f.paths.iter().cloned().collect());
+    }
+    held.insert(id.clone(), (f.fps, f.bad));
+}
+
+/// Walks a recipe's references against what is available (and, for an
+/// archival version, what the next version holds).
+fn recipe_findings(
+    avail: &Available,
+    recipe: &strata_core::format::Recipe,
+    (id, s): (&String, &Snapshot),
+    next_held: Option<&(HashSet<Fingerprint>, HashSet<Fingerprint>)>,
+) -> RecipeFindings {
+    let mut f = RecipeFindings::default();
+    for n in &recipe.nodes {
+        let mut damaged = false;
+        for c in n.segments.iter().flat_map(|seg| &seg.chunks) {
+            if c.is_zero() {
+                continue;
+            }
+            f.fps.insert(c.fp);
+            if c.is_indirect() {
+                match next_held {
+                    Some((nf, nb)) if nf.contains(&c.fp) => {
+                        if nb.contains(&c.fp) {
+                            f.bad.insert(c.fp);
+                            f.missing += 1;
+                            damaged = true;
+                        }
+                    }
+                    _ => {
+                        f.broken += 1;
+                        f.bad.insert(c.fp);
+                        damaged = true;
+                    }
+                }
+                continue;
+            }
+            let cid = recipe.containers.get(c.container as usize);
+            let meta = cid.and_then(|cid| avail.metas.get(cid).map(|m| (cid, m)));
+            // Live-form versions reference only the pool; an archival one
+            // the pool or its own stamped containers.
+            if let Some((_, m)) = meta {
+                let owner = m.stamp.as_ref().map(|st| st.owner.as_str());
+                let own = s.archival.is_some() && owner == Some(id.as_str());
+                if owner.is_some() && !own {
+                    f.misplaced += 1;
+                }
+            }
+            let direct_ok = meta
+                .map(|(cid, m)| {
+                    !avail.bad_containers.contains(cid)
+                        && !avail.bad_fps.contains(&c.fp)
+                        && m.regions
+                            .get(c.region as usize)
+                            .is_some_and(|r| c.offset as u64 + c.len as u64 <= r.raw_len as u64)
+                })
+                .unwrap_or(false);
+            if !direct_ok && !avail.good_fps.contains(&c.fp) {
+                f.missing += 1;
+                f.bad.insert(c.fp);
+                damaged = true;
+            }
+        }
+        if damaged {
+            f.paths.push(n.path.clone());
+        }
+    }
+    f
 }
 
 /// Convenience for callers that want an error when the check fails.

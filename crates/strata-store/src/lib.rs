@@ -22,6 +22,7 @@ pub mod lifecycle;
 pub mod lock;
 pub mod progress;
 pub mod recipe;
+pub mod repair;
 pub mod repo;
 pub mod repo_copy;
 pub mod resolver;

@@ -56,6 +56,39 @@ pub fn copy_version(
     dst: &Repository,
     opts: CopyOptions,
 ) -> Result<BackupReport> {
+    store_version(parts, original, dst, opts, &Stored::same())
+}
+
+/// Where a stored version goes and what it leaves out.
+pub(crate) struct Stored<'a> {
+    /// Its series (`None`: the original's).
+    pub series: Option<String>,
+    /// Tags added to the original's.
+    pub tags: Vec<String>,
+    /// Paths left out (with hard links to them).
+    pub skip: Option<&'a std::collections::HashSet<Vec<u8>>>,
+}
+
+impl Stored<'_> {
+    fn same() -> Self {
+        Stored {
+            series: None,
+            tags: vec![],
+            skip: None,
+        }
+    }
+}
+
+/// [`copy_version`], storing the version as `how` says.
+pub(crate) fn store_version(
+    parts: &[(Repository, Snapshot)],
+    original: &Snapshot,
+    dst: &Repository,
+    opts: CopyOptions,
+    how: &Stored,
+) -> Result<BackupReport> {
+    let skipped =
+        |p: Option<&[u8]>| matches!((how.skip, p), (Some(skip), Some(p)) if skip.contains(p));
     // Nothing the source's gc or forget does may pull data from under the
     // copy: a shared lock on every repository read from.
     let _locks = parts
@@ -76,6 +109,10 @@ pub fn copy_version(
             cache.clone(),
         ));
         for n in recipe.nodes.iter() {
+            let hardlink_to_skipped = n.kind == NodeKind::Hardlink && skipped(n.target.as_deref());
+            if skipped(Some(&n.path)) || hardlink_to_skipped {
+                continue;
+            }
             let content: Option<Box<dyn Read + Send>> = match n.kind {
                 NodeKind::File => Some(Box::new(Content {
                     snapshot: reader.clone(),
@@ -101,8 +138,12 @@ pub fn copy_version(
             host: original.host.clone(),
             paths: original.paths.clone(),
         }),
-        series: Some(original.series.clone()),
-        tags: original.tags.clone(),
+        series: Some(
+            how.series
+                .clone()
+                .unwrap_or_else(|| original.series.clone()),
+        ),
+        tags: original.tags.iter().chain(&how.tags).cloned().collect(),
         threads: opts.threads,
         progress: opts.progress,
         chunker: Some(dst.config().chunker),

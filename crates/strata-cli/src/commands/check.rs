@@ -31,6 +31,24 @@ pub fn run(cli: &Cli, out: &Out, a: &CheckArgs) -> Result<i32> {
         for e in &rep.errors {
             eprintln!("error: {e}");
         }
+        for (id, paths) in &rep.damaged_paths {
+            eprintln!(
+                "snapshot {}: {} paths with unavailable data:",
+                crate::output::short(id),
+                paths.len()
+            );
+            for p in paths.iter().take(20) {
+                eprintln!("  {p}");
+            }
+            if paths.len() > 20 {
+                eprintln!("  … (all of them with --json)");
+            }
+        }
+        if !rep.damaged_snapshots.is_empty() {
+            eprintln!(
+                "`strata repair snapshots --read-data` stores what the damaged snapshots still hold"
+            );
+        }
     }
     out.result(&serde_json::to_value(&rep)?, || {
         if rep.ok() {
