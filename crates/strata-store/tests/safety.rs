@@ -310,8 +310,16 @@ fn metadata_pass_does_not_follow_symlinks() {
         ..bare_node(b"p", NodeKind::Fifo)
     });
     recipe.nodes.push(symlink_node(b"p", &victim));
+    // A recipe naming one path twice no longer loads from a repository…
+    let (rid, _) = fx
+        .repo
+        .put_struct(Kind::Recipe, "recipes", &recipe)
+        .unwrap();
+    let e = fx.repo.load_recipe(&rid).unwrap_err().to_string();
+    assert!(e.contains("appears twice"), "{e}");
+    // …and restore, handed one anyway, still does not follow the link.
     let target = fx.target("t");
-    let r = restore(&fx.repo, &fx.snapshot, &fx.store(&recipe), &opts(&target));
+    let r = restore(&fx.repo, &fx.snapshot, &recipe, &opts(&target));
     let mode = fs::metadata(&victim).unwrap().permissions().mode() & 0o7777;
     assert_eq!(
         mode,
