@@ -65,6 +65,17 @@ pub fn load_object(repo: &Repository, id: &str) -> Result<RecipeObject> {
     }
     let name = format!("recipes/{id}");
     repo.read_verified(&name, |raw| {
+        // Named by the hash of its bytes: another recipe stored under this
+        // name (a swap by someone who can write the storage) is refused.
+        if blake3::hash(raw).to_hex().as_str() != id {
+            return Err(StoreError::corrupt(
+                &name,
+                strata_core::CoreError::Decode {
+                    what: "recipe",
+                    msg: "its content does not match its name".into(),
+                },
+            ));
+        }
         let bytes = repo
             .sealer()
             .open(Kind::Recipe, raw)
@@ -671,6 +682,13 @@ mod tests {
     fn bad_names_and_swapped_parts_are_refused() {
         let d = tempfile::tempdir().unwrap();
         let repo = repo(d.path());
+        // A whole recipe stored under another recipe's name.
+        let (r1, _) = put(&repo, tree(10)).unwrap();
+        let (r2, _) = put(&repo, tree(20)).unwrap();
+        let other = repo.backend().get(&format!("recipes/{r2}")).unwrap();
+        repo.backend().put(&format!("recipes/{r1}"), &other).unwrap();
+        let e = load_whole(&repo, &r1).unwrap_err().to_string();
+        assert!(e.contains("does not match its name"), "{e}");
         assert!(load_object(&repo, "../config").is_err());
         assert!(load_part(&repo, "../../etc/passwd").is_err());
         let (id, _) = put(&repo, tree(3000)).unwrap();
