@@ -883,6 +883,96 @@ fn repair_salvages_damaged_snapshots() {
     assert_eq!(c["damaged_snapshots"], json!([]), "{c:#}");
 }
 
+/// Damage outside the data regions, found by the corruption campaign
+/// (`scripts/corruptloop`): a container's header, metadata section and
+/// footer; a lost index object (check names the container snapshots need
+/// and gc refuses to delete it); bookkeeping objects; a lost summary; a
+/// lost config.
+#[test]
+fn damage_outside_regions_is_found() {
+    let repo = Repo::new();
+    let src = repo.dir().join("src");
+    for i in 0..6u64 {
+        write(&src.join(format!("f{i}.bin")), &prng(500 + i, 200_000));
+    }
+    let m = manifest(&src);
+    let v = repo.backup(&[&src], &[]);
+    repo.json(&["policy", s(&v["series"]), "--live", "2"]);
+    repo.assert_clean("fresh");
+    let flip = |name: &str, at: usize| {
+        let p = repo.path.join(name);
+        let mut b = fs::read(&p).unwrap();
+        b[at] ^= 0x01;
+        fs::write(&p, &b).unwrap();
+    };
+    let expect_named = |name: &str, ctx: &str| {
+        let (code, c) = repo.check(true);
+        assert_eq!(code, 1, "{ctx}: {c:#}");
+        assert!(c["errors"].to_string().contains(name), "{ctx}: {c:#}");
+    };
+
+    // The container: header byte 5 (reserved), the metadata section, the
+    // footer's magic.
+    let data = repo.objects("data").into_iter().next().unwrap();
+    let len = fs::metadata(repo.path.join(&data)).unwrap().len() as usize;
+    for at in [5, len - 40, len - 2] {
+        flip(&data, at);
+        expect_named(&data, &format!("{data} byte {at}"));
+        flip(&data, at);
+    }
+    repo.assert_clean("container restored");
+
+    // Bookkeeping: a policy and the lifecycle state.
+    let policy = repo.objects("policies").into_iter().next().unwrap();
+    flip(&policy, 3);
+    expect_named(&policy, "policy");
+    flip(&policy, 3);
+    fs::create_dir_all(repo.path.join("lifecycle")).unwrap();
+    fs::write(repo.path.join("lifecycle/state"), b"not a state").unwrap();
+    expect_named("lifecycle/state", "lifecycle state");
+    fs::remove_file(repo.path.join("lifecycle/state")).unwrap();
+
+    // A lost summary is a warning naming it.
+    let isum = repo.objects("isum").into_iter().next().unwrap();
+    let saved = fs::read(repo.path.join(&isum)).unwrap();
+    fs::remove_file(repo.path.join(&isum)).unwrap();
+    let (code, c) = repo.check(false);
+    assert_eq!(code, 0, "{c:#}");
+    assert!(c["warnings"].to_string().contains(&isum), "{c:#}");
+    fs::write(repo.path.join(&isum), &saved).unwrap();
+
+    // A lost index object: check names the container the snapshot needs,
+    // gc refuses to delete it, repair index brings it back.
+    let index: Vec<String> = repo.objects("index").into_iter().collect();
+    for i in &index {
+        fs::remove_file(repo.path.join(i)).unwrap();
+    }
+    let (code, c) = repo.check(false);
+    assert_eq!(code, 1, "{c:#}");
+    let errors = c["errors"].to_string();
+    assert!(errors.contains(&data) && errors.contains("repair index"), "{c:#}");
+    let r = repo.run(&["gc"]).expect_code(1);
+    assert!(r.stderr.contains("repair index"), "{}", r.stderr);
+    assert!(repo.path.join(&data).exists(), "gc deleted a needed container");
+    repo.json(&["repair", "index"]);
+    repo.assert_clean("after repair index");
+    let t = repo.scratch("t");
+    repo.restore(s(&v["id"]), &t);
+    assert_manifest_eq(&m, &manifest(&restored(&t, &src)), "after repair index");
+
+    // A lost config is damage, not "no repository".
+    let config = fs::read(repo.path.join("config")).unwrap();
+    fs::remove_file(repo.path.join("config")).unwrap();
+    let r = repo.run(&["snapshots"]).expect_code(1);
+    assert!(
+        r.stderr.contains("config is missing") && !r.stderr.contains("strata init` first"),
+        "{}",
+        r.stderr
+    );
+    fs::write(repo.path.join("config"), config).unwrap();
+    repo.assert_clean("config back");
+}
+
 // ---------------------------------------------------------------------------
 // 8. Forget and gc.
 

@@ -11,7 +11,7 @@
 //! authenticated and decompressed, and every chunk's fingerprint is
 //! recomputed. Problems name the object, and the snapshots they affect.
 
-use crate::container::open_region;
+use crate::container::{embedded_meta, open_region};
 use crate::error::{Result, StoreError};
 use crate::lock;
 use crate::progress::Progress;
@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use strata_core::crypto::Kind;
-use strata_core::format::{container_header, ContainerId, ContainerMeta, Snapshot};
+use strata_core::format::{ContainerId, ContainerMeta, Snapshot, CONTAINER_HEADER_LEN};
 use strata_core::Fingerprint;
 
 #[derive(Clone, Debug, Default)]
@@ -63,7 +63,8 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
     let mut rep = CheckReport::default();
     let idx = check_index(repo, &mut rep)?;
     rep.containers = idx.metas.len() as u64;
-    let bad_containers = check_containers(repo, &idx, &mut rep)?;
+    check_bookkeeping(repo, &mut rep)?;
+    let (bad_containers, unlisted) = check_containers(repo, &idx, &mut rep)?;
     let bad_fps = if opts.read_data {
         read_data(repo, &idx.metas, &bad_containers, opts, &mut rep)
     } else {
@@ -88,8 +89,37 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
         bad_fps: &bad_fps,
         good_fps: &good_fps,
     };
-    check_snapshots(repo, &avail, &mut rep)?;
+    let referenced = check_snapshots(repo, &avail, &mut rep)?;
+    report_unlisted(&unlisted, &referenced, idx.damaged, &mut rep);
     Ok(rep)
+}
+
+/// Policies and the lifecycle's state: each must open and decode, and a
+/// policy must sit under its own series' name.
+fn check_bookkeeping(repo: &Repository, rep: &mut CheckReport) -> Result<()> {
+    for o in repo.backend().list("policies/")? {
+        match repo.get_struct::<crate::lifecycle::Policy>(Kind::Policy, &o.name, "policy") {
+            Ok(p) if crate::lifecycle::policy_name(&p.series) == o.name => {}
+            Ok(p) => rep.errors.push(format!(
+                "{}: holds the policy of another series ({})",
+                o.name, p.series
+            )),
+            Err(e) => rep.errors.push(format!(
+                "{e} (`strata policy SERIES …` writes it again)"
+            )),
+        }
+    }
+    match repo.get_struct::<crate::lifecycle::LifecycleState>(
+        Kind::LifecycleState,
+        crate::lifecycle::STATE_NAME,
+        "lifecycle state",
+    ) {
+        Ok(_) | Err(StoreError::NotFound(_)) => {}
+        Err(e) => rep.errors.push(format!(
+            "{e} (bookkeeping only: the next `strata maintain` rewrites it)"
+        )),
+    }
+    Ok(())
 }
 
 /// What the index objects list.
@@ -125,7 +155,16 @@ fn check_index(repo: &Repository, rep: &mut CheckReport) -> Result<IndexState> {
             }
         }
     }
-    for o in b.list("isum/")? {
+    let isums = b.list("isum/")?;
+    let have: HashSet<&str> = isums.iter().map(|o| o.name.as_str()).collect();
+    for name in summaries.keys() {
+        if !have.contains(name.as_str()) {
+            rep.warnings.push(format!(
+                "{name}: summary missing (commands read the index object instead; `strata repair index` rewrites it)"
+            ));
+        }
+    }
+    for o in &isums {
         let Some(want) = summaries.get(&o.name) else {
             if !damaged {
                 rep.warnings.push(format!(
@@ -153,13 +192,13 @@ fn check_index(repo: &Repository, rep: &mut CheckReport) -> Result<IndexState> {
 }
 
 /// Every listed container's data object exists with its recorded size,
-/// and its metadata object says what the index says; containers nobody
-/// lists are reported. Returns the containers that cannot be read.
+/// and its metadata object says what the index says. Returns the
+/// containers that cannot be read, and those no index object lists.
 fn check_containers(
     repo: &Repository,
     idx: &IndexState,
     rep: &mut CheckReport,
-) -> Result<HashSet<ContainerId>> {
+) -> Result<(HashSet<ContainerId>, HashSet<ContainerId>)> {
     let b = repo.backend();
     let sizes: HashMap<String, u64> = b
         .list("data/")?
@@ -202,20 +241,41 @@ fn check_containers(
             }
         }
     }
-    for name in sizes.keys() {
-        if let Some(id) = container_id_of(name) {
-            if !idx.metas.contains_key(&id) {
-                // With a damaged index object, an unlisted container may
-                // well be in use: only repair can tell.
-                rep.warnings.push(if idx.damaged {
-                    format!("{name}: not in any readable index object (`strata repair index` re-lists it; do not run gc before)")
-                } else {
-                    format!("{name}: not in the index (left by an interrupted command; `strata gc` removes it)")
-                });
-            }
+    let unlisted = sizes
+        .keys()
+        .filter_map(|name| container_id_of(name))
+        .filter(|id| !idx.metas.contains_key(id))
+        .collect();
+    Ok((bad, unlisted))
+}
+
+/// Containers stored but in no index object: garbage an interrupted
+/// command left (gc removes it), unless a snapshot needs one (`referenced`:
+/// it holds chunks a snapshot references and no listed container has) —
+/// then an index object is missing or damaged, and gc must not run before
+/// `repair index`.
+fn report_unlisted(
+    unlisted: &HashSet<ContainerId>,
+    referenced: &HashSet<ContainerId>,
+    index_damaged: bool,
+    rep: &mut CheckReport,
+) {
+    let mut names: Vec<(String, bool)> = unlisted
+        .iter()
+        .map(|id| (data_name(id), referenced.contains(id)))
+        .collect();
+    names.sort();
+    for (name, used) in names {
+        if used {
+            rep.errors.push(format!(
+                "{name}: snapshots need its chunks but no index object lists it: an index object is missing or damaged (run `strata repair index`; do not run gc before)"
+            ));
+        } else if index_damaged {
+            rep.warnings.push(format!("{name}: not in any readable index object (`strata repair index` re-lists it; do not run gc before)"));
+        } else {
+            rep.warnings.push(format!("{name}: not in the index (left by an interrupted command; `strata gc` removes it)"));
         }
     }
-    Ok(bad)
 }
 
 /// Reads every region of every readable container, authenticates and
@@ -273,8 +333,18 @@ fn read_container(
         Ok(data) => data,
     };
     bytes_read.fetch_add(data.len() as u64, Ordering::Relaxed);
-    if data.len() < 8 || data[..5] != container_header()[..5] {
-        errs.push(format!("{name}: bad container header"));
+    // Every byte outside the regions is checked too: the header, the
+    // metadata section and footer (what `repair index` rebuilds from), and
+    // that the regions tile the space between them.
+    match embedded_meta(repo, &m.id, &data) {
+        Ok(em) if em == *m => {}
+        Ok(_) => errs.push(format!(
+            "{name}: its embedded metadata differs from the index"
+        )),
+        Err(e) => errs.push(format!("{e}")),
+    }
+    if let Some(gap) = region_gap(m) {
+        errs.push(format!("{name}: {gap}"));
     }
     let mut plains: Vec<Option<Vec<u8>>> = Vec::with_capacity(m.regions.len());
     for r in &m.regions {
@@ -322,6 +392,25 @@ fn read_container(
     (errs, fps)
 }
 
+/// Where the regions of `m` fail to tile the object from its header to its
+/// metadata section (unauthenticated bytes between them), if they do.
+fn region_gap(m: &ContainerMeta) -> Option<String> {
+    let mut spans: Vec<(u64, u64)> = m
+        .regions
+        .iter()
+        .map(|r| (r.offset, r.offset.saturating_add(r.stored_len as u64)))
+        .collect();
+    spans.sort_unstable();
+    let mut at = CONTAINER_HEADER_LEN as u64;
+    for (start, end) in spans {
+        if start != at {
+            return Some(format!("bytes {at}..{start} belong to no region"));
+        }
+        at = end;
+    }
+    None
+}
+
 /// What the containers can provide, as found above.
 struct Available<'a> {
     metas: &'a HashMap<ContainerId, ContainerMeta>,
@@ -336,7 +425,13 @@ type Held = HashMap<String, (HashSet<Fingerprint>, HashSet<Fingerprint>)>;
 /// Snapshots and recipes, per series newest first, so that the indirect
 /// references of a version are checked against the next version's chunks
 /// (and its unavailable ones) held from the step before.
-fn check_snapshots(repo: &Repository, avail: &Available, rep: &mut CheckReport) -> Result<()> {
+/// Returns the containers in no index object that snapshots need (chunks
+/// they reference there are nowhere else).
+fn check_snapshots(
+    repo: &Repository,
+    avail: &Available,
+    rep: &mut CheckReport,
+) -> Result<HashSet<ContainerId>> {
     let mut snaps: Vec<(String, Snapshot)> = Vec::new();
     for o in repo.backend().list("snapshots/")? {
         rep.snapshots += 1;
@@ -354,13 +449,14 @@ fn check_snapshots(repo: &Repository, avail: &Available, rep: &mut CheckReport) 
     series_order.sort();
     series_order.dedup();
     let mut held: Held = HashMap::new();
+    let mut referenced = HashSet::new();
     for series in series_order {
         held.clear();
         for (id, s) in snaps.iter().filter(|(_, s)| s.series == series) {
-            check_snapshot(repo, avail, &mut held, (id, s), rep);
+            check_snapshot(repo, avail, (&mut held, &mut referenced), (id, s), rep);
         }
     }
-    Ok(())
+    Ok(referenced)
 }
 
 /// What one recipe's references come to.
@@ -373,12 +469,14 @@ struct RecipeFindings {
     paths: Vec<Vec<u8>>,
     fps: HashSet<Fingerprint>,
     bad: HashSet<Fingerprint>,
+    /// Containers in no index object that hold chunks found nowhere else.
+    unlisted_needed: HashSet<ContainerId>,
 }
 
 fn check_snapshot(
     repo: &Repository,
     avail: &Available,
-    held: &mut Held,
+    (held, referenced): (&mut Held, &mut HashSet<ContainerId>),
     (id, s): (&String, &Snapshot),
     rep: &mut CheckReport,
 ) {
@@ -409,6 +507,7 @@ fn check_snapshot(
         (id, s),
         next.as_ref().and_then(|n| held.get(n)),
     );
+    referenced.extend(f.unlisted_needed.iter().copied());
     let first = f
         .paths
         .first()
@@ -509,6 +608,9 @@ fn recipe_findings(
                 f.missing += 1;
                 f.bad.insert(c.fp);
                 damaged = true;
+                if let Some(cid) = cid.filter(|cid| !avail.metas.contains_key(*cid)) {
+                    f.unlisted_needed.insert(*cid);
+                }
             }
         }
         if damaged {

@@ -406,30 +406,62 @@ pub fn read_meta_from_data(repo: &Repository, id: &ContainerId) -> Result<Contai
         .backend()
         .size(&name)?
         .ok_or_else(|| StoreError::NotFound(name.clone()))?;
+    meta_via(repo, id, size, |offset, len| {
+        Ok(repo.backend().get_range(&name, offset, len)?)
+    })
+}
+
+/// The metadata section of a data object read whole (`check --read-data`):
+/// its header, footer and metadata must all be intact.
+pub fn embedded_meta(repo: &Repository, id: &ContainerId, data: &[u8]) -> Result<ContainerMeta> {
+    let name = data_name(id);
+    if data.len() >= CONTAINER_HEADER_LEN && data[..CONTAINER_HEADER_LEN] != container_header() {
+        return Err(StoreError::corrupt(
+            name,
+            strata_core::CoreError::BadMagic("data container header"),
+        ));
+    }
+    meta_via(repo, id, data.len() as u64, |offset, len| {
+        let end = offset.checked_add(len).unwrap_or(u64::MAX);
+        data.get(offset as usize..end.min(usize::MAX as u64) as usize)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| {
+                StoreError::corrupt(
+                    name.clone(),
+                    strata_core::CoreError::Truncated("data container"),
+                )
+            })
+    })
+}
+
+/// The metadata section of data object `id` of `size` bytes, read through
+/// `get(offset, len)`: magic, footer, the sealed metadata, and its id.
+fn meta_via(
+    repo: &Repository,
+    id: &ContainerId,
+    size: u64,
+    get: impl Fn(u64, u64) -> Result<Vec<u8>>,
+) -> Result<ContainerMeta> {
+    let name = data_name(id);
     let corrupt = |e| StoreError::corrupt(name.clone(), e);
     if size < (CONTAINER_HEADER_LEN + CONTAINER_FOOTER_LEN) as u64 {
         return Err(corrupt(strata_core::CoreError::Truncated("data container")));
     }
-    let head = repo
-        .backend()
-        .get_range(&name, 0, CONTAINER_HEADER_LEN as u64)?;
+    let head = get(0, CONTAINER_HEADER_LEN as u64)?;
     if head[..4] != CONTAINER_MAGIC {
         return Err(corrupt(strata_core::CoreError::BadMagic("data container")));
     }
-    let foot = repo.backend().get_range(
-        &name,
-        size - CONTAINER_FOOTER_LEN as u64,
-        CONTAINER_FOOTER_LEN as u64,
-    )?;
+    let foot = get(size - CONTAINER_FOOTER_LEN as u64, CONTAINER_FOOTER_LEN as u64)?;
     let f = ContainerFooter::parse(&foot).map_err(corrupt)?;
-    if f.meta_offset + f.meta_len as u64 + CONTAINER_FOOTER_LEN as u64 != size {
+    let end = f
+        .meta_offset
+        .checked_add(f.meta_len as u64 + CONTAINER_FOOTER_LEN as u64);
+    if end != Some(size) {
         return Err(corrupt(strata_core::CoreError::Truncated(
             "container footer points outside the object",
         )));
     }
-    let env = repo
-        .backend()
-        .get_range(&name, f.meta_offset, f.meta_len as u64)?;
+    let env = get(f.meta_offset, f.meta_len as u64)?;
     let bytes = repo
         .sealer()
         .open(Kind::ContainerMeta, &env)

@@ -14,13 +14,14 @@
 use crate::compact::compact_pool;
 use crate::container::read_meta;
 use crate::copy::delete_containers;
-use crate::error::Result;
+use crate::error::{Result, StoreError};
 use crate::index::{edit_index, RepoIndex};
 use crate::lock;
-use crate::repo::{container_id_of, Repository};
-use std::collections::HashSet;
+use crate::repo::{container_id_of, data_name, Repository};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use strata_core::format::ContainerId;
+use strata_core::Fingerprint;
 
 #[derive(Clone, Debug)]
 pub struct GcOptions {
@@ -105,6 +106,57 @@ pub fn simulate(
     Ok(report)
 }
 
+/// A container no index object lists is garbage unless a snapshot needs
+/// it: references chunks there that no listed container holds. (A gc
+/// interrupted after re-indexing a rewritten container leaves recipes
+/// pointing at the old one, whose chunks live on in the new: garbage.)
+/// One that is needed means an index object is missing or damaged:
+/// deleting it would lose data, so gc stops and says to run
+/// `strata repair index`. Costs nothing unless a snapshot references an
+/// unlisted container.
+fn refuse_needed_orphans(repo: &Repository, orphans: &[String]) -> Result<()> {
+    let orphan_ids: HashSet<ContainerId> =
+        orphans.iter().filter_map(|n| container_id_of(n)).collect();
+    if orphan_ids.is_empty() {
+        return Ok(());
+    }
+    // Chunk references into orphans, and who makes them.
+    let mut wanted: HashMap<Fingerprint, (ContainerId, String)> = HashMap::new();
+    for (sid, s) in repo.list_snapshots()? {
+        for r in s.recipes() {
+            let table = crate::recipe::containers(repo, r)?;
+            if !table.iter().any(|c| orphan_ids.contains(c)) {
+                continue;
+            }
+            let recipe = crate::recipe::load_whole(repo, r)?;
+            for c in crate::restore::recipe_refs(&recipe).filter(|c| c.is_direct()) {
+                match recipe.containers.get(c.container as usize) {
+                    Some(cid) if orphan_ids.contains(cid) => {
+                        wanted.insert(c.fp, (*cid, sid.clone()));
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    RepoIndex::load(repo, |m| {
+        for c in &m.chunks {
+            wanted.remove(&c.fp);
+        }
+    })?;
+    match wanted.values().next() {
+        None => Ok(()),
+        Some((cid, sid)) => Err(StoreError::Invalid(format!(
+            "{} is in no index object but snapshot {} needs chunks only it holds: an index object is missing or damaged; run `strata repair index` before gc",
+            data_name(cid),
+            &sid[..8.min(sid.len())]
+        ))),
+    }
+}
+
 pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport> {
     let mut report = GcReport {
         dry_run: opts.dry_run,
@@ -151,6 +203,7 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
         }
     }
     report.orphans_deleted = orphans.len() as u64;
+    refuse_needed_orphans(repo, &orphans)?;
 
     if !opts.dry_run && !stale.is_empty() {
         edit_index(repo, &idx, &stale, vec![])?;

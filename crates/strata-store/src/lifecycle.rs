@@ -48,7 +48,7 @@ pub enum VersionState {
     Expired,
 }
 
-fn policy_name(series: &str) -> String {
+pub(crate) fn policy_name(series: &str) -> String {
     format!("policies/{}", blake3::hash(series.as_bytes()).to_hex())
 }
 
@@ -102,7 +102,7 @@ pub struct LifecycleState {
     pub released_bytes: u64,
 }
 
-const STATE_NAME: &str = "lifecycle/state";
+pub(crate) const STATE_NAME: &str = "lifecycle/state";
 
 /// The lifecycle's bookkeeping (empty when none is stored yet).
 pub fn load_state(repo: &Repository) -> Result<LifecycleState> {

@@ -241,6 +241,24 @@ pub fn container_id_of(name: &str) -> Option<ContainerId> {
     ContainerId::from_hex(name.rsplit('/').next()?)
 }
 
+/// No `config`: no repository — unless repository objects are there, in
+/// which case the config was lost and `strata init` is the wrong advice.
+fn missing_config(backend: &dyn Backend) -> StoreError {
+    for prefix in ["keys/", "snapshots/", "index/", "data/"] {
+        if let Ok(list) = backend.list(prefix) {
+            if let Some(o) = list.first() {
+                return StoreError::Invalid(format!(
+                    "{}: the repository's config is missing, but it holds repository objects ({}): \
+                     the repository is damaged; put back `config` from a copy (do not run `strata init` over it)",
+                    backend.describe(),
+                    o.name
+                ));
+            }
+        }
+    }
+    StoreError::NoRepository(backend.describe())
+}
+
 impl Repository {
     /// Creates a new repository in an empty backend.
     pub fn init(backend: Arc<dyn Backend>, opts: InitOptions) -> Result<Self> {
@@ -310,7 +328,7 @@ impl Repository {
     pub fn open(backend: Arc<dyn Backend>, password: &dyn Fn() -> Result<Vec<u8>>) -> Result<Self> {
         let raw = match backend.get("config") {
             Ok(r) => r,
-            Err(e) if e.is_not_found() => return Err(StoreError::NoRepository(backend.describe())),
+            Err(e) if e.is_not_found() => return Err(missing_config(&*backend)),
             Err(e) => return Err(e.into()),
         };
         let plain = Sealer::plain(3);
