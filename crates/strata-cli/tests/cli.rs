@@ -950,10 +950,16 @@ fn damage_outside_regions_is_found() {
     let (code, c) = repo.check(false);
     assert_eq!(code, 1, "{c:#}");
     let errors = c["errors"].to_string();
-    assert!(errors.contains(&data) && errors.contains("repair index"), "{c:#}");
+    assert!(
+        errors.contains(&data) && errors.contains("repair index"),
+        "{c:#}"
+    );
     let r = repo.run(&["gc"]).expect_code(1);
     assert!(r.stderr.contains("repair index"), "{}", r.stderr);
-    assert!(repo.path.join(&data).exists(), "gc deleted a needed container");
+    assert!(
+        repo.path.join(&data).exists(),
+        "gc deleted a needed container"
+    );
     repo.json(&["repair", "index"]);
     repo.assert_clean("after repair index");
     let t = repo.scratch("t");

@@ -104,9 +104,9 @@ fn check_bookkeeping(repo: &Repository, rep: &mut CheckReport) -> Result<()> {
                 "{}: holds the policy of another series ({})",
                 o.name, p.series
             )),
-            Err(e) => rep.errors.push(format!(
-                "{e} (`strata policy SERIES …` writes it again)"
-            )),
+            Err(e) => rep
+                .errors
+                .push(format!("{e} (`strata policy SERIES …` writes it again)")),
         }
     }
     match repo.get_struct::<crate::lifecycle::LifecycleState>(
@@ -273,7 +273,9 @@ fn report_unlisted(
         } else if index_damaged {
             rep.warnings.push(format!("{name}: not in any readable index object (`strata repair index` re-lists it; do not run gc before)"));
         } else {
-            rep.warnings.push(format!("{name}: not in the index (left by an interrupted command; `strata gc` removes it)"));
+            rep.warnings.push(format!(
+                "{name}: not in the index (left by an interrupted command; `strata gc` removes it)"
+            ));
         }
     }
 }

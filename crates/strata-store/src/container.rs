@@ -422,7 +422,7 @@ pub fn embedded_meta(repo: &Repository, id: &ContainerId, data: &[u8]) -> Result
         ));
     }
     meta_via(repo, id, data.len() as u64, |offset, len| {
-        let end = offset.checked_add(len).unwrap_or(u64::MAX);
+        let end = offset.saturating_add(len);
         data.get(offset as usize..end.min(usize::MAX as u64) as usize)
             .map(<[u8]>::to_vec)
             .ok_or_else(|| {
@@ -451,7 +451,10 @@ fn meta_via(
     if head[..4] != CONTAINER_MAGIC {
         return Err(corrupt(strata_core::CoreError::BadMagic("data container")));
     }
-    let foot = get(size - CONTAINER_FOOTER_LEN as u64, CONTAINER_FOOTER_LEN as u64)?;
+    let foot = get(
+        size - CONTAINER_FOOTER_LEN as u64,
+        CONTAINER_FOOTER_LEN as u64,
+    )?;
     let f = ContainerFooter::parse(&foot).map_err(corrupt)?;
     let end = f
         .meta_offset

@@ -686,7 +686,9 @@ mod tests {
         let (r1, _) = put(&repo, tree(10)).unwrap();
         let (r2, _) = put(&repo, tree(20)).unwrap();
         let other = repo.backend().get(&format!("recipes/{r2}")).unwrap();
-        repo.backend().put(&format!("recipes/{r1}"), &other).unwrap();
+        repo.backend()
+            .put(&format!("recipes/{r1}"), &other)
+            .unwrap();
         let e = load_whole(&repo, &r1).unwrap_err().to_string();
         assert!(e.contains("does not match its name"), "{e}");
         assert!(load_object(&repo, "../config").is_err());

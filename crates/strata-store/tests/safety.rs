@@ -416,7 +416,10 @@ fn crafted_archival_chains_end_in_an_error() {
             .err()
             .unwrap_or_else(|| panic!("restore through chain {i} ({id}) succeeded"))
             .to_string();
-        assert!(e.contains("broken chain") && e.contains(want), "chain {i}: {e}");
+        assert!(
+            e.contains("broken chain") && e.contains(want),
+            "chain {i}: {e}"
+        );
     }
     let orig = put(&fx.snapshot);
     let d = snap(&orig, 4);
