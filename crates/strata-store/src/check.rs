@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use strata_core::crypto::Kind;
-use strata_core::format::{ContainerId, ContainerMeta, Snapshot, CONTAINER_HEADER_LEN};
+use strata_core::format::{ContainerId, ContainerMeta, Snapshot};
 use strata_core::Fingerprint;
 
 #[derive(Clone, Debug, Default)]
@@ -335,18 +335,16 @@ fn read_container(
         Ok(data) => data,
     };
     bytes_read.fetch_add(data.len() as u64, Ordering::Relaxed);
-    // Every byte outside the regions is checked too: the header, the
-    // metadata section and footer (what `repair index` rebuilds from), and
-    // that the regions tile the space between them.
+    // The bytes outside the regions are checked too: the header, the
+    // metadata section and footer (what `repair index` rebuilds from).
+    // (Regions need not tile the rest: a container assembled by
+    // server-side copy keeps dead ranges no region covers.)
     match embedded_meta(repo, &m.id, &data) {
         Ok(em) if em == *m => {}
         Ok(_) => errs.push(format!(
             "{name}: its embedded metadata differs from the index"
         )),
         Err(e) => errs.push(format!("{e}")),
-    }
-    if let Some(gap) = region_gap(m) {
-        errs.push(format!("{name}: {gap}"));
     }
     let mut plains: Vec<Option<Vec<u8>>> = Vec::with_capacity(m.regions.len());
     for r in &m.regions {
@@ -392,25 +390,6 @@ fn read_container(
         }
     }
     (errs, fps)
-}
-
-/// Where the regions of `m` fail to tile the object from its header to its
-/// metadata section (unauthenticated bytes between them), if they do.
-fn region_gap(m: &ContainerMeta) -> Option<String> {
-    let mut spans: Vec<(u64, u64)> = m
-        .regions
-        .iter()
-        .map(|r| (r.offset, r.offset.saturating_add(r.stored_len as u64)))
-        .collect();
-    spans.sort_unstable();
-    let mut at = CONTAINER_HEADER_LEN as u64;
-    for (start, end) in spans {
-        if start != at {
-            return Some(format!("bytes {at}..{start} belong to no region"));
-        }
-        at = end;
-    }
-    None
 }
 
 /// What the containers can provide, as found above.
