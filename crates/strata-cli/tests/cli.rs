@@ -848,9 +848,34 @@ fn repair_salvages_damaged_snapshots() {
     assert_eq!(r.code, 3, "{}", r.out());
     assert_eq!(repo.snapshot_ids(), BTreeSet::from([id.clone()]));
 
+    // While an index object is missing, data may only look lost: refused.
+    let index: Vec<String> = repo.objects("index").into_iter().collect();
+    let saved: Vec<Vec<u8>> = index
+        .iter()
+        .map(|i| fs::read(repo.path.join(i)).unwrap())
+        .collect();
+    for i in &index {
+        fs::remove_file(repo.path.join(i)).unwrap();
+    }
+    let r = repo
+        .run(&["repair", "snapshots", "--read-data", "--forget"])
+        .expect_code(1);
+    assert!(r.stderr.contains("repair index"), "{}", r.stderr);
+    assert_eq!(repo.snapshot_ids(), BTreeSet::from([id.clone()]));
+    for (i, b) in index.iter().zip(&saved) {
+        fs::write(repo.path.join(i), b).unwrap();
+    }
+
+    // A first run stores the salvage; a second one stores nothing twice
+    // and forgets the original.
+    let r = repo.run(&["--json", "repair", "snapshots", "--read-data"]);
+    assert_eq!(r.code, 3, "{}", r.out());
+    let first = s(&r.json()["snapshots"][0]["repaired_as"]).to_string();
+    assert_eq!(repo.snapshot_ids().len(), 2);
     let r = repo.run(&["--json", "repair", "snapshots", "--read-data", "--forget"]);
     assert_eq!(r.code, 3, "{}", r.out());
     let rep = r.json();
+    assert_eq!(s(&rep["snapshots"][0]["repaired_as"]), first, "{rep:#}");
     let snaps = rep["snapshots"].as_array().unwrap();
     assert_eq!(snaps.len(), 1, "{rep:#}");
     let got: BTreeSet<String> = snaps[0]["lost_paths"]

@@ -44,6 +44,10 @@ pub struct CheckReport {
     /// Per damaged snapshot whose recipe reads, the paths whose data is
     /// (partly) unavailable.
     pub damaged_paths: BTreeMap<String, Vec<String>>,
+    /// An index object is damaged or missing: `strata repair index` must
+    /// run before gc, and before snapshots are salvaged (their data may
+    /// only look lost).
+    pub index_repair_needed: bool,
     /// The same paths as bytes (`strata repair snapshots` leaves them out).
     #[serde(skip)]
     pub(crate) damaged_raw: HashMap<String, HashSet<Vec<u8>>>,
@@ -65,12 +69,14 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
     rep.containers = idx.metas.len() as u64;
     check_bookkeeping(repo, &mut rep)?;
     let (bad_containers, unlisted) = check_containers(repo, &idx, &mut rep)?;
-    let bad_fps = if opts.read_data {
+    let bad_chunks = if opts.read_data {
         read_data(repo, &idx.metas, &bad_containers, opts, &mut rep)
     } else {
         HashSet::new()
     };
-    // Chunks available per fingerprint (for references moved by gc).
+    // Fingerprints with at least one intact stored copy (for references
+    // moved by gc, and chunks stored twice): damage to one copy is not
+    // the loss of the chunk.
     let mut good_fps: HashSet<Fingerprint> = HashSet::new();
     for m in idx.metas.values() {
         rep.chunks += m.chunks.len() as u64;
@@ -79,18 +85,19 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
                 m.chunks
                     .iter()
                     .map(|c| c.fp)
-                    .filter(|f| !bad_fps.contains(f)),
+                    .filter(|f| !bad_chunks.contains(&(m.id, *f))),
             );
         }
     }
     let avail = Available {
         metas: &idx.metas,
         bad_containers: &bad_containers,
-        bad_fps: &bad_fps,
+        bad_chunks: &bad_chunks,
         good_fps: &good_fps,
     };
     let referenced = check_snapshots(repo, &avail, &mut rep)?;
     report_unlisted(&unlisted, &referenced, idx.damaged, &mut rep);
+    rep.index_repair_needed = idx.damaged || unlisted.iter().any(|id| referenced.contains(id));
     Ok(rep)
 }
 
@@ -282,14 +289,14 @@ fn report_unlisted(
 
 /// Reads every region of every readable container, authenticates and
 /// decompresses it and recomputes every chunk's fingerprint. Returns the
-/// fingerprints found damaged.
+/// stored chunks (container, fingerprint) found damaged.
 fn read_data(
     repo: &Repository,
     metas: &HashMap<ContainerId, ContainerMeta>,
     bad_containers: &HashSet<ContainerId>,
     opts: &CheckOptions,
     rep: &mut CheckReport,
-) -> HashSet<Fingerprint> {
+) -> HashSet<(ContainerId, Fingerprint)> {
     let progress = &opts.progress;
     progress
         .bytes_total
@@ -297,7 +304,7 @@ fn read_data(
     progress.totals_known.store(true, Ordering::Relaxed);
     let regions_read = AtomicU64::new(0);
     let bytes_read = AtomicU64::new(0);
-    let found: Mutex<(Vec<String>, HashSet<Fingerprint>)> = Mutex::default();
+    let found: Mutex<(Vec<String>, HashSet<(ContainerId, Fingerprint)>)> = Mutex::default();
     let list: Vec<&ContainerMeta> = metas
         .values()
         .filter(|m| !bad_containers.contains(&m.id))
@@ -307,7 +314,7 @@ fn read_data(
         progress.bytes_done.fetch_add(m.data_len, Ordering::Relaxed);
         let mut g = found.lock().unwrap_or_else(|e| e.into_inner());
         g.0.extend(errs);
-        g.1.extend(fps);
+        g.1.extend(fps.into_iter().map(|f| (m.id, f)));
     });
     let (errs, fps) = found.into_inner().unwrap_or_else(|e| e.into_inner());
     rep.errors.extend(errs);
@@ -348,8 +355,8 @@ fn read_container(
     }
     let mut plains: Vec<Option<Vec<u8>>> = Vec::with_capacity(m.regions.len());
     for r in &m.regions {
-        let end = r.offset as usize + r.stored_len as usize;
-        let p = match data.get(r.offset as usize..end) {
+        let end = (r.offset as usize).checked_add(r.stored_len as usize);
+        let p = match end.and_then(|end| data.get(r.offset as usize..end)) {
             None => {
                 errs.push(format!(
                     "{name}: region at offset {} lies past the end",
@@ -373,7 +380,9 @@ fn read_container(
         let ok = plains
             .get(c.region as usize)
             .and_then(|p| p.as_ref())
-            .and_then(|p| p.get(c.offset as usize..(c.offset + c.len) as usize))
+            .and_then(|p| {
+                p.get(c.offset as usize..(c.offset as usize).checked_add(c.len as usize)?)
+            })
             .map(|d| hasher.hash(d) == c.fp);
         match ok {
             Some(true) => {}
@@ -396,7 +405,8 @@ fn read_container(
 struct Available<'a> {
     metas: &'a HashMap<ContainerId, ContainerMeta>,
     bad_containers: &'a HashSet<ContainerId>,
-    bad_fps: &'a HashSet<Fingerprint>,
+    /// Stored chunks found damaged: (container, fingerprint).
+    bad_chunks: &'a HashSet<(ContainerId, Fingerprint)>,
     good_fps: &'a HashSet<Fingerprint>,
 }
 
@@ -463,7 +473,7 @@ fn check_snapshot(
 ) {
     let label = format!(
         "snapshot {} ({}@{})",
-        &id[..8.min(id.len())],
+        id.get(..8).unwrap_or(id),
         s.series,
         s.version
     );
@@ -505,7 +515,7 @@ fn check_snapshot(
         rep.errors.push(format!(
             "{label}: {} indirect references that the next version {} does not hold (first in {first})",
             f.broken,
-            next.as_deref().map(|n| &n[..8.min(n.len())]).unwrap_or("(none)"),
+            next.as_deref().map(|n| n.get(..8).unwrap_or(n)).unwrap_or("(none)"),
         ));
     }
     if f.misplaced > 0 {
@@ -579,13 +589,18 @@ fn recipe_findings(
             let direct_ok = meta
                 .map(|(cid, m)| {
                     !avail.bad_containers.contains(cid)
-                        && !avail.bad_fps.contains(&c.fp)
+                        && !avail.bad_chunks.contains(&(*cid, c.fp))
                         && m.regions
                             .get(c.region as usize)
                             .is_some_and(|r| c.offset as u64 + c.len as u64 <= r.raw_len as u64)
                 })
                 .unwrap_or(false);
-            if !direct_ok && !avail.good_fps.contains(&c.fp) {
+            // Restore looks a chunk up by fingerprint only when its
+            // container is no longer listed (gc moved it); a listed
+            // container that is damaged fails the read, even where
+            // another copy of the chunk exists.
+            let moved = meta.is_none();
+            if !direct_ok && !(moved && avail.good_fps.contains(&c.fp)) {
                 f.missing += 1;
                 f.bad.insert(c.fp);
                 damaged = true;

@@ -49,11 +49,17 @@ pub(crate) fn forget_locked(repo: &Repository, ids: &[String]) -> Result<ForgetR
             report.removed_snapshots.push(ids.remove(p));
         }
     }
-    if !damaged.is_empty() && !ids.is_empty() {
-        return Err(StoreError::Invalid(format!(
-            "snapshot {} cannot be read; forget it first (`strata forget {}`)",
-            damaged[0].0, damaged[0].0
-        )));
+    // Unreadable snapshots not among those just dropped block the rest:
+    // their chains are unknown.
+    if let Some((bad, _)) = damaged
+        .iter()
+        .find(|(id, _)| !report.removed_snapshots.contains(id))
+    {
+        if !ids.is_empty() {
+            return Err(StoreError::Invalid(format!(
+                "snapshot {bad} cannot be read; forget it first (`strata forget {bad}`)"
+            )));
+        }
     }
     let ids = &ids[..];
     let by_id: HashMap<&str, &Snapshot> = all.iter().map(|(i, s)| (i.as_str(), s)).collect();

@@ -142,7 +142,9 @@ pub fn for_each_part(
             for p in &i.parts {
                 let part = load_part(repo, &p.id)?;
                 check_order(&part_name(&p.id), &part.nodes, last.as_deref())?;
-                last = part.nodes.last().map(|n| n.path.clone());
+                if let Some(n) = part.nodes.last() {
+                    last = Some(n.path.clone());
+                }
                 if part.nodes.len() != p.nodes as usize {
                     return Err(StoreError::corrupt(
                         part_name(&p.id),

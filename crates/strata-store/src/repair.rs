@@ -10,15 +10,22 @@
 //! snapshot whose own object or recipe cannot be read has nothing left to
 //! salvage. With `forget`, the damaged originals are removed afterwards.
 //! The report says exactly which paths were lost.
+//!
+//! It refuses to run while an index object is damaged or missing (data
+//! would only look lost: `repair index` first); a transient read error
+//! stops it rather than counting a snapshot as lost; snapshots with data in
+//! the cloud tier are left alone; a version already salvaged by an earlier
+//! run is not stored again.
 
 use crate::check::{check, CheckOptions};
-use crate::error::Result;
+use crate::error::{Result, StoreError};
 use crate::forget::forget;
 use crate::progress::Progress;
 use crate::repo::Repository;
-use crate::repo_copy::{store_version, CopyOptions, Stored};
+use crate::repo_copy::{out_of_order, store_version, CopyOptions, Stored};
 use std::collections::HashSet;
 use std::sync::Arc;
+use strata_core::format::{NodeKind, Snapshot, Tier};
 
 /// Settings of one repair.
 #[derive(Clone, Debug, Default)]
@@ -61,7 +68,16 @@ pub struct RepairReport {
     /// those are forgotten, and in containers until gc drops them).
     pub check_errors: Vec<String>,
     pub snapshots: Vec<SnapshotRepair>,
+    /// Why forgetting the originals failed, if it did (nothing else is
+    /// undone: the salvaged copies stay).
+    pub forget_error: Option<String>,
     pub dry_run: bool,
+}
+
+/// Damage that loses the object for good (as opposed to a transient or
+/// permission error, which must not make a snapshot count as lost).
+fn is_loss(e: &StoreError) -> bool {
+    matches!(e, StoreError::Corrupt { .. } | StoreError::NotFound(_))
 }
 
 /// Finds damaged snapshots and stores what they still hold (see the module
@@ -74,85 +90,157 @@ pub fn repair_snapshots(repo: &Repository, opts: &RepairOptions) -> Result<Repai
             progress: opts.progress.clone(),
         },
     )?;
-    let (all, _) = repo.list_snapshots_tolerant()?;
-    let damaged: HashSet<&str> = rep.damaged_snapshots.iter().map(String::as_str).collect();
-    // Oldest first: each repaired series is written in time order.
-    let mut readable: Vec<_> = all
-        .iter()
-        .filter(|(id, _)| damaged.contains(id.as_str()))
-        .collect();
-    readable.sort_by_key(|(_, s)| (s.series.clone(), s.time_ns, s.version));
+    if rep.index_repair_needed {
+        return Err(StoreError::Invalid(
+            "an index object is damaged or missing, so data may only look lost: run `strata repair index` first, then this again".into(),
+        ));
+    }
+    let (all, unreadable) = repo.list_snapshots_tolerant()?;
     let mut out = RepairReport {
         check_errors: rep.errors.clone(),
         dry_run: opts.dry_run,
         ..Default::default()
     };
-    // Snapshot objects that do not read at all.
-    for id in &rep.damaged_snapshots {
-        if !all.iter().any(|(i, _)| i == id) {
-            out.snapshots.push(SnapshotRepair {
-                id: id.clone(),
-                lost_entirely: true,
-                error: Some("the snapshot object cannot be read".into()),
-                ..Default::default()
-            });
+    let damaged: HashSet<&str> = rep.damaged_snapshots.iter().map(String::as_str).collect();
+    // Snapshot objects that do not read at all: lost only if damaged.
+    for (id, e) in unreadable
+        .iter()
+        .filter(|(id, _)| damaged.contains(id.as_str()))
+    {
+        if !is_loss(e) {
+            return Err(StoreError::Invalid(format!(
+                "snapshot {id} could not be read ({e}); nothing was changed"
+            )));
         }
-    }
-    for (id, s) in readable {
-        let mut r = SnapshotRepair {
+        out.snapshots.push(SnapshotRepair {
             id: id.clone(),
-            series: Some(s.series.clone()),
-            version: Some(s.version),
+            lost_entirely: true,
+            error: Some(format!("the snapshot object cannot be read: {e}")),
             ..Default::default()
-        };
-        let Some(lost) = rep.damaged_raw.get(id) else {
-            r.lost_entirely = true;
-            r.error = Some("its recipe cannot be read".into());
-            out.snapshots.push(r);
-            continue;
-        };
-        let mut lost_paths: Vec<String> = lost
-            .iter()
-            .map(|p| String::from_utf8_lossy(p).into_owned())
-            .collect();
-        lost_paths.sort();
-        r.lost_paths = lost_paths;
-        let series = format!("{}.repaired", s.series);
-        r.repaired_series = Some(series.clone());
-        if !opts.dry_run {
-            let how = Stored {
-                series: Some(series),
-                tags: vec!["repaired".into()],
-                skip: Some(lost),
-            };
-            let copy = CopyOptions {
-                threads: opts.threads,
-                progress: opts.progress.clone(),
-            };
-            match store_version(&[(repo.clone(), s.clone())], s, repo, copy, &how) {
-                Ok(b) => {
-                    r.kept_entries = b.snapshot.stats.files + b.snapshot.stats.dirs;
-                    r.repaired_as = Some(b.id);
-                }
-                Err(e) => r.error = Some(format!("storing the salvage failed: {e}")),
-            }
-        }
+        });
+    }
+    // Oldest first: each repaired series is written in time order.
+    let mut readable: Vec<&(String, Snapshot)> = all
+        .iter()
+        .filter(|(id, _)| damaged.contains(id.as_str()))
+        .collect();
+    readable.sort_by_key(|(_, s)| (s.series.clone(), s.time_ns, s.version));
+    for (id, s) in readable {
+        let r = salvage(repo, opts, &rep, &all, (id, s))?;
         out.snapshots.push(r);
     }
     if opts.forget && !opts.dry_run {
-        // Only originals whose salvage is stored, or with nothing to salvage.
-        let ids: Vec<String> = out
-            .snapshots
-            .iter()
-            .filter(|r| r.repaired_as.is_some() || r.lost_entirely)
-            .map(|r| r.id.clone())
-            .collect();
-        if !ids.is_empty() {
-            let f = forget(repo, &ids)?;
+        forget_originals(repo, &mut out);
+    }
+    Ok(out)
+}
+
+/// One damaged snapshot whose object reads: stored again without its lost
+/// paths, unless it is (partly) in the cloud tier, its recipe is lost, or
+/// a copy is already stored.
+fn salvage(
+    repo: &Repository,
+    opts: &RepairOptions,
+    rep: &crate::check::CheckReport,
+    all: &[(String, Snapshot)],
+    (id, s): (&String, &Snapshot),
+) -> Result<SnapshotRepair> {
+    let mut r = SnapshotRepair {
+        id: id.clone(),
+        series: Some(s.series.clone()),
+        version: Some(s.version),
+        ..Default::default()
+    };
+    if s.tier == Tier::Cloud || s.cloud_part.is_some() {
+        r.error = Some(
+            "its data is (partly) in the cloud tier: `strata tier check` looks at it; not salvaged here".into(),
+        );
+        return Ok(r);
+    }
+    let recipe = match repo.load_recipe(&s.recipe) {
+        Ok(recipe) => recipe,
+        Err(e) if is_loss(&e) => {
+            r.lost_entirely = true;
+            r.error = Some(format!("its recipe cannot be read: {e}"));
+            return Ok(r);
+        }
+        Err(e) => return Err(e),
+    };
+    let Some(lost) = rep.damaged_raw.get(id) else {
+        return Err(StoreError::Invalid(format!(
+            "the recipe of snapshot {id} could not be read during the check but can now: run this again"
+        )));
+    };
+    // Hard links to a lost file go with it.
+    let mut lost = lost.clone();
+    for n in &recipe.nodes {
+        if n.kind == NodeKind::Hardlink && n.target.as_ref().is_some_and(|t| lost.contains(t)) {
+            lost.insert(n.path.clone());
+        }
+    }
+    let mut lost_paths: Vec<String> = lost
+        .iter()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    lost_paths.sort();
+    r.lost_paths = lost_paths;
+    let series = format!("{}.repaired", s.series);
+    r.repaired_series = Some(series.clone());
+    let probe = Snapshot {
+        series: series.clone(),
+        ..s.clone()
+    };
+    if let Some((done, _)) = all.iter().find(|(_, h)| {
+        h.series == probe.series && h.host == probe.host && h.time_ns == probe.time_ns
+    }) {
+        // A run before stored it already.
+        r.repaired_as = Some(done.clone());
+        return Ok(r);
+    }
+    if let Some(why) = out_of_order(all, &probe) {
+        r.error = Some(why);
+        return Ok(r);
+    }
+    if opts.dry_run {
+        return Ok(r);
+    }
+    let how = Stored {
+        series: Some(series),
+        tags: vec!["repaired".into()],
+        skip: Some(&lost),
+    };
+    let copy = CopyOptions {
+        threads: opts.threads,
+        progress: opts.progress.clone(),
+    };
+    match store_version(&[(repo.clone(), s.clone())], s, repo, copy, &how) {
+        Ok(b) => {
+            r.kept_entries = b.snapshot.stats.files + b.snapshot.stats.dirs;
+            r.repaired_as = Some(b.id);
+        }
+        Err(e) => r.error = Some(format!("storing the salvage failed: {e}")),
+    }
+    Ok(r)
+}
+
+/// Forgets the originals whose salvage is stored (or that had nothing to
+/// salvage); a failure is reported, not raised, so the report survives.
+fn forget_originals(repo: &Repository, out: &mut RepairReport) {
+    let ids: Vec<String> = out
+        .snapshots
+        .iter()
+        .filter(|r| r.repaired_as.is_some() || r.lost_entirely)
+        .map(|r| r.id.clone())
+        .collect();
+    if ids.is_empty() {
+        return;
+    }
+    match forget(repo, &ids) {
+        Ok(f) => {
             for r in &mut out.snapshots {
                 r.forgotten = f.removed_snapshots.contains(&r.id);
             }
         }
+        Err(e) => out.forget_error = Some(format!("forgetting the originals failed: {e}")),
     }
-    Ok(out)
 }

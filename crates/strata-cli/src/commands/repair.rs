@@ -13,7 +13,9 @@ pub enum RepairWhat {
     /// Store what damaged snapshots still hold: each is saved again
     /// without the paths whose data is lost, in the series
     /// `SERIES.repaired` (same time, host and paths, tag `repaired`); the
-    /// lost paths are listed. Run `strata check --read-data` first.
+    /// lost paths are listed. Refused while the index needs `strata repair
+    /// index`; snapshots with data in the cloud tier are left alone; a
+    /// second run stores nothing twice.
     Snapshots(SnapshotsArgs),
 }
 
@@ -70,6 +72,10 @@ fn snapshots(cli: &Cli, out: &Out, a: &SnapshotsArgs) -> Result<i32> {
         if let Some(e) = &r.error {
             out.warn(&format!("snapshot {}: {e}", short(&r.id)));
         }
+    }
+    if let Some(e) = &rep.forget_error {
+        lossy = true;
+        out.warn(e);
     }
     out.result(&serde_json::to_value(&rep)?, || repair_text(&rep));
     Ok(if lossy { 3 } else { 0 })
