@@ -296,7 +296,7 @@ fn read_data(
     bad_containers: &HashSet<ContainerId>,
     opts: &CheckOptions,
     rep: &mut CheckReport,
-) -> HashSet<(ContainerId, Fingerprint)> {
+) -> BadChunks {
     let progress = &opts.progress;
     progress
         .bytes_total
@@ -304,7 +304,7 @@ fn read_data(
     progress.totals_known.store(true, Ordering::Relaxed);
     let regions_read = AtomicU64::new(0);
     let bytes_read = AtomicU64::new(0);
-    let found: Mutex<(Vec<String>, HashSet<(ContainerId, Fingerprint)>)> = Mutex::default();
+    let found: Mutex<(Vec<String>, BadChunks)> = Mutex::default();
     let list: Vec<&ContainerMeta> = metas
         .values()
         .filter(|m| !bad_containers.contains(&m.id))
@@ -400,6 +400,9 @@ fn read_container(
     }
     (errs, fps)
 }
+
+/// Stored chunks found damaged: (container, fingerprint).
+type BadChunks = HashSet<(ContainerId, Fingerprint)>;
 
 /// What the containers can provide, as found above.
 struct Available<'a> {
@@ -600,7 +603,8 @@ fn recipe_findings(
             // container that is damaged fails the read, even where
             // another copy of the chunk exists.
             let moved = meta.is_none();
-            if !direct_ok && !(moved && avail.good_fps.contains(&c.fp)) {
+            let found_elsewhere = moved && avail.good_fps.contains(&c.fp);
+            if !direct_ok && !found_elsewhere {
                 f.missing += 1;
                 f.bad.insert(c.fp);
                 damaged = true;
