@@ -427,3 +427,65 @@ fn crafted_archival_chains_end_in_an_error() {
     restore(&fx.repo, &d, &recipe, &opts(&target)).unwrap();
     fx.assert_outside_untouched();
 }
+
+/// Names that are not UTF-8 inside a snapshot, and the same container
+/// listed twice by the index, read from a crafted repository: the first is
+/// refused naming the object (and reported by check), the second is
+/// harmless (check is clean, restore works).
+#[test]
+fn bad_utf8_and_duplicate_ids() {
+    let fx = fixture();
+    // A snapshot whose series is not UTF-8.
+    let snap = Snapshot {
+        series: "QQQQQQQQ".into(),
+        ..fx.snapshot.clone()
+    };
+    let mut plain = strata_core::format::encode_snapshot(&snap).unwrap();
+    let at = plain
+        .windows(8)
+        .position(|w| w == b"QQQQQQQQ")
+        .expect("series in the encoding");
+    plain[at..at + 8].copy_from_slice(&[0xff, 0xfe, 0xc0, 0x80, 0xed, 0xa0, 0x80, 0xff]);
+    let env = fx.repo.sealer().seal(Kind::Snapshot, &plain, true).unwrap();
+    let id = blake3::hash(&env).to_hex().to_string();
+    fx.repo
+        .backend()
+        .put(&format!("snapshots/{id}"), &env)
+        .unwrap();
+    let e = fx.repo.load_snapshot(&id).unwrap_err();
+    assert!(
+        matches!(&e, StoreError::Corrupt { name, .. } if name.contains(&id)),
+        "{e:?}"
+    );
+    let rep = strata_store::check::check(&fx.repo, &Default::default()).unwrap();
+    assert!(
+        rep.errors.iter().any(|e| e.contains(&id)),
+        "{:?}",
+        rep.errors
+    );
+    assert_eq!(rep.damaged_snapshots, vec![id.clone()]);
+    fx.repo
+        .backend()
+        .delete(&format!("snapshots/{id}"))
+        .unwrap();
+
+    // The index lists a container twice (in one object and in a second).
+    let cid = fx.recipe.containers[0];
+    let meta = strata_store::container::read_meta(&fx.repo, &cid).unwrap();
+    let twice = strata_core::format::IndexObject {
+        containers: vec![meta.clone(), meta],
+    };
+    fx.repo.put_struct(Kind::Index, "index", &twice).unwrap();
+    let rep = strata_store::check::check(
+        &fx.repo,
+        &strata_store::check::CheckOptions {
+            read_data: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(rep.errors.is_empty(), "{:?}", rep.errors);
+    let target = fx.target("dup");
+    restore(&fx.repo, &fx.snapshot, &fx.recipe, &opts(&target)).unwrap();
+    fx.assert_outside_untouched();
+}
