@@ -6,6 +6,11 @@
 //! repository on shared storage may have been written by someone else, and
 //! a symlinked `isum/` or `data/ab` would otherwise make gc delete, or
 //! backup write, files outside it. The root itself may be a link.
+//!
+//! Objects are created readable by their owner only (0600, directories
+//! 0700), as restic does, whatever the umask — unless the repository's
+//! `config` is group-readable: then the repository is meant to be shared
+//! with a group, and new files are 0640, directories 0750.
 
 use crate::{check_name, check_prefix, Backend, BackendError, ObjectInfo, ObjectWriter, Result};
 use std::fs::{self, File, OpenOptions};
@@ -15,11 +20,42 @@ use std::path::{Path, PathBuf};
 /// A repository in a local directory.
 pub struct LocalBackend {
     root: PathBuf,
+    /// Whether new files and directories are group-readable (decided from
+    /// `config` the first time something is created).
+    group: std::sync::OnceLock<bool>,
 }
 
 impl LocalBackend {
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        LocalBackend { root: root.into() }
+        LocalBackend {
+            root: root.into(),
+            group: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// File and directory modes of new objects.
+    fn modes(&self) -> (u32, u32) {
+        use std::os::unix::fs::PermissionsExt;
+        let group = *self.group.get_or_init(|| {
+            fs::metadata(self.root.join("config"))
+                .map(|m| m.permissions().mode() & 0o040 != 0)
+                .unwrap_or(false)
+        });
+        if group {
+            (0o640, 0o750)
+        } else {
+            (0o600, 0o700)
+        }
+    }
+
+    /// A new temporary file with the repository's file mode.
+    fn create_tmp(&self, tmp: &Path) -> std::io::Result<File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(self.modes().0)
+            .open(tmp)
     }
 
     pub fn root(&self) -> &Path {
@@ -74,7 +110,11 @@ impl LocalBackend {
             BackendError::new(crate::ErrorKind::Invalid, "write", name, "no parent")
         })?;
         if !dir.exists() {
-            fs::create_dir_all(dir)
+            use std::os::unix::fs::DirBuilderExt;
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(self.modes().1)
+                .create(dir)
                 .map_err(|e| BackendError::io("create directory", dir.display().to_string(), e))?;
             if let Some(pp) = dir.parent() {
                 let _ = fsync_dir(pp);
@@ -149,10 +189,8 @@ impl Backend for LocalBackend {
         let path = self.path("write", name)?;
         let dir = self.dir_of(&path, name)?;
         let tmp = dir.join(format!(".tmp-{}", tmp_suffix()));
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
+        let file = self
+            .create_tmp(&tmp)
             .map_err(|e| BackendError::io("write", name, e))?;
         Ok(Some(Box::new(LocalWriter {
             file,
@@ -169,7 +207,7 @@ impl Backend for LocalBackend {
         let dir = self.dir_of(&path, name)?;
         let tmp = dir.join(format!(".tmp-{}", tmp_suffix()));
         let result = (|| {
-            let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            let mut f = self.create_tmp(&tmp)?;
             f.write_all(data)?;
             f.sync_all()?;
             fs::rename(&tmp, &path)?;
@@ -333,6 +371,35 @@ mod tests {
             b"precious"
         );
         assert_eq!(fs::read_dir(&outside).unwrap().count(), 2);
+    }
+
+    /// New objects are private to their owner whatever the umask, unless
+    /// the config says the repository is shared with a group.
+    #[test]
+    fn objects_are_private_unless_the_repository_is_shared() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let tmp = tempfile::tempdir().unwrap();
+        let private = LocalBackend::new(tmp.path().join("a"));
+        private.put("config", b"c").unwrap();
+        private.put("data/ab/x", b"1").unwrap();
+        let mut w = private.stream("data/cd/y").unwrap().unwrap();
+        w.write(b"2").unwrap();
+        w.finish().unwrap();
+        let root = tmp.path().join("a");
+        assert_eq!(mode(&root.join("config")), 0o600);
+        assert_eq!(mode(&root.join("data/ab/x")), 0o600);
+        assert_eq!(mode(&root.join("data/cd/y")), 0o600);
+        assert_eq!(mode(&root.join("data/ab")), 0o700);
+        // A repository whose config is group-readable is shared.
+        let root = tmp.path().join("b");
+        fs::create_dir_all(&root).unwrap();
+        fs::write(root.join("config"), b"c").unwrap();
+        fs::set_permissions(root.join("config"), fs::Permissions::from_mode(0o640)).unwrap();
+        let shared = LocalBackend::new(&root);
+        shared.put("data/ab/x", b"1").unwrap();
+        assert_eq!(mode(&root.join("data/ab/x")), 0o640);
+        assert_eq!(mode(&root.join("data/ab")), 0o750);
     }
 
     /// The repository root itself may be reached through a link.
