@@ -48,14 +48,18 @@ impl LocalBackend {
         }
     }
 
-    /// A new temporary file with the repository's file mode.
+    /// A new temporary file with the repository's file mode (set after
+    /// creation: the umask narrows `open`'s).
     fn create_tmp(&self, tmp: &Path) -> std::io::Result<File> {
-        use std::os::unix::fs::OpenOptionsExt;
-        OpenOptions::new()
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let mode = self.modes().0;
+        let f = OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(self.modes().0)
-            .open(tmp)
+            .mode(mode)
+            .open(tmp)?;
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
+        Ok(f)
     }
 
     pub fn root(&self) -> &Path {
@@ -110,12 +114,18 @@ impl LocalBackend {
             BackendError::new(crate::ErrorKind::Invalid, "write", name, "no parent")
         })?;
         if !dir.exists() {
-            use std::os::unix::fs::DirBuilderExt;
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(self.modes().1)
-                .create(dir)
-                .map_err(|e| BackendError::io("create directory", dir.display().to_string(), e))?;
+            use std::os::unix::fs::PermissionsExt;
+            // The directories this creates (below the root), so that their
+            // mode can be set exactly: the umask narrows `mkdir`'s.
+            let new: Vec<&Path> = dir
+                .ancestors()
+                .take_while(|a| *a != self.root && !a.exists())
+                .collect();
+            let err = |e| BackendError::io("create directory", dir.display().to_string(), e);
+            fs::create_dir_all(dir).map_err(err)?;
+            for d in new {
+                fs::set_permissions(d, fs::Permissions::from_mode(self.modes().1)).map_err(err)?;
+            }
             if let Some(pp) = dir.parent() {
                 let _ = fsync_dir(pp);
             }
@@ -392,14 +402,23 @@ mod tests {
         assert_eq!(mode(&root.join("data/cd/y")), 0o600);
         assert_eq!(mode(&root.join("data/ab")), 0o700);
         // A repository whose config is group-readable is shared.
+        // The umask must not narrow a shared repository's modes.
+        // SAFETY: umask only swaps the process file-creation mask.
+        let old = unsafe { libc::umask(0o077) };
         let root = tmp.path().join("b");
         fs::create_dir_all(&root).unwrap();
         fs::write(root.join("config"), b"c").unwrap();
         fs::set_permissions(root.join("config"), fs::Permissions::from_mode(0o640)).unwrap();
         let shared = LocalBackend::new(&root);
         shared.put("data/ab/x", b"1").unwrap();
-        assert_eq!(mode(&root.join("data/ab/x")), 0o640);
-        assert_eq!(mode(&root.join("data/ab")), 0o750);
+        let (x, ab, data) = (
+            mode(&root.join("data/ab/x")),
+            mode(&root.join("data/ab")),
+            mode(&root.join("data")),
+        );
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        assert_eq!((x, ab, data), (0o640, 0o750, 0o750));
     }
 
     /// The repository root itself may be reached through a link.

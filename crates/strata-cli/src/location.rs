@@ -141,9 +141,14 @@ pub fn metered_backend(
 ) -> Result<Arc<dyn Backend>> {
     let inner: Arc<dyn Backend> = match loc {
         Location::Local(path) => {
-            if create {
+            if create && !path.exists() {
+                use std::os::unix::fs::PermissionsExt;
                 std::fs::create_dir_all(path)
                     .with_context(|| format!("creating {}", path.display()))?;
+                // A new repository directory is its owner's alone, like
+                // the objects in it (an existing one keeps its mode).
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+                    .with_context(|| format!("setting the mode of {}", path.display()))?;
             }
             Arc::new(LocalBackend::new(path))
         }

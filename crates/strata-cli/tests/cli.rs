@@ -1004,6 +1004,34 @@ fn damage_outside_regions_is_found() {
     repo.assert_clean("config back");
 }
 
+/// `forget` of unreadable snapshot objects checks everything before it
+/// deletes anything: named with a readable one while another unreadable
+/// one is left, it refuses and changes nothing.
+#[test]
+fn forget_of_unreadable_snapshots_is_all_or_nothing() {
+    let repo = Repo::new();
+    let src = repo.dir().join("src");
+    let mut ids = Vec::new();
+    for i in 0..3u64 {
+        write(&src.join("f"), &prng(700 + i, 5000));
+        ids.push(s(&repo.backup(&[&src], &[])["id"]).to_string());
+    }
+    let (a, b, c) = (&ids[0], &ids[1], &ids[2]);
+    for id in [a, c] {
+        fs::write(repo.path.join(format!("snapshots/{id}")), b"garbage").unwrap();
+    }
+    let r = repo.run(&["forget", a, b]).expect_code(1);
+    assert!(r.stderr.contains(&c[..8]), "{}", r.stderr);
+    assert!(
+        repo.path.join(format!("snapshots/{a}")).exists(),
+        "forget half-applied"
+    );
+    let f = repo.json(&["forget", a, c]);
+    assert_eq!(f["removed_snapshots"].as_array().unwrap().len(), 2, "{f}");
+    repo.json(&["forget", b]);
+    assert!(repo.snapshot_ids().is_empty());
+}
+
 // ---------------------------------------------------------------------------
 // 8. Forget and gc.
 

@@ -78,9 +78,15 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
     // moved by gc, and chunks stored twice): damage to one copy is not
     // the loss of the chunk.
     let mut good_fps: HashSet<Fingerprint> = HashSet::new();
+    // Fingerprints with a damaged or unreadable listed copy: restore's
+    // lookup by fingerprint keeps one location per fingerprint and may
+    // pick that one, so a moved chunk counts as found only without them.
+    let mut tainted: HashSet<Fingerprint> = bad_chunks.iter().map(|(_, f)| *f).collect();
     for m in idx.metas.values() {
         rep.chunks += m.chunks.len() as u64;
-        if !bad_containers.contains(&m.id) {
+        if bad_containers.contains(&m.id) {
+            tainted.extend(m.chunks.iter().map(|c| c.fp));
+        } else {
             good_fps.extend(
                 m.chunks
                     .iter()
@@ -94,6 +100,7 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
         bad_containers: &bad_containers,
         bad_chunks: &bad_chunks,
         good_fps: &good_fps,
+        tainted: &tainted,
     };
     let referenced = check_snapshots(repo, &avail, &mut rep)?;
     report_unlisted(&unlisted, &referenced, idx.damaged, &mut rep);
@@ -411,6 +418,7 @@ struct Available<'a> {
     /// Stored chunks found damaged: (container, fingerprint).
     bad_chunks: &'a HashSet<(ContainerId, Fingerprint)>,
     good_fps: &'a HashSet<Fingerprint>,
+    tainted: &'a HashSet<Fingerprint>,
 }
 
 /// Per snapshot id: its chunk fingerprints, and those it cannot provide.
@@ -603,7 +611,8 @@ fn recipe_findings(
             // container that is damaged fails the read, even where
             // another copy of the chunk exists.
             let moved = meta.is_none();
-            let found_elsewhere = moved && avail.good_fps.contains(&c.fp);
+            let found_elsewhere =
+                moved && avail.good_fps.contains(&c.fp) && !avail.tainted.contains(&c.fp);
             if !direct_ok && !found_elsewhere {
                 f.missing += 1;
                 f.bad.insert(c.fp);

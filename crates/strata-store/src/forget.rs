@@ -40,21 +40,16 @@ pub fn forget(repo: &Repository, ids: &[String]) -> Result<ForgetReport> {
 pub(crate) fn forget_locked(repo: &Repository, ids: &[String]) -> Result<ForgetReport> {
     let (all, damaged) = repo.list_snapshots_tolerant()?;
     // A damaged snapshot object can only be dropped: its recipe and data
-    // are unknown, and go at the next gc.
-    let mut ids: Vec<String> = ids.to_vec();
-    let mut report = ForgetReport::default();
-    for (id, _) in &damaged {
-        if let Some(p) = ids.iter().position(|x| x == id) {
-            repo.backend().delete(&format!("snapshots/{id}"))?;
-            report.removed_snapshots.push(ids.remove(p));
-        }
-    }
-    // Unreadable snapshots not among those just dropped block the rest:
-    // their chains are unknown.
-    if let Some((bad, _)) = damaged
+    // are unknown, and go at the next gc. Everything is checked before
+    // anything is deleted, so a refusal changes nothing.
+    let damaged_ids: HashSet<&str> = damaged.iter().map(|(id, _)| id.as_str()).collect();
+    let (drop, ids): (Vec<String>, Vec<String>) = ids
         .iter()
-        .find(|(id, _)| !report.removed_snapshots.contains(id))
-    {
+        .cloned()
+        .partition(|id| damaged_ids.contains(id.as_str()));
+    // Unreadable snapshots not named block the rest: their chains are
+    // unknown.
+    if let Some((bad, _)) = damaged.iter().find(|(id, _)| !drop.contains(id)) {
         if !ids.is_empty() {
             return Err(StoreError::Invalid(format!(
                 "snapshot {bad} cannot be read; forget it first (`strata forget {bad}`)"
@@ -68,11 +63,17 @@ pub(crate) fn forget_locked(repo: &Repository, ids: &[String]) -> Result<ForgetR
             None => return Err(StoreError::NoSnapshot(id.clone())),
             Some(s) if s.tier == strata_core::format::Tier::Cloud => {
                 return Err(StoreError::Invalid(format!(
-                    "snapshot {id} is in the cloud tier: forgetting it removes it from the bucket too                      (`strata forget` does, with the cloud tier reachable)"
+                    "snapshot {id} is in the cloud tier: forgetting it removes it from the bucket too \
+                     (`strata forget` does, with the cloud tier reachable)"
                 )))
             }
             Some(_) => {}
         }
+    }
+    let mut report = ForgetReport::default();
+    for id in drop {
+        repo.backend().delete(&format!("snapshots/{id}"))?;
+        report.removed_snapshots.push(id);
     }
     let removing: HashSet<&str> = ids.iter().map(String::as_str).collect();
     let idx = RepoIndex::load_summaries(repo)?;
