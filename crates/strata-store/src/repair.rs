@@ -22,7 +22,7 @@ use crate::error::{Result, StoreError};
 use crate::forget::forget;
 use crate::progress::Progress;
 use crate::repo::Repository;
-use crate::repo_copy::{out_of_order, store_version, CopyOptions, Stored};
+use crate::repo_copy::{copy_of, out_of_order, store_version, CopyOptions, Stored};
 use std::collections::HashSet;
 use std::sync::Arc;
 use strata_core::format::{NodeKind, Snapshot, Tier};
@@ -190,11 +190,9 @@ fn salvage(
         series: series.clone(),
         ..s.clone()
     };
-    if let Some((done, _)) = all.iter().find(|(_, h)| {
-        h.series == probe.series && h.host == probe.host && h.time_ns == probe.time_ns
-    }) {
+    if let Some(done) = copy_of(all, &probe) {
         // A run before stored it already.
-        r.repaired_as = Some(done.clone());
+        r.repaired_as = Some(done.to_string());
         return Ok(r);
     }
     if let Some(why) = out_of_order(all, &probe) {

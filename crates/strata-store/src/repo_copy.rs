@@ -25,8 +25,14 @@ pub struct CopyOptions {
 /// Whether `have` (this repository's snapshots) already holds a copy of
 /// `s`: the same series, host and time.
 pub fn already_copied(have: &[(String, Snapshot)], s: &Snapshot) -> bool {
+    copy_of(have, s).is_some()
+}
+
+/// The id of the copy of `s` that `have` holds, if it holds one.
+pub fn copy_of<'a>(have: &'a [(String, Snapshot)], s: &Snapshot) -> Option<&'a str> {
     have.iter()
-        .any(|(_, h)| h.series == s.series && h.host == s.host && h.time_ns == s.time_ns)
+        .find(|(_, h)| h.series == s.series && h.host == s.host && h.time_ns == s.time_ns)
+        .map(|(id, _)| id.as_str())
 }
 
 /// Why `s` cannot join its series in `dst`, if it cannot: a series'
