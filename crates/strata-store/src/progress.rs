@@ -12,4 +12,21 @@ pub struct Progress {
     pub bytes_done: AtomicU64,
     /// Set once the walk has finished and the totals are final.
     pub totals_known: AtomicBool,
+    /// Set by a front end to stop the command (a Python caller's
+    /// KeyboardInterrupt): backup and restore check it between pieces of
+    /// work and return [`crate::StoreError::Cancelled`], committing nothing
+    /// further.
+    pub cancel: AtomicBool,
+}
+
+impl Progress {
+    /// Asks the command to stop.
+    pub fn cancel(&self) {
+        self.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the command was asked to stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }

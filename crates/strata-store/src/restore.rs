@@ -433,6 +433,9 @@ fn restore_group(
     sink: &Sink,
     open: &mut HashMap<u32, File>,
 ) -> Result<()> {
+    if sink.progress.is_cancelled() {
+        return Err(StoreError::Cancelled);
+    }
     let name = data_name(g.cid);
     let buf = repo.backend().get_range(&name, g.start, g.end - g.start)?;
     sink.bytes_read

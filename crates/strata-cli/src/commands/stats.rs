@@ -20,7 +20,11 @@ pub fn run(cli: &Cli, out: &Out, a: &StatsArgs) -> Result<i32> {
         return index_stats(out, &repo);
     }
     let st = strata_store::stats::stats(&repo)?;
-    out.result(&serde_json::to_value(&st)?, || {
+    let mut v = serde_json::to_value(&st)?;
+    // The plaintext bytes the repository stores once: what dedup leaves
+    // (the fleet compares this across hosts and with one host).
+    v["unique_bytes"] = st.unique_raw_bytes.into();
+    out.result(&v, || {
         format!(
             "snapshots:          {} in {} series\n\
              logical size:       {}\n\

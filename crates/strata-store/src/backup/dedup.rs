@@ -220,6 +220,12 @@ pub(crate) struct CtxParts<'a> {
 }
 
 impl<'a> Ctx<'a> {
+    /// Whether the backup must stop: a worker failed, or the caller
+    /// cancelled it.
+    pub fn aborted(&self) -> bool {
+        self.abort.load(Ordering::Relaxed) || self.progress.is_cancelled()
+    }
+
     pub fn new(p: CtxParts<'a>) -> Self {
         Ctx {
             repo: p.repo,
@@ -487,7 +493,7 @@ impl<'a> Ctx<'a> {
         let mut segments = Vec::new();
         let hasher = self.repo.hasher();
         let result = loop {
-            if self.abort.load(Ordering::Relaxed) {
+            if self.aborted() {
                 break Err(StoreError::Cancelled);
             }
             let t = Instant::now();
@@ -604,7 +610,7 @@ impl<'a> Ctx<'a> {
         let mut files: Vec<(usize, usize, u64, Option<String>)> = Vec::new();
         let mut out = Vec::new();
         for (ji, job) in jobs.iter().enumerate() {
-            if self.abort.load(Ordering::Relaxed) {
+            if self.aborted() {
                 return Err(StoreError::Cancelled);
             }
             let Source::Path(p) = &job.source else {

@@ -101,8 +101,9 @@ pub(crate) struct Flow<'a> {
     /// The walk waits here for room.
     room: Condvar,
     threads: usize,
-    /// The backup's abort flag.
+    /// The backup's abort flag, and the caller's cancel flag.
     abort: &'a AtomicBool,
+    cancel: &'a AtomicBool,
 }
 
 /// Figures of the nodes the window let through.
@@ -114,12 +115,13 @@ pub(crate) struct TreeCounts {
 }
 
 impl<'a> Flow<'a> {
-    pub fn new(threads: usize, abort: &'a AtomicBool) -> Self {
+    pub fn new(threads: usize, abort: &'a AtomicBool, cancel: &'a AtomicBool) -> Self {
         Flow {
             state: Mutex::new(State::default()),
             room: Condvar::new(),
             threads,
             abort,
+            cancel,
         }
     }
 
@@ -128,7 +130,7 @@ impl<'a> Flow<'a> {
     }
 
     fn aborted(&self) -> bool {
-        self.abort.load(Ordering::Relaxed)
+        self.abort.load(Ordering::Relaxed) || self.cancel.load(Ordering::Relaxed)
     }
 
     /// A puller's next unit; `None` retires the puller.

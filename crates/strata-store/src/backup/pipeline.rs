@@ -84,7 +84,7 @@ impl Shared<'_> {
     }
 
     fn aborted(&self) -> bool {
-        self.ctx.abort.load(Ordering::Relaxed)
+        self.ctx.aborted()
     }
 
     fn with_writer<T>(&self, f: impl FnOnce(&mut ContainerWriter) -> T) -> T {
@@ -130,7 +130,7 @@ pub(crate) fn run<'r>(
 ) -> Result<RunResult<'r>> {
     let threads = threads.clamp(1, 256);
     let sink = ContainerSink::with_stages(ctx.repo, Some(ctx.stages.clone()));
-    let flow = Flow::new(threads, &ctx.abort);
+    let flow = Flow::new(threads, &ctx.abort, &ctx.progress.cancel);
     let shared = Shared {
         ctx,
         flow: &flow,
@@ -403,6 +403,10 @@ struct Stream<'s> {
     label: String,
     /// The file, to see whether it changed while read.
     file: Option<(File, std::path::PathBuf)>,
+    /// Read from a stream (`--stdin`, an import, a Python object): a read
+    /// error fails the backup, as a version without its one file must not
+    /// be committed (an unreadable file of a tree is a warning instead).
+    from_stream: bool,
     reader: Mutex<Reader<'s>>,
     seq: Mutex<Sequencer>,
     results: Mutex<Vec<Option<SegmentRef>>>,
@@ -452,6 +456,7 @@ impl<'s> Stream<'s> {
             node: Mutex::new(Some(node)),
             label,
             file,
+            from_stream: matches!(source, Source::Stream(_)),
             reader: Mutex::new(Reader {
                 stream: ChunkStream::new(timed, ctx.chunker),
                 next: 0,
@@ -622,6 +627,12 @@ impl<'s> Stream<'s> {
             return;
         };
         let outcome = match lock(&self.failure).take() {
+            Some(m) if self.from_stream => {
+                return sh.fail(StoreError::Invalid(format!(
+                    "{}: reading the stream failed: {m} (nothing was committed)",
+                    self.label
+                )))
+            }
             Some(m) => Outcome::Failed(format!("{}: {m}", self.label)),
             None => {
                 let segments: Option<Vec<SegmentRef>> = lock(&self.results).drain(..).collect();
