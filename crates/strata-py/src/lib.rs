@@ -10,6 +10,7 @@
 
 mod backend;
 mod errors;
+mod fleet;
 mod reader;
 mod repo;
 mod run;
@@ -21,6 +22,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<repo::Repository>()?;
     m.add_class::<reader::FileReader>()?;
+    m.add_class::<fleet::Lock>()?;
+    m.add_function(wrap_pyfunction!(fleet::fleet_stage, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

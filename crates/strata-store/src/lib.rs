@@ -13,6 +13,7 @@ pub mod compact;
 pub mod container;
 pub mod copy;
 pub mod error;
+pub mod fleet;
 pub mod forget;
 pub mod fsread;
 pub mod gc;

@@ -13,8 +13,8 @@
 //! switch, so a crash at any earlier point leaves only unreferenced objects
 //! that `gc` removes.
 
-mod commit;
-mod dedup;
+pub(crate) mod commit;
+pub(crate) mod dedup;
 mod flow;
 mod parent;
 mod pipeline;

@@ -1,0 +1,230 @@
+//! Stage 4b on a VM's host: the dup-with-new answers applied, each VM's
+//! recipe built from its scan and block map (clean segments taken from
+//! the previous version) and its snapshot committed — the VM's commit
+//! point.
+
+use super::scan::previous;
+use super::store::{apply_answers, slot_range, source, BlockStore, ScanReader};
+use super::{u32_at, HostDir, Kind, Loc, StageArgs, VmArgs, SEGMENT, SLOT_LEN};
+use crate::error::{Result, StoreError};
+use crate::repo::{now_ns, Repository};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use strata_core::chunker::ChunkerParams;
+use strata_core::format::{
+    ChunkRef, ContainerId, Node, NodeKind, Recipe, SegmentRef, Snapshot, SnapshotStats, ZERO_CHUNK,
+};
+use strata_core::Fingerprint;
+
+fn io(op: &'static str, p: &std::path::Path, e: std::io::Error) -> StoreError {
+    StoreError::io(op, p.display().to_string(), e)
+}
+
+/// Stage 4b.
+pub fn finish(repo: &Repository, a: &StageArgs) -> Result<Value> {
+    let (shape, dir) = (a.shape()?, a.dir()?);
+    super::budget(a.memory)?;
+    let answered = apply_answers(&dir, &shape, &a.vms, "dwn")?;
+    let existing = repo.list_snapshots()?;
+    let mut vms = Vec::new();
+    for vm in &a.vms {
+        // A rerun after a crash: a VM already committed by this round.
+        if let Some((id, _)) = existing
+            .iter()
+            .find(|(_, s)| s.series == vm.name && !vm.tags.is_empty() && s.tags == vm.tags)
+        {
+            vms.push(json!({"vm": vm.vm, "name": vm.name, "snapshot": id, "already": true}));
+            continue;
+        }
+        vms.push(finish_vm(repo, &dir, vm)?);
+    }
+    Ok(json!({"answers": answered, "vms": vms, "peak_rss": super::rss_peak()}))
+}
+
+/// A recipe's container table being built.
+#[derive(Default)]
+struct Table {
+    ids: Vec<ContainerId>,
+    at: HashMap<ContainerId, u32>,
+}
+
+impl Table {
+    fn intern(&mut self, id: ContainerId) -> u32 {
+        *self.at.entry(id).or_insert_with(|| {
+            self.ids.push(id);
+            self.ids.len() as u32 - 1
+        })
+    }
+}
+
+fn zero_ref(len: u32) -> ChunkRef {
+    ChunkRef {
+        fp: Fingerprint::ZERO,
+        len,
+        container: ZERO_CHUNK,
+        region: 0,
+        offset: 0,
+    }
+}
+
+fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
+    let prev = previous(repo, &vm.name)?;
+    let src = source(dir, vm.vm)?;
+    let img = File::open(&src).map_err(|e| io("open", &src, e))?;
+    let mp = dir.vm_file(vm.vm, "map");
+    let map = File::open(&mp).map_err(|e| io("open", &mp, e))?;
+    let mut scan = ScanReader::open(&dir.vm_file(vm.vm, "scan"))?;
+    let mut table = Table::default();
+    let mut bs = BlockStore::new(repo);
+    let mut segments = Vec::new();
+    let (mut stored_blocks, mut stored_raw, mut size) = (0u64, 0u64, 0u64);
+    let mut slots = Vec::new();
+    let mut block = vec![0u8; super::BLOCK];
+    let hasher = repo.hasher();
+    while let Some(seg) = scan.next()? {
+        let i = segments.len();
+        let Some(seg) = seg else {
+            let (_, _, r, n) = prev.as_ref().ok_or_else(|| {
+                StoreError::Invalid(format!(
+                    "{}: a clean segment without a previous version",
+                    vm.name
+                ))
+            })?;
+            let mut s: SegmentRef = r.nodes[*n].segments.get(i).cloned().ok_or_else(|| {
+                StoreError::Invalid(format!(
+                    "{}: segment {i} is not in the previous version",
+                    vm.name
+                ))
+            })?;
+            for c in &mut s.chunks {
+                if c.is_zero() {
+                    continue;
+                }
+                let id = r
+                    .containers
+                    .get(c.container as usize)
+                    .filter(|_| c.is_direct())
+                    .ok_or_else(|| {
+                        StoreError::Invalid(format!(
+                            "{}: the previous version holds a reference this job cannot copy",
+                            vm.name
+                        ))
+                    })?;
+                c.container = table.intern(*id);
+            }
+            size += s.len();
+            segments.push(s);
+            continue;
+        };
+        if let Some((first, last)) = slot_range(&seg) {
+            slots.resize((last - first + 1) as usize * SLOT_LEN, 0);
+            map.read_exact_at(&mut slots, first as u64 * SLOT_LEN as u64)
+                .map_err(|e| io("read", &mp, e))?;
+        }
+        let mut chunks = Vec::with_capacity(seg.blocks.len());
+        let first = slot_range(&seg).map(|r| r.0).unwrap_or(0);
+        let mut off = i as u64 * SEGMENT as u64;
+        for &(len, slot) in &seg.blocks {
+            let at = off;
+            off += len as u64;
+            size += len as u64;
+            if slot == u32::MAX {
+                chunks.push(zero_ref(len));
+                continue;
+            }
+            let s = &slots[(slot - first) as usize * SLOT_LEN..][..SLOT_LEN];
+            let mut fp = super::fp_at(s, 0);
+            let kind = Kind::from_u32(u32_at(s, 32))?;
+            let loc = if kind.located() {
+                if kind == Kind::Stored {
+                    stored_blocks += 1;
+                    stored_raw += len as u64;
+                }
+                Loc::get(&s[36..])
+            } else {
+                // Unanswered (its storer found other content): store it.
+                let data = &mut block[..len as usize];
+                img.read_exact_at(data, at)
+                    .map_err(|e| io("read", &src, e))?;
+                let (f, zero) = crate::backup::dedup::chunk_fp(hasher, data);
+                fp = f;
+                match zero {
+                    true => Loc::default(),
+                    false => bs.put(fp, data)?,
+                }
+            };
+            if fp == Fingerprint::ZERO {
+                chunks.push(zero_ref(len));
+                continue;
+            }
+            chunks.push(ChunkRef {
+                fp,
+                len,
+                container: table.intern(loc.container),
+                region: loc.region,
+                offset: loc.offset,
+            });
+        }
+        let fp = hasher.hash_fingerprints(chunks.iter().map(|c| &c.fp));
+        segments.push(SegmentRef { fp, chunks });
+    }
+    stored_blocks += bs.blocks;
+    stored_raw += bs.bytes;
+    let mut stored = bs.finish()?;
+    let node = image_node(&vm.image, segments, size)?;
+    let (recipe, n) = crate::recipe::put(
+        repo,
+        Recipe {
+            containers: table.ids,
+            nodes: vec![node],
+        },
+    )?;
+    stored += n;
+    let mut snapshot = Snapshot {
+        series: vm.name.clone(),
+        version: 0,
+        time_ns: now_ns(),
+        host: vm.host_name.clone(),
+        paths: vec![vm.image.display().to_string()],
+        tags: vm.tags.clone(),
+        recipe,
+        parent: prev.map(|p| p.0),
+        chunker: ChunkerParams::fixed(),
+        stats: SnapshotStats {
+            files: 1,
+            logical_bytes: size,
+            new_chunks: stored_blocks,
+            new_raw_bytes: stored_raw,
+            new_stored_bytes: stored,
+            ..Default::default()
+        },
+        archival: None,
+        tier: Default::default(),
+        cloud_part: None,
+    };
+    let id = crate::backup::commit::commit_snapshot(repo, &mut snapshot)?;
+    Ok(
+        json!({"vm": vm.vm, "name": vm.name, "snapshot": id, "version": snapshot.version,
+              "logical_bytes": size, "new_blocks": stored_blocks, "new_raw_bytes": stored_raw}),
+    )
+}
+
+/// The image's node: named by its file name, with its metadata.
+fn image_node(image: &std::path::Path, segments: Vec<SegmentRef>, size: u64) -> Result<Node> {
+    let md = std::fs::metadata(image).map_err(|e| io("stat", image, e))?;
+    let name = image
+        .file_name()
+        .ok_or_else(|| StoreError::Invalid(format!("{}: not a file name", image.display())))?;
+    Ok(Node {
+        mode: md.mode(),
+        uid: md.uid(),
+        gid: md.gid(),
+        mtime_ns: md.mtime() * 1_000_000_000 + md.mtime_nsec(),
+        ctime_ns: md.ctime() * 1_000_000_000 + md.ctime_nsec(),
+        size,
+        segments,
+        ..Node::new(name.as_encoded_bytes().to_vec(), NodeKind::File)
+    })
+}

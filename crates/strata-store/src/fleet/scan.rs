@@ -1,0 +1,198 @@
+//! Stage 1a on a VM's host: level-1 dirty segments, and a detection
+//! request per non-zero block of each dirty segment, sent to the host of
+//! its fingerprint's partition (one send buffer per host: Option 2).
+
+use super::records::RecordWriter;
+use super::{HostDir, Shape, StageArgs, VmArgs, BLOCK, REQ_LEN, SEGMENT, SLOT_LEN};
+use crate::error::{Result, StoreError};
+use crate::repo::Repository;
+use serde_json::{json, Value};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use strata_core::format::{NodeKind, Recipe, Snapshot};
+use strata_core::Fingerprint;
+
+/// The latest snapshot of series `name`, its recipe, and the index of the
+/// image's node in it.
+pub(crate) fn previous(
+    repo: &Repository,
+    name: &str,
+) -> Result<Option<(String, Snapshot, Recipe, usize)>> {
+    let latest = repo
+        .list_snapshots()?
+        .into_iter()
+        .filter(|(_, s)| s.series == name && s.archival.is_none())
+        .max_by_key(|(_, s)| s.version);
+    let Some((id, s)) = latest else {
+        return Ok(None);
+    };
+    let recipe = repo.load_recipe(&s.recipe)?;
+    let Some(i) = recipe.nodes.iter().position(|n| n.kind == NodeKind::File) else {
+        return Ok(None);
+    };
+    Ok(Some((id, s, recipe, i)))
+}
+
+/// Makes the image's view for this round: a reflink copy in the work
+/// directory where the file system has them (a consistent snapshot the
+/// guest cannot change between the two reads), else the image itself (a
+/// block whose fingerprint changed by the second read is then stored as
+/// it is then). Returns the path to read and whether it is a copy.
+fn consistent_view(image: &Path, copy: &Path) -> Result<(PathBuf, bool)> {
+    let src =
+        File::open(image).map_err(|e| StoreError::io("open", image.display().to_string(), e))?;
+    if let Some(d) = copy.parent() {
+        std::fs::create_dir_all(d)
+            .map_err(|e| StoreError::io("create", d.display().to_string(), e))?;
+    }
+    let dst =
+        File::create(copy).map_err(|e| StoreError::io("create", copy.display().to_string(), e))?;
+    use std::os::fd::AsRawFd;
+    const FICLONE: libc::c_ulong = 0x4004_9409;
+    // SAFETY: both descriptors are open for the duration of the call.
+    let r = unsafe { libc::ioctl(dst.as_raw_fd(), FICLONE as _, src.as_raw_fd()) };
+    if r == 0 {
+        return Ok((copy.to_path_buf(), true));
+    }
+    drop(dst);
+    super::remove(copy)?;
+    Ok((image.to_path_buf(), false))
+}
+
+/// Which segments the changed extents touch (`None`: compare all).
+fn changed_segments(changed: &Option<Vec<(u64, u64)>>, segments: usize) -> Option<Vec<bool>> {
+    let list = changed.as_ref()?;
+    let mut dirty = vec![false; segments];
+    for &(off, len) in list {
+        if len == 0 {
+            continue;
+        }
+        let first = (off / SEGMENT as u64) as usize;
+        let last = ((off.saturating_add(len) - 1) / SEGMENT as u64) as usize;
+        for d in dirty.iter_mut().take(last.saturating_add(1)).skip(first) {
+            *d = true;
+        }
+    }
+    Some(dirty)
+}
+
+struct Sender {
+    out: Vec<RecordWriter>,
+    sent: Vec<u64>,
+}
+
+/// Stage 1a: scans this host's VMs of the round.
+pub fn scan(repo: &Repository, a: &StageArgs) -> Result<Value> {
+    let shape = a.shape()?;
+    let dir = a.dir()?;
+    let budget = super::budget(a.memory)?;
+    let each =
+        ((budget - SEGMENT.min(budget / 2)) / (shape.hosts as usize + 4)).clamp(4096, 4 << 20);
+    let mut send = Sender {
+        out: (0..shape.hosts)
+            .map(|h| RecordWriter::create(&dir.send("req", h), each))
+            .collect::<Result<_>>()?,
+        sent: vec![0; shape.hosts as usize],
+    };
+    let mut vms = Vec::new();
+    let mut buf = vec![0u8; SEGMENT];
+    for vm in &a.vms {
+        vms.push(scan_vm(repo, &dir, &shape, vm, &mut send, &mut buf, each)?);
+    }
+    for w in send.out {
+        w.finish()?;
+    }
+    Ok(
+        json!({"vms": vms, "sent_bytes": send.sent, "budget": budget, "peak_rss": super::rss_peak()}),
+    )
+}
+
+fn scan_vm(
+    repo: &Repository,
+    dir: &HostDir,
+    shape: &Shape,
+    vm: &VmArgs,
+    send: &mut Sender,
+    buf: &mut [u8],
+    each: usize,
+) -> Result<Value> {
+    let hasher = repo.hasher();
+    // Only the previous version's segment fingerprints and lengths.
+    let prev: Vec<(Fingerprint, u64)> = match previous(repo, &vm.name)? {
+        Some((_, _, r, i)) => r.nodes[i]
+            .segments
+            .iter()
+            .map(|s| (s.fp, s.len()))
+            .collect(),
+        None => Vec::new(),
+    };
+    let (src, copied) = consistent_view(&vm.image, &dir.vm_file(vm.vm, "img"))?;
+    std::fs::write(
+        dir.vm_file(vm.vm, "src"),
+        src.as_os_str().as_encoded_bytes(),
+    )
+    .map_err(|e| StoreError::io("write", dir.vm_file(vm.vm, "src").display().to_string(), e))?;
+    let f = File::open(&src).map_err(|e| StoreError::io("open", src.display().to_string(), e))?;
+    let size = f
+        .metadata()
+        .map_err(|e| StoreError::io("stat", src.display().to_string(), e))?
+        .len();
+    let segments = size.div_ceil(SEGMENT as u64) as usize;
+    let cbt = changed_segments(&vm.changed, segments);
+    let mut scan = RecordWriter::create(&dir.vm_file(vm.vm, "scan"), 256 << 10)?;
+    let mut map = RecordWriter::create(&dir.vm_file(vm.vm, "map"), each)?;
+    let (mut slot, mut read, mut dirty, mut zero) = (0u32, 0u64, 0u64, 0u64);
+    let mut slotrec = [0u8; SLOT_LEN];
+    let mut req = [0u8; REQ_LEN];
+    for i in 0..segments {
+        let off = i as u64 * SEGMENT as u64;
+        let len = (size - off).min(SEGMENT as u64) as usize;
+        let same_len = prev.get(i).is_some_and(|p| p.1 == len as u64);
+        if cbt.as_ref().is_some_and(|d| !d[i]) && same_len {
+            scan.put(&[0])?;
+            continue;
+        }
+        f.read_exact_at(&mut buf[..len], off)
+            .map_err(|e| StoreError::io("read", src.display().to_string(), e))?;
+        read += len as u64;
+        let chunks: Vec<(Fingerprint, bool)> = buf[..len]
+            .chunks(BLOCK)
+            .map(|c| crate::backup::dedup::chunk_fp(hasher, c))
+            .collect();
+        let seg_fp = hasher.hash_fingerprints(chunks.iter().map(|c| &c.0));
+        if same_len && prev[i].0 == seg_fp {
+            scan.put(&[0])?;
+            continue;
+        }
+        dirty += 1;
+        scan.put(&[1])?;
+        scan.put(&(chunks.len() as u32).to_le_bytes())?;
+        for (c, (fp, is_zero)) in buf[..len].chunks(BLOCK).zip(&chunks) {
+            scan.put(&(c.len() as u32).to_le_bytes())?;
+            if *is_zero {
+                zero += 1;
+                scan.put(&u32::MAX.to_le_bytes())?;
+                continue;
+            }
+            scan.put(&slot.to_le_bytes())?;
+            slotrec[..32].copy_from_slice(&fp.0);
+            map.put(&slotrec)?;
+            req[..32].copy_from_slice(&fp.0);
+            req[32..36].copy_from_slice(&shape.me.to_le_bytes());
+            req[36..40].copy_from_slice(&vm.vm.to_le_bytes());
+            req[40..44].copy_from_slice(&slot.to_le_bytes());
+            let (h, _) = shape.owner(fp);
+            send.out[h as usize].put(&req)?;
+            send.sent[h as usize] += REQ_LEN as u64;
+            slot += 1;
+        }
+    }
+    scan.finish()?;
+    map.finish()?;
+    Ok(
+        json!({"vm": vm.vm, "name": vm.name, "size": size, "segments": segments,
+              "dirty_segments": dirty, "bytes_read": read, "requests": slot,
+              "zero_blocks": zero, "previous_segments": prev.len(), "reflink": copied}),
+    )
+}

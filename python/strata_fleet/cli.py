@@ -1,0 +1,220 @@
+"""``strata-fleet``: fleet-wide batch dedup of VM images on Ray.
+
+    strata-fleet run --cluster local:4 --repo DIR --images DIR [--memory 35M] [--rounds 1] [--json]
+    strata-fleet plan --manifest vms.toml [--json]
+
+``run`` backs up every VM into one shared repository (each VM a series;
+any snapshot restores with the plain ``strata`` CLI). ``--cluster
+local:N`` starts N simulated hosts on this machine (a Ray node each);
+``ray://HOST:PORT`` or ``auto`` joins a running cluster whose nodes were
+started with ``--resources '{"strata_host_I": 1}'`` (I = 0 … p-1, in the
+order of the hosts' names). The repository's password comes from
+``$STRATA_PASSWORD`` or ``--password-file``; S3 settings from the usual
+AWS variables. Exit status: 0 all VMs backed up, 3 some VMs failed (the
+others are committed), 1 the job failed (nothing half-committed: run it
+again to resume), 2 bad usage or input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from .manifest import ManifestError, Vm, from_directory, load_manifest
+
+
+def parse_size(s: str) -> int:
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = s.strip().upper().removesuffix("B").removesuffix("I")
+    num, unit = (t[:-1], t[-1]) if t and t[-1] in units else (t, "")
+    try:
+        return int(float(num) * units[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {s!r} (e.g. 35M)")
+
+
+def rounds_for(vms: list[Vm], k: int) -> list[list[Vm]]:
+    """K rounds: each VM, largest first, to the round where its host's load
+    is smallest (the RS2 rule of §4.2); empty rounds dropped."""
+    load: dict[tuple[int, str], int] = {}
+    rounds: list[list[Vm]] = [[] for _ in range(max(1, k))]
+    for v in sorted(vms, key=lambda v: -v.size):
+        r = min(range(len(rounds)), key=lambda i: (load.get((i, v.host), 0), i))
+        rounds[r].append(v)
+        load[(r, v.host)] = load.get((r, v.host), 0) + v.size
+    return [r for r in rounds if r]
+
+
+def start_cluster(spec: str, hosts: list[str]) -> Any:
+    import ray
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if spec.startswith("local:"):
+        from ray.cluster_utils import Cluster
+
+        n = int(spec.split(":", 1)[1])
+        if n < len(hosts):
+            raise ManifestError(f"the VMs live on {len(hosts)} hosts but --cluster {spec} has {n}")
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+        for i in range(len(hosts)):
+            cluster.add_node(num_cpus=1, resources={f"strata_host_{i}": 1})
+        ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+        return cluster
+    ray.init(address=spec, logging_level="ERROR", log_to_driver=False)
+    return None
+
+
+def job_id(work: Path, vms: list[Vm], resume: bool) -> str:
+    """A new job's id, or the unfinished one's (run again to resume)."""
+    state = work / "job.json"
+    key = json.dumps(sorted((v.name, v.image) for v in vms))
+    if resume and state.exists():
+        try:
+            s = json.loads(state.read_text())
+            if not s.get("finished") and s.get("key") == key:
+                return s["id"]
+        except (ValueError, KeyError):
+            pass
+    jid = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    state.write_text(json.dumps({"id": jid, "key": key, "finished": False}))
+    return jid
+
+
+def run(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="strata-fleet run", description="Back up every VM of a cluster into one repository.")
+    ap.add_argument("--cluster", default="local:4", help="local:N (N simulated hosts), ray://HOST:PORT or auto")
+    ap.add_argument("--repo", required=True, help="the shared repository (directory or s3://BUCKET/PREFIX)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--images", help="a directory of images (subdirectories: one per host)")
+    src.add_argument("--manifest", help="a TOML manifest of VMs (see strata_fleet.manifest)")
+    ap.add_argument("--memory", type=parse_size, default=parse_size("35M"), help="memory cap M of each host's stages (default 35M)")
+    ap.add_argument("--partitions", type=int, default=16, help="index partitions per host, q (default 16)")
+    ap.add_argument("--rounds", default="1", help="number of rounds, or auto")
+    ap.add_argument("--work", default=os.path.join(os.path.expanduser("~"), ".cache", "strata", "fleet"), help="each host's local work directory (index partitions, scratch)")
+    ap.add_argument("--password-file", help="read the repository password from this file")
+    ap.add_argument("--no-resume", action="store_true", help="start a new job even if the last one did not finish")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    a = ap.parse_args(argv)
+    try:
+        hosts_hint = [f"host-{i}" for i in range(int(a.cluster.split(":")[1]))] if a.cluster.startswith("local:") else ["host-0"]
+        vms = load_manifest(a.manifest) if a.manifest else from_directory(a.images, hosts_hint)
+    except (ManifestError, ValueError) as e:
+        print(f"strata-fleet: {e}", file=sys.stderr)
+        return 2
+    password = None
+    if a.password_file:
+        password = Path(a.password_file).read_text().rstrip("\n")
+    elif os.environ.get("STRATA_PASSWORD"):
+        password = os.environ["STRATA_PASSWORD"]
+    return execute(a, vms, password)
+
+
+def execute(a: argparse.Namespace, vms: list[Vm], password: Optional[str]) -> int:
+    import strata
+    from strata import _native
+
+    from .host import HostAgent
+    from .job import Job, RayExecutor, failed_stage
+
+    bad = [v for v in vms if v.problem]
+    good = [v for v in vms if not v.problem]
+    hosts = sorted({v.host for v in vms})
+    try:
+        repo = strata.open(a.repo, password)
+    except strata.StrataError as e:
+        print(f"strata-fleet: {e}", file=sys.stderr)
+        return 2
+    work = Path(a.work) / repo.id
+    jid = job_id(work, vms, not a.no_resume)
+    repo_cfg = {"url": a.repo, "password": password, "cache_dir": strata._cache_dir(None), "s3": strata._s3_settings(None)}
+    t0 = time.monotonic()
+    cluster = start_cluster(a.cluster, hosts)
+    import ray
+
+    Agent = ray.remote(HostAgent)
+    agents = [
+        Agent.options(num_cpus=0, resources={f"strata_host_{i}": 0.01}, max_concurrency=4).remote(
+            h, i, str(work / "hosts" / h), repo_cfg
+        )
+        for i, h in enumerate(hosts)
+    ]
+    say = (lambda s: None) if a.json else (lambda s: print(f"  {s}", file=sys.stderr))
+    job = Job(agents, hosts, [str(work / "hosts" / h) for h in hosts], a.memory, a.partitions, jid, RayExecutor(), say)
+    lock = _native.Lock(repo._n, f"fleet job {jid}")
+    report: dict[str, Any] = {"job": jid, "hosts_count": len(hosts), "memory": a.memory, "partitions_per_host": a.partitions}
+    status = 0
+    try:
+        done = {s.series for s in repo.snapshots() if f"fleet-job:{jid}" in s.tags}
+        todo = [v for v in good if v.name not in done]
+        k = len(todo) if a.rounds == "auto" else int(a.rounds)
+        if a.rounds == "auto":
+            k = max(1, min(len(hosts) and len({v.host for v in todo}) and 4, len(todo)))
+        plan = rounds_for(todo, k)
+        job.validate()
+        rounds = [job.run_round(i, r) for i, r in enumerate(plan)]
+        report["rounds"] = rounds
+        report["resumed_vms"] = sorted(done)
+        (work / "job.json").write_text(json.dumps({"id": jid, "finished": True}))
+    except Exception as e:  # a stage failed: report it, nothing half-committed
+        msg = failed_stage(e) or f"{type(e).__name__}: {e}"
+        report["error"] = msg
+        status = 1
+    finally:
+        lock.release()
+    report["failed_vms"] = [{"name": v.name, "error": v.problem} for v in bad]
+    if bad and status == 0:
+        status = 3
+    report["hosts"] = job.host_report()
+    report["agent_rss_bytes"] = dict(zip(hosts, ray.get([x.rss.remote() for x in agents])))
+    report["stages"] = job.stage_totals
+    report["seconds"] = time.monotonic() - t0
+    st = repo.stats()
+    report["unique_bytes"] = st["unique_bytes"]
+    report["logical_bytes"] = st["logical_bytes"]
+    ray.shutdown()
+    if cluster is not None:
+        cluster.shutdown()
+    if a.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print_report(report)
+    for v in bad:
+        print(f"strata-fleet: {v.problem} (nothing committed for it)", file=sys.stderr)
+    if "error" in report:
+        print(f"strata-fleet: {report['error']}; nothing of the unfinished round was committed: run the same command again to resume", file=sys.stderr)
+    return status
+
+
+def print_report(r: dict[str, Any]) -> None:
+    mb = lambda b: f"{b / 1e6:.1f} MB"  # noqa: E731
+    for rd in r.get("rounds", []):
+        print(f"round {rd['round']}: {len(rd['vms'])} VMs, {rd['seconds']:.1f}s, {rd['duplicates']} duplicate / {rd['new']} new / {rd['dup_with_new']} dup-with-new blocks")
+    print(f"unique data: {mb(r['unique_bytes'])} of {mb(r['logical_bytes'])} logical, {r['seconds']:.1f}s")
+    for h in r["hosts"]:
+        print(f"  {h['name']}: peak {mb(h['peak_rss_bytes'])} (cap {mb(r['memory'])}), cpu {h['cpu_seconds']:.1f}s, sent {mb(h['bytes_sent'])}, received {mb(h['bytes_received'])}")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "run":
+        return run(rest)
+    if cmd == "plan":
+        from .plan import main as plan_main
+
+        return plan_main(rest)
+    print(f"strata-fleet: unknown command {cmd!r} (run, plan)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""The VMs of a fleet job: from a manifest (TOML) or a directory of images.
+
+Manifest::
+
+    [[vm]]
+    name = "web-1"                 # the series of its snapshots
+    host = "host-a"                # where its image lives
+    image = "/var/lib/vms/web-1.img"
+    changed_blocks = "/var/lib/vms/web-1.dirty"   # optional: extents changed
+                                                  # since the last backup
+
+A changed-block list is one extent per line, ``OFFSET LENGTH`` in bytes
+(``#`` comments allowed), or the JSON list ``qemu-img map --output=json``
+prints for a dirty-bitmap export (entries with ``"data": true`` count).
+``--images DIR``: every regular file of DIR is a VM named after its file;
+with subdirectories, each subdirectory is a host and holds its VMs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+
+class ManifestError(ValueError):
+    """A manifest or image list that cannot be used (the message says why)."""
+
+
+@dataclass
+class Vm:
+    name: str
+    host: str
+    image: str
+    changed: Optional[list[tuple[int, int]]] = None
+    size: int = 0
+    index: int = 0
+    problem: Optional[str] = field(default=None)
+
+
+def read_changed(path: str) -> list[tuple[int, int]]:
+    """A changed-block list (see the module's doc)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ManifestError(f"cannot read the changed-block list {path}: {e.strerror}") from e
+    if text.lstrip().startswith("["):
+        try:
+            return [(int(x["start"]), int(x["length"])) for x in json.loads(text) if x.get("data", True)]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ManifestError(f"{path}: not a qemu-img map JSON list ({e})") from e
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            off, length = (int(x, 0) for x in line.split())
+        except ValueError as e:
+            raise ManifestError(f"{path}:{n}: expected OFFSET LENGTH, got {line!r}") from e
+        out.append((off, length))
+    return out
+
+
+def load_manifest(path: str) -> list[Vm]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ManifestError(f"cannot read the manifest {path}: {e.strerror}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ManifestError(f"the manifest {path} is not valid TOML: {e}") from e
+    vms = []
+    seen = set()
+    for i, v in enumerate(data.get("vm", [])):
+        if not isinstance(v, dict) or not v.get("name") or not v.get("image") or not v.get("host"):
+            raise ManifestError(f"{path}: vm #{i + 1} needs name, host and image")
+        if v["name"] in seen:
+            raise ManifestError(f"{path}: two VMs named {v['name']!r}")
+        seen.add(v["name"])
+        image = str(Path(os.path.dirname(path) or ".", v["image"]).resolve()) if not os.path.isabs(v["image"]) else v["image"]
+        cb = v.get("changed_blocks")
+        vms.append(Vm(name=str(v["name"]), host=str(v["host"]), image=image, changed=read_changed(cb) if cb else None))
+    if not vms:
+        raise ManifestError(f"{path}: no [[vm]] entries")
+    return _finish(vms)
+
+
+def from_directory(d: str, hosts: list[str]) -> list[Vm]:
+    root = Path(d)
+    if not root.is_dir():
+        raise ManifestError(f"{d} is not a directory of images")
+    subdirs = sorted(p for p in root.iterdir() if p.is_dir())
+    vms = []
+    if subdirs:
+        for h in subdirs:
+            for img in sorted(p for p in h.iterdir() if p.is_file()):
+                vms.append(Vm(name=img.stem, host=h.name, image=str(img.resolve())))
+    else:
+        for i, img in enumerate(sorted(p for p in root.iterdir() if p.is_file())):
+            vms.append(Vm(name=img.stem, host=hosts[i % len(hosts)], image=str(img.resolve())))
+    if not vms:
+        raise ManifestError(f"{d}: no images")
+    names = [v.name for v in vms]
+    if len(set(names)) != len(names):
+        raise ManifestError(f"{d}: two images with one name")
+    return _finish(vms)
+
+
+def _finish(vms: list[Vm]) -> list[Vm]:
+    for i, v in enumerate(vms):
+        v.index = i
+        try:
+            v.size = os.stat(v.image).st_size
+        except OSError as e:
+            v.problem = f"VM {v.name}: cannot read its image {v.image}: {e.strerror}"
+    return vms
