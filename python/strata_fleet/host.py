@@ -43,13 +43,14 @@ class HostAgent:
         for attempt in range(retries + 1):
             t0 = time.monotonic()
             p = subprocess.Popen(
-                [sys.executable, "-m", "strata_fleet.worker"],
+                # The stage in argv too: `ps` shows what each worker does.
+                [sys.executable, "-m", "strata_fleet.worker", stage, self.name],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=dict(os.environ, PYTHONNOUSERSITE="1"),
             )
-            payload = json.dumps({"stage": stage, "args": args, "repo": self.repo}).encode()
+            payload = json.dumps({"stage": stage, "host": self.name, "args": args, "repo": self.repo}).encode()
             assert p.stdin is not None and p.stdout is not None and p.stderr is not None
             p.stdin.write(payload)
             p.stdin.close()

@@ -12,8 +12,10 @@ Manifest::
 A changed-block list is one extent per line, ``OFFSET LENGTH`` in bytes
 (``#`` comments allowed), or the JSON list ``qemu-img map --output=json``
 prints for a dirty-bitmap export (entries with ``"data": true`` count).
-``--images DIR``: every regular file of DIR is a VM named after its file;
-with subdirectories, each subdirectory is a host and holds its VMs.
+``--images DIR``: every regular file of DIR is a VM named after its file,
+and every subdirectory a VM named after it holding its image (its one
+regular file, e.g. ``disk.img``: the layout ``strata-bench gen vmfleet``
+writes); VMs go to the hosts in turn.
 """
 
 from __future__ import annotations
@@ -93,15 +95,18 @@ def from_directory(d: str, hosts: list[str]) -> list[Vm]:
     root = Path(d)
     if not root.is_dir():
         raise ManifestError(f"{d} is not a directory of images")
-    subdirs = sorted(p for p in root.iterdir() if p.is_dir())
     vms = []
-    if subdirs:
-        for h in subdirs:
-            for img in sorted(p for p in h.iterdir() if p.is_file()):
-                vms.append(Vm(name=img.stem, host=h.name, image=str(img.resolve())))
-    else:
-        for i, img in enumerate(sorted(p for p in root.iterdir() if p.is_file())):
-            vms.append(Vm(name=img.stem, host=hosts[i % len(hosts)], image=str(img.resolve())))
+    for entry in sorted(root.iterdir()):
+        if entry.is_dir():
+            files = sorted(p for p in entry.iterdir() if p.is_file())
+            if len(files) != 1:
+                raise ManifestError(f"{entry}: a VM's directory holds one image, not {len(files)} files")
+            name, img = entry.name, files[0]
+        elif entry.is_file():
+            name, img = entry.stem, entry
+        else:
+            continue
+        vms.append(Vm(name=name, host=hosts[len(vms) % len(hosts)], image=str(img.resolve())))
     if not vms:
         raise ManifestError(f"{d}: no images")
     names = [v.name for v in vms]

@@ -6,11 +6,32 @@ stage's memory is this process's, which the host agent measures."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import threading
+
+
+def fault(stage: str, host: str) -> None:
+    """Test hook (the fleet's fault tests): ``STRATA_FLEET_FAULT=STAGE:HOST[:once]``
+    kills this worker with SIGKILL 20 ms into that stage on that host —
+    every time, or with ``once`` only the first time (a marker file in the
+    host's work directory remembers)."""
+    spec = os.environ.get("STRATA_FLEET_FAULT", "")
+    parts = spec.split(":")
+    if len(parts) < 2 or parts[0] != stage or parts[1] != host:
+        return
+    if len(parts) > 2 and parts[2] == "once":
+        marker = os.path.join(os.environ.get("STRATA_FLEET_FAULT_DIR", "/tmp"), f"fault-{stage}-{host}")
+        if os.path.exists(marker):
+            return
+        open(marker, "w").close()
+    threading.Timer(0.02, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
 
 
 def main() -> int:
     req = json.load(sys.stdin)
+    fault(req["stage"], req.get("host", ""))
     from strata import _native  # only the native module: a small process
 
     repo = None

@@ -1,0 +1,149 @@
+"""`strata-fleet run` on a real multi-node Ray cluster on this machine
+(one Ray node per simulated host): dedup identical to single-host `exact`
+with fixed 4 KiB blocks, per-host memory under the cap, worker kills,
+bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import strata_bin
+
+pytest.importorskip("ray")
+
+MIB = 1 << 20
+
+
+def bench_bin() -> str:
+    b = os.path.join(os.path.dirname(strata_bin()), "strata-bench")
+    if not os.path.exists(b):
+        pytest.skip("no strata-bench next to the strata binary (cargo test --workspace builds it)")
+    return b
+
+
+def gen_fleet(out: Path, version: int, vms: int = 6) -> None:
+    """Day `version` of a `vmfleet` (made afresh: the generator is seeded)."""
+    import shutil
+
+    shutil.rmtree(out, ignore_errors=True)
+    subprocess.run(
+        [bench_bin(), "gen", "vmfleet", "--scale", "0.0006", "--streams", str(vms), "--out", str(out), "--version", str(version)],
+        check=True,
+        capture_output=True,
+    )
+
+
+def fleet(tmp: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    e = dict(os.environ, STRATA_CACHE_DIR=str(tmp / "cache"), STRATA_FLEET_FAULT_DIR=str(tmp))
+    e.pop("STRATA_FLEET_FAULT", None)
+    e.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "strata_fleet", "run", "--work", str(tmp / "work"), *args],
+        capture_output=True,
+        text=True,
+        env=e,
+        timeout=600,
+    )
+
+
+def exact_unique(cli, tmp: Path, images: Path, repo: Path) -> int:
+    """Single-host `exact` with fixed 4 KiB blocks of the same images."""
+    if not repo.exists():
+        cli(repo, "init", "--index", "exact")
+    for vm in sorted(images.iterdir()):
+        cli(repo, "backup", "--chunker", "fixed", "--no-lifecycle", "--series", vm.name, str(vm / "disk.img"))
+    return json.loads(cli(repo, "--json", "stats").stdout)["unique_bytes"]
+
+
+def test_fleet_dedup_equals_single_host_exact(tmp_path: Path, cli) -> None:
+    images, repo, ref = tmp_path / "images", tmp_path / "repo", tmp_path / "exact"
+    cli(repo, "init", "--index", "exact")
+    for week in (1, 2):
+        gen_fleet(images, week)
+        p = fleet(tmp_path, "--cluster", "local:4", "--repo", str(repo), "--images", str(images), "--json")
+        assert p.returncode == 0, p.stderr
+        r = json.loads(p.stdout)
+        assert r["unique_bytes"] == exact_unique(cli, tmp_path, images, ref), f"week {week}"
+        assert len(r["hosts"]) == 4
+        for h in r["hosts"]:
+            assert set(h) >= {"name", "peak_rss_bytes", "cpu_seconds", "bytes_sent", "bytes_received"}
+            assert 0 < h["peak_rss_bytes"] <= 35 * 1000 * 1000, h
+            # Single-threaded stages: never more than one core on a host.
+            assert h["cpu_seconds"] <= h["stage_seconds"] * 1.05 + 0.5, h
+        # Requests, answers, references and dup-with-new results crossed hosts.
+        assert all(r["stages"][s]["bytes_exchanged"] > 0 for s in ("scan", "compare")), r["stages"]
+        snaps = [s for rd in r["rounds"] for s in rd["snapshots"]]
+        assert len(snaps) == 6 and all(s["version"] == week for s in snaps)
+    cli(repo, "check", "--read-data")
+    # A snapshot restores with the plain CLI, byte-exact.
+    vm = sorted(images.iterdir())[2]
+    cli(repo, "restore", f"{vm.name}@latest", "--target", str(tmp_path / "out"))
+    assert (tmp_path / "out" / "disk.img").read_bytes() == (vm / "disk.img").read_bytes()
+
+
+def test_worker_killed_mid_stage_is_run_again(tmp_path: Path, cli) -> None:
+    images, repo = tmp_path / "images", tmp_path / "repo"
+    gen_fleet(images, 1, vms=4)
+    cli(repo, "init", "--index", "exact")
+    p = fleet(tmp_path, "--cluster", "local:2", "--repo", str(repo), "--images", str(images), "--json",
+              env={"STRATA_FLEET_FAULT": "store:host-1:once"})
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "fault-store-host-1").exists()  # the kill happened
+    r = json.loads(p.stdout)
+    assert sum(len(rd["snapshots"]) for rd in r["rounds"]) == 4
+    # What the killed attempt stored is garbage gc removes; then the
+    # dedup is exact's.
+    cli(repo, "gc")
+    got = json.loads(cli(repo, "--json", "stats").stdout)["unique_bytes"]
+    assert got == exact_unique(cli, tmp_path, images, tmp_path / "exact")
+    cli(repo, "check", "--read-data")
+
+
+def test_failed_job_commits_nothing_and_a_rerun_finishes(tmp_path: Path, cli) -> None:
+    images, repo = tmp_path / "images", tmp_path / "repo"
+    gen_fleet(images, 1, vms=4)
+    cli(repo, "init", "--index", "exact")
+    p = fleet(tmp_path, "--cluster", "local:2", "--repo", str(repo), "--images", str(images), "--json",
+              env={"STRATA_FLEET_FAULT": "store:host-0"})
+    assert p.returncode == 1
+    assert "host-0" in p.stderr and "store" in p.stderr and "run the same command again" in p.stderr
+    assert json.loads(cli(repo, "--json", "snapshots").stdout) == []
+    p = fleet(tmp_path, "--cluster", "local:2", "--repo", str(repo), "--images", str(images), "--json")
+    assert p.returncode == 0, p.stderr
+    assert len(json.loads(cli(repo, "--json", "snapshots").stdout)) == 4
+    cli(repo, "gc")
+    got = json.loads(cli(repo, "--json", "stats").stdout)["unique_bytes"]
+    assert got == exact_unique(cli, tmp_path, images, tmp_path / "exact")
+
+
+def test_bad_input(tmp_path: Path, cli) -> None:
+    images, repo = tmp_path / "images", tmp_path / "repo"
+    gen_fleet(images, 1, vms=3)
+    cli(repo, "init", "--index", "exact")
+    vms = sorted(images.iterdir())
+    manifest = tmp_path / "vms.toml"
+    lines = [f'[[vm]]\nname = "{v.name}"\nhost = "h{i % 2}"\nimage = "{v / "disk.img"}"\n' for i, v in enumerate(vms)]
+    lines.append('[[vm]]\nname = "ghost"\nhost = "h0"\nimage = "/nonexistent/ghost.img"\n')
+    manifest.write_text("\n".join(lines))
+    p = fleet(tmp_path, "--cluster", "local:2", "--repo", str(repo), "--manifest", str(manifest), "--json")
+    assert p.returncode == 3, p.stderr
+    assert "ghost" in p.stderr and "nothing committed for it" in p.stderr
+    r = json.loads(p.stdout)
+    assert [f["name"] for f in r["failed_vms"]] == ["ghost"]
+    series = sorted(s["series"] for s in json.loads(cli(repo, "--json", "snapshots").stdout))
+    assert series == sorted(v.name for v in vms)
+    # An unreadable or malformed manifest: one clear line, exit 2.
+    p = fleet(tmp_path, "--repo", str(repo), "--manifest", str(tmp_path / "missing.toml"))
+    assert p.returncode == 2 and "cannot read the manifest" in p.stderr
+    manifest.write_text('[[vm]]\nname = "a"\nhost = "h"\nimage = "x"\n[[vm]]\nname = "a"\nhost = "h"\nimage = "y"\n')
+    p = fleet(tmp_path, "--repo", str(repo), "--manifest", str(manifest))
+    assert p.returncode == 2 and "two VMs named 'a'" in p.stderr
+    manifest.write_text("[[vm]\n")
+    p = fleet(tmp_path, "--repo", str(repo), "--manifest", str(manifest))
+    assert p.returncode == 2 and "not valid TOML" in p.stderr
