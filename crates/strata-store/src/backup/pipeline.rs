@@ -629,7 +629,7 @@ impl<'s> Stream<'s> {
         let outcome = match lock(&self.failure).take() {
             Some(m) if self.from_stream => {
                 return sh.fail(StoreError::Invalid(format!(
-                    "{}: reading the stream failed: {m} (nothing was committed)",
+                    "{}: reading the stream failed: {m}; nothing committed",
                     self.label
                 )))
             }
