@@ -61,12 +61,30 @@ def start_cluster(spec: str, hosts: list[str]) -> Any:
         if n < len(hosts):
             raise ManifestError(f"the VMs live on {len(hosts)} hosts but --cluster {spec} has {n}")
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-        for i in range(len(hosts)):
-            cluster.add_node(num_cpus=1, resources={f"strata_host_{i}": 1})
+        cluster.strata_nodes = {}
+        for i, h in enumerate(hosts):
+            cluster.strata_nodes[h] = cluster.add_node(num_cpus=1, resources={f"strata_host_{i}": 1})
         ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
         return cluster
     ray.init(address=spec, logging_level="ERROR", log_to_driver=False)
     return None
+
+
+def leave_hook(cluster: Any) -> Any:
+    """Test hook (the fleet's fault tests): ``STRATA_FLEET_FAULT=leave:HOST:STAGE``
+    removes HOST's Ray node (of a ``local:N`` cluster) just before STAGE,
+    the first time that stage comes."""
+    parts = os.environ.get("STRATA_FLEET_FAULT", "").split(":")
+    if len(parts) != 3 or parts[0] != "leave" or cluster is None:
+        return lambda stage: None
+    done = []
+
+    def hook(stage: str) -> None:
+        if stage == parts[2] and not done and parts[1] in cluster.strata_nodes:
+            done.append(1)
+            cluster.remove_node(cluster.strata_nodes[parts[1]], allow_graceful=False)
+
+    return hook
 
 
 def job_id(work: Path, vms: list[Vm], resume: bool) -> str:
@@ -112,15 +130,22 @@ def run(argv: list[str]) -> int:
         password = Path(a.password_file).read_text().rstrip("\n")
     elif os.environ.get("STRATA_PASSWORD"):
         password = os.environ["STRATA_PASSWORD"]
-    return execute(a, vms, password)
+    # Ray writes notices (a node that died, …) to standard output: with
+    # --json, only the report goes there.
+    out = sys.stdout
+    if a.json:
+        sys.stdout.flush()
+        out = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+    return execute(a, vms, password, out)
 
 
-def execute(a: argparse.Namespace, vms: list[Vm], password: Optional[str]) -> int:
+def execute(a: argparse.Namespace, vms: list[Vm], password: Optional[str], out: Any) -> int:
     import strata
     from strata import _native
 
     from .host import HostAgent
-    from .job import Job, RayExecutor, failed_stage
+    from .job import HostLeft, Job, RayExecutor, failed_stage
 
     bad = [v for v in vms if v.problem]
     good = [v for v in vms if not v.problem]
@@ -147,6 +172,7 @@ def execute(a: argparse.Namespace, vms: list[Vm], password: Optional[str]) -> in
     say = (lambda s: None) if a.json else (lambda s: print(f"  {s}", file=sys.stderr))
     job = Job(agents, hosts, [str(work / "hosts" / h) for h in hosts], a.memory, a.partitions, jid, RayExecutor(), say)
     lock = _native.Lock(repo._n, f"fleet job {jid}")
+    left: list[str] = []
     report: dict[str, Any] = {"job": jid, "hosts_count": len(hosts), "memory": a.memory, "partitions_per_host": a.partitions}
     status = 0
     try:
@@ -156,8 +182,35 @@ def execute(a: argparse.Namespace, vms: list[Vm], password: Optional[str]) -> in
         if a.rounds == "auto":
             k = max(1, min(len(hosts) and len({v.host for v in todo}) and 4, len(todo)))
         plan = rounds_for(todo, k)
+        job.before_stage = leave_hook(cluster)
         job.validate()
-        rounds = [job.run_round(i, r) for i, r in enumerate(plan)]
+        rounds = []
+        i = 0
+        while i < len(plan):
+            vms_i = [v for v in plan[i] if v.host not in left]
+            try:
+                rounds.append(job.run_round(i, vms_i))
+                i += 1
+            except HostLeft as e:
+                # Its VMs fail; another host adopts its index partitions
+                # (empty: what they held is stored again) and the round
+                # runs again for the others.
+                alive = [h for h in hosts if h not in left and h not in e.hosts]
+                if not alive or not e.hosts:
+                    raise
+                for h in e.hosts:
+                    left.append(h)
+                    idx = hosts.index(h)
+                    sur = hosts.index(alive[idx % len(alive)])
+                    job.agents[idx] = Agent.options(
+                        num_cpus=0, resources={f"strata_host_{sur}": 0.01}, max_concurrency=4
+                    ).remote(h, idx, str(work / "hosts" / f"{h}@{hosts[sur]}"), repo_cfg)
+                    job.work[idx] = str(work / "hosts" / f"{h}@{hosts[sur]}")
+                    agents[idx] = job.agents[idx]
+                    for v in (v for r in plan[i:] for v in r if v.host == h):
+                        v.problem = f"VM {v.name}: its host {h} left the cluster ({e})"
+                        bad.append(v)
+                job.ex.get([job.ex.call(a, "clean_round", f"{jid}-r{i}") for n, a in zip(hosts, job.agents) if n not in left])
         report["rounds"] = rounds
         report["resumed_vms"] = sorted(done)
         (work / "job.json").write_text(json.dumps({"id": jid, "finished": True}))
@@ -168,6 +221,7 @@ def execute(a: argparse.Namespace, vms: list[Vm], password: Optional[str]) -> in
     finally:
         lock.release()
     report["failed_vms"] = [{"name": v.name, "error": v.problem} for v in bad]
+    report["hosts_left"] = left
     if bad and status == 0:
         status = 3
     report["hosts"] = job.host_report()
@@ -181,7 +235,8 @@ def execute(a: argparse.Namespace, vms: list[Vm], password: Optional[str]) -> in
     if cluster is not None:
         cluster.shutdown()
     if a.json:
-        print(json.dumps(report, indent=1))
+        print(json.dumps(report, indent=1), file=out)
+        out.flush()
     else:
         print_report(report)
     for v in bad:

@@ -19,6 +19,23 @@ from typing import Any, Callable, Optional
 from .host import PIECE, StageFailed
 from .manifest import Vm
 
+class HostLeft(RuntimeError):
+    """Hosts whose agent is gone (the node left the cluster)."""
+
+    def __init__(self, hosts: list[str], during: str) -> None:
+        super().__init__(f"host {', '.join(hosts)} left the cluster during {during}")
+        self.hosts = hosts
+
+
+def actor_gone(e: BaseException) -> bool:
+    """Whether a Ray error says the actor (its node) is gone."""
+    try:
+        import ray.exceptions as rx
+    except ImportError:
+        return False
+    return isinstance(e, (rx.RayActorError, rx.ActorUnavailableError, rx.NodeDiedError))
+
+
 EXCHANGES = {"scan": "req", "compare": "ans", "store": "ref", "update": "dwn"}
 ROUND_STAGES = ["scan", "route", "compare", "store", "update", "finish"]
 
@@ -75,6 +92,8 @@ class Job:
     job_id: str
     ex: Executor
     progress: Callable[[str], None] = lambda s: None
+    # Called before each stage (the fault tests remove a node here).
+    before_stage: Callable[[str], None] = lambda s: None
     stats: dict[str, HostStats] = field(default_factory=dict)
     stage_totals: dict[str, dict[str, float]] = field(default_factory=dict)
 
@@ -103,10 +122,32 @@ class Job:
             ],
         }
 
+    def gone(self, during: str) -> HostLeft:
+        """Which agents no longer answer."""
+        dead = []
+        for h, a in enumerate(self.agents):
+            try:
+                self.ex.get([self.ex.call(a, "ping")])
+            except Exception as e:
+                if not actor_gone(e):
+                    raise
+                dead.append(self.hosts[h])
+        return HostLeft(dead, during)
+
     def stage(self, name: str, round_: str, vms: list[Vm]) -> list[dict[str, Any]]:
+        self.before_stage(name)
         t0 = time.monotonic()
         futs = [self.ex.call(a, "run_stage", name, self._args(h, round_, vms)) for h, a in enumerate(self.agents)]
-        results = self.ex.get(futs)
+        results, dead = [], []
+        for h, f in enumerate(futs):
+            try:
+                results.append(self.ex.get([f])[0])
+            except Exception as e:
+                if not actor_gone(e):
+                    raise
+                dead.append(self.hosts[h])
+        if dead:
+            raise HostLeft(dead, f"stage {name}")
         wall = time.monotonic() - t0
         tot = self.stage_totals.setdefault(name, {"seconds": 0.0, "bytes_exchanged": 0})
         tot["seconds"] += wall
@@ -160,7 +201,12 @@ class Job:
             self.progress(f"round {k}: {name}")
             results = self.stage(name, round_, vms)
             if name in EXCHANGES:
-                self.exchange(EXCHANGES[name], name, round_)
+                try:
+                    self.exchange(EXCHANGES[name], name, round_)
+                except Exception as e:
+                    if not actor_gone(e):
+                        raise
+                    raise self.gone(f"the exchange after {name}") from e
             if name == "finish":
                 out["snapshots"] = [v for r in results for v in r["report"]["vms"]]
             if name == "compare":

@@ -147,3 +147,25 @@ def test_bad_input(tmp_path: Path, cli) -> None:
     manifest.write_text("[[vm]\n")
     p = fleet(tmp_path, "--repo", str(repo), "--manifest", str(manifest))
     assert p.returncode == 2 and "not valid TOML" in p.stderr
+
+
+def test_a_host_leaving_fails_only_its_vms(tmp_path: Path, cli) -> None:
+    images, repo = tmp_path / "images", tmp_path / "repo"
+    gen_fleet(images, 1, vms=6)
+    cli(repo, "init", "--index", "exact")
+    p = fleet(tmp_path, "--cluster", "local:3", "--repo", str(repo), "--images", str(images), "--json",
+              env={"STRATA_FLEET_FAULT": "leave:host-1:compare"})
+    assert p.returncode == 3, p.stderr
+    r = json.loads(p.stdout)
+    assert r["hosts_left"] == ["host-1"]
+    # --images puts VMs on the hosts in turn: vm-001 and vm-004 on host-1.
+    failed = sorted(f["name"] for f in r["failed_vms"])
+    assert failed == ["vm-001", "vm-004"], r["failed_vms"]
+    assert all("host-1 left the cluster" in f["error"] for f in r["failed_vms"])
+    assert "host-1" in p.stderr and "nothing committed for it" in p.stderr
+    series = sorted(s["series"] for s in json.loads(cli(repo, "--json", "snapshots").stdout))
+    assert series == ["vm-000", "vm-002", "vm-003", "vm-005"]
+    cli(repo, "check", "--read-data")
+    for vm in ("vm-000", "vm-005"):
+        cli(repo, "restore", f"{vm}@latest", "--target", str(tmp_path / vm))
+        assert (tmp_path / vm / "disk.img").read_bytes() == (images / vm / "disk.img").read_bytes()

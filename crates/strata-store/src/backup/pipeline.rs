@@ -83,8 +83,18 @@ impl Shared<'_> {
         self.flow.wake();
     }
 
+    /// Whether the backup must stop. A cancel by the caller is turned into
+    /// the backup's error here, so every part of the pipeline winds down
+    /// as after a failure (the walk is woken, nothing waits for results).
     fn aborted(&self) -> bool {
-        self.ctx.aborted()
+        if self.ctx.abort.load(Ordering::Relaxed) {
+            return true;
+        }
+        if self.ctx.progress.is_cancelled() {
+            self.fail(StoreError::Cancelled);
+            return true;
+        }
+        false
     }
 
     fn with_writer<T>(&self, f: impl FnOnce(&mut ContainerWriter) -> T) -> T {
