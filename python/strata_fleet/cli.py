@@ -1,9 +1,11 @@
 """``strata-fleet``: fleet-wide batch dedup of VM images on Ray.
 
     strata-fleet run --cluster local:4 --repo DIR --images DIR [--memory 35M] [--rounds 1] [--json]
-    strata-fleet plan --manifest vms.toml [--json]
+    strata-fleet plan --manifest vms.toml [--hosts N] [--alpha 0.5] [--rounds auto|K] [--json]
 
-``run`` backs up every VM into one shared repository (each VM a series;
+``plan`` prints the round schedule (§4: the RS2 heuristic and the others of
+§4.2, predicted job span J and average VM backup time T, against one
+round, and the RS2 bound check) before anything runs; ``run`` backs up every VM into one shared repository (each VM a series;
 any snapshot restores with the plain ``strata`` CLI). ``--cluster
 local:N`` starts N simulated hosts on this machine (a Ray node each);
 ``ray://HOST:PORT`` or ``auto`` joins a running cluster whose nodes were
@@ -38,16 +40,22 @@ def parse_size(s: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {s!r} (e.g. 35M)")
 
 
-def rounds_for(vms: list[Vm], k: int) -> list[list[Vm]]:
-    """K rounds: each VM, largest first, to the round where its host's load
-    is smallest (the RS2 rule of §4.2); empty rounds dropped."""
-    load: dict[tuple[int, str], int] = {}
-    rounds: list[list[Vm]] = [[] for _ in range(max(1, k))]
-    for v in sorted(vms, key=lambda v: -v.size):
-        r = min(range(len(rounds)), key=lambda i: (load.get((i, v.host), 0), i))
-        rounds[r].append(v)
-        load[(r, v.host)] = load.get((r, v.host), 0) + v.size
-    return [r for r in rounds if r]
+def rounds_for(vms: list[Vm], rounds: str, alpha: float) -> tuple[list[list[Vm]], dict[str, Any]]:
+    """The VMs in rounds, in the order they run: §4.2's RS2 (largest VM
+    first, into the round where its host's load is smallest) with the
+    number of rounds that minimises alpha·T + (1−alpha)·J (``auto``) or
+    K; rounds run shortest-per-VM first (see strata_fleet.schedule)."""
+    from .schedule import Fleet, VmTask, plan
+
+    if not vms:
+        return [], {}
+    tasks = [
+        VmTask(v.name, v.host, max(v.size, 1), dirty_bytes=sum(n for _, n in v.changed) if v.changed is not None else None)
+        for v in vms
+    ]
+    s = plan(Fleet(tasks), "RS2", alpha, rounds if rounds == "auto" else int(rounds))
+    predicted = {"heuristic": s.heuristic, "rounds": len(s.rounds), "T_seconds": s.T, "J_seconds": s.J}
+    return [[vms[i] for i in r] for r in s.rounds], predicted
 
 
 def start_cluster(spec: str, hosts: list[str]) -> Any:
@@ -113,7 +121,8 @@ def run(argv: list[str]) -> int:
     src.add_argument("--manifest", help="a TOML manifest of VMs (see strata_fleet.manifest)")
     ap.add_argument("--memory", type=parse_size, default=parse_size("35M"), help="memory cap M of each host's stages (default 35M)")
     ap.add_argument("--partitions", type=int, default=16, help="index partitions per host, q (default 16)")
-    ap.add_argument("--rounds", default="1", help="number of rounds, or auto")
+    ap.add_argument("--rounds", default="1", help="number of rounds K, or auto (the K minimising alpha·T + (1−alpha)·J, §4.2)")
+    ap.add_argument("--alpha", type=float, default=0.5, help="weight of the average VM backup time T against the job span J (default 0.5)")
     ap.add_argument("--work", default=os.path.join(os.path.expanduser("~"), ".cache", "strata", "fleet"), help="each host's local work directory (index partitions, scratch)")
     ap.add_argument("--password-file", help="read the repository password from this file")
     ap.add_argument("--no-resume", action="store_true", help="start a new job even if the last one did not finish")
@@ -178,12 +187,9 @@ def execute(a: argparse.Namespace, vms: list[Vm], password: Optional[str], out: 
     try:
         done = {s.series for s in repo.snapshots() if f"fleet-job:{jid}" in s.tags}
         todo = [v for v in good if v.name not in done]
-        k = len(todo) if a.rounds == "auto" else int(a.rounds)
-        if a.rounds == "auto":
-            k = max(1, min(len(hosts) and len({v.host for v in todo}) and 4, len(todo)))
-        plan = rounds_for(todo, k)
+        plan, report["predicted"] = rounds_for(todo, a.rounds, a.alpha)
         job.before_stage = leave_hook(cluster)
-        job.validate()
+        report["index"] = {r["host"]: {k: r["report"][k] for k in ("rebuilt", "index_entries", "dropped")} for r in job.validate()}
         rounds = []
         i = 0
         while i < len(plan):

@@ -209,6 +209,9 @@ class Job:
                     raise self.gone(f"the exchange after {name}") from e
             if name == "finish":
                 out["snapshots"] = [v for r in results for v in r["report"]["vms"]]
+            if name == "scan":
+                out["scan_bytes_read"] = sum(v["bytes_read"] for r in results for v in r["report"]["vms"])
+                out["dirty_segments"] = sum(v["dirty_segments"] for r in results for v in r["report"]["vms"])
             if name == "compare":
                 out["duplicates"] = sum(r["report"]["duplicates"] for r in results)
                 out["new"] = sum(r["report"]["new"] for r in results)
