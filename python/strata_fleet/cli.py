@@ -168,7 +168,11 @@ def execute(a: argparse.Namespace, vms: list[Vm], password: Optional[str], out: 
     jid = job_id(work, vms, not a.no_resume)
     repo_cfg = {"url": a.repo, "password": password, "cache_dir": strata._cache_dir(None), "s3": strata._s3_settings(None)}
     t0 = time.monotonic()
-    cluster = start_cluster(a.cluster, hosts)
+    try:
+        cluster = start_cluster(a.cluster, hosts)
+    except (ManifestError, ValueError, ConnectionError) as e:
+        print(f"strata-fleet: --cluster {a.cluster}: {e}", file=sys.stderr)
+        return 2
     import ray
 
     Agent = ray.remote(HostAgent)
@@ -196,6 +200,11 @@ def execute(a: argparse.Namespace, vms: list[Vm], password: Optional[str], out: 
             vms_i = [v for v in plan[i] if v.host not in left]
             try:
                 rounds.append(job.run_round(i, vms_i))
+                # A VM whose image could not be read fails alone.
+                for f in rounds[-1]["failed"]:
+                    v = next(v for v in vms_i if v.name == f["name"])
+                    v.problem = f["error"]
+                    bad.append(v)
                 i += 1
             except HostLeft as e:
                 # Its VMs fail; another host adopts its index partitions
@@ -231,7 +240,12 @@ def execute(a: argparse.Namespace, vms: list[Vm], password: Optional[str], out: 
     if bad and status == 0:
         status = 3
     report["hosts"] = job.host_report()
-    report["agent_rss_bytes"] = dict(zip(hosts, ray.get([x.rss.remote() for x in agents])))
+    report["agent_rss_bytes"] = {}
+    for h, x in zip(hosts, agents):
+        try:
+            report["agent_rss_bytes"][h] = ray.get(x.rss.remote(), timeout=30)
+        except Exception:  # a host that left
+            report["agent_rss_bytes"][h] = None
     report["stages"] = job.stage_totals
     report["seconds"] = time.monotonic() - t0
     st = repo.stats()

@@ -51,24 +51,20 @@ class HostAgent:
                 env=dict(os.environ, PYTHONNOUSERSITE="1"),
             )
             payload = json.dumps({"stage": stage, "host": self.name, "args": args, "repo": self.repo}).encode()
-            assert p.stdin is not None and p.stdout is not None and p.stderr is not None
-            p.stdin.write(payload)
-            p.stdin.close()
-            out = p.stdout.read()
-            err = p.stderr.read()
-            _, status, usage = os.wait4(p.pid, 0)
-            p.returncode = os.waitstatus_to_exitcode(status)
+            # communicate: a worker's large stderr cannot block it.
+            out, err = p.communicate(payload)
             wall = time.monotonic() - t0
             if p.returncode == 0:
                 report = json.loads(out)
-                # The worker's own VmHWM: ru_maxrss of a child counts the
-                # forked parent's pages from before exec.
+                # The worker's own VmHWM and CPU time (its rusage): a
+                # child's ru_maxrss counts the forked parent's pages from
+                # before exec.
                 return {
                     "stage": stage,
                     "host": self.name,
                     "report": report,
                     "peak_rss_bytes": int(report.get("peak_rss", 0)),
-                    "cpu_seconds": usage.ru_utime + usage.ru_stime,
+                    "cpu_seconds": float(report.get("cpu_seconds", 0.0)),
                     "seconds": wall,
                     "attempts": attempt + 1,
                 }

@@ -208,7 +208,8 @@ class Job:
                         raise
                     raise self.gone(f"the exchange after {name}") from e
             if name == "finish":
-                out["snapshots"] = [v for r in results for v in r["report"]["vms"]]
+                out["snapshots"] = [v for r in results for v in r["report"]["vms"] if "error" not in v]
+                out["failed"] = [{"name": v["name"], "error": v["error"]} for r in results for v in r["report"]["vms"] if "error" in v]
             if name == "scan":
                 out["scan_bytes_read"] = sum(v["bytes_read"] for r in results for v in r["report"]["vms"])
                 out["dirty_segments"] = sum(v["dirty_segments"] for r in results for v in r["report"]["vms"])

@@ -22,10 +22,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+
+
+# A host's name names its work directory: no path separators, no dot names.
+HOST_NAME = re.compile(r"(?!\.{1,2}$)[A-Za-z0-9._-]{1,64}")
 
 
 class ManifestError(ValueError):
@@ -83,8 +88,12 @@ def load_manifest(path: str) -> list[Vm]:
         if v["name"] in seen:
             raise ManifestError(f"{path}: two VMs named {v['name']!r}")
         seen.add(v["name"])
-        image = str(Path(os.path.dirname(path) or ".", v["image"]).resolve()) if not os.path.isabs(v["image"]) else v["image"]
+        if not HOST_NAME.fullmatch(str(v["host"])):
+            raise ManifestError(f"{path}: vm {v['name']!r}: host {v['host']!r} is not a host name (letters, digits, '.', '_', '-')")
+        base = os.path.dirname(path) or "."
+        image = str(Path(base, v["image"]).resolve())
         cb = v.get("changed_blocks")
+        cb = str(Path(base, cb).resolve()) if cb else None
         vms.append(Vm(name=str(v["name"]), host=str(v["host"]), image=image, changed=read_changed(cb) if cb else None))
     if not vms:
         raise ManifestError(f"{path}: no [[vm]] entries")

@@ -49,7 +49,12 @@ def main() -> int:
     except _native.StrataError as e:
         print(json.dumps({"error": str(e)}))
         return 1
-    print(out)
+    report = json.loads(out)
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    report["cpu_seconds"] = ru.ru_utime + ru.ru_stime
+    print(json.dumps(report))
     return 0
 
 

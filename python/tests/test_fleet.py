@@ -240,3 +240,29 @@ def test_changed_block_lists_skip_clean_segments(tmp_path: Path, cli) -> None:
     cli(repo, "check", "--read-data")
     cli(repo, "restore", "vm-002@latest", "--target", str(tmp_path / "out"))
     assert (tmp_path / "out" / "disk.img").read_bytes() == (day2 / "vm-002" / "disk.img").read_bytes()
+
+
+def test_an_unreadable_image_fails_alone(tmp_path: Path, cli) -> None:
+    """An image that exists but cannot be read (here: a directory) fails
+    its VM in the scan; the others are backed up."""
+    images, repo = tmp_path / "images", tmp_path / "repo"
+    gen_fleet(images, 1, vms=3)
+    cli(repo, "init", "--index", "exact")
+    (tmp_path / "odd.img").mkdir()
+    vms = sorted(images.iterdir())
+    lines = [f'[[vm]]\nname = "{v.name}"\nhost = "h{i % 2}"\nimage = "{v / "disk.img"}"\n' for i, v in enumerate(vms)]
+    lines.append('[[vm]]\nname = "odd"\nhost = "h1"\nimage = "odd.img"\n')  # relative to the manifest
+    manifest = tmp_path / "vms.toml"
+    manifest.write_text("\n".join(lines))
+    p = fleet(tmp_path, "--cluster", "local:2", "--repo", str(repo), "--manifest", str(manifest), "--json")
+    assert p.returncode == 3, p.stderr
+    r = json.loads(p.stdout)
+    assert [f["name"] for f in r["failed_vms"]] == ["odd"], r["failed_vms"]
+    assert "odd" in p.stderr
+    series = sorted(s["series"] for s in json.loads(cli(repo, "--json", "snapshots").stdout))
+    assert series == sorted(v.name for v in vms)
+    cli(repo, "check", "--read-data")
+    # A host name that is not one (it names a work directory).
+    manifest.write_text('[[vm]]\nname = "a"\nhost = "../x"\nimage = "y"\n')
+    p = fleet(tmp_path, "--repo", str(repo), "--manifest", str(manifest))
+    assert p.returncode == 2 and "is not a host name" in p.stderr

@@ -2,7 +2,8 @@
 //! waits without the GIL, waking every 100 ms to let Python handle
 //! signals: Ctrl-C (KeyboardInterrupt) cancels the operation through its
 //! [`Progress`] and is raised once the operation has stopped, having
-//! committed nothing further.
+//! committed nothing further (an operation that finished meanwhile returns
+//! its result); a second Ctrl-C stops the wait at once.
 
 use crate::errors::to_py;
 use pyo3::prelude::*;
@@ -33,10 +34,12 @@ where
         match got {
             Ok(result) => {
                 let _ = worker.join();
-                return match interrupted {
+                return match (interrupted, result) {
+                    // Finished (committed) before it could stop: its result.
+                    (_, Ok(v)) => Ok(v),
                     // Cancelled: the signal's exception, not "cancelled".
-                    Some(e) => Err(e),
-                    None => result.map_err(to_py),
+                    (Some(e), Err(_)) => Err(e),
+                    (None, Err(e)) => Err(to_py(e)),
                 };
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -46,11 +49,16 @@ where
                 ));
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                if interrupted.is_none() {
-                    if let Err(e) = py.check_signals() {
-                        progress.cancel();
-                        interrupted = Some(e);
+                if let Err(e) = py.check_signals() {
+                    if interrupted.is_some() {
+                        // A second Ctrl-C: stop waiting (a stream that
+                        // never returns would hold the call forever); the
+                        // operation stops in the background, committing
+                        // nothing.
+                        return Err(e);
                     }
+                    progress.cancel();
+                    interrupted = Some(e);
                 }
             }
         }

@@ -23,7 +23,7 @@ pub(crate) fn route(
     let mut rec = vec![0u8; size];
     let mut n = 0;
     for h in 0..shape.hosts {
-        let mut r = RecordReader::open(&dir.recv(kind, h), size, 128 << 10)?;
+        let mut r = RecordReader::open_required(&dir.recv(kind, h), size, 128 << 10)?;
         while r.next_into(&mut rec)? {
             let (owner, l) = shape.owner(&fp_at(&rec, 0));
             if owner != shape.me {

@@ -3,8 +3,8 @@
 //! the previous version) and its snapshot committed — the VM's commit
 //! point.
 
-use super::scan::previous;
-use super::store::{apply_answers, slot_range, source, BlockStore, ScanReader};
+use super::scan::image_of;
+use super::store::{apply_answers, failed, slot_at, slot_range, source, BlockStore, ScanReader};
 use super::{u32_at, HostDir, Kind, Loc, StageArgs, VmArgs, SEGMENT, SLOT_LEN};
 use crate::error::{Result, StoreError};
 use crate::repo::{now_ns, Repository};
@@ -30,6 +30,12 @@ pub fn finish(repo: &Repository, a: &StageArgs) -> Result<Value> {
     let existing = repo.list_snapshots()?;
     let mut vms = Vec::new();
     for vm in &a.vms {
+        if failed(&dir, vm.vm) {
+            let p = dir.vm_file(vm.vm, "failed");
+            let msg = std::fs::read_to_string(&p).unwrap_or_default();
+            vms.push(json!({"vm": vm.vm, "name": vm.name, "error": msg}));
+            continue;
+        }
         // A rerun after a crash: a VM already committed by this round.
         if let Some((id, _)) = existing
             .iter()
@@ -70,7 +76,16 @@ fn zero_ref(len: u32) -> ChunkRef {
 }
 
 fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
-    let prev = previous(repo, &vm.name)?;
+    // The parent stage 1a compared with (not the series' latest now).
+    let pp = dir.vm_file(vm.vm, "parent");
+    let parent_id = std::fs::read_to_string(&pp).map_err(|e| io("read", &pp, e))?;
+    let prev = match parent_id.as_str() {
+        "" => None,
+        id => {
+            let s = repo.load_snapshot(id)?;
+            image_of(repo, &s)?.map(|(r, i)| (id.to_string(), s, r, i))
+        }
+    };
     let src = source(dir, vm.vm)?;
     let img = File::open(&src).map_err(|e| io("open", &src, e))?;
     let mp = dir.vm_file(vm.vm, "map");
@@ -134,7 +149,7 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
                 chunks.push(zero_ref(len));
                 continue;
             }
-            let s = &slots[(slot - first) as usize * SLOT_LEN..][..SLOT_LEN];
+            let s = &*slot_at(&mut slots, first, slot)?;
             let mut fp = super::fp_at(s, 0);
             let kind = Kind::from_u32(u32_at(s, 32))?;
             let loc = if kind.located() {

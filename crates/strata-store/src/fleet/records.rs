@@ -94,6 +94,18 @@ impl RecordReader {
         })
     }
 
+    /// As [`Self::open`], but a missing file is an error (an exchange's
+    /// received file always exists, empty or not).
+    pub fn open_required(path: &Path, size: usize, buffer: usize) -> Result<Self> {
+        if !path.exists() {
+            return Err(StoreError::Invalid(format!(
+                "{} is missing: the exchange before this stage did not finish (run the job again)",
+                path.display()
+            )));
+        }
+        Self::open(path, size, buffer)
+    }
+
     /// The next record into `buf` (`size` bytes); false at the end.
     pub fn next_into(&mut self, buf: &mut [u8]) -> Result<bool> {
         let Some(r) = &mut self.inner else {

@@ -13,25 +13,29 @@ use std::path::{Path, PathBuf};
 use strata_core::format::{NodeKind, Recipe, Snapshot};
 use strata_core::Fingerprint;
 
-/// The latest snapshot of series `name`, its recipe, and the index of the
-/// image's node in it.
-pub(crate) fn previous(
-    repo: &Repository,
-    name: &str,
-) -> Result<Option<(String, Snapshot, Recipe, usize)>> {
-    let latest = repo
-        .list_snapshots()?
-        .into_iter()
-        .filter(|(_, s)| s.series == name && s.archival.is_none())
-        .max_by_key(|(_, s)| s.version);
-    let Some((id, s)) = latest else {
-        return Ok(None);
-    };
+/// The version a VM's new snapshot builds on: the latest of its series,
+/// with the parent rules of a backup (an archival version, one in the
+/// cloud tier — a separate dedup domain — or one cut with another chunker
+/// offers nothing). Returns its id and snapshot.
+pub(crate) fn parent_of(all: &[(String, Snapshot)], name: &str) -> Option<(String, Snapshot)> {
+    let (id, s) = all
+        .iter()
+        .filter(|(_, s)| s.series == name)
+        .max_by_key(|(_, s)| (s.version, s.time_ns))?;
+    let usable = s.archival.is_none()
+        && s.tier == strata_core::format::Tier::Active
+        && s.chunker == strata_core::chunker::ChunkerParams::fixed();
+    usable.then(|| (id.clone(), s.clone()))
+}
+
+/// The image node of snapshot `s`'s recipe and the recipe.
+pub(crate) fn image_of(repo: &Repository, s: &Snapshot) -> Result<Option<(Recipe, usize)>> {
     let recipe = repo.load_recipe(&s.recipe)?;
-    let Some(i) = recipe.nodes.iter().position(|n| n.kind == NodeKind::File) else {
-        return Ok(None);
-    };
-    Ok(Some((id, s, recipe, i)))
+    Ok(recipe
+        .nodes
+        .iter()
+        .position(|n| n.kind == NodeKind::File)
+        .map(|i| (recipe, i)))
 }
 
 /// Makes the image's view for this round: a reflink copy in the work
@@ -97,8 +101,24 @@ pub fn scan(repo: &Repository, a: &StageArgs) -> Result<Value> {
     };
     let mut vms = Vec::new();
     let mut buf = vec![0u8; SEGMENT];
+    let all = repo.list_snapshots()?;
     for vm in &a.vms {
-        vms.push(scan_vm(repo, &dir, &shape, vm, &mut send, &mut buf, each)?);
+        // A VM that cannot be read fails alone: the requests it sent are
+        // answered and dropped, its blocks others wait for are stored by
+        // them in stage 4.
+        match scan_vm(repo, &all, &dir, &shape, vm, &mut send, &mut buf, each) {
+            Ok(v) => vms.push(v),
+            Err(e) => {
+                let msg = format!("VM {}: {e}", vm.name);
+                let p = dir.vm_file(vm.vm, "failed");
+                std::fs::write(&p, &msg)
+                    .map_err(|e| StoreError::io("write", p.display().to_string(), e))?;
+                vms.push(
+                    json!({"vm": vm.vm, "name": vm.name, "error": msg, "bytes_read": 0,
+                                "dirty_segments": 0}),
+                );
+            }
+        }
     }
     for w in send.out {
         w.finish()?;
@@ -108,8 +128,10 @@ pub fn scan(repo: &Repository, a: &StageArgs) -> Result<Value> {
     )
 }
 
+#[allow(clippy::too_many_arguments)]
 fn scan_vm(
     repo: &Repository,
+    all: &[(String, Snapshot)],
     dir: &HostDir,
     shape: &Shape,
     vm: &VmArgs,
@@ -119,12 +141,25 @@ fn scan_vm(
 ) -> Result<Value> {
     let hasher = repo.hasher();
     // Only the previous version's segment fingerprints and lengths.
-    let prev: Vec<(Fingerprint, u64)> = match previous(repo, &vm.name)? {
-        Some((_, _, r, i)) => r.nodes[i]
-            .segments
-            .iter()
-            .map(|s| (s.fp, s.len()))
-            .collect(),
+    super::remove(&dir.vm_file(vm.vm, "failed"))?;
+    // The parent is fixed here, for stage 4 to build on the same version.
+    let parent = parent_of(all, &vm.name);
+    let ppath = dir.vm_file(vm.vm, "parent");
+    if let Some(d) = ppath.parent() {
+        std::fs::create_dir_all(d)
+            .map_err(|e| StoreError::io("create", d.display().to_string(), e))?;
+    }
+    std::fs::write(&ppath, parent.as_ref().map(|p| p.0.as_str()).unwrap_or(""))
+        .map_err(|e| StoreError::io("write", ppath.display().to_string(), e))?;
+    let prev: Vec<(Fingerprint, u64)> = match &parent {
+        Some((_, s)) => match image_of(repo, s)? {
+            Some((r, i)) => r.nodes[i]
+                .segments
+                .iter()
+                .map(|s| (s.fp, s.len()))
+                .collect(),
+            None => Vec::new(),
+        },
         None => Vec::new(),
     };
     let (src, copied) = consistent_view(&vm.image, &dir.vm_file(vm.vm, "img"))?;

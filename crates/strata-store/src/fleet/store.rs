@@ -31,37 +31,78 @@ pub(crate) fn apply_answers(
     vms: &[VmArgs],
     kind: &str,
 ) -> Result<u64> {
-    let mut maps: HashMap<u32, File> = HashMap::new();
-    for vm in vms {
+    // The block maps of the VMs whose scan worked (a failed VM's answers
+    // are dropped), with their slot counts.
+    let mut maps: HashMap<u32, (File, u64)> = HashMap::new();
+    for vm in vms.iter().filter(|v| !failed(dir, v.vm)) {
         let p = dir.vm_file(vm.vm, "map");
         let f = OpenOptions::new()
             .read(true)
             .write(true)
             .open(&p)
             .map_err(|e| io("open", &p, e))?;
-        maps.insert(vm.vm, f);
+        let slots = f.metadata().map_err(|e| io("stat", &p, e))?.len() / SLOT_LEN as u64;
+        maps.insert(vm.vm, (f, slots));
     }
+    let known: std::collections::HashSet<u32> = vms.iter().map(|v| v.vm).collect();
     let mut a = [0u8; ANSWER_LEN];
+    let mut kind_now = [0u8; 4];
     let mut n = 0;
     for h in 0..shape.hosts {
-        let mut r = RecordReader::open(&dir.recv(kind, h), ANSWER_LEN, 128 << 10)?;
+        let mut r = RecordReader::open_required(&dir.recv(kind, h), ANSWER_LEN, 128 << 10)?;
         while r.next_into(&mut a)? {
             let (vm, slot) = (u32_at(&a, 0), u32_at(&a, 4));
             Kind::from_u32(u32_at(&a, 8))?;
-            let f = maps.get(&vm).ok_or_else(|| {
-                StoreError::Invalid(format!(
+            let Some((f, slots)) = maps.get(&vm) else {
+                if known.contains(&vm) {
+                    continue;
+                }
+                return Err(StoreError::Invalid(format!(
                     "an answer for VM {vm}, not one of this host's in this round"
-                ))
-            })?;
-            f.write_all_at(&a[8..], slot as u64 * SLOT_LEN as u64 + 32)
-                .map_err(|e| io("write", &dir.vm_file(vm, "map"), e))?;
+                )));
+            };
+            if slot as u64 >= *slots {
+                return Err(StoreError::Invalid(format!(
+                    "an answer for slot {slot} of VM {vm}, whose map has {slots}"
+                )));
+            }
+            let at = slot as u64 * SLOT_LEN as u64 + 32;
+            let mp = dir.vm_file(vm, "map");
+            // A block this VM stored itself (new, or changed since its
+            // scan: the slot holds its new fingerprint) keeps its own
+            // location: an answer to the old request (or the same answer
+            // applied again by a rerun) must not replace it.
+            f.read_exact_at(&mut kind_now, at)
+                .map_err(|e| io("read", &mp, e))?;
+            if Kind::from_u32(u32::from_le_bytes(kind_now))? == Kind::Stored {
+                continue;
+            }
+            f.write_all_at(&a[8..], at)
+                .map_err(|e| io("write", &mp, e))?;
             n += 1;
         }
     }
-    for f in maps.values() {
+    for (f, _) in maps.values() {
         f.sync_data().map_err(|e| io("sync", &dir.round_dir(), e))?;
     }
     Ok(n)
+}
+
+/// Whether VM `vm`'s scan failed this round (it is then left out).
+pub(crate) fn failed(dir: &HostDir, vm: u32) -> bool {
+    dir.vm_file(vm, "failed").exists()
+}
+
+/// The slot `slot` of a segment's slots read from `first` on, checked.
+pub(crate) fn slot_at(slots: &mut [u8], first: u32, slot: u32) -> Result<&mut [u8]> {
+    slot.checked_sub(first)
+        .map(|i| i as usize * SLOT_LEN)
+        .and_then(|at| slots.get_mut(at..at + SLOT_LEN))
+        .ok_or_else(|| {
+            StoreError::Invalid(format!(
+                "slot {slot} out of order in a scan file (damaged scratch file)"
+            ))
+        })
 }
 
 /// One dirty segment of a VM's scan file: its blocks' lengths and slots
@@ -202,7 +243,7 @@ pub fn store(repo: &Repository, a: &StageArgs) -> Result<Value> {
     let mut bs = BlockStore::new(repo);
     let mut buf = vec![0u8; SEGMENT];
     let mut vms = Vec::new();
-    for vm in &a.vms {
+    for vm in a.vms.iter().filter(|v| !failed(&dir, v.vm)) {
         let (read, changed) = store_vm(
             repo, &dir, &shape, vm, &mut bs, &mut buf, &mut refs, &mut sent,
         )?;
@@ -261,6 +302,12 @@ fn store_vm(
             continue;
         };
         let len: usize = seg.blocks.iter().map(|b| b.0 as usize).sum();
+        if len > SEGMENT {
+            return Err(StoreError::Invalid(format!(
+                "{}: damaged scan file",
+                src.display()
+            )));
+        }
         f.read_exact_at(&mut buf[..len], off)
             .map_err(|e| io("read", &src, e))?;
         read += len as u64;
@@ -274,7 +321,7 @@ fn store_vm(
             if slot == u32::MAX {
                 continue;
             }
-            let s = &mut slots[(slot - first) as usize * SLOT_LEN..][..SLOT_LEN];
+            let s = slot_at(&mut slots, first, slot)?;
             let (fp, zero) = crate::backup::dedup::chunk_fp(hasher, data);
             let kind = Kind::from_u32(u32_at(s, 32))?;
             if fp.0 != s[..32] || zero {
