@@ -48,7 +48,7 @@ class HostAgent:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=dict(os.environ, PYTHONNOUSERSITE="1"),
+                env=dict(os.environ, PYTHONNOUSERSITE="1", MALLOC_ARENA_MAX=os.environ.get("MALLOC_ARENA_MAX", "2")),
             )
             payload = json.dumps({"stage": stage, "host": self.name, "args": args, "repo": self.repo}).encode()
             # communicate: a worker's large stderr cannot block it.

@@ -79,7 +79,7 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
     // The parent stage 1a compared with (not the series' latest now).
     let pp = dir.vm_file(vm.vm, "parent");
     let parent_id = std::fs::read_to_string(&pp).map_err(|e| io("read", &pp, e))?;
-    let prev = match parent_id.as_str() {
+    let mut prev = match parent_id.as_str() {
         "" => None,
         id => {
             let s = repo.load_snapshot(id)?;
@@ -101,18 +101,27 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
     while let Some(seg) = scan.next()? {
         let i = segments.len();
         let Some(seg) = seg else {
-            let (_, _, r, n) = prev.as_ref().ok_or_else(|| {
+            let (_, _, r, n) = prev.as_mut().ok_or_else(|| {
                 StoreError::Invalid(format!(
                     "{}: a clean segment without a previous version",
                     vm.name
                 ))
             })?;
-            let mut s: SegmentRef = r.nodes[*n].segments.get(i).cloned().ok_or_else(|| {
-                StoreError::Invalid(format!(
-                    "{}: segment {i} is not in the previous version",
-                    vm.name
-                ))
-            })?;
+            // Moved, not copied: each clean segment is taken once, so the
+            // previous version's node and the new one are not both held whole.
+            let mut s: SegmentRef = r.nodes[*n]
+                .segments
+                .get_mut(i)
+                .map(|s| SegmentRef {
+                    fp: s.fp,
+                    chunks: std::mem::take(&mut s.chunks),
+                })
+                .ok_or_else(|| {
+                    StoreError::Invalid(format!(
+                        "{}: segment {i} is not in the previous version",
+                        vm.name
+                    ))
+                })?;
             for c in &mut s.chunks {
                 if c.is_zero() {
                     continue;
@@ -188,6 +197,7 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
     stored_blocks += bs.blocks;
     stored_raw += bs.bytes;
     let mut stored = bs.finish()?;
+    let parent = prev.map(|p| p.0);
     let node = image_node(&vm.image, segments, size)?;
     let (recipe, n) = crate::recipe::put(
         repo,
@@ -205,7 +215,7 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
         paths: vec![vm.image.display().to_string()],
         tags: vm.tags.clone(),
         recipe,
-        parent: prev.map(|p| p.0),
+        parent,
         chunker: ChunkerParams::fixed(),
         stats: SnapshotStats {
             files: 1,

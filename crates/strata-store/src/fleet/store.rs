@@ -178,7 +178,14 @@ pub(crate) struct BlockStore {
     repo: Repository,
     pub blocks: u64,
     pub bytes: u64,
+    /// Bytes stored since the containers were last closed, and bytes
+    /// written by closes so far.
+    since: u64,
+    stored: u64,
 }
+
+/// Raw bytes stored between two closes of a [`BlockStore`]'s containers.
+const ROTATE: u64 = 64 << 20;
 
 impl BlockStore {
     pub fn new(repo: &Repository) -> Self {
@@ -189,10 +196,18 @@ impl BlockStore {
             repo: repo.clone(),
             blocks: 0,
             bytes: 0,
+            since: 0,
+            stored: 0,
         }
     }
 
+    /// Stores a block; every [`ROTATE`] bytes the containers so far are
+    /// made durable and indexed, so the metadata held (and the index object
+    /// written) stays bounded whatever a stage stores.
     pub fn put(&mut self, fp: Fingerprint, data: &[u8]) -> Result<Loc> {
+        if self.since >= ROTATE {
+            self.stored += self.close()?;
+        }
         if self.writer.is_none() {
             let sink = ContainerSink::start(&self.repo);
             self.writer = Some(sink.writer(&self.repo, self.table.clone()));
@@ -203,6 +218,7 @@ impl BlockStore {
         w.append(fp, data);
         self.blocks += 1;
         self.bytes += data.len() as u64;
+        self.since += data.len() as u64;
         Ok(Loc {
             container: self.table.get(loc.container),
             region: loc.region,
@@ -211,8 +227,14 @@ impl BlockStore {
         })
     }
 
-    /// Makes every container durable and lists them in an index object.
+    /// Makes every container durable and lists them in an index object;
+    /// returns the bytes written to the repository.
     pub fn finish(mut self) -> Result<u64> {
+        Ok(self.stored + self.close()?)
+    }
+
+    fn close(&mut self) -> Result<u64> {
+        self.since = 0;
         let Some(sink) = self.sink.take() else {
             return Ok(0);
         };
