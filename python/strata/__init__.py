@@ -312,6 +312,17 @@ class Repository:
         with self.open_file(spec, path) as f:
             return f.read()
 
+    def forget(self, specs: Iterable[str]) -> dict[str, Any]:
+        """Removes the snapshots ``specs`` names (ids, prefixes,
+        ``SERIES@VERSION``); ``gc()`` frees what only they held."""
+        return json.loads(self._n.forget(list(specs)))
+
+    def gc(self, threshold: float = 0.2) -> dict[str, Any]:
+        """Mark-and-sweep garbage collection (as ``strata gc``): dead
+        containers deleted, those with more than ``threshold`` dead bytes
+        rewritten."""
+        return json.loads(self._n.gc(threshold))
+
     def stats(self) -> dict[str, Any]:
         """The repository's figures, as ``strata stats --json`` gives them
         (``unique_bytes``: plaintext bytes stored once)."""

@@ -1,6 +1,7 @@
 """``strata-fleet``: fleet-wide batch dedup of VM images on Ray.
 
     strata-fleet run --cluster local:4 --repo DIR --images DIR [--memory 35M] [--rounds 1] [--json]
+    strata-fleet forget --cluster local:4 --repo DIR --images DIR --keep-last N [--gc] [--json]
     strata-fleet plan --manifest vms.toml [--hosts N] [--alpha 0.5] [--rounds auto|K] [--json]
 
 ``plan`` prints the round schedule (§4: the RS2 heuristic and the others of
@@ -78,6 +79,123 @@ def start_cluster(spec: str, hosts: list[str]) -> Any:
     return None
 
 
+def start_agents(a: argparse.Namespace, hosts: list[str], work: Path, repo_cfg: dict[str, Any]) -> tuple[Any, Any, list[Any]]:
+    """The cluster (``--cluster``) and one host agent per host, each a
+    Ray actor pinned to its host's node."""
+    import ray
+
+    from .host import HostAgent
+
+    cluster = start_cluster(a.cluster, hosts)
+    Agent = ray.remote(HostAgent)
+    agents = [
+        Agent.options(num_cpus=0, resources={f"strata_host_{i}": 0.01}, max_concurrency=4).remote(
+            h, i, str(work / "hosts" / h), repo_cfg
+        )
+        for i, h in enumerate(hosts)
+    ]
+    return cluster, Agent, agents
+
+
+def common_args(ap: argparse.ArgumentParser) -> None:
+    """The options `run` and `forget` share."""
+    ap.add_argument("--cluster", default="local:4", help="local:N (N simulated hosts), ray://HOST:PORT or auto")
+    ap.add_argument("--repo", required=True, help="the shared repository (directory or s3://BUCKET/PREFIX)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--images", help="a directory of images (a subdirectory per VM, or an image file per VM)")
+    src.add_argument("--manifest", help="a TOML manifest of VMs (see strata_fleet.manifest)")
+    ap.add_argument("--memory", type=parse_size, default=parse_size("35M"), help="memory cap M of each host's stages (default 35M)")
+    ap.add_argument("--partitions", type=int, default=16, help="index partitions per host, q (default 16)")
+    ap.add_argument("--work", default=os.path.join(os.path.expanduser("~"), ".cache", "strata", "fleet"), help="each host's local work directory (index partitions, scratch)")
+    ap.add_argument("--password-file", help="read the repository password from this file")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def load_input(a: argparse.Namespace) -> tuple[list[Vm], Optional[str], Any]:
+    """The VMs, the password, and where the report goes (with --json,
+    standard output is kept for it: Ray's notices go to standard error)."""
+    hosts_hint = [f"host-{i}" for i in range(int(a.cluster.split(":")[1]))] if a.cluster.startswith("local:") else ["host-0"]
+    vms = load_manifest(a.manifest) if a.manifest else from_directory(a.images, hosts_hint)
+    password = None
+    if a.password_file:
+        password = Path(a.password_file).read_text().rstrip("\n")
+    elif os.environ.get("STRATA_PASSWORD"):
+        password = os.environ["STRATA_PASSWORD"]
+    out = sys.stdout
+    if a.json:
+        sys.stdout.flush()
+        out = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+    return vms, password, out
+
+
+def forget(argv: list[str]) -> int:
+    """``strata-fleet forget --keep-last N``: expired VM snapshots removed,
+    then the parallel mark-and-sweep over the index partitions (§3,
+    snapshot deletion), then, with ``--gc``, the repository's compaction."""
+    ap = argparse.ArgumentParser(prog="strata-fleet forget", description="Remove expired VM snapshots; mark and sweep the fleet's index.")
+    common_args(ap)
+    ap.add_argument("--keep-last", type=int, required=True, help="versions of each VM to keep (at least 1)")
+    ap.add_argument("--gc", action="store_true", help="then free the space (strata gc)")
+    ap.add_argument("--gc-threshold", type=float, default=0.2, help="with --gc: rewrite containers with more than this fraction dead (default 0.2, as strata gc)")
+    a = ap.parse_args(argv)
+    if a.keep_last < 1:
+        print("strata-fleet: --keep-last must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        vms, password, out = load_input(a)
+    except (ManifestError, ValueError) as e:
+        print(f"strata-fleet: {e}", file=sys.stderr)
+        return 2
+    import strata
+    from strata import _native
+
+    from .job import Job, RayExecutor
+
+    try:
+        repo = strata.open(a.repo, password)
+    except strata.StrataError as e:
+        print(f"strata-fleet: {e}", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    drop = []
+    for v in vms:
+        snaps = sorted(repo.snapshots(series=v.name), key=lambda s: s.version)
+        drop += [s.id for s in snaps[: max(0, len(snaps) - a.keep_last)]]
+    report: dict[str, Any] = {"forgotten": len(drop)}
+    if drop:
+        report["forget"] = repo.forget(drop)
+    hosts = sorted({v.host for v in vms})
+    work = Path(a.work) / repo.id
+    repo_cfg = {"url": a.repo, "password": password, "cache_dir": strata._cache_dir(None), "s3": strata._s3_settings(None)}
+    cluster, _, agents = start_agents(a, hosts, work, repo_cfg)
+    import ray
+
+    job = Job(agents, hosts, [str(work / "hosts" / h) for h in hosts], a.memory, a.partitions, time.strftime("forget-%Y%m%dT%H%M%S"), RayExecutor())
+    lock = _native.Lock(repo._n, "fleet mark-and-sweep")
+    try:
+        job.validate()
+        report["sweep"] = job.sweep([v for v in vms if not v.problem])
+    finally:
+        lock.release()
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+    report["hosts"] = job.host_report()
+    if a.gc:
+        report["gc"] = repo.gc(a.gc_threshold)
+    report["seconds"] = time.monotonic() - t0
+    if a.json:
+        print(json.dumps(report, indent=1), file=out)
+        out.flush()
+    else:
+        sw = report["sweep"]
+        print(f"forgot {len(drop)} snapshots; the index dropped {sw['dead_entries']} blocks ({sw['dead_bytes'] / 1e6:.1f} MB) "
+              f"in {sw['containers_with_dead_bytes']} containers, {sw['index_entries']} remain"
+              + (f"; gc deleted {report['gc']['containers_deleted']} containers" if a.gc else "; run with --gc (or strata gc) to free the space"))
+    return 0
+
+
 def leave_hook(cluster: Any) -> Any:
     """Test hook (the fleet's fault tests): ``STRATA_FLEET_FAULT=leave:HOST:STAGE``
     removes HOST's Ray node (of a ``local:N`` cluster) just before STAGE,
@@ -114,38 +232,16 @@ def job_id(work: Path, vms: list[Vm], resume: bool) -> str:
 
 def run(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="strata-fleet run", description="Back up every VM of a cluster into one repository.")
-    ap.add_argument("--cluster", default="local:4", help="local:N (N simulated hosts), ray://HOST:PORT or auto")
-    ap.add_argument("--repo", required=True, help="the shared repository (directory or s3://BUCKET/PREFIX)")
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--images", help="a directory of images (subdirectories: one per host)")
-    src.add_argument("--manifest", help="a TOML manifest of VMs (see strata_fleet.manifest)")
-    ap.add_argument("--memory", type=parse_size, default=parse_size("35M"), help="memory cap M of each host's stages (default 35M)")
-    ap.add_argument("--partitions", type=int, default=16, help="index partitions per host, q (default 16)")
+    common_args(ap)
     ap.add_argument("--rounds", default="1", help="number of rounds K, or auto (the K minimising alpha·T + (1−alpha)·J, §4.2)")
     ap.add_argument("--alpha", type=float, default=0.5, help="weight of the average VM backup time T against the job span J (default 0.5)")
-    ap.add_argument("--work", default=os.path.join(os.path.expanduser("~"), ".cache", "strata", "fleet"), help="each host's local work directory (index partitions, scratch)")
-    ap.add_argument("--password-file", help="read the repository password from this file")
     ap.add_argument("--no-resume", action="store_true", help="start a new job even if the last one did not finish")
-    ap.add_argument("--json", action="store_true", help="print the report as JSON")
     a = ap.parse_args(argv)
     try:
-        hosts_hint = [f"host-{i}" for i in range(int(a.cluster.split(":")[1]))] if a.cluster.startswith("local:") else ["host-0"]
-        vms = load_manifest(a.manifest) if a.manifest else from_directory(a.images, hosts_hint)
+        vms, password, out = load_input(a)
     except (ManifestError, ValueError) as e:
         print(f"strata-fleet: {e}", file=sys.stderr)
         return 2
-    password = None
-    if a.password_file:
-        password = Path(a.password_file).read_text().rstrip("\n")
-    elif os.environ.get("STRATA_PASSWORD"):
-        password = os.environ["STRATA_PASSWORD"]
-    # Ray writes notices (a node that died, …) to standard output: with
-    # --json, only the report goes there.
-    out = sys.stdout
-    if a.json:
-        sys.stdout.flush()
-        out = os.fdopen(os.dup(1), "w")
-        os.dup2(2, 1)
     return execute(a, vms, password, out)
 
 
@@ -153,7 +249,6 @@ def execute(a: argparse.Namespace, vms: list[Vm], password: Optional[str], out: 
     import strata
     from strata import _native
 
-    from .host import HostAgent
     from .job import HostLeft, Job, RayExecutor, failed_stage
 
     bad = [v for v in vms if v.problem]
@@ -169,19 +264,11 @@ def execute(a: argparse.Namespace, vms: list[Vm], password: Optional[str], out: 
     repo_cfg = {"url": a.repo, "password": password, "cache_dir": strata._cache_dir(None), "s3": strata._s3_settings(None)}
     t0 = time.monotonic()
     try:
-        cluster = start_cluster(a.cluster, hosts)
+        cluster, Agent, agents = start_agents(a, hosts, work, repo_cfg)
     except (ManifestError, ValueError, ConnectionError) as e:
         print(f"strata-fleet: --cluster {a.cluster}: {e}", file=sys.stderr)
         return 2
     import ray
-
-    Agent = ray.remote(HostAgent)
-    agents = [
-        Agent.options(num_cpus=0, resources={f"strata_host_{i}": 0.01}, max_concurrency=4).remote(
-            h, i, str(work / "hosts" / h), repo_cfg
-        )
-        for i, h in enumerate(hosts)
-    ]
     say = (lambda s: None) if a.json else (lambda s: print(f"  {s}", file=sys.stderr))
     job = Job(agents, hosts, [str(work / "hosts" / h) for h in hosts], a.memory, a.partitions, jid, RayExecutor(), say)
     lock = _native.Lock(repo._n, f"fleet job {jid}")
@@ -283,11 +370,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "run":
         return run(rest)
+    if cmd == "forget":
+        return forget(rest)
     if cmd == "plan":
         from .plan import main as plan_main
 
         return plan_main(rest)
-    print(f"strata-fleet: unknown command {cmd!r} (run, plan)", file=sys.stderr)
+    print(f"strata-fleet: unknown command {cmd!r} (run, forget, plan)", file=sys.stderr)
     return 2
 
 

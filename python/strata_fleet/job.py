@@ -221,6 +221,26 @@ class Job:
         self.ex.get([self.ex.call(a, "clean_round", round_) for a in self.agents])
         return out
 
+    def sweep(self, vms: list[Vm]) -> dict[str, Any]:
+        """Parallel mark-and-sweep over the partitions (§3, snapshot
+        deletion): marks from every VM's remaining snapshots, then each
+        partition drops what nothing marked."""
+        round_ = f"{self.job_id}-sweep"
+        self.stage("mark", round_, vms)
+        self.exchange("mark", "mark", round_)
+        results = self.stage("sweep", round_, vms)
+        self.ex.get([self.ex.call(a, "clean_round", round_) for a in self.agents])
+        log: dict[str, int] = {}
+        for r in results:
+            for c, n in r["report"]["deletion_log"].items():
+                log[c] = log.get(c, 0) + n
+        return {
+            "index_entries": sum(r["report"]["index_entries"] for r in results),
+            "dead_entries": sum(r["report"]["dead_entries"] for r in results),
+            "dead_bytes": sum(r["report"]["dead_bytes"] for r in results),
+            "containers_with_dead_bytes": len(log),
+        }
+
     def host_report(self) -> list[dict[str, Any]]:
         return [
             {

@@ -36,7 +36,7 @@ def main() -> int:
 
     repo = None
     r = req.get("repo")
-    if r and req["stage"] in ("validate", "scan", "store", "finish"):
+    if r and req["stage"] in ("validate", "scan", "store", "finish", "mark"):
         pw = r.get("password")
         repo = _native.Repository.open(
             r["url"],

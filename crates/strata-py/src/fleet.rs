@@ -41,6 +41,11 @@ pub fn fleet_stage(
             py.detach(|| fleet::store::store(&r, &a))
         }
         "update" => py.detach(|| fleet::update::update(&a)),
+        "mark" => {
+            let r = need()?;
+            py.detach(|| fleet::sweep::mark(&r, &a))
+        }
+        "sweep" => py.detach(|| fleet::sweep::sweep(&a)),
         "finish" => {
             let r = need()?;
             py.detach(|| fleet::finish::finish(&r, &a))

@@ -307,6 +307,41 @@ impl Repository {
         py.detach(|| FileReader::open(self, spec, path))
     }
 
+    /// Removes the snapshots `specs` name (ids, prefixes, SERIES@VERSION);
+    /// what only they held is freed by the next `gc`. Returns the report
+    /// as JSON.
+    fn forget(&self, py: Python<'_>, specs: Vec<String>) -> PyResult<String> {
+        let repo = self.repo.clone();
+        let ids = py
+            .detach(|| {
+                specs
+                    .iter()
+                    .map(|s| repo.resolve_snapshot(s).map(|(id, _)| id))
+                    .collect::<strata_store::Result<Vec<_>>>()
+            })
+            .py_err()?;
+        let rep = py
+            .detach(|| strata_store::forget::forget(&repo, &ids))
+            .py_err()?;
+        serde_json::to_string(&rep).map_err(|e| StrataError::new_err(e.to_string()))
+    }
+
+    /// Mark-and-sweep garbage collection: containers with more than
+    /// `threshold` of dead bytes are rewritten, dead ones deleted. Returns
+    /// the report as JSON.
+    #[pyo3(signature = (threshold=0.2))]
+    fn gc(&self, py: Python<'_>, threshold: f64) -> PyResult<String> {
+        let progress = Arc::new(Progress::default());
+        let opts = strata_store::gc::GcOptions {
+            threshold,
+            progress: progress.clone(),
+            ..Default::default()
+        };
+        let repo = self.repo.clone();
+        let rep = detached(py, progress, move || strata_store::gc::gc(&repo, &opts))?;
+        serde_json::to_string(&rep).map_err(|e| StrataError::new_err(e.to_string()))
+    }
+
     /// The repository's figures as JSON (`unique_bytes`: plaintext bytes
     /// stored once).
     fn stats(&self, py: Python<'_>) -> PyResult<String> {

@@ -30,6 +30,7 @@ pub mod finish;
 pub mod records;
 pub mod scan;
 pub mod store;
+pub mod sweep;
 pub mod update;
 
 pub use args::{StageArgs, VmArgs};
