@@ -3,6 +3,9 @@
 
   scripts/bench-volume.py WORK [--size 256M] [--thresholds 1,2,4,8] [--caches 1,0.5,0.25]
   scripts/bench-volume.py WORK --fio [--fio-size 512M] [--runtime 10]
+  scripts/bench-volume.py WORK --mixed [--size 128M] [--phases seq,rand]
+      [--settings off,1,2,4,8,auto,oracle] [--every 8] [--reads 4] [--seq-blocks 32]
+      [--rand-reads 4] [--poll 64]
 
 Trace mode: `strata-bench gen primary` writes a block-write trace (iDedup
 §3.1/§5 locality model); this script replays it into a fresh volume per
@@ -18,7 +21,31 @@ file on the same disk (the reference NBD server): 1 MiB sequential write
 and read, 4 KiB random write and read (fio's nbd engine), page cache
 dropped before reads.
 
-Results: WORK/volume-results.json and a Markdown table on stdout.
+Mixed mode (`--threshold auto`): the same trace, written with reads
+interleaved, so that the server sees how the volume is read while it
+writes. The write requests are split into equal phases (`--phases`, e.g.
+`seq,rand`); after every `--every` write requests the client reads back
+the region just written: in a `seq` phase `--reads` reads of
+`--seq-blocks` blocks each, starting at the first block of one of those
+requests (a client streaming what was just written); in a `rand` phase
+`--rand-reads` reads of one 4 KiB block each, at random blocks among
+those the requests wrote. The read schedule is fixed (seeded), the same
+for every setting. Every read is checked against what was written. While
+writing, `strata volume stats --json` is polled (every `--poll` requests)
+for `threshold_used`, the threshold of the last destaged batch: for
+`auto`, the thresholds it chose in each phase. `oracle` is the fixed
+threshold that suits each phase (8 for seq, 1 for rand), set by stopping
+the server at each phase boundary and rewriting the volume's
+`volume.json` (a reference point, not a feature). After the writes the
+server is stopped, the page cache dropped, and each phase's reads are
+replayed on a freshly served volume (one serve per phase): those give
+the fragmentation (reads touching 1 physical run) and read latencies per
+phase; then every block of the final image is checked. The volume is
+`--volume-size` (default 4 × --size, so that later phases overwrite
+little of what earlier phases wrote).
+
+Results: WORK/volume-results.json (trace), WORK/volume-fio.json (fio),
+WORK/volume-mixed.json (mixed) and a Markdown table on stdout.
 """
 
 import argparse
@@ -268,6 +295,207 @@ def trace_mode(a):
     return rows
 
 
+ORACLE = {"seq": 8, "rand": 1}
+
+
+def mixed_schedule(reqs, vol_blocks, a):
+    """Phase of each write request, and the reads issued after request i:
+    {i: [(first block, blocks), ...]} (seeded: the same for every setting)."""
+    import random
+    kinds = a.phases.split(",")
+    for k in kinds:
+        if k not in ORACLE:
+            raise SystemExit(f"--phases: {k!r} is not seq or rand")
+    n = len(reqs)
+    phase = [min(len(kinds) - 1, i * len(kinds) // n) for i in range(n)]
+    rng = random.Random(7)
+    reads = {}
+    for i in range(a.every - 1, n, a.every):
+        recent = reqs[i + 1 - a.every:i + 1]
+        if kinds[phase[i]] == "seq":
+            rs = []
+            for _ in range(a.reads):
+                first = rng.choice(recent)[0]
+                rs.append((first, min(a.seq_blocks, vol_blocks - first)))
+        else:
+            blocks = [f + j for f, d in recent for j in range(len(d) // BLOCK)]
+            rs = [(rng.choice(blocks), 1) for _ in range(a.rand_reads)]
+        reads[i] = rs
+    return kinds, phase, reads
+
+
+def expected(img, first, nblocks):
+    zero = bytes(BLOCK)
+    return b"".join(img.get(b, zero) for b in range(first, first + nblocks))
+
+
+def set_threshold(repo, t):
+    """Rewrites the threshold of a stopped volume (for the oracle row)."""
+    import glob
+    paths = [p for p in glob.glob(os.path.join(repo, "**", "volume.json"), recursive=True)
+             if json.load(open(p)).get("format") is not None]
+    assert len(paths) == 1, paths
+    cfg = json.load(open(paths[0]))
+    cfg["threshold"] = {"fixed": t}
+    with open(paths[0], "w") as f:
+        json.dump(cfg, f, indent=2)
+
+
+def mixed_setting(work, setting, reqs, vol_blocks, n_writes, sched, poll_every):
+    kinds, phase, reads = sched
+    label = "dedup off" if setting == "off" else (
+        "oracle " + "→".join(str(ORACLE[k]) for k in kinds) if setting == "oracle"
+        else f"threshold {setting}")
+    repo = os.path.join(work, "repo-mixed")
+    subprocess.run(["rm", "-rf", repo], check=True)
+    strata(repo, "init")
+    args = ["--no-dedup"] if setting == "off" else [
+        "--threshold", str(ORACLE[kinds[0]]) if setting == "oracle" else setting,
+        "--cache", str(n_writes * NODE_BYTES)]
+    strata(repo, "volume", "create", "v", "--size", str(vol_blocks * BLOCK), *args)
+    sock = os.path.join(work, "mixed.sock")
+    s = Served(repo, "v", sock)
+    h = connect(sock, "v")
+    img = {}
+    wlat, live_rlat = [], []
+    bad_live = 0
+    # (phase, serve, writes counted in live.json, threshold_used): one per
+    # batch seen (live.json is saved after every destage).
+    batches = []
+    serve = [0]
+
+    def poll(p):
+        st = strata(repo, "volume", "stats", "v")
+        if st["threshold_used"] and (not batches or batches[-1][1:3] != [serve[0], st["writes"]]):
+            batches.append([p, serve[0], st["writes"], st["threshold_used"]])
+
+    t_start = time.perf_counter()
+    for i, (first, data) in enumerate(reqs):
+        if setting == "oracle" and i > 0 and phase[i] != phase[i - 1]:
+            h.flush()
+            h.shutdown()
+            s.stop()
+            poll(phase[i - 1])
+            set_threshold(repo, ORACLE[kinds[phase[i]]])
+            serve[0] += 1
+            s = Served(repo, "v", sock)
+            h = connect(sock, "v")
+        t = time.perf_counter()
+        h.pwrite(data, first * BLOCK)
+        wlat.append(time.perf_counter() - t)
+        for j in range(len(data) // BLOCK):
+            img[first + j] = data[j * BLOCK:(j + 1) * BLOCK]
+        for rf, rn in reads.get(i, ()):
+            t = time.perf_counter()
+            got = h.pread(rn * BLOCK, rf * BLOCK)
+            live_rlat.append(time.perf_counter() - t)
+            bad_live += got != expected(img, rf, rn)
+        if setting != "off" and i % poll_every == poll_every - 1:
+            poll(phase[i])
+    h.flush()
+    h.shutdown()
+    s.stop()
+    run_s = time.perf_counter() - t_start
+    st_w = strata(repo, "volume", "stats", "v")
+    if setting != "off" and (not batches or batches[-1][1:3] != [serve[0], st_w["writes"]]):
+        batches.append([phase[-1], serve[0], st_w["writes"], st_w["threshold_used"]])
+    # Each phase's reads again, cold, one serve per phase.
+    per_phase = []
+    bad_replay = 0
+    for p, kind in enumerate(kinds):
+        drop_caches()
+        s = Served(repo, "v", sock)
+        h = connect(sock, "v")
+        lat = []
+        for i in sorted(reads):
+            if phase[i] != p:
+                continue
+            for rf, rn in reads[i]:
+                t = time.perf_counter()
+                got = h.pread(rn * BLOCK, rf * BLOCK)
+                lat.append(time.perf_counter() - t)
+                bad_replay += got != expected(img, rf, rn)
+        h.shutdown()
+        s.stop()
+        st = strata(repo, "volume", "stats", "v")
+        cdf = st["fragmentation_cdf"]
+        per_phase.append({
+            "phase": p, "kind": kind, "reads": len(lat),
+            "reads_one_run": cdf[0][1] if cdf else None,
+            "fragmentation_cdf": cdf,
+            "read_p50_us": round(pct(lat, 50) * 1e6, 1), "read_p99_us": round(pct(lat, 99) * 1e6, 1),
+            "thresholds_chosen": [b[3] for b in batches if b[0] == p],
+        })
+    # Every block of the final image.
+    s = Served(repo, "v", sock)
+    h = connect(sock, "v")
+    bad = sum(1 for b, d in img.items() if h.pread(BLOCK, b * BLOCK) != d)
+    h.shutdown()
+    s.stop()
+    subprocess.run(["rm", "-rf", repo], check=True)
+    us = lambda x: round(x * 1e6, 1)
+    return {
+        "setting": setting, "label": label,
+        "dedup_ratio": st_w["dedup_ratio"],
+        "saved_fraction": 1 - st_w["physical_blocks_written"] / max(1, st_w["logical_blocks_written"]),
+        "logical_blocks_written": st_w["logical_blocks_written"],
+        "physical_blocks_written": st_w["physical_blocks_written"],
+        "deduplicated_blocks": st_w["deduplicated_blocks"],
+        "duplicates_below_threshold": st_w["duplicates_below_threshold"],
+        "threshold_used_at_close": st_w["threshold_used"],
+        "batches": batches,
+        "run_s": run_s,
+        "client_write_p50_us": us(pct(wlat, 50)), "client_write_p99_us": us(pct(wlat, 99)),
+        "client_live_read_p50_us": us(pct(live_rlat, 50)), "client_live_read_p99_us": us(pct(live_rlat, 99)),
+        "phases": per_phase,
+        "mismatched_live_reads": bad_live, "mismatched_replay_reads": bad_replay,
+        "mismatched_blocks": bad,
+    }
+
+
+def mixed_mode(a):
+    vsize = a.volume_size or str(4 * size_arg(a.size))
+    trace = os.path.join(a.work, f"trace-mixed-{a.size}-{vsize}.prim")
+    if not os.path.exists(trace):
+        subprocess.run([os.path.join(BIN, "strata-bench"), "gen", "primary", "--size", a.size,
+                        "--volume-size", vsize, "--seed", "2", "--out", trace], check=True)
+    vol_blocks, n, reqs = read_trace(trace)
+    sched = mixed_schedule(reqs, vol_blocks, a)
+    kinds, phase, reads = sched
+    print(f"trace: {n} block writes in {len(reqs)} requests, volume {vol_blocks} blocks; "
+          f"phases {','.join(kinds)}; {sum(len(r) for r in reads.values())} reads", file=sys.stderr)
+    rows = []
+    for setting in a.settings.split(","):
+        print("setting", setting, file=sys.stderr)
+        rows.append(mixed_setting(a.work, setting, reqs, vol_blocks, n, sched, a.poll))
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "phases"}), file=sys.stderr)
+    return kinds, rows
+
+
+def mixed_table(kinds, rows):
+    t1 = next((r["saved_fraction"] for r in rows if r["setting"] == "1"), None)
+    ph = lambda k, p: f"{k} (phase {p + 1})"
+    head = ["setting", "dedup ratio", "saved", "% of t1's savings"]
+    head += [f"{ph(k, p)}: reads on 1 run" for p, k in enumerate(kinds) if k == "seq"]
+    head += ["write p50/p99 µs"]
+    head += [f"{ph(k, p)}: read p50/p99 µs" for p, k in enumerate(kinds)]
+    head += ["threshold used, by batch", "mismatches"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        ps = r["phases"]
+        cells = [r["label"], f"{r['dedup_ratio']:.3f}", f"{r['saved_fraction'] * 100:.1f} %",
+                 "–" if not t1 else f"{r['saved_fraction'] / t1 * 100:.0f} %"]
+        cells += ["–" if q["reads_one_run"] is None else f"{q['reads_one_run'] * 100:.1f} %"
+                  for q in ps if q["kind"] == "seq"]
+        cells += [f"{r['client_write_p50_us']}/{r['client_write_p99_us']}"]
+        cells += [f"{q['read_p50_us']}/{q['read_p99_us']}" for q in ps]
+        cells += ["–" if r["setting"] == "off" else
+                  "; ".join(f"{q['kind']}: " + (" ".join(map(str, q["thresholds_chosen"])) or "–") for q in ps)]
+        cells += [str(r["mismatched_live_reads"] + r["mismatched_replay_reads"] + r["mismatched_blocks"])]
+        print("| " + " | ".join(cells) + " |")
+
+
 def wait_listening(sock):
     import socket
     for _ in range(200):
@@ -346,8 +574,21 @@ def main():
     ap.add_argument("--fio-size", default="512M")
     ap.add_argument("--runtime", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--mixed", action="store_true")
+    ap.add_argument("--phases", default="seq,rand")
+    ap.add_argument("--settings", default="off,1,2,4,8,auto,oracle")
+    ap.add_argument("--every", type=int, default=8)
+    ap.add_argument("--reads", type=int, default=4)
+    ap.add_argument("--rand-reads", type=int, default=4)
+    ap.add_argument("--seq-blocks", type=int, default=32)
+    ap.add_argument("--poll", type=int, default=64)
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
+    if a.mixed:
+        kinds, rows = mixed_mode(a)
+        json.dump(rows, open(os.path.join(a.work, "volume-mixed.json"), "w"), indent=1)
+        mixed_table(kinds, rows)
+        return
     if a.fio:
         rows = fio_mode(a)
         out = os.path.join(a.work, "volume-fio.json")

@@ -238,7 +238,42 @@ pub struct LiveStats {
     pub fragmentation: Mutex<Histogram>,
     /// Blocks per read request (the workload's sequentiality), ≥ 256 last.
     pub read_sizes: Mutex<Histogram>,
+    /// The sizes of the last [`RECENT_READS`] reads: `--threshold auto`
+    /// follows the workload as it is now, not since the server started.
+    pub recent_reads: Mutex<RecentReads>,
     pub threshold_used: AtomicU64,
+}
+
+/// Reads `--threshold auto` looks at.
+pub const RECENT_READS: usize = 256;
+
+/// A ring of the latest read sizes, in blocks.
+#[derive(Default, Debug)]
+pub struct RecentReads {
+    sizes: Vec<u32>,
+    next: usize,
+}
+
+impl RecentReads {
+    pub fn push(&mut self, blocks: usize) {
+        let b = blocks.min(u32::MAX as usize) as u32;
+        if self.sizes.len() < RECENT_READS {
+            self.sizes.push(b);
+        } else {
+            self.sizes[self.next] = b;
+        }
+        self.next = (self.next + 1) % RECENT_READS;
+    }
+
+    /// The median of the latest reads, if any.
+    pub fn median(&self) -> Option<usize> {
+        if self.sizes.is_empty() {
+            return None;
+        }
+        let mut v = self.sizes.clone();
+        let mid = v.len() / 2;
+        Some(*v.select_nth_unstable(mid).1 as usize)
+    }
 }
 
 pub struct Volume {
@@ -608,6 +643,7 @@ impl Volume {
             r
         };
         lock(&self.live.read_sizes).add(n, 1);
+        lock(&self.live.recent_reads).push(n);
         if runs > 0 {
             lock(&self.live.fragmentation).add(runs, 1);
         }
@@ -898,19 +934,17 @@ impl Volume {
         }
     }
 
-    /// The threshold in force: fixed, or (auto) the median read size in
-    /// blocks seen so far, 1..=8 (4 before any read).
+    /// The threshold in force: fixed, or (auto) the median size in blocks
+    /// of the last [`RECENT_READS`] reads, 1..=8 (4 before any read):
+    /// sequential reads raise it (dedup only long runs, reads stay on few
+    /// physical runs), small random reads lower it (fragmentation costs
+    /// them nothing, every duplicate is worth taking).
     pub fn threshold(&self) -> usize {
         match self.cfg.threshold {
             Threshold::Fixed(n) => n as usize,
-            Threshold::Auto => {
-                let h = lock(&self.live.read_sizes);
-                if h.total() == 0 {
-                    return 4;
-                }
-                let cdf = h.cdf();
-                cdf.iter().position(|&c| c >= 0.5).unwrap_or(4).clamp(1, 8)
-            }
+            Threshold::Auto => lock(&self.live.recent_reads)
+                .median()
+                .map_or(4, |m| m.clamp(1, 8)),
         }
     }
 }
@@ -977,4 +1011,25 @@ fn scan_refs(
         free.insert(s, l);
     }
     Ok((free, cache))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RecentReads, RECENT_READS};
+
+    #[test]
+    fn auto_follows_the_latest_reads() {
+        let mut r = RecentReads::default();
+        assert_eq!(r.median(), None);
+        for _ in 0..1000 {
+            r.push(32);
+        }
+        assert_eq!(r.median(), Some(32));
+        // Small reads take over once they are most of the window, however
+        // many large ones came before.
+        for _ in 0..RECENT_READS / 2 + 1 {
+            r.push(1);
+        }
+        assert_eq!(r.median(), Some(1));
+    }
 }
