@@ -368,10 +368,15 @@ impl<'r> RecipeWriter<'r> {
             .map_err(|e| StoreError::Invalid(format!("cannot encode a recipe node: {e}")))?;
         self.count += 1;
         self.nodes += 1;
+        // The node's chunk list goes before the part is sealed: a single
+        // large file's node is most of a part, and would otherwise be held
+        // beside its encoding and the sealed part.
+        let path = node.path;
+        drop(node.segments);
         let cut = self.count >= MAX_NODES
             || self.body.len() >= MAX_PART_BYTES
-            || (self.count >= MIN_NODES && path_cuts(self.repo, &node.path));
-        self.last = Some(node.path);
+            || (self.count >= MIN_NODES && path_cuts(self.repo, &path));
+        self.last = Some(path);
         if cut {
             self.cut()?;
         }
