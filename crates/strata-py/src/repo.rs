@@ -285,14 +285,7 @@ impl Repository {
                 opts.dir_metadata = i + 1 == n;
                 let r = repo.load_recipe(&part.recipe)?;
                 let x = strata_store::restore::restore(&data, &part, &r, &opts)?;
-                total.files += x.files;
-                total.dirs += x.dirs;
-                total.bytes += x.bytes;
-                total.containers_read += x.containers_read;
-                total.regions_read += x.regions_read;
-                total.bytes_read += x.bytes_read;
-                total.skipped += x.skipped;
-                total.warnings.extend(x.warnings);
+                total.add(x, i + 1 == n);
             }
             Ok(total)
         })?;

@@ -158,6 +158,25 @@ pub struct RestoreReport {
     pub warnings: Vec<String>,
 }
 
+impl RestoreReport {
+    /// Adds the restore of one part of a version (its cloud part, then its
+    /// active part) to the total; the parts share their directories, which
+    /// count once (the `last` pass's).
+    pub fn add(&mut self, r: RestoreReport, last: bool) {
+        self.files += r.files;
+        if last {
+            self.dirs = r.dirs;
+        }
+        self.bytes += r.bytes;
+        self.containers_read += r.containers_read;
+        self.regions_read += r.regions_read;
+        self.bytes_read += r.bytes_read;
+        self.chain_hops += r.chain_hops;
+        self.skipped += r.skipped;
+        self.warnings.extend(r.warnings);
+    }
+}
+
 /// Whether the name `full` already holds something `policy` says to keep
 /// instead of restoring `n` there. Directories are merged, never kept or
 /// replaced (`never` and `if-newer` keep their metadata too).

@@ -119,7 +119,7 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
         });
         let r = repo.load_recipe(&part.recipe)?;
         match strata_store::restore::restore(&data, &part, &r, &opts) {
-            Ok(x) => add(&mut rep, x, i + 1 == n),
+            Ok(x) => rep.add(x, i + 1 == n),
             Err(e) => {
                 res = Err(e);
                 break;
@@ -270,20 +270,4 @@ fn dry_run(
         },
     );
     Ok(0)
-}
-
-/// Adds a part's restore to the total; a cloud part's directories are
-/// the active part's too and count once (the last pass's).
-fn add(total: &mut RestoreReport, r: RestoreReport, last: bool) {
-    total.files += r.files;
-    if last {
-        total.dirs = r.dirs;
-    }
-    total.bytes += r.bytes;
-    total.containers_read += r.containers_read;
-    total.regions_read += r.regions_read;
-    total.bytes_read += r.bytes_read;
-    total.chain_hops += r.chain_hops;
-    total.skipped += r.skipped;
-    total.warnings.extend(r.warnings);
 }
