@@ -643,6 +643,15 @@ pub struct Recipe {
 /// of version 1 hold a whole [`Recipe`] and are still read.
 pub const RECIPE_INDEX_VERSION: u8 = 2;
 
+/// Version byte of a [`RecipeIndex`] whose parts may hold *continued*
+/// files: a file node followed by further file nodes of the same path
+/// (within its part or at the start of the next), whose segments follow
+/// its own — a file too large for one part, stored in pieces so that
+/// neither writer nor reader holds its whole chunk list. Same encoding as
+/// version 2; the byte tells readers that predate pieces to refuse the
+/// recipe instead of reporting a path twice.
+pub const RECIPE_INDEX_CONTINUED: u8 = 3;
+
 /// A version's recipe as stored since recipe version 2: the list of its
 /// parts (each a [`Recipe`] of consecutive nodes, stored as its own
 /// content-addressed object, so versions share the parts of unchanged
@@ -652,6 +661,10 @@ pub struct RecipeIndex {
     /// Every container a part references directly.
     pub containers: Vec<ContainerId>,
     pub parts: Vec<PartRef>,
+    /// Whether its parts may hold continued files (stored as structure
+    /// version [`RECIPE_INDEX_CONTINUED`], not a field of the encoding).
+    #[serde(skip)]
+    pub continued: bool,
 }
 
 /// One part of a [`RecipeIndex`].
@@ -676,9 +689,14 @@ pub enum RecipeObject {
     Index(RecipeIndex),
 }
 
-/// Encodes a recipe index (structure version [`RECIPE_INDEX_VERSION`]).
+/// Encodes a recipe index (structure version [`RECIPE_INDEX_VERSION`], or
+/// [`RECIPE_INDEX_CONTINUED`] when it holds continued files).
 pub fn encode_recipe_index(r: &RecipeIndex) -> Result<Vec<u8>> {
-    postcard::to_extend(r, vec![RECIPE_INDEX_VERSION]).map_err(|e| CoreError::Encode(e.to_string()))
+    let v = match r.continued {
+        true => RECIPE_INDEX_CONTINUED,
+        false => RECIPE_INDEX_VERSION,
+    };
+    postcard::to_extend(r, vec![v]).map_err(|e| CoreError::Encode(e.to_string()))
 }
 
 /// Decodes a `recipes/` object of any version this build reads.
@@ -690,8 +708,13 @@ pub fn decode_recipe_object(bytes: &[u8]) -> Result<RecipeObject> {
         msg: e.to_string(),
     };
     match v {
-        RECIPE_INDEX_VERSION => postcard::from_bytes(body)
-            .map(RecipeObject::Index)
+        RECIPE_INDEX_VERSION | RECIPE_INDEX_CONTINUED => postcard::from_bytes(body)
+            .map(|i| {
+                RecipeObject::Index(RecipeIndex {
+                    continued: v == RECIPE_INDEX_CONTINUED,
+                    ..i
+                })
+            })
             .map_err(err),
         STRUCT_VERSION => postcard::from_bytes(body)
             .map(RecipeObject::Whole)
@@ -699,7 +722,7 @@ pub fn decode_recipe_object(bytes: &[u8]) -> Result<RecipeObject> {
         found => Err(CoreError::UnknownVersion {
             what: WHAT,
             found,
-            supported: RECIPE_INDEX_VERSION,
+            supported: RECIPE_INDEX_CONTINUED,
         }),
     }
 }
@@ -939,11 +962,25 @@ mod tests {
                 nodes: 3,
                 containers: vec![0],
             }],
+            continued: false,
         };
         let bytes = encode_recipe_index(&idx).unwrap();
+        assert_eq!(bytes[0], RECIPE_INDEX_VERSION);
         assert_eq!(
             decode_recipe_object(&bytes).unwrap(),
-            RecipeObject::Index(idx)
+            RecipeObject::Index(idx.clone())
+        );
+        // With continued files: the same encoding under version 3.
+        let cont = RecipeIndex {
+            continued: true,
+            ..idx
+        };
+        let b3 = encode_recipe_index(&cont).unwrap();
+        assert_eq!(b3[0], RECIPE_INDEX_CONTINUED);
+        assert_eq!(b3[1..], bytes[1..]);
+        assert_eq!(
+            decode_recipe_object(&b3).unwrap(),
+            RecipeObject::Index(cont)
         );
         let mut future = bytes.clone();
         future[0] = 9;

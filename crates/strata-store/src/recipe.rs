@@ -24,8 +24,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use strata_core::crypto::Kind;
 use strata_core::format::{
-    decode, decode_recipe_object, encode_recipe_index, path_cmp, ContainerId, Node, PartRef,
-    Recipe, RecipeIndex, RecipeObject, STRUCT_VERSION,
+    decode, decode_recipe_object, encode_recipe_index, path_cmp, ContainerId, Node, NodeKind,
+    PartRef, Recipe, RecipeIndex, RecipeObject, STRUCT_VERSION,
 };
 
 /// Object prefix of recipe parts.
@@ -38,6 +38,11 @@ pub const AVG_NODES: usize = 512;
 pub const MAX_NODES: usize = 8192;
 /// Most encoded bytes in a part (a single larger node is a part alone).
 pub const MAX_PART_BYTES: usize = 4 << 20;
+/// Most chunks in one piece of a file node (about 650 KB encoded): a
+/// larger file is stored as several consecutive nodes of its path, so no
+/// part, and no reader that goes a part at a time, holds its whole chunk
+/// list. A piece ends at a segment boundary.
+pub const PIECE_CHUNKS: usize = 16384;
 
 /// The object name of part `id`.
 pub fn part_name(id: &str) -> String {
@@ -132,52 +137,114 @@ pub fn for_each_part(
     id: &str,
     mut f: impl FnMut(Recipe) -> Result<()>,
 ) -> Result<()> {
-    match load_object(repo, id)? {
-        RecipeObject::Whole(r) => {
-            check_unique(&format!("recipes/{id}"), &r.nodes)?;
-            f(r)
-        }
-        RecipeObject::Index(i) => {
-            let mut last: Option<Vec<u8>> = None;
-            for p in &i.parts {
-                let part = load_part(repo, &p.id)?;
-                check_order(&part_name(&p.id), &part.nodes, last.as_deref())?;
-                if let Some(n) = part.nodes.last() {
-                    last = Some(n.path.clone());
-                }
-                if part.nodes.len() != p.nodes as usize {
-                    return Err(StoreError::corrupt(
-                        part_name(&p.id),
-                        strata_core::CoreError::Decode {
-                            what: "recipe part",
-                            msg: format!(
-                                "holds {} nodes, its recipe says {}",
-                                part.nodes.len(),
-                                p.nodes
-                            ),
-                        },
-                    ));
-                }
-                f(part)?;
+    let mut parts = Parts::open(repo, id)?;
+    while let Some(p) = parts.next_part()? {
+        f(p)?;
+    }
+    Ok(())
+}
+
+/// The parts of one recipe, read one at a time and checked as they come:
+/// nodes in order across parts, each part as long as its recipe says.
+pub struct Parts<'r> {
+    repo: &'r Repository,
+    /// A version-1 recipe: its one part, not yet handed out.
+    whole: Option<Recipe>,
+    parts: std::collections::VecDeque<PartRef>,
+    /// Whether files may be continued (structure version 3).
+    continued: bool,
+    /// Path and kind of the last node handed out.
+    last: Option<(Vec<u8>, NodeKind)>,
+}
+
+impl<'r> Parts<'r> {
+    pub fn open(repo: &'r Repository, id: &str) -> Result<Self> {
+        let mut p = Parts::empty(repo);
+        match load_object(repo, id)? {
+            RecipeObject::Whole(r) => {
+                check_unique(&format!("recipes/{id}"), &r.nodes)?;
+                p.whole = Some(r);
             }
-            Ok(())
+            RecipeObject::Index(i) => {
+                p.continued = i.continued;
+                p.parts = i.parts.into();
+            }
         }
+        Ok(p)
+    }
+
+    /// No parts.
+    pub fn empty(repo: &'r Repository) -> Self {
+        Parts {
+            repo,
+            whole: None,
+            parts: Default::default(),
+            continued: false,
+            last: None,
+        }
+    }
+
+    pub fn repo(&self) -> &'r Repository {
+        self.repo
+    }
+
+    /// The next part, or `None` after the last.
+    pub fn next_part(&mut self) -> Result<Option<Recipe>> {
+        if let Some(w) = self.whole.take() {
+            return Ok(Some(w));
+        }
+        let Some(p) = self.parts.pop_front() else {
+            return Ok(None);
+        };
+        let part = load_part(self.repo, &p.id)?;
+        let name = part_name(&p.id);
+        check_order(&name, &part.nodes, self.last.take(), self.continued)?;
+        if let Some(n) = part.nodes.last() {
+            self.last = Some((n.path.clone(), n.kind));
+        }
+        if part.nodes.len() != p.nodes as usize {
+            return Err(StoreError::corrupt(
+                name,
+                strata_core::CoreError::Decode {
+                    what: "recipe part",
+                    msg: format!(
+                        "holds {} nodes, its recipe says {}",
+                        part.nodes.len(),
+                        p.nodes
+                    ),
+                },
+            ));
+        }
+        Ok(Some(part))
     }
 }
 
+/// Whether `n` continues the file `prev` (a further piece of one file: see
+/// [`strata_core::format::RECIPE_INDEX_CONTINUED`]).
+pub fn continues(prev: &Node, n: &Node) -> bool {
+    n.kind == NodeKind::File && prev.kind == NodeKind::File && n.path == prev.path
+}
+
 /// A recipe's nodes must come in strictly increasing [`path_cmp`] order,
-/// each part after the one before (`after`: the previous part's last path),
-/// as [`RecipeWriter`] writes them: no path twice, so restore never
-/// writes one path two ways.
-fn check_order(name: &str, nodes: &[Node], after: Option<&[u8]>) -> Result<()> {
-    let mut prev = after;
+/// each part after the one before (`after`: the previous part's last path
+/// and kind), as [`RecipeWriter`] writes them: no path twice, so restore
+/// never writes one path two ways — except the pieces of a continued file
+/// when the recipe may hold them.
+fn check_order(
+    name: &str,
+    nodes: &[Node],
+    after: Option<(Vec<u8>, NodeKind)>,
+    continued: bool,
+) -> Result<()> {
+    let mut prev: Option<(&[u8], NodeKind)> = after.as_ref().map(|(p, k)| (p.as_slice(), *k));
     for n in nodes {
-        if let Some(p) = prev {
-            if path_cmp(p, &n.path) != std::cmp::Ordering::Less {
+        if let Some((p, k)) = prev {
+            let piece = continued && p == n.path && k == NodeKind::File && n.kind == NodeKind::File;
+            if !piece && path_cmp(p, &n.path) != std::cmp::Ordering::Less {
                 return Err(out_of_order(name, &n.path, p));
             }
         }
-        prev = Some(&n.path);
+        prev = Some((&n.path, n.kind));
     }
     Ok(())
 }
@@ -191,6 +258,28 @@ fn check_unique(name: &str, nodes: &[Node]) -> Result<()> {
             return Err(out_of_order(name, &n.path, &n.path));
         }
     }
+    Ok(())
+}
+
+/// Appends `n` to `nodes`, joining it to the last node when it continues
+/// that file: one node per path, as a whole tree in memory has it. The
+/// pieces of a file must agree on everything but their segments.
+pub fn append_joined(nodes: &mut Vec<Node>, mut n: Node) -> Result<()> {
+    if let Some(last) = nodes.last_mut().filter(|l| continues(l, &n)) {
+        let segments = std::mem::take(&mut n.segments);
+        let head = std::mem::take(&mut last.segments);
+        let same = *last == n;
+        last.segments = head;
+        if !same {
+            return Err(StoreError::Invalid(format!(
+                "the pieces of {} in its recipe disagree on its metadata; run `strata check`",
+                n.path_str()
+            )));
+        }
+        last.segments.extend(segments);
+        return Ok(());
+    }
+    nodes.push(n);
     Ok(())
 }
 
@@ -214,13 +303,16 @@ fn out_of_order(name: &str, path: &[u8], after: &[u8]) -> StoreError {
 pub fn load_whole(repo: &Repository, id: &str) -> Result<Recipe> {
     let mut out = Recipe::default();
     let mut table: HashMap<ContainerId, u32> = HashMap::new();
-    for_each_part(repo, id, |mut part| {
+    for_each_part(repo, id, |part| {
         if out.nodes.is_empty() && out.containers.is_empty() {
             // The first (or only) part keeps its numbering.
             for (i, c) in part.containers.iter().enumerate() {
                 table.insert(*c, i as u32);
             }
-            out = part;
+            out.containers = part.containers;
+            for n in part.nodes {
+                append_joined(&mut out.nodes, n)?;
+            }
             return Ok(());
         }
         let map: Vec<u32> = part
@@ -233,10 +325,10 @@ pub fn load_whole(repo: &Repository, id: &str) -> Result<Recipe> {
                 })
             })
             .collect();
-        for n in &mut part.nodes {
-            renumber(n, |i| map.get(i as usize).copied())?;
+        for mut n in part.nodes {
+            renumber(&mut n, |i| map.get(i as usize).copied())?;
+            append_joined(&mut out.nodes, n)?;
         }
-        out.nodes.append(&mut part.nodes);
         Ok(())
     })?;
     Ok(out)
@@ -275,7 +367,8 @@ pub struct RecipeWriter<'r> {
     body: Vec<u8>,
     count: usize,
     first: Vec<u8>,
-    last: Option<Vec<u8>>,
+    /// Path and kind of the last node pushed.
+    last: Option<(Vec<u8>, NodeKind)>,
     /// Bytes of the objects written (parts and, at the end, the index).
     pub stored_bytes: u64,
     /// Of which, to the repository written to (not the mirror).
@@ -327,14 +420,61 @@ impl<'r> RecipeWriter<'r> {
     }
 
     /// Adds the next node. Its direct references hold indexes that
-    /// `container_of` turns into container ids.
+    /// `container_of` turns into container ids. A file of more than
+    /// [`PIECE_CHUNKS`] chunks is stored in pieces; a file node with the
+    /// path of the file node before it continues that file (a caller
+    /// that builds a large file's chunk list as it goes pushes it a piece
+    /// at a time, each piece with the same metadata).
     pub fn push(
         &mut self,
         mut node: Node,
         container_of: impl Fn(u32) -> Option<ContainerId>,
     ) -> Result<()> {
-        if let Some(last) = &self.last {
-            if path_cmp(last, &node.path) != std::cmp::Ordering::Less {
+        let chunks: usize = node.segments.iter().map(|s| s.chunks.len()).sum();
+        if chunks <= PIECE_CHUNKS {
+            return self.push_piece(node, &container_of);
+        }
+        let segments = std::mem::take(&mut node.segments);
+        let mut piece = Vec::new();
+        let mut count = 0;
+        for s in segments {
+            count += s.chunks.len();
+            piece.push(s);
+            if count >= PIECE_CHUNKS {
+                let segments = std::mem::take(&mut piece);
+                self.push_piece(
+                    Node {
+                        segments,
+                        ..node.clone()
+                    },
+                    &container_of,
+                )?;
+                count = 0;
+            }
+        }
+        if !piece.is_empty() {
+            self.push_piece(
+                Node {
+                    segments: piece,
+                    ..node
+                },
+                &container_of,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn push_piece(
+        &mut self,
+        mut node: Node,
+        container_of: &impl Fn(u32) -> Option<ContainerId>,
+    ) -> Result<()> {
+        if let Some((last, kind)) = &self.last {
+            let piece =
+                *kind == NodeKind::File && node.kind == NodeKind::File && *last == node.path;
+            if piece {
+                self.index.continued = true;
+            } else if path_cmp(last, &node.path) != std::cmp::Ordering::Less {
                 return Err(StoreError::Invalid(format!(
                     "recipe nodes out of order: {} after {}",
                     node.path_str(),
@@ -371,12 +511,12 @@ impl<'r> RecipeWriter<'r> {
         // The node's chunk list goes before the part is sealed: a single
         // large file's node is most of a part, and would otherwise be held
         // beside its encoding and the sealed part.
-        let path = node.path;
+        let (path, kind) = (node.path, node.kind);
         drop(node.segments);
         let cut = self.count >= MAX_NODES
             || self.body.len() >= MAX_PART_BYTES
             || (self.count >= MIN_NODES && path_cuts(self.repo, &path));
-        self.last = Some(path);
+        self.last = Some((path, kind));
         if cut {
             self.cut()?;
         }
@@ -719,5 +859,147 @@ mod tests {
         assert!(w
             .push(node("a", 0), |_| Some(ContainerId([0; 16])))
             .is_err());
+    }
+
+    /// A file of `segments` segments of 512 chunks each (the pieces cut
+    /// every [`PIECE_CHUNKS`] chunks), its chunks spread over 4 containers.
+    fn big_file(path: &str, segments: usize) -> Node {
+        let segments: Vec<SegmentRef> = (0..segments)
+            .map(|s| SegmentRef {
+                fp: Fingerprint([s as u8; 32]),
+                chunks: (0..512u32)
+                    .map(|c| ChunkRef {
+                        fp: Fingerprint([(c % 251) as u8; 32]),
+                        len: 4096,
+                        container: (s as u32 + c) % 4,
+                        region: s as u32,
+                        offset: c * 4096,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let size = segments.iter().map(SegmentRef::len).sum();
+        Node {
+            mode: 0o600,
+            size,
+            segments,
+            ..Node::new(path.as_bytes().to_vec(), NodeKind::File)
+        }
+    }
+
+    /// A file larger than a piece is stored as several nodes of its path
+    /// (a recipe of structure version 3, over several parts) and read back
+    /// as one node; pushing it a piece at a time writes the same parts.
+    #[test]
+    fn large_files_are_stored_in_pieces() {
+        let d = tempfile::tempdir().unwrap();
+        let repo = repo(d.path());
+        let mut t = tree(20);
+        t.nodes.push(big_file("d3/huge", 400)); // 204800 chunks: 13 pieces
+        t.nodes.push(node("d3/z", 1));
+        let (id, _) = put(&repo, t.clone()).unwrap();
+        let RecipeObject::Index(idx) = load_object(&repo, &id).unwrap() else {
+            panic!("a new recipe is an index")
+        };
+        assert!(idx.continued);
+        assert!(idx.parts.len() >= 2, "{} parts", idx.parts.len());
+        let mut pieces = 0;
+        let mut largest = 0;
+        for_each_part(&repo, &id, |p| {
+            for n in &p.nodes {
+                let c: usize = n.segments.iter().map(|s| s.chunks.len()).sum();
+                largest = largest.max(c);
+                pieces += (n.path == b"d3/huge") as usize;
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(pieces, 13);
+        assert!(largest <= PIECE_CHUNKS, "{largest}");
+        let back = load_whole(&repo, &id).unwrap();
+        let mut sorted = t.clone();
+        sorted.nodes.sort_by(|a, b| path_cmp(&a.path, &b.path));
+        assert_eq!(back.nodes.len(), sorted.nodes.len());
+        for (a, b) in back.nodes.iter().zip(&sorted.nodes) {
+            let refs = |n: &Node, r: &Recipe| -> Vec<(Fingerprint, ContainerId, u32, u32)> {
+                n.segments
+                    .iter()
+                    .flat_map(|s| &s.chunks)
+                    .map(|c| (c.fp, r.containers[c.container as usize], c.region, c.offset))
+                    .collect()
+            };
+            assert_eq!(refs(a, &back), refs(b, &sorted));
+            assert_eq!(
+                Node {
+                    segments: vec![],
+                    ..a.clone()
+                },
+                Node {
+                    segments: vec![],
+                    ..b.clone()
+                }
+            );
+        }
+        // The same file pushed as pieces by a caller: the same recipe.
+        let table = t.containers.clone();
+        let mut w = RecipeWriter::new(&repo);
+        let mut nodes = sorted.nodes.clone();
+        for n in nodes.drain(..) {
+            if n.path != b"d3/huge" {
+                w.push(n, |i| table.get(i as usize).copied()).unwrap();
+                continue;
+            }
+            for piece in n.segments.chunks(32) {
+                let p = Node {
+                    segments: piece.to_vec(),
+                    ..n.clone()
+                };
+                w.push(p, |i| table.get(i as usize).copied()).unwrap();
+            }
+        }
+        assert_eq!(w.finish().unwrap().0, id);
+        // A recipe without pieces keeps structure version 2.
+        let (small, _) = put(&repo, tree(20)).unwrap();
+        let RecipeObject::Index(i2) = load_object(&repo, &small).unwrap() else {
+            panic!("a new recipe is an index")
+        };
+        assert!(!i2.continued);
+    }
+
+    /// Pieces are refused where they cannot be: a version-2 recipe naming
+    /// a path twice, or pieces that disagree on the file's metadata.
+    #[test]
+    fn pieces_are_checked() {
+        let d = tempfile::tempdir().unwrap();
+        let repo = repo(d.path());
+        let (id, _) = put(
+            &repo,
+            Recipe {
+                containers: (0..4).map(|i| ContainerId([i as u8; 16])).collect(),
+                nodes: vec![big_file("f", 40)],
+            },
+        )
+        .unwrap();
+        let RecipeObject::Index(mut idx) = load_object(&repo, &id).unwrap() else {
+            panic!("a new recipe is an index")
+        };
+        idx.continued = false;
+        let bytes = strata_core::format::encode_recipe_index(&idx).unwrap();
+        let (v2, _) = repo.put_encoded(Kind::Recipe, "recipes", &bytes).unwrap();
+        let e = load_whole(&repo, &v2).unwrap_err().to_string();
+        assert!(e.contains("appears twice"), "{e}");
+
+        let table = [ContainerId([0; 16]); 4];
+        let mut w = RecipeWriter::new(&repo);
+        let f = big_file("f", 2);
+        w.push(f.clone(), |i| table.get(i as usize).copied())
+            .unwrap();
+        w.push(Node { mode: 0o644, ..f }, |i| {
+            table.get(i as usize).copied()
+        })
+        .unwrap();
+        let (bad, _) = w.finish().unwrap();
+        let e = load_whole(&repo, &bad).unwrap_err().to_string();
+        assert!(e.contains("disagree"), "{e}");
     }
 }

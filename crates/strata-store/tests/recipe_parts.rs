@@ -314,3 +314,61 @@ fn whole_recipes_of_version_1_still_work() {
     assert_restores(&repo, &v2.id, &src, tmp.path(), &read_tree(&src), "v2");
     assert_check_ok(&repo, true, "mixed recipe versions");
 }
+
+/// A file larger than a recipe piece (here ~40 000 chunks of 1 KiB) is
+/// stored as several nodes of its path: it restores whole, an unchanged
+/// next version reuses it without reading it, and an edited one is
+/// deduplicated chunk by chunk against all its pieces.
+#[test]
+fn a_large_file_is_stored_in_pieces_and_reused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("a"), b"first").unwrap();
+    let big = src.join("d/big");
+    fs::write(&big, random_bytes(7, 40 << 20)).unwrap();
+    fs::write(src.join("z"), b"last").unwrap();
+    let repo = segment_repo(&tmp.path().join("repo"));
+    let v1 = backup_paths(&repo, &[&src]).unwrap();
+    let RecipeObject::Index(idx) = recipe::load_object(&repo, &v1.snapshot.recipe).unwrap() else {
+        panic!("a new recipe is an index")
+    };
+    assert!(idx.continued, "a 40 MB file of 1 KiB chunks is in pieces");
+    let mut pieces = 0;
+    recipe::for_each_part(&repo, &v1.snapshot.recipe, |p| {
+        pieces += p
+            .nodes
+            .iter()
+            .filter(|n| n.path.ends_with(b"d/big"))
+            .count();
+        Ok(())
+    })
+    .unwrap();
+    assert!(pieces >= 2, "{pieces} pieces");
+    assert_eq!(v1.snapshot.stats.files, 3);
+    let t1 = read_tree(&src);
+    assert_restores(&repo, &v1.id, &src, tmp.path(), &t1, "v1");
+
+    let v2 = backup_paths(&repo, &[&src]).unwrap();
+    assert_eq!(v2.snapshot.stats.read_bytes, 0, "every file reused");
+    assert_eq!(v2.reused_files, 3);
+    assert_restores(&repo, &v2.id, &src, tmp.path(), &t1, "v2");
+
+    // 4 KiB rewritten in the last piece: read again, found in the
+    // previous version but for the few chunks around the change.
+    let mut data = fs::read(&big).unwrap();
+    let at = data.len() - (3 << 20);
+    data[at..at + 4096].copy_from_slice(&random_bytes(8, 4096));
+    fs::write(&big, &data).unwrap();
+    let v3 = backup_paths(&repo, &[&src]).unwrap();
+    assert!(
+        v3.snapshot.stats.new_raw_bytes < 64 << 10,
+        "{} new bytes",
+        v3.snapshot.stats.new_raw_bytes
+    );
+    assert!(v3.parent_bytes > 30 << 20, "{}", v3.parent_bytes);
+    let t3 = read_tree(&src);
+    assert_restores(&repo, &v3.id, &src, tmp.path(), &t3, "v3");
+    assert_restores(&repo, &v1.id, &src, tmp.path(), &t1, "v1 after v3");
+    assert_check_ok(&repo, true, "pieces");
+}

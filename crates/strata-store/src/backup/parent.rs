@@ -176,10 +176,10 @@ impl<'a> Parent<'a> {
                     }
                     Ordering::Equal => {
                         let node = self.nodes.pop_front()?;
-                        return (node.kind == NodeKind::File).then(|| PrevNode {
-                            node,
-                            containers: self.containers.clone(),
-                        });
+                        if node.kind != NodeKind::File {
+                            return None;
+                        }
+                        return self.join_pieces(node);
                     }
                     Ordering::Greater => return None,
                 }
@@ -187,6 +187,42 @@ impl<'a> Parent<'a> {
             if !self.next_part() {
                 return None;
             }
+        }
+    }
+
+    /// `node` with the further pieces of its file (a continued file, see
+    /// [`recipe::continues`]), which may run into the parts that follow;
+    /// their references renumbered into one table. `None` if a piece's
+    /// part cannot be read: the file is then read again.
+    fn join_pieces(&mut self, mut node: Node) -> Option<PrevNode> {
+        let mut joined: Vec<Option<u32>> = self.containers.as_ref().clone();
+        let mut base = 0u32;
+        loop {
+            while let Some(front) = self.nodes.front() {
+                if !recipe::continues(&node, front) {
+                    return Some(PrevNode {
+                        node,
+                        containers: Arc::new(joined),
+                    });
+                }
+                let mut piece = self.nodes.pop_front()?;
+                for c in piece.segments.iter_mut().flat_map(|s| &mut s.chunks) {
+                    if c.is_direct() {
+                        c.container = c.container.checked_add(base)?;
+                    }
+                }
+                node.segments.append(&mut piece.segments);
+            }
+            if !self.next_part() {
+                // The recipe's end, or a damaged part (the pieces after it
+                // are unknown).
+                return self.damaged.is_none().then(|| PrevNode {
+                    node,
+                    containers: Arc::new(joined),
+                });
+            }
+            base = joined.len() as u32;
+            joined.extend(self.containers.iter().copied());
         }
     }
 
@@ -220,7 +256,9 @@ impl<'a> Parent<'a> {
     /// (same size, mtime, ctime and inode), pointing at current locations.
     pub fn reuse(&self, old: &mut PrevNode, new: &Node) -> Option<Vec<SegmentRef>> {
         let o = &old.node;
+        let stored: u64 = o.segments.iter().map(SegmentRef::len).sum();
         if o.size != new.size
+            || stored != o.size
             || o.mtime_ns != new.mtime_ns
             || o.ctime_ns != new.ctime_ns
             || o.ino != new.ino

@@ -3,7 +3,7 @@
 //! the previous version) and its snapshot committed — the VM's commit
 //! point.
 
-use super::scan::image_of;
+use super::scan::ImageSegments;
 use super::store::{apply_answers, failed, slot_at, slot_range, source, BlockStore, ScanReader};
 use super::{u32_at, HostDir, Kind, Loc, StageArgs, VmArgs, SEGMENT, SLOT_LEN};
 use crate::error::{Result, StoreError};
@@ -14,7 +14,7 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use strata_core::chunker::ChunkerParams;
 use strata_core::format::{
-    ChunkRef, ContainerId, Node, NodeKind, Recipe, SegmentRef, Snapshot, SnapshotStats, ZERO_CHUNK,
+    ChunkRef, ContainerId, Node, NodeKind, SegmentRef, Snapshot, SnapshotStats, ZERO_CHUNK,
 };
 use strata_core::Fingerprint;
 
@@ -75,6 +75,89 @@ fn zero_ref(len: u32) -> ChunkRef {
     }
 }
 
+/// The previous version's clean segment `i`, its references interned
+/// into `table`. Segments are taken in increasing order.
+fn clean_segment(
+    prev: Option<&mut ImageSegments>,
+    i: usize,
+    table: &mut Table,
+    name: &str,
+) -> Result<SegmentRef> {
+    let bad = |what: &str| StoreError::Invalid(format!("{name}: {what}"));
+    let image = prev.ok_or_else(|| bad("a clean segment without a previous version"))?;
+    if image.at > i {
+        return Err(bad("clean segments out of order"));
+    }
+    let (mut s, ids) = loop {
+        match image.next_segment()? {
+            Some(s) if image.at > i => break s,
+            Some(_) => continue,
+            None => return Err(bad(&format!("segment {i} is not in the previous version"))),
+        }
+    };
+    for c in &mut s.chunks {
+        if c.is_zero() {
+            continue;
+        }
+        let id = ids
+            .get(c.container as usize)
+            .filter(|_| c.is_direct())
+            .ok_or_else(|| bad("the previous version holds a reference this job cannot copy"))?;
+        c.container = table.intern(*id);
+    }
+    Ok(s)
+}
+
+/// The image's recipe as it is built: pieces of its node (at most
+/// [`crate::recipe::PIECE_CHUNKS`] chunks, as the writer would cut a
+/// whole node) go to the writer as they fill.
+struct ImageRecipe<'r> {
+    writer: crate::recipe::RecipeWriter<'r>,
+    head: Node,
+    piece: Vec<SegmentRef>,
+    chunks: usize,
+    pushed: bool,
+    size: u64,
+}
+
+impl ImageRecipe<'_> {
+    fn add(&mut self, s: SegmentRef, table: &Table) -> Result<()> {
+        self.size += s.len();
+        self.chunks += s.chunks.len();
+        self.piece.push(s);
+        if self.chunks >= crate::recipe::PIECE_CHUNKS {
+            self.flush(table)?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, table: &Table) -> Result<()> {
+        let segments = std::mem::take(&mut self.piece);
+        self.chunks = 0;
+        self.pushed = true;
+        let node = Node {
+            segments,
+            ..self.head.clone()
+        };
+        self.writer
+            .push(node, |i| table.ids.get(i as usize).copied())
+    }
+
+    /// Writes the last piece and the recipe: its id and the bytes written.
+    fn finish(mut self, table: &Table, name: &str) -> Result<(String, u64)> {
+        if !self.piece.is_empty() || !self.pushed {
+            self.flush(table)?;
+        }
+        if self.size != self.head.size {
+            return Err(StoreError::Invalid(format!(
+                "{name}: the image read as {} bytes, its scan saw {}",
+                self.size, self.head.size
+            )));
+        }
+        self.writer.finish()
+    }
+}
+
 fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
     // The parent stage 1a compared with (not the series' latest now).
     let pp = dir.vm_file(vm.vm, "parent");
@@ -83,9 +166,15 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
         "" => None,
         id => {
             let s = repo.load_snapshot(id)?;
-            image_of(repo, &s)?.map(|(r, i)| (id.to_string(), s, r, i))
+            ImageSegments::open(repo, &s)?.map(|image| (id.to_string(), image))
         }
     };
+    let sp = dir.vm_file(vm.vm, "size");
+    let size: u64 = std::fs::read_to_string(&sp)
+        .map_err(|e| io("read", &sp, e))?
+        .trim()
+        .parse()
+        .map_err(|_| StoreError::Invalid(format!("{}: damaged", sp.display())))?;
     let src = source(dir, vm.vm)?;
     let img = File::open(&src).map_err(|e| io("open", &src, e))?;
     let mp = dir.vm_file(vm.vm, "map");
@@ -93,53 +182,24 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
     let mut scan = ScanReader::open(&dir.vm_file(vm.vm, "scan"))?;
     let mut table = Table::default();
     let mut bs = BlockStore::new(repo);
-    let mut segments = Vec::new();
-    let (mut stored_blocks, mut stored_raw, mut size) = (0u64, 0u64, 0u64);
+    let mut out = ImageRecipe {
+        writer: crate::recipe::RecipeWriter::new(repo),
+        head: image_node(&vm.image, size)?,
+        piece: Vec::new(),
+        chunks: 0,
+        pushed: false,
+        size: 0,
+    };
+    let (mut stored_blocks, mut stored_raw) = (0u64, 0u64);
     let mut slots = Vec::new();
     let mut block = vec![0u8; super::BLOCK];
     let hasher = repo.hasher();
+    let mut i = 0;
     while let Some(seg) = scan.next()? {
-        let i = segments.len();
         let Some(seg) = seg else {
-            let (_, _, r, n) = prev.as_mut().ok_or_else(|| {
-                StoreError::Invalid(format!(
-                    "{}: a clean segment without a previous version",
-                    vm.name
-                ))
-            })?;
-            // Moved, not copied: each clean segment is taken once, so the
-            // previous version's node and the new one are not both held whole.
-            let mut s: SegmentRef = r.nodes[*n]
-                .segments
-                .get_mut(i)
-                .map(|s| SegmentRef {
-                    fp: s.fp,
-                    chunks: std::mem::take(&mut s.chunks),
-                })
-                .ok_or_else(|| {
-                    StoreError::Invalid(format!(
-                        "{}: segment {i} is not in the previous version",
-                        vm.name
-                    ))
-                })?;
-            for c in &mut s.chunks {
-                if c.is_zero() {
-                    continue;
-                }
-                let id = r
-                    .containers
-                    .get(c.container as usize)
-                    .filter(|_| c.is_direct())
-                    .ok_or_else(|| {
-                        StoreError::Invalid(format!(
-                            "{}: the previous version holds a reference this job cannot copy",
-                            vm.name
-                        ))
-                    })?;
-                c.container = table.intern(*id);
-            }
-            size += s.len();
-            segments.push(s);
+            let s = clean_segment(prev.as_mut().map(|p| &mut p.1), i, &mut table, &vm.name)?;
+            out.add(s, &table)?;
+            i += 1;
             continue;
         };
         if let Some((first, last)) = slot_range(&seg) {
@@ -153,7 +213,6 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
         for &(len, slot) in &seg.blocks {
             let at = off;
             off += len as u64;
-            size += len as u64;
             if slot == u32::MAX {
                 chunks.push(zero_ref(len));
                 continue;
@@ -192,20 +251,16 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
             });
         }
         let fp = hasher.hash_fingerprints(chunks.iter().map(|c| &c.fp));
-        segments.push(SegmentRef { fp, chunks });
+        out.add(SegmentRef { fp, chunks }, &table)?;
+        i += 1;
     }
     stored_blocks += bs.blocks;
     stored_raw += bs.bytes;
+    // The blocks first: the recipe may name their containers only once
+    // they are stored.
     let mut stored = bs.finish()?;
     let parent = prev.map(|p| p.0);
-    let node = image_node(&vm.image, segments, size)?;
-    let (recipe, n) = crate::recipe::put(
-        repo,
-        Recipe {
-            containers: table.ids,
-            nodes: vec![node],
-        },
-    )?;
+    let (recipe, n) = out.finish(&table, &vm.name)?;
     stored += n;
     let mut snapshot = Snapshot {
         series: vm.name.clone(),
@@ -237,7 +292,7 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
 }
 
 /// The image's node: named by its file name, with its metadata.
-fn image_node(image: &std::path::Path, segments: Vec<SegmentRef>, size: u64) -> Result<Node> {
+fn image_node(image: &std::path::Path, size: u64) -> Result<Node> {
     let md = std::fs::metadata(image).map_err(|e| io("stat", image, e))?;
     let name = image
         .file_name()
@@ -249,7 +304,6 @@ fn image_node(image: &std::path::Path, segments: Vec<SegmentRef>, size: u64) -> 
         mtime_ns: md.mtime() * 1_000_000_000 + md.mtime_nsec(),
         ctime_ns: md.ctime() * 1_000_000_000 + md.ctime_nsec(),
         size,
-        segments,
         ..Node::new(name.as_encoded_bytes().to_vec(), NodeKind::File)
     })
 }

@@ -7,10 +7,12 @@ use super::{HostDir, Shape, StageArgs, VmArgs, BLOCK, REQ_LEN, SEGMENT, SLOT_LEN
 use crate::error::{Result, StoreError};
 use crate::repo::Repository;
 use serde_json::{json, Value};
+use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use strata_core::format::{NodeKind, Recipe, Snapshot};
+use std::sync::Arc;
+use strata_core::format::{ContainerId, Node, NodeKind, SegmentRef, Snapshot};
 use strata_core::Fingerprint;
 
 /// The version a VM's new snapshot builds on: the latest of its series,
@@ -28,14 +30,79 @@ pub(crate) fn parent_of(all: &[(String, Snapshot)], name: &str) -> Option<(Strin
     usable.then(|| (id.clone(), s.clone()))
 }
 
-/// The image node of snapshot `s`'s recipe and the recipe.
-pub(crate) fn image_of(repo: &Repository, s: &Snapshot) -> Result<Option<(Recipe, usize)>> {
-    let recipe = repo.load_recipe(&s.recipe)?;
-    Ok(recipe
-        .nodes
-        .iter()
-        .position(|n| n.kind == NodeKind::File)
-        .map(|i| (recipe, i)))
+/// The image of a VM snapshot (its recipe's first file), read a part at a
+/// time: its segments in order, each with the container table of the
+/// part it came from. Neither scan nor finish holds the image's whole
+/// chunk list (a 40 GB image has ten million): only a part, and the
+/// segment being used.
+pub(crate) struct ImageSegments<'r> {
+    parts: crate::recipe::Parts<'r>,
+    /// The rest of the current part, its table, and the image's first
+    /// piece (metadata only) to recognise its further pieces by.
+    nodes: VecDeque<Node>,
+    table: Arc<Vec<ContainerId>>,
+    head: Node,
+    /// Segments of the piece being read.
+    segments: VecDeque<SegmentRef>,
+    /// Index of the next segment.
+    pub at: usize,
+}
+
+impl<'r> ImageSegments<'r> {
+    /// The image of snapshot `s`; `None` if its recipe holds no file.
+    pub fn open(repo: &'r Repository, s: &Snapshot) -> Result<Option<Self>> {
+        let mut parts = crate::recipe::Parts::open(repo, &s.recipe)?;
+        while let Some(part) = parts.next_part()? {
+            let mut nodes: VecDeque<Node> = part.nodes.into();
+            while let Some(mut n) = nodes.pop_front() {
+                if n.kind != NodeKind::File {
+                    continue;
+                }
+                let segments = std::mem::take(&mut n.segments).into();
+                return Ok(Some(ImageSegments {
+                    parts,
+                    nodes,
+                    table: Arc::new(part.containers),
+                    head: n,
+                    segments,
+                    at: 0,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The next segment and the container table its direct references
+    /// index.
+    pub fn next_segment(&mut self) -> Result<Option<(SegmentRef, Arc<Vec<ContainerId>>)>> {
+        loop {
+            if let Some(s) = self.segments.pop_front() {
+                self.at += 1;
+                return Ok(Some((s, self.table.clone())));
+            }
+            if self.nodes.is_empty() {
+                match self.parts.next_part()? {
+                    Some(p) => {
+                        self.nodes = p.nodes.into();
+                        self.table = Arc::new(p.containers);
+                    }
+                    None => return Ok(None),
+                }
+                continue;
+            }
+            match self.nodes.pop_front() {
+                Some(n) if crate::recipe::continues(&self.head, &n) => {
+                    self.segments = n.segments.into();
+                }
+                _ => {
+                    // The image ends here: nothing after it is read.
+                    self.nodes.clear();
+                    self.parts = crate::recipe::Parts::empty(self.parts.repo());
+                    return Ok(None);
+                }
+            }
+        }
+    }
 }
 
 /// Makes the image's view for this round: a reflink copy in the work
@@ -151,17 +218,15 @@ fn scan_vm(
     }
     std::fs::write(&ppath, parent.as_ref().map(|p| p.0.as_str()).unwrap_or(""))
         .map_err(|e| StoreError::io("write", ppath.display().to_string(), e))?;
-    let prev: Vec<(Fingerprint, u64)> = match &parent {
-        Some((_, s)) => match image_of(repo, s)? {
-            Some((r, i)) => r.nodes[i]
-                .segments
-                .iter()
-                .map(|s| (s.fp, s.len()))
-                .collect(),
-            None => Vec::new(),
-        },
-        None => Vec::new(),
-    };
+    let mut prev: Vec<(Fingerprint, u64)> = Vec::new();
+    if let Some(mut image) = match &parent {
+        Some((_, s)) => ImageSegments::open(repo, s)?,
+        None => None,
+    } {
+        while let Some((s, _)) = image.next_segment()? {
+            prev.push((s.fp, s.len()));
+        }
+    }
     let (src, copied) = consistent_view(&vm.image, &dir.vm_file(vm.vm, "img"))?;
     std::fs::write(
         dir.vm_file(vm.vm, "src"),
@@ -173,6 +238,11 @@ fn scan_vm(
         .metadata()
         .map_err(|e| StoreError::io("stat", src.display().to_string(), e))?
         .len();
+    // Stage 4 writes the image's node a piece at a time, with its size
+    // first: the size of the view read here.
+    let sp = dir.vm_file(vm.vm, "size");
+    std::fs::write(&sp, size.to_string())
+        .map_err(|e| StoreError::io("write", sp.display().to_string(), e))?;
     let segments = size.div_ceil(SEGMENT as u64) as usize;
     let cbt = changed_segments(&vm.changed, segments);
     let mut scan = RecordWriter::create(&dir.vm_file(vm.vm, "scan"), 256 << 10)?;

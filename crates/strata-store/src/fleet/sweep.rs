@@ -36,9 +36,9 @@ pub fn mark(repo: &Repository, a: &StageArgs) -> Result<Value> {
         let mut seen: HashSet<Fingerprint> = HashSet::new();
         for (_, s) in all.iter().filter(|(_, s)| s.series == vm.name) {
             snapshots += 1;
-            let recipe = repo.load_recipe(&s.recipe)?;
-            for n in &recipe.nodes {
-                for seg in &n.segments {
+            // A part at a time: an image's chunk list is never whole here.
+            crate::recipe::for_each_part(repo, &s.recipe, |part| {
+                for seg in part.nodes.iter().flat_map(|n| &n.segments) {
                     if !seen.insert(seg.fp) {
                         continue;
                     }
@@ -49,7 +49,8 @@ pub fn mark(repo: &Repository, a: &StageArgs) -> Result<Value> {
                         marks += 1;
                     }
                 }
-            }
+                Ok(())
+            })?;
         }
     }
     for w in out {
