@@ -4,7 +4,7 @@ real multi-node Ray cluster on this machine) against single-host `exact`
 with fixed 4 KiB blocks (`strata backup --chunker fixed`), day by day of
 the harness's `vmfleet` workload.
 
-  scripts/bench-fleet.py WORK [--scale 0.01] [--vms 8] [--days 3] [--hosts 4] [--memory 35M]
+  scripts/bench-fleet.py WORK [--scale 0.01] [--vms 8] [--days 3] [--hosts 4] [--memory 35M] [--one-image]
 
 Per day: unique bytes of both repositories (they must be equal), the
 fleet job's wall time, each host's peak stage memory (the worker's VmHWM),
@@ -37,6 +37,25 @@ def strata(repo: str, *args: str) -> subprocess.CompletedProcess:
     return run([os.path.join(BIN, "strata"), "--repo", repo, *args])
 
 
+def join_images(images: str) -> None:
+    """Replaces the VM directories of `images` by one, vm-all, whose
+    disk.img is their images one after the other (kept sparse)."""
+    out_dir = os.path.join(images, "vm-all")
+    os.makedirs(out_dir)
+    zero = bytes(1 << 20)
+    with open(os.path.join(out_dir, "disk.img"), "wb") as out:
+        for vm in sorted(v for v in os.listdir(images) if v != "vm-all"):
+            src = os.path.join(images, vm, "disk.img")
+            with open(src, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    if chunk == zero[: len(chunk)]:
+                        out.seek(len(chunk), os.SEEK_CUR)
+                    else:
+                        out.write(chunk)
+            shutil.rmtree(os.path.join(images, vm))
+        out.truncate(out.tell())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("work")
@@ -46,6 +65,8 @@ def main() -> int:
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--memory", default="35M")
     ap.add_argument("--partitions", type=int, default=16)
+    ap.add_argument("--one-image", action="store_true",
+                    help="join each day's VM images into one image (vm-all): a large image's stage memory")
     a = ap.parse_args()
     work = os.path.abspath(a.work)
     os.makedirs(work, exist_ok=True)
@@ -60,6 +81,8 @@ def main() -> int:
         shutil.rmtree(images, ignore_errors=True)
         run([os.path.join(BIN, "strata-bench"), "gen", "vmfleet", "--scale", a.scale, "--streams", str(a.vms),
              "--out", images, "--version", str(day)])
+        if a.one_image:
+            join_images(images)
         logical = sum(os.path.getsize(os.path.join(images, v, f)) for v in os.listdir(images) for f in os.listdir(os.path.join(images, v)))
         t0 = time.monotonic()
         p = subprocess.run([sys.executable, "-m", "strata_fleet", "run", "--cluster", f"local:{a.hosts}", "--repo", fleet_repo,

@@ -381,6 +381,8 @@ pub struct RecipeWriter<'r> {
     /// Another repository with the same keys (the cloud tier) that gets
     /// the same objects — the same bytes under the same names.
     mirror: Option<&'r Repository>,
+    /// Encoded bytes at which a part ends ([`MAX_PART_BYTES`]).
+    part_bytes: usize,
 }
 
 impl<'r> RecipeWriter<'r> {
@@ -402,7 +404,16 @@ impl<'r> RecipeWriter<'r> {
             nodes: 0,
             suspects: Arc::default(),
             mirror: None,
+            part_bytes: MAX_PART_BYTES,
         }
+    }
+
+    /// Ends parts at `bytes` encoded bytes instead of [`MAX_PART_BYTES`]
+    /// (at least one piece): a writer under a memory cap (a fleet stage)
+    /// holds and seals smaller parts.
+    pub fn with_part_bytes(mut self, bytes: usize) -> Self {
+        self.part_bytes = bytes.clamp(64 << 10, MAX_PART_BYTES);
+        self
     }
 
     /// Writes every object to `mirror` too, byte for byte (the recipe of a
@@ -514,7 +525,7 @@ impl<'r> RecipeWriter<'r> {
         let (path, kind) = (node.path, node.kind);
         drop(node.segments);
         let cut = self.count >= MAX_NODES
-            || self.body.len() >= MAX_PART_BYTES
+            || self.body.len() >= self.part_bytes
             || (self.count >= MIN_NODES && path_cuts(self.repo, &path));
         self.last = Some((path, kind));
         if cut {
@@ -542,11 +553,14 @@ impl<'r> RecipeWriter<'r> {
         // A `Recipe` in the structure encoding: version byte, container
         // table, node count, nodes (postcard: a sequence is its length as
         // a varint, then its elements).
-        let mut bytes = vec![STRUCT_VERSION];
-        bytes = postcard::to_extend(&self.table, bytes)
+        let mut head = vec![STRUCT_VERSION];
+        head = postcard::to_extend(&self.table, head)
             .and_then(|b| postcard::to_extend(&self.count, b))
             .map_err(|e| StoreError::Invalid(format!("cannot encode a recipe part: {e}")))?;
-        bytes.extend_from_slice(&self.body);
+        // The header goes in front of the encoded nodes in place: a large
+        // part is not held twice.
+        let mut bytes = std::mem::take(&mut self.body);
+        bytes.splice(0..0, head);
         let id = self.repo.hasher().hash(&bytes).to_hex();
         let name = part_name(&id);
         let suspect = self
@@ -589,9 +603,11 @@ impl<'r> RecipeWriter<'r> {
         });
         self.table.clear();
         self.local.clear();
+        drop(env);
+        self.body = bytes;
         self.body.clear();
-        if self.body.capacity() > 2 * MAX_PART_BYTES {
-            self.body.shrink_to(MAX_PART_BYTES);
+        if self.body.capacity() > 2 * self.part_bytes {
+            self.body.shrink_to(self.part_bytes);
         }
         self.count = 0;
         Ok(())

@@ -1,7 +1,8 @@
 //! Destage (iDedup §3.3.2, §4.2): one buffered batch onto disk (written,
 //! not yet synced: a checkpoint makes batches durable together, see
 //! [`crate::volume`]). Zero ranges first, then the written blocks extent
-//! by extent in logical order.
+//! by extent (runs of consecutive blocks), in the order each extent was
+//! first written.
 
 use crate::idedup::{fingerprint, Fp};
 use crate::volume::{Batch, Block, Disk, Volume, VolumeError, BLOCK, EXTENT_BLOCKS};
@@ -106,14 +107,31 @@ impl Volume {
             self.zero_map(s, e, &mut ch)?;
         }
         let blocks: Vec<(u64, &Block)> = batch.blocks.iter().map(|(&b, v)| (b, v)).collect();
+        // Extents of consecutive blocks, taken in the order they were
+        // first written: the allocator lays out successive extents side by
+        // side, so the disk keeps the order data came in — the order a
+        // later copy of it (a duplicate sequence) comes in again. In
+        // logical order, a copy of data written by several requests would
+        // find its source scattered and fall below the threshold.
+        let mut extents = Vec::new();
         let mut i = 0;
         while i < blocks.len() {
             let mut j = i + 1;
             while j < blocks.len() && j - i < EXTENT_BLOCKS && blocks[j].0 == blocks[j - 1].0 + 1 {
                 j += 1;
             }
-            self.destage_extent(d, &blocks[i..j], threshold, &mut ch)?;
+            let first = blocks[i..j]
+                .iter()
+                .filter_map(|(b, _)| batch.arrival.get(b))
+                .min()
+                .copied()
+                .unwrap_or(u64::MAX);
+            extents.push((first, i, j));
             i = j;
+        }
+        extents.sort_unstable();
+        for (_, i, j) in extents {
+            self.destage_extent(d, &blocks[i..j], threshold, &mut ch)?;
         }
         for (first, e) in &ch.map {
             self.map

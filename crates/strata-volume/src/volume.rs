@@ -25,7 +25,7 @@ use crate::idedup::{Fp, MetaCache};
 use crate::journal::{self, Journal, Record};
 use crate::stats::{Histogram, Latency, Persistent};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -164,6 +164,10 @@ impl std::ops::Deref for Block {
 #[derive(Default)]
 pub(crate) struct Batch {
     pub(crate) blocks: BTreeMap<u64, Block>,
+    /// When each block of `blocks` was last written (a counter): destage
+    /// lays new blocks out in the order they came.
+    pub(crate) arrival: HashMap<u64, u64>,
+    next: u64,
     pub(crate) zeros: Ranges,
     bytes: usize,
 }
@@ -177,12 +181,15 @@ impl Batch {
         if self.blocks.insert(b, data).is_none() {
             self.bytes += BLOCK;
         }
+        self.arrival.insert(b, self.next);
+        self.next += 1;
     }
 
     fn zero(&mut self, s: u64, e: u64) {
         let gone: Vec<u64> = self.blocks.range(s..e).map(|(&k, _)| k).collect();
         for k in gone {
             self.blocks.remove(&k);
+            self.arrival.remove(&k);
             self.bytes -= BLOCK;
         }
         self.zeros.insert(s, e);

@@ -192,6 +192,37 @@ fn the_threshold_decides_what_is_deduplicated() {
     }
 }
 
+/// Data written in one batch by two requests, the later one at lower
+/// block numbers, is laid out on disk in the order it came: a later copy
+/// of both, in that order, is one duplicate sequence of 8 blocks (in
+/// block-number order the copy's source would be two runs of 4, each
+/// below threshold 8).
+#[test]
+fn a_batch_is_laid_out_in_the_order_it_was_written() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("v");
+    Volume::create(&dir, cfg(8, true)).unwrap();
+    let v = Volume::open(&dir).unwrap();
+    let block = |k: u64| -> Vec<u8> { (0..4096u64).map(|i| (i * 31 + k * 7 + 1) as u8).collect() };
+    let a: Vec<u8> = (0..4).flat_map(block).collect();
+    let b: Vec<u8> = (4..8).flat_map(block).collect();
+    // One batch: A at blocks 40..44, then B at blocks 10..14.
+    v.write_at(40 * 4096, &a, false).unwrap();
+    v.write_at(10 * 4096, &b, false).unwrap();
+    v.sync_all().unwrap();
+    // The copy, A then B, at blocks 20..28.
+    let copy = [a.clone(), b.clone()].concat();
+    v.write_at(20 * 4096, &copy, false).unwrap();
+    v.close().unwrap();
+    let r = report(&dir, "v").unwrap();
+    assert_eq!(r.deduplicated_blocks, 8, "{r:?}");
+    let v = Volume::open(&dir).unwrap();
+    let mut got = vec![0u8; 8 * 4096];
+    v.read_at(20 * 4096, &mut got).unwrap();
+    assert_eq!(got, copy);
+    v.close().unwrap();
+}
+
 /// Readers and writers on several threads while batches are destaged and
 /// checkpointed (and freed blocks reused): each thread owns a region,
 /// rewrites it with duplicate-prone content and always reads back its

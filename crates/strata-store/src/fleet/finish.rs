@@ -183,7 +183,9 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
     let mut table = Table::default();
     let mut bs = BlockStore::new(repo);
     let mut out = ImageRecipe {
-        writer: crate::recipe::RecipeWriter::new(repo),
+        // Parts of 1 MiB: what this stage holds of the recipe it writes,
+        // and of the previous version's when the next job reads it.
+        writer: crate::recipe::RecipeWriter::new(repo).with_part_bytes(1 << 20),
         head: image_node(&vm.image, size)?,
         piece: Vec::new(),
         chunks: 0,
