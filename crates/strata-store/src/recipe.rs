@@ -198,7 +198,7 @@ impl<'r> Parts<'r> {
         };
         let part = load_part(self.repo, &p.id)?;
         let name = part_name(&p.id);
-        check_order(&name, &part.nodes, self.last.take(), self.continued)?;
+        check_order(&name, &part.nodes, self.last.as_ref(), self.continued)?;
         if let Some(n) = part.nodes.last() {
             self.last = Some((n.path.clone(), n.kind));
         }
@@ -233,10 +233,10 @@ pub fn continues(prev: &Node, n: &Node) -> bool {
 fn check_order(
     name: &str,
     nodes: &[Node],
-    after: Option<(Vec<u8>, NodeKind)>,
+    after: Option<&(Vec<u8>, NodeKind)>,
     continued: bool,
 ) -> Result<()> {
-    let mut prev: Option<(&[u8], NodeKind)> = after.as_ref().map(|(p, k)| (p.as_slice(), *k));
+    let mut prev: Option<(&[u8], NodeKind)> = after.map(|(p, k)| (p.as_slice(), *k));
     for n in nodes {
         if let Some((p, k)) = prev {
             let piece = continued && p == n.path && k == NodeKind::File && n.kind == NodeKind::File;
@@ -367,8 +367,9 @@ pub struct RecipeWriter<'r> {
     body: Vec<u8>,
     count: usize,
     first: Vec<u8>,
-    /// Path and kind of the last node pushed.
-    last: Option<(Vec<u8>, NodeKind)>,
+    /// The last node pushed, without its segments (a further piece of its
+    /// file must match it).
+    last: Option<Node>,
     /// Bytes of the objects written (parts and, at the end, the index).
     pub stored_bytes: u64,
     /// Of which, to the repository written to (not the mirror).
@@ -480,16 +481,23 @@ impl<'r> RecipeWriter<'r> {
         mut node: Node,
         container_of: &impl Fn(u32) -> Option<ContainerId>,
     ) -> Result<()> {
-        if let Some((last, kind)) = &self.last {
-            let piece =
-                *kind == NodeKind::File && node.kind == NodeKind::File && *last == node.path;
-            if piece {
+        if let Some(last) = &self.last {
+            if continues(last, &node) {
+                let segments = std::mem::take(&mut node.segments);
+                let same = *last == node;
+                node.segments = segments;
+                if !same {
+                    return Err(StoreError::Invalid(format!(
+                        "recipe nodes: {} twice, not as pieces of one file",
+                        node.path_str()
+                    )));
+                }
                 self.index.continued = true;
-            } else if path_cmp(last, &node.path) != std::cmp::Ordering::Less {
+            } else if path_cmp(&last.path, &node.path) != std::cmp::Ordering::Less {
                 return Err(StoreError::Invalid(format!(
                     "recipe nodes out of order: {} after {}",
                     node.path_str(),
-                    String::from_utf8_lossy(last)
+                    last.path_str()
                 )));
             }
         }
@@ -522,12 +530,11 @@ impl<'r> RecipeWriter<'r> {
         // The node's chunk list goes before the part is sealed: a single
         // large file's node is most of a part, and would otherwise be held
         // beside its encoding and the sealed part.
-        let (path, kind) = (node.path, node.kind);
-        drop(node.segments);
+        node.segments = Vec::new();
         let cut = self.count >= MAX_NODES
             || self.body.len() >= self.part_bytes
-            || (self.count >= MIN_NODES && path_cuts(self.repo, &path));
-        self.last = Some((path, kind));
+            || (self.count >= MIN_NODES && path_cuts(self.repo, &node.path));
+        self.last = Some(node);
         if cut {
             self.cut()?;
         }
@@ -1005,16 +1012,45 @@ mod tests {
         let e = load_whole(&repo, &v2).unwrap_err().to_string();
         assert!(e.contains("appears twice"), "{e}");
 
+        // The writer refuses a path twice unless as pieces of one file.
         let table = [ContainerId([0; 16]); 4];
         let mut w = RecipeWriter::new(&repo);
         let f = big_file("f", 2);
         w.push(f.clone(), |i| table.get(i as usize).copied())
             .unwrap();
-        w.push(Node { mode: 0o644, ..f }, |i| {
-            table.get(i as usize).copied()
-        })
-        .unwrap();
-        let (bad, _) = w.finish().unwrap();
+        let e = w
+            .push(
+                Node {
+                    mode: 0o644,
+                    ..f.clone()
+                },
+                |i| table.get(i as usize).copied(),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("twice"), "{e}");
+        // A recipe whose pieces disagree (two recipes' parts, joined by
+        // hand) is refused.
+        let one = Recipe {
+            containers: table.to_vec(),
+            nodes: vec![f.clone()],
+        };
+        let two = Recipe {
+            containers: table.to_vec(),
+            nodes: vec![Node { mode: 0o644, ..f }],
+        };
+        let (r1, _) = put(&repo, one).unwrap();
+        let (r2, _) = put(&repo, two).unwrap();
+        let (RecipeObject::Index(mut idx), RecipeObject::Index(i2)) = (
+            load_object(&repo, &r1).unwrap(),
+            load_object(&repo, &r2).unwrap(),
+        ) else {
+            panic!("new recipes are indexes")
+        };
+        idx.parts.extend(i2.parts);
+        idx.continued = true;
+        let bytes = strata_core::format::encode_recipe_index(&idx).unwrap();
+        let (bad, _) = repo.put_encoded(Kind::Recipe, "recipes", &bytes).unwrap();
         let e = load_whole(&repo, &bad).unwrap_err().to_string();
         assert!(e.contains("disagree"), "{e}");
     }

@@ -25,8 +25,8 @@ impl nbd::BlockDevice for Volume {
     fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<Vec<(u64, u64)>> {
         self.read_at(offset, buf)
     }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> std::io::Result<()> {
-        self.write_at(offset, data, fua)
+    fn write(&self, offset: u64, data: Vec<u8>, fua: bool) -> std::io::Result<()> {
+        self.write_owned(offset, data, fua)
     }
     fn flush(&self) -> std::io::Result<()> {
         Volume::flush(self)

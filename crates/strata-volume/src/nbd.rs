@@ -99,7 +99,8 @@ pub trait BlockDevice: Send + Sync {
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<Vec<(u64, u64)>>;
     /// Acknowledged writes are readable at once and survive a crash after
     /// the next `flush` (or at once with `fua`).
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()>;
+    /// `data` is the request's payload, handed over (no copy needed).
+    fn write(&self, offset: u64, data: Vec<u8>, fua: bool) -> io::Result<()>;
     fn flush(&self) -> io::Result<()>;
     /// Reads of a trimmed range return zeros.
     fn trim(&self, offset: u64, len: u64, fua: bool) -> io::Result<()>;
@@ -624,8 +625,15 @@ fn read_requests(
                 return Err(proto("write longer than the maximum"));
             }
             CMD_WRITE => {
-                payload.resize(req.len as usize, 0);
-                r.read_exact(&mut payload)?;
+                // Read into fresh capacity: no zero-filling first.
+                payload.reserve_exact(req.len as usize);
+                let got = r
+                    .by_ref()
+                    .take(u64::from(req.len))
+                    .read_to_end(&mut payload)?;
+                if got != req.len as usize {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
             }
             _ => {}
         }
@@ -668,7 +676,7 @@ fn answer(
             let res = if !in_range {
                 Err(ENOSPC)
             } else {
-                dev.write(req.offset, &buf, fua).map_err(|e| errno(&e))
+                dev.write(req.offset, buf, fua).map_err(|e| errno(&e))
             };
             done(w, structured, req.handle, res)
         }

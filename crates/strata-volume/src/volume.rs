@@ -9,8 +9,8 @@
 //! running server's latency, cache and fragmentation figures).
 //!
 //! Writes are appended to the journal and kept in a buffer that reads see
-//! at once; a background thread destages the buffer in logical block
-//! order, extent by extent: fingerprints, dup-lists from the metadata
+//! at once; a background thread destages the buffer extent by extent,
+//! in the order the extents were first written: fingerprints, dup-lists from the metadata
 //! cache, `find_sequences` at the threshold, references for the runs
 //! kept and new disk blocks for the rest — written, not synced. A
 //! checkpoint (every 512 MiB of journal or 5 s, and on sync and close)
@@ -40,7 +40,7 @@ const FORMAT: u32 = 1;
 const DESTAGE_AT: usize = 32 << 20;
 /// Writers wait while the buffer holds this much (the batch being
 /// destaged is not counted).
-const BUFFER_MAX: usize = 128 << 20;
+const BUFFER_MAX: usize = 256 << 20;
 /// Destaged batches become durable together at a checkpoint, after this
 /// many bytes of their journals or this long.
 const CHECKPOINT_BYTES: u64 = 512 << 20;
@@ -153,6 +153,25 @@ impl Block {
     }
 }
 
+impl Block {
+    /// Whether this block comes right after `prev` in the same buffer.
+    pub(crate) fn follows(&self, prev: &Block) -> bool {
+        Arc::ptr_eq(&self.buf, &prev.buf) && self.off == prev.off + BLOCK
+    }
+
+    /// `n` blocks of this block's buffer from this one on (each of them
+    /// [`Self::follows`] the one before).
+    pub(crate) fn run(&self, n: usize) -> &[u8] {
+        &self.buf[self.off..self.off + n * BLOCK]
+    }
+
+    /// Whether every byte is zero.
+    pub(crate) fn is_zero(&self) -> bool {
+        static ZERO: [u8; BLOCK] = [0; BLOCK];
+        **self == ZERO[..]
+    }
+}
+
 impl std::ops::Deref for Block {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
@@ -165,7 +184,8 @@ impl std::ops::Deref for Block {
 pub(crate) struct Batch {
     pub(crate) blocks: BTreeMap<u64, Block>,
     /// When each block of `blocks` was last written (a counter): destage
-    /// lays new blocks out in the order they came.
+    /// takes extents in the order of their earliest entry, laying new
+    /// blocks out in the order they came.
     pub(crate) arrival: HashMap<u64, u64>,
     next: u64,
     pub(crate) zeros: Ranges,
@@ -305,6 +325,11 @@ pub struct Volume {
     /// and let go by `close`.
     lock: Mutex<Option<File>>,
     closed: AtomicBool,
+    /// Held by the checkpoint running (one at a time); a checkpoint the
+    /// destage thread starts runs on a thread of its own, so destaging
+    /// goes on while the files sync.
+    checkpointing: Mutex<()>,
+    checkpoint_busy: AtomicBool,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -474,6 +499,8 @@ impl Volume {
             lock: Mutex::new(Some(lock_file)),
             reuse_guard: std::sync::RwLock::new(()),
             closed: AtomicBool::new(false),
+            checkpointing: Mutex::new(()),
+            checkpoint_busy: AtomicBool::new(false),
         });
         // Replay what the journal holds, destage it, then drop it.
         for (_, p) in &old {
@@ -730,32 +757,38 @@ impl Volume {
     }
 
     pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        self.write_owned(offset, data.to_vec(), fua)
+    }
+
+    /// [`Self::write_at`] of a buffer handed over: a write of whole blocks
+    /// goes to the journal and the buffer as it is, without a copy.
+    pub fn write_owned(&self, offset: u64, data: Vec<u8>, fua: bool) -> io::Result<()> {
         let t = Instant::now();
         self.check_range(offset, data.len() as u64)?;
         if data.is_empty() {
             return Ok(());
         }
-        // Whole blocks are encoded before taking the lock; partial ones
-        // need the current content of their edge blocks, under it.
         let bs = BLOCK as u64;
         let aligned = offset.is_multiple_of(bs) && data.len().is_multiple_of(BLOCK);
-        let mut enc = Vec::with_capacity(data.len() + 2 * BLOCK + 64);
-        if aligned {
-            journal::encode_write(offset / bs, data, BLOCK, &mut enc);
-        }
+        // Whole blocks: checksummed before taking the lock. Partial ones
+        // need the current content of their edge blocks, under it.
+        let head = aligned.then(|| journal::write_header(offset / bs, &data, BLOCK));
         let mut m = self.lock_for_write()?;
-        let first = if aligned {
-            offset / bs
-        } else {
-            let (first, blocks) = self.whole_blocks(&m, offset, data)?;
-            journal::encode_write(first, &blocks, BLOCK, &mut enc);
-            first
+        let (first, blocks) = match head {
+            Some(h) => {
+                m.journal.append_record(&h, &data)?;
+                (offset / bs, data)
+            }
+            None => {
+                let (first, blocks) = self.whole_blocks(&m, offset, &data)?;
+                let h = journal::write_header(first, &blocks, BLOCK);
+                m.journal.append_record(&h, &blocks)?;
+                (first, blocks)
+            }
         };
-        m.journal.append(&enc)?;
-        let n = enc.len() / BLOCK;
-        let start = enc.len() - n * BLOCK;
-        let enc = Arc::new(enc);
-        for (i, b) in Block::slices(&enc, start, n).enumerate() {
+        let n = blocks.len() / BLOCK;
+        let blocks = Arc::new(blocks);
+        for (i, b) in Block::slices(&blocks, 0, n).enumerate() {
             m.buf.put(first + i as u64, b);
         }
         let r = self.after_write(m, fua);
@@ -829,26 +862,62 @@ impl Volume {
         self.checkpoint().map_err(io::Error::other)
     }
 
-    /// Makes every destaged batch durable: data, fingerprints, map and
-    /// reference counts synced; then the blocks they freed become free
-    /// and their journal files go.
+    /// Makes every batch destaged so far durable: data, fingerprints, map
+    /// and reference counts synced; then the blocks they freed become
+    /// free and their journal files go. Batches destaged while the files
+    /// sync keep their journal files and freed blocks for the next one.
     pub(crate) fn checkpoint(&self) -> Result<()> {
+        let _one = lock(&self.checkpointing);
+        let (freed, done, fps, refs) = {
+            let mut d = lock(&self.disk);
+            d.uncommitted_bytes = 0;
+            d.last_checkpoint = Instant::now();
+            (
+                std::mem::take(&mut d.pending_free),
+                std::mem::take(&mut d.uncommitted),
+                d.fps.try_clone().map_err(ioe("fps"))?,
+                d.refs.try_clone().map_err(ioe("refs"))?,
+            )
+        };
+        // Everything those batches wrote was written before this point.
+        let synced = (|| -> io::Result<()> {
+            self.data.sync_data()?;
+            fps.sync_data()?;
+            self.map.sync_data()?;
+            refs.sync_data()
+        })();
         let mut d = lock(&self.disk);
-        self.data.sync_data().map_err(ioe("data"))?;
-        d.fps.sync_data().map_err(ioe("fps"))?;
-        self.map.sync_data().map_err(ioe("map"))?;
-        d.refs.sync_data().map_err(ioe("refs"))?;
-        let freed = std::mem::take(&mut d.pending_free);
+        if let Err(e) = synced {
+            // Nothing is released: the journal files stay for recovery.
+            d.pending_free.extend(freed);
+            d.uncommitted.splice(0..0, done);
+            return Err(VolumeError::Io("sync".into(), e));
+        }
         // Reads in flight may still use an old map entry: wait for them.
         drop(self.reuse_guard.write().unwrap_or_else(|e| e.into_inner()));
         crate::destage::release(&mut d.free, freed);
-        for p in std::mem::take(&mut d.uncommitted) {
+        for p in done {
             fs::remove_file(&p).map_err(ioe(p.display().to_string()))?;
         }
-        d.uncommitted_bytes = 0;
-        d.last_checkpoint = Instant::now();
         // Written under the disk lock: state files never go back in time.
         self.write_state(d.counters.clone())
+    }
+
+    /// Starts a checkpoint on a thread of its own unless one is running.
+    fn checkpoint_in_background(self: &Arc<Self>) {
+        if self.checkpoint_busy.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let v = self.clone();
+        std::thread::spawn(move || {
+            if let Err(e) = v.checkpoint() {
+                tracing::error!("checkpoint failed: {e}");
+                let mut m = lock(&v.mem);
+                m.failed = Some(e.to_string());
+                v.destaged.notify_all();
+            }
+            v.checkpoint_busy.store(false, Ordering::SeqCst);
+        });
     }
 
     /// Destages what is buffered, stops the destage thread and marks the
@@ -862,6 +931,11 @@ impl Volume {
         self.kick.notify_all();
         if let Some(h) = lock(&self.destager).take() {
             let _ = h.join();
+        }
+        // A checkpoint the destage thread started ends before the volume
+        // is marked clean (none starts after that thread).
+        while self.checkpoint_busy.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
         }
         let m = lock(&self.mem);
         let _ = fs::remove_file(&m.journal.path);
@@ -914,7 +988,7 @@ impl Volume {
                 m.prev_journal = old.file().try_clone().ok().map(Arc::new);
                 (batch, old.path.clone())
             };
-            let r = self.apply(&batch).and_then(|_| {
+            let r = self.apply(&batch).map(|_| {
                 let due = {
                     let mut d = lock(&self.disk);
                     d.uncommitted_bytes += fs::metadata(&old_path).map(|m| m.len()).unwrap_or(0);
@@ -923,9 +997,8 @@ impl Volume {
                         || d.last_checkpoint.elapsed() >= CHECKPOINT_EVERY
                 };
                 if due {
-                    self.checkpoint()?;
+                    self.checkpoint_in_background();
                 }
-                Ok(())
             });
             let _ = self.save_live();
             let mut m = lock(&self.mem);

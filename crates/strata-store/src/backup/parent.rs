@@ -195,6 +195,17 @@ impl<'a> Parent<'a> {
     /// their references renumbered into one table. `None` if a piece's
     /// part cannot be read: the file is then read again.
     fn join_pieces(&mut self, mut node: Node) -> Option<PrevNode> {
+        if self
+            .nodes
+            .front()
+            .is_some_and(|f| !recipe::continues(&node, f))
+        {
+            // The common case: a whole file, and its part's table as is.
+            return Some(PrevNode {
+                node,
+                containers: self.containers.clone(),
+            });
+        }
         let mut joined: Vec<Option<u32>> = self.containers.as_ref().clone();
         let mut base = 0u32;
         loop {

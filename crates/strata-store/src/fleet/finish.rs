@@ -258,8 +258,8 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
     }
     stored_blocks += bs.blocks;
     stored_raw += bs.bytes;
-    // The blocks first: the recipe may name their containers only once
-    // they are stored.
+    // The recipe's parts are written as it goes, naming containers
+    // stored here; the snapshot is committed only after both.
     let mut stored = bs.finish()?;
     let parent = prev.map(|p| p.0);
     let (recipe, n) = out.finish(&table, &vm.name)?;
