@@ -120,12 +120,18 @@ impl Volume {
             while j < blocks.len() && j - i < EXTENT_BLOCKS && blocks[j].0 == blocks[j - 1].0 + 1 {
                 j += 1;
             }
-            let first = blocks[i..j]
-                .iter()
-                .filter_map(|(b, _)| batch.arrival.get(b))
-                .min()
-                .copied()
-                .unwrap_or(u64::MAX);
+            // Lone blocks (scattered small writes) go last, in block
+            // order: a later sequential read of their neighbourhood then
+            // moves forward on disk.
+            let first = match j - i {
+                1 => u64::MAX,
+                _ => blocks[i..j]
+                    .iter()
+                    .filter_map(|(b, _)| batch.arrival.get(b))
+                    .min()
+                    .copied()
+                    .unwrap_or(u64::MAX),
+            };
             extents.push((first, i, j));
             i = j;
         }
