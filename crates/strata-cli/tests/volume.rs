@@ -326,3 +326,69 @@ fn a_served_volume_is_locked() {
     let l = r.json(&["volume", "list"]);
     assert_eq!(l, serde_json::json!([]));
 }
+
+/// `volume snapshot` stores what the clients wrote as a version in the
+/// repository; `strata restore` writes it back as a sparse image; the
+/// next snapshot of a little-changed volume adds little; a served volume
+/// is refused with what to do.
+#[test]
+fn snapshots_restore_as_sparse_images() {
+    if !have("nbdcopy") || !have("qemu-img") {
+        return;
+    }
+    let r = new_volume("64M");
+    let s = serve(&r, "v");
+    let img = r.scratch("img.raw");
+    let data = image(&img, 64 << 20);
+    sh(Command::new("nbdcopy").arg(&img).arg(&s.url));
+    let busy = r.run(&["volume", "snapshot", "v"]).expect_code(1);
+    assert!(busy.stderr.contains("stop the server"), "{}", busy.stderr);
+    let mut s = s;
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    assert!(s.child.wait().unwrap().success());
+
+    let v1 = r.json(&["volume", "snapshot", "v", "--tag", "nightly"]);
+    assert_eq!(v1["series"], "volume:v");
+    assert_eq!(v1["logical_bytes"], 64 << 20);
+    // Two copies of one 4 MiB pattern and zeros: one copy stored.
+    let new1 = v1["new_raw_bytes"].as_u64().unwrap();
+    assert!(new1 <= (4 << 20) + (64 << 10), "{v1}");
+    let t = r.scratch("t1");
+    r.restore("volume:v@latest", &t);
+    let out = t.join("v.img");
+    assert!(std::fs::read(&out).unwrap() == data, "restored image");
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(&out).unwrap();
+    assert!(
+        md.blocks() * 512 <= 16 << 20,
+        "restored sparse: {} bytes allocated",
+        md.blocks() * 512
+    );
+
+    // 64 KiB rewritten: the next snapshot stores about that.
+    let s = serve(&r, "v");
+    let patch = r.scratch("patch.raw");
+    std::fs::write(&patch, prng(11, 64 << 10)).unwrap();
+    sh(Command::new("qemu-img")
+        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+        .arg(&patch)
+        .arg(&s.url));
+    let mut s = s;
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    assert!(s.child.wait().unwrap().success());
+    let v2 = r.json(&["volume", "snapshot", "v"]);
+    assert_eq!(v2["version"], 2);
+    let new2 = v2["new_raw_bytes"].as_u64().unwrap();
+    assert!(new2 <= 128 << 10, "{v2}");
+    let t = r.scratch("t2");
+    r.restore("volume:v@latest", &t);
+    let mut want = data.clone();
+    want[..64 << 10].copy_from_slice(&prng(11, 64 << 10));
+    assert!(
+        std::fs::read(t.join("v.img")).unwrap() == want,
+        "second version"
+    );
+    // The snapshot's reads are not the clients': stats unchanged by it.
+    let st = r.json(&["volume", "stats", "v"]);
+    assert!(st["dedup_ratio"].as_f64().is_some(), "{st}");
+}

@@ -16,7 +16,7 @@ pub mod report;
 pub mod stats;
 pub mod volume;
 
-pub use volume::{Threshold, Volume, VolumeConfig, VolumeError};
+pub use volume::{ImageReader, Threshold, Volume, VolumeConfig, VolumeError};
 
 impl nbd::BlockDevice for Volume {
     fn size(&self) -> u64 {

@@ -332,6 +332,36 @@ pub struct Volume {
     checkpoint_busy: AtomicBool,
 }
 
+/// A volume's bytes as a stream, read 1 MiB at a time
+/// ([`Volume::image_reader`]).
+pub struct ImageReader {
+    vol: Arc<Volume>,
+    /// Volume offset of the next read into `buf`.
+    pos: u64,
+    buf: Vec<u8>,
+    /// Bytes of `buf` handed out.
+    at: usize,
+}
+
+impl io::Read for ImageReader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if self.at == self.buf.len() {
+            let left = self.vol.size().saturating_sub(self.pos);
+            if left == 0 {
+                return Ok(0);
+            }
+            self.buf.resize(left.min(1 << 20) as usize, 0);
+            self.vol.read_range(self.pos, &mut self.buf, false)?;
+            self.pos += self.buf.len() as u64;
+            self.at = 0;
+        }
+        let n = out.len().min(self.buf.len() - self.at);
+        out[..n].copy_from_slice(&self.buf[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -658,6 +688,22 @@ impl Volume {
     /// Reads `buf.len()` bytes at `offset`; returns the block-aligned
     /// byte ranges of `buf` that are zeros.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<Vec<(u64, u64)>> {
+        self.read_range(offset, buf, true)
+    }
+
+    /// The volume's bytes from its start, as one stream (`volume
+    /// snapshot`): its reads are not counted in the clients' statistics,
+    /// nor do they steer `--threshold auto`.
+    pub fn image_reader(self: &Arc<Self>) -> ImageReader {
+        ImageReader {
+            vol: self.clone(),
+            pos: 0,
+            buf: Vec::new(),
+            at: 0,
+        }
+    }
+
+    fn read_range(&self, offset: u64, buf: &mut [u8], track: bool) -> io::Result<Vec<(u64, u64)>> {
         let t = Instant::now();
         self.check_range(offset, buf.len() as u64)?;
         if buf.is_empty() {
@@ -676,10 +722,12 @@ impl Volume {
             buf.copy_from_slice(&tmp[skip..skip + buf.len()]);
             r
         };
-        lock(&self.live.read_sizes).add(n, 1);
-        lock(&self.live.recent_reads).push(n);
-        if runs > 0 {
-            lock(&self.live.fragmentation).add(runs, 1);
+        if track {
+            lock(&self.live.read_sizes).add(n, 1);
+            lock(&self.live.recent_reads).push(n);
+            if runs > 0 {
+                lock(&self.live.fragmentation).add(runs, 1);
+            }
         }
         let mut holes = Vec::new();
         if aligned {
@@ -696,7 +744,9 @@ impl Volume {
                 }
             }
         }
-        self.live.read_latency.record(t.elapsed());
+        if track {
+            self.live.read_latency.record(t.elapsed());
+        }
         Ok(holes)
     }
 
