@@ -328,9 +328,9 @@ fn a_served_volume_is_locked() {
 }
 
 /// `volume snapshot` stores what the clients wrote as a version in the
-/// repository; `strata restore` writes it back as a sparse image; the
-/// next snapshot of a little-changed volume adds little; a served volume
-/// is refused with what to do.
+/// repository, of a served volume (frozen by its server) or a stopped
+/// one; `strata restore` writes it back as a sparse image; the next
+/// snapshot of a little-changed volume adds little.
 #[test]
 fn snapshots_restore_as_sparse_images() {
     if !have("nbdcopy") || !have("qemu-img") {
@@ -341,18 +341,41 @@ fn snapshots_restore_as_sparse_images() {
     let img = r.scratch("img.raw");
     let data = image(&img, 64 << 20);
     sh(Command::new("nbdcopy").arg(&img).arg(&s.url));
-    let busy = r.run(&["volume", "snapshot", "v"]).expect_code(1);
-    assert!(busy.stderr.contains("stop the server"), "{}", busy.stderr);
+    // Served: the server freezes a point in time for the snapshot.
+    let live = r.json(&["volume", "snapshot", "v", "--tag", "live"]);
+    assert_eq!(live["version"], 1, "{live}");
+    let t = r.scratch("t0");
+    r.restore("volume:v@latest", &t);
+    assert!(
+        std::fs::read(t.join("v.img")).unwrap() == data,
+        "snapshot of the served volume"
+    );
+    // The server lets the freeze go once the snapshot's connection ends.
+    let frozen = || {
+        std::fs::read_dir(r.dir().join("repo/volumes/v"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("map.frozen"))
+            .count()
+    };
+    let t0 = Instant::now();
+    while frozen() > 0 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(frozen(), 0, "the frozen map goes with the snapshot");
     let mut s = s;
     unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
     assert!(s.child.wait().unwrap().success());
 
+    // Stopped: opened here. Nothing new since the live snapshot.
     let v1 = r.json(&["volume", "snapshot", "v", "--tag", "nightly"]);
     assert_eq!(v1["series"], "volume:v");
     assert_eq!(v1["logical_bytes"], 64 << 20);
+    assert_eq!(v1["version"], 2);
+    assert_eq!(v1["new_raw_bytes"], 0, "{v1}");
     // Two copies of one 4 MiB pattern and zeros: one copy stored.
-    let new1 = v1["new_raw_bytes"].as_u64().unwrap();
-    assert!(new1 <= (4 << 20) + (64 << 10), "{v1}");
+    let new0 = live["new_raw_bytes"].as_u64().unwrap();
+    assert!(new0 <= (4 << 20) + (64 << 10), "{live}");
     let t = r.scratch("t1");
     r.restore("volume:v@latest", &t);
     let out = t.join("v.img");
@@ -377,7 +400,7 @@ fn snapshots_restore_as_sparse_images() {
     unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
     assert!(s.child.wait().unwrap().success());
     let v2 = r.json(&["volume", "snapshot", "v"]);
-    assert_eq!(v2["version"], 2);
+    assert_eq!(v2["version"], 3);
     let new2 = v2["new_raw_bytes"].as_u64().unwrap();
     assert!(new2 <= 128 << 10, "{v2}");
     let t = r.scratch("t2");

@@ -8,6 +8,7 @@
 //! * [`journal`] — the write-ahead journal's records.
 //! * [`stats`], [`report`] — latency, fragmentation and dedup figures.
 
+pub mod control;
 pub mod destage;
 pub mod idedup;
 pub mod journal;
@@ -16,7 +17,7 @@ pub mod report;
 pub mod stats;
 pub mod volume;
 
-pub use volume::{ImageReader, Threshold, Volume, VolumeConfig, VolumeError};
+pub use volume::{Frozen, FrozenReader, ImageReader, Threshold, Volume, VolumeConfig, VolumeError};
 
 impl nbd::BlockDevice for Volume {
     fn size(&self) -> u64 {

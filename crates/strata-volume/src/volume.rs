@@ -233,6 +233,9 @@ struct Mem {
     stop: bool,
     /// Someone waits for the buffer to reach the disk (sync, full buffer).
     urgent: bool,
+    /// Journal generation of the last batch destaged (its writes are in
+    /// the map).
+    applied: u64,
 }
 
 pub(crate) struct Disk {
@@ -330,6 +333,157 @@ pub struct Volume {
     /// goes on while the files sync.
     checkpointing: Mutex<()>,
     checkpoint_busy: AtomicBool,
+    /// Frozen images being read ([`Volume::freeze`]): while any is, no
+    /// freed block is reused, so every block a frozen map names keeps its
+    /// data.
+    holds: std::sync::atomic::AtomicUsize,
+}
+
+impl Volume {
+    /// A point-in-time image of the volume while it is served: everything
+    /// acknowledged so far is destaged and checkpointed, the block map is
+    /// copied (under the destage lock: the map after a whole batch, so a
+    /// prefix of the writes — crash-consistent), and until the returned
+    /// [`Frozen`] is dropped no freed block is reused, so the blocks the
+    /// copy names keep their data while clients go on writing (new data
+    /// always goes to other blocks).
+    pub fn freeze(self: &Arc<Self>) -> Result<Frozen> {
+        self.holds.fetch_add(1, Ordering::SeqCst);
+        let frozen = Frozen {
+            vol: self.clone(),
+            map: self.dir.join(format!(
+                "map.frozen.{}",
+                FROZEN_SEQ.fetch_add(1, Ordering::SeqCst)
+            )),
+        };
+        self.destage_current()
+            .map_err(|e| VolumeError::Io("destage".into(), e))?;
+        let _d = lock(&self.disk);
+        fs::copy(self.dir.join("map"), &frozen.map).map_err(ioe("map copy"))?;
+        Ok(frozen)
+    }
+}
+
+static FROZEN_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl Volume {
+    /// Waits until everything written before the call is in the map: the
+    /// batch being filled now is destaged (one batch, not an empty buffer:
+    /// clients may go on writing).
+    fn destage_current(&self) -> io::Result<()> {
+        let mut m = lock(&self.mem);
+        let want = match m.buf.is_empty() {
+            true => m.journal.generation.saturating_sub(1),
+            false => m.journal.generation,
+        };
+        while m.applied < want {
+            if let Some(f) = &m.failed {
+                return Err(io::Error::other(f.clone()));
+            }
+            if m.stop {
+                return Err(io::Error::other("the volume is closing"));
+            }
+            m.urgent = true;
+            self.kick.notify_all();
+            m = self
+                .destaged
+                .wait_timeout(m, Duration::from_millis(200))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+}
+
+/// A frozen image of a served volume ([`Volume::freeze`]).
+pub struct Frozen {
+    vol: Arc<Volume>,
+    /// The copy of the block map.
+    pub map: PathBuf,
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.map);
+        self.vol.holds.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A frozen image's bytes as a stream, from the map copy and the data
+/// file (which a served volume's new writes never overwrite in the blocks
+/// the copy names while the freeze holds). Opened by any process.
+pub struct FrozenReader {
+    map: File,
+    data: File,
+    size: u64,
+    pos: u64,
+    buf: Vec<u8>,
+    at: usize,
+}
+
+impl FrozenReader {
+    /// Reads the frozen image of the volume in `dir` through the map copy
+    /// at `map`.
+    pub fn open(dir: &Path, map: &Path) -> Result<FrozenReader> {
+        let cfg = Volume::config(dir)?;
+        Ok(FrozenReader {
+            map: File::open(map).map_err(ioe(map.display().to_string()))?,
+            data: File::open(dir.join("data")).map_err(ioe("data"))?,
+            size: cfg.size,
+            pos: 0,
+            buf: Vec::new(),
+            at: 0,
+        })
+    }
+
+    fn fill(&mut self) -> io::Result<()> {
+        let n = (self.size - self.pos).min(1 << 20) as usize / BLOCK;
+        let first = self.pos / BLOCK as u64;
+        let map = read_u64s(&self.map, first, n)?;
+        self.buf.clear();
+        self.buf.resize(n * BLOCK, 0);
+        let mut i = 0;
+        while i < n {
+            if map[i] == 0 {
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < n && map[j - 1].checked_add(1) == Some(map[j]) {
+                j += 1;
+            }
+            let dst = &mut self.buf[i * BLOCK..j * BLOCK];
+            let off = (map[i] - 1)
+                .checked_mul(BLOCK as u64)
+                .ok_or_else(|| io::Error::other("the frozen map names a block past any disk"))?;
+            let got = read_full_at(&self.data, dst, off)?;
+            if got < dst.len() {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the volume's data is shorter than its frozen map says",
+                ));
+            }
+            i = j;
+        }
+        self.pos += (n * BLOCK) as u64;
+        self.at = 0;
+        Ok(())
+    }
+}
+
+impl io::Read for FrozenReader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if self.at == self.buf.len() {
+            if self.pos >= self.size {
+                return Ok(0);
+            }
+            self.fill()?;
+        }
+        let n = out.len().min(self.buf.len() - self.at);
+        out[..n].copy_from_slice(&self.buf[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
 }
 
 /// A volume's bytes as a stream, read 1 MiB at a time
@@ -474,6 +628,14 @@ impl Volume {
     pub fn open(dir: &Path) -> Result<Arc<Volume>> {
         let cfg = Self::config(dir)?;
         let lock_file = Self::lock(dir)?;
+        // Frozen maps of a server that is gone (its snapshots ended with it).
+        if let Ok(rd) = fs::read_dir(dir) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with("map.frozen.") {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
         let state: State = read_json(&dir.join("state.json"))?;
         let nblocks = cfg.size / BLOCK as u64;
         let map = open_rw(&dir.join("map"))?;
@@ -503,6 +665,7 @@ impl Volume {
                 failed: None,
                 stop: false,
                 urgent: false,
+                applied: next_gen - 1,
             }),
             kick: Condvar::new(),
             destaged: Condvar::new(),
@@ -531,6 +694,7 @@ impl Volume {
             closed: AtomicBool::new(false),
             checkpointing: Mutex::new(()),
             checkpoint_busy: AtomicBool::new(false),
+            holds: Default::default(),
         });
         // Replay what the journal holds, destage it, then drop it.
         for (_, p) in &old {
@@ -922,8 +1086,13 @@ impl Volume {
             let mut d = lock(&self.disk);
             d.uncommitted_bytes = 0;
             d.last_checkpoint = Instant::now();
+            // A frozen image may name freed blocks: they wait.
+            let held = self.holds.load(Ordering::SeqCst) > 0;
             (
-                std::mem::take(&mut d.pending_free),
+                match held {
+                    true => Vec::new(),
+                    false => std::mem::take(&mut d.pending_free),
+                },
                 std::mem::take(&mut d.uncommitted),
                 d.fps.try_clone().map_err(ioe("fps"))?,
                 d.refs.try_clone().map_err(ioe("refs"))?,
@@ -998,7 +1167,7 @@ impl Volume {
 
     fn destage_loop(self: Arc<Self>) {
         loop {
-            let (batch, old_path) = {
+            let (batch, old_path, generation) = {
                 let mut m = lock(&self.mem);
                 // At most a second's writes wait in the buffer.
                 let deadline = Instant::now() + Duration::from_secs(1);
@@ -1036,7 +1205,7 @@ impl Volume {
                 let batch = Arc::new(std::mem::take(&mut m.buf));
                 m.destaging = Some(batch.clone());
                 m.prev_journal = old.file().try_clone().ok().map(Arc::new);
-                (batch, old.path.clone())
+                (batch, old.path.clone(), old.generation)
             };
             let r = self.apply(&batch).map(|_| {
                 let due = {
@@ -1054,6 +1223,9 @@ impl Volume {
             let mut m = lock(&self.mem);
             m.destaging = None;
             m.prev_journal = None;
+            if r.is_ok() {
+                m.applied = generation;
+            }
             if let Err(e) = r {
                 tracing::error!("destage failed: {e}");
                 m.failed = Some(e.to_string());

@@ -212,14 +212,27 @@ fn snapshot(
     if !dir.join("volume.json").exists() {
         bail!("no volume {name:?} (strata volume list)");
     }
-    let vol = Volume::open(&dir).map_err(|e| {
-        anyhow!("{e}; stop the server (SIGTERM) to take a snapshot of volume {name}")
-    })?;
+    // A volume nobody serves is opened here; a served one is frozen by
+    // its server (a point in time while clients go on writing), held
+    // while `control` stays open.
+    let (vol, control, reader): (_, _, Box<dyn std::io::Read + Send>) = match Volume::open(&dir) {
+        Ok(v) => {
+            let r = v.image_reader();
+            (Some(v), None, Box::new(r))
+        }
+        Err(e) if dir.join(strata_volume::control::SOCKET).exists() => {
+            let (conn, map) = strata_volume::control::freeze_remote(&dir)
+                .map_err(|c| anyhow!("{e}; and its server did not give a frozen image: {c}"))?;
+            let r = strata_volume::FrozenReader::open(&dir, &map)?;
+            (None, Some(conn), Box::new(r))
+        }
+        Err(e) => return Err(e).with_context(|| format!("opening volume {name}")),
+    };
     let repo = crate::open(cli)?;
     let pd = crate::progress_for(cli, "volume snapshot");
     let opts = BackupOptions {
         stdin: Some(StdinSource {
-            reader: Box::new(vol.image_reader()),
+            reader,
             name: format!("{name}.img"),
         }),
         series: Some(format!("volume:{name}")),
@@ -231,7 +244,8 @@ fn snapshot(
     };
     let res = strata_store::backup::backup(&repo, opts);
     pd.finish();
-    let closed = vol.close();
+    drop(control);
+    let closed = vol.map(|v| v.close()).unwrap_or(Ok(()));
     let rep = res?;
     closed.with_context(|| format!("closing volume {name}"))?;
     crate::interrupt::committed(format!("snapshot {}", crate::output::short(&rep.id)));
@@ -269,6 +283,9 @@ fn serve(out: &Out, root: &std::path::Path, name: &str, listen: &str) -> Result<
         bail!("no volume {name:?} (strata volume create {name} --size …)");
     }
     let vol = Volume::open(&dir).with_context(|| format!("opening volume {name}"))?;
+    // `volume snapshot` of this volume while it is served asks here.
+    let control = strata_volume::control::start(vol.clone(), &dir)
+        .with_context(|| format!("cannot open the control socket of volume {name}"))?;
     let server = Server::start(
         &Listen::parse(listen),
         vec![Export {
@@ -294,6 +311,7 @@ fn serve(out: &Out, root: &std::path::Path, name: &str, listen: &str) -> Result<
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     server.stop();
+    drop(control);
     vol.close().context("closing the volume")?;
     eprintln!("volume {name} closed cleanly");
     Ok(0)
