@@ -130,6 +130,8 @@ pub struct Journal {
     pub path: PathBuf,
     pub generation: u64,
     pub bytes: u64,
+    /// A failed write could not be cut off: no more appends.
+    broken: bool,
 }
 
 /// `journal.<generation>` in `dir`.
@@ -179,32 +181,51 @@ impl Journal {
             path,
             generation,
             bytes: 0,
+            broken: false,
         })
     }
 
     /// Appends encoded records (not yet durable).
     pub fn append(&mut self, encoded: &[u8]) -> io::Result<()> {
-        self.file.write_all(encoded)?;
-        self.bytes += encoded.len() as u64;
-        Ok(())
+        self.append_record(encoded, &[])
     }
 
     /// Appends a record given as its header and its data, without
     /// copying them together (not yet durable).
     pub fn append_record(&mut self, head: &[u8], data: &[u8]) -> io::Result<()> {
+        if self.broken {
+            return Err(io::Error::other(
+                "the journal could not be repaired after a failed write",
+            ));
+        }
         let mut bufs = [IoSlice::new(head), IoSlice::new(data)];
         let mut bufs = &mut bufs[..];
         let total = (head.len() + data.len()) as u64;
         while !bufs.is_empty() {
             match self.file.write_vectored(bufs) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(0) => return self.undo(io::ErrorKind::WriteZero.into()),
                 Ok(n) => IoSlice::advance_slices(&mut bufs, n),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+                Err(e) => return self.undo(e),
             }
         }
         self.bytes += total;
         Ok(())
+    }
+
+    /// Cuts a record that was written in part (a full disk): the next
+    /// record must follow the last whole one, or replay would stop at the
+    /// torn one and lose every record after it.
+    fn undo(&mut self, e: io::Error) -> io::Result<()> {
+        use std::io::{Seek, SeekFrom};
+        let cut = self
+            .file
+            .set_len(self.bytes)
+            .and_then(|_| self.file.seek(SeekFrom::Start(self.bytes)));
+        if cut.is_err() {
+            self.broken = true;
+        }
+        Err(e)
     }
 
     /// Makes everything appended durable.

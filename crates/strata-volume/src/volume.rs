@@ -337,6 +337,9 @@ pub struct Volume {
     /// freed block is reused, so every block a frozen map names keeps its
     /// data.
     holds: std::sync::atomic::AtomicUsize,
+    /// Journals of batches destaged but not yet checkpointed: FLUSH syncs
+    /// them too (their batches' data and map are not synced yet).
+    unsynced: Mutex<Vec<(PathBuf, Arc<File>)>>,
 }
 
 impl Volume {
@@ -695,6 +698,7 @@ impl Volume {
             checkpointing: Mutex::new(()),
             checkpoint_busy: AtomicBool::new(false),
             holds: Default::default(),
+            unsynced: Mutex::new(Vec::new()),
         });
         // Replay what the journal holds, destage it, then drop it.
         for (_, p) in &old {
@@ -1051,8 +1055,12 @@ impl Volume {
             }
             (m.journal.file().try_clone()?, m.prev_journal.clone())
         };
-        if let Some(p) = prev {
-            p.sync_data()?;
+        let older: Vec<Arc<File>> = lock(&self.unsynced)
+            .iter()
+            .map(|(_, f)| f.clone())
+            .collect();
+        for f in older.iter().chain(&prev) {
+            f.sync_data()?;
         }
         cur.sync_data()
     }
@@ -1072,6 +1080,9 @@ impl Volume {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+        if let Some(f) = &m.failed {
+            return Err(io::Error::other(f.clone()));
+        }
         drop(m);
         self.checkpoint().map_err(io::Error::other)
     }
@@ -1082,21 +1093,24 @@ impl Volume {
     /// sync keep their journal files and freed blocks for the next one.
     pub(crate) fn checkpoint(&self) -> Result<()> {
         let _one = lock(&self.checkpointing);
+        // After a failure (a sync that failed may have lost pages a retry
+        // would report synced) nothing is released: reopening replays.
+        if let Some(f) = lock(&self.mem).failed.clone() {
+            return Err(VolumeError::Invalid(format!("the volume stopped: {f}")));
+        }
         let (freed, done, fps, refs) = {
             let mut d = lock(&self.disk);
+            let fps = d.fps.try_clone().map_err(ioe("fps"))?;
+            let refs = d.refs.try_clone().map_err(ioe("refs"))?;
             d.uncommitted_bytes = 0;
             d.last_checkpoint = Instant::now();
             // A frozen image may name freed blocks: they wait.
             let held = self.holds.load(Ordering::SeqCst) > 0;
-            (
-                match held {
-                    true => Vec::new(),
-                    false => std::mem::take(&mut d.pending_free),
-                },
-                std::mem::take(&mut d.uncommitted),
-                d.fps.try_clone().map_err(ioe("fps"))?,
-                d.refs.try_clone().map_err(ioe("refs"))?,
-            )
+            let freed = match held {
+                true => Vec::new(),
+                false => std::mem::take(&mut d.pending_free),
+            };
+            (freed, std::mem::take(&mut d.uncommitted), fps, refs)
         };
         // Everything those batches wrote was written before this point.
         let synced = (|| -> io::Result<()> {
@@ -1115,8 +1129,17 @@ impl Volume {
         // Reads in flight may still use an old map entry: wait for them.
         drop(self.reuse_guard.write().unwrap_or_else(|e| e.into_inner()));
         crate::destage::release(&mut d.free, freed);
-        for p in done {
-            fs::remove_file(&p).map_err(ioe(p.display().to_string()))?;
+        for (i, p) in done.iter().enumerate() {
+            match fs::remove_file(p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    // The rest stay tracked, for the next checkpoint.
+                    d.uncommitted.splice(0..0, done[i..].iter().cloned());
+                    return Err(VolumeError::Io(p.display().to_string(), e));
+                }
+            }
+            lock(&self.unsynced).retain(|(q, _)| q != p);
         }
         // Written under the disk lock: state files never go back in time.
         self.write_state(d.counters.clone())
@@ -1127,15 +1150,23 @@ impl Volume {
         if self.checkpoint_busy.swap(true, Ordering::SeqCst) {
             return;
         }
+        /// Clears the busy flag however the checkpoint thread ends.
+        struct Busy(Arc<Volume>);
+        impl Drop for Busy {
+            fn drop(&mut self) {
+                self.0.checkpoint_busy.store(false, Ordering::SeqCst);
+            }
+        }
         let v = self.clone();
+        let busy = Busy(self.clone());
         std::thread::spawn(move || {
+            let _busy = busy;
             if let Err(e) = v.checkpoint() {
                 tracing::error!("checkpoint failed: {e}");
                 let mut m = lock(&v.mem);
                 m.failed = Some(e.to_string());
                 v.destaged.notify_all();
             }
-            v.checkpoint_busy.store(false, Ordering::SeqCst);
         });
     }
 
@@ -1156,6 +1187,11 @@ impl Volume {
         while self.checkpoint_busy.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(1));
         }
+        // Batches destaged since sync_all's checkpoint (none, unless a
+        // client wrote meanwhile) are synced before the clean mark.
+        if !lock(&self.disk).uncommitted.is_empty() {
+            self.checkpoint().map_err(io::Error::other)?;
+        }
         let m = lock(&self.mem);
         let _ = fs::remove_file(&m.journal.path);
         drop(m);
@@ -1167,8 +1203,13 @@ impl Volume {
 
     fn destage_loop(self: Arc<Self>) {
         loop {
-            let (batch, old_path, generation) = {
+            let (batch, old_path, generation, old_file) = {
                 let mut m = lock(&self.mem);
+                if m.failed.is_some() {
+                    // A failed checkpoint: nothing more is destaged.
+                    self.destaged.notify_all();
+                    return;
+                }
                 // At most a second's writes wait in the buffer.
                 let deadline = Instant::now() + Duration::from_secs(1);
                 while !m.stop && !m.urgent && m.buf.bytes < DESTAGE_AT {
@@ -1205,9 +1246,15 @@ impl Volume {
                 let batch = Arc::new(std::mem::take(&mut m.buf));
                 m.destaging = Some(batch.clone());
                 m.prev_journal = old.file().try_clone().ok().map(Arc::new);
-                (batch, old.path.clone(), old.generation)
+                let f = m.prev_journal.clone();
+                (batch, old.path.clone(), old.generation, f)
             };
             let r = self.apply(&batch).map(|_| {
+                // FLUSH syncs this journal until a checkpoint has synced
+                // what the batch wrote (before `prev_journal` is cleared).
+                if let Some(f) = old_file {
+                    lock(&self.unsynced).push((old_path.clone(), f));
+                }
                 let due = {
                     let mut d = lock(&self.disk);
                     d.uncommitted_bytes += fs::metadata(&old_path).map(|m| m.len()).unwrap_or(0);

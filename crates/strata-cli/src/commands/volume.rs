@@ -212,6 +212,7 @@ fn snapshot(
     if !dir.join("volume.json").exists() {
         bail!("no volume {name:?} (strata volume list)");
     }
+    let repo = crate::open(cli)?;
     // A volume nobody serves is opened here; a served one is frozen by
     // its server (a point in time while clients go on writing), held
     // while `control` stays open.
@@ -228,7 +229,6 @@ fn snapshot(
         }
         Err(e) => return Err(e).with_context(|| format!("opening volume {name}")),
     };
-    let repo = crate::open(cli)?;
     let pd = crate::progress_for(cli, "volume snapshot");
     let opts = BackupOptions {
         stdin: Some(StdinSource {
