@@ -72,7 +72,9 @@ fn handle(vol: &Arc<Volume>, conn: UnixStream) {
     }
     let frozen = vol.freeze();
     let reply = match &frozen {
-        Ok(f) => serde_json::json!({"map": f.map.display().to_string()}),
+        Ok(f) => {
+            serde_json::json!({"map": f.map.file_name().map(|n| n.to_string_lossy().into_owned())})
+        }
         Err(e) => serde_json::json!({"error": e.to_string()}),
     };
     if (&conn).write_all(format!("{reply}\n").as_bytes()).is_err() || frozen.is_err() {
@@ -90,6 +92,8 @@ fn handle(vol: &Arc<Volume>, conn: UnixStream) {
 /// frozen map's path.
 pub fn freeze_remote(dir: &Path) -> io::Result<(UnixStream, PathBuf)> {
     let mut conn = UnixStream::connect(dir.join(SOCKET))?;
+    // The server destages one batch and copies the map first.
+    conn.set_read_timeout(Some(Duration::from_secs(300)))?;
     conn.write_all(b"freeze\n")?;
     let mut line = String::new();
     BufReader::new(conn.try_clone()?)
@@ -103,14 +107,94 @@ pub fn freeze_remote(dir: &Path) -> io::Result<(UnixStream, PathBuf)> {
     let map = v["map"]
         .as_str()
         .ok_or_else(|| io::Error::other(format!("the volume's server answered {line:?}")))?;
-    // The map copy must be in the volume's own directory.
-    let map = PathBuf::from(map);
-    if map.parent() != Some(dir)
-        && map.parent().map(|p| p.canonicalize().ok()) != Some(dir.canonicalize().ok())
-    {
-        return Err(io::Error::other(
-            "the volume's server named a map outside the volume",
-        ));
+    // A file name of the volume's own directory, nothing else.
+    let ok = map
+        .strip_prefix("map.frozen.")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    if !ok {
+        return Err(io::Error::other(format!(
+            "the volume's server named {map:?}, not a frozen map"
+        )));
     }
-    Ok((conn, map))
+    conn.set_read_timeout(None)?;
+    Ok((conn, dir.join(map)))
+}
+
+/// Whether the server holding a freeze over `conn` is still there (the
+/// freeze ends with it: what was read after that may be reused blocks).
+pub fn still_frozen(conn: &UnixStream) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut b = [0u8; 1];
+    // SAFETY: a one-byte peek into a local buffer on a socket we own.
+    let r = unsafe {
+        libc::recv(
+            conn.as_raw_fd(),
+            b.as_mut_ptr().cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    match r {
+        0 => Err(io::Error::other(
+            "the volume's server ended during the snapshot (its frozen image is gone)",
+        )),
+        n if n > 0 => Ok(()),
+        _ => {
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(()),
+                _ => Err(e),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_freeze_is_gone_when_its_server_is() {
+        let (a, b) = UnixStream::pair().unwrap();
+        still_frozen(&a).unwrap();
+        drop(b);
+        let e = still_frozen(&a).unwrap_err().to_string();
+        assert!(e.contains("ended during the snapshot"), "{e}");
+    }
+
+    /// A server that names anything but a frozen map of the volume's own
+    /// directory is refused (the client reads only such a file).
+    #[test]
+    fn a_map_outside_the_volume_is_refused() {
+        for (reply, ok) in [
+            (r#"{"map":"map.frozen.7"}"#, true),
+            (r#"{"map":"../data"}"#, false),
+            (r#"{"map":"/etc/passwd"}"#, false),
+            (r#"{"map":"map.frozen."}"#, false),
+            (r#"{"error":"the volume is closing"}"#, false),
+            ("not json", false),
+        ] {
+            let d = tempfile::tempdir().unwrap();
+            let l = UnixListener::bind(d.path().join(SOCKET)).unwrap();
+            let reply = reply.to_string();
+            let t = std::thread::spawn(move || {
+                let (mut c, _) = l.accept().unwrap();
+                let mut line = String::new();
+                BufReader::new(c.try_clone().unwrap())
+                    .read_line(&mut line)
+                    .unwrap();
+                assert_eq!(line, "freeze\n");
+                c.write_all(format!("{reply}\n").as_bytes()).unwrap();
+            });
+            let r = freeze_remote(d.path());
+            t.join().unwrap();
+            match r {
+                Ok((_, map)) => {
+                    assert!(ok, "accepted {map:?}");
+                    assert_eq!(map, d.path().join("map.frozen.7"));
+                }
+                Err(e) => assert!(!ok, "refused a good reply: {e}"),
+            }
+        }
+    }
 }

@@ -344,13 +344,17 @@ pub struct Volume {
 
 impl Volume {
     /// A point-in-time image of the volume while it is served: everything
-    /// acknowledged so far is destaged and checkpointed, the block map is
+    /// acknowledged so far is destaged (not synced: the image is read
+    /// through the page cache), the block map is
     /// copied (under the destage lock: the map after a whole batch, so a
     /// prefix of the writes — crash-consistent), and until the returned
     /// [`Frozen`] is dropped no freed block is reused, so the blocks the
     /// copy names keep their data while clients go on writing (new data
     /// always goes to other blocks).
     pub fn freeze(self: &Arc<Self>) -> Result<Frozen> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(VolumeError::Invalid("the volume is closing".into()));
+        }
         self.holds.fetch_add(1, Ordering::SeqCst);
         let frozen = Frozen {
             vol: self.clone(),
@@ -416,6 +420,8 @@ impl Drop for Frozen {
 /// file (which a served volume's new writes never overwrite in the blocks
 /// the copy names while the freeze holds). Opened by any process.
 pub struct FrozenReader {
+    /// The connection holding the freeze (checked after every read).
+    conn: Option<std::os::unix::net::UnixStream>,
     map: File,
     data: File,
     size: u64,
@@ -426,10 +432,17 @@ pub struct FrozenReader {
 
 impl FrozenReader {
     /// Reads the frozen image of the volume in `dir` through the map copy
-    /// at `map`.
-    pub fn open(dir: &Path, map: &Path) -> Result<FrozenReader> {
+    /// at `map`, while `conn` (from [`crate::control::freeze_remote`])
+    /// holds the freeze: each read is checked to have ended while the
+    /// server still held it.
+    pub fn open(
+        dir: &Path,
+        map: &Path,
+        conn: Option<std::os::unix::net::UnixStream>,
+    ) -> Result<FrozenReader> {
         let cfg = Volume::config(dir)?;
         Ok(FrozenReader {
+            conn,
             map: File::open(map).map_err(ioe(map.display().to_string()))?,
             data: File::open(dir.join("data")).map_err(ioe("data"))?,
             size: cfg.size,
@@ -467,6 +480,9 @@ impl FrozenReader {
                 ));
             }
             i = j;
+        }
+        if let Some(c) = &self.conn {
+            crate::control::still_frozen(c)?;
         }
         self.pos += (n * BLOCK) as u64;
         self.at = 0;

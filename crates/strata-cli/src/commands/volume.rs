@@ -215,17 +215,19 @@ fn snapshot(
     let repo = crate::open(cli)?;
     // A volume nobody serves is opened here; a served one is frozen by
     // its server (a point in time while clients go on writing), held
-    // while `control` stays open.
-    let (vol, control, reader): (_, _, Box<dyn std::io::Read + Send>) = match Volume::open(&dir) {
+    // while the reader's connection to it stays open.
+    let (vol, reader): (_, Box<dyn std::io::Read + Send>) = match Volume::open(&dir) {
         Ok(v) => {
             let r = v.image_reader();
-            (Some(v), None, Box::new(r))
+            (Some(v), Box::new(r))
         }
         Err(e) if dir.join(strata_volume::control::SOCKET).exists() => {
             let (conn, map) = strata_volume::control::freeze_remote(&dir)
                 .map_err(|c| anyhow!("{e}; and its server did not give a frozen image: {c}"))?;
-            let r = strata_volume::FrozenReader::open(&dir, &map)?;
-            (None, Some(conn), Box::new(r))
+            // The reader holds the connection, and with it the freeze
+            // (until the backup is done with it).
+            let r = strata_volume::FrozenReader::open(&dir, &map, Some(conn))?;
+            (None, Box::new(r))
         }
         Err(e) => return Err(e).with_context(|| format!("opening volume {name}")),
     };
@@ -244,7 +246,6 @@ fn snapshot(
     };
     let res = strata_store::backup::backup(&repo, opts);
     pd.finish();
-    drop(control);
     let closed = vol.map(|v| v.close()).unwrap_or(Ok(()));
     let rep = res?;
     closed.with_context(|| format!("closing volume {name}"))?;
@@ -284,8 +285,16 @@ fn serve(out: &Out, root: &std::path::Path, name: &str, listen: &str) -> Result<
     }
     let vol = Volume::open(&dir).with_context(|| format!("opening volume {name}"))?;
     // `volume snapshot` of this volume while it is served asks here.
-    let control = strata_volume::control::start(vol.clone(), &dir)
-        .with_context(|| format!("cannot open the control socket of volume {name}"))?;
+    let control = match strata_volume::control::start(vol.clone(), &dir) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            // Served all the same; only snapshots while served need it.
+            out.warn(&format!(
+                "no control socket for volume {name} ({e}): `strata volume snapshot {name}` will need the server stopped"
+            ));
+            None
+        }
+    };
     let server = Server::start(
         &Listen::parse(listen),
         vec![Export {
