@@ -63,6 +63,13 @@ fn serve(repo: &Repo, name: &str) -> Served {
     }
 }
 
+/// SIGTERM: the server destages, closes the volume cleanly and exits 0.
+fn stop(mut s: Served) {
+    // SAFETY: a signal to our own child process.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    assert!(s.child.wait().unwrap().success());
+}
+
 fn sh(cmd: &mut Command) -> std::process::Output {
     let o = cmd.output().unwrap();
     assert!(
@@ -125,9 +132,7 @@ fn nbdcopy_and_qemu_img_write_and_read_back_deduplicated() {
     sh(Command::new("nbdcopy").arg(&s.url).arg(&out));
     assert!(std::fs::read(&out).unwrap() == want, "after qemu-img wrote");
     // SIGTERM: destaged and closed cleanly; the second copy deduplicated.
-    let mut s = s;
-    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
-    assert!(s.child.wait().unwrap().success());
+    stop(s);
     let st = r.json(&["volume", "stats", "v"]);
     // The second 4 MiB copy is references, but for its first MiB when
     // qemu-img overwrote the first copy's before it left the buffer.
@@ -363,9 +368,7 @@ fn snapshots_restore_as_sparse_images() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(frozen(), 0, "the frozen map goes with the snapshot");
-    let mut s = s;
-    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
-    assert!(s.child.wait().unwrap().success());
+    stop(s);
 
     // Stopped: opened here. Nothing new since the live snapshot.
     let v1 = r.json(&["volume", "snapshot", "v", "--tag", "nightly"]);
@@ -396,9 +399,7 @@ fn snapshots_restore_as_sparse_images() {
         .args(["convert", "-n", "-f", "raw", "-O", "raw"])
         .arg(&patch)
         .arg(&s.url));
-    let mut s = s;
-    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
-    assert!(s.child.wait().unwrap().success());
+    stop(s);
     let v2 = r.json(&["volume", "snapshot", "v"]);
     assert_eq!(v2["version"], 3);
     let new2 = v2["new_raw_bytes"].as_u64().unwrap();

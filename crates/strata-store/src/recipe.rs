@@ -261,22 +261,30 @@ fn check_unique(name: &str, nodes: &[Node]) -> Result<()> {
     Ok(())
 }
 
+/// Whether two nodes agree on everything but their segments (the pieces
+/// of one file must).
+fn same_but_segments(a: &mut Node, b: &mut Node) -> bool {
+    let (sa, sb) = (
+        std::mem::take(&mut a.segments),
+        std::mem::take(&mut b.segments),
+    );
+    let same = a == b;
+    (a.segments, b.segments) = (sa, sb);
+    same
+}
+
 /// Appends `n` to `nodes`, joining it to the last node when it continues
 /// that file: one node per path, as a whole tree in memory has it. The
 /// pieces of a file must agree on everything but their segments.
 pub fn append_joined(nodes: &mut Vec<Node>, mut n: Node) -> Result<()> {
     if let Some(last) = nodes.last_mut().filter(|l| continues(l, &n)) {
-        let segments = std::mem::take(&mut n.segments);
-        let head = std::mem::take(&mut last.segments);
-        let same = *last == n;
-        last.segments = head;
-        if !same {
+        if !same_but_segments(last, &mut n) {
             return Err(StoreError::Invalid(format!(
                 "the pieces of {} in its recipe disagree on its metadata; run `strata check`",
                 n.path_str()
             )));
         }
-        last.segments.extend(segments);
+        last.segments.append(&mut n.segments);
         return Ok(());
     }
     nodes.push(n);
@@ -481,12 +489,9 @@ impl<'r> RecipeWriter<'r> {
         mut node: Node,
         container_of: &impl Fn(u32) -> Option<ContainerId>,
     ) -> Result<()> {
-        if let Some(last) = &self.last {
+        if let Some(last) = &mut self.last {
             if continues(last, &node) {
-                let segments = std::mem::take(&mut node.segments);
-                let same = *last == node;
-                node.segments = segments;
-                if !same {
+                if !same_but_segments(last, &mut node) {
                     return Err(StoreError::Invalid(format!(
                         "recipe nodes: {} twice, not as pieces of one file",
                         node.path_str()

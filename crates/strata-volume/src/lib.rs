@@ -17,7 +17,7 @@ pub mod report;
 pub mod stats;
 pub mod volume;
 
-pub use volume::{Frozen, FrozenReader, ImageReader, Threshold, Volume, VolumeConfig, VolumeError};
+pub use volume::{Frozen, ImageReader, ImageSource, Threshold, Volume, VolumeConfig, VolumeError};
 
 impl nbd::BlockDevice for Volume {
     fn size(&self) -> u64 {

@@ -393,27 +393,16 @@ impl Volume {
     /// batch being filled now is destaged (one batch, not an empty buffer:
     /// clients may go on writing).
     fn destage_current(&self) -> io::Result<()> {
-        let mut m = lock(&self.mem);
+        let m = lock(&self.mem);
         let want = match m.buf.is_empty() {
             true => m.journal.generation.saturating_sub(1),
             false => m.journal.generation,
         };
-        while m.applied < want {
-            if let Some(f) = &m.failed {
-                return Err(io::Error::other(f.clone()));
-            }
-            if m.stop {
-                return Err(io::Error::other("the volume is closing"));
-            }
-            m.urgent = true;
-            self.kick.notify_all();
-            m = self
-                .destaged
-                .wait_timeout(m, Duration::from_millis(200))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+        let m = self.wait_destaged(m, |m| m.applied >= want || m.stop)?;
+        match m.applied >= want {
+            true => Ok(()),
+            false => Err(io::Error::other("the volume is closing")),
         }
-        Ok(())
     }
 }
 
@@ -431,101 +420,14 @@ impl Drop for Frozen {
     }
 }
 
-/// A frozen image's bytes as a stream, from the map copy and the data
-/// file (which a served volume's new writes never overwrite in the blocks
-/// the copy names while the freeze holds). Opened by any process.
-pub struct FrozenReader {
-    /// The connection holding the freeze (checked after every read).
-    conn: Option<std::os::unix::net::UnixStream>,
-    map: File,
-    data: File,
-    size: u64,
-    pos: u64,
-    buf: Vec<u8>,
-    at: usize,
-}
+/// Bytes of a volume image per read of its source: whole blocks, at most
+/// 1 MiB ([`ImageReader`] hands them out in any sizes).
+const IMAGE_READ: usize = 1 << 20;
 
-impl FrozenReader {
-    /// Reads the frozen image of the volume in `dir` through the map copy
-    /// at `map`, while `conn` (from [`crate::control::freeze_remote`])
-    /// holds the freeze: each read is checked to have ended while the
-    /// server still held it.
-    pub fn open(
-        dir: &Path,
-        map: &Path,
-        conn: Option<std::os::unix::net::UnixStream>,
-    ) -> Result<FrozenReader> {
-        let cfg = Volume::config(dir)?;
-        Ok(FrozenReader {
-            conn,
-            map: File::open(map).map_err(ioe(map.display().to_string()))?,
-            data: File::open(dir.join("data")).map_err(ioe("data"))?,
-            size: cfg.size,
-            pos: 0,
-            buf: Vec::new(),
-            at: 0,
-        })
-    }
-
-    fn fill(&mut self) -> io::Result<()> {
-        let n = (self.size - self.pos).min(1 << 20) as usize / BLOCK;
-        let first = self.pos / BLOCK as u64;
-        let map = read_u64s(&self.map, first, n)?;
-        self.buf.clear();
-        self.buf.resize(n * BLOCK, 0);
-        let mut i = 0;
-        while i < n {
-            if map[i] == 0 {
-                i += 1;
-                continue;
-            }
-            let mut j = i + 1;
-            while j < n && map[j - 1].checked_add(1) == Some(map[j]) {
-                j += 1;
-            }
-            let dst = &mut self.buf[i * BLOCK..j * BLOCK];
-            let off = (map[i] - 1)
-                .checked_mul(BLOCK as u64)
-                .ok_or_else(|| io::Error::other("the frozen map names a block past any disk"))?;
-            let got = read_full_at(&self.data, dst, off)?;
-            if got < dst.len() {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the volume's data is shorter than its frozen map says",
-                ));
-            }
-            i = j;
-        }
-        if let Some(c) = &self.conn {
-            crate::control::still_frozen(c)?;
-        }
-        self.pos += (n * BLOCK) as u64;
-        self.at = 0;
-        Ok(())
-    }
-}
-
-impl io::Read for FrozenReader {
-    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-        if self.at == self.buf.len() {
-            if self.pos >= self.size {
-                return Ok(0);
-            }
-            self.fill()?;
-        }
-        let n = out.len().min(self.buf.len() - self.at);
-        out[..n].copy_from_slice(&self.buf[self.at..self.at + n]);
-        self.at += n;
-        Ok(n)
-    }
-}
-
-/// A volume's bytes as a stream, read 1 MiB at a time
-/// ([`Volume::image_reader`]).
+/// A volume image as a stream: a live volume ([`Volume::image_reader`])
+/// or a frozen one ([`ImageSource::frozen`]), read 1 MiB at a time.
 pub struct ImageReader {
-    vol: Arc<Volume>,
-    /// Volume offset of the next read into `buf`.
-    pos: u64,
+    src: ImageSource,
     buf: Vec<u8>,
     /// Bytes of `buf` handed out.
     at: usize,
@@ -534,19 +436,126 @@ pub struct ImageReader {
 impl io::Read for ImageReader {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
         if self.at == self.buf.len() {
-            let left = self.vol.size().saturating_sub(self.pos);
-            if left == 0 {
-                return Ok(0);
-            }
-            self.buf.resize(left.min(1 << 20) as usize, 0);
-            self.vol.read_range(self.pos, &mut self.buf, false)?;
-            self.pos += self.buf.len() as u64;
+            self.src.fill(&mut self.buf)?;
             self.at = 0;
         }
         let n = out.len().min(self.buf.len() - self.at);
         out[..n].copy_from_slice(&self.buf[self.at..self.at + n]);
         self.at += n;
         Ok(n)
+    }
+}
+
+/// Where an [`ImageReader`] reads from.
+pub enum ImageSource {
+    Live {
+        vol: Arc<Volume>,
+        pos: u64,
+    },
+    /// The map copy and the data file of a frozen image (whose blocks a
+    /// served volume's new writes never overwrite while the freeze holds).
+    Frozen {
+        /// The connection holding the freeze (checked after every read).
+        conn: Option<std::os::unix::net::UnixStream>,
+        map: File,
+        data: File,
+        size: u64,
+        pos: u64,
+    },
+}
+
+impl ImageSource {
+    fn reader(self) -> ImageReader {
+        ImageReader {
+            src: self,
+            buf: Vec::new(),
+            at: 0,
+        }
+    }
+
+    /// Reads the frozen image of the volume in `dir` through the map copy
+    /// at `map`, while `conn` (from [`crate::control::freeze_remote`])
+    /// holds the freeze: each read is checked to have ended while the
+    /// server still held it.
+    pub fn frozen(
+        dir: &Path,
+        map: &Path,
+        conn: Option<std::os::unix::net::UnixStream>,
+    ) -> Result<ImageReader> {
+        let cfg = Volume::config(dir)?;
+        Ok(ImageSource::Frozen {
+            conn,
+            map: File::open(map).map_err(ioe(map.display().to_string()))?,
+            data: File::open(dir.join("data")).map_err(ioe("data"))?,
+            size: cfg.size,
+            pos: 0,
+        }
+        .reader())
+    }
+}
+
+/// Fills `out` (whole blocks from block `first`) through a frozen `map`
+/// copy from `data`.
+fn read_frozen(map: &File, data: &File, first: u64, out: &mut [u8]) -> io::Result<()> {
+    let n = out.len() / BLOCK;
+    let map = read_u64s(map, first, n)?;
+    out.fill(0);
+    let mut i = 0;
+    while i < n {
+        if map[i] == 0 {
+            i += 1;
+            continue;
+        }
+        let mut j = i + 1;
+        while j < n && map[j - 1].checked_add(1) == Some(map[j]) {
+            j += 1;
+        }
+        let dst = &mut out[i * BLOCK..j * BLOCK];
+        let off = (map[i] - 1)
+            .checked_mul(BLOCK as u64)
+            .ok_or_else(|| io::Error::other("the frozen map names a block past any disk"))?;
+        if read_full_at(data, dst, off)? < dst.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the volume's data is shorter than its frozen map says",
+            ));
+        }
+        i = j;
+    }
+    Ok(())
+}
+
+impl ImageSource {
+    /// The next whole blocks (at most [`IMAGE_READ`] bytes) into `buf`;
+    /// empty at the end.
+    fn fill(&mut self, buf: &mut Vec<u8>) -> io::Result<()> {
+        let size = match self {
+            ImageSource::Live { vol, .. } => vol.size(),
+            ImageSource::Frozen { size, .. } => *size,
+        };
+        let (ImageSource::Live { pos, .. } | ImageSource::Frozen { pos, .. }) = self;
+        let at = *pos;
+        let n = (size.saturating_sub(at) as usize).min(IMAGE_READ);
+        buf.resize(n, 0);
+        if n == 0 {
+            return Ok(());
+        }
+        match self {
+            ImageSource::Live { vol, .. } => {
+                vol.read_range(at, buf, false)?;
+            }
+            ImageSource::Frozen {
+                conn, map, data, ..
+            } => {
+                read_frozen(map, data, at / BLOCK as u64, buf)?;
+                if let Some(c) = conn {
+                    crate::control::still_frozen(c)?;
+                }
+            }
+        }
+        let (ImageSource::Live { pos, .. } | ImageSource::Frozen { pos, .. }) = self;
+        *pos += n as u64;
+        Ok(())
     }
 }
 
@@ -894,12 +903,11 @@ impl Volume {
     /// snapshot`): its reads are not counted in the clients' statistics,
     /// nor do they steer `--threshold auto`.
     pub fn image_reader(self: &Arc<Self>) -> ImageReader {
-        ImageReader {
+        ImageSource::Live {
             vol: self.clone(),
             pos: 0,
-            buf: Vec::new(),
-            at: 0,
         }
+        .reader()
     }
 
     fn read_range(&self, offset: u64, buf: &mut [u8], track: bool) -> io::Result<Vec<(u64, u64)>> {
@@ -1096,10 +1104,14 @@ impl Volume {
         cur.sync_data()
     }
 
-    /// Destages everything buffered now and waits for it.
-    pub fn sync_all(&self) -> io::Result<()> {
-        let mut m = lock(&self.mem);
-        while !m.buf.is_empty() || m.destaging.is_some() {
+    /// Hurries the destage thread until `done` holds (or destaging has
+    /// failed).
+    fn wait_destaged<'m>(
+        &self,
+        mut m: MutexGuard<'m, Mem>,
+        done: impl Fn(&Mem) -> bool,
+    ) -> io::Result<MutexGuard<'m, Mem>> {
+        while !done(&m) {
             if let Some(f) = &m.failed {
                 return Err(io::Error::other(f.clone()));
             }
@@ -1111,6 +1123,14 @@ impl Volume {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+        Ok(m)
+    }
+
+    /// Destages everything buffered now and waits for it.
+    pub fn sync_all(&self) -> io::Result<()> {
+        let m = self.wait_destaged(lock(&self.mem), |m| {
+            m.buf.is_empty() && m.destaging.is_none()
+        })?;
         if let Some(f) = &m.failed {
             return Err(io::Error::other(f.clone()));
         }

@@ -249,7 +249,7 @@ fn a_frozen_image_keeps_its_point_in_time() {
     v.write_at(45 * 4096, &c, false).unwrap();
     v.sync_all().unwrap();
     let mut img = Vec::new();
-    strata_volume::FrozenReader::open(&dir, &f.map, None)
+    strata_volume::ImageSource::frozen(&dir, &f.map, None)
         .unwrap()
         .read_to_end(&mut img)
         .unwrap();

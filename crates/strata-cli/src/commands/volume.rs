@@ -226,7 +226,7 @@ fn snapshot(
                 .map_err(|c| anyhow!("{e}; and its server did not give a frozen image: {c}"))?;
             // The reader holds the connection, and with it the freeze
             // (until the backup is done with it).
-            let r = strata_volume::FrozenReader::open(&dir, &map, Some(conn))?;
+            let r = strata_volume::ImageSource::frozen(&dir, &map, Some(conn))?;
             (None, Box::new(r))
         }
         Err(e) => return Err(e).with_context(|| format!("opening volume {name}")),
