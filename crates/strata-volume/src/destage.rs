@@ -84,6 +84,17 @@ fn entries_bytes(e: &[u64]) -> Vec<u8> {
     e.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
+/// How a batch is destaged.
+#[derive(Clone, Copy)]
+struct How {
+    threshold: usize,
+    /// A block whose old disk block only it references may be overwritten
+    /// there.
+    in_place: bool,
+    /// Duplicates are compared byte for byte (journal replay).
+    replay: bool,
+}
+
 /// What destaging one batch changes besides the data.
 #[derive(Default)]
 struct Changes {
@@ -94,8 +105,12 @@ struct Changes {
 }
 
 impl Volume {
-    /// Puts `batch` on disk and makes it durable.
-    pub(crate) fn apply(&self, batch: &Batch) -> Result<()> {
+    /// Puts `batch` on disk (durable at the next checkpoint). `replay`:
+    /// the batch comes from a journal after a crash, when a block's data
+    /// and its fingerprint on disk may disagree (a block overwritten in
+    /// place, see [`Self::destage_extent`]): every duplicate found is then
+    /// compared byte for byte before it is taken.
+    pub(crate) fn apply(&self, batch: &Batch, replay: bool) -> Result<()> {
         let threshold = self.threshold();
         self.live
             .threshold_used
@@ -136,8 +151,15 @@ impl Volume {
             i = j;
         }
         extents.sort_unstable();
+        // No overwrite in place while a frozen image may name the block.
+        let in_place = self.holds.load(Ordering::SeqCst) == 0;
         for (_, i, j) in extents {
-            self.destage_extent(d, &blocks[i..j], threshold, &mut ch)?;
+            let how = How {
+                threshold,
+                in_place,
+                replay,
+            };
+            self.destage_extent(d, &blocks[i..j], how, &mut ch)?;
         }
         for (first, e) in &ch.map {
             self.map
@@ -180,7 +202,7 @@ impl Volume {
         &self,
         d: &mut Disk,
         ext: &[(u64, &Block)],
-        threshold: usize,
+        how: How,
         ch: &mut Changes,
     ) -> Result<()> {
         let first = ext[0].0;
@@ -208,7 +230,11 @@ impl Volume {
                 }
             })
             .collect();
-        let runs = crate::idedup::find_sequences(&dups, threshold);
+        let dups = match how.replay {
+            true => self.same_content(dups, ext)?,
+            false => dups,
+        };
+        let runs = crate::idedup::find_sequences(&dups, how.threshold);
         let mut new = vec![0u64; n];
         let mut taken = vec![false; n];
         for r in &runs {
@@ -223,40 +249,47 @@ impl Volume {
         d.counters.logical_blocks_written += nonzero;
         d.counters.duplicates_below_threshold +=
             (0..n).filter(|&i| !taken[i] && !dups[i].is_empty()).count() as u64;
+        // Blocks that alone reference their old disk block are written
+        // over it (a sequential read after random overwrites stays
+        // sequential, and nothing is allocated or freed).
+        let over = match how.in_place {
+            true => self.overwritable(d, &old, &taken, &zero, &new, ch)?,
+            false => vec![false; n],
+        };
+        let mut writes: Vec<(u64, &Block)> = Vec::new();
+        for x in (0..n).filter(|&x| over[x]) {
+            let dbn = old[x] - 1;
+            new[x] = old[x];
+            d.cache.remove(dbn);
+            if self.cfg.dedup {
+                d.cache.insert(fps[x], dbn);
+                d.fps.write_all_at(&fps[x], dbn * 16).map_err(io("fps"))?;
+            }
+            writes.push((dbn, ext[x].1));
+        }
+        d.counters.physical_blocks_written += writes.len() as u64;
         // The rest go to new disk blocks, each stretch contiguous.
         let mut i = 0;
         while i < n {
-            if taken[i] || zero[i] {
+            if taken[i] || zero[i] || over[i] {
                 i += 1;
                 continue;
             }
             let mut j = i + 1;
-            while j < n && !taken[j] && !zero[j] {
+            while j < n && !taken[j] && !zero[j] && !over[j] {
                 j += 1;
             }
             let k = (j - i) as u64;
             let at = alloc(d, k);
             let mut fbuf = Vec::with_capacity((j - i) * 16);
-            for (x, (_, _)) in ext[i..j].iter().enumerate() {
-                fbuf.extend_from_slice(&fps[i + x]);
-                new[i + x] = at + x as u64 + 1;
-                if self.cfg.dedup {
-                    d.cache.insert(fps[i + x], at + x as u64);
-                }
-            }
-            // Straight from the write requests' buffers: blocks that came
-            // in one request are one write.
-            let mut x = i;
-            while x < j {
-                let mut y = x + 1;
-                while y < j && ext[y].1.follows(ext[y - 1].1) {
-                    y += 1;
-                }
+            for x in i..j {
                 let dbn = at + (x - i) as u64;
-                self.data
-                    .write_all_at(ext[x].1.run(y - x), dbn * BLOCK as u64)
-                    .map_err(io("data"))?;
-                x = y;
+                fbuf.extend_from_slice(&fps[x]);
+                new[x] = dbn + 1;
+                if self.cfg.dedup {
+                    d.cache.insert(fps[x], dbn);
+                }
+                writes.push((dbn, ext[x].1));
             }
             // (Only a dedup volume warms its cache from them.)
             if self.cfg.dedup {
@@ -265,6 +298,7 @@ impl Volume {
             d.counters.physical_blocks_written += k;
             i = j;
         }
+        self.write_runs(&writes)?;
         for x in 0..n {
             if old[x] != 0 {
                 *ch.refs.entry(old[x] - 1).or_default() -= 1;
@@ -275,6 +309,82 @@ impl Volume {
         }
         ch.map.push((first, new));
         Ok(())
+    }
+}
+
+impl Volume {
+    /// Writes blocks to their disk blocks straight from the write
+    /// requests' buffers: neighbours on disk that came in one request are
+    /// one write.
+    fn write_runs(&self, writes: &[(u64, &Block)]) -> Result<()> {
+        let mut x = 0;
+        while x < writes.len() {
+            let mut y = x + 1;
+            while y < writes.len()
+                && writes[y].0 == writes[y - 1].0 + 1
+                && writes[y].1.follows(writes[y - 1].1)
+            {
+                y += 1;
+            }
+            self.data
+                .write_all_at(writes[x].1.run(y - x), writes[x].0 * BLOCK as u64)
+                .map_err(io("data"))?;
+            x = y;
+        }
+        Ok(())
+    }
+
+    /// Which blocks of an extent may be written over their old disk block:
+    /// not deduplicated or zero, and the old block referenced by this
+    /// logical block alone — counting the batch's changes so far, and not
+    /// a block a sequence of this extent is about to reference (`new`).
+    fn overwritable(
+        &self,
+        d: &Disk,
+        old: &[u64],
+        taken: &[bool],
+        zero: &[bool],
+        new: &[u64],
+        ch: &Changes,
+    ) -> Result<Vec<bool>> {
+        let targets: std::collections::HashSet<u64> =
+            new.iter().filter(|&&v| v != 0).copied().collect();
+        let mut out = vec![false; old.len()];
+        for x in 0..old.len() {
+            if taken[x] || zero[x] || old[x] == 0 || targets.contains(&old[x]) {
+                continue;
+            }
+            let dbn = old[x] - 1;
+            let mut raw = [0u8; 4];
+            let got =
+                crate::volume::read_full_at(&d.refs, &mut raw, dbn * 4).map_err(io("refs"))?;
+            let on_disk = if got == 4 {
+                u32::from_le_bytes(raw) as i64
+            } else {
+                0
+            };
+            out[x] = on_disk + ch.refs.get(&dbn).copied().unwrap_or(0) == 1;
+        }
+        Ok(out)
+    }
+
+    /// Keeps of each block's duplicate candidates those whose disk block
+    /// holds the same bytes.
+    fn same_content(&self, dups: Vec<Vec<u64>>, ext: &[(u64, &Block)]) -> Result<Vec<Vec<u64>>> {
+        let mut buf = vec![0u8; BLOCK];
+        let mut out = Vec::with_capacity(dups.len());
+        for (cands, (_, b)) in dups.into_iter().zip(ext) {
+            let mut keep = Vec::new();
+            for dbn in cands {
+                let got = crate::volume::read_full_at(&self.data, &mut buf, dbn * BLOCK as u64)
+                    .map_err(io("data"))?;
+                if got == BLOCK && buf[..] == b[..] {
+                    keep.push(dbn);
+                }
+            }
+            out.push(keep);
+        }
+        Ok(out)
     }
 }
 

@@ -236,6 +236,10 @@ struct Mem {
     /// Journal generation of the last batch destaged (its writes are in
     /// the map).
     applied: u64,
+    /// Without dedup: the journal generation that last wrote each block
+    /// written since the last checkpoint (such a block is not written in
+    /// place at once: a replay of the older record would undo it).
+    recent: HashMap<u64, u64>,
 }
 
 pub(crate) struct Disk {
@@ -256,6 +260,8 @@ pub(crate) struct Disk {
     /// their bytes: kept until the checkpoint makes their batches durable.
     pub(crate) uncommitted: Vec<PathBuf>,
     pub(crate) uncommitted_bytes: u64,
+    /// The generation of the last batch in `uncommitted`.
+    pub(crate) uncommitted_generation: u64,
     pub(crate) last_checkpoint: Instant,
 }
 
@@ -336,10 +342,17 @@ pub struct Volume {
     /// Frozen images being read ([`Volume::freeze`]): while any is, no
     /// freed block is reused, so every block a frozen map names keeps its
     /// data.
-    holds: std::sync::atomic::AtomicUsize,
+    pub(crate) holds: std::sync::atomic::AtomicUsize,
     /// Journals of batches destaged but not yet checkpointed: FLUSH syncs
     /// them too (their batches' data and map are not synced yet).
     unsynced: Mutex<Vec<(PathBuf, Arc<File>)>>,
+    /// Held (shared) by a write going straight to its disk blocks; a
+    /// freeze takes it to start.
+    direct: std::sync::RwLock<()>,
+    /// Blocks written in place since the counters were last saved.
+    direct_blocks: AtomicU64,
+    /// A write in place since the data file was last synced.
+    data_dirty: AtomicBool,
 }
 
 impl Volume {
@@ -355,7 +368,11 @@ impl Volume {
         if self.closed.load(Ordering::SeqCst) {
             return Err(VolumeError::Invalid("the volume is closing".into()));
         }
-        self.holds.fetch_add(1, Ordering::SeqCst);
+        {
+            // No write in place is under way, and none starts now.
+            let _no_direct = self.direct.write().unwrap_or_else(|e| e.into_inner());
+            self.holds.fetch_add(1, Ordering::SeqCst);
+        }
         let frozen = Frozen {
             vol: self.clone(),
             map: self.dir.join(format!(
@@ -709,6 +726,7 @@ impl Volume {
                 stop: false,
                 urgent: false,
                 applied: next_gen - 1,
+                recent: HashMap::new(),
             }),
             kick: Condvar::new(),
             destaged: Condvar::new(),
@@ -723,6 +741,7 @@ impl Volume {
                 pending_free: Vec::new(),
                 uncommitted: Vec::new(),
                 uncommitted_bytes: 0,
+                uncommitted_generation: 0,
                 last_checkpoint: Instant::now(),
             }),
             live: LiveStats {
@@ -739,6 +758,9 @@ impl Volume {
             checkpoint_busy: AtomicBool::new(false),
             holds: Default::default(),
             unsynced: Mutex::new(Vec::new()),
+            direct: std::sync::RwLock::new(()),
+            direct_blocks: AtomicU64::new(0),
+            data_dirty: AtomicBool::new(false),
         });
         // Replay what the journal holds, destage it, then drop it.
         for (_, p) in &old {
@@ -756,7 +778,7 @@ impl Volume {
                     Record::Zero { block, count } => batch.zero(block, block + count as u64),
                 }
             }
-            vol.apply(&batch)?;
+            vol.apply(&batch, true)?;
             lock(&vol.disk).uncommitted.push(p.clone());
         }
         vol.checkpoint()?;
@@ -1031,6 +1053,18 @@ impl Volume {
         // need the current content of their edge blocks, under it.
         let head = aligned.then(|| journal::write_header(offset / bs, &data, BLOCK));
         let mut m = self.lock_for_write()?;
+        if aligned && !self.cfg.dedup {
+            let first = offset / bs;
+            let n = data.len() / BLOCK;
+            // Shared: a freeze waits for this write (and stops the next).
+            let _direct = self.direct.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(at) = self.in_place(&m, first, n)? {
+                drop(m);
+                let r = self.write_in_place(&at, &data, fua);
+                self.live.write_latency.record(t.elapsed());
+                return r;
+            }
+        }
         let (first, blocks) = match head {
             Some(h) => {
                 m.journal.append_record(&h, &data)?;
@@ -1044,6 +1078,10 @@ impl Volume {
             }
         };
         let n = blocks.len() / BLOCK;
+        if !self.cfg.dedup {
+            let g = m.journal.generation;
+            m.recent.extend((first..first + n as u64).map(|b| (b, g)));
+        }
         let blocks = Arc::new(blocks);
         for (i, b) in Block::slices(&blocks, 0, n).enumerate() {
             m.buf.put(first + i as u64, b);
@@ -1051,6 +1089,51 @@ impl Volume {
         let r = self.after_write(m, fua);
         self.live.write_latency.record(t.elapsed());
         r
+    }
+
+    /// The disk blocks of blocks `first..first+n` when the write may go
+    /// straight to them, as a plain file's would (a volume without dedup,
+    /// no freeze held): each block is on disk (not buffered or being
+    /// destaged), has a disk block — which it alone references, there
+    /// being no dedup — and no journal since the last checkpoint holds it.
+    fn in_place(&self, m: &Mem, first: u64, n: usize) -> io::Result<Option<Vec<u64>>> {
+        if self.holds.load(Ordering::SeqCst) > 0 {
+            return Ok(None);
+        }
+        let bs = first..first + n as u64;
+        if bs
+            .clone()
+            .any(|b| m.recent.contains_key(&b) || !matches!(Self::src(m, b), Src::Disk))
+        {
+            return Ok(None);
+        }
+        let map = read_u64s(&self.map, first, n)?;
+        if map.contains(&0) {
+            return Ok(None);
+        }
+        Ok(Some(map.into_iter().map(|e| e - 1).collect()))
+    }
+
+    /// Writes `data` over disk blocks `at` (one write per run of
+    /// neighbours); FUA syncs them, else the next FLUSH does.
+    fn write_in_place(&self, at: &[u64], data: &[u8], fua: bool) -> io::Result<()> {
+        let mut i = 0;
+        while i < at.len() {
+            let mut j = i + 1;
+            while j < at.len() && at[j] == at[j - 1] + 1 {
+                j += 1;
+            }
+            self.data
+                .write_all_at(&data[i * BLOCK..j * BLOCK], at[i] * BLOCK as u64)?;
+            i = j;
+        }
+        self.direct_blocks
+            .fetch_add(at.len() as u64, Ordering::Relaxed);
+        self.data_dirty.store(true, Ordering::SeqCst);
+        if fua {
+            self.data.sync_data()?;
+        }
+        Ok(())
     }
 
     /// TRIM and WRITE_ZEROES: the range reads back as zeros (whole blocks
@@ -1101,7 +1184,14 @@ impl Volume {
         for f in older.iter().chain(&prev) {
             f.sync_data()?;
         }
-        cur.sync_data()
+        cur.sync_data()?;
+        if self.data_dirty.swap(false, Ordering::SeqCst) {
+            if let Err(e) = self.data.sync_data() {
+                self.data_dirty.store(true, Ordering::SeqCst);
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// Hurries the destage thread until `done` holds (or destaging has
@@ -1124,6 +1214,17 @@ impl Volume {
                 .0;
         }
         Ok(m)
+    }
+
+    /// Waits until everything written before the call is in the block
+    /// map and no checkpoint is running — on disk (the page cache), not
+    /// yet durable: what a kill -9 at this point leaves (crash tests).
+    pub fn destage(&self) -> io::Result<()> {
+        self.destage_current()?;
+        while self.checkpoint_busy.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
     }
 
     /// Destages everything buffered now and waits for it.
@@ -1149,7 +1250,7 @@ impl Volume {
         if let Some(f) = lock(&self.mem).failed.clone() {
             return Err(VolumeError::Invalid(format!("the volume stopped: {f}")));
         }
-        let (freed, done, fps, refs) = {
+        let (freed, done, fps, refs, covered) = {
             let mut d = lock(&self.disk);
             let fps = d.fps.try_clone().map_err(ioe("fps"))?;
             let refs = d.refs.try_clone().map_err(ioe("refs"))?;
@@ -1161,7 +1262,14 @@ impl Volume {
                 true => Vec::new(),
                 false => std::mem::take(&mut d.pending_free),
             };
-            (freed, std::mem::take(&mut d.uncommitted), fps, refs)
+            let covered = d.uncommitted_generation;
+            (
+                freed,
+                std::mem::take(&mut d.uncommitted),
+                fps,
+                refs,
+                covered,
+            )
         };
         // Everything those batches wrote was written before this point.
         let synced = (|| -> io::Result<()> {
@@ -1192,8 +1300,15 @@ impl Volume {
             }
             lock(&self.unsynced).retain(|(q, _)| q != p);
         }
+        let k = self.direct_blocks.swap(0, Ordering::SeqCst);
+        d.counters.logical_blocks_written += k;
+        d.counters.physical_blocks_written += k;
         // Written under the disk lock: state files never go back in time.
-        self.write_state(d.counters.clone())
+        self.write_state(d.counters.clone())?;
+        drop(d);
+        // Their blocks may be written in place from now on.
+        lock(&self.mem).recent.retain(|_, g| *g > covered);
+        Ok(())
     }
 
     /// Starts a checkpoint on a thread of its own unless one is running.
@@ -1300,7 +1415,7 @@ impl Volume {
                 let f = m.prev_journal.clone();
                 (batch, old.path.clone(), old.generation, f)
             };
-            let r = self.apply(&batch).map(|_| {
+            let r = self.apply(&batch, false).map(|_| {
                 // FLUSH syncs this journal until a checkpoint has synced
                 // what the batch wrote (before `prev_journal` is cleared).
                 if let Some(f) = old_file {
@@ -1310,6 +1425,7 @@ impl Volume {
                     let mut d = lock(&self.disk);
                     d.uncommitted_bytes += fs::metadata(&old_path).map(|m| m.len()).unwrap_or(0);
                     d.uncommitted.push(old_path.clone());
+                    d.uncommitted_generation = generation;
                     d.uncommitted_bytes >= CHECKPOINT_BYTES
                         || d.last_checkpoint.elapsed() >= CHECKPOINT_EVERY
                 };
