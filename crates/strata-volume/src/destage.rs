@@ -151,12 +151,18 @@ impl Volume {
             i = j;
         }
         extents.sort_unstable();
-        // No overwrite in place while a frozen image may name the block.
-        let in_place = self.holds.load(Ordering::SeqCst) == 0;
+        // Overwrites in place keep a volume's layout where its blocks were
+        // first written — what a plain file does. With dedup only lone
+        // blocks do: a later copy of data finds it in the order it was
+        // last written only if extents go to new blocks (the harness's
+        // primary workload: threshold 4 kept 52 % of threshold 1's savings
+        // with every overwrite in place, 60 % with lone blocks only). And
+        // no overwrite in place while a frozen image may name the block.
+        let unfrozen = self.holds.load(Ordering::SeqCst) == 0;
         for (_, i, j) in extents {
             let how = How {
                 threshold,
-                in_place,
+                in_place: unfrozen && (!self.cfg.dedup || j - i == 1),
                 replay,
             };
             self.destage_extent(d, &blocks[i..j], how, &mut ch)?;

@@ -1285,8 +1285,11 @@ impl Volume {
             d.uncommitted.splice(0..0, done);
             return Err(VolumeError::Io("sync".into(), e));
         }
-        // Reads in flight may still use an old map entry: wait for them.
+        // Reads in flight may still use an old map entry, and a write in
+        // place may have found one before its block was freed: wait for
+        // them.
         drop(self.reuse_guard.write().unwrap_or_else(|e| e.into_inner()));
+        drop(self.direct.write().unwrap_or_else(|e| e.into_inner()));
         crate::destage::release(&mut d.free, freed);
         for (i, p) in done.iter().enumerate() {
             match fs::remove_file(p) {
