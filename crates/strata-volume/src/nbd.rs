@@ -7,9 +7,9 @@
 //! `NBD_OPT_STRUCTURED_REPLY` (then reads answer in structured chunks and
 //! runs of zeros go back as holes); other options are answered
 //! "unsupported". Transmission: READ, WRITE (with FUA), FLUSH, TRIM,
-//! WRITE_ZEROES, CACHE, DISC. Every connection has a reading thread and
-//! eight workers (replies may come back out of order, as the protocol
-//! allows);
+//! WRITE_ZEROES, CACHE, DISC. Every connection has eight workers that
+//! take turns reading requests (replies may come back out of order, as
+//! the protocol allows);
 //! `CAN_MULTI_CONN` is advertised because a FLUSH on any connection makes
 //! every acknowledged write durable (the device's journal is shared).
 //!
@@ -561,17 +561,27 @@ fn structured_read(
 /// flight: qemu, nbdcopy, fio with an iodepth).
 const WORKERS: usize = 8;
 
-/// Requests until DISC or EOF. One thread reads requests (and write
-/// payloads) and hands them to [`WORKERS`] threads; each reply goes out
-/// whole as soon as it is ready, so replies may come back out of order,
-/// as the protocol allows (the handle says which request they answer).
+/// The reading side of a connection, taken in turns by its workers.
+struct Input<'a> {
+    r: &'a mut BufReader<Box<dyn Conn>>,
+    /// How the request stream ended (DISC, EOF, an error), once it has.
+    ended: Option<io::Result<()>>,
+}
+
+/// Requests until DISC or EOF, served by [`WORKERS`] threads in turns
+/// (as nbdkit's parallel model does): a worker takes the reading side,
+/// reads one request (and its payload), lets the next worker read while
+/// it serves it, and sends the reply whole as soon as it is ready — so
+/// replies may come back out of order, as the protocol allows (the handle
+/// says which request they answer). No hand-off between threads per
+/// request.
 fn transmission(
     r: &mut BufReader<Box<dyn Conn>>,
     w: &mut BufWriter<Box<dyn Conn>>,
     dev: &dyn BlockDevice,
     structured: bool,
 ) -> io::Result<()> {
-    let (tx, rx) = crossbeam_channel::bounded::<(Request, Vec<u8>)>(WORKERS * 2);
+    let input = std::sync::Mutex::new(Input { r, ended: None });
     let out = std::sync::Mutex::new(w);
     let send = |reply: &[u8]| -> io::Result<()> {
         let mut w = out.lock().unwrap_or_else(|e| e.into_inner());
@@ -580,67 +590,85 @@ fn transmission(
     };
     std::thread::scope(|s| {
         for _ in 0..WORKERS {
-            let rx = rx.clone();
-            let send = &send;
-            s.spawn(move || {
-                let mut buf = Vec::new();
-                for (req, payload) in rx {
-                    buf.clear();
-                    if answer(&mut buf, &req, payload, dev, structured).is_err()
-                        || send(&buf).is_err()
-                    {
-                        return;
-                    }
-                }
-            });
+            let (input, send) = (&input, &send);
+            s.spawn(move || serve_in_turn(input, send, dev, structured));
         }
-        drop(rx);
-        let res = read_requests(r, &tx, &send, structured);
-        drop(tx);
-        res
-    })
+    });
+    let ended = input.into_inner().unwrap_or_else(|e| e.into_inner()).ended;
+    ended.unwrap_or(Ok(()))
 }
 
-/// The reading side of [`transmission`].
-fn read_requests(
-    r: &mut BufReader<Box<dyn Conn>>,
-    tx: &crossbeam_channel::Sender<(Request, Vec<u8>)>,
+/// One worker of [`transmission`].
+fn serve_in_turn(
+    input: &std::sync::Mutex<Input<'_>>,
     send: &dyn Fn(&[u8]) -> io::Result<()>,
+    dev: &dyn BlockDevice,
     structured: bool,
-) -> io::Result<()> {
+) {
+    let mut buf = Vec::new();
     loop {
-        let req = match read_request(r) {
-            Ok(q) => q,
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        let mut payload = Vec::new();
-        match req.kind {
-            CMD_DISC => return Ok(()),
-            CMD_WRITE if req.len > MAX_REQUEST => {
-                // The payload cannot be skipped safely: answer, then end.
-                let mut b = Vec::new();
-                error_reply(&mut b, structured, req.handle, EOVERFLOW)?;
-                send(&b)?;
-                return Err(proto("write longer than the maximum"));
+        let (req, payload) = {
+            let mut i = input.lock().unwrap_or_else(|e| e.into_inner());
+            if i.ended.is_some() {
+                return;
             }
-            CMD_WRITE => {
-                // Read into fresh capacity: no zero-filling first.
-                payload.reserve_exact(req.len as usize);
-                let got = r
-                    .by_ref()
-                    .take(u64::from(req.len))
-                    .read_to_end(&mut payload)?;
-                if got != req.len as usize {
-                    return Err(io::ErrorKind::UnexpectedEof.into());
+            match next_request(i.r, send, structured) {
+                Ok(Some(q)) => q,
+                Ok(None) => {
+                    i.ended = Some(Ok(()));
+                    return;
+                }
+                Err(e) => {
+                    i.ended = Some(Err(e));
+                    return;
                 }
             }
-            _ => {}
-        }
-        if tx.send((req, payload)).is_err() {
-            return Err(proto("the connection's workers stopped"));
+        };
+        buf.clear();
+        if let Err(e) = answer(&mut buf, &req, payload, dev, structured).and_then(|_| send(&buf)) {
+            // The connection is broken: the others stop at their next turn.
+            let mut i = input.lock().unwrap_or_else(|e| e.into_inner());
+            i.ended.get_or_insert(Err(e));
+            return;
         }
     }
+}
+
+/// The next request and its payload; `None` at DISC or EOF.
+fn next_request(
+    r: &mut BufReader<Box<dyn Conn>>,
+    send: &dyn Fn(&[u8]) -> io::Result<()>,
+    structured: bool,
+) -> io::Result<Option<(Request, Vec<u8>)>> {
+    let req = match read_request(r) {
+        Ok(q) => q,
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut payload = Vec::new();
+    match req.kind {
+        CMD_DISC => return Ok(None),
+        CMD_WRITE if req.len > MAX_REQUEST => {
+            // The payload cannot be skipped safely: answer, then end.
+            let mut b = Vec::new();
+            error_reply(&mut b, structured, req.handle, EOVERFLOW)?;
+            send(&b)?;
+            return Err(proto("write longer than the maximum"));
+        }
+        CMD_WRITE => {
+            // Read into fresh capacity: no zero-filling first.
+            payload.reserve_exact(req.len as usize);
+            let got = r
+                .by_ref()
+                .take(u64::from(req.len))
+                .read_to_end(&mut payload)?;
+            if got != req.len as usize {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+        _ => {}
+    }
+    Ok(Some((req, payload)))
 }
 
 /// The reply to one request, into `w`.
