@@ -89,10 +89,8 @@ fn entries_bytes(e: &[u64]) -> Vec<u8> {
 struct How {
     threshold: usize,
     /// A block whose old disk block only it references may be overwritten
-    /// there.
+    /// there (only without dedup).
     in_place: bool,
-    /// Duplicates are compared byte for byte (journal replay).
-    replay: bool,
 }
 
 /// What destaging one batch changes besides the data.
@@ -105,12 +103,8 @@ struct Changes {
 }
 
 impl Volume {
-    /// Puts `batch` on disk (durable at the next checkpoint). `replay`:
-    /// the batch comes from a journal after a crash, when a block's data
-    /// and its fingerprint on disk may disagree (a block overwritten in
-    /// place, see [`Self::destage_extent`]): every duplicate found is then
-    /// compared byte for byte before it is taken.
-    pub(crate) fn apply(&self, batch: &Batch, replay: bool) -> Result<()> {
+    /// Puts `batch` on disk (durable at the next checkpoint).
+    pub(crate) fn apply(&self, batch: &Batch) -> Result<()> {
         let threshold = self.threshold();
         self.live
             .threshold_used
@@ -151,19 +145,20 @@ impl Volume {
             i = j;
         }
         extents.sort_unstable();
-        // Overwrites in place keep a volume's layout where its blocks were
-        // first written — what a plain file does. With dedup only lone
-        // blocks do: a later copy of data finds it in the order it was
-        // last written only if extents go to new blocks (the harness's
-        // primary workload: threshold 4 kept 52 % of threshold 1's savings
-        // with every overwrite in place, 60 % with lone blocks only). And
-        // no overwrite in place while a frozen image may name the block.
-        let unfrozen = self.holds.load(Ordering::SeqCst) == 0;
+        // Without dedup, overwrites in place keep a volume's layout where
+        // its blocks were first written, as a plain file does. With dedup
+        // every write goes to new blocks: a later copy of data finds it in
+        // the order it was last written (the harness's primary workload:
+        // threshold 4 kept 52 % of threshold 1's savings with overwrites in
+        // place, 60 % without), and a block shared until the last
+        // checkpoint — whose map entries on disk may still name it — is
+        // never rewritten. No overwrite in place while a frozen image may
+        // name the block.
+        let in_place = !self.cfg.dedup && self.holds.load(Ordering::SeqCst) == 0;
         for (_, i, j) in extents {
             let how = How {
                 threshold,
-                in_place: unfrozen && (!self.cfg.dedup || j - i == 1),
-                replay,
+                in_place,
             };
             self.destage_extent(d, &blocks[i..j], how, &mut ch)?;
         }
@@ -236,10 +231,6 @@ impl Volume {
                 }
             })
             .collect();
-        let dups = match how.replay {
-            true => self.same_content(dups, ext)?,
-            false => dups,
-        };
         let runs = crate::idedup::find_sequences(&dups, how.threshold);
         let mut new = vec![0u64; n];
         let mut taken = vec![false; n];
@@ -257,21 +248,16 @@ impl Volume {
             (0..n).filter(|&i| !taken[i] && !dups[i].is_empty()).count() as u64;
         // Blocks that alone reference their old disk block are written
         // over it (a sequential read after random overwrites stays
-        // sequential, and nothing is allocated or freed).
+        // sequential, and nothing is allocated or freed; no dedup, so no
+        // fingerprint or cache entry names the old content).
         let over = match how.in_place {
             true => self.overwritable(d, &old, &taken, &zero, &new, ch)?,
             false => vec![false; n],
         };
         let mut writes: Vec<(u64, &Block)> = Vec::new();
         for x in (0..n).filter(|&x| over[x]) {
-            let dbn = old[x] - 1;
             new[x] = old[x];
-            d.cache.remove(dbn);
-            if self.cfg.dedup {
-                d.cache.insert(fps[x], dbn);
-                d.fps.write_all_at(&fps[x], dbn * 16).map_err(io("fps"))?;
-            }
-            writes.push((dbn, ext[x].1));
+            writes.push((old[x] - 1, ext[x].1));
         }
         d.counters.physical_blocks_written += writes.len() as u64;
         // The rest go to new disk blocks, each stretch contiguous.
@@ -370,25 +356,6 @@ impl Volume {
                 0
             };
             out[x] = on_disk + ch.refs.get(&dbn).copied().unwrap_or(0) == 1;
-        }
-        Ok(out)
-    }
-
-    /// Keeps of each block's duplicate candidates those whose disk block
-    /// holds the same bytes.
-    fn same_content(&self, dups: Vec<Vec<u64>>, ext: &[(u64, &Block)]) -> Result<Vec<Vec<u64>>> {
-        let mut buf = vec![0u8; BLOCK];
-        let mut out = Vec::with_capacity(dups.len());
-        for (cands, (_, b)) in dups.into_iter().zip(ext) {
-            let mut keep = Vec::new();
-            for dbn in cands {
-                let got = crate::volume::read_full_at(&self.data, &mut buf, dbn * BLOCK as u64)
-                    .map_err(io("data"))?;
-                if got == BLOCK && buf[..] == b[..] {
-                    keep.push(dbn);
-                }
-            }
-            out.push(keep);
         }
         Ok(out)
     }

@@ -346,9 +346,6 @@ pub struct Volume {
     /// Journals of batches destaged but not yet checkpointed: FLUSH syncs
     /// them too (their batches' data and map are not synced yet).
     unsynced: Mutex<Vec<(PathBuf, Arc<File>)>>,
-    /// Held (shared) by a write going straight to its disk blocks; a
-    /// freeze takes it to start.
-    direct: std::sync::RwLock<()>,
     /// Blocks written in place since the counters were last saved.
     direct_blocks: AtomicU64,
     /// A write in place since the data file was last synced.
@@ -369,8 +366,9 @@ impl Volume {
             return Err(VolumeError::Invalid("the volume is closing".into()));
         }
         {
-            // No write in place is under way, and none starts now.
-            let _no_direct = self.direct.write().unwrap_or_else(|e| e.into_inner());
+            // Writes in place check and write under the mem lock: none is
+            // under way now, and none starts from here on.
+            let _m = lock(&self.mem);
             self.holds.fetch_add(1, Ordering::SeqCst);
         }
         let frozen = Frozen {
@@ -758,7 +756,6 @@ impl Volume {
             checkpoint_busy: AtomicBool::new(false),
             holds: Default::default(),
             unsynced: Mutex::new(Vec::new()),
-            direct: std::sync::RwLock::new(()),
             direct_blocks: AtomicU64::new(0),
             data_dirty: AtomicBool::new(false),
         });
@@ -778,7 +775,7 @@ impl Volume {
                     Record::Zero { block, count } => batch.zero(block, block + count as u64),
                 }
             }
-            vol.apply(&batch, true)?;
+            vol.apply(&batch)?;
             lock(&vol.disk).uncommitted.push(p.clone());
         }
         vol.checkpoint()?;
@@ -1054,13 +1051,15 @@ impl Volume {
         let head = aligned.then(|| journal::write_header(offset / bs, &data, BLOCK));
         let mut m = self.lock_for_write()?;
         if aligned && !self.cfg.dedup {
-            let first = offset / bs;
-            let n = data.len() / BLOCK;
-            // Shared: a freeze waits for this write (and stops the next).
-            let _direct = self.direct.read().unwrap_or_else(|e| e.into_inner());
-            if let Some(at) = self.in_place(&m, first, n)? {
+            // Checked and written under the mem lock, as a journal record
+            // is: no other write, destage batch or freeze comes between.
+            if let Some(at) = self.in_place(&m, offset / bs, data.len() / BLOCK)? {
+                self.write_in_place(&at, &data)?;
                 drop(m);
-                let r = self.write_in_place(&at, &data, fua);
+                let r = match fua {
+                    true => self.sync_data_file(),
+                    false => Ok(()),
+                };
                 self.live.write_latency.record(t.elapsed());
                 return r;
             }
@@ -1115,8 +1114,8 @@ impl Volume {
     }
 
     /// Writes `data` over disk blocks `at` (one write per run of
-    /// neighbours); FUA syncs them, else the next FLUSH does.
-    fn write_in_place(&self, at: &[u64], data: &[u8], fua: bool) -> io::Result<()> {
+    /// neighbours); FUA or the next FLUSH syncs them.
+    fn write_in_place(&self, at: &[u64], data: &[u8]) -> io::Result<()> {
         let mut i = 0;
         while i < at.len() {
             let mut j = i + 1;
@@ -1130,10 +1129,20 @@ impl Volume {
         self.direct_blocks
             .fetch_add(at.len() as u64, Ordering::Relaxed);
         self.data_dirty.store(true, Ordering::SeqCst);
-        if fua {
-            self.data.sync_data()?;
-        }
         Ok(())
+    }
+
+    /// Syncs the data file for writes in place. A failure stops the
+    /// volume like a failed checkpoint: the error is reported once per
+    /// file, so the next checkpoint's sync could succeed over lost pages
+    /// and delete journals whose batches never reached the disk.
+    fn sync_data_file(&self) -> io::Result<()> {
+        self.data.sync_data().inspect_err(|e| {
+            let mut m = lock(&self.mem);
+            m.failed
+                .get_or_insert_with(|| format!("syncing the data file: {e}"));
+            self.destaged.notify_all();
+        })
     }
 
     /// TRIM and WRITE_ZEROES: the range reads back as zeros (whole blocks
@@ -1186,10 +1195,7 @@ impl Volume {
         }
         cur.sync_data()?;
         if self.data_dirty.swap(false, Ordering::SeqCst) {
-            if let Err(e) = self.data.sync_data() {
-                self.data_dirty.store(true, Ordering::SeqCst);
-                return Err(e);
-            }
+            self.sync_data_file()?;
         }
         Ok(())
     }
@@ -1285,11 +1291,8 @@ impl Volume {
             d.uncommitted.splice(0..0, done);
             return Err(VolumeError::Io("sync".into(), e));
         }
-        // Reads in flight may still use an old map entry, and a write in
-        // place may have found one before its block was freed: wait for
-        // them.
+        // Reads in flight may still use an old map entry: wait for them.
         drop(self.reuse_guard.write().unwrap_or_else(|e| e.into_inner()));
-        drop(self.direct.write().unwrap_or_else(|e| e.into_inner()));
         crate::destage::release(&mut d.free, freed);
         for (i, p) in done.iter().enumerate() {
             match fs::remove_file(p) {
@@ -1418,7 +1421,7 @@ impl Volume {
                 let f = m.prev_journal.clone();
                 (batch, old.path.clone(), old.generation, f)
             };
-            let r = self.apply(&batch, false).map(|_| {
+            let r = self.apply(&batch).map(|_| {
                 // FLUSH syncs this journal until a checkpoint has synced
                 // what the batch wrote (before `prev_journal` is cleared).
                 if let Some(f) = old_file {
