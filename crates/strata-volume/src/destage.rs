@@ -5,7 +5,7 @@
 //! first written.
 
 use crate::idedup::{fingerprint, Fp};
-use crate::volume::{Batch, Block, Disk, Volume, VolumeError, BLOCK, EXTENT_BLOCKS};
+use crate::volume::{Batch, Block, Disk, Space, Volume, VolumeError, BLOCK, EXTENT_BLOCKS};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -22,7 +22,7 @@ fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> VolumeError {
 /// the end of the data. Successive allocations land next to each other
 /// as in a log, so blocks written together stay together on disk — what
 /// a later duplicate of them needs to be one sequence.
-fn alloc(d: &mut Disk, k: u64) -> u64 {
+pub(crate) fn alloc(d: &mut Space, k: u64) -> u64 {
     let cursor = d.cursor;
     let fits = |(&s, &l): (&u64, &u64)| {
         // An extent the cursor is inside of counts from the cursor on.
@@ -58,6 +58,35 @@ fn alloc(d: &mut Disk, k: u64) -> u64 {
     };
     d.cursor = at + k;
     at
+}
+
+/// Takes disk blocks `dbn..dbn+k` out of the free space (those free: a
+/// placed write's blocks a replay keeps).
+pub(crate) fn reserve(d: &mut Space, dbn: u64, k: u64) {
+    let end = dbn + k;
+    if end > d.end {
+        // Past the end: the gap before them is free.
+        if dbn > d.end {
+            release(&mut d.free, (d.end..dbn).collect());
+        }
+        d.end = end;
+    }
+    let hit: Vec<(u64, u64)> = d
+        .free
+        .range(..end)
+        .rev()
+        .take_while(|(&s, &l)| s + l > dbn)
+        .map(|(&s, &l)| (s, l))
+        .collect();
+    for (s, l) in hit {
+        d.free.remove(&s);
+        if s < dbn {
+            d.free.insert(s, dbn - s);
+        }
+        if s + l > end {
+            d.free.insert(end, s + l - end);
+        }
+    }
 }
 
 /// Returns freed blocks to the free map, merging neighbours.
@@ -103,8 +132,12 @@ struct Changes {
 }
 
 impl Volume {
-    /// Puts `batch` on disk (durable at the next checkpoint).
-    pub(crate) fn apply(&self, batch: &Batch) -> Result<()> {
+    /// Puts `batch` on disk (durable at the next checkpoint); returns the
+    /// disk blocks it freed, for the caller to add to `pending_free`
+    /// together with the batch's journal (a checkpoint that takes one
+    /// takes the other: blocks a journal's placed records name are not
+    /// reused while the journal could be replayed).
+    pub(crate) fn apply(&self, batch: &Batch) -> Result<Vec<u64>> {
         let threshold = self.threshold();
         self.live
             .threshold_used
@@ -115,6 +148,7 @@ impl Volume {
         for (&s, &e) in &batch.zeros.0 {
             self.zero_map(s, e, &mut ch)?;
         }
+        self.map_placed(d, batch, &mut ch)?;
         let blocks: Vec<(u64, &Block)> = batch.blocks.iter().map(|(&b, v)| (b, v)).collect();
         // Extents of consecutive blocks, taken in the order they were
         // first written: the allocator lays out successive extents side by
@@ -167,14 +201,42 @@ impl Volume {
                 .write_all_at(&entries_bytes(e), first * 8)
                 .map_err(io("map"))?;
         }
-        let freed = apply_refs(&d.refs, &ch.refs)?;
+        let mut freed = apply_refs(&d.refs, &ch.refs)?;
+        // Placed blocks written again in the batch: nothing names them.
+        freed.extend(&batch.orphans);
         for &f in &freed {
             d.cache.remove(f);
         }
-        // Free for reuse after the next checkpoint, which makes this
-        // batch durable (until then its journal file stays).
-        d.pending_free.extend(freed);
         drop(guard);
+        Ok(freed)
+    }
+
+    /// Maps the batch's placed blocks (already written, see
+    /// `Volume::write_placed`) to their disk blocks.
+    fn map_placed(&self, d: &mut Disk, batch: &Batch, ch: &mut Changes) -> Result<()> {
+        let placed: Vec<(u64, u64)> = batch.placed.iter().map(|(&b, &v)| (b, v)).collect();
+        let mut i = 0;
+        while i < placed.len() {
+            let mut j = i + 1;
+            while j < placed.len() && placed[j].0 == placed[j - 1].0 + 1 && j - i < 1 << 16 {
+                j += 1;
+            }
+            let first = placed[i].0;
+            let old = crate::volume::read_u64s(&self.map, first, j - i).map_err(io("map"))?;
+            let mut new = Vec::with_capacity(j - i);
+            for (x, &(_, dbn)) in placed[i..j].iter().enumerate() {
+                if old[x] != 0 {
+                    *ch.refs.entry(old[x] - 1).or_default() -= 1;
+                }
+                *ch.refs.entry(dbn).or_default() += 1;
+                new.push(dbn + 1);
+            }
+            let n = (j - i) as u64;
+            d.counters.logical_blocks_written += n;
+            d.counters.physical_blocks_written += n;
+            ch.map.push((first, new));
+            i = j;
+        }
         Ok(())
     }
 
@@ -272,7 +334,7 @@ impl Volume {
                 j += 1;
             }
             let k = (j - i) as u64;
-            let at = alloc(d, k);
+            let at = alloc(&mut crate::volume::lock(&self.space), k);
             let mut fbuf = Vec::with_capacity((j - i) * 16);
             for x in i..j {
                 let dbn = at + (x - i) as u64;

@@ -6,9 +6,13 @@
 //! volume replays every journal file left, in order; a torn record at the
 //! end (a crash mid-append) ends the replay of that file.
 //!
-//! Record: magic `JRN2`, kind (1 write, 2 zeros), first block (u64),
-//! block count (u32), CRC-32C of the data (u32), CRC-32C of the header
-//! before it (u32), then the data (writes: count × block size). The
+//! Record: magic `JRN2`, kind (1 write, 2 zeros, 3 placed), first block
+//! (u64), block count (u32), CRC-32C of the data (u32), CRC-32C of the
+//! header before it (u32), then the data (writes: count × block size;
+//! placed: the disk block the data was written to (u64) and the CRC-32C
+//! of each of its blocks (u32 each) — a first write of a volume without
+//! dedup goes to its new disk blocks at once, and only where it went is
+//! journaled). The
 //! checksums find a torn or unwritten tail (the kernel's own journal uses
 //! CRC-32C for the same), at a fraction of a cryptographic hash's cost on
 //! every byte written. Records of version 1 (`JRN1`: a 16-byte BLAKE3 of
@@ -30,6 +34,27 @@ pub enum Record {
     Write { block: u64, data: Vec<u8> },
     /// `count` blocks from `block` read back as zeros (TRIM, WRITE_ZEROES).
     Zero { block: u64, count: u32 },
+    /// Blocks from `block` were written to disk blocks `dbn..`, block `i`
+    /// with CRC-32C `crcs[i]` (a replay takes a block only if its disk
+    /// block still has it: an unflushed write may not have reached the
+    /// disk).
+    Placed {
+        block: u64,
+        dbn: u64,
+        crcs: Vec<u32>,
+    },
+}
+
+/// The bytes of a placed record.
+pub fn placed(block: u64, dbn: u64, crcs: &[u32]) -> Vec<u8> {
+    let mut d = Vec::with_capacity(8 + 4 * crcs.len());
+    d.extend_from_slice(&dbn.to_le_bytes());
+    for c in crcs {
+        d.extend_from_slice(&c.to_le_bytes());
+    }
+    let mut out = header(3, block, crcs.len() as u32, &d).to_vec();
+    out.extend_from_slice(&d);
+    out
 }
 
 fn digest_v1(kind: u8, block: u64, count: u32, data: &[u8]) -> [u8; 16] {
@@ -66,6 +91,7 @@ pub fn encode(rec: &Record, block_size: usize, out: &mut Vec<u8>) {
     match rec {
         Record::Write { block, data } => encode_write(*block, data, block_size, out),
         Record::Zero { block, count } => out.extend_from_slice(&header(2, *block, *count, &[])),
+        Record::Placed { block, dbn, crcs } => out.extend_from_slice(&placed(*block, *dbn, crcs)),
     }
 }
 
@@ -98,6 +124,7 @@ pub fn decode(mut b: &[u8], block_size: usize) -> Vec<Record> {
         let dlen = match kind {
             1 => count as usize * block_size,
             2 => 0,
+            3 if v2 => 8 + 4 * count as usize,
             _ => break,
         };
         let head = if v2 { HEADER } else { HEADER_V1 };
@@ -117,7 +144,14 @@ pub fn decode(mut b: &[u8], block_size: usize) -> Vec<Record> {
                 block,
                 data: data.to_vec(),
             },
-            _ => Record::Zero { block, count },
+            2 => Record::Zero { block, count },
+            _ => Record::Placed {
+                block,
+                dbn: u64::from_le_bytes(data[..8].try_into().unwrap_or_default()),
+                crcs: (0..count as usize)
+                    .map(|i| u32_at(data, 8 + 4 * i))
+                    .collect(),
+            },
         });
         b = &b[head + dlen..];
     }

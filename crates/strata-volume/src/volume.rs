@@ -45,6 +45,10 @@ const BUFFER_MAX: usize = 256 << 20;
 /// many bytes of their journals or this long.
 const CHECKPOINT_BYTES: u64 = 512 << 20;
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
+/// ... or once this many blocks wait for one to be written in place
+/// (`Mem::recent`: 1 GiB of first writes without dedup, whose journal
+/// records are small).
+const RECENT_MAX: usize = 1 << 18;
 /// Longest extent the sequence algorithm looks at in one go.
 pub(crate) const EXTENT_BLOCKS: usize = 1024;
 
@@ -189,15 +193,35 @@ pub(crate) struct Batch {
     pub(crate) arrival: HashMap<u64, u64>,
     next: u64,
     pub(crate) zeros: Ranges,
+    /// Blocks already written to new disk blocks (block → DBN): a first
+    /// write without dedup, journaled as where it went.
+    pub(crate) placed: BTreeMap<u64, u64>,
+    /// Disk blocks of placed blocks written again within the batch: free
+    /// after the next checkpoint.
+    pub(crate) orphans: Vec<u64>,
     bytes: usize,
 }
 
 impl Batch {
     fn is_empty(&self) -> bool {
-        self.blocks.is_empty() && self.zeros.0.is_empty()
+        self.blocks.is_empty() && self.zeros.0.is_empty() && self.placed.is_empty()
+    }
+
+    /// Block `b` now on disk block `dbn`.
+    fn place(&mut self, b: u64, dbn: u64) {
+        if self.blocks.remove(&b).is_some() {
+            self.arrival.remove(&b);
+            self.bytes -= BLOCK;
+        }
+        if let Some(old) = self.placed.insert(b, dbn) {
+            self.orphans.push(old);
+        }
     }
 
     fn put(&mut self, b: u64, data: Block) {
+        if let Some(old) = self.placed.remove(&b) {
+            self.orphans.push(old);
+        }
         if self.blocks.insert(b, data).is_none() {
             self.bytes += BLOCK;
         }
@@ -206,6 +230,12 @@ impl Batch {
     }
 
     fn zero(&mut self, s: u64, e: u64) {
+        let placed: Vec<u64> = self.placed.range(s..e).map(|(&k, _)| k).collect();
+        for k in placed {
+            if let Some(old) = self.placed.remove(&k) {
+                self.orphans.push(old);
+            }
+        }
         let gone: Vec<u64> = self.blocks.range(s..e).map(|(&k, _)| k).collect();
         for k in gone {
             self.blocks.remove(&k);
@@ -216,9 +246,19 @@ impl Batch {
     }
 }
 
+/// How a write goes straight to disk ([`Volume::in_place`]).
+enum Direct {
+    /// Over these disk blocks.
+    Over(Vec<u64>),
+    /// To new disk blocks.
+    New,
+}
+
 enum Src {
     Mem(Block),
     Zero,
+    /// On disk block (DBN), not yet in the map.
+    At(u64),
     Disk,
 }
 
@@ -242,16 +282,21 @@ struct Mem {
     recent: HashMap<u64, u64>,
 }
 
-pub(crate) struct Disk {
-    pub(crate) refs: File,
-    pub(crate) fps: File,
-    pub(crate) cache: MetaCache,
+/// Free space of the data file (its own lock: writes without dedup take
+/// new blocks as they come, destage takes them per batch).
+pub(crate) struct Space {
     /// Free disk blocks: start → length.
     pub(crate) free: BTreeMap<u64, u64>,
     /// Disk blocks in use or freed are below this.
     pub(crate) end: u64,
     /// Where the last allocation ended (next-fit).
     pub(crate) cursor: u64,
+}
+
+pub(crate) struct Disk {
+    pub(crate) refs: File,
+    pub(crate) fps: File,
+    pub(crate) cache: MetaCache,
     pub(crate) counters: Persistent,
     /// Blocks freed since the last checkpoint (reused only after it: a
     /// map entry on disk may still point at them).
@@ -323,6 +368,7 @@ pub struct Volume {
     /// Signalled when a batch has been destaged.
     destaged: Condvar,
     pub(crate) disk: Mutex<Disk>,
+    pub(crate) space: Mutex<Space>,
     pub live: LiveStats,
     destager: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Held (shared) by every read of the map and data files, taken
@@ -350,6 +396,8 @@ pub struct Volume {
     direct_blocks: AtomicU64,
     /// A write in place since the data file was last synced.
     data_dirty: AtomicBool,
+    /// Held by FLUSH while it syncs the data file.
+    data_sync: Mutex<()>,
 }
 
 impl Volume {
@@ -732,15 +780,17 @@ impl Volume {
                 refs,
                 fps,
                 cache,
-                free,
-                end,
-                cursor: end,
                 counters,
                 pending_free: Vec::new(),
                 uncommitted: Vec::new(),
                 uncommitted_bytes: 0,
                 uncommitted_generation: 0,
                 last_checkpoint: Instant::now(),
+            }),
+            space: Mutex::new(Space {
+                free,
+                end,
+                cursor: end,
             }),
             live: LiveStats {
                 fragmentation: Mutex::new(Histogram::with_buckets(65)),
@@ -758,13 +808,25 @@ impl Volume {
             unsynced: Mutex::new(Vec::new()),
             direct_blocks: AtomicU64::new(0),
             data_dirty: AtomicBool::new(false),
+            data_sync: Mutex::new(()),
         });
-        // Replay what the journal holds, destage it, then drop it.
+        // Replay what the journal holds, destage it, then drop it. Placed
+        // writes whose data reached the disk keep their blocks: those are
+        // taken out of the free space before anything is replayed.
+        let mut journals = Vec::new();
         for (_, p) in &old {
             let recs = journal::read(p, BLOCK).map_err(ioe(p.display().to_string()))?;
+            journals.push((p, vol.keep_placed(recs)?));
+        }
+        for (p, recs) in journals {
             let mut batch = Batch::default();
             for r in recs {
                 match r {
+                    Record::Placed { block, dbn, crcs } => {
+                        for i in 0..crcs.len() as u64 {
+                            batch.place(block + i, dbn + i);
+                        }
+                    }
                     Record::Write { block, data } => {
                         let n = data.len() / BLOCK;
                         let data = Arc::new(data);
@@ -775,14 +837,54 @@ impl Volume {
                     Record::Zero { block, count } => batch.zero(block, block + count as u64),
                 }
             }
-            vol.apply(&batch)?;
-            lock(&vol.disk).uncommitted.push(p.clone());
+            let freed = vol.apply(&batch)?;
+            let mut d = lock(&vol.disk);
+            d.pending_free.extend(freed);
+            d.uncommitted.push(p.clone());
         }
         vol.checkpoint()?;
         vol.save_state(false)?;
         let v = vol.clone();
         *lock(&vol.destager) = Some(std::thread::spawn(move || v.destage_loop()));
         Ok(vol)
+    }
+
+    /// A journal's records without the placed writes whose data is not on
+    /// disk (unflushed when the machine stopped: they are lost, as a
+    /// plain disk's unflushed writes are); the blocks of the rest are taken
+    /// out of the free space.
+    fn keep_placed(&self, recs: Vec<Record>) -> Result<Vec<Record>> {
+        let mut out = Vec::with_capacity(recs.len());
+        let mut buf = vec![0u8; BLOCK];
+        for r in recs {
+            let Record::Placed { block, dbn, crcs } = r else {
+                out.push(r);
+                continue;
+            };
+            // Block by block: one may since have been written over in
+            // place (a later record of the journal has it), another not
+            // have reached the disk. A block dropped reads as it did when
+            // it was placed — zeros — even if its map entry was written
+            // back before the crash.
+            for (i, crc) in (0u64..).zip(crcs) {
+                let got = read_full_at(&self.data, &mut buf, (dbn + i) * BLOCK as u64)
+                    .map_err(ioe("data"))?;
+                if got == BLOCK && crc32c::crc32c(&buf) == crc {
+                    crate::destage::reserve(&mut lock(&self.space), dbn + i, 1);
+                    out.push(Record::Placed {
+                        block: block + i,
+                        dbn: dbn + i,
+                        crcs: vec![crc],
+                    });
+                } else {
+                    out.push(Record::Zero {
+                        block: block + i,
+                        count: 1,
+                    });
+                }
+            }
+        }
+        Ok(out)
     }
 
     pub fn size(&self) -> u64 {
@@ -832,12 +934,18 @@ impl Volume {
         if let Some(d) = m.buf.blocks.get(&b) {
             return Src::Mem(d.clone());
         }
+        if let Some(&d) = m.buf.placed.get(&b) {
+            return Src::At(d);
+        }
         if m.buf.zeros.contains(b) {
             return Src::Zero;
         }
         if let Some(batch) = &m.destaging {
             if let Some(d) = batch.blocks.get(&b) {
                 return Src::Mem(d.clone());
+            }
+            if let Some(&d) = batch.placed.get(&b) {
+                return Src::At(d);
             }
             if batch.zeros.contains(b) {
                 return Src::Zero;
@@ -850,20 +958,34 @@ impl Volume {
     /// zeros and how many physical runs the disk reads touched.
     fn read_blocks(&self, first: u64, out: &mut [u8]) -> io::Result<(Vec<bool>, usize)> {
         let n = out.len() / BLOCK;
-        let srcs: Vec<Src> = {
+        let (srcs, guard) = {
             let m = lock(&self.mem);
-            (0..n as u64).map(|i| Self::src(&m, first + i)).collect()
+            let srcs: Vec<Src> = (0..n as u64).map(|i| Self::src(&m, first + i)).collect();
+            // A placed block's DBN came from the buffer: the guard is
+            // taken before the buffer can change (writers, too, take it
+            // while holding the mem lock). Else after the mem lock.
+            let placed = srcs.iter().any(|s| matches!(s, Src::At(_)));
+            let guard = placed.then(|| self.reuse_guard.read().unwrap_or_else(|e| e.into_inner()));
+            (srcs, guard)
+        };
+        let _reading = match guard {
+            Some(g) => g,
+            None => self.reuse_guard.read().unwrap_or_else(|e| e.into_inner()),
         };
         let mut zero = vec![false; n];
         let any_disk = srcs.iter().any(|s| matches!(s, Src::Disk));
-        // After the mem lock (never while holding it: writers take the
-        // two the other way round).
-        let _reading = self.reuse_guard.read().unwrap_or_else(|e| e.into_inner());
-        let map = if any_disk {
+        let mut map = if any_disk {
             read_u64s(&self.map, first, n)?
         } else {
-            Vec::new()
+            vec![0; n]
         };
+        // Placed blocks read like mapped ones.
+        for (i, s) in srcs.iter().enumerate() {
+            if let Src::At(d) = s {
+                map[i] = d + 1;
+            }
+        }
+        let on_disk = |s: &Src| matches!(s, Src::Disk | Src::At(_));
         let mut runs = 0;
         let mut i = 0;
         while i < n {
@@ -877,10 +999,10 @@ impl Volume {
                     out[i * BLOCK..(i + 1) * BLOCK].fill(0);
                     zero[i] = true;
                 }
-                Src::Disk => {
+                Src::Disk | Src::At(_) => {
                     // One read per physical run.
                     let mut j = i + 1;
-                    while j < n && matches!(srcs[j], Src::Disk) && map[j] == map[j - 1] + 1 {
+                    while j < n && on_disk(&srcs[j]) && map[j] == map[j - 1] + 1 {
                         j += 1;
                     }
                     let dbn = map[i] - 1;
@@ -1007,6 +1129,9 @@ impl Volume {
                 match Self::src(m, b) {
                     Src::Mem(d) => dst.copy_from_slice(&d),
                     Src::Zero => dst.fill(0),
+                    Src::At(d) => {
+                        read_full_at(&self.data, dst, d * BLOCK as u64)?;
+                    }
                     Src::Disk => {
                         let e = read_u64s(&self.map, b, 1)?[0];
                         if e != 0 {
@@ -1047,23 +1172,56 @@ impl Volume {
         let bs = BLOCK as u64;
         let aligned = offset.is_multiple_of(bs) && data.len().is_multiple_of(BLOCK);
         // Whole blocks: checksummed before taking the lock. Partial ones
-        // need the current content of their edge blocks, under it.
-        let head = aligned.then(|| journal::write_header(offset / bs, &data, BLOCK));
+        // need the current content of their edge blocks, under it. (Without
+        // dedup, when the write's path is known: a write in place needs no
+        // checksum, a placed one its data's only.)
+        let direct = aligned && !self.cfg.dedup;
+        let head = (aligned && !direct).then(|| journal::write_header(offset / bs, &data, BLOCK));
         let mut m = self.lock_for_write()?;
-        if aligned && !self.cfg.dedup {
+        if direct {
             // Checked and written under the mem lock, as a journal record
             // is: no other write, destage batch or freeze comes between.
-            if let Some(at) = self.in_place(&m, offset / bs, data.len() / BLOCK)? {
-                self.write_in_place(&at, &data)?;
-                drop(m);
-                let r = match fua {
-                    true => self.sync_data_file(),
+            let first = offset / bs;
+            let placed = match self.in_place(&m, first, data.len() / BLOCK)? {
+                Some(Direct::Over(at)) => {
+                    self.write_in_place(&at, &data)?;
+                    false
+                }
+                Some(Direct::New) => {
+                    self.write_placed(&mut m, first, &data)?;
+                    true
+                }
+                None => {
+                    let head = Some(journal::write_header(first, &data, BLOCK));
+                    return self.write_journaled(m, head, offset, data, fua, t);
+                }
+            };
+            let journal = m.journal.file().try_clone()?;
+            drop(m);
+            let r = match fua {
+                true => self.sync_data_file().and_then(|_| match placed {
+                    true => journal.sync_data(),
                     false => Ok(()),
-                };
-                self.live.write_latency.record(t.elapsed());
-                return r;
-            }
+                }),
+                false => Ok(()),
+            };
+            self.live.write_latency.record(t.elapsed());
+            return r;
         }
+        self.write_journaled(m, head, offset, data, fua, t)
+    }
+
+    /// A write through the journal and the buffer.
+    fn write_journaled(
+        &self,
+        mut m: MutexGuard<'_, Mem>,
+        head: Option<[u8; journal::HEADER]>,
+        offset: u64,
+        data: Vec<u8>,
+        fua: bool,
+        t: Instant,
+    ) -> io::Result<()> {
+        let bs = BLOCK as u64;
         let (first, blocks) = match head {
             Some(h) => {
                 m.journal.append_record(&h, &data)?;
@@ -1090,12 +1248,13 @@ impl Volume {
         r
     }
 
-    /// The disk blocks of blocks `first..first+n` when the write may go
-    /// straight to them, as a plain file's would (a volume without dedup,
-    /// no freeze held): each block is on disk (not buffered or being
-    /// destaged), has a disk block — which it alone references, there
-    /// being no dedup — and no journal since the last checkpoint holds it.
-    fn in_place(&self, m: &Mem, first: u64, n: usize) -> io::Result<Option<Vec<u64>>> {
+    /// Whether a write of blocks `first..first+n` may go straight to
+    /// disk, as a plain file's would (a volume without dedup, no freeze
+    /// held): each block is on disk (not buffered or being destaged) and
+    /// in no journal since the last checkpoint, and either every block has
+    /// a disk block — which it alone references, there being no dedup — to
+    /// write over, or none has and the write takes new ones.
+    fn in_place(&self, m: &Mem, first: u64, n: usize) -> io::Result<Option<Direct>> {
         if self.holds.load(Ordering::SeqCst) > 0 {
             return Ok(None);
         }
@@ -1107,10 +1266,39 @@ impl Volume {
             return Ok(None);
         }
         let map = read_u64s(&self.map, first, n)?;
+        if map.iter().all(|&e| e == 0) {
+            return Ok(Some(Direct::New));
+        }
         if map.contains(&0) {
             return Ok(None);
         }
-        Ok(Some(map.into_iter().map(|e| e - 1).collect()))
+        Ok(Some(Direct::Over(map.into_iter().map(|e| e - 1).collect())))
+    }
+
+    /// A first write without dedup: the data goes to new disk blocks at
+    /// once and the journal records where (with the data's CRC); destage
+    /// then only maps them. Written once, not journal then data file.
+    fn write_placed(&self, m: &mut Mem, first: u64, data: &[u8]) -> io::Result<()> {
+        let n = data.len() / BLOCK;
+        let at = crate::destage::alloc(&mut lock(&self.space), n as u64);
+        let crcs: Vec<u32> = data.chunks(BLOCK).map(crc32c::crc32c).collect();
+        let rec = self
+            .data
+            .write_all_at(data, at * BLOCK as u64)
+            .map(|_| journal::placed(first, at, &crcs));
+        if let Err(e) = rec.and_then(|r| m.journal.append(&r)) {
+            // Nothing names the blocks: they go back.
+            let back = (at..at + n as u64).collect();
+            crate::destage::release(&mut lock(&self.space).free, back);
+            return Err(e);
+        }
+        let g = m.journal.generation;
+        for i in 0..n as u64 {
+            m.buf.place(first + i, at + i);
+            m.recent.insert(first + i, g);
+        }
+        self.data_dirty.store(true, Ordering::SeqCst);
+        Ok(())
     }
 
     /// Writes `data` over disk blocks `at` (one write per run of
@@ -1194,6 +1382,9 @@ impl Volume {
             f.sync_data()?;
         }
         cur.sync_data()?;
+        // One at a time: a FLUSH that finds the flag cleared by another
+        // still under way waits for that one's sync.
+        let _one = lock(&self.data_sync);
         if self.data_dirty.swap(false, Ordering::SeqCst) {
             self.sync_data_file()?;
         }
@@ -1291,16 +1482,15 @@ impl Volume {
             d.uncommitted.splice(0..0, done);
             return Err(VolumeError::Io("sync".into(), e));
         }
-        // Reads in flight may still use an old map entry: wait for them.
-        drop(self.reuse_guard.write().unwrap_or_else(|e| e.into_inner()));
-        crate::destage::release(&mut d.free, freed);
         for (i, p) in done.iter().enumerate() {
             match fs::remove_file(p) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => {
-                    // The rest stay tracked, for the next checkpoint.
+                    // The rest stay tracked, for the next checkpoint, and
+                    // nothing is reused: a journal left may name blocks.
                     d.uncommitted.splice(0..0, done[i..].iter().cloned());
+                    d.pending_free.extend(freed);
                     return Err(VolumeError::Io(p.display().to_string(), e));
                 }
             }
@@ -1310,7 +1500,16 @@ impl Volume {
         d.counters.logical_blocks_written += k;
         d.counters.physical_blocks_written += k;
         // Written under the disk lock: state files never go back in time.
-        self.write_state(d.counters.clone())?;
+        // (It syncs the directory: the journals are gone for good.)
+        if let Err(e) = self.write_state(d.counters.clone()) {
+            d.pending_free.extend(freed);
+            return Err(e);
+        }
+        // Only now may the freed blocks be reused: no journal that could
+        // be replayed names them. Reads in flight may still use an old
+        // map entry: wait for them.
+        drop(self.reuse_guard.write().unwrap_or_else(|e| e.into_inner()));
+        crate::destage::release(&mut lock(&self.space).free, freed);
         drop(d);
         // Their blocks may be written in place from now on.
         lock(&self.mem).recent.retain(|_, g| *g > covered);
@@ -1374,6 +1573,7 @@ impl Volume {
     }
 
     fn destage_loop(self: Arc<Self>) {
+        let mut many_recent;
         loop {
             let (batch, old_path, generation, old_file) = {
                 let mut m = lock(&self.mem);
@@ -1419,9 +1619,10 @@ impl Volume {
                 m.destaging = Some(batch.clone());
                 m.prev_journal = old.file().try_clone().ok().map(Arc::new);
                 let f = m.prev_journal.clone();
+                many_recent = m.recent.len() >= RECENT_MAX;
                 (batch, old.path.clone(), old.generation, f)
             };
-            let r = self.apply(&batch).map(|_| {
+            let r = self.apply(&batch).map(|freed| {
                 // FLUSH syncs this journal until a checkpoint has synced
                 // what the batch wrote (before `prev_journal` is cleared).
                 if let Some(f) = old_file {
@@ -1429,11 +1630,15 @@ impl Volume {
                 }
                 let due = {
                     let mut d = lock(&self.disk);
+                    // Free for reuse after the checkpoint that deletes
+                    // this batch's journal.
+                    d.pending_free.extend(freed);
                     d.uncommitted_bytes += fs::metadata(&old_path).map(|m| m.len()).unwrap_or(0);
                     d.uncommitted.push(old_path.clone());
                     d.uncommitted_generation = generation;
                     d.uncommitted_bytes >= CHECKPOINT_BYTES
                         || d.last_checkpoint.elapsed() >= CHECKPOINT_EVERY
+                        || many_recent
                 };
                 if due {
                     self.checkpoint_in_background();
@@ -1478,10 +1683,21 @@ fn rebuild_refs(map: &File, refs: &File, nblocks: u64, end: u64) -> Result<()> {
     let mut at = 0;
     while at < nblocks {
         let n = step.min(nblocks - at) as usize;
-        for e in read_u64s(map, at, n).map_err(ioe("map"))? {
-            if e != 0 && e - 1 < end {
-                counts[(e - 1) as usize] += 1;
+        let mut entries = read_u64s(map, at, n).map_err(ioe("map"))?;
+        let mut past = false;
+        for e in entries.iter_mut() {
+            if *e != 0 && *e - 1 < end {
+                counts[(*e - 1) as usize] += 1;
+            } else if *e != 0 {
+                // Data the crash lost with the file's growth (never
+                // flushed: FLUSH syncs the file's size too): zeros.
+                *e = 0;
+                past = true;
             }
+        }
+        if past {
+            let bytes: Vec<u8> = entries.iter().flat_map(|v| v.to_le_bytes()).collect();
+            map.write_all_at(&bytes, at * 8).map_err(ioe("map"))?;
         }
         at += n as u64;
     }
