@@ -287,6 +287,11 @@ mod tests {
                 block: 1,
                 count: 99,
             },
+            Record::Placed {
+                block: 40,
+                dbn: 1 << 33,
+                crcs: vec![1, 0xdead_beef, 3],
+            },
             Record::Write {
                 block: 0,
                 data: vec![1u8; 4096],
@@ -297,11 +302,14 @@ mod tests {
             encode(r, 4096, &mut b);
         }
         assert_eq!(decode(&b, 4096), recs);
-        // Cut anywhere inside the last record: the first two survive.
+        // Cut anywhere inside the last record: the others survive.
         let last_start = b.len() - (HEADER + 4096);
         for cut in [last_start + 1, last_start + HEADER, b.len() - 1] {
-            assert_eq!(decode(&b[..cut], 4096), recs[..2].to_vec(), "cut at {cut}");
+            assert_eq!(decode(&b[..cut], 4096), recs[..3].to_vec(), "cut at {cut}");
         }
+        // A placed record cut inside its CRCs ends the replay there.
+        let placed_end = last_start;
+        assert_eq!(decode(&b[..placed_end - 2], 4096), recs[..2].to_vec());
         // A flipped data byte ends the replay there.
         let mut bad = b.clone();
         bad[HEADER + 10] ^= 1;

@@ -815,6 +815,11 @@ impl Volume {
         // taken out of the free space before anything is replayed.
         let mut journals = Vec::new();
         for (_, p) in &old {
+            // Durable before the replay writes anything (a kill -9 left
+            // them in the page cache only).
+            File::open(p)
+                .and_then(|f| f.sync_all())
+                .map_err(ioe(p.display().to_string()))?;
             let recs = journal::read(p, BLOCK).map_err(ioe(p.display().to_string()))?;
             journals.push((p, vol.keep_placed(recs)?));
         }
@@ -1385,6 +1390,10 @@ impl Volume {
         // One at a time: a FLUSH that finds the flag cleared by another
         // still under way waits for that one's sync.
         let _one = lock(&self.data_sync);
+        // One that failed before us (and cleared the flag) failed us too.
+        if let Some(f) = &lock(&self.mem).failed {
+            return Err(io::Error::other(format!("the volume stopped: {f}")));
+        }
         if self.data_dirty.swap(false, Ordering::SeqCst) {
             self.sync_data_file()?;
         }
@@ -1622,7 +1631,17 @@ impl Volume {
                 many_recent = m.recent.len() >= RECENT_MAX;
                 (batch, old.path.clone(), old.generation, f)
             };
-            let r = self.apply(&batch).map(|freed| {
+            // The batch's journal is made durable before any of its data
+            // or map entries can reach the disk: whatever a power loss
+            // keeps of them, the replay has the records to redo (a map
+            // entry written back without its data, a block named by an
+            // older placed record overwritten in place).
+            let synced = match &old_file {
+                Some(f) => f.sync_data(),
+                None => File::open(&old_path).and_then(|f| f.sync_data()),
+            }
+            .map_err(|e| VolumeError::Io(old_path.display().to_string(), e));
+            let r = synced.and_then(|_| self.apply(&batch)).map(|freed| {
                 // FLUSH syncs this journal until a checkpoint has synced
                 // what the batch wrote (before `prev_journal` is cleared).
                 if let Some(f) = old_file {
