@@ -307,6 +307,10 @@ pub(crate) struct Disk {
     pub(crate) uncommitted_bytes: u64,
     /// The generation of the last batch in `uncommitted`.
     pub(crate) uncommitted_generation: u64,
+    /// Blocks placed (`Volume::write_placed`) by batches not yet
+    /// checkpointed, with the batch's generation: their placed records
+    /// can still be replayed.
+    pub(crate) placed_since: HashMap<u64, u64>,
     pub(crate) last_checkpoint: Instant,
 }
 
@@ -785,6 +789,7 @@ impl Volume {
                 uncommitted: Vec::new(),
                 uncommitted_bytes: 0,
                 uncommitted_generation: 0,
+                placed_since: HashMap::new(),
                 last_checkpoint: Instant::now(),
             }),
             space: Mutex::new(Space {
@@ -1519,6 +1524,7 @@ impl Volume {
         // map entry: wait for them.
         drop(self.reuse_guard.write().unwrap_or_else(|e| e.into_inner()));
         crate::destage::release(&mut lock(&self.space).free, freed);
+        d.placed_since.retain(|_, g| *g > covered);
         drop(d);
         // Their blocks may be written in place from now on.
         lock(&self.mem).recent.retain(|_, g| *g > covered);
@@ -1631,14 +1637,22 @@ impl Volume {
                 many_recent = m.recent.len() >= RECENT_MAX;
                 (batch, old.path.clone(), old.generation, f)
             };
-            // The batch's journal is made durable before any of its data
-            // or map entries can reach the disk: whatever a power loss
-            // keeps of them, the replay has the records to redo (a map
-            // entry written back without its data, a block named by an
-            // older placed record overwritten in place).
-            let synced = match &old_file {
-                Some(f) => f.sync_data(),
-                None => File::open(&old_path).and_then(|f| f.sync_data()),
+            // A batch that will overwrite in place blocks an older placed
+            // record names has its journal made durable first: a power loss
+            // could keep the new data without the record, and the replay
+            // would then find the placed block's checksum changed and read
+            // it as zeros. (Other batches are not synced: their data and
+            // map entries, written back before their records, are redone
+            // or dropped by the replay — except that a map entry of an
+            // unflushed write may then name a reused block's old data.)
+            let must_sync = !batch.blocks.is_empty() && {
+                let d = lock(&self.disk);
+                batch.blocks.keys().any(|b| d.placed_since.contains_key(b))
+            };
+            let synced = match (must_sync, &old_file) {
+                (false, _) => Ok(()),
+                (true, Some(f)) => f.sync_data(),
+                (true, None) => File::open(&old_path).and_then(|f| f.sync_data()),
             }
             .map_err(|e| VolumeError::Io(old_path.display().to_string(), e));
             let r = synced.and_then(|_| self.apply(&batch)).map(|freed| {
@@ -1652,6 +1666,8 @@ impl Volume {
                     // Free for reuse after the checkpoint that deletes
                     // this batch's journal.
                     d.pending_free.extend(freed);
+                    d.placed_since
+                        .extend(batch.placed.keys().map(|&b| (b, generation)));
                     d.uncommitted_bytes += fs::metadata(&old_path).map(|m| m.len()).unwrap_or(0);
                     d.uncommitted.push(old_path.clone());
                     d.uncommitted_generation = generation;
