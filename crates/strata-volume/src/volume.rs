@@ -385,8 +385,9 @@ pub struct Volume {
     lock: Mutex<Option<File>>,
     closed: AtomicBool,
     /// Held by the checkpoint running (one at a time); a checkpoint the
-    /// destage thread starts runs on a thread of its own, so destaging
-    /// goes on while the files sync.
+    /// destage thread starts when one is due runs on a thread of its own,
+    /// so destaging goes on while the files sync (the one before a batch
+    /// that overwrites placed blocks in place runs on the destage thread).
     checkpointing: Mutex<()>,
     checkpoint_busy: AtomicBool,
     /// Frozen images being read ([`Volume::freeze`]): while any is, no
@@ -1494,6 +1495,10 @@ impl Volume {
             // Nothing is released: the journal files stay for recovery.
             d.pending_free.extend(freed);
             d.uncommitted.splice(0..0, done);
+            drop(d);
+            // Failed for good before the next checkpoint can start: a
+            // retried fsync can claim success over pages it lost.
+            self.fail(format!("syncing the volume's files: {e}"));
             return Err(VolumeError::Io("sync".into(), e));
         }
         for (i, p) in done.iter().enumerate() {
@@ -1517,6 +1522,8 @@ impl Volume {
         // (It syncs the directory: the journals are gone for good.)
         if let Err(e) = self.write_state(d.counters.clone()) {
             d.pending_free.extend(freed);
+            drop(d);
+            self.fail(format!("writing the volume's state: {e}"));
             return Err(e);
         }
         // Only now may the freed blocks be reused: no journal that could
@@ -1529,6 +1536,14 @@ impl Volume {
         // Their blocks may be written in place from now on.
         lock(&self.mem).recent.retain(|_, g| *g > covered);
         Ok(())
+    }
+
+    /// Stops the volume (writes refused, nothing more destaged or
+    /// released) after a failure that a retry could hide.
+    fn fail(&self, why: String) {
+        let mut m = lock(&self.mem);
+        m.failed.get_or_insert(why);
+        self.destaged.notify_all();
     }
 
     /// Starts a checkpoint on a thread of its own unless one is running.
@@ -1650,10 +1665,11 @@ impl Volume {
             // written back before their records, are redone or dropped by
             // the replay — except that a map entry of an unflushed write
             // may then name a reused block's old data.)
-            let must_checkpoint = !batch.blocks.is_empty() && {
-                let d = lock(&self.disk);
-                batch.blocks.keys().any(|b| d.placed_since.contains_key(b))
-            };
+            let must_checkpoint =
+                !batch.blocks.is_empty() && self.holds.load(Ordering::SeqCst) == 0 && {
+                    let d = lock(&self.disk);
+                    batch.blocks.keys().any(|b| d.placed_since.contains_key(b))
+                };
             let synced = match must_checkpoint {
                 true => self.checkpoint(),
                 false => Ok(()),
@@ -1684,17 +1700,17 @@ impl Volume {
             });
             let _ = self.save_live();
             let mut m = lock(&self.mem);
-            m.destaging = None;
-            m.prev_journal = None;
-            if r.is_ok() {
-                m.applied = generation;
-            }
             if let Err(e) = r {
+                // The batch stays where reads find it (its writes were
+                // acknowledged); writes are refused from now on.
                 tracing::error!("destage failed: {e}");
-                m.failed = Some(e.to_string());
+                m.failed.get_or_insert(e.to_string());
                 self.destaged.notify_all();
                 return;
             }
+            m.destaging = None;
+            m.prev_journal = None;
+            m.applied = generation;
             self.destaged.notify_all();
         }
     }
