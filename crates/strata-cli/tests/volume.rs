@@ -83,6 +83,15 @@ fn sh(cmd: &mut Command) -> std::process::Output {
 
 /// An image with repeated content: two copies of a 4 MiB pattern, zeros
 /// between.
+/// A 64 MiB image (with a repeated stretch) copied into the served
+/// volume by nbdcopy; returns its bytes.
+fn copy_in_image(r: &Repo, s: &Served) -> Vec<u8> {
+    let img = r.scratch("img.raw");
+    let data = image(&img, 64 << 20);
+    sh(Command::new("nbdcopy").arg(&img).arg(&s.url));
+    data
+}
+
 fn image(p: &Path, size: usize) -> Vec<u8> {
     let mut d = vec![0u8; size];
     let pat = prng(7, 4 << 20);
@@ -105,9 +114,7 @@ fn nbdcopy_and_qemu_img_write_and_read_back_deduplicated() {
     }
     let r = new_volume("64M");
     let s = serve(&r, "v");
-    let img = r.scratch("img.raw");
-    let data = image(&img, 64 << 20);
-    sh(Command::new("nbdcopy").arg(&img).arg(&s.url));
+    let data = copy_in_image(&r, &s);
     let out = r.scratch("out.raw");
     sh(Command::new("nbdcopy").arg(&s.url).arg(&out));
     assert!(std::fs::read(&out).unwrap() == data, "nbdcopy read back");
@@ -191,9 +198,7 @@ fn kill_9_keeps_every_flushed_write() {
     }
     let r = new_volume("64M");
     let s = serve(&r, "v");
-    let img = r.scratch("img.raw");
-    let data = image(&img, 64 << 20);
-    sh(Command::new("nbdcopy").arg(&img).arg(&s.url));
+    let data = copy_in_image(&r, &s);
     // More writes in flight, then the server dies.
     let other = r.scratch("other.raw");
     std::fs::write(&other, prng(11, 64 << 20)).unwrap();
@@ -343,9 +348,7 @@ fn snapshots_restore_as_sparse_images() {
     }
     let r = new_volume("64M");
     let s = serve(&r, "v");
-    let img = r.scratch("img.raw");
-    let data = image(&img, 64 << 20);
-    sh(Command::new("nbdcopy").arg(&img).arg(&s.url));
+    let data = copy_in_image(&r, &s);
     // Served: the server freezes a point in time for the snapshot.
     let live = r.json(&["volume", "snapshot", "v", "--tag", "live"]);
     assert_eq!(live["version"], 1, "{live}");

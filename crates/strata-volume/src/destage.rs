@@ -313,7 +313,7 @@ impl Volume {
         // sequential, and nothing is allocated or freed; no dedup, so no
         // fingerprint or cache entry names the old content).
         let over = match how.in_place {
-            true => self.overwritable(d, &old, &taken, &zero, &new, ch)?,
+            true => Self::overwritable(&old, &zero, ch),
             false => vec![false; n],
         };
         let mut writes: Vec<(u64, &Block)> = Vec::new();
@@ -388,38 +388,15 @@ impl Volume {
         Ok(())
     }
 
-    /// Which blocks of an extent may be written over their old disk block:
-    /// not deduplicated or zero, and the old block referenced by this
-    /// logical block alone — counting the batch's changes so far, and not
-    /// a block a sequence of this extent is about to reference (`new`).
-    fn overwritable(
-        &self,
-        d: &Disk,
-        old: &[u64],
-        taken: &[bool],
-        zero: &[bool],
-        new: &[u64],
-        ch: &Changes,
-    ) -> Result<Vec<bool>> {
-        let targets: std::collections::HashSet<u64> =
-            new.iter().filter(|&&v| v != 0).copied().collect();
-        let mut out = vec![false; old.len()];
-        for x in 0..old.len() {
-            if taken[x] || zero[x] || old[x] == 0 || targets.contains(&old[x]) {
-                continue;
-            }
-            let dbn = old[x] - 1;
-            let mut raw = [0u8; 4];
-            let got =
-                crate::volume::read_full_at(&d.refs, &mut raw, dbn * 4).map_err(io("refs"))?;
-            let on_disk = if got == 4 {
-                u32::from_le_bytes(raw) as i64
-            } else {
-                0
-            };
-            out[x] = on_disk + ch.refs.get(&dbn).copied().unwrap_or(0) == 1;
-        }
-        Ok(out)
+    /// Which blocks of an extent may be written over their old disk block
+    /// (a volume without dedup, where a mapped disk block has exactly one
+    /// reference, its logical block's): not zero, mapped, and not already
+    /// given up by the batch's changes so far.
+    fn overwritable(old: &[u64], zero: &[bool], ch: &Changes) -> Vec<bool> {
+        old.iter()
+            .zip(zero)
+            .map(|(&o, &z)| !z && o != 0 && ch.refs.get(&(o - 1)).copied().unwrap_or(0) == 0)
+            .collect()
     }
 }
 

@@ -1207,13 +1207,16 @@ impl Volume {
                     return self.write_journaled(m, head, offset, data, fua, t);
                 }
             };
-            let journal = m.journal.file().try_clone()?;
+            // FUA: the data, and a placed write's record too.
+            let journal = match fua && placed {
+                true => Some(m.journal.file().try_clone()?),
+                false => None,
+            };
             drop(m);
             let r = match fua {
-                true => self.sync_data_file().and_then(|_| match placed {
-                    true => journal.sync_data(),
-                    false => Ok(()),
-                }),
+                true => self
+                    .sync_data_file()
+                    .and_then(|_| journal.map_or(Ok(()), |j| j.sync_data())),
                 false => Ok(()),
             };
             self.live.write_latency.record(t.elapsed());
@@ -1336,12 +1339,9 @@ impl Volume {
     /// file, so the next checkpoint's sync could succeed over lost pages
     /// and delete journals whose batches never reached the disk.
     fn sync_data_file(&self) -> io::Result<()> {
-        self.data.sync_data().inspect_err(|e| {
-            let mut m = lock(&self.mem);
-            m.failed
-                .get_or_insert_with(|| format!("syncing the data file: {e}"));
-            self.destaged.notify_all();
-        })
+        self.data
+            .sync_data()
+            .inspect_err(|e| self.fail(format!("syncing the data file: {e}")))
     }
 
     /// TRIM and WRITE_ZEROES: the range reads back as zeros (whole blocks
@@ -1564,9 +1564,7 @@ impl Volume {
             let _busy = busy;
             if let Err(e) = v.checkpoint() {
                 tracing::error!("checkpoint failed: {e}");
-                let mut m = lock(&v.mem);
-                m.failed = Some(e.to_string());
-                v.destaged.notify_all();
+                v.fail(e.to_string());
             }
         });
     }

@@ -67,6 +67,14 @@ fn read_all(v: &Volume) -> Vec<u8> {
     b
 }
 
+/// A new volume `v` in `root`, open.
+fn fresh(root: &Path, threshold: u32, dedup: bool) -> (std::path::PathBuf, Arc<Volume>) {
+    let dir = root.join("v");
+    Volume::create(&dir, cfg(threshold, dedup)).unwrap();
+    let v = Volume::open(&dir).unwrap();
+    (dir, v)
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
@@ -140,9 +148,7 @@ proptest! {
 #[test]
 fn a_crash_keeps_every_flushed_write() {
     let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("v");
-    Volume::create(&dir, cfg(2, true)).unwrap();
-    let v = Volume::open(&dir).unwrap();
+    let (dir, v) = fresh(t.path(), 2, true);
     let mut model = vec![0u8; SIZE as usize];
     for k in 0..20u64 {
         let off = (k * 12_345) % (SIZE - 9000);
@@ -170,9 +176,7 @@ fn a_crash_keeps_every_flushed_write() {
 fn the_threshold_decides_what_is_deduplicated() {
     for (threshold, want_dedup) in [(1u32, 16u64 + 3), (4, 16), (8, 16), (17, 0)] {
         let t = tempfile::tempdir().unwrap();
-        let dir = t.path().join("v");
-        Volume::create(&dir, cfg(threshold, true)).unwrap();
-        let v = Volume::open(&dir).unwrap();
+        let (dir, v) = fresh(t.path(), threshold, true);
         // Blocks 0..16: a run of 16 distinct blocks; blocks 20..23 distinct too.
         let run: Vec<u8> = (0..16 * 4096)
             .map(|i| (i / 4096 * 7 + i % 13) as u8 + 1)
@@ -221,9 +225,7 @@ fn the_threshold_decides_what_is_deduplicated() {
 #[test]
 fn a_batch_is_laid_out_in_the_order_it_was_written() {
     let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("v");
-    Volume::create(&dir, cfg(8, true)).unwrap();
-    let v = Volume::open(&dir).unwrap();
+    let (dir, v) = fresh(t.path(), 8, true);
     let block = |k: u64| -> Vec<u8> { (0..4096u64).map(|i| (i * 31 + k * 7 + 1) as u8).collect() };
     let a: Vec<u8> = (0..4).flat_map(block).collect();
     let b: Vec<u8> = (4..8).flat_map(block).collect();
@@ -259,9 +261,7 @@ fn overwrites_stay_in_place() {
 
 fn overwrites_stay_in_place_with(dedup: bool) {
     let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("v");
-    Volume::create(&dir, cfg(1, dedup)).unwrap();
-    let v = Volume::open(&dir).unwrap();
+    let (dir, v) = fresh(t.path(), 1, dedup);
     let n = 48u64;
     let mut model = vec![0u8; SIZE as usize];
     model[..(n * 4096) as usize].copy_from_slice(&content(0, n * 4096, 1));
@@ -310,9 +310,7 @@ fn overwrites_stay_in_place_with(dedup: bool) {
 #[test]
 fn first_writes_are_written_once() {
     let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("v");
-    Volume::create(&dir, cfg(4, false)).unwrap();
-    let v = Volume::open(&dir).unwrap();
+    let (dir, v) = fresh(t.path(), 4, false);
     let mut model = vec![0u8; SIZE as usize];
     let a = content(0, 16 * 4096, 1);
     v.write_at(0, &a, false).unwrap();
@@ -379,9 +377,7 @@ fn first_writes_are_written_once() {
 fn a_placed_block_is_not_overwritten_while_its_record_can_be_replayed() {
     use strata_volume::journal::{self, Record};
     let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("v");
-    Volume::create(&dir, cfg(4, false)).unwrap();
-    let v = Volume::open(&dir).unwrap();
+    let (dir, v) = fresh(t.path(), 4, false);
     let x = content(8 * 4096, 4 * 4096, 1);
     v.write_at(8 * 4096, &x, false).unwrap();
     v.flush().unwrap();
@@ -437,9 +433,7 @@ fn journal_bytes(dir: &Path) -> u64 {
 #[test]
 fn without_dedup_overwrites_go_straight_to_disk() {
     let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("v");
-    Volume::create(&dir, cfg(4, false)).unwrap();
-    let v = Volume::open(&dir).unwrap();
+    let (dir, v) = fresh(t.path(), 4, false);
     let n = 48u64;
     let mut model = vec![0u8; SIZE as usize];
     model[..(n * 4096) as usize].copy_from_slice(&content(0, n * 4096, 1));
@@ -489,10 +483,8 @@ fn without_dedup_overwrites_go_straight_to_disk() {
 fn a_frozen_image_keeps_its_point_in_time() {
     use std::io::Read;
     let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("v");
     // Dedup off: every write takes new blocks.
-    Volume::create(&dir, cfg(2, false)).unwrap();
-    let v = Volume::open(&dir).unwrap();
+    let (dir, v) = fresh(t.path(), 2, false);
     let a = content(0, 16 * 4096, 1);
     v.write_at(0, &a, false).unwrap();
     // Checkpointed: without the freeze, the overwrite below would go
@@ -539,9 +531,7 @@ fn a_frozen_image_keeps_its_point_in_time() {
 #[test]
 fn concurrent_writers_and_readers_see_their_own_writes() {
     let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("v");
-    Volume::create(&dir, cfg(2, true)).unwrap();
-    let v = Volume::open(&dir).unwrap();
+    let (_, v) = fresh(t.path(), 2, true);
     let region = SIZE / 4;
     std::thread::scope(|s| {
         for k in 0..4u64 {
