@@ -142,6 +142,9 @@ impl Volume {
         self.live
             .threshold_used
             .store(threshold as u64, Ordering::Relaxed);
+        // Writes in place still under way finish first (new ones go
+        // through the journal until this batch is applied).
+        let _no_direct = self.direct_io.write().unwrap_or_else(|e| e.into_inner());
         let mut guard = crate::volume::lock(&self.disk);
         let d = &mut *guard;
         let mut ch = Changes::default();

@@ -280,6 +280,22 @@ struct Mem {
     /// written since the last checkpoint (such a block is not written in
     /// place at once: a replay of the older record would undo it).
     recent: HashMap<u64, u64>,
+    /// Placed writes being written to their new disk blocks outside this
+    /// lock (block → the write's token, its data): reads find them here
+    /// until the write records them. A later write of a block drops its
+    /// entry, and the placed write then leaves that block out.
+    inflight: HashMap<u64, (u64, Block)>,
+    next_token: u64,
+}
+
+impl Mem {
+    /// A write of blocks `s..e` replaces any placed write still in
+    /// flight there.
+    fn supersede(&mut self, s: u64, e: u64) {
+        if !self.inflight.is_empty() {
+            self.inflight.retain(|b, _| !(s..e).contains(b));
+        }
+    }
 }
 
 /// Free space of the data file (its own lock: writes without dedup take
@@ -403,6 +419,11 @@ pub struct Volume {
     data_dirty: AtomicBool,
     /// Held by FLUSH while it syncs the data file.
     data_sync: Mutex<()>,
+    /// Held (shared) by each write in place while it writes, outside the
+    /// mem lock, and (exclusive) by destage while it applies a batch: a
+    /// batch that writes a block again, or frees its disk block, comes
+    /// after the write in place it superseded has reached the file.
+    pub(crate) direct_io: std::sync::RwLock<()>,
 }
 
 impl Volume {
@@ -778,6 +799,8 @@ impl Volume {
                 urgent: false,
                 applied: next_gen - 1,
                 recent: HashMap::new(),
+                inflight: HashMap::new(),
+                next_token: 0,
             }),
             kick: Condvar::new(),
             destaged: Condvar::new(),
@@ -815,6 +838,7 @@ impl Volume {
             direct_blocks: AtomicU64::new(0),
             data_dirty: AtomicBool::new(false),
             data_sync: Mutex::new(()),
+            direct_io: std::sync::RwLock::new(()),
         });
         // Replay what the journal holds, destage it, then drop it. Placed
         // writes whose data reached the disk keep their blocks: those are
@@ -942,6 +966,9 @@ impl Volume {
 
     /// Where block `b`'s current content is (buffer first).
     fn src(m: &Mem, b: u64) -> Src {
+        if let Some((_, d)) = m.inflight.get(&b) {
+            return Src::Mem(d.clone());
+        }
         if let Some(d) = m.buf.blocks.get(&b) {
             return Src::Mem(d.clone());
         }
@@ -1188,35 +1215,27 @@ impl Volume {
         // checksum, a placed one its data's only.)
         let direct = aligned && !self.cfg.dedup;
         let head = (aligned && !direct).then(|| journal::write_header(offset / bs, &data, BLOCK));
-        let mut m = self.lock_for_write()?;
+        let m = self.lock_for_write()?;
         if direct {
-            // Checked and written under the mem lock, as a journal record
-            // is: no other write, destage batch or freeze comes between.
+            // Checked under the mem lock, as a journal record is written:
+            // no other write, destage batch or freeze comes between.
             let first = offset / bs;
-            let placed = match self.in_place(&m, first, data.len() / BLOCK)? {
-                Some(Direct::Over(at)) => {
-                    self.write_in_place(&at, &data)?;
-                    false
-                }
-                Some(Direct::New) => {
-                    self.write_placed(&mut m, first, &data)?;
-                    true
-                }
-                None => {
-                    let head = Some(journal::write_header(first, &data, BLOCK));
-                    return self.write_journaled(m, head, offset, data, fua, t);
-                }
+            let over = match self.in_place(&m, first, data.len() / BLOCK)? {
+                Some(Direct::Over(at)) => self.direct_io_guard().map(|g| (at, g)),
+                Some(Direct::New) => return self.write_placed(m, first, data, fua, t),
+                None => None,
             };
-            // FUA: the data, and a placed write's record too.
-            let journal = match fua && placed {
-                true => Some(m.journal.file().try_clone()?),
-                false => None,
+            let Some((at, _writing)) = over else {
+                let head = Some(journal::write_header(first, &data, BLOCK));
+                return self.write_journaled(m, head, offset, data, fua, t);
             };
+            // Written outside it (writes run side by side, as a plain
+            // file's do); destage, the only other writer of mapped blocks
+            // and what frees them, waits for `_writing` to go.
             drop(m);
+            self.write_in_place(&at, &data)?;
             let r = match fua {
-                true => self
-                    .sync_data_file()
-                    .and_then(|_| journal.map_or(Ok(()), |j| j.sync_data())),
+                true => self.sync_data_file(),
                 false => Ok(()),
             };
             self.live.write_latency.record(t.elapsed());
@@ -1253,6 +1272,7 @@ impl Volume {
             let g = m.journal.generation;
             m.recent.extend((first..first + n as u64).map(|b| (b, g)));
         }
+        m.supersede(first, first + n as u64);
         let blocks = Arc::new(blocks);
         for (i, b) in Block::slices(&blocks, 0, n).enumerate() {
             m.buf.put(first + i as u64, b);
@@ -1290,29 +1310,92 @@ impl Volume {
     }
 
     /// A first write without dedup: the data goes to new disk blocks at
-    /// once and the journal records where (with the data's CRC); destage
-    /// then only maps them. Written once, not journal then data file.
-    fn write_placed(&self, m: &mut Mem, first: u64, data: &[u8]) -> io::Result<()> {
+    /// once and the journal records where (with the data's CRCs); destage
+    /// then only maps them. Written once, not journal then data file, and
+    /// outside the mem lock, so such writes run side by side as a plain
+    /// file's do: meanwhile reads find the data in `Mem::inflight`. Blocks
+    /// a later write replaced meanwhile are left out of the record.
+    fn write_placed(
+        &self,
+        mut m: MutexGuard<'_, Mem>,
+        first: u64,
+        data: Vec<u8>,
+        fua: bool,
+        t: Instant,
+    ) -> io::Result<()> {
         let n = data.len() / BLOCK;
         let at = crate::destage::alloc(&mut lock(&self.space), n as u64);
+        let data = Arc::new(data);
+        let token = m.next_token;
+        m.next_token += 1;
+        for (i, b) in Block::slices(&data, 0, n).enumerate() {
+            m.inflight.insert(first + i as u64, (token, b));
+        }
+        drop(m);
         let crcs: Vec<u32> = data.chunks(BLOCK).map(crc32c::crc32c).collect();
-        let rec = self
-            .data
-            .write_all_at(data, at * BLOCK as u64)
-            .map(|_| journal::placed(first, at, &crcs));
-        if let Err(e) = rec.and_then(|r| m.journal.append(&r)) {
+        let wrote = self.data.write_all_at(&data, at * BLOCK as u64);
+        let mut m = lock(&self.mem);
+        let mine: Vec<bool> = (first..first + n as u64)
+            .map(|b| match m.inflight.get(&b) {
+                Some((k, _)) if *k == token => m.inflight.remove(&b).is_some(),
+                _ => false,
+            })
+            .collect();
+        let recorded = wrote.and_then(|_| {
+            if let Some(f) = &m.failed {
+                return Err(io::Error::other(format!("the volume stopped: {f}")));
+            }
+            // One record per run of blocks still this write's, appended
+            // together (a failed append is cut whole).
+            let mut enc = Vec::new();
+            let mut i = 0;
+            while i < n {
+                let j = (i..n).find(|&j| mine[j] != mine[i]).unwrap_or(n);
+                if mine[i] {
+                    let r = journal::placed(first + i as u64, at + i as u64, &crcs[i..j]);
+                    enc.extend_from_slice(&r);
+                }
+                i = j;
+            }
+            match enc.is_empty() {
+                true => Ok(()),
+                false => m.journal.append(&enc),
+            }
+        });
+        if let Err(e) = recorded {
             // Nothing names the blocks: they go back.
+            drop(m);
             let back = (at..at + n as u64).collect();
             crate::destage::release(&mut lock(&self.space).free, back);
             return Err(e);
         }
         let g = m.journal.generation;
+        let mut orphans = Vec::new();
         for i in 0..n as u64 {
-            m.buf.place(first + i, at + i);
-            m.recent.insert(first + i, g);
+            match mine[i as usize] {
+                true => {
+                    m.buf.place(first + i, at + i);
+                    m.recent.insert(first + i, g);
+                }
+                false => orphans.push(at + i),
+            }
         }
         self.data_dirty.store(true, Ordering::SeqCst);
-        Ok(())
+        // FUA: the data and the record.
+        let journal = match fua {
+            true => Some(m.journal.file().try_clone()?),
+            false => None,
+        };
+        drop(m);
+        if !orphans.is_empty() {
+            crate::destage::release(&mut lock(&self.space).free, orphans);
+        }
+        let r = match journal {
+            Some(j) => self.sync_data_file().and_then(|_| j.sync_data()),
+            None => Ok(()),
+        };
+        self.live.write_latency.record(t.elapsed());
+        r
     }
 
     /// Writes `data` over disk blocks `at` (one write per run of
@@ -1332,6 +1415,16 @@ impl Volume {
             .fetch_add(at.len() as u64, Ordering::Relaxed);
         self.data_dirty.store(true, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// A shared hold on `direct_io` if one is free at once: a write in
+    /// place never waits for a destage (it goes through the journal).
+    fn direct_io_guard(&self) -> Option<std::sync::RwLockReadGuard<'_, ()>> {
+        match self.direct_io.try_read() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     /// Syncs the data file for writes in place. A failure stops the
@@ -1372,6 +1465,7 @@ impl Volume {
             at += count as u64;
         }
         m.journal.append(&enc)?;
+        m.supersede(a, b);
         m.buf.zero(a, b);
         self.after_write(m, fua)
     }
