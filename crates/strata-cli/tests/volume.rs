@@ -419,3 +419,19 @@ fn snapshots_restore_as_sparse_images() {
     let st = r.json(&["volume", "stats", "v"]);
     assert!(st["dedup_ratio"].as_f64().is_some(), "{st}");
 }
+
+/// A volume's files are plain: an encrypted repository gets none, with
+/// an error saying where volumes can go (and no password is asked for).
+#[test]
+fn an_encrypted_repository_refuses_volumes() {
+    let r = Repo::with_init(&["--encrypt"], Some("pw"));
+    let run = r
+        .run(&["volume", "create", "v", "--size", "1M"])
+        .expect_code(1);
+    assert!(
+        run.stderr.contains("volumes are not encrypted yet"),
+        "{}",
+        run.stderr
+    );
+    assert!(!r.path.join("volumes").join("v").exists());
+}

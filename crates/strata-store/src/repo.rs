@@ -323,12 +323,12 @@ impl Repository {
         })
     }
 
-    /// Opens an existing repository. `password` is only called when the
-    /// repository is encrypted.
-    pub fn open(backend: Arc<dyn Backend>, password: &dyn Fn() -> Result<Vec<u8>>) -> Result<Self> {
+    /// The repository's config, checked (it is readable without the
+    /// password: whether the repository is encrypted, its chunker, …).
+    pub fn read_config(backend: &dyn Backend) -> Result<RepoConfig> {
         let raw = match backend.get("config") {
             Ok(r) => r,
-            Err(e) if e.is_not_found() => return Err(missing_config(&*backend)),
+            Err(e) if e.is_not_found() => return Err(missing_config(backend)),
             Err(e) => return Err(e.into()),
         };
         let plain = Sealer::plain(3);
@@ -369,6 +369,13 @@ impl Repository {
                 "the repository has key slots but its config says it is not encrypted: the config is damaged or forged".into(),
             ));
         }
+        Ok(config)
+    }
+
+    /// Opens an existing repository. `password` is only called when the
+    /// repository is encrypted.
+    pub fn open(backend: Arc<dyn Backend>, password: &dyn Fn() -> Result<Vec<u8>>) -> Result<Self> {
+        let config = Self::read_config(&*backend)?;
         let (sealer, hasher, key) = if config.encrypted {
             let pw = zeroize::Zeroizing::new(password()?);
             let (mk, slot) = crate::keys::unlock(&backend, &pw)?;

@@ -92,6 +92,22 @@ fn volumes_dir(cli: &crate::Cli) -> Result<PathBuf> {
     }
 }
 
+/// A volume's blocks, journal and fingerprints are plain files: not in
+/// an encrypted repository, whose data a reader of its files must not see.
+fn refuse_encrypted(cli: &crate::Cli) -> Result<()> {
+    let loc = location::location(cli.repo.as_deref())?;
+    let backend = location::backend(&loc, false)?;
+    let config = strata_store::repo::Repository::read_config(&*backend)
+        .with_context(|| format!("reading the config of {}", location::describe(&loc)))?;
+    if config.encrypted {
+        bail!(
+            "volumes are not encrypted yet, and this repository is: a volume's blocks would be stored \
+             in plain beside it. Create volumes in an unencrypted repository (`strata init` without --encrypt)"
+        );
+    }
+    Ok(())
+}
+
 fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 64
@@ -126,6 +142,7 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             no_dedup,
         } => {
             check_name(name)?;
+            refuse_encrypted(cli)?;
             let cfg = VolumeConfig {
                 format: 1,
                 size: *size,
