@@ -422,7 +422,9 @@ pub struct Volume {
     /// Held (shared) by each write in place while it writes, outside the
     /// mem lock, and (exclusive) by destage while it applies a batch: a
     /// batch that writes a block again, or frees its disk block, comes
-    /// after the write in place it superseded has reached the file.
+    /// after the write in place it superseded has reached the file; a
+    /// freeze and `close` take it to wait for writes in place under way.
+    /// Taken before `disk`; a writer never waits for it holding `mem`.
     pub(crate) direct_io: std::sync::RwLock<()>,
 }
 
@@ -440,11 +442,13 @@ impl Volume {
             return Err(VolumeError::Invalid("the volume is closing".into()));
         }
         {
-            // Writes in place check and write under the mem lock: none is
-            // under way now, and none starts from here on.
+            // Writes in place are checked under the mem lock: none starts
+            // from here on. Those under way finish before the map is
+            // copied (placed writes take blocks no map names).
             let _m = lock(&self.mem);
             self.holds.fetch_add(1, Ordering::SeqCst);
         }
+        drop(self.direct_io.write().unwrap_or_else(|e| e.into_inner()));
         let frozen = Frozen {
             vol: self.clone(),
             map: self.dir.join(format!(
@@ -1215,7 +1219,7 @@ impl Volume {
         // checksum, a placed one its data's only.)
         let direct = aligned && !self.cfg.dedup;
         let head = (aligned && !direct).then(|| journal::write_header(offset / bs, &data, BLOCK));
-        let m = self.lock_for_write()?;
+        let mut m = self.lock_for_write()?;
         if direct {
             // Checked under the mem lock, as a journal record is written:
             // no other write, destage batch or freeze comes between.
@@ -1225,15 +1229,23 @@ impl Volume {
                 Some(Direct::New) => return self.write_placed(m, first, data, fua, t),
                 None => None,
             };
-            let Some((at, _writing)) = over else {
+            let Some((at, writing)) = over else {
                 let head = Some(journal::write_header(first, &data, BLOCK));
                 return self.write_journaled(m, head, offset, data, fua, t);
             };
             // Written outside it (writes run side by side, as a plain
             // file's do); destage, the only other writer of mapped blocks
-            // and what frees them, waits for `_writing` to go.
+            // and what frees them, waits for `writing` to go. Meanwhile
+            // the blocks are in `inflight`: reads, and a partial write's
+            // edge blocks, find the new data there (not a half-written
+            // block), and other writes of them go through the journal.
+            let n = data.len() / BLOCK;
+            let (token, data) = Self::put_inflight(&mut m, first, data);
             drop(m);
-            self.write_in_place(&at, &data)?;
+            let wrote = self.write_in_place(&at, &data);
+            drop(writing);
+            Self::take_inflight(&mut lock(&self.mem), first, n, token);
+            wrote?;
             let r = match fua {
                 true => self.sync_data_file(),
                 false => Ok(()),
@@ -1309,6 +1321,28 @@ impl Volume {
         Ok(Some(Direct::Over(map.into_iter().map(|e| e - 1).collect())))
     }
 
+    /// Puts a direct write's blocks in `inflight` under a new token.
+    fn put_inflight(m: &mut Mem, first: u64, data: Vec<u8>) -> (u64, Arc<Vec<u8>>) {
+        let data = Arc::new(data);
+        let token = m.next_token;
+        m.next_token += 1;
+        for (i, b) in Block::slices(&data, 0, data.len() / BLOCK).enumerate() {
+            m.inflight.insert(first + i as u64, (token, b));
+        }
+        (token, data)
+    }
+
+    /// Takes a direct write's blocks out of `inflight`: which of them were
+    /// still its own (no later write replaced them).
+    fn take_inflight(m: &mut Mem, first: u64, n: usize, token: u64) -> Vec<bool> {
+        (first..first + n as u64)
+            .map(|b| match m.inflight.get(&b) {
+                Some((k, _)) if *k == token => m.inflight.remove(&b).is_some(),
+                _ => false,
+            })
+            .collect()
+    }
+
     /// A first write without dedup: the data goes to new disk blocks at
     /// once and the journal records where (with the data's CRCs); destage
     /// then only maps them. Written once, not journal then data file, and
@@ -1325,25 +1359,20 @@ impl Volume {
     ) -> io::Result<()> {
         let n = data.len() / BLOCK;
         let at = crate::destage::alloc(&mut lock(&self.space), n as u64);
-        let data = Arc::new(data);
-        let token = m.next_token;
-        m.next_token += 1;
-        for (i, b) in Block::slices(&data, 0, n).enumerate() {
-            m.inflight.insert(first + i as u64, (token, b));
-        }
+        let (token, data) = Self::put_inflight(&mut m, first, data);
         drop(m);
         let crcs: Vec<u32> = data.chunks(BLOCK).map(crc32c::crc32c).collect();
         let wrote = self.data.write_all_at(&data, at * BLOCK as u64);
         let mut m = lock(&self.mem);
-        let mine: Vec<bool> = (first..first + n as u64)
-            .map(|b| match m.inflight.get(&b) {
-                Some((k, _)) if *k == token => m.inflight.remove(&b).is_some(),
-                _ => false,
-            })
-            .collect();
+        let mine = Self::take_inflight(&mut m, first, n, token);
         let recorded = wrote.and_then(|_| {
             if let Some(f) = &m.failed {
                 return Err(io::Error::other(format!("the volume stopped: {f}")));
+            }
+            // A close that began meanwhile: its last destage is done or
+            // under way, and it deletes the current journal.
+            if m.stop {
+                return Err(io::Error::other("the volume is closing"));
             }
             // One record per run of blocks still this write's, appended
             // together (a failed append is cut whole).
@@ -1383,7 +1412,7 @@ impl Volume {
         self.data_dirty.store(true, Ordering::SeqCst);
         // FUA: the data and the record.
         let journal = match fua {
-            true => Some(m.journal.file().try_clone()?),
+            true => Some(m.journal.file().try_clone()),
             false => None,
         };
         drop(m);
@@ -1391,7 +1420,7 @@ impl Volume {
             crate::destage::release(&mut lock(&self.space).free, orphans);
         }
         let r = match journal {
-            Some(j) => self.sync_data_file().and_then(|_| j.sync_data()),
+            Some(j) => j.and_then(|j| self.sync_data_file().and_then(|_| j.sync_data())),
             None => Ok(()),
         };
         self.live.write_latency.record(t.elapsed());
@@ -1672,6 +1701,9 @@ impl Volume {
         self.sync_all()?;
         lock(&self.mem).stop = true;
         self.kick.notify_all();
+        // Writes in place under way reach the file before it is marked
+        // clean and let go (placed ones under way fail: see write_placed).
+        drop(self.direct_io.write().unwrap_or_else(|e| e.into_inner()));
         if let Some(h) = lock(&self.destager).take() {
             let _ = h.join();
         }

@@ -640,3 +640,28 @@ fn check_tagged_at(img: &[u8], first: u64) {
         assert!(blk == tagged(first + i as u64, id).as_slice());
     }
 }
+
+/// A partial write beside a write in place of the same block (no dedup)
+/// reads the block's edge after that write or before it, never half of
+/// it: the block ends as one write after the other.
+#[test]
+fn a_partial_write_beside_a_write_in_place_keeps_an_order() {
+    let t = tempfile::tempdir().unwrap();
+    let (_, v) = fresh(t.path(), 1, false);
+    v.write_at(0, &tagged(0, 0), false).unwrap();
+    for i in 1..1000u64 {
+        // Checkpointed: the whole-block write goes in place.
+        v.sync_all().unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| v.write_at(0, &tagged(0, i), false).unwrap());
+            s.spawn(|| v.write_at(2048, &[0xEE; 2048], false).unwrap());
+        });
+        let mut b = vec![0u8; 4096];
+        v.read_at(0, &mut b).unwrap();
+        let whole = tagged(0, i);
+        let mut after = whole.clone();
+        after[2048..].fill(0xEE);
+        assert!(b == whole || b == after, "round {i}: neither order");
+    }
+    v.close().unwrap();
+}
