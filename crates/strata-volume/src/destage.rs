@@ -129,9 +129,6 @@ struct Changes {
     map: Vec<(u64, Vec<u64>)>,
     /// Reference count changes by DBN.
     refs: HashMap<u64, i64>,
-    /// Disk blocks of placed blocks deduplicated or found zero: free
-    /// after the checkpoint that deletes the batch's journal.
-    unplaced: Vec<u64>,
 }
 
 impl Volume {
@@ -155,19 +152,7 @@ impl Volume {
             self.zero_map(s, e, &mut ch)?;
         }
         self.map_placed(d, batch, &mut ch)?;
-        // Buffered blocks, and placed ones whose data is kept (with dedup:
-        // already on their disk block, `Some(dbn)`), in block order.
-        let mut blocks: Vec<(u64, &Block, Option<u64>)> =
-            batch.blocks.iter().map(|(&b, v)| (b, v, None)).collect();
-        if !batch.placed_data.is_empty() {
-            blocks.extend(
-                batch
-                    .placed_data
-                    .iter()
-                    .map(|(&b, v)| (b, v, batch.placed.get(&b).copied())),
-            );
-            blocks.sort_unstable_by_key(|e| e.0);
-        }
+        let blocks: Vec<(u64, &Block)> = batch.blocks.iter().map(|(&b, v)| (b, v)).collect();
         // Extents of consecutive blocks, taken in the order they were
         // first written: the allocator lays out successive extents side by
         // side, so the disk keeps the order data came in — the order a
@@ -188,7 +173,7 @@ impl Volume {
                 1 => u64::MAX,
                 _ => blocks[i..j]
                     .iter()
-                    .filter_map(|(b, _, _)| batch.arrival.get(b))
+                    .filter_map(|(b, _)| batch.arrival.get(b))
                     .min()
                     .copied()
                     .unwrap_or(u64::MAX),
@@ -220,10 +205,8 @@ impl Volume {
                 .map_err(io("map"))?;
         }
         let mut freed = apply_refs(&d.refs, &ch.refs)?;
-        // Placed blocks written again in the batch, or deduplicated:
-        // nothing names them.
+        // Placed blocks written again in the batch: nothing names them.
         freed.extend(&batch.orphans);
-        freed.extend(&ch.unplaced);
         for &f in &freed {
             d.cache.remove(f);
         }
@@ -234,13 +217,7 @@ impl Volume {
     /// Maps the batch's placed blocks (already written, see
     /// `Volume::write_placed`) to their disk blocks.
     fn map_placed(&self, d: &mut Disk, batch: &Batch, ch: &mut Changes) -> Result<()> {
-        // (Those with their data kept go through the sequence algorithm.)
-        let placed: Vec<(u64, u64)> = batch
-            .placed
-            .iter()
-            .filter(|(b, _)| !batch.placed_data.contains_key(b))
-            .map(|(&b, &v)| (b, v))
-            .collect();
+        let placed: Vec<(u64, u64)> = batch.placed.iter().map(|(&b, &v)| (b, v)).collect();
         let mut i = 0;
         while i < placed.len() {
             let mut j = i + 1;
@@ -290,18 +267,18 @@ impl Volume {
     fn destage_extent(
         &self,
         d: &mut Disk,
-        ext: &[(u64, &Block, Option<u64>)],
+        ext: &[(u64, &Block)],
         how: How,
         ch: &mut Changes,
     ) -> Result<()> {
         let first = ext[0].0;
         let n = ext.len();
         let old = crate::volume::read_u64s(&self.map, first, n).map_err(io("map"))?;
-        let zero: Vec<bool> = ext.iter().map(|(_, b, _)| b.is_zero()).collect();
+        let zero: Vec<bool> = ext.iter().map(|(_, b)| b.is_zero()).collect();
         let fps: Vec<Fp> = ext
             .iter()
             .zip(&zero)
-            .map(|((_, b, _), &z)| {
+            .map(|((_, b), &z)| {
                 // With dedup off nothing looks fingerprints up.
                 if z || !self.cfg.dedup {
                     [0; 16]
@@ -348,17 +325,15 @@ impl Volume {
             writes.push((old[x] - 1, ext[x].1));
         }
         d.counters.physical_blocks_written += writes.len() as u64;
-        let placed = self.keep_placed_blocks(d, ext, &fps, &taken, &zero, &mut new, ch)?;
         // The rest go to new disk blocks, each stretch contiguous.
-        let done = |x: usize| taken[x] || zero[x] || over[x] || placed[x];
         let mut i = 0;
         while i < n {
-            if done(i) {
+            if taken[i] || zero[i] || over[i] {
                 i += 1;
                 continue;
             }
             let mut j = i + 1;
-            while j < n && !done(j) {
+            while j < n && !taken[j] && !zero[j] && !over[j] {
                 j += 1;
             }
             let k = (j - i) as u64;
@@ -414,37 +389,6 @@ impl Volume {
             x = y;
         }
         Ok(())
-    }
-
-    /// Placed blocks of an extent (already on their disk block, with
-    /// dedup): one the sequence algorithm took, or zero, gives its disk
-    /// block back; the others keep theirs, their fingerprint recorded and
-    /// cached there. Returns which blocks were placed and kept.
-    #[allow(clippy::too_many_arguments)]
-    fn keep_placed_blocks(
-        &self,
-        d: &mut Disk,
-        ext: &[(u64, &Block, Option<u64>)],
-        fps: &[Fp],
-        taken: &[bool],
-        zero: &[bool],
-        new: &mut [u64],
-        ch: &mut Changes,
-    ) -> Result<Vec<bool>> {
-        let mut kept = vec![false; ext.len()];
-        for (x, &(_, _, at)) in ext.iter().enumerate() {
-            let Some(dbn) = at else { continue };
-            if taken[x] || zero[x] {
-                ch.unplaced.push(dbn);
-                continue;
-            }
-            kept[x] = true;
-            new[x] = dbn + 1;
-            d.cache.insert(fps[x], dbn);
-            d.fps.write_all_at(&fps[x], dbn * 16).map_err(io("fps"))?;
-            d.counters.physical_blocks_written += 1;
-        }
-        Ok(kept)
     }
 
     /// Which blocks of an extent may be written over their old disk block

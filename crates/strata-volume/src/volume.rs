@@ -194,13 +194,8 @@ pub(crate) struct Batch {
     next: u64,
     pub(crate) zeros: Ranges,
     /// Blocks already written to new disk blocks (block → DBN): a first
-    /// write, journaled as where it went.
+    /// write without dedup, journaled as where it went.
     pub(crate) placed: BTreeMap<u64, u64>,
-    /// With dedup, the data of placed blocks (block → data): destage
-    /// fingerprints it, keeps the disk block of a block it does not
-    /// deduplicate and frees that of one it does. (Replayed placed blocks
-    /// have none: they keep their disk block.)
-    pub(crate) placed_data: HashMap<u64, Block>,
     /// Disk blocks of placed blocks written again within the batch: free
     /// after the next checkpoint.
     pub(crate) orphans: Vec<u64>,
@@ -212,37 +207,21 @@ impl Batch {
         self.blocks.is_empty() && self.zeros.0.is_empty() && self.placed.is_empty()
     }
 
-    /// Block `b` now on disk block `dbn` (with its data: see
-    /// `placed_data`).
-    fn place(&mut self, b: u64, dbn: u64, data: Option<Block>) {
+    /// Block `b` now on disk block `dbn`.
+    fn place(&mut self, b: u64, dbn: u64) {
         if self.blocks.remove(&b).is_some() {
             self.arrival.remove(&b);
             self.bytes -= BLOCK;
         }
-        self.unplace(b);
-        self.placed.insert(b, dbn);
-        if let Some(d) = data {
-            self.placed_data.insert(b, d);
-            self.bytes += BLOCK;
-            self.arrival.insert(b, self.next);
-            self.next += 1;
-        }
-    }
-
-    /// Drops a placed block (its disk block is free after the next
-    /// checkpoint).
-    fn unplace(&mut self, b: u64) {
-        if let Some(old) = self.placed.remove(&b) {
+        if let Some(old) = self.placed.insert(b, dbn) {
             self.orphans.push(old);
-            if self.placed_data.remove(&b).is_some() {
-                self.arrival.remove(&b);
-                self.bytes -= BLOCK;
-            }
         }
     }
 
     fn put(&mut self, b: u64, data: Block) {
-        self.unplace(b);
+        if let Some(old) = self.placed.remove(&b) {
+            self.orphans.push(old);
+        }
         if self.blocks.insert(b, data).is_none() {
             self.bytes += BLOCK;
         }
@@ -253,7 +232,9 @@ impl Batch {
     fn zero(&mut self, s: u64, e: u64) {
         let placed: Vec<u64> = self.placed.range(s..e).map(|(&k, _)| k).collect();
         for k in placed {
-            self.unplace(k);
+            if let Some(old) = self.placed.remove(&k) {
+                self.orphans.push(old);
+            }
         }
         let gone: Vec<u64> = self.blocks.range(s..e).map(|(&k, _)| k).collect();
         for k in gone {
@@ -882,7 +863,7 @@ impl Volume {
                 match r {
                     Record::Placed { block, dbn, crcs } => {
                         for i in 0..crcs.len() as u64 {
-                            batch.place(block + i, dbn + i, None);
+                            batch.place(block + i, dbn + i);
                         }
                     }
                     Record::Write { block, data } => {
@@ -996,10 +977,7 @@ impl Volume {
             return Src::Mem(d.clone());
         }
         if let Some(&d) = m.buf.placed.get(&b) {
-            return match m.buf.placed_data.get(&b) {
-                Some(data) => Src::Mem(data.clone()),
-                None => Src::At(d),
-            };
+            return Src::At(d);
         }
         if m.buf.zeros.contains(b) {
             return Src::Zero;
@@ -1009,10 +987,7 @@ impl Volume {
                 return Src::Mem(d.clone());
             }
             if let Some(&d) = batch.placed.get(&b) {
-                return match batch.placed_data.get(&b) {
-                    Some(data) => Src::Mem(data.clone()),
-                    None => Src::At(d),
-                };
+                return Src::At(d);
             }
             if batch.zeros.contains(b) {
                 return Src::Zero;
@@ -1242,12 +1217,8 @@ impl Volume {
         // need the current content of their edge blocks, under it. (Without
         // dedup, when the write's path is known: a write in place needs no
         // checksum, a placed one its data's only.)
-        let direct = aligned;
-        // With dedup, whole blocks that are not first writes go through
-        // the journal: checksummed before the lock (placed ones are
-        // checksummed block by block again, outside it).
-        let head =
-            (aligned && self.cfg.dedup).then(|| journal::write_header(offset / bs, &data, BLOCK));
+        let direct = aligned && !self.cfg.dedup;
+        let head = (aligned && !direct).then(|| journal::write_header(offset / bs, &data, BLOCK));
         let mut m = self.lock_for_write()?;
         if direct {
             // Checked under the mem lock, as a journal record is written:
@@ -1259,7 +1230,7 @@ impl Volume {
                 None => None,
             };
             let Some((at, writing)) = over else {
-                let head = head.or_else(|| Some(journal::write_header(first, &data, BLOCK)));
+                let head = Some(journal::write_header(first, &data, BLOCK));
                 return self.write_journaled(m, head, offset, data, fua, t);
             };
             // Written outside it (writes run side by side, as a plain
@@ -1324,12 +1295,11 @@ impl Volume {
     }
 
     /// Whether a write of blocks `first..first+n` may go straight to
-    /// disk, as a plain file's would (no freeze held): each block is on
-    /// disk (not buffered or being destaged) and in no journal since the
-    /// last checkpoint, and either none has a disk block and the write
-    /// takes new ones (a first write, with or without dedup), or — without
-    /// dedup — every block has one, which it alone references, to write
-    /// over.
+    /// disk, as a plain file's would (a volume without dedup, no freeze
+    /// held): each block is on disk (not buffered or being destaged) and
+    /// in no journal since the last checkpoint, and either every block has
+    /// a disk block — which it alone references, there being no dedup — to
+    /// write over, or none has and the write takes new ones.
     fn in_place(&self, m: &Mem, first: u64, n: usize) -> io::Result<Option<Direct>> {
         if self.holds.load(Ordering::SeqCst) > 0 {
             return Ok(None);
@@ -1345,9 +1315,7 @@ impl Volume {
         if map.iter().all(|&e| e == 0) {
             return Ok(Some(Direct::New));
         }
-        // With dedup a mapped block may be shared, and an overwrite goes
-        // to new blocks through the sequence algorithm.
-        if map.contains(&0) || self.cfg.dedup {
+        if map.contains(&0) {
             return Ok(None);
         }
         Ok(Some(Direct::Over(map.into_iter().map(|e| e - 1).collect())))
@@ -1375,10 +1343,9 @@ impl Volume {
             .collect()
     }
 
-    /// A first write: the data goes to new disk blocks at once and the
-    /// journal records where (with the data's CRCs); destage then maps
-    /// them (with dedup, after the sequence algorithm: a block it
-    /// deduplicates gives its new disk block back). Written once, not journal then data file, and
+    /// A first write without dedup: the data goes to new disk blocks at
+    /// once and the journal records where (with the data's CRCs); destage
+    /// then only maps them. Written once, not journal then data file, and
     /// outside the mem lock, so such writes run side by side as a plain
     /// file's do: meanwhile reads find the data in `Mem::inflight`. Blocks
     /// a later write replaced meanwhile are left out of the record.
@@ -1433,19 +1400,11 @@ impl Volume {
         }
         let g = m.journal.generation;
         let mut orphans = Vec::new();
-        // With dedup the buffer keeps the data for destage to fingerprint.
-        let kept: Vec<Block> = match self.cfg.dedup {
-            true => Block::slices(&data, 0, n).collect(),
-            false => Vec::new(),
-        };
         for i in 0..n as u64 {
             match mine[i as usize] {
                 true => {
-                    m.buf
-                        .place(first + i, at + i, kept.get(i as usize).cloned());
-                    if !self.cfg.dedup {
-                        m.recent.insert(first + i, g);
-                    }
+                    m.buf.place(first + i, at + i);
+                    m.recent.insert(first + i, g);
                 }
                 false => orphans.push(at + i),
             }
@@ -1830,11 +1789,8 @@ impl Volume {
             // written back before their records, are redone or dropped by
             // the replay — except that a map entry of an unflushed write
             // may then name a reused block's old data.)
-            // (With dedup nothing is overwritten in place.)
-            let must_checkpoint = !self.cfg.dedup
-                && !batch.blocks.is_empty()
-                && self.holds.load(Ordering::SeqCst) == 0
-                && {
+            let must_checkpoint =
+                !batch.blocks.is_empty() && self.holds.load(Ordering::SeqCst) == 0 && {
                     let d = lock(&self.disk);
                     batch.blocks.keys().any(|b| d.placed_since.contains_key(b))
                 };
@@ -1853,10 +1809,8 @@ impl Volume {
                     // Free for reuse after the checkpoint that deletes
                     // this batch's journal.
                     d.pending_free.extend(freed);
-                    if !self.cfg.dedup {
-                        d.placed_since
-                            .extend(batch.placed.keys().map(|&b| (b, generation)));
-                    }
+                    d.placed_since
+                        .extend(batch.placed.keys().map(|&b| (b, generation)));
                     d.uncommitted_bytes += fs::metadata(&old_path).map(|m| m.len()).unwrap_or(0);
                     d.uncommitted.push(old_path.clone());
                     d.uncommitted_generation = generation;
