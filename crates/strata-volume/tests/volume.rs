@@ -576,14 +576,20 @@ fn check_tagged(img: &[u8]) {
 }
 
 /// Without dedup, whole-block writes go to disk outside the buffer's lock
-/// (placed first writes, writes in place): threads writing, trimming and
-/// reading the same blocks at once leave an image whose every block is a
-/// whole write of that block, the same live, after a reopen and after a
-/// crash following a FLUSH.
+/// (placed first writes, writes in place); with dedup, through the
+/// journal: threads writing, trimming and reading the same blocks at once
+/// leave an image whose every block is a whole write of that block, the
+/// same live, after a reopen and after a crash following a FLUSH.
 #[test]
-fn concurrent_overlapping_writes_without_dedup_agree_with_the_replay() {
+fn concurrent_overlapping_writes_agree_with_the_replay() {
+    for dedup in [false, true] {
+        concurrent_overlapping_writes(dedup);
+    }
+}
+
+fn concurrent_overlapping_writes(dedup: bool) {
     let t = tempfile::tempdir().unwrap();
-    let (dir, v) = fresh(t.path(), 1, false);
+    let (dir, v) = fresh(t.path(), 1, dedup);
     let blocks = SIZE / 4096;
     std::thread::scope(|s| {
         for k in 0..4u64 {
