@@ -671,3 +671,76 @@ fn a_partial_write_beside_a_write_in_place_keeps_an_order() {
     }
     v.close().unwrap();
 }
+
+/// Without dedup, an overwrite of blocks that a journal since the last
+/// checkpoint still names goes over their disk blocks too, journaled as
+/// where it went with their CRCs (not the data): a crash replays it when
+/// its data reached the disk, and the older record's data when it did
+/// not.
+#[test]
+fn rewrites_of_recent_blocks_go_in_place_with_a_record() {
+    use strata_volume::journal::{self, Record};
+    let t = tempfile::tempdir().unwrap();
+    let (dir, v) = fresh(t.path(), 1, false);
+    let a: Vec<u8> = (8..12).flat_map(|b| tagged(b, 1)).collect();
+    v.write_at(8 * 4096, &a, false).unwrap();
+    v.sync_all().unwrap();
+    // A partial write: blocks 8 and 9 through the journal, destaged.
+    v.write_at(8 * 4096 + 100, &[5u8; 4096], false).unwrap();
+    v.destage().unwrap();
+    let before = read_all(&v);
+    let blocks_before = std::fs::metadata(dir.join("data")).unwrap().len();
+    let journaled = journal_bytes(&dir);
+    let c: Vec<u8> = (8..12).flat_map(|b| tagged(b, 3)).collect();
+    v.write_at(8 * 4096, &c, false).unwrap();
+    v.flush().unwrap();
+    let live = read_all(&v);
+    assert!(live[8 * 4096..12 * 4096] == c[..]);
+    assert!(
+        journal_bytes(&dir) - journaled < 4096,
+        "the data went to the journal"
+    );
+    assert_eq!(
+        std::fs::metadata(dir.join("data")).unwrap().len(),
+        blocks_before
+    );
+    let rewritten = journal::existing(&dir)
+        .unwrap()
+        .into_iter()
+        .flat_map(|(_, p)| journal::read(&p, 4096).unwrap())
+        .any(|r| matches!(r, Record::Rewritten { block: 8, .. }));
+    assert!(rewritten, "no rewritten record of block 8");
+    let crashed = t.path().join("crashed");
+    copy_dir(&dir, &crashed);
+    // A power loss that kept the record but not the data: the disk blocks
+    // still hold what they held before.
+    let lost = t.path().join("lost");
+    copy_dir(&dir, &lost);
+    v.close().unwrap();
+    drop(v);
+    let map = std::fs::read(lost.join("map")).unwrap();
+    let data = std::fs::OpenOptions::new()
+        .write(true)
+        .open(lost.join("data"))
+        .unwrap();
+    for b in 8..12usize {
+        let e = u64::from_le_bytes(map[b * 8..b * 8 + 8].try_into().unwrap());
+        assert!(e != 0);
+        std::os::unix::fs::FileExt::write_all_at(
+            &data,
+            &before[b * 4096..(b + 1) * 4096],
+            (e - 1) * 4096,
+        )
+        .unwrap();
+    }
+    drop(data);
+    let r = Volume::open(&crashed).unwrap();
+    assert!(read_all(&r) == live, "after a crash");
+    r.close().unwrap();
+    let r = Volume::open(&lost).unwrap();
+    assert!(
+        read_all(&r) == before,
+        "after a power loss that lost the data"
+    );
+    r.close().unwrap();
+}
