@@ -6,13 +6,12 @@
 //! volume replays every journal file left, in order; a torn record at the
 //! end (a crash mid-append) ends the replay of that file.
 //!
-//! Record: magic `JRN2`, kind (1 write, 2 zeros, 3 placed, 4 rewritten),
-//! first block (u64), block count (u32), CRC-32C of the data (u32),
-//! CRC-32C of the header before it (u32), then the data (writes: count ×
-//! block size; placed and rewritten: the disk block the data was written
-//! to (u64) and the CRC-32C of each of its blocks (u32 each) — a first
-//! write of a volume without dedup goes to its new disk blocks at once,
-//! and an overwrite over its own disk block, and only where it went is
+//! Record: magic `JRN2`, kind (1 write, 2 zeros, 3 placed), first block
+//! (u64), block count (u32), CRC-32C of the data (u32), CRC-32C of the
+//! header before it (u32), then the data (writes: count × block size;
+//! placed: the disk block the data was written to (u64) and the CRC-32C
+//! of each of its blocks (u32 each) — a first write of a volume without
+//! dedup goes to its new disk blocks at once, and only where it went is
 //! journaled). The
 //! checksums find a torn or unwritten tail (the kernel's own journal uses
 //! CRC-32C for the same), at a fraction of a cryptographic hash's cost on
@@ -44,34 +43,16 @@ pub enum Record {
         dbn: u64,
         crcs: Vec<u32>,
     },
-    /// Blocks from `block` were written over their own disk blocks
-    /// `dbn..` (each was mapped there), block `i` with CRC-32C `crcs[i]`:
-    /// a replay takes a block whose disk block has it, and otherwise
-    /// leaves the block as the records before this one made it.
-    Rewritten {
-        block: u64,
-        dbn: u64,
-        crcs: Vec<u32>,
-    },
 }
 
 /// The bytes of a placed record.
 pub fn placed(block: u64, dbn: u64, crcs: &[u32]) -> Vec<u8> {
-    located(3, block, dbn, crcs)
-}
-
-/// The bytes of a rewritten record.
-pub fn rewritten(block: u64, dbn: u64, crcs: &[u32]) -> Vec<u8> {
-    located(4, block, dbn, crcs)
-}
-
-fn located(kind: u8, block: u64, dbn: u64, crcs: &[u32]) -> Vec<u8> {
     let mut d = Vec::with_capacity(8 + 4 * crcs.len());
     d.extend_from_slice(&dbn.to_le_bytes());
     for c in crcs {
         d.extend_from_slice(&c.to_le_bytes());
     }
-    let mut out = header(kind, block, crcs.len() as u32, &d).to_vec();
+    let mut out = header(3, block, crcs.len() as u32, &d).to_vec();
     out.extend_from_slice(&d);
     out
 }
@@ -111,9 +92,6 @@ pub fn encode(rec: &Record, block_size: usize, out: &mut Vec<u8>) {
         Record::Write { block, data } => encode_write(*block, data, block_size, out),
         Record::Zero { block, count } => out.extend_from_slice(&header(2, *block, *count, &[])),
         Record::Placed { block, dbn, crcs } => out.extend_from_slice(&placed(*block, *dbn, crcs)),
-        Record::Rewritten { block, dbn, crcs } => {
-            out.extend_from_slice(&rewritten(*block, *dbn, crcs))
-        }
     }
 }
 
@@ -146,7 +124,7 @@ pub fn decode(mut b: &[u8], block_size: usize) -> Vec<Record> {
         let dlen = match kind {
             1 => count as usize * block_size,
             2 => 0,
-            3 | 4 if v2 => 8 + 4 * count as usize,
+            3 if v2 => 8 + 4 * count as usize,
             _ => break,
         };
         let head = if v2 { HEADER } else { HEADER_V1 };
@@ -167,16 +145,13 @@ pub fn decode(mut b: &[u8], block_size: usize) -> Vec<Record> {
                 data: data.to_vec(),
             },
             2 => Record::Zero { block, count },
-            _ => {
-                let dbn = u64::from_le_bytes(data[..8].try_into().unwrap_or_default());
-                let crcs = (0..count as usize)
+            _ => Record::Placed {
+                block,
+                dbn: u64::from_le_bytes(data[..8].try_into().unwrap_or_default()),
+                crcs: (0..count as usize)
                     .map(|i| u32_at(data, 8 + 4 * i))
-                    .collect();
-                match kind {
-                    3 => Record::Placed { block, dbn, crcs },
-                    _ => Record::Rewritten { block, dbn, crcs },
-                }
-            }
+                    .collect(),
+            },
         });
         b = &b[head + dlen..];
     }
@@ -317,11 +292,6 @@ mod tests {
                 dbn: 1 << 33,
                 crcs: vec![1, 0xdead_beef, 3],
             },
-            Record::Rewritten {
-                block: 9,
-                dbn: 77,
-                crcs: vec![0xfeed_f00d],
-            },
             Record::Write {
                 block: 0,
                 data: vec![1u8; 4096],
@@ -335,13 +305,10 @@ mod tests {
         // Cut anywhere inside the last record: the others survive.
         let last_start = b.len() - (HEADER + 4096);
         for cut in [last_start + 1, last_start + HEADER, b.len() - 1] {
-            assert_eq!(decode(&b[..cut], 4096), recs[..4].to_vec(), "cut at {cut}");
+            assert_eq!(decode(&b[..cut], 4096), recs[..3].to_vec(), "cut at {cut}");
         }
-        // A rewritten record cut inside its CRCs ends the replay there.
-        let rewritten_end = last_start;
-        assert_eq!(decode(&b[..rewritten_end - 2], 4096), recs[..3].to_vec());
-        // So does a placed one.
-        let placed_end = rewritten_end - (HEADER + 8 + 4);
+        // A placed record cut inside its CRCs ends the replay there.
+        let placed_end = last_start;
         assert_eq!(decode(&b[..placed_end - 2], 4096), recs[..2].to_vec());
         // A flipped data byte ends the replay there.
         let mut bad = b.clone();

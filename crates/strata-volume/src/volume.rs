@@ -25,7 +25,7 @@ use crate::idedup::{Fp, MetaCache};
 use crate::journal::{self, Journal, Record};
 use crate::stats::{Histogram, Latency, Persistent};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -199,9 +199,6 @@ pub(crate) struct Batch {
     /// Disk blocks of placed blocks written again within the batch: free
     /// after the next checkpoint.
     pub(crate) orphans: Vec<u64>,
-    /// Placed blocks whose disk block is their own old one (rewritten in
-    /// place): written again, they leave no orphan.
-    pub(crate) own: HashSet<u64>,
     bytes: usize,
 }
 
@@ -216,28 +213,15 @@ impl Batch {
             self.arrival.remove(&b);
             self.bytes -= BLOCK;
         }
-        self.unplace(b);
-        self.placed.insert(b, dbn);
-    }
-
-    /// Block `b` rewritten over its own disk block `dbn`.
-    fn place_own(&mut self, b: u64, dbn: u64) {
-        self.place(b, dbn);
-        self.own.insert(b);
-    }
-
-    /// Drops a placed block: a new disk block it took is free after the
-    /// next checkpoint (its own old one stays its map entry's).
-    fn unplace(&mut self, b: u64) {
-        if let Some(old) = self.placed.remove(&b) {
-            if !self.own.remove(&b) {
-                self.orphans.push(old);
-            }
+        if let Some(old) = self.placed.insert(b, dbn) {
+            self.orphans.push(old);
         }
     }
 
     fn put(&mut self, b: u64, data: Block) {
-        self.unplace(b);
+        if let Some(old) = self.placed.remove(&b) {
+            self.orphans.push(old);
+        }
         if self.blocks.insert(b, data).is_none() {
             self.bytes += BLOCK;
         }
@@ -248,7 +232,9 @@ impl Batch {
     fn zero(&mut self, s: u64, e: u64) {
         let placed: Vec<u64> = self.placed.range(s..e).map(|(&k, _)| k).collect();
         for k in placed {
-            self.unplace(k);
+            if let Some(old) = self.placed.remove(&k) {
+                self.orphans.push(old);
+            }
         }
         let gone: Vec<u64> = self.blocks.range(s..e).map(|(&k, _)| k).collect();
         for k in gone {
@@ -264,10 +250,6 @@ impl Batch {
 enum Direct {
     /// Over these disk blocks.
     Over(Vec<u64>),
-    /// Over these disk blocks, with a record (a journal since the last
-    /// checkpoint has an older record of some of the blocks: a replay must
-    /// not undo the write with it).
-    Rewrite(Vec<u64>),
     /// To new disk blocks.
     New,
 }
@@ -304,10 +286,6 @@ struct Mem {
     /// entry, and the placed write then leaves that block out.
     inflight: HashMap<u64, (u64, Block)>,
     next_token: u64,
-    /// Without dedup: the journal generation of each block's last placed
-    /// record since the last checkpoint (a replay reads such a block as
-    /// zeros if its data is not on disk: it is not rewritten in place).
-    placed_gen: HashMap<u64, u64>,
 }
 
 impl Mem {
@@ -827,7 +805,6 @@ impl Volume {
                 recent: HashMap::new(),
                 inflight: HashMap::new(),
                 next_token: 0,
-                placed_gen: HashMap::new(),
             }),
             kick: Condvar::new(),
             destaged: Condvar::new(),
@@ -880,24 +857,25 @@ impl Volume {
             let recs = journal::read(p, BLOCK).map_err(ioe(p.display().to_string()))?;
             journals.push((p, vol.keep_placed(recs)?));
         }
-        // A block rewritten in place whose data is on disk takes no part
-        // in the journals before the one with its last such record: their
-        // writes, destaged in place, would overwrite that data.
-        let mut last_rewrite: HashMap<u64, usize> = HashMap::new();
-        for (i, (_, recs)) in journals.iter().enumerate() {
+        for (p, recs) in journals {
+            let mut batch = Batch::default();
             for r in recs {
-                if let Record::Rewritten { block, crcs, .. } = r {
-                    last_rewrite.extend((0..crcs.len() as u64).map(|k| (block + k, i)));
+                match r {
+                    Record::Placed { block, dbn, crcs } => {
+                        for i in 0..crcs.len() as u64 {
+                            batch.place(block + i, dbn + i);
+                        }
+                    }
+                    Record::Write { block, data } => {
+                        let n = data.len() / BLOCK;
+                        let data = Arc::new(data);
+                        for (i, b) in Block::slices(&data, 0, n).enumerate() {
+                            batch.put(block + i as u64, b);
+                        }
+                    }
+                    Record::Zero { block, count } => batch.zero(block, block + count as u64),
                 }
             }
-        }
-        for (i, (p, recs)) in journals.into_iter().enumerate() {
-            let skip: BTreeSet<u64> = last_rewrite
-                .iter()
-                .filter(|&(_, &j)| j > i)
-                .map(|(&b, _)| b)
-                .collect();
-            let batch = replay_batch(recs, &skip);
             let freed = vol.apply(&batch)?;
             let mut d = lock(&vol.disk);
             d.pending_free.extend(freed);
@@ -918,13 +896,9 @@ impl Volume {
         let mut out = Vec::with_capacity(recs.len());
         let mut buf = vec![0u8; BLOCK];
         for r in recs {
-            let (block, dbn, crcs, first_write) = match r {
-                Record::Placed { block, dbn, crcs } => (block, dbn, crcs, true),
-                Record::Rewritten { block, dbn, crcs } => (block, dbn, crcs, false),
-                r => {
-                    out.push(r);
-                    continue;
-                }
+            let Record::Placed { block, dbn, crcs } = r else {
+                out.push(r);
+                continue;
             };
             // Block by block: one may since have been written over in
             // place (a later record of the journal has it), another not
@@ -934,18 +908,19 @@ impl Volume {
             for (i, crc) in (0u64..).zip(crcs) {
                 let got = read_full_at(&self.data, &mut buf, (dbn + i) * BLOCK as u64)
                     .map_err(ioe("data"))?;
-                let (block, dbn, crcs) = (block + i, dbn + i, vec![crc]);
                 if got == BLOCK && crc32c::crc32c(&buf) == crc {
-                    crate::destage::reserve(&mut lock(&self.space), dbn, 1);
-                    out.push(match first_write {
-                        true => Record::Placed { block, dbn, crcs },
-                        false => Record::Rewritten { block, dbn, crcs },
+                    crate::destage::reserve(&mut lock(&self.space), dbn + i, 1);
+                    out.push(Record::Placed {
+                        block: block + i,
+                        dbn: dbn + i,
+                        crcs: vec![crc],
                     });
-                } else if first_write {
-                    out.push(Record::Zero { block, count: 1 });
+                } else {
+                    out.push(Record::Zero {
+                        block: block + i,
+                        count: 1,
+                    });
                 }
-                // (A rewrite that did not reach the disk: the block stays
-                // as the records before made it.)
             }
         }
         Ok(out)
@@ -1250,12 +1225,11 @@ impl Volume {
             // no other write, destage batch or freeze comes between.
             let first = offset / bs;
             let over = match self.in_place(&m, first, data.len() / BLOCK)? {
-                Some(Direct::Over(at)) => self.direct_io_guard().map(|g| (at, g, false)),
-                Some(Direct::Rewrite(at)) => self.direct_io_guard().map(|g| (at, g, true)),
+                Some(Direct::Over(at)) => self.direct_io_guard().map(|g| (at, g)),
                 Some(Direct::New) => return self.write_placed(m, first, data, fua, t),
                 None => None,
             };
-            let Some((at, writing, record)) = over else {
+            let Some((at, writing)) = over else {
                 let head = Some(journal::write_header(first, &data, BLOCK));
                 return self.write_journaled(m, head, offset, data, fua, t);
             };
@@ -1268,27 +1242,13 @@ impl Volume {
             let n = data.len() / BLOCK;
             let (token, data) = Self::put_inflight(&mut m, first, data);
             drop(m);
-            let crcs: Vec<u32> = match record {
-                true => data.chunks(BLOCK).map(crc32c::crc32c).collect(),
-                false => Vec::new(),
-            };
             let wrote = self.write_in_place(&at, &data);
             drop(writing);
-            let mut m = lock(&self.mem);
-            let mine = Self::take_inflight(&mut m, first, n, token);
+            Self::take_inflight(&mut lock(&self.mem), first, n, token);
             wrote?;
-            let journal = match record {
-                true => Some(self.record_rewrite(m, first, &at, &mine, &crcs, fua)?),
-                false => {
-                    drop(m);
-                    self.direct_blocks.fetch_add(n as u64, Ordering::Relaxed);
-                    None
-                }
-            };
-            let r = match (fua, journal) {
-                (true, Some(Some(j))) => self.sync_data_file().and_then(|_| j.sync_data()),
-                (true, _) => self.sync_data_file(),
-                (false, _) => Ok(()),
+            let r = match fua {
+                true => self.sync_data_file(),
+                false => Ok(()),
             };
             self.live.write_latency.record(t.elapsed());
             return r;
@@ -1345,60 +1305,20 @@ impl Volume {
             return Ok(None);
         }
         let bs = first..first + n as u64;
-        if bs.clone().any(|b| !matches!(Self::src(m, b), Src::Disk)) {
+        if bs
+            .clone()
+            .any(|b| m.recent.contains_key(&b) || !matches!(Self::src(m, b), Src::Disk))
+        {
             return Ok(None);
         }
-        let recent = bs.clone().any(|b| m.recent.contains_key(&b));
         let map = read_u64s(&self.map, first, n)?;
-        if !recent && map.iter().all(|&e| e == 0) {
+        if map.iter().all(|&e| e == 0) {
             return Ok(Some(Direct::New));
         }
         if map.contains(&0) {
             return Ok(None);
         }
-        let at = map.into_iter().map(|e| e - 1).collect();
-        if !recent {
-            return Ok(Some(Direct::Over(at)));
-        }
-        // A block a placed record names reads as zeros if a replay finds
-        // other data on its disk block: not rewritten before the checkpoint.
-        if bs.clone().any(|b| m.placed_gen.contains_key(&b)) {
-            return Ok(None);
-        }
-        Ok(Some(Direct::Rewrite(at)))
-    }
-
-    /// Journals a rewrite (`Direct::Rewrite`) of the blocks still its own,
-    /// written over disk blocks `at`, and buffers them as placed there;
-    /// with `fua`, returns the journal to sync.
-    fn record_rewrite(
-        &self,
-        mut m: MutexGuard<'_, Mem>,
-        first: u64,
-        at: &[u64],
-        mine: &[bool],
-        crcs: &[u32],
-        fua: bool,
-    ) -> io::Result<Option<File>> {
-        if let Some(f) = &m.failed {
-            return Err(io::Error::other(format!("the volume stopped: {f}")));
-        }
-        if m.stop {
-            return Err(io::Error::other("the volume is closing"));
-        }
-        let enc = located_records(first, at, mine, crcs, journal::rewritten);
-        if !enc.is_empty() {
-            m.journal.append(&enc)?;
-        }
-        let g = m.journal.generation;
-        for (i, &dbn) in at.iter().enumerate().filter(|&(i, _)| mine[i]) {
-            m.buf.place_own(first + i as u64, dbn);
-            m.recent.insert(first + i as u64, g);
-        }
-        match fua {
-            true => m.journal.file().try_clone().map(Some),
-            false => Ok(None),
-        }
+        Ok(Some(Direct::Over(map.into_iter().map(|e| e - 1).collect())))
     }
 
     /// Puts a direct write's blocks in `inflight` under a new token.
@@ -1456,8 +1376,16 @@ impl Volume {
             }
             // One record per run of blocks still this write's, appended
             // together (a failed append is cut whole).
-            let dbns: Vec<u64> = (at..at + n as u64).collect();
-            let enc = located_records(first, &dbns, &mine, &crcs, journal::placed);
+            let mut enc = Vec::new();
+            let mut i = 0;
+            while i < n {
+                let j = (i..n).find(|&j| mine[j] != mine[i]).unwrap_or(n);
+                if mine[i] {
+                    let r = journal::placed(first + i as u64, at + i as u64, &crcs[i..j]);
+                    enc.extend_from_slice(&r);
+                }
+                i = j;
+            }
             match enc.is_empty() {
                 true => Ok(()),
                 false => m.journal.append(&enc),
@@ -1477,7 +1405,6 @@ impl Volume {
                 true => {
                     m.buf.place(first + i, at + i);
                     m.recent.insert(first + i, g);
-                    m.placed_gen.insert(first + i, g);
                 }
                 false => orphans.push(at + i),
             }
@@ -1513,6 +1440,8 @@ impl Volume {
                 .write_all_at(&data[i * BLOCK..j * BLOCK], at[i] * BLOCK as u64)?;
             i = j;
         }
+        self.direct_blocks
+            .fetch_add(at.len() as u64, Ordering::Relaxed);
         self.data_dirty.store(true, Ordering::SeqCst);
         Ok(())
     }
@@ -1728,9 +1657,7 @@ impl Volume {
         d.placed_since.retain(|_, g| *g > covered);
         drop(d);
         // Their blocks may be written in place from now on.
-        let mut m = lock(&self.mem);
-        m.recent.retain(|_, g| *g > covered);
-        m.placed_gen.retain(|_, g| *g > covered);
+        lock(&self.mem).recent.retain(|_, g| *g > covered);
         Ok(())
     }
 
@@ -1882,16 +1809,8 @@ impl Volume {
                     // Free for reuse after the checkpoint that deletes
                     // this batch's journal.
                     d.pending_free.extend(freed);
-                    // (Not blocks rewritten over their own disk block: a
-                    // replay that finds other data there drops the record,
-                    // it does not zero the block.)
-                    d.placed_since.extend(
-                        batch
-                            .placed
-                            .keys()
-                            .filter(|b| !batch.own.contains(b))
-                            .map(|&b| (b, generation)),
-                    );
+                    d.placed_since
+                        .extend(batch.placed.keys().map(|&b| (b, generation)));
                     d.uncommitted_bytes += fs::metadata(&old_path).map(|m| m.len()).unwrap_or(0);
                     d.uncommitted.push(old_path.clone());
                     d.uncommitted_generation = generation;
@@ -1936,77 +1855,6 @@ impl Volume {
 }
 
 /// Reference counts recounted from the map (after an unclean stop).
-/// The batch a journal's records (checked by `Volume::keep_placed`) make
-/// on replay, leaving out blocks in `skip`.
-fn replay_batch(recs: Vec<Record>, skip: &BTreeSet<u64>) -> Batch {
-    let mut batch = Batch::default();
-    for r in recs {
-        match r {
-            Record::Placed { block, dbn, crcs } => {
-                for i in (0..crcs.len() as u64).filter(|i| !skip.contains(&(block + i))) {
-                    batch.place(block + i, dbn + i);
-                }
-            }
-            Record::Rewritten { block, dbn, crcs } => {
-                for i in (0..crcs.len() as u64).filter(|i| !skip.contains(&(block + i))) {
-                    batch.place_own(block + i, dbn + i);
-                }
-            }
-            Record::Write { block, data } => {
-                let n = data.len() / BLOCK;
-                let data = Arc::new(data);
-                for (i, b) in Block::slices(&data, 0, n).enumerate() {
-                    if !skip.contains(&(block + i as u64)) {
-                        batch.put(block + i as u64, b);
-                    }
-                }
-            }
-            Record::Zero { block, count } => {
-                // The range, split around the blocks left out.
-                let end = block + count as u64;
-                let mut from = block;
-                for &b in skip.range(block..end) {
-                    if b > from {
-                        batch.zero(from, b);
-                    }
-                    from = b + 1;
-                }
-                if end > from {
-                    batch.zero(from, end);
-                }
-            }
-        }
-    }
-    batch
-}
-
-/// Journal records (made by `make`: placed or rewritten) of a direct
-/// write's blocks still its own (`mine`), written to disk blocks `at`:
-/// one per run of neighbouring blocks on neighbouring disk blocks.
-fn located_records(
-    first: u64,
-    at: &[u64],
-    mine: &[bool],
-    crcs: &[u32],
-    make: fn(u64, u64, &[u32]) -> Vec<u8>,
-) -> Vec<u8> {
-    let mut enc = Vec::new();
-    let mut i = 0;
-    while i < at.len() {
-        if !mine[i] {
-            i += 1;
-            continue;
-        }
-        let mut j = i + 1;
-        while j < at.len() && mine[j] && at[j] == at[j - 1] + 1 {
-            j += 1;
-        }
-        enc.extend_from_slice(&make(first + i as u64, at[i], &crcs[i..j]));
-        i = j;
-    }
-    enc
-}
-
 fn rebuild_refs(map: &File, refs: &File, nblocks: u64, end: u64) -> Result<()> {
     let mut counts = vec![0u32; end as usize];
     let step = 1 << 16;
