@@ -280,16 +280,16 @@ struct Mem {
     /// written since the last checkpoint (such a block is not written in
     /// place at once: a replay of the older record would undo it).
     recent: HashMap<u64, u64>,
-    /// Placed writes being written to their new disk blocks outside this
-    /// lock (block → the write's token, its data): reads find them here
-    /// until the write records them. A later write of a block drops its
-    /// entry, and the placed write then leaves that block out.
+    /// Direct writes (placed, or in place) writing the data file outside
+    /// this lock (block → the write's token, its data): reads find them
+    /// here until the write is done. A later write of a block drops its
+    /// entry, and a placed write then leaves that block out of its record.
     inflight: HashMap<u64, (u64, Block)>,
     next_token: u64,
 }
 
 impl Mem {
-    /// A write of blocks `s..e` replaces any placed write still in
+    /// A write of blocks `s..e` replaces any direct write still in
     /// flight there.
     fn supersede(&mut self, s: u64, e: u64) {
         if !self.inflight.is_empty() {
