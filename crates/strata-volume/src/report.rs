@@ -47,6 +47,9 @@ pub struct VolumeReport {
     /// Disk blocks referenced now, and the data file's blocks (in use + free).
     pub physical_blocks_in_use: u64,
     pub data_file_blocks: u64,
+    /// Bytes the data file takes on the host's disk (freed blocks are
+    /// holes: the volume is thin).
+    pub data_file_allocated_bytes: u64,
     /// Duplicate sequence lengths deduplicated: [length, count] (last ≥ 64).
     pub sequence_lengths: Vec<(usize, u64)>,
     /// Reads by physical runs touched: [runs, cumulative fraction].
@@ -94,9 +97,12 @@ pub fn report(dir: &Path, name: &str) -> Result<VolumeReport, VolumeError> {
         .chunks_exact(4)
         .filter(|r| u32::from_le_bytes([r[0], r[1], r[2], r[3]]) != 0)
         .count() as u64;
-    let data_len = std::fs::metadata(dir.join("data"))
-        .map(|m| m.len())
-        .unwrap_or(0);
+    let (data_len, allocated) = std::fs::metadata(dir.join("data"))
+        .map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            (m.len(), m.blocks() * 512)
+        })
+        .unwrap_or((0, 0));
     let cdf = live.fragmentation.cdf();
     let fragmentation_cdf = if live.fragmentation.total() == 0 {
         Vec::new()
@@ -129,6 +135,7 @@ pub fn report(dir: &Path, name: &str) -> Result<VolumeReport, VolumeError> {
         duplicates_below_threshold: c.duplicates_below_threshold,
         physical_blocks_in_use: in_use,
         data_file_blocks: data_len / BLOCK as u64,
+        data_file_allocated_bytes: allocated,
         sequence_lengths: c
             .sequence_lengths
             .counts

@@ -738,6 +738,7 @@ fn trimmed_blocks_free_space_on_the_host() {
             after <= before - 40 * 4096,
             "dedup {dedup}: {before} bytes allocated before the trim, {after} after"
         );
+        assert_eq!(report(&dir, "v").unwrap().data_file_allocated_bytes, after);
         let mut b = vec![1u8; 48 * 4096];
         v.read_at(0, &mut b).unwrap();
         assert!(b[..40 * 4096].iter().all(|&x| x == 0) && b[40 * 4096..] == a[40 * 4096..]);

@@ -374,8 +374,10 @@ fn stats_text(r: &strata_volume::report::VolumeReport) -> String {
         r.duplicates_below_threshold
     );
     t += &format!(
-        "disk blocks in use {} of {} in the data file\n",
-        r.physical_blocks_in_use, r.data_file_blocks
+        "disk blocks in use {} of {} in the data file ({} on the host's disk)\n",
+        r.physical_blocks_in_use,
+        r.data_file_blocks,
+        fmt_bytes(r.data_file_allocated_bytes)
     );
     if let Some(h) = r.cache_hit_rate {
         t += &format!(
