@@ -1414,8 +1414,14 @@ fn kill_9_during_backup() {
         assert_eq!(record_new(&repo, &mut expected, &state), 1);
     }
     let v = repo.assert_clean("after killed backups");
+    // What a kill leaves by design: containers written but not yet
+    // indexed, and an index object whose summary (written after it) is
+    // missing — read whole instead.
     for w in v["warnings"].as_array().unwrap() {
-        assert!(s(w).contains("not in the index"), "unexpected warning {w}");
+        assert!(
+            s(w).contains("not in the index") || s(w).contains("summary missing"),
+            "unexpected warning {w}"
+        );
     }
     assert!(expected.len() >= 8);
     verify_all(&repo, &src, &expected, "backup");
