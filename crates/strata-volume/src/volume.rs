@@ -1430,15 +1430,9 @@ impl Volume {
     /// Writes `data` over disk blocks `at` (one write per run of
     /// neighbours); FUA or the next FLUSH syncs them.
     fn write_in_place(&self, at: &[u64], data: &[u8]) -> io::Result<()> {
-        let mut i = 0;
-        while i < at.len() {
-            let mut j = i + 1;
-            while j < at.len() && at[j] == at[j - 1] + 1 {
-                j += 1;
-            }
+        for (i, j) in neighbour_runs(at) {
             self.data
                 .write_all_at(&data[i * BLOCK..j * BLOCK], at[i] * BLOCK as u64)?;
-            i = j;
         }
         self.direct_blocks
             .fetch_add(at.len() as u64, Ordering::Relaxed);
@@ -1865,12 +1859,7 @@ fn punch_holes(data: &File, freed: &[u64]) {
     use std::os::fd::AsRawFd;
     let mut dbns = freed.to_vec();
     dbns.sort_unstable();
-    let mut i = 0;
-    while i < dbns.len() {
-        let mut j = i + 1;
-        while j < dbns.len() && dbns[j] == dbns[j - 1] + 1 {
-            j += 1;
-        }
+    for (i, j) in neighbour_runs(&dbns) {
         let (off, len) = (dbns[i] * BLOCK as u64, (j - i) as u64 * BLOCK as u64);
         // SAFETY: fallocate on an open descriptor with plain integers.
         let r = unsafe {
@@ -1886,8 +1875,24 @@ fn punch_holes(data: &File, freed: &[u64]) {
             tracing::debug!("punching a hole: {}", io::Error::last_os_error());
             return;
         }
-        i = j;
     }
+}
+
+/// The index ranges `i..j` of `v` whose values are consecutive numbers
+/// (disk blocks side by side: one I/O each).
+fn neighbour_runs(v: &[u64]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        if i >= v.len() {
+            return None;
+        }
+        let s = i;
+        i += 1;
+        while i < v.len() && v[i] == v[i - 1] + 1 {
+            i += 1;
+        }
+        Some((s, i))
+    })
 }
 
 /// Reference counts recounted from the map (after an unclean stop).
