@@ -6,6 +6,7 @@
 //!   reference counts, free space; [`destage`] runs iDedup on each batch.
 //! * [`idedup`] — the dedup-metadata cache and the sequence algorithm.
 //! * [`journal`] — the write-ahead journal's records.
+//! * `readahead` — reading ahead in the volume's block order.
 //! * [`stats`], [`report`] — latency, fragmentation and dedup figures.
 
 pub mod control;
@@ -13,6 +14,7 @@ pub mod destage;
 pub mod idedup;
 pub mod journal;
 pub mod nbd;
+mod readahead;
 pub mod report;
 pub mod stats;
 pub mod volume;

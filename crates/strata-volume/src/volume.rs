@@ -23,6 +23,7 @@
 
 use crate::idedup::{Fp, MetaCache};
 use crate::journal::{self, Journal, Record};
+use crate::readahead::{will_need, Readahead};
 use crate::stats::{Histogram, Latency, Persistent};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -382,6 +383,8 @@ pub struct Volume {
     pub cfg: VolumeConfig,
     pub(crate) map: File,
     pub(crate) data: File,
+    /// Reads ahead along the volume's streams of reads.
+    readahead: Readahead,
     mem: Mutex<Mem>,
     /// Wakes the destage thread.
     kick: Condvar,
@@ -789,10 +792,12 @@ impl Volume {
         if counters.sequence_lengths.counts.is_empty() {
             counters.sequence_lengths = Histogram::with_buckets(65);
         }
+        let readahead = Readahead::new(&map, &data, nblocks);
         let vol = Arc::new(Volume {
             dir: dir.to_path_buf(),
             map,
             data,
+            readahead,
             mem: Mutex::new(Mem {
                 buf: Batch::default(),
                 destaging: None,
@@ -1028,42 +1033,59 @@ impl Volume {
             }
         }
         let on_disk = |s: &Src| matches!(s, Src::Disk | Src::At(_));
-        let mut runs = 0;
+        // The disk runs (first index, end, DBN) in the order read.
+        let mut disk_runs = Vec::new();
         let mut i = 0;
         while i < n {
-            match &srcs[i] {
-                Src::Mem(d) => out[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(d),
+            if on_disk(&srcs[i]) && map[i] != 0 {
+                let mut j = i + 1;
+                while j < n && on_disk(&srcs[j]) && map[j] == map[j - 1] + 1 {
+                    j += 1;
+                }
+                disk_runs.push((i, j, map[i] - 1));
+                i = j;
+            } else {
+                i += 1;
+            }
+        }
+        // Runs after the first are asked for before the first is read:
+        // the disk reads them side by side.
+        if disk_runs.len() > 1 {
+            for &(i, j, dbn) in &disk_runs[1..] {
+                will_need(&self.data, dbn, (j - i) as u64);
+            }
+        }
+        for (i, src) in srcs.iter().enumerate() {
+            let dst = &mut out[i * BLOCK..(i + 1) * BLOCK];
+            match src {
+                Src::Mem(d) => dst.copy_from_slice(d),
                 Src::Zero => {
-                    out[i * BLOCK..(i + 1) * BLOCK].fill(0);
+                    dst.fill(0);
                     zero[i] = true;
                 }
                 Src::Disk if map[i] == 0 => {
-                    out[i * BLOCK..(i + 1) * BLOCK].fill(0);
+                    dst.fill(0);
                     zero[i] = true;
                 }
-                Src::Disk | Src::At(_) => {
-                    // One read per physical run.
-                    let mut j = i + 1;
-                    while j < n && on_disk(&srcs[j]) && map[j] == map[j - 1] + 1 {
-                        j += 1;
-                    }
-                    let dbn = map[i] - 1;
-                    let dst = &mut out[i * BLOCK..j * BLOCK];
-                    let got = read_full_at(&self.data, dst, dbn * BLOCK as u64)?;
-                    if got < dst.len() {
-                        return Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            format!("data is shorter than block {}", dbn + (j - i) as u64),
-                        ));
-                    }
-                    runs += 1;
-                    i = j;
-                    continue;
-                }
+                Src::Disk | Src::At(_) => {}
             }
-            i += 1;
         }
-        Ok((zero, runs))
+        // One read per disk run.
+        for &(i, j, dbn) in &disk_runs {
+            let dst = &mut out[i * BLOCK..j * BLOCK];
+            let off = dbn
+                .checked_mul(BLOCK as u64)
+                .ok_or_else(|| io::Error::other("the map names a block past any disk"))?;
+            let got = read_full_at(&self.data, dst, off)?;
+            if got < dst.len() {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("data is shorter than block {}", dbn + (j - i) as u64),
+                ));
+            }
+        }
+        self.readahead.on_read(first, n as u64);
+        Ok((zero, disk_runs.len()))
     }
 
     fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -1694,6 +1716,7 @@ impl Volume {
             return Ok(());
         }
         self.sync_all()?;
+        self.readahead.stop();
         lock(&self.mem).stop = true;
         self.kick.notify_all();
         // Writes in place under way reach the file before it is marked
