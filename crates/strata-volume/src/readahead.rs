@@ -172,7 +172,7 @@ impl Readahead {
 
 /// Asks for the disk blocks of logical blocks `from..from+count`, one
 /// hint per run of neighbouring disk blocks.
-fn prefetch(map: &File, data: &File, from: u64, count: u64) {
+pub(crate) fn prefetch(map: &File, data: &File, from: u64, count: u64) {
     let Ok(dbns) = crate::volume::read_u64s(map, from, count as usize) else {
         return;
     };

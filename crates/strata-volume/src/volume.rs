@@ -23,7 +23,7 @@
 
 use crate::idedup::{Fp, MetaCache};
 use crate::journal::{self, Journal, Record};
-use crate::readahead::{will_need, Readahead};
+use crate::readahead::{prefetch, will_need, Readahead};
 use crate::stats::{Histogram, Latency, Persistent};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -643,7 +643,17 @@ impl ImageSource {
             ImageSource::Frozen {
                 conn, map, data, ..
             } => {
-                read_frozen(map, data, at / BLOCK as u64, buf)?;
+                // The image is read from start to end: the disk blocks of
+                // the next read are asked for before this one is read (and
+                // at the start, this one's: its runs are read side by side).
+                let first = at / BLOCK as u64;
+                let nb = (n / BLOCK) as u64;
+                if at == 0 {
+                    prefetch(map, data, first, nb);
+                }
+                let left = (size.saturating_sub(at + n as u64) as usize).min(IMAGE_READ);
+                prefetch(map, data, first + nb, (left / BLOCK) as u64);
+                read_frozen(map, data, first, buf)?;
                 if let Some(c) = conn {
                     crate::control::still_frozen(c)?;
                 }
