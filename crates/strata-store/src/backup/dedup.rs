@@ -86,6 +86,9 @@ pub(crate) struct PendingChunk {
 
 /// [`PendingChunk::block`] of bytes held in the segment's own data.
 const OWN: u32 = u32::MAX;
+/// [`PendingChunk::block`] of a chunk without bytes: the previous
+/// version's, whose location is known (a patch's unchanged segment).
+const KNOWN: u32 = u32::MAX - 1;
 
 /// A segment ready to be looked up and stored: its chunks, their bytes
 /// (copied into `data`, or shared with the blocks a large file was read
@@ -111,6 +114,18 @@ impl SegmentJob {
         if !zero {
             self.data.extend_from_slice(chunk);
         }
+    }
+
+    /// Adds a chunk of the previous version without its bytes: only for a
+    /// chunk whose location goes with it (or a zero one).
+    pub fn push_known(&mut self, fp: Fingerprint, zero: bool, len: u32) {
+        self.chunks.push(PendingChunk {
+            fp,
+            block: KNOWN,
+            start: 0,
+            len,
+            zero,
+        });
     }
 
     /// Adds a chunk whose bytes stay in `block` at `start`.
@@ -404,6 +419,11 @@ impl<'a> Ctx<'a> {
             }
             let loc = match found.next().flatten() {
                 Some(l) => l,
+                None if c.block == KNOWN => {
+                    return Err(StoreError::Invalid(
+                        "a chunk taken from the previous version has no location".into(),
+                    ))
+                }
                 None => {
                     let loc = writer.next_loc(c.len as usize)?;
                     match self.strategy.claim(&c.fp, loc) {
@@ -571,6 +591,9 @@ impl<'a> Ctx<'a> {
                     Err(m) => Outcome::Failed(format!("{}: {m}", expect.path_str())),
                 })
             }
+            Source::Patch(_) => Err(StoreError::Invalid(
+                "a patched image is read as a large file".into(),
+            )),
             Source::Path(p) => {
                 let mut f = match open_source(p) {
                     Ok(f) => f,

@@ -17,6 +17,7 @@ pub(crate) mod commit;
 pub(crate) mod dedup;
 mod flow;
 mod parent;
+pub mod patch;
 mod pipeline;
 mod walk;
 mod writer;
@@ -63,6 +64,9 @@ pub struct BackupOptions {
     /// Paths to back up (made absolute by the caller or here).
     pub paths: Vec<PathBuf>,
     pub stdin: Option<StdinSource>,
+    /// An image of which only the changed segments are read (needs the
+    /// fixed chunker; not with `stdin` or `import`).
+    pub image: Option<patch::ImagePatch>,
     pub series: Option<String>,
     pub tags: Vec<String>,
     pub force_read: bool,
@@ -98,6 +102,7 @@ impl Default for BackupOptions {
             import: None,
             paths: vec![],
             stdin: None,
+            image: None,
             series: None,
             tags: vec![],
             force_read: false,
@@ -211,12 +216,42 @@ fn load_parent<'a>(
 /// The entries of a stream (`--stdin`) backed up as one file named
 /// `name`: its parent directories and the file.
 fn stdin_entries(s: StdinSource, progress: &Progress) -> Result<Vec<(Node, Option<Source>)>> {
+    let source = Source::Stream(Mutex::new(Some(s.reader)));
+    stream_entries(&s.name, source, progress)
+}
+
+/// The entries of a patched image; what it says changed counts only if
+/// the series' newest version (`parent`) is the one it counts from.
+fn image_entries(
+    p: patch::ImagePatch,
+    parent: Option<&str>,
+    progress: &Progress,
+) -> Result<Vec<(Node, Option<Source>)>> {
+    let changed = p
+        .changed
+        .filter(|_| p.base.is_some() && p.base.as_deref() == parent);
+    let source = Source::Patch(Mutex::new(Some(patch::PatchSource {
+        source: p.source,
+        size: p.size,
+        changed,
+        clean: Default::default(),
+        at: 0,
+    })));
+    stream_entries(&p.name, source, progress)
+}
+
+/// A file named `name` read from `source`, and its parent directories.
+fn stream_entries(
+    name: &str,
+    source: Source,
+    progress: &Progress,
+) -> Result<Vec<(Node, Option<Source>)>> {
     let now = now_ns();
-    let name = s.name.trim_start_matches('/').as_bytes().to_vec();
+    let shown = name;
+    let name = name.trim_start_matches('/').as_bytes().to_vec();
     if crate::restore::safe_rel(&name).is_err() {
         return Err(StoreError::Invalid(format!(
-            "--stdin-name {:?} must be a relative path without empty, `.` or `..` components",
-            s.name
+            "--stdin-name {shown:?} must be a relative path without empty, `.` or `..` components"
         )));
     }
     // SAFETY: getuid/getgid cannot fail.
@@ -234,7 +269,6 @@ fn stdin_entries(s: StdinSource, progress: &Progress) -> Result<Vec<(Node, Optio
     for (i, _) in name.iter().enumerate().filter(|(_, &b)| b == b'/') {
         out.push((synthetic(name[..i].to_vec(), NodeKind::Dir, 0o40755), None));
     }
-    let source = Source::Stream(Mutex::new(Some(s.reader)));
     out.push((synthetic(name, NodeKind::File, 0o100644), Some(source)));
     progress.files_total.fetch_add(1, Ordering::Relaxed);
     Ok(out)
@@ -295,7 +329,17 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
             missing.join(", ")
         )));
     }
-    if paths.is_empty() && opts.stdin.is_none() && opts.import.is_none() {
+    if opts.image.is_some() && (opts.stdin.is_some() || opts.import.is_some()) {
+        return Err(StoreError::Invalid(
+            "an image is backed up without --stdin or an import".into(),
+        ));
+    }
+    if opts.image.is_some() && chunker != ChunkerParams::fixed() {
+        return Err(StoreError::Invalid(
+            "an image of which only changes are read needs the fixed chunker".into(),
+        ));
+    }
+    if paths.is_empty() && opts.stdin.is_none() && opts.import.is_none() && opts.image.is_none() {
         return Err(StoreError::Invalid(
             "nothing to back up: give paths or --stdin".into(),
         ));
@@ -308,10 +352,11 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
     }
     let excludes =
         Excludes::new(&opts.excludes, &opts.exclude_paths)?.if_present(&opts.exclude_if_present)?;
-    let series = opts
-        .series
-        .clone()
-        .unwrap_or_else(|| default_series(&paths, opts.stdin.as_ref().map(|s| s.name.as_str())));
+    let series = opts.series.clone().unwrap_or_else(|| {
+        let name = (opts.stdin.as_ref().map(|s| s.name.as_str()))
+            .or(opts.image.as_ref().map(|i| i.name.as_str()));
+        default_series(&paths, name)
+    });
 
     // Index and parent, then the walk, with everything after it.
     let threads = opts.threads.clamp(1, 256);
@@ -333,6 +378,9 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         .take()
         .map(|s| stdin_entries(s, &progress))
         .transpose()?;
+    if let Some(image) = opts.image.take() {
+        stdin = Some(image_entries(image, parent_id.as_deref(), &progress)?);
+    }
     let import = opts.import.take().map(|i| {
         let (time, host, paths) = (i.time_ns, i.host, i.paths);
         stdin = Some(import_entries(i.entries, &progress));

@@ -13,12 +13,14 @@
 //! whole file's chunks (1 in 64, by fingerprint) finds the place again
 //! after an insertion or deletion larger than the window.
 
+use super::dedup::SegmentJob;
+use super::patch::{CleanSegment, PATCH_SEGMENT};
 use crate::error::Result;
 use crate::index::{ChunkLoc, ContainerTable, IndexStrategy, RepoIndex};
 use crate::recipe;
 use crate::repo::Repository;
 use std::cmp::Ordering;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use strata_core::format::{
     path_cmp, ChunkRef, ContainerId, Node, NodeKind, PartRef, RecipeObject, SegmentRef,
@@ -308,6 +310,46 @@ fn loc_of(containers: &[Option<u32>], c: &ChunkRef) -> Option<ChunkLoc> {
 }
 
 impl PrevNode {
+    /// The segments of a patched image's previous version that the patch
+    /// says did not change (see [`super::patch`]): those lying at the
+    /// offset and with the length segment *k* of an image of `size` bytes
+    /// has, every chunk of them found. None if the size differs.
+    pub fn clean_segments(&self, size: u64, changed: &[bool]) -> BTreeMap<u64, CleanSegment> {
+        let mut out = BTreeMap::new();
+        if self.node.size != size {
+            return out;
+        }
+        let mut offset = 0u64;
+        for s in &self.node.segments {
+            let len: u64 = s.chunks.iter().map(|c| c.len as u64).sum();
+            let k = offset / PATCH_SEGMENT;
+            let in_place = offset.is_multiple_of(PATCH_SEGMENT)
+                && len == PATCH_SEGMENT.min(size.saturating_sub(offset));
+            if in_place && changed.get(k as usize) == Some(&false) {
+                if let Some(seg) = self.known_segment(s) {
+                    out.insert(k, seg);
+                }
+            }
+            offset += len;
+        }
+        out
+    }
+
+    /// A segment's chunks with their locations, if every one is found.
+    fn known_segment(&self, s: &SegmentRef) -> Option<CleanSegment> {
+        let mut job = SegmentJob::default();
+        let mut found = Vec::with_capacity(s.chunks.len());
+        for c in &s.chunks {
+            if c.is_zero() {
+                job.push_known(Fingerprint::ZERO, true, c.len);
+            } else {
+                found.push(Some(loc_of(&self.containers, c)?));
+                job.push_known(c.fp, false, c.len);
+            }
+        }
+        Some((job, found))
+    }
+
     /// The previous version of a changed file, for chunk lookups while it
     /// is read again.
     pub fn file(self) -> Option<ParentFile> {

@@ -25,6 +25,7 @@ use super::dedup::{
 };
 use super::flow::{Feeder, Flow, FlowLimits, TreeCounts, Unit};
 use super::parent::ParentFile;
+use super::patch::{CleanSegment, PatchSource};
 use super::walk::{Job, Source};
 use crate::container::{ContainerSink, ContainerWriter, SinkResult};
 use crate::error::{Result, StoreError};
@@ -317,23 +318,42 @@ fn puller<'s>(s: &ScopeFifo<'s>, sh: &'s Shared<'s>) {
 
 fn is_large(job: &Job, large: u64) -> bool {
     match job.source {
-        Source::Stream(_) => true,
+        Source::Stream(_) | Source::Patch(_) => true,
         Source::Path(_) => job.node.size >= large,
     }
 }
 
 /// A run of chunks read from a large file, in file order. Its segments
 /// share its bytes until they are stored.
-struct Block {
+pub(crate) struct Block {
     idx: u64,
     /// File offset of its first chunk.
     offset: u64,
-    data: Arc<Vec<u8>>,
+    /// Bytes of the file it covers.
+    pub span: u64,
+    pub data: Arc<Vec<u8>>,
     /// (start in `data`, length) of each chunk.
-    chunks: Vec<(usize, u32)>,
+    pub chunks: Vec<(usize, u32)>,
     hashed: Vec<(Fingerprint, bool)>,
+    /// A whole segment taken from the previous version unread (a patch).
+    pub known: Option<CleanSegment>,
     /// Set on the last block: end of file, or the read error that ended it.
-    end: Option<std::result::Result<(), String>>,
+    pub end: Option<std::result::Result<(), String>>,
+}
+
+impl Block {
+    pub(crate) fn empty(idx: u64, offset: u64) -> Block {
+        Block {
+            idx,
+            offset,
+            span: 0,
+            data: Arc::default(),
+            chunks: Vec::new(),
+            hashed: Vec::new(),
+            known: None,
+            end: None,
+        }
+    }
 }
 
 type ChunkSource<'s> = ChunkStream<TimedRead<Box<dyn Read + Send + 's>>>;
@@ -346,52 +366,64 @@ fn block_size(ctx: &Ctx<'_>) -> usize {
 
 /// The serial part of reading a large file.
 struct Reader<'s> {
-    stream: ChunkSource<'s>,
+    input: Input<'s>,
     next: u64,
 }
 
+/// What a large file is read from.
+enum Input<'s> {
+    /// From start to end, cut by the chunker.
+    Stream(ChunkSource<'s>),
+    /// Only its changed segments ([`super::patch`]).
+    Patch(PatchSource),
+}
+
 impl Reader<'_> {
-    /// Reads and chunks up to [`BLOCK`] bytes.
+    /// The next block: up to [`BLOCK`] bytes read and chunked, or a
+    /// patch's unchanged segment.
     fn next_block(&mut self, ctx: &Ctx<'_>) -> Block {
-        let mut data = Vec::with_capacity(block_size(ctx) + ctx.chunker.max_chunk() as usize);
-        let mut b = Block {
-            idx: self.next,
-            offset: self.stream.position(),
-            data: Arc::default(),
-            chunks: Vec::new(),
-            hashed: Vec::new(),
-            end: None,
-        };
+        let idx = self.next;
         self.next += 1;
-        let started = Instant::now();
-        let read_before = self.stream.reader().ns;
-        while data.len() < block_size(ctx) {
-            match self.stream.next_chunk() {
-                Err(e) => {
-                    b.end = Some(Err(format!("read error: {e}")));
-                    break;
-                }
-                Ok(None) => {
-                    b.end = Some(Ok(()));
-                    break;
-                }
-                Ok(Some((_, c))) => {
-                    b.chunks.push((data.len(), c.len() as u32));
-                    data.extend_from_slice(c);
-                }
+        match &mut self.input {
+            Input::Stream(stream) => stream_block(stream, ctx, idx),
+            Input::Patch(p) => p.next_block(ctx, idx, block_size(ctx)),
+        }
+    }
+}
+
+/// Reads and chunks up to [`BLOCK`] bytes of a stream.
+fn stream_block(stream: &mut ChunkSource<'_>, ctx: &Ctx<'_>, idx: u64) -> Block {
+    let mut data = Vec::with_capacity(block_size(ctx) + ctx.chunker.max_chunk() as usize);
+    let mut b = Block::empty(idx, stream.position());
+    let started = Instant::now();
+    let read_before = stream.reader().ns;
+    while data.len() < block_size(ctx) {
+        match stream.next_chunk() {
+            Err(e) => {
+                b.end = Some(Err(format!("read error: {e}")));
+                break;
+            }
+            Ok(None) => {
+                b.end = Some(Ok(()));
+                break;
+            }
+            Ok(Some((_, c))) => {
+                b.chunks.push((data.len(), c.len() as u32));
+                data.extend_from_slice(c);
             }
         }
-        // Chunking is the time not spent in `read`.
-        let read_ns = self.stream.reader().ns - read_before;
-        let t = started + std::time::Duration::from_nanos(read_ns);
-        ctx.stages
-            .add(Stage::Chunk, t.min(Instant::now()), data.len() as u64);
-        let n = data.len() as u64;
-        ctx.progress.bytes_done.fetch_add(n, Ordering::Relaxed);
-        ctx.read_bytes.fetch_add(n, Ordering::Relaxed);
-        b.data = Arc::new(data);
-        b
     }
+    // Chunking is the time not spent in `read`.
+    let read_ns = stream.reader().ns - read_before;
+    let t = started + std::time::Duration::from_nanos(read_ns);
+    ctx.stages
+        .add(Stage::Chunk, t.min(Instant::now()), data.len() as u64);
+    let n = data.len() as u64;
+    ctx.progress.bytes_done.fetch_add(n, Ordering::Relaxed);
+    ctx.read_bytes.fetch_add(n, Ordering::Relaxed);
+    b.span = n;
+    b.data = Arc::new(data);
+    b
 }
 
 /// The in-order part: segment cuts and previous-version lookups.
@@ -439,7 +471,9 @@ impl<'s> Stream<'s> {
             source,
             prev,
         } = job;
-        let (reader, file, label): (Box<dyn Read + Send + 's>, _, String) = match &source {
+        type Opened<'s> = (Box<dyn Read + Send + 's>, Option<(File, PathBuf)>, String);
+        let mut patch = None;
+        let (reader, file, label): Opened<'s> = match &source {
             Source::Path(p) => match open_source(p) {
                 Ok(f) => {
                     let handle = f.try_clone().ok().map(|h| (h, p.clone()));
@@ -454,23 +488,33 @@ impl<'s> Stream<'s> {
                 Some(r) => (r, None, node.path_str()),
                 None => return sh.fail(StoreError::Invalid("stream read twice".into())),
             },
+            Source::Patch(m) => match lock(m).take() {
+                Some(p) => {
+                    patch = Some(p);
+                    (Box::new(std::io::empty()), None, node.path_str())
+                }
+                None => return sh.fail(StoreError::Invalid("stream read twice".into())),
+            },
         };
         let ctx = sh.ctx;
-        let timed = TimedRead {
-            inner: reader,
-            stages: ctx.stages.clone(),
-            ns: 0,
+        let input = match patch {
+            Some(p) => Input::Patch(p),
+            None => Input::Stream(ChunkStream::new(
+                TimedRead {
+                    inner: reader,
+                    stages: ctx.stages.clone(),
+                    ns: 0,
+                },
+                ctx.chunker,
+            )),
         };
         let st = Arc::new(Stream {
             slot,
             node: Mutex::new(Some(node)),
             label,
             file,
-            from_stream: matches!(source, Source::Stream(_)),
-            reader: Mutex::new(Reader {
-                stream: ChunkStream::new(timed, ctx.chunker),
-                next: 0,
-            }),
+            from_stream: matches!(source, Source::Stream(_) | Source::Patch(_)),
+            reader: Mutex::new(Reader { input, next: 0 }),
             seq: Mutex::new(Sequencer {
                 next_block: 0,
                 waiting: BTreeMap::new(),
@@ -498,8 +542,9 @@ impl<'s> Stream<'s> {
             return;
         }
         let mut b = lock(&self.reader).next_block(sh.ctx);
-        self.pending
-            .fetch_add(b.data.len() as u64, Ordering::SeqCst);
+        // What its segments' stores give back (a patch's unchanged
+        // segment too, though it holds no bytes).
+        self.pending.fetch_add(b.span, Ordering::SeqCst);
         if b.end.is_none() {
             self.schedule_read(s, sh);
         }
@@ -551,6 +596,17 @@ impl<'s> Stream<'s> {
             };
             q.next_block += 1;
             let t = Instant::now();
+            if let Some((mut job, found)) = b.known {
+                // A segment of the previous version, whole: what came
+                // before it is a segment of its own.
+                if !q.cur.is_empty() {
+                    let cur = std::mem::take(&mut q.cur);
+                    self.dispatch(s, sh, &mut q, cur);
+                }
+                q.seg.reset();
+                job.at = b.offset;
+                self.queue_store(s, sh, &mut q, job, found);
+            }
             for (i, &(start, len)) in b.chunks.iter().enumerate() {
                 let (fp, zero) = b.hashed[i];
                 if q.cur.is_empty() {
@@ -570,8 +626,7 @@ impl<'s> Stream<'s> {
                             let job = std::mem::take(&mut q.cur);
                             self.dispatch(s, sh, &mut q, job);
                         }
-                        self.size
-                            .store(b.offset + b.data.len() as u64, Ordering::SeqCst);
+                        self.size.store(b.offset + b.span, Ordering::SeqCst);
                     }
                     Err(m) => *lock(&self.failure) = Some(m),
                 }
@@ -595,6 +650,18 @@ impl<'s> Stream<'s> {
         job: SegmentJob,
     ) {
         let found = sh.ctx.parent_lookup(q.prev.as_mut(), &job);
+        self.queue_store(s, sh, q, job, found);
+    }
+
+    /// Queues the storing of a segment whose chunks were looked up.
+    fn queue_store(
+        self: &Arc<Self>,
+        s: &ScopeFifo<'s>,
+        sh: &'s Shared<'s>,
+        q: &mut Sequencer,
+        job: SegmentJob,
+        found: Vec<Option<ChunkLoc>>,
+    ) {
         let idx = q.next_seg;
         q.next_seg += 1;
         lock(&self.results).push(None);

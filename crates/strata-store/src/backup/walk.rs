@@ -11,6 +11,7 @@
 //! among them) come from `xattr`.
 
 use super::parent::{Parent, ParentFile};
+use super::patch::PatchSource;
 use crate::error::{Result, StoreError};
 use crate::progress::Progress;
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
@@ -28,6 +29,8 @@ use strata_core::format::{path_cmp, Node, NodeKind};
 pub(crate) enum Source {
     Path(PathBuf),
     Stream(Mutex<Option<Box<dyn Read + Send>>>),
+    /// An image of which only some segments are read.
+    Patch(Mutex<Option<PatchSource>>),
 }
 
 /// A file whose content must be read: its node (metadata; the segments
@@ -257,6 +260,16 @@ impl<'a, 'p> Walker<'a, 'p> {
                 break;
             };
             let prev = self.parent.take(&node.path);
+            // A patch takes its unchanged segments from the previous
+            // version (what it says changed is read, and looked up there).
+            if let (Some(Source::Patch(m)), Some(prev)) = (&source, &prev) {
+                let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(p) = g.as_mut() {
+                    if let Some(changed) = &p.changed {
+                        p.clean = prev.clean_segments(p.size, changed);
+                    }
+                }
+            }
             let prev = source.as_ref().and(prev).and_then(|p| p.file());
             self.feed.push(node, source.map(|s| (s, prev)))?;
         }

@@ -1,0 +1,124 @@
+//! A stream of which only some parts changed since a version of its
+//! series — a block volume's image (`strata volume snapshot`), whose
+//! server knows which 2 MiB segments were written since its last
+//! snapshot. The unchanged segments are taken from that version's recipe
+//! without reading them; only the changed ones are read (at their
+//! offsets, [`ReadAt`]), chunked and deduplicated as any stream.
+//!
+//! The image is cut with the fixed chunker (4 KiB chunks, segments of
+//! exactly [`PATCH_SEGMENT`] bytes), so segment *k* of the new version
+//! covers the same bytes as segment *k* of the old one. A segment is
+//! taken from the old version only if that version's segment *k* lies at
+//! the same offset with the same length and every chunk of it can be
+//! found (its container is still in the repository): any other segment is
+//! read. If the series' newest version is not the one the changes are
+//! counted from, everything is read.
+
+use super::dedup::{Ctx, SegmentJob};
+use super::pipeline::Block;
+use crate::index::ChunkLoc;
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The unit of change: the fixed chunker's segment (2 MiB).
+pub const PATCH_SEGMENT: u64 = 2 << 20;
+/// The fixed chunker's chunk (4 KiB).
+pub(crate) const PATCH_CHUNK: u64 = 4096;
+
+/// Bytes of a stream read at any offset.
+pub trait ReadAt: Send {
+    /// Fills `buf` with the stream's bytes from `offset` (all of them, or
+    /// an error).
+    fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+}
+
+/// An image backed up as one file (`name`) of which only the segments
+/// flagged in `changed` may differ from version `base` of the series.
+pub struct ImagePatch {
+    pub name: String,
+    pub source: Box<dyn ReadAt>,
+    /// Bytes of the image.
+    pub size: u64,
+    /// The version the changes are counted from (none: read everything).
+    pub base: Option<String>,
+    /// Per [`PATCH_SEGMENT`] of the image: whether it may have changed
+    /// since `base` (none: unknown, read everything). Segments past its
+    /// end count as changed.
+    pub changed: Option<Vec<bool>>,
+}
+
+/// An unchanged segment: its chunks (fingerprints, no bytes) and where
+/// each non-zero one is.
+pub(crate) type CleanSegment = (SegmentJob, Vec<Option<ChunkLoc>>);
+
+/// A patch as the pipeline reads it.
+pub(crate) struct PatchSource {
+    pub source: Box<dyn ReadAt>,
+    pub size: u64,
+    /// As [`ImagePatch::changed`], once checked against the parent.
+    pub changed: Option<Vec<bool>>,
+    /// The unchanged segments found in the parent (filled by the walk).
+    pub clean: BTreeMap<u64, CleanSegment>,
+    /// The next offset to hand on.
+    pub at: u64,
+}
+
+impl PatchSource {
+    /// The next block of the image: an unchanged segment (no bytes), or
+    /// up to `block` bytes read up to the next unchanged segment, cut into
+    /// 4 KiB chunks.
+    pub(crate) fn next_block(&mut self, ctx: &Ctx<'_>, idx: u64, block: usize) -> Block {
+        let at = self.at;
+        let mut b = Block::empty(idx, at);
+        if at >= self.size {
+            b.end = Some(Ok(()));
+            return b;
+        }
+        if at.is_multiple_of(PATCH_SEGMENT) {
+            if let Some(known) = self.clean.remove(&(at / PATCH_SEGMENT)) {
+                let span = known.0.len();
+                b.span = span;
+                b.known = Some(known);
+                self.at += span;
+                ctx.progress.bytes_done.fetch_add(span, Ordering::Relaxed);
+                ctx.parent_bytes.fetch_add(span, Ordering::Relaxed);
+                if self.at >= self.size {
+                    b.end = Some(Ok(()));
+                }
+                return b;
+            }
+        }
+        // Read up to the next unchanged segment, never into it.
+        let mut end = (at + block as u64).min(self.size);
+        if let Some((&k, _)) = self.clean.range(at / PATCH_SEGMENT + 1..).next() {
+            end = end.min(k * PATCH_SEGMENT);
+        }
+        let started = Instant::now();
+        let mut data = vec![0u8; (end - at) as usize];
+        if let Err(e) = self.source.read_exact_at(at, &mut data) {
+            b.end = Some(Err(format!("read error at byte {at}: {e}")));
+            return b;
+        }
+        ctx.stages
+            .add(crate::stages::Stage::Read, started, data.len() as u64);
+        let n = data.len();
+        b.chunks = (0..n)
+            .step_by(PATCH_CHUNK as usize)
+            .map(|s| (s, (n - s).min(PATCH_CHUNK as usize) as u32))
+            .collect();
+        b.span = n as u64;
+        b.data = Arc::new(data);
+        ctx.progress
+            .bytes_done
+            .fetch_add(n as u64, Ordering::Relaxed);
+        ctx.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
+        self.at = end;
+        if self.at >= self.size {
+            b.end = Some(Ok(()));
+        }
+        b
+    }
+}

@@ -1,0 +1,245 @@
+//! Images of which only the changed segments are read (`backup::patch`,
+//! what `strata volume snapshot` uses): the unchanged segments come from
+//! the previous version unread, and the version restores to the image —
+//! whatever the repository's index strategy; when the patch does not
+//! count from the series' newest version, or the image's size changed,
+//! everything is read; a read error commits nothing.
+
+mod common;
+
+use common::*;
+use std::io;
+use std::sync::{Arc, Mutex};
+use strata_core::chunker::ChunkerParams;
+use strata_store::backup::patch::{ImagePatch, ReadAt, PATCH_SEGMENT};
+use strata_store::backup::{backup, BackupOptions, BackupReport};
+use strata_store::Repository;
+
+const SEG: usize = PATCH_SEGMENT as usize;
+
+/// An image in memory; records the ranges read.
+struct Image {
+    data: Arc<Vec<u8>>,
+    reads: Arc<Mutex<Vec<(u64, usize)>>>,
+    fail_at: Option<u64>,
+}
+
+impl ReadAt for Image {
+    fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        if self
+            .fail_at
+            .is_some_and(|f| f >= offset && f < offset + buf.len() as u64)
+        {
+            return Err(io::Error::other("bad sector"));
+        }
+        let s = offset as usize;
+        let src = self.data.get(s..s + buf.len()).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::UnexpectedEof, "past the end of the image")
+        })?;
+        buf.copy_from_slice(src);
+        self.reads.lock().unwrap().push((offset, buf.len()));
+        Ok(())
+    }
+}
+
+/// 10.5 segments: random data with a run of zeros in segment 2.
+fn image(seed: u64) -> Vec<u8> {
+    let mut v = random_bytes(seed, 10 * SEG + SEG / 2);
+    v[2 * SEG + 4096..2 * SEG + 40 * 4096].fill(0);
+    v
+}
+
+fn snap(
+    repo: &Repository,
+    data: &[u8],
+    base: Option<&str>,
+    changed: Option<Vec<bool>>,
+    fail_at: Option<u64>,
+) -> (strata_store::error::Result<BackupReport>, Vec<(u64, usize)>) {
+    let reads = Arc::new(Mutex::new(Vec::new()));
+    let r = backup(
+        repo,
+        BackupOptions {
+            image: Some(ImagePatch {
+                name: "vm.img".into(),
+                source: Box::new(Image {
+                    data: Arc::new(data.to_vec()),
+                    reads: reads.clone(),
+                    fail_at,
+                }),
+                size: data.len() as u64,
+                base: base.map(str::to_string),
+                changed,
+            }),
+            series: Some("volume:vm".into()),
+            chunker: Some(ChunkerParams::fixed()),
+            lifecycle: false,
+            ..Default::default()
+        },
+    );
+    let got = reads.lock().unwrap().clone();
+    (r, got)
+}
+
+fn restored(repo: &Repository, r: &BackupReport) -> Vec<u8> {
+    let recipe = repo.load_recipe(&r.snapshot.recipe).unwrap();
+    let node = recipe
+        .nodes
+        .iter()
+        .find(|n| n.path == b"vm.img")
+        .expect("the image is in the tree");
+    let mut out = Vec::new();
+    strata_store::restore::dump(repo, &r.snapshot, &recipe, node, &mut out).unwrap();
+    out
+}
+
+fn changed(n: usize, which: &[usize]) -> Option<Vec<bool>> {
+    Some((0..n).map(|k| which.contains(&k)).collect())
+}
+
+fn read_bytes(reads: &[(u64, usize)]) -> usize {
+    reads.iter().map(|r| r.1).sum()
+}
+
+fn only_changed_segments_are_read(index: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut o = small_init(false);
+    o.index = index.into();
+    let repo = Repository::init(local(&tmp.path().join("repo")), o).unwrap();
+    let mut img = image(1);
+    let n = img.len().div_ceil(SEG);
+    // The first version: no base, everything read.
+    let (r1, reads) = snap(&repo, &img, None, None, None);
+    let r1 = r1.unwrap();
+    assert_eq!(read_bytes(&reads), img.len());
+    assert_eq!(r1.snapshot.stats.read_bytes, img.len() as u64);
+    // Segments 3, 7 and the last (partial) one change.
+    for k in [3usize, 7] {
+        img[k * SEG + 5000..k * SEG + 9000].copy_from_slice(&random_bytes(k as u64, 4000));
+    }
+    let last = img.len() - 10;
+    img[last] ^= 0xff;
+    let (r2, reads) = snap(&repo, &img, Some(&r1.id), changed(n, &[3, 7, 10]), None);
+    let r2 = r2.unwrap();
+    assert_eq!(
+        read_bytes(&reads),
+        2 * SEG + SEG / 2,
+        "{index}: only the changed segments are read: {reads:?}"
+    );
+    assert_eq!(r2.snapshot.stats.read_bytes, (2 * SEG + SEG / 2) as u64);
+    assert!(reads
+        .iter()
+        .all(|&(o, _)| [3, 7, 10].contains(&(o as usize / SEG))));
+    assert_eq!(r2.snapshot.stats.logical_bytes, img.len() as u64);
+    assert!(
+        r2.snapshot.stats.new_raw_bytes <= 3 * 8192,
+        "{index}: {} new bytes",
+        r2.snapshot.stats.new_raw_bytes
+    );
+    assert!(
+        restored(&repo, &r2) == img,
+        "{index}: the version restores to the image"
+    );
+    // Nothing changed: nothing read, and the version restores.
+    let (r3, reads) = snap(&repo, &img, Some(&r2.id), changed(n, &[]), None);
+    let r3 = r3.unwrap();
+    assert!(reads.is_empty(), "{reads:?}");
+    assert_eq!(r3.snapshot.stats.new_raw_bytes, 0);
+    assert!(restored(&repo, &r3) == img);
+    assert_check_ok(&repo, true, index);
+}
+
+#[test]
+fn only_changed_segments_are_read_exact() {
+    only_changed_segments_are_read("exact");
+}
+
+#[test]
+fn only_changed_segments_are_read_silo() {
+    only_changed_segments_are_read("silo");
+}
+
+#[test]
+fn only_changed_segments_are_read_segment() {
+    only_changed_segments_are_read("segment");
+}
+
+#[test]
+fn changes_counted_from_another_version_read_everything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = init_repo(&tmp.path().join("repo"), false);
+    let mut img = image(2);
+    let n = img.len().div_ceil(SEG);
+    let (r1, _) = snap(&repo, &img, None, None, None);
+    let r1 = r1.unwrap();
+    img[5 * SEG] ^= 1;
+    let (r2, _) = snap(&repo, &img, Some(&r1.id), changed(n, &[5]), None);
+    let r2 = r2.unwrap();
+    // The patch claims nothing changed since r1, but r2 is the newest.
+    img[6 * SEG] ^= 1;
+    let (r3, reads) = snap(&repo, &img, Some(&r1.id), changed(n, &[6]), None);
+    let r3 = r3.unwrap();
+    assert_eq!(
+        read_bytes(&reads),
+        img.len(),
+        "not counted from r2: all read"
+    );
+    assert!(restored(&repo, &r3) == img);
+    // A grown image: all read.
+    let _ = r2;
+    let mut grown = img.clone();
+    grown.extend_from_slice(&random_bytes(3, SEG));
+    let (r4, reads) = snap(&repo, &grown, Some(&r3.id), changed(n + 1, &[n]), None);
+    let r4 = r4.unwrap();
+    assert_eq!(read_bytes(&reads), grown.len(), "another size: all read");
+    assert!(restored(&repo, &r4) == grown);
+}
+
+#[test]
+fn a_read_error_commits_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = init_repo(&tmp.path().join("repo"), false);
+    let img = image(4);
+    let n = img.len().div_ceil(SEG);
+    let (r1, _) = snap(&repo, &img, None, None, None);
+    let r1 = r1.unwrap();
+    let before = repo.list_snapshots().unwrap().len();
+    let (r, _) = snap(
+        &repo,
+        &img,
+        Some(&r1.id),
+        changed(n, &[4]),
+        Some(4 * PATCH_SEGMENT + 77),
+    );
+    let e = r.unwrap_err().to_string();
+    assert!(
+        e.contains("bad sector") && e.contains("nothing committed"),
+        "{e}"
+    );
+    assert_eq!(repo.list_snapshots().unwrap().len(), before);
+}
+
+#[test]
+fn a_patch_needs_the_fixed_chunker() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = init_repo(&tmp.path().join("repo"), false);
+    let r = backup(
+        &repo,
+        BackupOptions {
+            image: Some(ImagePatch {
+                name: "vm.img".into(),
+                source: Box::new(Image {
+                    data: Arc::new(vec![1; 4096]),
+                    reads: Default::default(),
+                    fail_at: None,
+                }),
+                size: 4096,
+                base: None,
+                changed: None,
+            }),
+            chunker: Some(ChunkerParams::cdc(8192)),
+            ..Default::default()
+        },
+    );
+    assert!(r.unwrap_err().to_string().contains("fixed chunker"));
+}
