@@ -352,6 +352,7 @@ fn snapshots_restore_as_sparse_images() {
     // Served: the server freezes a point in time for the snapshot.
     let live = r.json(&["volume", "snapshot", "v", "--tag", "live"]);
     assert_eq!(live["version"], 1, "{live}");
+    assert_eq!(live["read_bytes"], 64 << 20, "the first reads everything");
     let t = r.scratch("t0");
     r.restore("volume:v@latest", &t);
     assert!(
@@ -379,6 +380,7 @@ fn snapshots_restore_as_sparse_images() {
     assert_eq!(v1["logical_bytes"], 64 << 20);
     assert_eq!(v1["version"], 2);
     assert_eq!(v1["new_raw_bytes"], 0, "{v1}");
+    assert_eq!(v1["read_bytes"], 0, "nothing written since: nothing read");
     // Two copies of one 4 MiB pattern and zeros: one copy stored.
     let new0 = live["new_raw_bytes"].as_u64().unwrap();
     assert!(new0 <= (4 << 20) + (64 << 10), "{live}");
@@ -405,6 +407,7 @@ fn snapshots_restore_as_sparse_images() {
     stop(s);
     let v2 = r.json(&["volume", "snapshot", "v"]);
     assert_eq!(v2["version"], 3);
+    assert_eq!(v2["read_bytes"], 2 << 20, "only the 2 MiB segment written");
     let new2 = v2["new_raw_bytes"].as_u64().unwrap();
     assert!(new2 <= 128 << 10, "{v2}");
     let t = r.scratch("t2");
@@ -418,6 +421,40 @@ fn snapshots_restore_as_sparse_images() {
     // The snapshot's reads are not the clients': stats unchanged by it.
     let st = r.json(&["volume", "stats", "v"]);
     assert!(st["dedup_ratio"].as_f64().is_some(), "{st}");
+
+    // Served again, written again: the server's snapshot reads that
+    // segment only.
+    let s = serve(&r, "v");
+    std::fs::write(&patch, prng(12, 64 << 10)).unwrap();
+    sh(Command::new("qemu-img")
+        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+        .arg(&patch)
+        .arg(&s.url));
+    let v3 = r.json(&["volume", "snapshot", "v"]);
+    assert_eq!(v3["read_bytes"], 2 << 20, "{v3}");
+    want[..64 << 10].copy_from_slice(&prng(12, 64 << 10));
+    let t = r.scratch("t3");
+    r.restore("volume:v@latest", &t);
+    assert!(std::fs::read(t.join("v.img")).unwrap() == want, "v3");
+    // A server killed after a write: what it wrote since is not known,
+    // so the next snapshot reads everything (and holds the write).
+    std::fs::write(&patch, prng(13, 64 << 10)).unwrap();
+    sh(Command::new("qemu-img")
+        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+        .arg(&patch)
+        .arg(&s.url));
+    let mut s = s;
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    let v4 = r.json(&["volume", "snapshot", "v"]);
+    assert_eq!(v4["read_bytes"], 64 << 20, "after a crash: all read: {v4}");
+    want[..64 << 10].copy_from_slice(&prng(13, 64 << 10));
+    let t = r.scratch("t4");
+    r.restore("volume:v@latest", &t);
+    assert!(std::fs::read(t.join("v.img")).unwrap() == want, "v4");
+    // And the one after it reads nothing again.
+    let v5 = r.json(&["volume", "snapshot", "v"]);
+    assert_eq!(v5["read_bytes"], 0, "{v5}");
 }
 
 /// A volume's files are plain: an encrypted repository gets none, with

@@ -5,10 +5,15 @@
 //! (also when the snapshot process dies).
 //!
 //! Protocol: the client sends `freeze\n`; the server answers one JSON
-//! line, `{"map": PATH}` (the frozen map copy) or `{"error": MESSAGE}`,
-//! then waits for the client to close.
+//! line, `{"map": PATH, "base": ID, "segments": N, "changed": [K…]}` (the
+//! frozen map copy; the snapshot the volume's changes count from, if any,
+//! and the 2 MiB segments written since, if known) or `{"error":
+//! MESSAGE}`. Once the snapshot is committed the client sends `committed
+//! ID\n` (the volume's changes count from that version from then on),
+//! then closes; a freeze that ends without it gives its changes back.
 
-use crate::volume::Volume;
+use crate::changes::SEGMENT_BLOCKS;
+use crate::volume::{Volume, BLOCK};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -73,24 +78,67 @@ fn handle(vol: &Arc<Volume>, conn: UnixStream) {
     let frozen = vol.freeze();
     let reply = match &frozen {
         Ok(f) => {
-            serde_json::json!({"map": f.map.file_name().map(|n| n.to_string_lossy().into_owned())})
+            let (base, changed) = f.changes();
+            let changed = changed.map(|c| {
+                (0..c.len())
+                    .filter(|&k| c[k])
+                    .map(|k| k as u64)
+                    .collect::<Vec<u64>>()
+            });
+            serde_json::json!({
+                "map": f.map.file_name().map(|n| n.to_string_lossy().into_owned()),
+                "base": base,
+                "segments": vol.size().div_ceil(SEGMENT_BLOCKS * BLOCK as u64),
+                "changed": changed,
+            })
         }
         Err(e) => serde_json::json!({"error": e.to_string()}),
     };
-    if (&conn).write_all(format!("{reply}\n").as_bytes()).is_err() || frozen.is_err() {
+    if (&conn).write_all(format!("{reply}\n").as_bytes()).is_err() {
         return;
     }
+    let Ok(frozen) = frozen else {
+        return;
+    };
     // Held until the client closes (or dies): no timeout from here on.
     let _ = conn.set_read_timeout(None);
-    let mut sink = [0u8; 64];
-    while matches!(rd.read(&mut sink), Ok(n) if n > 0) {}
+    loop {
+        line.clear();
+        match rd.by_ref().take(256).read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                if let Some(id) = line.trim().strip_prefix("committed ") {
+                    if valid_id(id) {
+                        frozen.committed(id);
+                    }
+                }
+            }
+        }
+    }
     drop(frozen);
 }
 
+/// A snapshot id as the repository names them (hex).
+fn valid_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// A freeze held by [`freeze_remote`]: the connection (the freeze lasts
+/// while it is open; `committed ID\n` on it tells the server the
+/// snapshot's version), the frozen map's path, and what changed since the
+/// volume's last snapshot.
+pub struct RemoteFreeze {
+    pub conn: UnixStream,
+    pub map: PathBuf,
+    /// The snapshot the changes count from.
+    pub base: Option<String>,
+    /// Per 2 MiB segment, whether it may have changed (none: unknown).
+    pub changed: Option<Vec<bool>>,
+}
+
+
 /// Asks the process serving the volume in `dir` for a frozen image.
-/// Returns the connection (the freeze lasts while it is open) and the
-/// frozen map's path.
-pub fn freeze_remote(dir: &Path) -> io::Result<(UnixStream, PathBuf)> {
+pub fn freeze_remote(dir: &Path) -> io::Result<RemoteFreeze> {
     let mut conn = UnixStream::connect(dir.join(SOCKET))?;
     // The server destages one batch and copies the map first.
     conn.set_read_timeout(Some(Duration::from_secs(300)))?;
@@ -117,7 +165,31 @@ pub fn freeze_remote(dir: &Path) -> io::Result<(UnixStream, PathBuf)> {
         )));
     }
     conn.set_read_timeout(None)?;
-    Ok((conn, dir.join(map)))
+    // What changed: only if the answer is whole and consistent.
+    let base = v["base"]
+        .as_str()
+        .filter(|b| valid_id(b))
+        .map(str::to_string);
+    let changed = match (v["segments"].as_u64(), v["changed"].as_array()) {
+        (Some(n), Some(ks)) if n <= 1 << 32 => {
+            let mut c = vec![false; n as usize];
+            let all = ks.iter().all(|k| match k.as_u64() {
+                Some(k) if k < n => {
+                    c[k as usize] = true;
+                    true
+                }
+                _ => false,
+            });
+            all.then_some(c)
+        }
+        _ => None,
+    };
+    Ok(RemoteFreeze {
+        conn,
+        map: dir.join(map),
+        base,
+        changed,
+    })
 }
 
 /// Whether the server holding a freeze over `conn` is still there (the
@@ -189,9 +261,9 @@ mod tests {
             let r = freeze_remote(d.path());
             t.join().unwrap();
             match r {
-                Ok((_, map)) => {
-                    assert!(ok, "accepted {map:?}");
-                    assert_eq!(map, d.path().join("map.frozen.7"));
+                Ok(f) => {
+                    assert!(ok, "accepted {:?}", f.map);
+                    assert_eq!(f.map, d.path().join("map.frozen.7"));
                 }
                 Err(e) => assert!(!ok, "refused a good reply: {e}"),
             }

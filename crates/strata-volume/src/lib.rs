@@ -6,9 +6,11 @@
 //!   reference counts, free space; [`destage`] runs iDedup on each batch.
 //! * [`idedup`] — the dedup-metadata cache and the sequence algorithm.
 //! * [`journal`] — the write-ahead journal's records.
+//! * [`changes`] — the segments written since the last snapshot.
 //! * `readahead` — reading ahead in the volume's block order.
 //! * [`stats`], [`report`] — latency, fragmentation and dedup figures.
 
+pub mod changes;
 pub mod control;
 pub mod destage;
 pub mod idedup;
@@ -19,6 +21,7 @@ pub mod report;
 pub mod stats;
 pub mod volume;
 
+pub use changes::ChangeSet;
 pub use volume::{Frozen, ImageReader, ImageSource, Threshold, Volume, VolumeConfig, VolumeError};
 
 impl nbd::BlockDevice for Volume {

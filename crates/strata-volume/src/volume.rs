@@ -21,6 +21,7 @@
 //! a batch (overwrites, TRIM) are reused only after the next checkpoint,
 //! so no map entry on disk can point at reused data.
 
+use crate::changes::{ChangeSet, Changes};
 use crate::idedup::{Fp, MetaCache};
 use crate::journal::{self, Journal, Record};
 use crate::readahead::{prefetch, will_need, Readahead};
@@ -61,7 +62,7 @@ pub enum VolumeError {
     Invalid(String),
 }
 
-type Result<T> = std::result::Result<T, VolumeError>;
+pub(crate) type Result<T> = std::result::Result<T, VolumeError>;
 
 fn ioe(what: impl Into<String>) -> impl FnOnce(io::Error) -> VolumeError {
     let w = what.into();
@@ -287,6 +288,8 @@ struct Mem {
     /// entry, and a placed write then leaves that block out of its record.
     inflight: HashMap<u64, (u64, Block)>,
     next_token: u64,
+    /// Segments written since the last snapshot.
+    changes: Changes,
 }
 
 impl Mem {
@@ -444,16 +447,20 @@ impl Volume {
         if self.closed.load(Ordering::SeqCst) {
             return Err(VolumeError::Invalid("the volume is closing".into()));
         }
+        let changes;
         {
             // Writes in place are checked under the mem lock: none starts
             // from here on. Those under way finish before the map is
             // copied (placed writes take blocks no map names).
-            let _m = lock(&self.mem);
+            let mut m = lock(&self.mem);
             self.holds.fetch_add(1, Ordering::SeqCst);
+            // Every write marked so far is in the buffer, destaged below.
+            changes = m.changes.take();
         }
         drop(self.direct_io.write().unwrap_or_else(|e| e.into_inner()));
         let frozen = Frozen {
             vol: self.clone(),
+            changes: Mutex::new(Some(changes)),
             map: self.dir.join(format!(
                 "map.frozen.{}",
                 FROZEN_SEQ.fetch_add(1, Ordering::SeqCst)
@@ -464,6 +471,21 @@ impl Volume {
         let _d = lock(&self.disk);
         clone_or_copy(&self.dir.join("map"), &frozen.map).map_err(ioe("map copy"))?;
         Ok(frozen)
+    }
+}
+
+impl Volume {
+    /// A snapshot of the volume (stopped: no writes while it reads) takes
+    /// what changed since the last one; it ends with
+    /// [`Volume::snapshot_done`].
+    pub fn take_changes(&self) -> ChangeSet {
+        lock(&self.mem).changes.take()
+    }
+
+    /// The snapshot that took `cs` was committed as version `committed`,
+    /// or was not (its changes come back).
+    pub fn snapshot_done(&self, cs: ChangeSet, committed: Option<&str>) {
+        lock(&self.mem).changes.give_back(cs, committed);
     }
 }
 
@@ -507,11 +529,35 @@ pub struct Frozen {
     vol: Arc<Volume>,
     /// The copy of the block map.
     pub map: PathBuf,
+    /// What changed since the last snapshot, up to the image.
+    changes: Mutex<Option<ChangeSet>>,
+}
+
+impl Frozen {
+    /// The version the image's changes count from, and which segments
+    /// may differ from it (none: read everything).
+    pub fn changes(&self) -> (Option<String>, Option<Vec<bool>>) {
+        match &*lock(&self.changes) {
+            Some(c) => (c.base.clone(), c.changed()),
+            None => (None, None),
+        }
+    }
+
+    /// The image was committed as version `id`: the volume's changes
+    /// count from it now.
+    pub fn committed(&self, id: &str) {
+        if let Some(c) = lock(&self.changes).take() {
+            self.vol.snapshot_done(c, Some(id));
+        }
+    }
 }
 
 impl Drop for Frozen {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.map);
+        if let Some(c) = lock(&self.changes).take() {
+            self.vol.snapshot_done(c, None);
+        }
         self.vol.holds.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -578,6 +624,16 @@ impl ImageSource {
         map: &Path,
         conn: Option<std::os::unix::net::UnixStream>,
     ) -> Result<ImageReader> {
+        Ok(Self::open_frozen(dir, map, conn)?.reader())
+    }
+
+    /// [`ImageSource::frozen`], read at any offset
+    /// ([`ImageSource::read_exact_at`]).
+    pub fn open_frozen(
+        dir: &Path,
+        map: &Path,
+        conn: Option<std::os::unix::net::UnixStream>,
+    ) -> Result<ImageSource> {
         let cfg = Volume::config(dir)?;
         Ok(ImageSource::Frozen {
             conn,
@@ -585,8 +641,7 @@ impl ImageSource {
             data: File::open(dir.join("data")).map_err(ioe("data"))?,
             size: cfg.size,
             pos: 0,
-        }
-        .reader())
+        })
     }
 }
 
@@ -622,6 +677,50 @@ fn read_frozen(map: &File, data: &File, first: u64, out: &mut [u8]) -> io::Resul
 }
 
 impl ImageSource {
+    /// The image's bytes at `offset` (block-aligned; `buf` whole blocks,
+    /// or up to the end of the image) — a snapshot that reads only what
+    /// changed. A frozen image's disk blocks are asked for all at once.
+    pub fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let bs = BLOCK as u64;
+        let size = match self {
+            ImageSource::Live { vol, .. } => vol.size(),
+            ImageSource::Frozen { size, .. } => *size,
+        };
+        let end = offset.checked_add(buf.len() as u64);
+        let whole = buf.len().is_multiple_of(BLOCK) || end == Some(size);
+        if !offset.is_multiple_of(bs) || !whole || end.is_none_or(|e| e > size) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a read of {} bytes at {offset} of the image", buf.len()),
+            ));
+        }
+        match self {
+            ImageSource::Live { vol, .. } => {
+                vol.read_range(offset, buf, false)?;
+            }
+            ImageSource::Frozen {
+                conn, map, data, ..
+            } => {
+                let first = offset / bs;
+                let nb = (buf.len() as u64).div_ceil(bs);
+                prefetch(map, data, first, nb);
+                if buf.len().is_multiple_of(BLOCK) {
+                    read_frozen(map, data, first, buf)?;
+                } else {
+                    // The image's last, partial block.
+                    let mut tmp = vec![0u8; nb as usize * BLOCK];
+                    read_frozen(map, data, first, &mut tmp)?;
+                    let n = buf.len();
+                    buf.copy_from_slice(&tmp[..n]);
+                }
+                if let Some(c) = conn {
+                    crate::control::still_frozen(c)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The next whole blocks (at most [`IMAGE_READ`] bytes) into `buf`;
     /// empty at the end.
     fn fill(&mut self, buf: &mut Vec<u8>) -> io::Result<()> {
@@ -803,6 +902,15 @@ impl Volume {
             counters.sequence_lengths = Histogram::with_buckets(65);
         }
         let readahead = Readahead::new(&map, &data, nblocks);
+        // What was written since the last snapshot: known only after a
+        // clean close (a replayed journal's writes were not counted).
+        let changes = match state.clean && old.is_empty() {
+            true => Changes::load(dir, nblocks),
+            false => {
+                let _ = Changes::unknown(nblocks).save(dir);
+                Changes::unknown(nblocks)
+            }
+        };
         let vol = Arc::new(Volume {
             dir: dir.to_path_buf(),
             map,
@@ -820,6 +928,7 @@ impl Volume {
                 recent: HashMap::new(),
                 inflight: HashMap::new(),
                 next_token: 0,
+                changes,
             }),
             kick: Condvar::new(),
             destaged: Condvar::new(),
@@ -1252,6 +1361,8 @@ impl Volume {
         let direct = aligned && !self.cfg.dedup;
         let head = (aligned && !direct).then(|| journal::write_header(offset / bs, &data, BLOCK));
         let mut m = self.lock_for_write()?;
+        m.changes
+            .mark(offset / bs, (offset + data.len() as u64).div_ceil(bs));
         if direct {
             // Checked under the mem lock, as a journal record is written:
             // no other write, destage batch or freeze comes between.
@@ -1431,6 +1542,9 @@ impl Volume {
             return Err(e);
         }
         let g = m.journal.generation;
+        // Again now that it can be seen: a snapshot may have taken the
+        // set since the write began.
+        m.changes.mark(first, first + n as u64);
         let mut orphans = Vec::new();
         for i in 0..n as u64 {
             match mine[i as usize] {
@@ -1512,6 +1626,7 @@ impl Volume {
             self.write_at(b * bs, &vec![0u8; (offset + len - b * bs) as usize], false)?;
         }
         let mut m = self.lock_for_write()?;
+        m.changes.mark(a, b);
         let mut at = a;
         let mut enc = Vec::new();
         while at < b {
@@ -1747,6 +1862,8 @@ impl Volume {
         }
         let m = lock(&self.mem);
         let _ = fs::remove_file(&m.journal.path);
+        // Before the clean mark: a crash in between leaves no set.
+        m.changes.save(&self.dir).map_err(io::Error::other)?;
         drop(m);
         self.save_live().map_err(io::Error::other)?;
         self.save_state(true).map_err(io::Error::other)?;

@@ -751,3 +751,72 @@ fn trimmed_blocks_free_space_on_the_host() {
         v.close().unwrap();
     }
 }
+
+/// What a snapshot reads: the 2 MiB segments written since the last
+/// committed one, through freezes (a served volume's snapshots), clean
+/// closes and reopenings (a stopped one's), and none known after a crash.
+#[test]
+fn snapshots_count_the_segments_written_since_the_last_one() {
+    const SEG: u64 = 2 << 20;
+    for dedup in [true, false] {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("v");
+        let c = VolumeConfig {
+            size: 8 * SEG,
+            ..cfg(4, dedup)
+        };
+        Volume::create(&dir, c).unwrap();
+        let v = Volume::open(&dir).unwrap();
+        let changed = |c: Option<Vec<bool>>| -> Vec<usize> {
+            let c = c.expect("known");
+            (0..c.len()).filter(|&k| c[k]).collect()
+        };
+        v.write_at(0, &content(0, 4096, 1), false).unwrap();
+        let f = v.freeze().unwrap();
+        assert_eq!(f.changes(), (None, None), "the first reads everything");
+        f.committed("v1");
+        drop(f);
+        // Whole blocks (placed without dedup), a partial write, a trim.
+        v.write_at(3 * SEG + 4096, &content(0, 8192, 2), false)
+            .unwrap();
+        v.write_at(4 * SEG - 10, &content(0, 20, 2), false).unwrap();
+        v.zero_range(6 * SEG, 4096, false).unwrap();
+        let f = v.freeze().unwrap();
+        let (base, c) = f.changes();
+        assert_eq!(base.as_deref(), Some("v1"));
+        assert_eq!(changed(c), vec![3, 4, 6], "dedup {dedup}");
+        // Written while frozen: counts for the next; this one fails.
+        v.write_at(7 * SEG, &content(0, 4096, 3), false).unwrap();
+        drop(f);
+        let f = v.freeze().unwrap();
+        assert_eq!(changed(f.changes().1), vec![3, 4, 6, 7], "given back");
+        f.committed("v2");
+        drop(f);
+        // Stopped: the set survives a clean close, once.
+        v.write_at(SEG, &content(0, 4096, 4), false).unwrap();
+        v.close().unwrap();
+        drop(v);
+        let v = Volume::open(&dir).unwrap();
+        let cs = v.take_changes();
+        assert_eq!(cs.base.as_deref(), Some("v2"));
+        assert_eq!(changed(cs.changed()), vec![1]);
+        v.snapshot_done(cs, Some("v3"));
+        v.write_at(2 * SEG, &content(0, 4096, 5), false).unwrap();
+        // A crash (the files as kill -9 leaves them): nothing known.
+        v.destage().unwrap();
+        let copy = dir.with_extension("crashed");
+        copy_dir(&dir, &copy);
+        v.close().unwrap();
+        drop(v);
+        let v = Volume::open(&dir).unwrap();
+        let cs = v.take_changes();
+        assert_eq!(cs.base.as_deref(), Some("v3"));
+        assert_eq!(changed(cs.changed()), vec![2]);
+        v.snapshot_done(cs, None);
+        v.close().unwrap();
+        drop(v);
+        let v = Volume::open(&copy).unwrap();
+        assert!(v.take_changes().changed().is_none(), "after a crash");
+        v.close().unwrap();
+    }
+}

@@ -7,13 +7,15 @@ use crate::location;
 use crate::output::{fmt_bytes, Out};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Subcommand;
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use strata_core::chunker::ChunkerParams;
 use strata_core::size::parse_size;
 use strata_store::backend::Location;
-use strata_store::backup::{BackupOptions, StdinSource};
+use strata_store::backup::patch::{ImagePatch, ReadAt};
+use strata_store::backup::BackupOptions;
 use strata_volume::nbd::{Export, Listen, Server};
 use strata_volume::{Threshold, Volume, VolumeConfig};
 
@@ -215,8 +217,26 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
     }
 }
 
+/// The image a snapshot reads, at any offset.
+struct ImageAt(strata_volume::ImageSource);
+
+impl ReadAt for ImageAt {
+    fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.0.read_exact_at(offset, buf)
+    }
+}
+
+/// Who holds the image a snapshot reads: this process (a volume nobody
+/// serves, opened here) or the volume's server (a freeze, over the
+/// control connection).
+enum Held {
+    Here(std::sync::Arc<Volume>, strata_volume::ChangeSet),
+    Server(std::os::unix::net::UnixStream),
+}
+
 /// `volume snapshot`: the volume's bytes, read through the volume
-/// (buffered writes and holes included), backed up as one stream.
+/// (buffered writes and holes included), backed up as one image of which
+/// only the segments written since the last snapshot are read.
 fn snapshot(
     cli: &crate::Cli,
     out: &Out,
@@ -230,29 +250,40 @@ fn snapshot(
         bail!("no volume {name:?} (strata volume list)");
     }
     let repo = crate::open(cli)?;
+    let size = Volume::config(&dir)?.size;
     // A volume nobody serves is opened here; a served one is frozen by
     // its server (a point in time while clients go on writing), held
     // while the reader's connection to it stays open.
-    let (vol, reader): (_, Box<dyn std::io::Read + Send>) = match Volume::open(&dir) {
+    let (held, source, base, changed) = match Volume::open(&dir) {
         Ok(v) => {
-            let r = v.image_reader();
-            (Some(v), Box::new(r))
+            let cs = v.take_changes();
+            let (base, changed) = (cs.base.clone(), cs.changed());
+            let src = strata_volume::ImageSource::Live {
+                vol: v.clone(),
+                pos: 0,
+            };
+            (Held::Here(v, cs), src, base, changed)
         }
         Err(e) if dir.join(strata_volume::control::SOCKET).exists() => {
-            let (conn, map) = strata_volume::control::freeze_remote(&dir)
+            let f = strata_volume::control::freeze_remote(&dir)
                 .map_err(|c| anyhow!("{e}; and its server did not give a frozen image: {c}"))?;
             // The reader holds the connection, and with it the freeze
-            // (until the backup is done with it).
-            let r = strata_volume::ImageSource::frozen(&dir, &map, Some(conn))?;
-            (None, Box::new(r))
+            // (until the backup is done with it); this end tells the
+            // server the commit.
+            let tell = f.conn.try_clone().context("the control connection")?;
+            let src = strata_volume::ImageSource::open_frozen(&dir, &f.map, Some(f.conn))?;
+            (Held::Server(tell), src, f.base, f.changed)
         }
         Err(e) => return Err(e).with_context(|| format!("opening volume {name}")),
     };
     let pd = crate::progress_for(cli, "volume snapshot");
     let opts = BackupOptions {
-        stdin: Some(StdinSource {
-            reader,
+        image: Some(ImagePatch {
             name: format!("{name}.img"),
+            source: Box::new(ImageAt(source)),
+            size,
+            base,
+            changed,
         }),
         series: Some(format!("volume:{name}")),
         tags: tags.to_vec(),
@@ -263,7 +294,26 @@ fn snapshot(
     };
     let res = strata_store::backup::backup(&repo, opts);
     pd.finish();
-    let closed = vol.map(|v| v.close()).unwrap_or(Ok(()));
+    // The volume's changes count from this version now (or, if it was
+    // not committed, from the one before, as if nothing was taken).
+    let committed = res.as_ref().ok().map(|r| r.id.as_str());
+    let closed = match held {
+        Held::Here(v, cs) => {
+            v.snapshot_done(cs, committed);
+            v.close()
+        }
+        Held::Server(conn) => match committed {
+            Some(id) => (&conn)
+                .write_all(format!("committed {id}\n").as_bytes())
+                .or_else(|e| {
+                    // The version is committed all the same; the next
+                    // snapshot reads everything.
+                    tracing::warn!("telling the volume's server the snapshot: {e}");
+                    Ok(())
+                }),
+            None => Ok(()),
+        },
+    };
     let rep = res?;
     closed.with_context(|| format!("closing volume {name}"))?;
     crate::interrupt::committed(format!("snapshot {}", crate::output::short(&rep.id)));
@@ -271,15 +321,17 @@ fn snapshot(
     let secs = s.stats.duration_ms as f64 / 1000.0;
     out.result(
         &serde_json::json!({"id": rep.id, "series": s.series, "version": s.version,
-            "logical_bytes": s.stats.logical_bytes, "new_raw_bytes": s.stats.new_raw_bytes,
+            "logical_bytes": s.stats.logical_bytes, "read_bytes": s.stats.read_bytes,
+            "new_raw_bytes": s.stats.new_raw_bytes,
             "new_stored_bytes": s.stats.new_stored_bytes, "seconds": secs}),
         || {
             format!(
-                "snapshot {} saved: {}@{}\n  {} of volume {name}, {} new data, {} added to the repository, {secs:.1}s",
+                "snapshot {} saved: {}@{}\n  {} of volume {name} ({} read: what changed), {} new data, {} added to the repository, {secs:.1}s",
                 crate::output::short(&rep.id),
                 s.series,
                 s.version,
                 fmt_bytes(s.stats.logical_bytes),
+                fmt_bytes(s.stats.read_bytes),
                 fmt_bytes(s.stats.new_raw_bytes),
                 fmt_bytes(s.stats.new_stored_bytes),
             )
