@@ -3,6 +3,7 @@
 
   scripts/bench-volume.py WORK [--size 256M] [--thresholds 1,2,4,8] [--caches 1,0.5,0.25]
   scripts/bench-volume.py WORK --fio [--fio-size 512M] [--runtime 10]
+  scripts/bench-volume.py WORK --snapshots [--snapshot-size 1G] [--repeat 3]
   scripts/bench-volume.py WORK --mixed [--size 128M] [--phases seq,rand]
       [--settings off,1,2,4,8,auto,oracle] [--every 8] [--reads 4] [--seq-blocks 32]
       [--rand-reads 4] [--poll 64]
@@ -22,6 +23,12 @@ fio mode: the volume with dedup off against `nbdkit file` serving a plain
 file on the same disk (the reference NBD server): 1 MiB sequential write
 and read, 4 KiB random write and read (fio's nbd engine), page cache
 dropped before reads.
+
+Snapshot mode (`--snapshots [--snapshot-size 1G] [--repeat 3]`): a volume
+of random data snapshotted once; then per round 3 × 64 KiB written into
+three 2 MiB segments, a snapshot that reads only what changed, and — its
+change set removed (unknown, as after a crash) — a snapshot of the same
+image that reads everything (page cache dropped before each).
 
 Mixed mode (`--threshold auto`): the same trace, written with reads
 interleaved, so that the server sees how the volume is read while it
@@ -47,7 +54,7 @@ phase; then every block of the final image is checked. The volume is
 little of what earlier phases wrote).
 
 Results: WORK/volume-results.json (trace), WORK/volume-fio.json (fio),
-WORK/volume-mixed.json (mixed) and a Markdown table on stdout.
+WORK/volume-snapshots.json (snapshots), WORK/volume-mixed.json (mixed) and a Markdown table on stdout.
 """
 
 import argparse
@@ -597,6 +604,51 @@ def fio_mode(a):
     return rows
 
 
+def snapshots_mode(a):
+    """A volume of --snapshot-size random data, snapshotted once; then per
+    round 3 × 64 KiB written into 3 segments, a snapshot that reads only
+    what changed, and (its change set removed: unknown, as after a crash)
+    a snapshot of the same image that reads everything. Page cache dropped
+    before each snapshot."""
+    repo = os.path.join(a.work, "repo-snap")
+    sock = os.path.join(a.work, "snap.sock")
+    subprocess.run(["rm", "-rf", repo], check=True)
+    size = size_arg(a.snapshot_size)
+    strata(repo, "init")
+    strata(repo, "volume", "create", "v", "--size", str(size))
+    s = Served(repo, "v", sock)
+    h = connect(sock, "v")
+    for off in range(0, size, 1 << 20):
+        h.pwrite(os.urandom(min(1 << 20, size - off)), off)
+    h.flush()
+    h.shutdown()
+    s.stop()
+
+    def snap():
+        drop_caches()
+        t = time.perf_counter()
+        r = strata(repo, "volume", "snapshot", "v")
+        return {"seconds": time.perf_counter() - t, "read_bytes": r["read_bytes"],
+                "new_raw_bytes": r["new_raw_bytes"]}
+
+    rows = [dict(kind="first", **snap())]
+    seg = 2 << 20
+    nseg = size // seg
+    for rnd in range(a.repeat):
+        s = Served(repo, "v", sock)
+        h = connect(sock, "v")
+        for k in (1, nseg // 3, 2 * nseg // 3):
+            h.pwrite(os.urandom(65536), min(k + rnd, nseg - 1) * seg + 8192)
+        h.flush()
+        h.shutdown()
+        s.stop()
+        rows.append(dict(kind="changed only", round=rnd, **snap()))
+        os.remove(os.path.join(repo, "volumes", "v", "changes.json"))
+        rows.append(dict(kind="everything", round=rnd, **snap()))
+    subprocess.run(["rm", "-rf", repo], check=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("work")
@@ -616,8 +668,19 @@ def main():
     ap.add_argument("--rand-reads", type=int, default=4)
     ap.add_argument("--seq-blocks", type=int, default=32)
     ap.add_argument("--poll", type=int, default=64)
+    ap.add_argument("--snapshots", action="store_true")
+    ap.add_argument("--snapshot-size", default="1G")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
+    if a.snapshots:
+        rows = snapshots_mode(a)
+        json.dump(rows, open(os.path.join(a.work, "volume-snapshots.json"), "w"), indent=1)
+        print("| snapshot | seconds | read | new data |")
+        print("|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['kind']} | {r['seconds']:.2f} | {r['read_bytes'] / 2**20:.0f} MiB | "
+                  f"{r['new_raw_bytes'] / 2**10:.0f} KiB |")
+        return
     if a.mixed:
         kinds, rows = mixed_mode(a)
         json.dump(rows, open(os.path.join(a.work, "volume-mixed.json"), "w"), indent=1)

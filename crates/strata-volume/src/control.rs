@@ -136,7 +136,6 @@ pub struct RemoteFreeze {
     pub changed: Option<Vec<bool>>,
 }
 
-
 /// Asks the process serving the volume in `dir` for a frozen image.
 pub fn freeze_remote(dir: &Path) -> io::Result<RemoteFreeze> {
     let mut conn = UnixStream::connect(dir.join(SOCKET))?;
