@@ -5,9 +5,12 @@
 //! The unit is the fixed chunker's segment, 2 MiB ([`SEGMENT_BLOCKS`]
 //! blocks). Every write and zero range marks its segments under the
 //! buffer's lock, before it can be seen (a placed write again when it is
-//! recorded), so a snapshot that takes the set under that lock — a
-//! freeze does, before it destages and copies the map — holds every
-//! write its image holds, and the new set every write after it.
+//! recorded). A freeze takes the set under that lock, then destages and
+//! copies the map: the new set holds every write from the take on, and
+//! some of those may be in the image too, so once the map is copied the
+//! freeze adds the new set's marks to the one it took ([`Changes::widen`]):
+//! the taken set then holds every write its image holds (and perhaps a few
+//! more, read for nothing), the new one every write after the take.
 //!
 //! The set is kept in memory and saved (`changes.json`) only by a clean
 //! close, before the volume is marked clean; opening loads and removes
@@ -15,7 +18,7 @@
 //! snapshot reads everything. A snapshot that is not committed gives its
 //! set back; one that is makes its version the base the set counts from.
 
-use crate::volume::{read_json, write_json, Result};
+use crate::volume::{read_json, write_json, Result, VolumeError};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -131,10 +134,15 @@ impl Changes {
                     changed: (0..self.segments).filter(|&k| bit(w, k)).collect(),
                 },
             ),
-            _ => {
-                let _ = std::fs::remove_file(&p);
-                Ok(())
-            }
+            // A set left there would be loaded by the next open: a close
+            // that cannot remove it fails (and the volume is not marked
+            // clean).
+            _ => match std::fs::remove_file(&p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(VolumeError::Io(p.display().to_string(), e))
+                }
+                _ => Ok(()),
+            },
         }
     }
 
@@ -171,6 +179,17 @@ impl Changes {
             words: w,
             segments: self.segments,
             owner: true,
+        }
+    }
+
+    /// Adds to `cs` what was marked since it was taken: a freeze calls it
+    /// once its map is copied, as writes that came after the set was taken
+    /// may be in the image (marked in this set only).
+    pub(crate) fn widen(&self, cs: &mut ChangeSet) {
+        if let (true, Some(w), Some(d)) = (cs.owner, cs.words.as_mut(), self.dirty.as_ref()) {
+            for (a, b) in w.iter_mut().zip(d) {
+                *a |= b;
+            }
         }
     }
 

@@ -468,8 +468,15 @@ impl Volume {
         };
         self.destage_current()
             .map_err(|e| VolumeError::Io("destage".into(), e))?;
-        let _d = lock(&self.disk);
-        clone_or_copy(&self.dir.join("map"), &frozen.map).map_err(ioe("map copy"))?;
+        {
+            let _d = lock(&self.disk);
+            clone_or_copy(&self.dir.join("map"), &frozen.map).map_err(ioe("map copy"))?;
+        }
+        // Writes after the take may be in the copy: their marks too (each
+        // was marked before it could reach the map).
+        if let Some(c) = lock(&frozen.changes).as_mut() {
+            lock(&self.mem).changes.widen(c);
+        }
         Ok(frozen)
     }
 }

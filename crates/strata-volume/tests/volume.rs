@@ -820,3 +820,70 @@ fn snapshots_count_the_segments_written_since_the_last_one() {
         v.close().unwrap();
     }
 }
+
+/// A freeze while clients write: every segment whose content in the
+/// frozen image differs from the last committed snapshot's image is in
+/// the freeze's change set (writes that came between the set's take and
+/// the map's copy are in the image: their segments must be read).
+#[test]
+fn a_frozen_image_s_change_set_covers_every_write_it_holds() {
+    use std::io::Read;
+    const SEG: u64 = 2 << 20;
+    const SEGS: u64 = 16;
+    for dedup in [true, false] {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("v");
+        let c = VolumeConfig {
+            size: SEGS * SEG,
+            ..cfg(4, dedup)
+        };
+        Volume::create(&dir, c).unwrap();
+        let v = Volume::open(&dir).unwrap();
+        let image = |f: &strata_volume::Frozen| {
+            let mut img = Vec::new();
+            strata_volume::ImageSource::frozen(&dir, &f.map, None)
+                .unwrap()
+                .read_to_end(&mut img)
+                .unwrap();
+            img
+        };
+        let f = v.freeze().unwrap();
+        let mut base = image(&f);
+        f.committed("v0");
+        drop(f);
+        // One 1 MiB write into the next segment, sent off as the freeze
+        // begins: it lands before the set is taken, between the take and
+        // the map's copy, or after it.
+        let (tx, rx) = std::sync::mpsc::channel::<(u64, u8)>();
+        let writer = {
+            let v = v.clone();
+            std::thread::spawn(move || {
+                while let Ok((k, fill)) = rx.recv() {
+                    v.write_at(k * SEG + (1 << 20), &vec![fill; 1 << 20], false)
+                        .unwrap();
+                }
+            })
+        };
+        for round in 1..=60u64 {
+            tx.send((round % SEGS, round as u8)).unwrap();
+            let f = v.freeze().unwrap();
+            let img = image(&f);
+            let (b, changed) = f.changes();
+            assert_eq!(b, Some(format!("v{}", round - 1)));
+            let changed = changed.unwrap();
+            for (k, &c) in changed.iter().enumerate() {
+                let r = k * SEG as usize..(k + 1) * SEG as usize;
+                assert!(
+                    c || img[r.clone()] == base[r],
+                    "dedup {dedup}, round {round}: segment {k} changed, not in the set"
+                );
+            }
+            f.committed(&format!("v{round}"));
+            drop(f);
+            base = img;
+        }
+        drop(tx);
+        writer.join().unwrap();
+        v.close().unwrap();
+    }
+}
