@@ -452,9 +452,13 @@ fn snapshots_restore_as_sparse_images() {
     let t = r.scratch("t4");
     r.restore("volume:v@latest", &t);
     assert!(std::fs::read(t.join("v.img")).unwrap() == want, "v4");
-    // And the one after it reads nothing again.
+    // And the one after it reads nothing again, unless asked to.
     let v5 = r.json(&["volume", "snapshot", "v"]);
     assert_eq!(v5["read_bytes"], 0, "{v5}");
+    let v6 = r.json(&["volume", "snapshot", "v", "--read-all"]);
+    assert_eq!(v6["read_bytes"], 64 << 20, "{v6}");
+    let v7 = r.json(&["volume", "snapshot", "v"]);
+    assert_eq!(v7["read_bytes"], 0, "{v7}");
 }
 
 /// A volume's files are plain: an encrypted repository gets none, with

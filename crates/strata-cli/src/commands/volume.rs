@@ -59,16 +59,21 @@ pub enum VolumeCmd {
     /// Store the volume's current contents as a snapshot in the
     /// repository: series `volume:NAME`, one file `NAME.img` in fixed
     /// 4 KiB blocks (deduplicated against everything the repository holds;
-    /// holes are not read). `strata restore volume:NAME@latest --target
-    /// DIR` writes it back as a sparse image. The volume must not be
-    /// served meanwhile (stop its server: a point in time of a served
-    /// volume is not available yet).
+    /// holes are not read). Only the 2 MiB segments written since the
+    /// last snapshot are read (everything after a crash of the server).
+    /// A served volume is frozen by its server for the snapshot (a point
+    /// in time; clients go on writing). `strata restore
+    /// volume:NAME@latest --target DIR` writes it back as a sparse image.
     Snapshot {
         /// The volume's name.
         name: String,
         /// Tag the snapshot (repeatable).
         #[arg(long)]
         tag: Vec<String>,
+        /// Read every block, not only what changed since the last
+        /// snapshot.
+        #[arg(long)]
+        read_all: bool,
     },
     /// The repository's volumes.
     List,
@@ -161,7 +166,11 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             Ok(0)
         }
         VolumeCmd::Serve { name, listen } => serve(out, &root, name, listen),
-        VolumeCmd::Snapshot { name, tag } => snapshot(cli, out, &root, name, tag),
+        VolumeCmd::Snapshot {
+            name,
+            tag,
+            read_all,
+        } => snapshot(cli, out, &root, name, tag, *read_all),
         VolumeCmd::Stats { name } => {
             check_name(name)?;
             let dir = root.join(name);
@@ -243,6 +252,7 @@ fn snapshot(
     root: &std::path::Path,
     name: &str,
     tags: &[String],
+    read_all: bool,
 ) -> Result<i32> {
     check_name(name)?;
     let dir = root.join(name);
@@ -283,7 +293,8 @@ fn snapshot(
             source: Box::new(ImageAt(source)),
             size,
             base,
-            changed,
+            // Read everything: the version still becomes the base.
+            changed: changed.filter(|_| !read_all),
         }),
         series: Some(format!("volume:{name}")),
         tags: tags.to_vec(),
