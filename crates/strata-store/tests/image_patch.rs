@@ -70,6 +70,7 @@ fn snap(
                 size: data.len() as u64,
                 base: base.map(str::to_string),
                 changed,
+                time_ns: 1_700_000_000_000_000_000,
             }),
             series: Some("volume:vm".into()),
             chunker: Some(ChunkerParams::fixed()),
@@ -145,6 +146,12 @@ fn only_changed_segments_are_read(index: &str) {
     let r3 = r3.unwrap();
     assert!(reads.is_empty(), "{reads:?}");
     assert_eq!(r3.snapshot.stats.new_raw_bytes, 0);
+    // Its recipe is the previous one's but for the index object.
+    assert!(
+        r3.snapshot.stats.new_stored_bytes < 8192,
+        "{index}: {} bytes stored for an unchanged image",
+        r3.snapshot.stats.new_stored_bytes
+    );
     assert!(restored(&repo, &r3) == img);
     assert_check_ok(&repo, true, index);
 }
@@ -236,6 +243,7 @@ fn a_patch_needs_the_fixed_chunker() {
                 size: 4096,
                 base: None,
                 changed: None,
+                time_ns: 0,
             }),
             chunker: Some(ChunkerParams::cdc(8192)),
             ..Default::default()

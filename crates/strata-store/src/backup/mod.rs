@@ -217,7 +217,7 @@ fn load_parent<'a>(
 /// `name`: its parent directories and the file.
 fn stdin_entries(s: StdinSource, progress: &Progress) -> Result<Vec<(Node, Option<Source>)>> {
     let source = Source::Stream(Mutex::new(Some(s.reader)));
-    stream_entries(&s.name, source, progress)
+    stream_entries(&s.name, source, None, progress)
 }
 
 /// The entries of a patched image; what it says changed counts only if
@@ -237,16 +237,17 @@ fn image_entries(
         clean: Default::default(),
         at: 0,
     })));
-    stream_entries(&p.name, source, progress)
+    stream_entries(&p.name, source, Some(p.time_ns), progress)
 }
 
 /// A file named `name` read from `source`, and its parent directories.
 fn stream_entries(
     name: &str,
     source: Source,
+    time_ns: Option<i64>,
     progress: &Progress,
 ) -> Result<Vec<(Node, Option<Source>)>> {
-    let now = now_ns();
+    let now = time_ns.unwrap_or_else(now_ns);
     let shown = name;
     let name = name.trim_start_matches('/').as_bytes().to_vec();
     if crate::restore::safe_rel(&name).is_err() {

@@ -48,6 +48,11 @@ pub struct ImagePatch {
     /// since `base` (none: unknown, read everything). Segments past its
     /// end count as changed.
     pub changed: Option<Vec<bool>>,
+    /// The image file's time (mtime and ctime) in the version. The same
+    /// in every version of an image (its creation, say), the pieces of its
+    /// recipe that did not change are the previous version's, byte for
+    /// byte: not encoded, compressed or written again.
+    pub time_ns: i64,
 }
 
 /// An unchanged segment: its chunks (fingerprints, no bytes) and where
