@@ -881,6 +881,18 @@ impl Volume {
     /// Opens a volume, recovers it after an unclean stop (reference
     /// counts from the map, the journal replayed) and starts destaging.
     pub fn open(dir: &Path) -> Result<Arc<Volume>> {
+        Self::open_with(dir, true)
+    }
+
+    /// [`Volume::open`] to read it (a snapshot of a stopped volume):
+    /// without filling the dedup cache from `fps` (a third of such a
+    /// snapshot's time). What is written meanwhile is deduplicated only
+    /// against itself.
+    pub fn open_to_read(dir: &Path) -> Result<Arc<Volume>> {
+        Self::open_with(dir, false)
+    }
+
+    fn open_with(dir: &Path, warm_cache: bool) -> Result<Arc<Volume>> {
         let cfg = Self::config(dir)?;
         let lock_file = Self::lock(dir)?;
         // Frozen maps of a server that is gone (its snapshots ended with it).
@@ -901,7 +913,7 @@ impl Volume {
         if !state.clean {
             rebuild_refs(&map, &refs, nblocks, end)?;
         }
-        let (free, cache) = scan_refs(&refs, &fps, end, &cfg, state.clean)?;
+        let (free, cache) = scan_refs(&refs, &fps, end, &cfg, state.clean && warm_cache)?;
         let old = journal::existing(dir).map_err(ioe(dir.display().to_string()))?;
         let next_gen = old.last().map(|(g, _)| g + 1).unwrap_or(1);
         let mut counters = state.counters;

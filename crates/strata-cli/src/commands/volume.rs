@@ -261,10 +261,18 @@ fn snapshot(
     }
     let repo = crate::open(cli)?;
     let size = Volume::config(&dir)?.size;
+    // The image's time in every version: the volume's creation (when
+    // volume.json was written), so that a version's recipe shares the
+    // pieces that did not change with the one before.
+    let time_ns = std::fs::metadata(dir.join("volume.json"))
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as i64);
     // A volume nobody serves is opened here; a served one is frozen by
     // its server (a point in time while clients go on writing), held
     // while the reader's connection to it stays open.
-    let (held, source, base, changed) = match Volume::open(&dir) {
+    let (held, source, base, changed) = match Volume::open_to_read(&dir) {
         Ok(v) => {
             let cs = v.take_changes();
             let (base, changed) = (cs.base.clone(), cs.changed());
@@ -295,6 +303,7 @@ fn snapshot(
             base,
             // Read everything: the version still becomes the base.
             changed: changed.filter(|_| !read_all),
+            time_ns,
         }),
         series: Some(format!("volume:{name}")),
         tags: tags.to_vec(),
