@@ -20,7 +20,8 @@
 
 use crate::volume::lock;
 use std::fs::File;
-use std::sync::{mpsc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 
 /// Read streams followed at once (a few clients, or one client's
 /// several files).
@@ -82,8 +83,11 @@ impl Streams {
             return None;
         };
         s.used = tick;
+        // Only a read that goes further asks for more (one behind, or
+        // the same again, does not).
+        let advanced = end > s.next;
         s.next = s.next.max(end);
-        if s.next < s.mark {
+        if !advanced || s.next < s.mark {
             return None;
         }
         let from = s.ahead.max(s.next);
@@ -95,20 +99,30 @@ impl Streams {
     }
 }
 
+/// Blocks per hint: the kernel reads at most its readahead window per
+/// `WILLNEED` (often 128 KiB), so a longer run is asked for in pieces.
+const HINT_BLOCKS: u64 = 32;
+
 /// Asks the kernel to start reading `blocks` disk blocks from `dbn` of
 /// `data` into the page cache (a hint: errors are ignored).
 pub(crate) fn will_need(data: &File, dbn: u64, blocks: u64) {
     use std::os::fd::AsRawFd;
     let bs = crate::volume::BLOCK as u64;
-    let (Some(off), Some(len)) = (dbn.checked_mul(bs), blocks.checked_mul(bs)) else {
-        return;
-    };
-    let (Ok(off), Ok(len)) = (libc::off_t::try_from(off), libc::off_t::try_from(len)) else {
-        return;
-    };
-    // SAFETY: posix_fadvise on an open descriptor with plain integers.
-    unsafe {
-        libc::posix_fadvise(data.as_raw_fd(), off, len, libc::POSIX_FADV_WILLNEED);
+    let mut at = dbn;
+    let end = dbn.saturating_add(blocks);
+    while at < end {
+        let n = (end - at).min(HINT_BLOCKS);
+        let (Some(off), Some(len)) = (at.checked_mul(bs), n.checked_mul(bs)) else {
+            return;
+        };
+        let (Ok(off), Ok(len)) = (libc::off_t::try_from(off), libc::off_t::try_from(len)) else {
+            return;
+        };
+        // SAFETY: posix_fadvise on an open descriptor with plain integers.
+        unsafe {
+            libc::posix_fadvise(data.as_raw_fd(), off, len, libc::POSIX_FADV_WILLNEED);
+        }
+        at += n;
     }
 }
 
@@ -121,6 +135,8 @@ pub(crate) struct Readahead {
     /// The block map and the data file (handles of their own).
     files: Mutex<Option<(File, File)>>,
     worker: Mutex<Option<mpsc::Sender<(u64, u64)>>>,
+    /// Set by [`Readahead::stop`]: the thread drops what is queued.
+    stopped: Arc<AtomicBool>,
 }
 
 impl Readahead {
@@ -132,6 +148,7 @@ impl Readahead {
             // Without handles of its own (out of descriptors), no readahead.
             files: Mutex::new(files.ok()),
             worker: Mutex::new(None),
+            stopped: Arc::default(),
         }
     }
 
@@ -146,10 +163,14 @@ impl Readahead {
                 return;
             };
             let (tx, rx) = mpsc::channel::<(u64, u64)>();
+            let stopped = self.stopped.clone();
             let spawned = std::thread::Builder::new()
                 .name("strata-readahead".into())
                 .spawn(move || {
                     while let Ok((from, count)) = rx.recv() {
+                        if stopped.load(Ordering::Relaxed) {
+                            break;
+                        }
                         prefetch(&map, &data, from, count);
                     }
                 });
@@ -165,6 +186,7 @@ impl Readahead {
 
     /// Ends the thread (when the volume closes).
     pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
         lock(&self.worker).take();
         lock(&self.files).take();
     }
@@ -176,18 +198,8 @@ pub(crate) fn prefetch(map: &File, data: &File, from: u64, count: u64) {
     let Ok(dbns) = crate::volume::read_u64s(map, from, count as usize) else {
         return;
     };
-    let mut i = 0;
-    while i < dbns.len() {
-        if dbns[i] == 0 {
-            i += 1;
-            continue;
-        }
-        let mut j = i + 1;
-        while j < dbns.len() && dbns[j - 1].checked_add(1) == Some(dbns[j]) {
-            j += 1;
-        }
-        will_need(data, dbns[i] - 1, (j - i) as u64);
-        i = j;
+    for (i, j, dbn) in crate::volume::disk_runs(&dbns, |_| true) {
+        will_need(data, dbn, (j - i) as u64);
     }
 }
 
@@ -228,6 +240,16 @@ mod tests {
         }
         let (from, count) = last.unwrap();
         assert!(count <= MAX_WINDOW && from + count <= at + MAX_WINDOW);
+    }
+
+    #[test]
+    fn reads_that_do_not_go_further_ask_for_nothing() {
+        let mut s = Streams::default();
+        assert_eq!(s.on_read(1000, 8, 100_000), None);
+        // Near, but behind or the same again: random reads with locality.
+        assert_eq!(s.on_read(990, 8, 100_000), None);
+        assert_eq!(s.on_read(1000, 8, 100_000), None);
+        assert!(s.on_read(1008, 8, 100_000).is_some());
     }
 
     #[test]

@@ -653,23 +653,19 @@ impl ImageSource {
 }
 
 /// Fills `out` (whole blocks from block `first`) through a frozen `map`
-/// copy from `data`.
+/// copy from `data`; the disk runs after the first are asked for before
+/// the first is read (read side by side).
 fn read_frozen(map: &File, data: &File, first: u64, out: &mut [u8]) -> io::Result<()> {
     let n = out.len() / BLOCK;
     let map = read_u64s(map, first, n)?;
     out.fill(0);
-    let mut i = 0;
-    while i < n {
-        if map[i] == 0 {
-            i += 1;
-            continue;
-        }
-        let mut j = i + 1;
-        while j < n && map[j - 1].checked_add(1) == Some(map[j]) {
-            j += 1;
-        }
+    let runs = disk_runs(&map, |_| true);
+    for &(i, j, dbn) in runs.iter().skip(1) {
+        will_need(data, dbn, (j - i) as u64);
+    }
+    for (i, j, dbn) in runs {
         let dst = &mut out[i * BLOCK..j * BLOCK];
-        let off = (map[i] - 1)
+        let off = dbn
             .checked_mul(BLOCK as u64)
             .ok_or_else(|| io::Error::other("the frozen map names a block past any disk"))?;
         if read_full_at(data, dst, off)? < dst.len() {
@@ -678,9 +674,29 @@ fn read_frozen(map: &File, data: &File, first: u64, out: &mut [u8]) -> io::Resul
                 "the volume's data is shorter than its frozen map says",
             ));
         }
-        i = j;
     }
     Ok(())
+}
+
+/// Map entries (DBN + 1; 0: none) in runs naming neighbouring disk
+/// blocks, one I/O each: (first index, end index, first DBN). Zero
+/// entries, and those for which `mapped` is false, are in no run.
+pub(crate) fn disk_runs(map: &[u64], mapped: impl Fn(usize) -> bool) -> Vec<(usize, usize, u64)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < map.len() {
+        if map[i] == 0 || !mapped(i) {
+            i += 1;
+            continue;
+        }
+        let mut j = i + 1;
+        while j < map.len() && mapped(j) && map[j - 1].checked_add(1) == Some(map[j]) {
+            j += 1;
+        }
+        out.push((i, j, map[i] - 1));
+        i = j;
+    }
+    out
 }
 
 impl ImageSource {
@@ -689,13 +705,11 @@ impl ImageSource {
     /// changed. A frozen image's disk blocks are asked for all at once.
     pub fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let bs = BLOCK as u64;
-        let size = match self {
-            ImageSource::Live { vol, .. } => vol.size(),
-            ImageSource::Frozen { size, .. } => *size,
-        };
         let end = offset.checked_add(buf.len() as u64);
-        let whole = buf.len().is_multiple_of(BLOCK) || end == Some(size);
-        if !offset.is_multiple_of(bs) || !whole || end.is_none_or(|e| e > size) {
+        if !offset.is_multiple_of(bs)
+            || !buf.len().is_multiple_of(BLOCK)
+            || end.is_none_or(|e| e > self.size())
+        {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("a read of {} bytes at {offset} of the image", buf.len()),
@@ -708,18 +722,7 @@ impl ImageSource {
             ImageSource::Frozen {
                 conn, map, data, ..
             } => {
-                let first = offset / bs;
-                let nb = (buf.len() as u64).div_ceil(bs);
-                prefetch(map, data, first, nb);
-                if buf.len().is_multiple_of(BLOCK) {
-                    read_frozen(map, data, first, buf)?;
-                } else {
-                    // The image's last, partial block.
-                    let mut tmp = vec![0u8; nb as usize * BLOCK];
-                    read_frozen(map, data, first, &mut tmp)?;
-                    let n = buf.len();
-                    buf.copy_from_slice(&tmp[..n]);
-                }
+                read_frozen(map, data, offset / bs, buf)?;
                 if let Some(c) = conn {
                     crate::control::still_frozen(c)?;
                 }
@@ -728,13 +731,18 @@ impl ImageSource {
         Ok(())
     }
 
+    /// The image's bytes.
+    fn size(&self) -> u64 {
+        match self {
+            ImageSource::Live { vol, .. } => vol.size(),
+            ImageSource::Frozen { size, .. } => *size,
+        }
+    }
+
     /// The next whole blocks (at most [`IMAGE_READ`] bytes) into `buf`;
     /// empty at the end.
     fn fill(&mut self, buf: &mut Vec<u8>) -> io::Result<()> {
-        let size = match self {
-            ImageSource::Live { vol, .. } => vol.size(),
-            ImageSource::Frozen { size, .. } => *size,
-        };
+        let size = self.size();
         let (ImageSource::Live { pos, .. } | ImageSource::Frozen { pos, .. }) = self;
         let at = *pos;
         let n = (size.saturating_sub(at) as usize).min(IMAGE_READ);
@@ -750,13 +758,9 @@ impl ImageSource {
                 conn, map, data, ..
             } => {
                 // The image is read from start to end: the disk blocks of
-                // the next read are asked for before this one is read (and
-                // at the start, this one's: its runs are read side by side).
+                // the next read are asked for before this one is read.
                 let first = at / BLOCK as u64;
                 let nb = (n / BLOCK) as u64;
-                if at == 0 {
-                    prefetch(map, data, first, nb);
-                }
                 let left = (size.saturating_sub(at + n as u64) as usize).min(IMAGE_READ);
                 prefetch(map, data, first + nb, (left / BLOCK) as u64);
                 read_frozen(map, data, first, buf)?;
@@ -875,6 +879,13 @@ impl Volume {
                 cfg.block_size
             )));
         }
+        if cfg.size == 0 || !cfg.size.is_multiple_of(BLOCK as u64) {
+            return Err(VolumeError::Invalid(format!(
+                "{}: a size of {} bytes is not a positive multiple of {BLOCK}",
+                dir.display(),
+                cfg.size
+            )));
+        }
         Ok(cfg)
     }
 
@@ -987,18 +998,29 @@ impl Volume {
             data_sync: Mutex::new(()),
             direct_io: std::sync::RwLock::new(()),
         });
-        // Replay what the journal holds, destage it, then drop it. Placed
-        // writes whose data reached the disk keep their blocks: those are
-        // taken out of the free space before anything is replayed.
+        vol.replay(&old)?;
+        vol.checkpoint()?;
+        vol.save_state(false)?;
+        let v = vol.clone();
+        *lock(&vol.destager) = Some(std::thread::spawn(move || v.destage_loop()));
+        Ok(vol)
+    }
+
+    /// Replays the journals `old` left by an unclean stop: what they
+    /// hold is destaged (the checkpoint after makes it durable and drops
+    /// them). Placed writes whose data reached the disk keep their
+    /// blocks: those are taken out of the free space before anything is
+    /// replayed.
+    fn replay(&self, old: &[(u64, PathBuf)]) -> Result<()> {
         let mut journals = Vec::new();
-        for (_, p) in &old {
+        for (_, p) in old {
             // Durable before the replay writes anything (a kill -9 left
             // them in the page cache only).
             File::open(p)
                 .and_then(|f| f.sync_all())
                 .map_err(ioe(p.display().to_string()))?;
             let recs = journal::read(p, BLOCK).map_err(ioe(p.display().to_string()))?;
-            journals.push((p, vol.keep_placed(recs)?));
+            journals.push((p, self.keep_placed(recs)?));
         }
         for (p, recs) in journals {
             let mut batch = Batch::default();
@@ -1019,16 +1041,12 @@ impl Volume {
                     Record::Zero { block, count } => batch.zero(block, block + count as u64),
                 }
             }
-            let freed = vol.apply(&batch)?;
-            let mut d = lock(&vol.disk);
+            let freed = self.apply(&batch)?;
+            let mut d = lock(&self.disk);
             d.pending_free.extend(freed);
             d.uncommitted.push(p.clone());
         }
-        vol.checkpoint()?;
-        vol.save_state(false)?;
-        let v = vol.clone();
-        *lock(&vol.destager) = Some(std::thread::spawn(move || v.destage_loop()));
-        Ok(vol)
+        Ok(())
     }
 
     /// A journal's records without the placed writes whose data is not on
@@ -1167,25 +1185,12 @@ impl Volume {
         // Placed blocks read like mapped ones.
         for (i, s) in srcs.iter().enumerate() {
             if let Src::At(d) = s {
-                map[i] = d + 1;
+                map[i] = d.saturating_add(1);
             }
         }
         let on_disk = |s: &Src| matches!(s, Src::Disk | Src::At(_));
         // The disk runs (first index, end, DBN) in the order read.
-        let mut disk_runs = Vec::new();
-        let mut i = 0;
-        while i < n {
-            if on_disk(&srcs[i]) && map[i] != 0 {
-                let mut j = i + 1;
-                while j < n && on_disk(&srcs[j]) && map[j] == map[j - 1] + 1 {
-                    j += 1;
-                }
-                disk_runs.push((i, j, map[i] - 1));
-                i = j;
-            } else {
-                i += 1;
-            }
-        }
+        let disk_runs = disk_runs(&map, |i| on_disk(&srcs[i]));
         // Runs after the first are asked for before the first is read:
         // the disk reads them side by side.
         if disk_runs.len() > 1 {
@@ -1859,8 +1864,8 @@ impl Volume {
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        self.sync_all()?;
         self.readahead.stop();
+        self.sync_all()?;
         lock(&self.mem).stop = true;
         self.kick.notify_all();
         // Writes in place under way reach the file before it is marked
@@ -2057,7 +2062,7 @@ fn neighbour_runs(v: &[u64]) -> impl Iterator<Item = (usize, usize)> + '_ {
         }
         let s = i;
         i += 1;
-        while i < v.len() && v[i] == v[i - 1] + 1 {
+        while i < v.len() && v[i - 1].checked_add(1) == Some(v[i]) {
             i += 1;
         }
         Some((s, i))
