@@ -4,6 +4,7 @@
   scripts/bench-volume.py WORK [--size 256M] [--thresholds 1,2,4,8] [--caches 1,0.5,0.25]
   scripts/bench-volume.py WORK --fio [--fio-size 512M] [--runtime 10]
   scripts/bench-volume.py WORK --snapshots [--snapshot-size 1G] [--repeat 3]
+  scripts/bench-volume.py WORK --fs-image [--tree DIR] [--changes DIR] [--image-size 1G]
   scripts/bench-volume.py WORK --mixed [--size 128M] [--phases seq,rand]
       [--settings off,1,2,4,8,auto,oracle] [--every 8] [--reads 4] [--seq-blocks 32]
       [--rand-reads 4] [--poll 64]
@@ -29,6 +30,16 @@ of random data snapshotted once; then per round 3 × 64 KiB written into
 three 2 MiB segments, a snapshot that reads only what changed, and — its
 change set removed (unknown, as after a crash) — a snapshot of the same
 image that reads everything (page cache dropped before each).
+
+File-system mode (`--fs-image [--tree /usr/lib/python3] [--changes
+/usr/share/doc] [--change-files 300] [--image-size 1G]`): real data. An
+ext4 image of `--tree` (`mkfs.ext4 -d`), and a second one made from it
+with debugfs (a directory of `--change-files` files of `--changes` added,
+a file removed; `e2fsck` clean). The volume gets the first image's
+non-zero blocks, a snapshot, then only the blocks that differ in the
+second (what a VM writes), and a second snapshot; restic and borg back
+up the image file, then the second image in its place. Page cache
+dropped before each backup.
 
 Mixed mode (`--threshold auto`): the same trace, written with reads
 interleaved, so that the server sees how the volume is read while it
@@ -649,6 +660,107 @@ def snapshots_mode(a):
     return rows
 
 
+def fs_image_mode(a):
+    """A real file system changed between two snapshots, against restic
+    and borg backing up the same image file (see the module docstring)."""
+    img1, img2 = os.path.join(a.work, "fs1.img"), os.path.join(a.work, "fs2.img")
+    size = size_arg(a.image_size)
+    for p in (img1, img2):
+        if os.path.exists(p):
+            os.remove(p)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-d", a.tree, img1, str(size // 1024) + "k"], check=True)
+    subprocess.run(["cp", "--sparse=always", img1, img2], check=True)
+    # A week's work: files added, one directory removed, files appended to.
+    src = sorted(os.path.join(d, f) for d, _, fs in os.walk(a.changes) for f in fs
+                 if os.path.isfile(os.path.join(d, f)) and not os.path.islink(os.path.join(d, f)))
+    cmds = ["mkdir /week2"] + [f"write {p} /week2/f{i}" for i, p in enumerate(src[:a.change_files])]
+    files = sorted(e for e in os.listdir(a.tree) if os.path.isfile(os.path.join(a.tree, e)))
+    if files:
+        cmds.append(f"rm /{files[0]}")
+    cf = os.path.join(a.work, "debugfs.cmds")
+    with open(cf, "w") as f:
+        f.write("\n".join(cmds) + "\n")
+    subprocess.run(["debugfs", "-w", "-f", cf, img2], check=True, capture_output=True)
+    subprocess.run(["e2fsck", "-fn", img2], check=True, capture_output=True)
+    # The volume: image 1 written (its non-zero blocks), then only the
+    # blocks that differ in image 2 — what a VM writes.
+    repo = os.path.join(a.work, "repo-fs")
+    sock = os.path.join(a.work, "fs.sock")
+    subprocess.run(["rm", "-rf", repo], check=True)
+    strata(repo, "init")
+    strata(repo, "volume", "create", "v", "--size", str(size))
+    zero = bytes(BLOCK)
+    changed_blocks = 0
+    with open(img1, "rb") as f1, open(img2, "rb") as f2:
+        for phase in (1, 2):
+            s = Served(repo, "v", sock)
+            h = connect(sock, "v")
+            f1.seek(0)
+            f2.seek(0)
+            for off in range(0, size, 1 << 20):
+                a1, a2 = f1.read(1 << 20), f2.read(1 << 20)
+                for i in range(0, len(a1), BLOCK):
+                    b1, b2 = a1[i:i + BLOCK], a2[i:i + BLOCK]
+                    if phase == 1 and b1 != zero:
+                        h.pwrite(b1, off + i)
+                    elif phase == 2 and b1 != b2:
+                        h.pwrite(b2, off + i)
+                        changed_blocks += 1
+            h.flush()
+            h.shutdown()
+            s.stop()
+            if phase == 1:
+                drop_caches()
+                t = time.perf_counter()
+                strata(repo, "volume", "snapshot", "v")
+                first_s = time.perf_counter() - t
+    drop_caches()
+    t = time.perf_counter()
+    r = strata(repo, "volume", "snapshot", "v")
+    rows = [{"tool": "strata volume snapshot", "first_s": first_s,
+             "second_s": time.perf_counter() - t, "read_bytes": r["read_bytes"],
+             "added_bytes": r["new_stored_bytes"]}]
+    env = dict(os.environ, RESTIC_PASSWORD="bench", BORG_PASSPHRASE="",
+               BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK="yes")
+    target = os.path.join(a.work, "vm.img")
+
+    def peer(name, init, backup, du):
+        subprocess.run(["rm", "-rf", du], check=True)
+        subprocess.run(init, check=True, capture_output=True, env=env)
+        times = []
+        for img in (img1, img2):
+            subprocess.run(["cp", "--sparse=always", img, target], check=True)
+            before = dir_bytes(du)
+            drop_caches()
+            t = time.perf_counter()
+            subprocess.run(backup, check=True, capture_output=True, env=env)
+            times.append((time.perf_counter() - t, dir_bytes(du) - before))
+        rows.append({"tool": name, "first_s": times[0][0], "second_s": times[1][0],
+                     "read_bytes": None, "added_bytes": times[1][1]})
+
+    rr = os.path.join(a.work, "restic-fs")
+    peer("restic 0.14 backup", ["restic", "-r", rr, "init"],
+         ["restic", "-r", rr, "backup", target], rr)
+    br = os.path.join(a.work, "borg-fs")
+    peer("borg 1.2 create", ["borg", "init", "-e", "none", br],
+         ["borg", "create", br + "::{now:%s.%f}", target], br)
+    for p in (img1, img2, target):
+        os.remove(p)
+    subprocess.run(["rm", "-rf", repo, rr, br], check=True)
+    return changed_blocks, rows
+
+
+def dir_bytes(path):
+    total = 0
+    for d, _, fs in os.walk(path):
+        for f in fs:
+            try:
+                total += os.lstat(os.path.join(d, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("work")
@@ -670,8 +782,25 @@ def main():
     ap.add_argument("--poll", type=int, default=64)
     ap.add_argument("--snapshots", action="store_true")
     ap.add_argument("--snapshot-size", default="1G")
+    ap.add_argument("--fs-image", action="store_true")
+    ap.add_argument("--tree", default="/usr/lib/python3")
+    ap.add_argument("--changes", default="/usr/share/doc")
+    ap.add_argument("--change-files", type=int, default=300)
+    ap.add_argument("--image-size", default="1G")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
+    if a.fs_image:
+        changed, rows = fs_image_mode(a)
+        json.dump({"changed_blocks": changed, "rows": rows},
+                  open(os.path.join(a.work, "volume-fs-image.json"), "w"), indent=1)
+        print(f"image 2 differs from image 1 in {changed} blocks of 4 KiB")
+        print("| tool | first backup s | second backup s | second read | second added |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            rd = "–" if r["read_bytes"] is None else f"{r['read_bytes'] / 2**20:.0f} MiB"
+            print(f"| {r['tool']} | {r['first_s']:.2f} | {r['second_s']:.2f} | {rd} | "
+                  f"{r['added_bytes'] / 2**20:.1f} MiB |")
+        return
     if a.snapshots:
         rows = snapshots_mode(a)
         json.dump(rows, open(os.path.join(a.work, "volume-snapshots.json"), "w"), indent=1)
