@@ -719,7 +719,7 @@ def fs_image_mode(a):
     r = strata(repo, "volume", "snapshot", "v")
     rows = [{"tool": "strata volume snapshot", "first_s": first_s,
              "second_s": time.perf_counter() - t, "read_bytes": r["read_bytes"],
-             "added_bytes": r["new_stored_bytes"]}]
+             "added_bytes": r["new_stored_bytes"], "new_chunk_bytes": r["new_raw_bytes"]}]
     env = dict(os.environ, RESTIC_PASSWORD="bench", BORG_PASSPHRASE="",
                BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK="yes")
     target = os.path.join(a.work, "vm.img")

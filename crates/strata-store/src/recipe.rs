@@ -532,11 +532,17 @@ impl<'r> RecipeWriter<'r> {
             .map_err(|e| StoreError::Invalid(format!("cannot encode a recipe node: {e}")))?;
         self.count += 1;
         self.nodes += 1;
+        // A whole piece of a large file is a part of its own: a version
+        // that changes a few of the file's blocks (a disk image) writes
+        // the parts of those pieces again, not their neighbours'.
+        let whole_piece =
+            node.segments.iter().map(|s| s.chunks.len()).sum::<usize>() >= PIECE_CHUNKS;
         // The node's chunk list goes before the part is sealed: a single
         // large file's node is most of a part, and would otherwise be held
         // beside its encoding and the sealed part.
         node.segments = Vec::new();
         let cut = self.count >= MAX_NODES
+            || whole_piece
             || self.body.len() >= self.part_bytes
             || (self.count >= MIN_NODES && path_cuts(self.repo, &node.path));
         self.last = Some(node);
@@ -913,6 +919,27 @@ mod tests {
             segments,
             ..Node::new(path.as_bytes().to_vec(), NodeKind::File)
         }
+    }
+
+    /// Each whole piece of a large file is a part of its own: a version
+    /// that changes one chunk of the file writes one part again (the
+    /// piece's), and shares all the others with the version before.
+    #[test]
+    fn a_changed_piece_is_the_only_part_written_again() {
+        let d = tempfile::tempdir().unwrap();
+        let repo = repo(d.path());
+        let mut t = Recipe {
+            nodes: vec![big_file("vm.img", 256)], // 131072 chunks: 8 pieces
+            containers: (0..4).map(|i| ContainerId([i as u8; 16])).collect(),
+        };
+        let (v1, _) = put(&repo, t.clone()).unwrap();
+        let p1 = part_ids(&repo, &v1).unwrap();
+        assert_eq!(p1.len(), 8, "one part per piece");
+        t.nodes[0].segments[100].chunks[7].offset += 1;
+        let (v2, _) = put(&repo, t).unwrap();
+        let p2 = part_ids(&repo, &v2).unwrap();
+        let new: Vec<_> = p2.iter().filter(|p| !p1.contains(p)).collect();
+        assert_eq!(new.len(), 1, "{new:?}");
     }
 
     /// A file larger than a piece is stored as several nodes of its path
