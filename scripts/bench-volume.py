@@ -160,6 +160,12 @@ def connect(sock, name):
     return h
 
 
+def serve_and_connect(repo, sock):
+    """Serves volume `v` of `repo` on `sock` and connects to it."""
+    s = Served(repo, "v", sock)
+    return s, connect(sock, "v")
+
+
 CDF_POINTS = [1, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 98, 99, 99.5, 99.9]
 
 
@@ -263,16 +269,14 @@ def one_setting(work, label, reqs, vol_blocks, create_args):
     strata(repo, "init")
     strata(repo, "volume", "create", "v", "--size", str(vol_blocks * BLOCK), *create_args)
     sock = os.path.join(work, label + ".sock")
-    s = Served(repo, "v", sock)
-    h = connect(sock, "v")
+    s, h = serve_and_connect(repo, sock)
     wlat, write_s = timed(reqs, lambda first, data: h.pwrite(data, first * BLOCK))
     h.flush()
     h.shutdown()
     s.stop()
     st_w = strata(repo, "volume", "stats", "v")
     drop_caches()
-    s = Served(repo, "v", sock)
-    h = connect(sock, "v")
+    s, h = serve_and_connect(repo, sock)
     io0 = disk_reads(work)
     rlat, read_s = timed(reqs, lambda first, data: h.pread(len(data), first * BLOCK))
     io1 = disk_reads(work)
@@ -283,8 +287,7 @@ def one_setting(work, label, reqs, vol_blocks, create_args):
     # The whole volume read from start to end, cold, 1 MiB at a time (a
     # copy or a scan: what readahead in the volume's order is for).
     drop_caches()
-    s = Served(repo, "v", sock)
-    h = connect(sock, "v")
+    s, h = serve_and_connect(repo, sock)
     size = vol_blocks * BLOCK
     t = time.perf_counter()
     for off in range(0, size, 1 << 20):
@@ -406,8 +409,7 @@ def mixed_setting(work, setting, reqs, vol_blocks, n_writes, sched, poll_every):
         "--cache", str(n_writes * NODE_BYTES)]
     strata(repo, "volume", "create", "v", "--size", str(vol_blocks * BLOCK), *args)
     sock = os.path.join(work, "mixed.sock")
-    s = Served(repo, "v", sock)
-    h = connect(sock, "v")
+    s, h = serve_and_connect(repo, sock)
     img = {}
     wlat, live_rlat = [], []
     bad_live = 0
@@ -430,8 +432,7 @@ def mixed_setting(work, setting, reqs, vol_blocks, n_writes, sched, poll_every):
             poll(phase[i - 1])
             set_threshold(repo, ORACLE[kinds[phase[i]]])
             serve[0] += 1
-            s = Served(repo, "v", sock)
-            h = connect(sock, "v")
+            s, h = serve_and_connect(repo, sock)
         t = time.perf_counter()
         h.pwrite(data, first * BLOCK)
         wlat.append(time.perf_counter() - t)
@@ -456,8 +457,7 @@ def mixed_setting(work, setting, reqs, vol_blocks, n_writes, sched, poll_every):
     bad_replay = 0
     for p, kind in enumerate(kinds):
         drop_caches()
-        s = Served(repo, "v", sock)
-        h = connect(sock, "v")
+        s, h = serve_and_connect(repo, sock)
         lat = []
         for i in sorted(reads):
             if phase[i] != p:
@@ -479,8 +479,7 @@ def mixed_setting(work, setting, reqs, vol_blocks, n_writes, sched, poll_every):
             "thresholds_chosen": [b[3] for b in batches if b[0] == p],
         })
     # Every block of the final image.
-    s = Served(repo, "v", sock)
-    h = connect(sock, "v")
+    s, h = serve_and_connect(repo, sock)
     bad = sum(1 for b, d in img.items() if h.pread(BLOCK, b * BLOCK) != d)
     h.shutdown()
     s.stop()
@@ -627,8 +626,7 @@ def snapshots_mode(a):
     size = size_arg(a.snapshot_size)
     strata(repo, "init")
     strata(repo, "volume", "create", "v", "--size", str(size))
-    s = Served(repo, "v", sock)
-    h = connect(sock, "v")
+    s, h = serve_and_connect(repo, sock)
     for off in range(0, size, 1 << 20):
         h.pwrite(os.urandom(min(1 << 20, size - off)), off)
     h.flush()
@@ -646,8 +644,7 @@ def snapshots_mode(a):
     seg = 2 << 20
     nseg = size // seg
     for rnd in range(a.repeat):
-        s = Served(repo, "v", sock)
-        h = connect(sock, "v")
+        s, h = serve_and_connect(repo, sock)
         for k in (1, nseg // 3, 2 * nseg // 3):
             h.pwrite(os.urandom(65536), min(k + rnd, nseg - 1) * seg + 8192)
         h.flush()
@@ -693,8 +690,7 @@ def fs_image_mode(a):
     changed_blocks = 0
     with open(img1, "rb") as f1, open(img2, "rb") as f2:
         for phase in (1, 2):
-            s = Served(repo, "v", sock)
-            h = connect(sock, "v")
+            s, h = serve_and_connect(repo, sock)
             f1.seek(0)
             f2.seek(0)
             for off in range(0, size, 1 << 20):

@@ -750,25 +750,14 @@ impl ImageSource {
         if n == 0 {
             return Ok(());
         }
-        match self {
-            ImageSource::Live { vol, .. } => {
-                vol.read_range(at, buf, false)?;
-            }
-            ImageSource::Frozen {
-                conn, map, data, ..
-            } => {
-                // The image is read from start to end: the disk blocks of
-                // the next read are asked for before this one is read.
-                let first = at / BLOCK as u64;
-                let nb = (n / BLOCK) as u64;
-                let left = (size.saturating_sub(at + n as u64) as usize).min(IMAGE_READ);
-                prefetch(map, data, first + nb, (left / BLOCK) as u64);
-                read_frozen(map, data, first, buf)?;
-                if let Some(c) = conn {
-                    crate::control::still_frozen(c)?;
-                }
-            }
+        // The image is read from start to end: a frozen image's disk
+        // blocks of the next read are asked for before this one is read.
+        if let ImageSource::Frozen { map, data, .. } = self {
+            let next = (at + n as u64) / BLOCK as u64;
+            let left = (size.saturating_sub(at + n as u64) as usize).min(IMAGE_READ);
+            prefetch(map, data, next, (left / BLOCK) as u64);
         }
+        self.read_exact_at(at, buf)?;
         let (ImageSource::Live { pos, .. } | ImageSource::Frozen { pos, .. }) = self;
         *pos += n as u64;
         Ok(())
