@@ -6,8 +6,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use strata_core::format::{
-    decode, decode_key_slot, decode_lock, decode_recipe_object, decode_snapshot,
-    ContainerFooter, ContainerMeta, IndexObject, IndexSummary, Recipe, RepoConfig,
+    decode, decode_index_summary, decode_key_slot, decode_lock, decode_recipe_object,
+    decode_snapshot, ContainerFooter, ContainerMeta, IndexObject, Recipe, RepoConfig,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -23,7 +23,7 @@ fuzz_target!(|data: &[u8]| {
         5 => drop(decode::<ContainerMeta>("container metadata", b)),
         6 => drop(ContainerFooter::parse(b)),
         7 => drop(decode::<IndexObject>("index", b)),
-        8 => drop(decode::<IndexSummary>("index summary", b)),
+        8 => drop(decode_index_summary(b)),
         _ => drop(decode_lock(b)),
     }
 });

@@ -359,14 +359,157 @@ impl ContainerSummary {
     }
 }
 
+/// A segment stored whole in a container, as an index summary carries
+/// it: what the `segment` index strategy learns of it, so that a backup
+/// reads summaries instead of every chunk entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentSummary {
+    pub entry: SegmentEntry,
+    /// The least and the greatest chunk fingerprint of its run (two
+    /// min-hashes under opposite orders); none when the run does not lie
+    /// within the container's chunk entries.
+    pub reps: Option<[Fingerprint; 2]>,
+}
+
+impl SegmentSummary {
+    /// The representatives of a run of chunk fingerprints: its least and
+    /// its greatest.
+    pub fn representatives(fps: impl IntoIterator<Item = Fingerprint>) -> Option<[Fingerprint; 2]> {
+        fps.into_iter().fold(None, |acc, fp| match acc {
+            None => Some([fp, fp]),
+            Some([lo, hi]) => Some([lo.min(fp), hi.max(fp)]),
+        })
+    }
+}
+
+impl ContainerMeta {
+    /// Its whole segments with their representatives.
+    pub fn segment_summaries(&self) -> Vec<SegmentSummary> {
+        self.segments
+            .iter()
+            .map(|s| {
+                let run = self.chunks.get(
+                    s.first_chunk as usize
+                        ..(s.first_chunk as usize).saturating_add(s.chunks as usize),
+                );
+                SegmentSummary {
+                    entry: *s,
+                    reps: run.and_then(|r| SegmentSummary::representatives(r.iter().map(|e| e.fp))),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Version byte of an [`IndexSummary`]: 2 added the containers' segments;
+/// version 1 is still read (no segments: a reader that needs them reads
+/// the index object).
+pub const INDEX_SUMMARY_VERSION: u8 = 2;
+
 /// The summaries of one index object's containers, stored as
 /// `isum/HASH` beside `index/HASH`. The name it summarises is inside too,
 /// so a summary cannot be passed off for another index object.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IndexSummary {
     /// The full name of the index object (`index/HASH`).
     pub index: String,
     pub containers: Vec<ContainerSummary>,
+    /// The whole segments of each container, in the order of
+    /// `containers` (none in a version-1 summary).
+    pub segments: Option<Vec<Vec<SegmentSummary>>>,
+}
+
+impl IndexSummary {
+    /// The summary of index object `index` holding `metas`.
+    pub fn of(index: String, metas: &[ContainerMeta]) -> IndexSummary {
+        IndexSummary {
+            index,
+            containers: metas.iter().map(|m| m.summary()).collect(),
+            segments: Some(metas.iter().map(|m| m.segment_summaries()).collect()),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct IndexSummaryV1 {
+    index: String,
+    containers: Vec<ContainerSummary>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct IndexSummaryV2 {
+    index: String,
+    containers: Vec<ContainerSummary>,
+    segments: Vec<Vec<SegmentSummary>>,
+}
+
+/// Encodes an index summary: version 2 with its segments, version 1
+/// without.
+pub fn encode_index_summary(s: &IndexSummary) -> Result<Vec<u8>> {
+    let enc = |e: postcard::Error| CoreError::Encode(e.to_string());
+    match &s.segments {
+        Some(segments) => postcard::to_extend(
+            &IndexSummaryV2 {
+                index: s.index.clone(),
+                containers: s.containers.clone(),
+                segments: segments.clone(),
+            },
+            vec![INDEX_SUMMARY_VERSION],
+        )
+        .map_err(enc),
+        None => postcard::to_extend(
+            &IndexSummaryV1 {
+                index: s.index.clone(),
+                containers: s.containers.clone(),
+            },
+            vec![STRUCT_VERSION],
+        )
+        .map_err(enc),
+    }
+}
+
+/// Decodes an index summary of version 1 or 2 (one whose segments do not
+/// match its containers one to one is refused).
+pub fn decode_index_summary(bytes: &[u8]) -> Result<IndexSummary> {
+    const WHAT: &str = "index summary";
+    let (&v, body) = bytes.split_first().ok_or(CoreError::Truncated(WHAT))?;
+    let dec = |e: postcard::Error| CoreError::Decode {
+        what: WHAT,
+        msg: e.to_string(),
+    };
+    match v {
+        1 => {
+            let s: IndexSummaryV1 = postcard::from_bytes(body).map_err(dec)?;
+            Ok(IndexSummary {
+                index: s.index,
+                containers: s.containers,
+                segments: None,
+            })
+        }
+        INDEX_SUMMARY_VERSION => {
+            let s: IndexSummaryV2 = postcard::from_bytes(body).map_err(dec)?;
+            if s.segments.len() != s.containers.len() {
+                return Err(CoreError::Decode {
+                    what: WHAT,
+                    msg: format!(
+                        "{} containers but segments of {}",
+                        s.containers.len(),
+                        s.segments.len()
+                    ),
+                });
+            }
+            Ok(IndexSummary {
+                index: s.index,
+                containers: s.containers,
+                segments: Some(s.segments),
+            })
+        }
+        found => Err(CoreError::UnknownVersion {
+            what: WHAT,
+            found,
+            supported: INDEX_SUMMARY_VERSION,
+        }),
+    }
 }
 
 /// Magic at the start of every data container.
@@ -942,6 +1085,65 @@ mod tests {
         assert_eq!(v, want);
         assert_eq!(path_cmp(b"x", b"x"), Equal);
         assert_eq!(path_cmp(b"x/", b"x"), Greater);
+    }
+
+    #[test]
+    fn index_summaries_of_both_versions_decode() {
+        let fp = |b: u8| Fingerprint([b; 32]);
+        let entry = |b: u8| ChunkEntry {
+            fp: fp(b),
+            region: 0,
+            offset: 0,
+            len: 4096,
+        };
+        let meta = ContainerMeta {
+            id: ContainerId([3; 16]),
+            data_len: 100,
+            created: 5,
+            stamp: None,
+            regions: vec![],
+            chunks: vec![entry(9), entry(2), entry(7), entry(1)],
+            segments: vec![
+                SegmentEntry {
+                    fp: fp(40),
+                    first_chunk: 0,
+                    chunks: 3,
+                },
+                // A run past the chunk entries: no representatives.
+                SegmentEntry {
+                    fp: fp(41),
+                    first_chunk: 3,
+                    chunks: u32::MAX,
+                },
+            ],
+        };
+        let s = IndexSummary::of("index/ab".into(), std::slice::from_ref(&meta));
+        let segs = s.segments.as_ref().unwrap();
+        assert_eq!(segs[0][0].reps, Some([fp(2), fp(9)]));
+        assert_eq!(segs[0][1].reps, None);
+        let v2 = encode_index_summary(&s).unwrap();
+        assert_eq!(v2[0], INDEX_SUMMARY_VERSION);
+        assert_eq!(decode_index_summary(&v2).unwrap(), s);
+        // Version 1 (what earlier builds wrote): no segments.
+        let v1 = encode(&IndexSummaryV1 {
+            index: s.index.clone(),
+            containers: s.containers.clone(),
+        })
+        .unwrap();
+        let old = decode_index_summary(&v1).unwrap();
+        assert_eq!((old.index, old.segments), (s.index.clone(), None));
+        assert_eq!(old.containers, s.containers);
+        // Segments that do not match the containers one to one.
+        let mut bad = s.clone();
+        bad.segments = Some(vec![]);
+        assert!(decode_index_summary(&encode_index_summary(&bad).unwrap()).is_err());
+        let mut future = v2.clone();
+        future[0] = 9;
+        assert!(matches!(
+            decode_index_summary(&future),
+            Err(CoreError::UnknownVersion { found: 9, .. })
+        ));
+        assert!(decode_index_summary(&[]).is_err());
     }
 
     #[test]

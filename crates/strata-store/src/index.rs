@@ -15,7 +15,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use strata_core::crypto::Kind;
 use strata_core::format::{
-    encode, ContainerId, ContainerMeta, ContainerSummary, IndexObject, IndexSummary,
+    encode_index_summary, ContainerId, ContainerMeta, ContainerSummary, IndexObject, IndexSummary,
+    SegmentSummary,
 };
 use strata_core::Fingerprint;
 
@@ -101,17 +102,13 @@ pub fn put_index_object(
     repo: &Repository,
     containers: Vec<ContainerMeta>,
 ) -> Result<(String, u64)> {
-    let summary: Vec<ContainerSummary> = containers.iter().map(|m| m.summary()).collect();
+    let mut summary = IndexSummary::of(String::new(), &containers);
     let (id, n) = repo.put_struct(Kind::Index, "index", &IndexObject { containers })?;
     let name = format!("index/{id}");
-    let env = repo.sealer().seal(
-        Kind::IndexSummary,
-        &encode(&IndexSummary {
-            index: name.clone(),
-            containers: summary,
-        })?,
-        true,
-    )?;
+    summary.index = name.clone();
+    let env = repo
+        .sealer()
+        .seal(Kind::IndexSummary, &encode_index_summary(&summary)?, true)?;
     repo.backend().put(&summary_name(&name), &env)?;
     Ok((name, n + env.len() as u64))
 }
@@ -180,6 +177,18 @@ impl RepoIndex {
     /// object where a summary is missing or damaged): everything but chunk
     /// entries, at about 1/200 of the bytes.
     pub fn load_summaries(repo: &Repository) -> Result<Self> {
+        Self::load_segments(repo, false, |_, _| {})
+    }
+
+    /// [`Self::load_summaries`], handing each container (once per id, as
+    /// [`Self::load`]) with its whole segments to `each`. With `segments`,
+    /// an object whose summary is of version 1 (no segments) is read
+    /// whole; without, `each` gets what the summary has.
+    pub fn load_segments(
+        repo: &Repository,
+        segments: bool,
+        mut each: impl FnMut(&ContainerSummary, &[SegmentSummary]),
+    ) -> Result<Self> {
         let mut idx = RepoIndex::default();
         let objects = repo.backend().list("index/")?;
         let have: HashSet<String> = repo
@@ -195,7 +204,8 @@ impl RepoIndex {
         for o in objects {
             let summary = if have.contains(&summary_name(&o.name)) {
                 match repo.load_index_summary(&o.name) {
-                    Ok(s) => Some(s.containers),
+                    Ok(s) if !segments || s.segments.is_some() => Some(s),
+                    Ok(_) => None,
                     Err(e) => {
                         tracing::warn!("{e}; reading {} whole", o.name);
                         None
@@ -204,16 +214,20 @@ impl RepoIndex {
             } else {
                 None
             };
-            let sums = match summary {
+            let s = match summary {
                 Some(s) => s,
-                None => repo
-                    .load_index_object(&o.name)?
-                    .containers
-                    .iter()
-                    .map(|m| m.summary())
-                    .collect(),
+                None => {
+                    IndexSummary::of(o.name.clone(), &repo.load_index_object(&o.name)?.containers)
+                }
             };
-            idx.add_object(o.name, sums);
+            let segs = s.segments.unwrap_or_default();
+            let mut seen = HashSet::new();
+            for (i, c) in s.containers.iter().enumerate() {
+                if !idx.containers.contains_key(&c.id) && seen.insert(c.id) {
+                    each(c, segs.get(i).map(Vec::as_slice).unwrap_or_default());
+                }
+            }
+            idx.add_object(o.name, s.containers);
         }
         Ok(idx)
     }
@@ -377,11 +391,18 @@ pub trait IndexStrategy: Send + Sync {
     fn release_segment(&self, _segment: &Fingerprint) {}
     /// Learns the contents of a container listed in the repository index.
     fn add_container(&self, table: &ContainerTable, meta: &ContainerMeta);
-    /// False for strategies that keep chunk locations on the side (SiLo's
-    /// blocks, Extreme Binning's bins): they need only the known container
-    /// ids, so a backup reads the index summaries, not every chunk entry.
-    fn learns_chunk_entries(&self) -> bool {
-        true
+    /// Learns a container's whole segments, for a strategy that learns
+    /// only those ([`Learns::Segments`]).
+    fn add_segments(
+        &self,
+        _table: &ContainerTable,
+        _c: &ContainerSummary,
+        _segments: &[SegmentSummary],
+    ) {
+    }
+    /// What a backup reads of the repository index for this strategy.
+    fn learns(&self) -> Learns {
+        Learns::Chunks
     }
     /// Called once a segment (or a group of small files looked up as one)
     /// is stored: every non-zero chunk with its location, its plaintext
@@ -407,6 +428,21 @@ pub trait IndexStrategy: Send + Sync {
     }
 }
 
+/// What an index strategy learns from the repository index when a backup
+/// begins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Learns {
+    /// Every chunk entry ([`IndexStrategy::add_container`]): the index
+    /// objects are read whole.
+    Chunks,
+    /// Each container's whole segments ([`IndexStrategy::add_segments`]):
+    /// the index summaries, about 1/100 of the bytes.
+    Segments,
+    /// Only which containers exist: strategies that keep chunk locations
+    /// on the side (SiLo's blocks, Extreme Binning's bins).
+    Containers,
+}
+
 /// Builds the repository's configured index strategy from its index
 /// objects, interning container ids in `table`.
 pub fn build_strategy(
@@ -429,22 +465,28 @@ pub fn build_strategy(
     };
     // Stamped containers hold archival data that expires with its owner:
     // new backups must never reference it, so no strategy learns it.
-    let idx = if strategy.learns_chunk_entries() {
-        RepoIndex::load(repo, |m| {
+    let idx = match strategy.learns() {
+        Learns::Chunks => RepoIndex::load(repo, |m| {
             if m.stamp.is_none() {
                 strategy.add_container(table, m)
             }
-        })?
-    } else {
-        let idx = RepoIndex::load_summaries(repo)?;
-        for o in &idx.objects {
-            for id in &idx.contents[o] {
-                if idx.containers[id].stamp.is_none() {
-                    table.intern(*id);
+        })?,
+        Learns::Segments => RepoIndex::load_segments(repo, true, |c, segments| {
+            if c.stamp.is_none() {
+                strategy.add_segments(table, c, segments)
+            }
+        })?,
+        Learns::Containers => {
+            let idx = RepoIndex::load_summaries(repo)?;
+            for o in &idx.objects {
+                for id in &idx.contents[o] {
+                    if idx.containers[id].stamp.is_none() {
+                        table.intern(*id);
+                    }
                 }
             }
+            idx
         }
-        idx
     };
     Ok((strategy, idx))
 }
@@ -651,7 +693,7 @@ impl SegmentIndex {
 /// fingerprints (two min-hashes under opposite orders: a similar segment
 /// shares at least one with a probability ~ 1 − (1 − resemblance)²).
 fn representatives(chunks: &[Fingerprint]) -> Option<[Fingerprint; 2]> {
-    Some([*chunks.iter().min()?, *chunks.iter().max()?])
+    SegmentSummary::representatives(chunks.iter().copied())
 }
 
 impl SegmentIndex {
@@ -826,24 +868,32 @@ impl IndexStrategy for SegmentIndex {
     }
 
     fn add_container(&self, table: &ContainerTable, meta: &ContainerMeta) {
-        let c = table.intern(meta.id);
-        for s in &meta.segments {
+        self.add_segments(table, &meta.summary(), &meta.segment_summaries())
+    }
+
+    fn add_segments(
+        &self,
+        table: &ContainerTable,
+        c: &ContainerSummary,
+        segments: &[SegmentSummary],
+    ) {
+        let c = table.intern(c.id);
+        for s in segments {
+            let e = &s.entry;
             let loc = SegLoc {
                 container: c,
-                first: s.first_chunk,
-                chunks: s.chunks,
+                first: e.first_chunk,
+                chunks: e.chunks,
             };
-            self.shard(&s.fp).entry(s.fp).or_insert(loc);
-            let run = meta
-                .chunks
-                .get(s.first_chunk as usize..(s.first_chunk + s.chunks) as usize);
-            if let Some(run) = run {
-                let fps: Vec<Fingerprint> = run.iter().map(|e| e.fp).collect();
-                for rep in representatives(&fps).into_iter().flatten() {
-                    self.reps.shard(&rep).entry(rep).or_insert(loc);
-                }
+            self.shard(&e.fp).entry(e.fp).or_insert(loc);
+            for rep in s.reps.into_iter().flatten() {
+                self.reps.shard(&rep).entry(rep).or_insert(loc);
             }
         }
+    }
+
+    fn learns(&self) -> Learns {
+        Learns::Segments
     }
 }
 

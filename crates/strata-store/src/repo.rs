@@ -10,7 +10,7 @@
 //! | `data/XX/ID` | data container: regions + metadata section + footer |
 //! | `meta/XX/ID` | the container's metadata section on its own |
 //! | `index/HASH` | [`IndexObject`]: metadata of many containers |
-//! | `isum/HASH` | [`IndexSummary`] of `index/HASH`: the same containers without chunk entries |
+//! | `isum/HASH` | [`IndexSummary`] of `index/HASH`: the same containers without chunk entries, with their whole segments |
 //! | `recipes/HASH` | [`strata_core::format::RecipeIndex`] of one version: its parts |
 //! | `parts/NAME` | [`Recipe`]: one part of a version's tree (NAME: keyed hash of its bytes) |
 //! | `snapshots/HASH` | [`Snapshot`]: the commit record of one version |
@@ -579,12 +579,7 @@ impl Repository {
     pub fn load_index_summary(&self, index_name: &str) -> Result<IndexSummary> {
         let name = crate::index::summary_name(index_name);
         let decode_summary = |raw: &[u8]| -> Result<IndexSummary> {
-            let bytes = self
-                .sealer
-                .open(Kind::IndexSummary, raw)
-                .map_err(|e| StoreError::corrupt(&name, e))?;
-            let s: IndexSummary =
-                decode("index summary", &bytes).map_err(|e| StoreError::corrupt(&name, e))?;
+            let s = self.open_index_summary(&name, raw)?;
             if s.index != index_name {
                 return Err(StoreError::corrupt(
                     &name,
@@ -598,6 +593,20 @@ impl Repository {
         };
         let raw = self.get_cached_if(&name, |b| decode_summary(b).is_ok())?;
         decode_summary(&raw)
+    }
+
+    /// Reads the summary object `name` (`isum/HASH`) from storage, past
+    /// any local cache.
+    pub fn read_index_summary(&self, name: &str) -> Result<IndexSummary> {
+        self.read_verified(name, |raw| self.open_index_summary(name, raw))
+    }
+
+    fn open_index_summary(&self, name: &str, raw: &[u8]) -> Result<IndexSummary> {
+        let bytes = self
+            .sealer
+            .open(Kind::IndexSummary, raw)
+            .map_err(|e| StoreError::corrupt(name, e))?;
+        strata_core::format::decode_index_summary(&bytes).map_err(|e| StoreError::corrupt(name, e))
     }
 
     /// Keeps local caches (index objects and summaries) under `base`, a

@@ -316,8 +316,8 @@ impl IndexStrategy for SiloStrategy {
         table.intern(meta.id);
     }
 
-    fn learns_chunk_entries(&self) -> bool {
-        false
+    fn learns(&self) -> crate::index::Learns {
+        crate::index::Learns::Containers
     }
 }
 
@@ -446,7 +446,7 @@ impl IndexStrategy for BinningStrategy {
         table.intern(meta.id);
     }
 
-    fn learns_chunk_entries(&self) -> bool {
-        false
+    fn learns(&self) -> crate::index::Learns {
+        crate::index::Learns::Containers
     }
 }
