@@ -104,13 +104,33 @@ pub fn put_index_object(
 ) -> Result<(String, u64)> {
     let mut summary = IndexSummary::of(String::new(), &containers);
     let (id, n) = repo.put_struct(Kind::Index, "index", &IndexObject { containers })?;
-    let name = format!("index/{id}");
-    summary.index = name.clone();
+    summary.index = format!("index/{id}");
+    let m = put_index_summary(repo, &summary)?;
+    Ok((summary.index, n + m))
+}
+
+/// Stores the summary of an index object (`isum/HASH`); returns its
+/// bytes.
+fn put_index_summary(repo: &Repository, summary: &IndexSummary) -> Result<u64> {
     let env = repo
         .sealer()
-        .seal(Kind::IndexSummary, &encode_index_summary(&summary)?, true)?;
-    repo.backend().put(&summary_name(&name), &env)?;
-    Ok((name, n + env.len() as u64))
+        .seal(Kind::IndexSummary, &encode_index_summary(summary)?, true)?;
+    repo.backend().put(&summary_name(&summary.index), &env)?;
+    Ok(env.len() as u64)
+}
+
+/// Stores the summaries a load with segments made from whole index
+/// objects ([`RepoIndex::stale_summaries`]), so that the next load reads
+/// summaries: a repository of an earlier build gets segments in its
+/// summaries at its first backup. Called under a lock that keeps index
+/// objects from being deleted meanwhile (a backup's); a summary is
+/// bookkeeping, so a failure is only logged.
+pub fn upgrade_summaries(repo: &Repository, idx: &mut RepoIndex) {
+    for s in std::mem::take(&mut idx.stale_summaries) {
+        if let Err(e) = put_index_summary(repo, &s) {
+            tracing::warn!("rewriting the summary of {}: {e}", s.index);
+        }
+    }
 }
 
 /// Deletes an index object, then its summary.
@@ -147,6 +167,10 @@ pub struct RepoIndex {
     /// The containers each index object lists.
     pub contents: HashMap<String, Vec<ContainerId>>,
     pub containers: HashMap<ContainerId, ContainerSummary>,
+    /// Summaries made from index objects read whole because their own
+    /// summary had no segments (version 1, or missing) when segments
+    /// were asked for: [`upgrade_summaries`] stores them.
+    pub stale_summaries: Vec<IndexSummary>,
 }
 
 impl RepoIndex {
@@ -217,7 +241,14 @@ impl RepoIndex {
             let s = match summary {
                 Some(s) => s,
                 None => {
-                    IndexSummary::of(o.name.clone(), &repo.load_index_object(&o.name)?.containers)
+                    let s = IndexSummary::of(
+                        o.name.clone(),
+                        &repo.load_index_object(&o.name)?.containers,
+                    );
+                    if segments {
+                        idx.stale_summaries.push(s.clone());
+                    }
+                    s
                 }
             };
             let segs = s.segments.unwrap_or_default();

@@ -1075,6 +1075,46 @@ fn segment_backups_learn_the_index_from_summaries() {
     env.assert_versions(&again, &[v1, v2], "end");
 }
 
+/// A repository of an earlier build has summaries of version 1 (no
+/// segments): a segment backup reads those index objects whole, and
+/// stores their summaries again with segments, so the next one need not.
+#[test]
+fn a_backup_upgrades_summaries_without_segments() {
+    use strata_core::format::{decode_index_summary, encode_index_summary};
+    let env = Env::new();
+    let dir = env.path("repo");
+    let opts = strata_store::InitOptions {
+        index: "segment".into(),
+        ..small_init(true)
+    };
+    let repo = Repository::init(local(&dir), opts).unwrap();
+    populate(&env, 3);
+    let v1 = env.version(&repo);
+    let b = repo.backend().clone();
+    let sums = object_names(b.as_ref(), "isum/");
+    assert!(!sums.is_empty());
+    let has_segments = |n: &str| repo.read_index_summary(n).unwrap().segments.is_some();
+    for n in &sums {
+        assert!(has_segments(n), "{n}: written with segments");
+        // What an earlier build wrote: version 1.
+        let raw = repo.sealer().open(Kind::IndexSummary, &b.get(n).unwrap()).unwrap();
+        let mut s = decode_index_summary(&raw).unwrap();
+        s.segments = None;
+        let old = encode_index_summary(&s).unwrap();
+        assert_eq!(old[0], 1);
+        b.put(n, &repo.sealer().seal(Kind::IndexSummary, &old, true).unwrap()).unwrap();
+        assert!(!has_segments(n));
+    }
+    mutate(&env, 4);
+    let v2 = env.version(&open_repo(local(&dir)));
+    for n in &sums {
+        assert!(has_segments(n), "{n}: upgraded by the backup");
+    }
+    let rep = check_report(&repo, true);
+    assert!(rep.ok() && rep.warnings.is_empty(), "{rep:?}");
+    env.assert_versions(&repo, &[v1, v2], "end");
+}
+
 /// Every index object gets a summary, and the summaries say exactly what
 /// the index objects say, after backups, gc and repair alike.
 #[test]

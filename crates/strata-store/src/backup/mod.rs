@@ -363,7 +363,8 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
     let threads = opts.threads.clamp(1, 256);
     let stages = Arc::new(Stages::new(threads));
     let table = Arc::new(ContainerTable::default());
-    let (strategy, repo_index) = build_strategy(repo, &table)?;
+    let (strategy, mut repo_index) = build_strategy(repo, &table)?;
+    crate::index::upgrade_summaries(repo, &mut repo_index);
     let (parent_id, mut parent) = load_parent(
         repo,
         &series,

@@ -75,7 +75,8 @@ impl DedupWriter {
         let chunker = chunker.unwrap_or(repo.config().chunker);
         chunker.validate()?;
         let table = Arc::new(ContainerTable::default());
-        let (strategy, _) = build_strategy(repo, &table)?;
+        let (strategy, mut idx) = build_strategy(repo, &table)?;
+        crate::index::upgrade_summaries(repo, &mut idx);
         let stages = Arc::new(Stages::new(1));
         let sink = ContainerSink::with_stages(repo, Some(stages.clone()));
         let writer = sink.writer(repo, table.clone());
