@@ -115,7 +115,9 @@ fn put_index_summary(repo: &Repository, summary: &IndexSummary) -> Result<u64> {
     let env = repo
         .sealer()
         .seal(Kind::IndexSummary, &encode_index_summary(summary)?, true)?;
-    repo.backend().put(&summary_name(&summary.index), &env)?;
+    let name = summary_name(&summary.index);
+    repo.backend().put(&name, &env)?;
+    repo.uncache(&name);
     Ok(env.len() as u64)
 }
 
@@ -229,7 +231,14 @@ impl RepoIndex {
             let summary = if have.contains(&summary_name(&o.name)) {
                 match repo.load_index_summary(&o.name) {
                     Ok(s) if !segments || s.segments.is_some() => Some(s),
-                    Ok(_) => None,
+                    // The cache's copy may be older than the stored one
+                    // (upgraded since by another client).
+                    Ok(_) => {
+                        repo.uncache(&summary_name(&o.name));
+                        repo.load_index_summary(&o.name)
+                            .ok()
+                            .filter(|s| s.segments.is_some())
+                    }
                     Err(e) => {
                         tracing::warn!("{e}; reading {} whole", o.name);
                         None

@@ -664,6 +664,15 @@ impl Repository {
         Ok(bytes)
     }
 
+    /// Drops the local cache's copy of object `name` (one whose name is
+    /// not its hash, rewritten in storage: a summary upgraded or
+    /// repaired).
+    pub fn uncache(&self, name: &str) {
+        if let Some(d) = self.cache_dir() {
+            let _ = std::fs::remove_file(d.join(name));
+        }
+    }
+
     /// Drops cached copies of objects under `prefix` that no longer exist.
     pub fn prune_cache(&self, prefix: &str, live: &[String]) {
         let Some(dir) = self

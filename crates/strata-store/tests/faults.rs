@@ -1097,18 +1097,37 @@ fn a_backup_upgrades_summaries_without_segments() {
     for n in &sums {
         assert!(has_segments(n), "{n}: written with segments");
         // What an earlier build wrote: version 1.
-        let raw = repo.sealer().open(Kind::IndexSummary, &b.get(n).unwrap()).unwrap();
+        let raw = repo
+            .sealer()
+            .open(Kind::IndexSummary, &b.get(n).unwrap())
+            .unwrap();
         let mut s = decode_index_summary(&raw).unwrap();
         s.segments = None;
         let old = encode_index_summary(&s).unwrap();
         assert_eq!(old[0], 1);
-        b.put(n, &repo.sealer().seal(Kind::IndexSummary, &old, true).unwrap()).unwrap();
+        b.put(
+            n,
+            &repo.sealer().seal(Kind::IndexSummary, &old, true).unwrap(),
+        )
+        .unwrap();
         assert!(!has_segments(n));
     }
+    // Two clients with local caches, which now hold the old summaries.
+    let cached = |c: &str| open_repo(local(&dir)).with_cache(Some(env.path(c)));
+    let (one, other) = (cached("cache-1"), cached("cache-2"));
+    for r in [&one, &other] {
+        RepoIndex::load_summaries(r).unwrap();
+    }
     mutate(&env, 4);
-    let v2 = env.version(&open_repo(local(&dir)));
+    let v2 = env.version(&one);
     for n in &sums {
         assert!(has_segments(n), "{n}: upgraded by the backup");
+    }
+    // Neither reads an index object whole again: the one that upgraded
+    // them dropped its cached copies, the other finds its copies old.
+    for r in [&one, &other] {
+        let idx = RepoIndex::load_segments(r, true, |_, _| {}).unwrap();
+        assert!(idx.stale_summaries.is_empty());
     }
     let rep = check_report(&repo, true);
     assert!(rep.ok() && rep.warnings.is_empty(), "{rep:?}");
