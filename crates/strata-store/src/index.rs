@@ -649,6 +649,14 @@ struct SegLoc {
     chunks: u32,
 }
 
+impl SegLoc {
+    /// Its chunk entries' indexes (a run past any container's end, as a
+    /// damaged entry may name, is a miss: `get` finds nothing).
+    fn range(&self) -> std::ops::Range<usize> {
+        self.first as usize..self.first as usize + self.chunks as usize
+    }
+}
+
 /// `segment` (RevDedup §2.3): an exact in-RAM index of *segment*
 /// fingerprints only — 44 bytes of key and value per ~4 MiB segment, so a
 /// petabyte needs ~11 GB instead of terabytes. A new segment is stored
@@ -751,7 +759,7 @@ impl SegmentIndex {
         }
         let loc = self.shard(segment).get(segment).copied()?;
         let entries = self.container_chunks(loc.container)?;
-        let run = entries.get(loc.first as usize..(loc.first + loc.chunks) as usize);
+        let run = entries.get(loc.range());
         match run {
             // Defensive: the run must hold exactly these chunks.
             Some(run)
@@ -883,8 +891,7 @@ impl IndexStrategy for SegmentIndex {
             let Some(entries) = self.container_chunks(loc.container) else {
                 continue;
             };
-            let Some(run) = entries.get(loc.first as usize..(loc.first + loc.chunks) as usize)
-            else {
+            let Some(run) = entries.get(loc.range()) else {
                 continue;
             };
             for e in run {
