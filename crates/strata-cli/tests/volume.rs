@@ -461,18 +461,71 @@ fn snapshots_restore_as_sparse_images() {
     assert_eq!(v7["read_bytes"], 0, "{v7}");
 }
 
-/// A volume's files are plain: an encrypted repository gets none, with
-/// an error saying where volumes can go (and no password is asked for).
+/// In an encrypted repository a volume is encrypted (its blocks,
+/// journal and fingerprints; the key from the repository's password): real
+/// clients write and read it, snapshots of it served and stopped restore
+/// exactly, a kill -9 replays its journal, none of its files holds the
+/// image's bytes, and a wrong password opens nothing.
 #[test]
-fn an_encrypted_repository_refuses_volumes() {
+fn an_encrypted_repository_gets_encrypted_volumes() {
+    if !have("nbdcopy") || !have("qemu-img") {
+        return;
+    }
     let r = Repo::with_init(&["--encrypt"], Some("pw"));
-    let run = r
-        .run(&["volume", "create", "v", "--size", "1M"])
-        .expect_code(1);
+    let c = r.json(&["volume", "create", "v", "--size", "64M"]);
+    assert_eq!(c["encrypted"], true, "{c}");
+    let s = serve(&r, "v");
+    let data = copy_in_image(&r, &s);
+    let live = r.json(&["volume", "snapshot", "v"]);
+    assert_eq!(live["read_bytes"], 64 << 20, "{live}");
+    // Written, flushed, the server killed: the journal holds the write.
+    let patch = r.scratch("patch.raw");
+    std::fs::write(&patch, prng(21, 64 << 10)).unwrap();
+    sh(Command::new("qemu-img")
+        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+        .arg(&patch)
+        .arg(&s.url));
+    let mut s = s;
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    let mut want = data.clone();
+    want[..64 << 10].copy_from_slice(&prng(21, 64 << 10));
+    // No file of the volume holds a stretch of the image in plain.
+    let dir = r.dir().join("repo/volumes/v");
+    let probes = [&data[100 << 10..][..64], &want[1000..1064]];
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let e = e.unwrap();
+        if !e.file_type().unwrap().is_file() {
+            continue; // the control socket
+        }
+        let p = e.path();
+        let b = std::fs::read(&p).unwrap();
+        for probe in probes {
+            assert!(
+                !b.windows(probe.len()).any(|w| w == probe),
+                "{} holds the image's bytes in plain",
+                p.display()
+            );
+        }
+    }
+    // A wrong password opens neither the repository nor the volume.
+    let mut bad = r.cmd(&["volume", "serve", "v", "--listen", "127.0.0.1:0"]);
+    bad.env("STRATA_PASSWORD", "wrong");
+    let o = bad.output().unwrap();
+    assert!(!o.status.success(), "served with a wrong password");
+    // Stopped (the journal replayed here): the write is in.
+    let v2 = r.json(&["volume", "snapshot", "v"]);
+    assert_eq!(v2["version"], 2, "{v2}");
+    let t = r.scratch("t");
+    r.restore("volume:v@latest", &t);
     assert!(
-        run.stderr.contains("volumes are not encrypted yet"),
-        "{}",
-        run.stderr
+        std::fs::read(t.join("v.img")).unwrap() == want,
+        "after the kill"
     );
-    assert!(!r.path.join("volumes").join("v").exists());
+    // Served again: read back through a client.
+    let s = serve(&r, "v");
+    let back = r.scratch("back.raw");
+    sh(Command::new("nbdcopy").arg(&s.url).arg(&back));
+    assert!(std::fs::read(&back).unwrap() == want, "read back over NBD");
+    stop(s);
 }

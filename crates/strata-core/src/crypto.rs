@@ -175,6 +175,16 @@ impl MasterKey {
     pub fn fingerprint_key(&self) -> [u8; 32] {
         blake3::derive_key("strata 2026 fingerprint key v1", &self.secret)
     }
+
+    /// The key of a block volume of the repository, told apart by its
+    /// random `salt` (volumes, and a volume made again under a name, never
+    /// share one).
+    pub fn volume_key(&self, salt: &[u8]) -> [u8; 32] {
+        let mut h = blake3::Hasher::new_derive_key("strata 2026 volume key v1");
+        h.update(&self.secret);
+        h.update(salt);
+        *h.finalize().as_bytes()
+    }
 }
 
 /// Argon2id parameters stored with each key file so they can be raised

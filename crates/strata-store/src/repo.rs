@@ -414,6 +414,12 @@ impl Repository {
         &self.hasher
     }
 
+    /// The key of the block volume with `salt` (see
+    /// [`MasterKey::volume_key`]); none in an unencrypted repository.
+    pub fn volume_key(&self, salt: &[u8]) -> Option<[u8; 32]> {
+        self.key.as_ref().map(|(k, _)| k.volume_key(salt))
+    }
+
     /// The master key and the slot the password opened (encrypted
     /// repositories).
     pub(crate) fn key(&self) -> Option<&(MasterKey, String)> {

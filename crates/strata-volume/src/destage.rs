@@ -4,7 +4,7 @@
 //! by extent (runs of consecutive blocks), in the order each extent was
 //! first written.
 
-use crate::idedup::{fingerprint, Fp};
+use crate::idedup::Fp;
 use crate::volume::{Batch, Block, Disk, Space, Volume, VolumeError, BLOCK, EXTENT_BLOCKS};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -283,7 +283,7 @@ impl Volume {
                 if z || !self.cfg.dedup {
                     [0; 16]
                 } else {
-                    fingerprint(b)
+                    self.fingerprint(b)
                 }
             })
             .collect();
@@ -384,7 +384,10 @@ impl Volume {
                 y += 1;
             }
             self.data
-                .write_all_at(writes[x].1.run(y - x), writes[x].0 * BLOCK as u64)
+                .write_all_at(
+                    &self.disk_bytes(writes[x].0, writes[x].1.run(y - x)),
+                    writes[x].0 * BLOCK as u64,
+                )
                 .map_err(io("data"))?;
             x = y;
         }

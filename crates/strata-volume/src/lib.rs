@@ -7,11 +7,13 @@
 //! * [`idedup`] — the dedup-metadata cache and the sequence algorithm.
 //! * [`journal`] — the write-ahead journal's records.
 //! * [`changes`] — the segments written since the last snapshot.
+//! * [`crypt`] — encryption of a volume in an encrypted repository.
 //! * `readahead` — reading ahead in the volume's block order.
 //! * [`stats`], [`report`] — latency, fragmentation and dedup figures.
 
 pub mod changes;
 pub mod control;
+pub mod crypt;
 pub mod destage;
 pub mod idedup;
 pub mod journal;
@@ -22,6 +24,7 @@ pub mod stats;
 pub mod volume;
 
 pub use changes::ChangeSet;
+pub use crypt::{Encryption, VolumeKey};
 pub use volume::{Frozen, ImageReader, ImageSource, Threshold, Volume, VolumeConfig, VolumeError};
 
 impl nbd::BlockDevice for Volume {

@@ -22,6 +22,7 @@
 //! so no map entry on disk can point at reused data.
 
 use crate::changes::{ChangeSet, Changes};
+use crate::crypt::{Crypt, Encryption, VolumeKey};
 use crate::idedup::{Fp, MetaCache};
 use crate::journal::{self, Journal, Record};
 use crate::readahead::{prefetch, will_need, Readahead};
@@ -64,6 +65,10 @@ pub enum VolumeError {
 
 pub(crate) type Result<T> = std::result::Result<T, VolumeError>;
 
+/// A journal record's header, and the bytes to append when they are not
+/// the data's own (encrypted).
+type JournalRecord = ([u8; journal::HEADER], Option<Vec<u8>>);
+
 fn ioe(what: impl Into<String>) -> impl FnOnce(io::Error) -> VolumeError {
     let w = what.into();
     move |e| VolumeError::Io(w, e)
@@ -100,6 +105,10 @@ pub struct VolumeConfig {
     pub cache_bytes: u64,
     /// False: every block is written anew (the baseline of §5).
     pub dedup: bool,
+    /// How the volume's blocks, journal and fingerprints are encrypted
+    /// (a volume in an encrypted repository; see [`crate::crypt`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<Encryption>,
 }
 
 /// The counters and clean flag of the volume in `dir`.
@@ -386,6 +395,8 @@ pub struct Volume {
     pub cfg: VolumeConfig,
     pub(crate) map: File,
     pub(crate) data: File,
+    /// The ciphers of an encrypted volume.
+    crypt: Option<Arc<Crypt>>,
     /// Reads ahead along the volume's streams of reads.
     readahead: Readahead,
     mem: Mutex<Mem>,
@@ -608,6 +619,7 @@ pub enum ImageSource {
         conn: Option<std::os::unix::net::UnixStream>,
         map: File,
         data: File,
+        crypt: Option<Arc<Crypt>>,
         size: u64,
         pos: u64,
     },
@@ -630,8 +642,9 @@ impl ImageSource {
         dir: &Path,
         map: &Path,
         conn: Option<std::os::unix::net::UnixStream>,
+        key: Option<&VolumeKey>,
     ) -> Result<ImageReader> {
-        Ok(Self::open_frozen(dir, map, conn)?.reader())
+        Ok(Self::open_frozen(dir, map, conn, key)?.reader())
     }
 
     /// [`ImageSource::frozen`], read at any offset
@@ -640,12 +653,15 @@ impl ImageSource {
         dir: &Path,
         map: &Path,
         conn: Option<std::os::unix::net::UnixStream>,
+        key: Option<&VolumeKey>,
     ) -> Result<ImageSource> {
         let cfg = Volume::config(dir)?;
+        let crypt = Volume::crypt(dir, &cfg, key)?;
         Ok(ImageSource::Frozen {
             conn,
             map: File::open(map).map_err(ioe(map.display().to_string()))?,
             data: File::open(dir.join("data")).map_err(ioe("data"))?,
+            crypt,
             size: cfg.size,
             pos: 0,
         })
@@ -655,7 +671,13 @@ impl ImageSource {
 /// Fills `out` (whole blocks from block `first`) through a frozen `map`
 /// copy from `data`; the disk runs after the first are asked for before
 /// the first is read (read side by side).
-fn read_frozen(map: &File, data: &File, first: u64, out: &mut [u8]) -> io::Result<()> {
+fn read_frozen(
+    map: &File,
+    data: &File,
+    crypt: Option<&Crypt>,
+    first: u64,
+    out: &mut [u8],
+) -> io::Result<()> {
     let n = out.len() / BLOCK;
     let map = read_u64s(map, first, n)?;
     out.fill(0);
@@ -673,6 +695,9 @@ fn read_frozen(map: &File, data: &File, first: u64, out: &mut [u8]) -> io::Resul
                 io::ErrorKind::UnexpectedEof,
                 "the volume's data is shorter than its frozen map says",
             ));
+        }
+        if let Some(c) = crypt {
+            c.open_data(dbn, dst);
         }
     }
     Ok(())
@@ -720,9 +745,13 @@ impl ImageSource {
                 vol.read_range(offset, buf, false)?;
             }
             ImageSource::Frozen {
-                conn, map, data, ..
+                conn,
+                map,
+                data,
+                crypt,
+                ..
             } => {
-                read_frozen(map, data, offset / bs, buf)?;
+                read_frozen(map, data, crypt.as_deref(), offset / bs, buf)?;
                 if let Some(c) = conn {
                     crate::control::still_frozen(c)?;
                 }
@@ -881,19 +910,47 @@ impl Volume {
     /// Opens a volume, recovers it after an unclean stop (reference
     /// counts from the map, the journal replayed) and starts destaging.
     pub fn open(dir: &Path) -> Result<Arc<Volume>> {
-        Self::open_with(dir, true)
+        Self::open_with(dir, true, None)
+    }
+
+    /// [`Volume::open`] with the volume's key (an encrypted volume needs
+    /// it; a wrong one is refused).
+    pub fn open_keyed(dir: &Path, key: Option<&VolumeKey>) -> Result<Arc<Volume>> {
+        Self::open_with(dir, true, key)
     }
 
     /// [`Volume::open`] to read it (a snapshot of a stopped volume):
     /// without filling the dedup cache from `fps` (a third of such a
     /// snapshot's time). What is written meanwhile is deduplicated only
     /// against itself.
-    pub fn open_to_read(dir: &Path) -> Result<Arc<Volume>> {
-        Self::open_with(dir, false)
+    pub fn open_to_read(dir: &Path, key: Option<&VolumeKey>) -> Result<Arc<Volume>> {
+        Self::open_with(dir, false, key)
     }
 
-    fn open_with(dir: &Path, warm_cache: bool) -> Result<Arc<Volume>> {
+    /// The ciphers of the volume in `dir` with config `cfg` (none if it is
+    /// not encrypted), `key` checked.
+    fn crypt(
+        dir: &Path,
+        cfg: &VolumeConfig,
+        key: Option<&VolumeKey>,
+    ) -> Result<Option<Arc<Crypt>>> {
+        match (&cfg.encryption, key) {
+            (None, _) => Ok(None),
+            (Some(_), None) => Err(VolumeError::Invalid(format!(
+                "{}: the volume is encrypted, and no key was given (it is opened through its repository, with the repository's password)",
+                dir.display()
+            ))),
+            (Some(e), Some(k)) if !e.accepts(k) => Err(VolumeError::Invalid(format!(
+                "{}: the key does not open this volume (another repository's password, or a damaged volume.json)",
+                dir.display()
+            ))),
+            (Some(_), Some(k)) => Ok(Some(Arc::new(Crypt::new(k)))),
+        }
+    }
+
+    fn open_with(dir: &Path, warm_cache: bool, key: Option<&VolumeKey>) -> Result<Arc<Volume>> {
         let cfg = Self::config(dir)?;
+        let crypt = Self::crypt(dir, &cfg, key)?;
         let lock_file = Self::lock(dir)?;
         // Frozen maps of a server that is gone (its snapshots ended with it).
         if let Ok(rd) = fs::read_dir(dir) {
@@ -934,6 +991,7 @@ impl Volume {
             dir: dir.to_path_buf(),
             map,
             data,
+            crypt,
             readahead,
             mem: Mutex::new(Mem {
                 buf: Batch::default(),
@@ -1020,8 +1078,11 @@ impl Volume {
                             batch.place(block + i, dbn + i);
                         }
                     }
-                    Record::Write { block, data } => {
+                    Record::Write { block, mut data } => {
                         let n = data.len() / BLOCK;
+                        if let Some(c) = &self.crypt {
+                            c.open_journal(block, &mut data);
+                        }
                         let data = Arc::new(data);
                         for (i, b) in Block::slices(&data, 0, n).enumerate() {
                             batch.put(block + i as u64, b);
@@ -1215,9 +1276,51 @@ impl Volume {
                     format!("data is shorter than block {}", dbn + (j - i) as u64),
                 ));
             }
+            self.decrypt_read(dbn, dst);
         }
         self.readahead.on_read(first, n as u64);
         Ok((zero, disk_runs.len()))
+    }
+
+    /// What goes to disk blocks `dbn..` for `data` (whole blocks): the
+    /// data itself, or encrypted.
+    pub(crate) fn disk_bytes<'a>(&self, dbn: u64, data: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
+        match &self.crypt {
+            None => std::borrow::Cow::Borrowed(data),
+            Some(c) => {
+                let mut v = data.to_vec();
+                c.seal_data(dbn, &mut v);
+                std::borrow::Cow::Owned(v)
+            }
+        }
+    }
+
+    /// Decrypts, in place, whole blocks read from disk blocks `dbn..`.
+    fn decrypt_read(&self, dbn: u64, buf: &mut [u8]) {
+        if let Some(c) = &self.crypt {
+            c.open_data(dbn, buf);
+        }
+    }
+
+    /// A journal record of whole blocks from `first`: its header, and for
+    /// an encrypted volume the bytes to append in place of `data`.
+    fn journal_record(&self, first: u64, data: &[u8]) -> JournalRecord {
+        match &self.crypt {
+            None => (journal::write_header(first, data, BLOCK), None),
+            Some(c) => {
+                let mut sealed = data.to_vec();
+                c.seal_journal(first, &mut sealed);
+                (journal::write_header(first, &sealed, BLOCK), Some(sealed))
+            }
+        }
+    }
+
+    /// A block's dedup fingerprint (keyed in an encrypted volume).
+    pub(crate) fn fingerprint(&self, block: &[u8]) -> crate::idedup::Fp {
+        match &self.crypt {
+            None => crate::idedup::fingerprint(block),
+            Some(c) => c.fingerprint(block),
+        }
     }
 
     fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -1327,11 +1430,13 @@ impl Volume {
                     Src::Zero => dst.fill(0),
                     Src::At(d) => {
                         read_full_at(&self.data, dst, d * BLOCK as u64)?;
+                        self.decrypt_read(d, dst);
                     }
                     Src::Disk => {
                         let e = read_u64s(&self.map, b, 1)?[0];
                         if e != 0 {
                             read_full_at(&self.data, dst, (e - 1) * BLOCK as u64)?;
+                            self.decrypt_read(e - 1, dst);
                         }
                     }
                 }
@@ -1372,7 +1477,7 @@ impl Volume {
         // dedup, when the write's path is known: a write in place needs no
         // checksum, a placed one its data's only.)
         let direct = aligned && !self.cfg.dedup;
-        let head = (aligned && !direct).then(|| journal::write_header(offset / bs, &data, BLOCK));
+        let head = (aligned && !direct).then(|| self.journal_record(offset / bs, &data));
         let mut m = self.lock_for_write()?;
         m.changes
             .mark(offset / bs, (offset + data.len() as u64).div_ceil(bs));
@@ -1386,7 +1491,7 @@ impl Volume {
                 None => None,
             };
             let Some((at, writing)) = over else {
-                let head = Some(journal::write_header(first, &data, BLOCK));
+                let head = Some(self.journal_record(first, &data));
                 return self.write_journaled(m, head, offset, data, fua, t);
             };
             // Written outside it (writes run side by side, as a plain
@@ -1416,7 +1521,7 @@ impl Volume {
     fn write_journaled(
         &self,
         mut m: MutexGuard<'_, Mem>,
-        head: Option<[u8; journal::HEADER]>,
+        head: Option<JournalRecord>,
         offset: u64,
         data: Vec<u8>,
         fua: bool,
@@ -1424,14 +1529,16 @@ impl Volume {
     ) -> io::Result<()> {
         let bs = BLOCK as u64;
         let (first, blocks) = match head {
-            Some(h) => {
-                m.journal.append_record(&h, &data)?;
+            Some((h, sealed)) => {
+                m.journal
+                    .append_record(&h, sealed.as_deref().unwrap_or(&data))?;
                 (offset / bs, data)
             }
             None => {
                 let (first, blocks) = self.whole_blocks(&m, offset, &data)?;
-                let h = journal::write_header(first, &blocks, BLOCK);
-                m.journal.append_record(&h, &blocks)?;
+                let (h, sealed) = self.journal_record(first, &blocks);
+                m.journal
+                    .append_record(&h, sealed.as_deref().unwrap_or(&blocks))?;
                 (first, blocks)
             }
         };
@@ -1517,8 +1624,11 @@ impl Volume {
         let at = crate::destage::alloc(&mut lock(&self.space), n as u64);
         let (token, data) = Self::put_inflight(&mut m, first, data);
         drop(m);
-        let crcs: Vec<u32> = data.chunks(BLOCK).map(crc32c::crc32c).collect();
-        let wrote = self.data.write_all_at(&data, at * BLOCK as u64);
+        // The CRCs are of what is on disk (a replay checks the disk block).
+        let disk = self.disk_bytes(at, &data);
+        let crcs: Vec<u32> = disk.chunks(BLOCK).map(crc32c::crc32c).collect();
+        let wrote = self.data.write_all_at(&disk, at * BLOCK as u64);
+        drop(disk);
         let mut m = lock(&self.mem);
         let mine = Self::take_inflight(&mut m, first, n, token);
         let recorded = wrote.and_then(|_| {
@@ -1590,8 +1700,10 @@ impl Volume {
     /// neighbours); FUA or the next FLUSH syncs them.
     fn write_in_place(&self, at: &[u64], data: &[u8]) -> io::Result<()> {
         for (i, j) in neighbour_runs(at) {
-            self.data
-                .write_all_at(&data[i * BLOCK..j * BLOCK], at[i] * BLOCK as u64)?;
+            self.data.write_all_at(
+                &self.disk_bytes(at[i], &data[i * BLOCK..j * BLOCK]),
+                at[i] * BLOCK as u64,
+            )?;
         }
         self.direct_blocks
             .fetch_add(at.len() as u64, Ordering::Relaxed);

@@ -73,6 +73,7 @@ fn make_golden() {
             threshold: Threshold::Fixed(2),
             cache_bytes: 1 << 20,
             dedup,
+            encryption: None,
         };
         Volume::create(&dir, cfg).unwrap();
         let v = Volume::open(&dir).unwrap();

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use std::path::Path;
 use std::sync::Arc;
 use strata_volume::report::report;
-use strata_volume::{Threshold, Volume, VolumeConfig};
+use strata_volume::{Encryption, Threshold, Volume, VolumeConfig, VolumeKey};
 
 const SIZE: u64 = 64 * 4096;
 
@@ -18,6 +18,7 @@ fn cfg(threshold: u32, dedup: bool) -> VolumeConfig {
         threshold: Threshold::Fixed(threshold),
         cache_bytes: 1 << 20,
         dedup,
+        encryption: None,
     }
 }
 
@@ -83,9 +84,27 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-fn run(dir: &Path, ops: &[Op], threshold: u32, dedup: bool) {
-    Volume::create(dir, cfg(threshold, dedup)).unwrap();
-    let mut v: Arc<Volume> = Volume::open(dir).unwrap();
+/// The key of the encrypted volumes of these tests.
+fn key(b: u8) -> VolumeKey {
+    VolumeKey([b; 32])
+}
+
+/// [`cfg`] of a volume encrypted with [`key`]`(1)`.
+fn encrypted_cfg(threshold: u32, dedup: bool) -> VolumeConfig {
+    VolumeConfig {
+        encryption: Some(Encryption::new([7; 16], &key(1))),
+        ..cfg(threshold, dedup)
+    }
+}
+
+fn run(dir: &Path, ops: &[Op], threshold: u32, dedup: bool, encrypted: bool) {
+    let (c, k) = match encrypted {
+        true => (encrypted_cfg(threshold, dedup), Some(key(1))),
+        false => (cfg(threshold, dedup), None),
+    };
+    Volume::create(dir, c).unwrap();
+    let open = |dir: &Path| Volume::open_keyed(dir, k.as_ref()).unwrap();
+    let mut v: Arc<Volume> = open(dir);
     let mut model = vec![0u8; SIZE as usize];
     for o in ops {
         match *o {
@@ -103,7 +122,7 @@ fn run(dir: &Path, ops: &[Op], threshold: u32, dedup: bool) {
             Op::Reopen => {
                 v.close().unwrap();
                 drop(v);
-                v = Volume::open(dir).unwrap();
+                v = open(dir);
             }
             Op::Crash => {
                 v.destage().unwrap();
@@ -113,7 +132,7 @@ fn run(dir: &Path, ops: &[Op], threshold: u32, dedup: bool) {
                 drop(v);
                 std::fs::remove_dir_all(dir).unwrap();
                 std::fs::rename(&copy, dir).unwrap();
-                v = Volume::open(dir).unwrap();
+                v = open(dir);
             }
         }
         // An unaligned read in the middle too.
@@ -124,7 +143,7 @@ fn run(dir: &Path, ops: &[Op], threshold: u32, dedup: bool) {
     assert!(read_all(&v) == model);
     v.close().unwrap();
     drop(v);
-    let v = Volume::open(dir).unwrap();
+    let v = open(dir);
     assert!(read_all(&v) == model, "after reopening");
     v.close().unwrap();
 }
@@ -136,9 +155,92 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..30),
         threshold in 1u32..5,
         dedup in any::<bool>(),
+        encrypted in any::<bool>(),
     ) {
         let t = tempfile::tempdir().unwrap();
-        run(&t.path().join("v"), &ops, threshold, dedup);
+        run(&t.path().join("v"), &ops, threshold, dedup, encrypted);
+    }
+}
+
+/// Whether `hay` holds `needle`.
+fn holds(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// An encrypted volume (in an encrypted repository): no file of it holds
+/// a written block in plain, nor its plain fingerprint — data file,
+/// journal (what a crash leaves) and `fps` alike; it reads back only with
+/// its key, a frozen image too.
+#[test]
+fn an_encrypted_volume_keeps_no_plaintext_on_disk() {
+    use std::io::Read;
+    const MARK: &[u8] = b"STRATA-PLAIN-MARK";
+    let block: Vec<u8> = MARK.iter().copied().cycle().take(4096).collect();
+    let plain_fp = strata_volume::idedup::fingerprint(&block);
+    for dedup in [true, false] {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("v");
+        Volume::create(&dir, encrypted_cfg(1, dedup)).unwrap();
+        let v = Volume::open_keyed(&dir, Some(&key(1))).unwrap();
+        let mut model = vec![0u8; SIZE as usize];
+        let mut put = |v: &Volume, off: u64, data: &[u8]| {
+            v.write_at(off, data, false).unwrap();
+            model[off as usize..off as usize + data.len()].copy_from_slice(data);
+        };
+        // Whole blocks (placed, or in place, without dedup), duplicates of
+        // them (deduplicated), a rewrite, and partial blocks (journaled).
+        let run: Vec<u8> = block.repeat(8);
+        put(&v, 0, &run);
+        v.sync_all().unwrap();
+        put(&v, 16 * 4096, &run);
+        put(&v, 0, &block.repeat(2));
+        put(&v, 40 * 4096 + 100, &run[..9000]);
+        v.flush().unwrap();
+        // What kill -9 leaves now: the journal holds the last writes.
+        let crashed = t.path().join("crashed");
+        copy_dir(&dir, &crashed);
+        v.sync_all().unwrap();
+        for d in [&dir, &crashed] {
+            for e in std::fs::read_dir(d).unwrap() {
+                let p = e.unwrap().path();
+                let b = std::fs::read(&p).unwrap();
+                assert!(
+                    !holds(&b, MARK),
+                    "{} holds plaintext (dedup {dedup})",
+                    p.display()
+                );
+                assert!(
+                    !holds(&b, &plain_fp),
+                    "{} holds a plain fingerprint",
+                    p.display()
+                );
+            }
+        }
+        assert!(read_all(&v) == model);
+        // A frozen image reads only with the key.
+        let f = v.freeze().unwrap();
+        assert!(strata_volume::ImageSource::frozen(&dir, &f.map, None, None).is_err());
+        let mut img = Vec::new();
+        strata_volume::ImageSource::frozen(&dir, &f.map, None, Some(&key(1)))
+            .unwrap()
+            .read_to_end(&mut img)
+            .unwrap();
+        assert!(img == model, "the frozen image");
+        drop(f);
+        v.close().unwrap();
+        // The crash copy replays its journal with the key.
+        let e = Volume::open(&crashed).err().expect("opened without a key");
+        assert!(e.to_string().contains("encrypted"), "{e}");
+        let e = Volume::open_keyed(&crashed, Some(&key(2)))
+            .err()
+            .expect("a wrong key");
+        assert!(e.to_string().contains("does not open"), "{e}");
+        let r = Volume::open_keyed(&crashed, Some(&key(1))).unwrap();
+        assert!(read_all(&r) == model, "after the replay (dedup {dedup})");
+        r.close().unwrap();
+        let r = Volume::open_to_read(&dir, Some(&key(1))).unwrap();
+        assert!(read_all(&r) == model);
+        r.close().unwrap();
     }
 }
 
@@ -503,7 +605,7 @@ fn a_frozen_image_keeps_its_point_in_time() {
     v.write_at(45 * 4096, &c, false).unwrap();
     v.sync_all().unwrap();
     let mut img = Vec::new();
-    strata_volume::ImageSource::frozen(&dir, &f.map, None)
+    strata_volume::ImageSource::frozen(&dir, &f.map, None, None)
         .unwrap()
         .read_to_end(&mut img)
         .unwrap();
@@ -841,7 +943,7 @@ fn a_frozen_image_s_change_set_covers_every_write_it_holds() {
         let v = Volume::open(&dir).unwrap();
         let image = |f: &strata_volume::Frozen| {
             let mut img = Vec::new();
-            strata_volume::ImageSource::frozen(&dir, &f.map, None)
+            strata_volume::ImageSource::frozen(&dir, &f.map, None, None)
                 .unwrap()
                 .read_to_end(&mut img)
                 .unwrap();

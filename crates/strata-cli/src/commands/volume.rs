@@ -16,8 +16,9 @@ use strata_core::size::parse_size;
 use strata_store::backend::Location;
 use strata_store::backup::patch::{ImagePatch, ReadAt};
 use strata_store::backup::BackupOptions;
+use strata_store::Repository;
 use strata_volume::nbd::{Export, Listen, Server};
-use strata_volume::{Threshold, Volume, VolumeConfig};
+use strata_volume::{Encryption, Threshold, Volume, VolumeConfig, VolumeKey};
 
 #[derive(Subcommand)]
 pub enum VolumeCmd {
@@ -99,20 +100,46 @@ fn volumes_dir(cli: &crate::Cli) -> Result<PathBuf> {
     }
 }
 
-/// A volume's blocks, journal and fingerprints are plain files: not in
-/// an encrypted repository, whose data a reader of its files must not see.
-fn refuse_encrypted(cli: &crate::Cli) -> Result<()> {
+/// Whether the repository is encrypted (read from its config, without
+/// the password).
+fn repo_encrypted(cli: &crate::Cli) -> Result<bool> {
     let loc = location::location(cli.repo.as_deref())?;
     let backend = location::backend(&loc, false)?;
     let config = strata_store::repo::Repository::read_config(&*backend)
         .with_context(|| format!("reading the config of {}", location::describe(&loc)))?;
-    if config.encrypted {
-        bail!(
-            "volumes are not encrypted yet, and this repository is: a volume's blocks would be stored \
-             in plain beside it. Create volumes in an unencrypted repository (`strata init` without --encrypt)"
-        );
+    Ok(config.encrypted)
+}
+
+/// The key of an encrypted volume (its blocks, journal and fingerprints
+/// are encrypted, see `strata_volume::crypt`): derived from the
+/// repository's master key and the volume's salt. None for a volume that
+/// is not encrypted.
+fn volume_key(repo: &Repository, cfg: &VolumeConfig) -> Result<Option<VolumeKey>> {
+    let Some(e) = &cfg.encryption else {
+        return Ok(None);
+    };
+    let salt = e.salt_bytes().ok_or_else(|| {
+        anyhow!(
+            "the volume's salt {:?} is not hex (a damaged volume.json)",
+            e.salt
+        )
+    })?;
+    let key = repo.volume_key(&salt).ok_or_else(|| {
+        anyhow!(
+            "the volume is encrypted, but its repository is not: it belongs to another repository"
+        )
+    })?;
+    Ok(Some(VolumeKey(key)))
+}
+
+/// Opens the repository (asking for its password) when the volume in
+/// `dir` is encrypted, for its key.
+fn key_for_dir(cli: &crate::Cli, dir: &std::path::Path) -> Result<Option<VolumeKey>> {
+    let cfg = Volume::config(dir)?;
+    if cfg.encryption.is_none() {
+        return Ok(None);
     }
-    Ok(())
+    volume_key(&crate::open(cli)?, &cfg)
 }
 
 fn check_name(name: &str) -> Result<()> {
@@ -149,23 +176,42 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             no_dedup,
         } => {
             check_name(name)?;
-            refuse_encrypted(cli)?;
-            let cfg = VolumeConfig {
+            let mut cfg = VolumeConfig {
                 format: 1,
                 size: *size,
                 block_size: 4096,
                 threshold: *threshold,
                 cache_bytes: *cache,
                 dedup: !no_dedup,
+                encryption: None,
             };
+            // In an encrypted repository the volume is encrypted too,
+            // with a key of its own from the repository's.
+            if repo_encrypted(cli)? {
+                let repo = crate::open(cli)?;
+                let mut salt = [0u8; 16];
+                strata_core::crypto::random_bytes(&mut salt)?;
+                let key = repo
+                    .volume_key(&salt)
+                    .map(VolumeKey)
+                    .context("the repository's key")?;
+                cfg.encryption = Some(Encryption::new(salt, &key));
+            }
+            let encrypted = cfg.encryption.is_some();
             Volume::create(&root.join(name), cfg)?;
             out.result(
-                &serde_json::json!({"volume": name, "size": size, "dedup": !no_dedup}),
-                || format!("volume {name} created ({})", fmt_bytes(*size)),
+                &serde_json::json!({"volume": name, "size": size, "dedup": !no_dedup, "encrypted": encrypted}),
+                || {
+                    format!(
+                        "volume {name} created ({}{})",
+                        fmt_bytes(*size),
+                        if encrypted { ", encrypted" } else { "" }
+                    )
+                },
             );
             Ok(0)
         }
-        VolumeCmd::Serve { name, listen } => serve(out, &root, name, listen),
+        VolumeCmd::Serve { name, listen } => serve(cli, out, &root, name, listen),
         VolumeCmd::Snapshot {
             name,
             tag,
@@ -260,7 +306,9 @@ fn snapshot(
         bail!("no volume {name:?} (strata volume list)");
     }
     let repo = crate::open(cli)?;
-    let size = Volume::config(&dir)?.size;
+    let cfg = Volume::config(&dir)?;
+    let size = cfg.size;
+    let key = volume_key(&repo, &cfg)?;
     // The image's time in every version: the volume's creation (when
     // volume.json was written), so that a version's recipe shares the
     // pieces that did not change with the one before.
@@ -272,7 +320,7 @@ fn snapshot(
     // A volume nobody serves is opened here; a served one is frozen by
     // its server (a point in time while clients go on writing), held
     // while the reader's connection to it stays open.
-    let (held, source, base, changed) = match Volume::open_to_read(&dir) {
+    let (held, source, base, changed) = match Volume::open_to_read(&dir, key.as_ref()) {
         Ok(v) => {
             let cs = v.take_changes();
             let (base, changed) = (cs.base.clone(), cs.changed());
@@ -289,7 +337,8 @@ fn snapshot(
             // (until the backup is done with it); this end tells the
             // server the commit.
             let tell = f.conn.try_clone().context("the control connection")?;
-            let src = strata_volume::ImageSource::open_frozen(&dir, &f.map, Some(f.conn))?;
+            let src =
+                strata_volume::ImageSource::open_frozen(&dir, &f.map, Some(f.conn), key.as_ref())?;
             (Held::Server(tell), src, f.base, f.changed)
         }
         Err(e) => return Err(e).with_context(|| format!("opening volume {name}")),
@@ -366,7 +415,13 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
 }
 
-fn serve(out: &Out, root: &std::path::Path, name: &str, listen: &str) -> Result<i32> {
+fn serve(
+    cli: &crate::Cli,
+    out: &Out,
+    root: &std::path::Path,
+    name: &str,
+    listen: &str,
+) -> Result<i32> {
     // Write payloads (up to 32 MiB each) come and go with every request:
     // from the heap, reused, rather than a fresh mapping per request whose
     // every page faults in (a tenth of a sequential write's time).
@@ -380,7 +435,10 @@ fn serve(out: &Out, root: &std::path::Path, name: &str, listen: &str) -> Result<
     if !dir.join("volume.json").exists() {
         bail!("no volume {name:?} (strata volume create {name} --size …)");
     }
-    let vol = Volume::open(&dir).with_context(|| format!("opening volume {name}"))?;
+    let key = key_for_dir(cli, &dir)?;
+    let vol =
+        Volume::open_keyed(&dir, key.as_ref()).with_context(|| format!("opening volume {name}"))?;
+    drop(key);
     // `volume snapshot` of this volume while it is served asks here.
     let control = match strata_volume::control::start(vol.clone(), &dir) {
         Ok(c) => Some(c),

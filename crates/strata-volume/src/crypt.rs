@@ -1,0 +1,236 @@
+//! Encryption of a volume in an encrypted repository.
+//!
+//! A volume's blocks are encrypted as a disk encryption layer does it
+//! (LUKS's default, IEEE 1619): XTS-AES-256, each 4 KiB block a sector
+//! whose number is the tweak. It is length-preserving, so blocks stay
+//! where the map says, reads and writes stay single `pread`s and
+//! `pwrite`s, and writing a block over in place needs no per-block
+//! metadata. Like a disk's, the blocks are not authenticated: XTS keeps
+//! their content from a reader of the files, not from one who rewrites
+//! them (who can put back an older block of the same place).
+//!
+//! Keys, all derived from the volume's key (which the repository derives
+//! from its master key and the volume's random salt, so two volumes, or a
+//! volume made again under the same name, never share one):
+//! - the data file's XTS keys, tweak = the disk block number;
+//! - the journal's XTS keys, tweak = the logical block number (a journal
+//!   record holds whole blocks of the volume);
+//! - the fingerprint key: dedup fingerprints are keyed BLAKE3, so the
+//!   `fps` file does not let anyone confirm a guess of a block's content;
+//! - a check value stored in `volume.json`: a wrong key is refused at
+//!   open instead of reading garbage.
+//!
+//! What stays in plain: the block map and reference counts (which logical
+//! blocks share a disk block: that two places hold the same 4 KiB), and
+//! the sizes and counters in `volume.json` and `state.json`.
+
+use crate::idedup::Fp;
+use crate::volume::BLOCK;
+use aes::cipher::generic_array::GenericArray;
+use aes::cipher::KeyInit;
+use aes::Aes256;
+use serde::{Deserialize, Serialize};
+use xts_mode::{get_tweak_default, Xts128};
+use zeroize::Zeroize;
+
+/// A volume's key (32 bytes), handed in by whoever opens the volume (the
+/// CLI derives it from the repository's master key).
+pub struct VolumeKey(pub [u8; 32]);
+
+impl Drop for VolumeKey {
+    fn drop(&mut self) {
+        self.0.zeroize();
+    }
+}
+
+/// How a volume is encrypted (in `volume.json`; absent: not encrypted).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Encryption {
+    /// `xts-aes-256`.
+    pub cipher: String,
+    /// Random, hex: the repository derives the volume's key from it.
+    pub salt: String,
+    /// BLAKE3 of the key under its own context, hex: tells a wrong key.
+    pub check: String,
+}
+
+/// The only cipher there is.
+pub const CIPHER: &str = "xts-aes-256";
+
+impl Encryption {
+    /// A new volume's encryption: `salt` from the caller (random), the
+    /// check value of `key`.
+    pub fn new(salt: [u8; 16], key: &VolumeKey) -> Encryption {
+        Encryption {
+            cipher: CIPHER.into(),
+            salt: hex(&salt),
+            check: hex(&check_value(key)),
+        }
+    }
+
+    /// The salt's bytes (none if it is not hex).
+    pub fn salt_bytes(&self) -> Option<Vec<u8>> {
+        let s = self.salt.as_bytes();
+        if !s.len().is_multiple_of(2) {
+            return None;
+        }
+        s.chunks(2)
+            .map(|p| u8::from_str_radix(std::str::from_utf8(p).ok()?, 16).ok())
+            .collect()
+    }
+
+    /// Whether `key` is this volume's.
+    pub fn accepts(&self, key: &VolumeKey) -> bool {
+        self.cipher == CIPHER && self.check == hex(&check_value(key))
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn check_value(key: &VolumeKey) -> [u8; 32] {
+    blake3::derive_key("strata 2026 volume key check v1", &key.0)
+}
+
+fn xts(key: &VolumeKey, context: &str) -> Xts128<Aes256> {
+    let mut k = [0u8; 64];
+    let mut h = blake3::Hasher::new_derive_key(context);
+    h.update(&key.0);
+    h.finalize_xof().fill(&mut k);
+    let x = Xts128::new(
+        Aes256::new(GenericArray::from_slice(&k[..32])),
+        Aes256::new(GenericArray::from_slice(&k[32..])),
+    );
+    k.zeroize();
+    x
+}
+
+/// The ciphers of an open volume.
+pub struct Crypt {
+    data: Xts128<Aes256>,
+    journal: Xts128<Aes256>,
+    fp_key: [u8; 32],
+}
+
+impl Drop for Crypt {
+    fn drop(&mut self) {
+        self.fp_key.zeroize();
+    }
+}
+
+impl Crypt {
+    pub(crate) fn new(key: &VolumeKey) -> Crypt {
+        Crypt {
+            data: xts(key, "strata 2026 volume data xts v1"),
+            journal: xts(key, "strata 2026 volume journal xts v1"),
+            fp_key: blake3::derive_key("strata 2026 volume fingerprint v1", &key.0),
+        }
+    }
+
+    /// Encrypts whole blocks that go to disk blocks `dbn..` in place.
+    pub(crate) fn seal_data(&self, dbn: u64, buf: &mut [u8]) {
+        area(&self.data, dbn, buf, true)
+    }
+
+    /// Decrypts whole blocks read from disk blocks `dbn..` in place.
+    pub(crate) fn open_data(&self, dbn: u64, buf: &mut [u8]) {
+        area(&self.data, dbn, buf, false)
+    }
+
+    /// Encrypts a journal record's blocks of logical blocks `block..`.
+    pub(crate) fn seal_journal(&self, block: u64, buf: &mut [u8]) {
+        area(&self.journal, block, buf, true)
+    }
+
+    /// Decrypts a journal record's blocks of logical blocks `block..`.
+    pub(crate) fn open_journal(&self, block: u64, buf: &mut [u8]) {
+        area(&self.journal, block, buf, false)
+    }
+
+    /// A block's dedup fingerprint (keyed).
+    pub(crate) fn fingerprint(&self, block: &[u8]) -> Fp {
+        let h = blake3::keyed_hash(&self.fp_key, block);
+        let mut f = [0u8; 16];
+        f.copy_from_slice(&h.as_bytes()[..16]);
+        f
+    }
+}
+
+/// XTS over whole blocks of `buf` (a trailing partial block, which no
+/// caller passes, is left as it is: XTS needs at least 16 bytes).
+fn area(x: &Xts128<Aes256>, first: u64, buf: &mut [u8], encrypt: bool) {
+    let whole = buf.len() / BLOCK * BLOCK;
+    let buf = &mut buf[..whole];
+    if buf.is_empty() {
+        return;
+    }
+    match encrypt {
+        true => x.encrypt_area(buf, BLOCK, first as u128, get_tweak_default),
+        false => x.decrypt_area(buf, BLOCK, first as u128, get_tweak_default),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(b: u8) -> VolumeKey {
+        VolumeKey([b; 32])
+    }
+
+    #[test]
+    fn blocks_round_trip_and_depend_on_place_and_key() {
+        let c = Crypt::new(&key(1));
+        let plain: Vec<u8> = (0..3 * BLOCK).map(|i| (i % 251) as u8).collect();
+        let mut a = plain.clone();
+        c.seal_data(7, &mut a);
+        assert_ne!(a, plain);
+        // The same content at another disk block encrypts differently.
+        let mut b = plain[BLOCK..2 * BLOCK].to_vec();
+        c.seal_data(7, &mut b);
+        assert_ne!(&a[BLOCK..2 * BLOCK], &b[..]);
+        // Block by block or all at once: the same.
+        let mut one = plain[BLOCK..2 * BLOCK].to_vec();
+        c.seal_data(8, &mut one);
+        assert_eq!(&a[BLOCK..2 * BLOCK], &one[..]);
+        let mut back = a.clone();
+        c.open_data(7, &mut back);
+        assert_eq!(back, plain);
+        // The journal's key is not the data's.
+        let mut j = plain.clone();
+        c.seal_journal(7, &mut j);
+        assert_ne!(j, a);
+        c.open_journal(7, &mut j);
+        assert_eq!(j, plain);
+        // Another key reads garbage.
+        let mut other = a.clone();
+        Crypt::new(&key(2)).open_data(7, &mut other);
+        assert_ne!(other, plain);
+    }
+
+    #[test]
+    fn the_check_value_tells_the_key() {
+        let e = Encryption::new([9; 16], &key(1));
+        assert_eq!(e.salt_bytes(), Some(vec![9; 16]));
+        let mut bad = e.clone();
+        bad.salt = "0g".into();
+        assert_eq!(bad.salt_bytes(), None);
+        bad.salt = "abc".into();
+        assert_eq!(bad.salt_bytes(), None);
+        assert!(e.accepts(&key(1)));
+        assert!(!e.accepts(&key(2)));
+        let mut wrong = e.clone();
+        wrong.cipher = "rot13".into();
+        assert!(!wrong.accepts(&key(1)));
+    }
+
+    #[test]
+    fn fingerprints_are_keyed() {
+        let b = vec![5u8; BLOCK];
+        let (one, two) = (Crypt::new(&key(1)), Crypt::new(&key(2)));
+        assert_eq!(one.fingerprint(&b), one.fingerprint(&b));
+        assert_ne!(one.fingerprint(&b), two.fingerprint(&b));
+        assert_ne!(one.fingerprint(&b), crate::idedup::fingerprint(&b));
+    }
+}
