@@ -461,6 +461,57 @@ fn snapshots_restore_as_sparse_images() {
     assert_eq!(v7["read_bytes"], 0, "{v7}");
 }
 
+/// The encrypted volume's commands without NBD clients: a snapshot of a
+/// stopped volume needs the repository's password (a wrong one reads
+/// nothing), restores as the image (zeros here), and `volume stats` and
+/// `list` need no password; a plain volume copied into an encrypted
+/// repository is refused.
+#[test]
+fn encrypted_volumes_need_the_password() {
+    let r = Repo::with_init(&["--encrypt"], Some("pw"));
+    let c = r.json(&["volume", "create", "v", "--size", "4M"]);
+    assert_eq!(c["encrypted"], true, "{c}");
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(r.path.join("volumes/v/volume.json")).unwrap())
+            .unwrap();
+    assert_eq!(cfg["format"], 2, "{cfg}");
+    let mut wrong = r.cmd(&["volume", "snapshot", "v"]);
+    wrong.env("STRATA_PASSWORD", "wrong");
+    let o = wrong.output().unwrap();
+    assert!(!o.status.success(), "a snapshot with a wrong password");
+    let snap = r.json(&["volume", "snapshot", "v"]);
+    assert_eq!(snap["logical_bytes"], 4 << 20, "{snap}");
+    let t = r.scratch("t");
+    r.restore("volume:v@latest", &t);
+    assert!(std::fs::read(t.join("v.img")).unwrap() == vec![0u8; 4 << 20]);
+    for args in [&["volume", "stats", "v"][..], &["volume", "list"][..]] {
+        let mut c = r.cmd(args);
+        c.env_remove("STRATA_PASSWORD");
+        c.stdin(Stdio::null());
+        let o = c.output().unwrap();
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    // A volume made in an unencrypted repository, copied in.
+    let plain = new_volume("4M");
+    let from = plain.path.join("volumes/v");
+    let to = r.path.join("volumes/p");
+    std::fs::create_dir(&to).unwrap();
+    for e in std::fs::read_dir(&from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+    let run = r.run(&["volume", "snapshot", "p"]).expect_code(1);
+    assert!(
+        run.stderr.contains("not encrypted, but its repository is"),
+        "{}",
+        run.stderr
+    );
+}
+
 /// In an encrypted repository a volume is encrypted (its blocks,
 /// journal and fingerprints; the key from the repository's password): real
 /// clients write and read it, snapshots of it served and stopped restore

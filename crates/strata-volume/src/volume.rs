@@ -39,6 +39,9 @@ use std::time::{Duration, Instant};
 
 pub const BLOCK: usize = 4096;
 const FORMAT: u32 = 1;
+/// The format of an encrypted volume: builds before encryption refuse it
+/// (they would read its blocks as plain and write plain ones among them).
+pub const FORMAT_ENCRYPTED: u32 = 2;
 /// The buffer is destaged once it holds this much, or after a second.
 const DESTAGE_AT: usize = 32 << 20;
 /// Writers wait while the buffer holds this much (the batch being
@@ -858,7 +861,12 @@ pub(crate) fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> io::Result<usi
 
 impl Volume {
     /// Creates volume files in `dir` (which must not hold a volume).
-    pub fn create(dir: &Path, cfg: VolumeConfig) -> Result<()> {
+    /// Its `format` is set from whether it is encrypted.
+    pub fn create(dir: &Path, mut cfg: VolumeConfig) -> Result<()> {
+        cfg.format = match cfg.encryption {
+            Some(_) => FORMAT_ENCRYPTED,
+            None => FORMAT,
+        };
         if cfg.size == 0 || !cfg.size.is_multiple_of(BLOCK as u64) {
             return Err(VolumeError::Invalid(format!(
                 "the size must be a positive multiple of {BLOCK} bytes"
@@ -889,9 +897,13 @@ impl Volume {
 
     pub fn config(dir: &Path) -> Result<VolumeConfig> {
         let cfg: VolumeConfig = read_json(&dir.join("volume.json"))?;
-        if cfg.format != FORMAT || cfg.block_size as usize != BLOCK {
+        let want = match cfg.encryption {
+            Some(_) => FORMAT_ENCRYPTED,
+            None => FORMAT,
+        };
+        if cfg.format != want || cfg.block_size as usize != BLOCK {
             return Err(VolumeError::Invalid(format!(
-                "{}: volume format {} / block size {} (this build: {FORMAT} / {BLOCK})",
+                "{}: volume format {} / block size {} (this build: {FORMAT}, or {FORMAT_ENCRYPTED} with encryption / {BLOCK})",
                 dir.display(),
                 cfg.format,
                 cfg.block_size
@@ -1302,6 +1314,21 @@ impl Volume {
         }
     }
 
+    /// Disk block `dbn` into `dst` (one block), decrypted.
+    fn read_block(&self, dbn: u64, dst: &mut [u8]) -> io::Result<()> {
+        let off = dbn
+            .checked_mul(BLOCK as u64)
+            .ok_or_else(|| io::Error::other("the map names a block past any disk"))?;
+        if read_full_at(&self.data, dst, off)? < dst.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("data is shorter than block {dbn}"),
+            ));
+        }
+        self.decrypt_read(dbn, dst);
+        Ok(())
+    }
+
     /// A journal record of whole blocks from `first`: its header, and for
     /// an encrypted volume the bytes to append in place of `data`.
     fn journal_record(&self, first: u64, data: &[u8]) -> JournalRecord {
@@ -1428,15 +1455,11 @@ impl Volume {
                 match Self::src(m, b) {
                     Src::Mem(d) => dst.copy_from_slice(&d),
                     Src::Zero => dst.fill(0),
-                    Src::At(d) => {
-                        read_full_at(&self.data, dst, d * BLOCK as u64)?;
-                        self.decrypt_read(d, dst);
-                    }
+                    Src::At(d) => self.read_block(d, dst)?,
                     Src::Disk => {
                         let e = read_u64s(&self.map, b, 1)?[0];
                         if e != 0 {
-                            read_full_at(&self.data, dst, (e - 1) * BLOCK as u64)?;
-                            self.decrypt_read(e - 1, dst);
+                            self.read_block(e - 1, dst)?;
                         }
                     }
                 }

@@ -116,6 +116,9 @@ fn repo_encrypted(cli: &crate::Cli) -> Result<bool> {
 /// is not encrypted.
 fn volume_key(repo: &Repository, cfg: &VolumeConfig) -> Result<Option<VolumeKey>> {
     let Some(e) = &cfg.encryption else {
+        if repo.config().encrypted {
+            bail!("{}", PLAIN_IN_ENCRYPTED);
+        }
         return Ok(None);
     };
     let salt = e.salt_bytes().ok_or_else(|| {
@@ -137,10 +140,19 @@ fn volume_key(repo: &Repository, cfg: &VolumeConfig) -> Result<Option<VolumeKey>
 fn key_for_dir(cli: &crate::Cli, dir: &std::path::Path) -> Result<Option<VolumeKey>> {
     let cfg = Volume::config(dir)?;
     if cfg.encryption.is_none() {
+        if repo_encrypted(cli)? {
+            bail!("{}", PLAIN_IN_ENCRYPTED);
+        }
         return Ok(None);
     }
     volume_key(&crate::open(cli)?, &cfg)
 }
+
+/// A volume that is not encrypted in a repository that is: not made by
+/// `volume create` here (copied in?); not served or snapshotted, as its
+/// blocks would be in plain beside the repository.
+const PLAIN_IN_ENCRYPTED: &str = "this volume is not encrypted, but its repository is (a volume copied in from \
+     another repository?): it is not used here. Create a new volume in this repository and copy the data over";
 
 fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
