@@ -484,7 +484,10 @@ fn encrypted_volumes_need_the_password() {
     let t = r.scratch("t");
     r.restore("volume:v@latest", &t);
     assert!(std::fs::read(t.join("v.img")).unwrap() == vec![0u8; 4 << 20]);
-    for args in [&["volume", "stats", "v"][..], &["volume", "list"][..]] {
+    for args in [
+        &["--json", "volume", "stats", "v"][..],
+        &["--json", "volume", "list"][..],
+    ] {
         let mut c = r.cmd(args);
         c.env_remove("STRATA_PASSWORD");
         c.stdin(Stdio::null());
@@ -494,6 +497,9 @@ fn encrypted_volumes_need_the_password() {
             "{args:?}: {}",
             String::from_utf8_lossy(&o.stderr)
         );
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let v = if v.is_array() { v[0].clone() } else { v };
+        assert_eq!(v["encrypted"], true, "{args:?}: {v}");
     }
     // A volume made in an unencrypted repository, copied in.
     let plain = new_volume("4M");

@@ -38,6 +38,8 @@ pub struct VolumeReport {
     pub threshold_used: u64,
     pub cache_bytes: u64,
     pub dedup: bool,
+    /// Its blocks, journal and fingerprints encrypted (XTS-AES-256).
+    pub encrypted: bool,
     /// Logical blocks written / physical blocks written (destaged).
     pub dedup_ratio: f64,
     pub logical_blocks_written: u64,
@@ -124,6 +126,7 @@ pub fn report(dir: &Path, name: &str) -> Result<VolumeReport, VolumeError> {
         threshold_used: live.threshold_used,
         cache_bytes: cfg.cache_bytes,
         dedup: cfg.dedup,
+        encrypted: cfg.encryption.is_some(),
         dedup_ratio: if c.physical_blocks_written == 0 {
             1.0
         } else {

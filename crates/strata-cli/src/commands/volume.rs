@@ -263,19 +263,28 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
                 for e in rd.flatten() {
                     let n = e.file_name().to_string_lossy().into_owned();
                     if let Ok(c) = Volume::config(&e.path()) {
-                        names.push((n, c.size));
+                        names.push((n, c.size, c.dedup, c.encryption.is_some()));
                     }
                 }
             }
             names.sort();
             let v = serde_json::json!(names
                 .iter()
-                .map(|(n, s)| serde_json::json!({"name": n, "size": s}))
+                .map(|(n, s, d, e)| serde_json::json!({"name": n, "size": s, "dedup": d, "encrypted": e}))
                 .collect::<Vec<_>>());
             out.result(&v, || {
                 names
                     .iter()
-                    .map(|(n, s)| format!("{n}\t{}", fmt_bytes(*s)))
+                    .map(|(n, s, d, e)| {
+                        let mut t = format!("{n}\t{}", fmt_bytes(*s));
+                        if !d {
+                            t += "\tdedup off";
+                        }
+                        if *e {
+                            t += "\tencrypted";
+                        }
+                        t
+                    })
                     .collect::<Vec<_>>()
                     .join("\n")
             });
@@ -505,7 +514,12 @@ fn stats_text(r: &strata_volume::report::VolumeReport) -> String {
         r.threshold,
         r.threshold_used,
         fmt_bytes(r.cache_bytes),
-        if r.dedup { "" } else { ", dedup off" }
+        match (r.dedup, r.encrypted) {
+            (true, false) => "",
+            (true, true) => ", encrypted",
+            (false, false) => ", dedup off",
+            (false, true) => ", dedup off, encrypted",
+        }
     );
     t += &format!(
         "dedup ratio {:.3}: {} blocks written, {} stored new, {} deduplicated ({} duplicates in runs below the threshold)\n",

@@ -353,9 +353,29 @@ impl PrevNode {
     /// The previous version of a changed file, for chunk lookups while it
     /// is read again.
     pub fn file(self) -> Option<ParentFile> {
+        self.file_near(None)
+    }
+
+    /// [`Self::file`] with only the chunks a lookup can reach while the
+    /// byte ranges `read` are read (within [`WINDOW`] of them), when only
+    /// those are (a patched image: its changed segments): a large image
+    /// of which a few segments changed does not build a table of every
+    /// chunk (a million per 4 GiB).
+    pub fn file_near(self, read: Option<&[(u64, u64)]>) -> Option<ParentFile> {
+        let near = |o: u64| {
+            read.is_none_or(|r| {
+                let i = r.partition_point(|&(_, e)| e.saturating_add(WINDOW) <= o);
+                r.get(i)
+                    .is_some_and(|&(s, _)| s.saturating_sub(WINDOW) <= o)
+            })
+        };
         let mut refs = Vec::new();
         let mut offset = 0u64;
         for c in self.node.segments.iter().flat_map(|s| &s.chunks) {
+            if !near(offset) {
+                offset += c.len as u64;
+                continue;
+            }
             if let (false, Some(loc)) = (c.is_zero(), loc_of(&self.containers, c)) {
                 refs.push((offset, c.fp, loc));
             }
@@ -472,6 +492,41 @@ mod tests {
         let mut b = [0u8; 32];
         b[..8].copy_from_slice(&i.to_le_bytes());
         Fingerprint(b)
+    }
+
+    /// A patched image's previous version keeps only the chunks within
+    /// the window of what is read; a changed file keeps them all.
+    #[test]
+    fn a_patch_keeps_only_the_chunks_near_what_it_reads() {
+        use strata_core::format::{ChunkRef, SegmentRef};
+        // 1000 chunks of 1 MiB (a 1000 MiB image), one container.
+        let chunks: Vec<ChunkRef> = (0..1000u64)
+            .map(|i| ChunkRef {
+                fp: fp(i + 1),
+                container: 0,
+                region: 0,
+                offset: i as u32,
+                len: 1 << 20,
+            })
+            .collect();
+        let prev = || PrevNode {
+            node: Node {
+                segments: vec![SegmentRef {
+                    fp: fp(0),
+                    chunks: chunks.clone(),
+                }],
+                ..Node::new(b"v.img".to_vec(), NodeKind::File)
+            },
+            containers: Arc::new(vec![Some(0)]),
+        };
+        assert_eq!(prev().file().unwrap().refs.len(), 1000);
+        let w = WINDOW >> 20;
+        let read = [(300u64 << 20, 302 << 20), (900 << 20, 1000 << 20)];
+        let f = prev().file_near(Some(&read)).unwrap();
+        let offsets: Vec<u64> = f.refs.iter().map(|r| r.0 >> 20).collect();
+        let want: Vec<u64> = (300 - w..302 + w).chain(900 - w..1000).collect();
+        assert_eq!(offsets, want);
+        assert!(prev().file_near(Some(&[])).is_none());
     }
 
     #[test]

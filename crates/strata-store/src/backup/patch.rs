@@ -72,6 +72,23 @@ pub(crate) struct PatchSource {
 }
 
 impl PatchSource {
+    /// The byte ranges that will be read: the segments not in `clean`,
+    /// neighbours merged, in order.
+    pub(crate) fn read_ranges(&self) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for k in 0..self.size.div_ceil(PATCH_SEGMENT) {
+            if self.clean.contains_key(&k) {
+                continue;
+            }
+            let (s, e) = (k * PATCH_SEGMENT, ((k + 1) * PATCH_SEGMENT).min(self.size));
+            match out.last_mut() {
+                Some(last) if last.1 == s => last.1 = e,
+                _ => out.push((s, e)),
+            }
+        }
+        out
+    }
+
     /// The next block of the image: an unchanged segment (no bytes), or
     /// up to `block` bytes read up to the next unchanged segment, cut into
     /// 4 KiB chunks.

@@ -261,16 +261,22 @@ impl<'a, 'p> Walker<'a, 'p> {
             };
             let prev = self.parent.take(&node.path);
             // A patch takes its unchanged segments from the previous
-            // version (what it says changed is read, and looked up there).
+            // version (what it says changed is read, and looked up there:
+            // only around what is read).
+            let mut read = None;
             if let (Some(Source::Patch(m)), Some(prev)) = (&source, &prev) {
                 let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(p) = g.as_mut() {
                     if let Some(changed) = &p.changed {
                         p.clean = prev.clean_segments(p.size, changed);
+                        read = Some(p.read_ranges());
                     }
                 }
             }
-            let prev = source.as_ref().and(prev).and_then(|p| p.file());
+            let prev = source
+                .as_ref()
+                .and(prev)
+                .and_then(|p| p.file_near(read.as_deref()));
             self.feed.push(node, source.map(|s| (s, prev)))?;
         }
         Ok(())
