@@ -235,6 +235,7 @@ fn image_entries(
         size: p.size,
         changed,
         clean: Default::default(),
+        prev: None,
         at: 0,
     })));
     stream_entries(&p.name, source, Some(p.time_ns), progress)

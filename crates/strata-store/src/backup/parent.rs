@@ -309,50 +309,82 @@ fn loc_of(containers: &[Option<u32>], c: &ChunkRef) -> Option<ChunkLoc> {
     })
 }
 
+/// A segment's chunks with their locations, if every one is found.
+fn known_segment(containers: &[Option<u32>], s: &SegmentRef) -> Option<CleanSegment> {
+    let mut job = SegmentJob::default();
+    let mut found = Vec::with_capacity(s.chunks.len());
+    for c in &s.chunks {
+        if c.is_zero() {
+            job.push_known(Fingerprint::ZERO, true, c.len);
+        } else {
+            found.push(Some(loc_of(containers, c)?));
+            job.push_known(c.fp, false, c.len);
+        }
+    }
+    Some((job, found))
+}
+
+/// A patched image's previous segments, handed to the patch that takes
+/// its unchanged ones as it comes to them: each is made a
+/// [`CleanSegment`] then, and its chunk list let go (not every segment's
+/// chunk jobs built before the first is stored).
+pub(crate) struct PrevSegments {
+    segments: Vec<SegmentRef>,
+    containers: Arc<Vec<Option<u32>>>,
+}
+
+impl PrevSegments {
+    /// Segment `i`'s chunks and their locations (none if one is no
+    /// longer found, or it was taken already).
+    pub(crate) fn take(&mut self, i: usize) -> Option<CleanSegment> {
+        let s = self.segments.get_mut(i)?;
+        let seg = known_segment(&self.containers, s);
+        s.chunks = Vec::new();
+        seg.filter(|(job, _)| !job.is_empty())
+    }
+}
+
 impl PrevNode {
     /// The segments of a patched image's previous version that the patch
     /// says did not change (see [`super::patch`]): those lying at the
     /// offset and with the length segment *k* of an image of `size` bytes
-    /// has, every chunk of them found. None if the size differs.
-    pub fn clean_segments(&self, size: u64, changed: &[bool]) -> BTreeMap<u64, CleanSegment> {
+    /// has, every chunk of them found; by *k*, the index of the segment in
+    /// the previous node. None if the size differs.
+    pub fn clean_segments(&self, size: u64, changed: &[bool]) -> BTreeMap<u64, usize> {
         let mut out = BTreeMap::new();
         if self.node.size != size {
             return out;
         }
         let mut offset = 0u64;
-        for s in &self.node.segments {
+        for (i, s) in self.node.segments.iter().enumerate() {
             let len: u64 = s.chunks.iter().map(|c| c.len as u64).sum();
             let k = offset / PATCH_SEGMENT;
             let in_place = offset.is_multiple_of(PATCH_SEGMENT)
                 && len == PATCH_SEGMENT.min(size.saturating_sub(offset));
-            if in_place && changed.get(k as usize) == Some(&false) {
-                if let Some(seg) = self.known_segment(s) {
-                    out.insert(k, seg);
-                }
+            let found = || {
+                s.chunks
+                    .iter()
+                    .all(|c| c.is_zero() || loc_of(&self.containers, c).is_some())
+            };
+            if in_place && changed.get(k as usize) == Some(&false) && found() {
+                out.insert(k, i);
             }
             offset += len;
         }
         out
     }
 
-    /// A segment's chunks with their locations, if every one is found.
-    fn known_segment(&self, s: &SegmentRef) -> Option<CleanSegment> {
-        let mut job = SegmentJob::default();
-        let mut found = Vec::with_capacity(s.chunks.len());
-        for c in &s.chunks {
-            if c.is_zero() {
-                job.push_known(Fingerprint::ZERO, true, c.len);
-            } else {
-                found.push(Some(loc_of(&self.containers, c)?));
-                job.push_known(c.fp, false, c.len);
-            }
+    /// Its segments, for [`PrevSegments::take`].
+    pub(crate) fn segments(self) -> PrevSegments {
+        PrevSegments {
+            segments: self.node.segments,
+            containers: self.containers,
         }
-        Some((job, found))
     }
 
     /// The previous version of a changed file, for chunk lookups while it
     /// is read again.
-    pub fn file(self) -> Option<ParentFile> {
+    pub fn file(&self) -> Option<ParentFile> {
         self.file_near(None)
     }
 
@@ -361,7 +393,7 @@ impl PrevNode {
     /// those are (a patched image: its changed segments): a large image
     /// of which a few segments changed does not build a table of every
     /// chunk (a million per 4 GiB).
-    pub fn file_near(self, read: Option<&[(u64, u64)]>) -> Option<ParentFile> {
+    pub fn file_near(&self, read: Option<&[(u64, u64)]>) -> Option<ParentFile> {
         let near = |o: u64| {
             read.is_none_or(|r| {
                 let i = r.partition_point(|&(_, e)| e.saturating_add(WINDOW) <= o);

@@ -65,8 +65,11 @@ pub(crate) struct PatchSource {
     pub size: u64,
     /// As [`ImagePatch::changed`], once checked against the parent.
     pub changed: Option<Vec<bool>>,
-    /// The unchanged segments found in the parent (filled by the walk).
-    pub clean: BTreeMap<u64, CleanSegment>,
+    /// The unchanged segments found in the parent (filled by the walk):
+    /// segment *k* → its index in `prev`.
+    pub clean: BTreeMap<u64, usize>,
+    /// The parent's segments, each taken when the patch comes to it.
+    pub prev: Option<super::parent::PrevSegments>,
     /// The next offset to hand on.
     pub at: u64,
 }
@@ -100,7 +103,12 @@ impl PatchSource {
             return b;
         }
         if at.is_multiple_of(PATCH_SEGMENT) {
-            if let Some(known) = self.clean.remove(&(at / PATCH_SEGMENT)) {
+            let known = self
+                .clean
+                .remove(&(at / PATCH_SEGMENT))
+                .and_then(|i| self.prev.as_mut()?.take(i));
+            // (One no longer found is read after all.)
+            if let Some(known) = known {
                 let span = known.0.len();
                 b.span = span;
                 b.known = Some(known);

@@ -273,10 +273,18 @@ impl<'a, 'p> Walker<'a, 'p> {
                     }
                 }
             }
-            let prev = source
+            let file = source
                 .as_ref()
-                .and(prev)
+                .and(prev.as_ref())
                 .and_then(|p| p.file_near(read.as_deref()));
+            // The patch takes the previous segments over, as it comes to
+            // each unchanged one.
+            if let (Some(Source::Patch(m)), Some(prev), true) = (&source, prev, read.is_some()) {
+                if let Some(p) = m.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                    p.prev = Some(prev.segments());
+                }
+            }
+            let prev = file;
             self.feed.push(node, source.map(|s| (s, prev)))?;
         }
         Ok(())
