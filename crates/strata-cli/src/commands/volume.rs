@@ -23,6 +23,10 @@ use strata_volume::{Encryption, Threshold, Volume, VolumeConfig, VolumeKey};
 #[derive(Subcommand)]
 pub enum VolumeCmd {
     /// Create a thin block volume (nothing is allocated until written).
+    /// In an encrypted repository the volume is encrypted too (its blocks,
+    /// journal and fingerprints; XTS-AES-256 as LUKS, the key from the
+    /// repository's): `create`, `serve` and `snapshot` ask for the
+    /// repository's password.
     Create {
         /// The volume's name (letters, digits, `-`, `_`, `.`).
         name: String,
