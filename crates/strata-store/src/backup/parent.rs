@@ -35,6 +35,11 @@ pub(crate) struct Parent<'a> {
     repo: Option<&'a Repository>,
     /// Parts not read yet.
     parts: VecDeque<PartRef>,
+    /// Parts being read ahead, in order (at most [`READ_AHEAD`]).
+    reading: VecDeque<(
+        String,
+        std::sync::mpsc::Receiver<Result<strata_core::format::Recipe>>,
+    )>,
     /// Nodes of the part being read, and its container table as interned
     /// ids of this backup's table (`None`: no longer in the pool).
     nodes: VecDeque<Node>,
@@ -72,6 +77,7 @@ impl<'a> Parent<'a> {
         Parent {
             repo: None,
             parts: VecDeque::new(),
+            reading: VecDeque::new(),
             nodes: VecDeque::new(),
             containers: Arc::default(),
             pool: HashSet::new(),
@@ -141,12 +147,59 @@ impl<'a> Parent<'a> {
         }
     }
 
+    /// Starts reading the next parts (up to [`READ_AHEAD`] at once, each
+    /// on a thread of its own): reading, checking, decompressing and
+    /// decoding a part overlaps with the walk and with the other parts.
+    fn read_ahead(&mut self) {
+        let Some(repo) = self.repo else {
+            return;
+        };
+        while self.reading.len() < READ_AHEAD {
+            let Some(part) = self.parts.front() else {
+                return;
+            };
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            let (r, id) = (repo.clone(), part.id.clone());
+            let id_of_part = part.id.clone();
+            let spawned = std::thread::Builder::new()
+                .name("strata-parent-part".into())
+                .spawn(move || {
+                    let _ = tx.send(recipe::load_part(&r, &id));
+                });
+            if spawned.is_err() {
+                // No thread to be had: the rest is read here, in turn.
+                return;
+            }
+            self.parts.pop_front();
+            self.reading.push_back((id_of_part, rx));
+        }
+    }
+
     /// Reads the next part; `false` when there is none (or it is damaged).
     fn next_part(&mut self) -> bool {
-        let (Some(repo), Some(part)) = (self.repo, self.parts.pop_front()) else {
+        let Some(repo) = self.repo else {
             return false;
         };
-        match recipe::load_part(repo, &part.id) {
+        self.read_ahead();
+        let (id, loaded) = match self.reading.pop_front() {
+            Some((id, rx)) => {
+                let r = rx.recv().unwrap_or_else(|_| {
+                    Err(crate::error::StoreError::Invalid(
+                        "a recipe part's reader stopped".into(),
+                    ))
+                });
+                (id, r)
+            }
+            None => match self.parts.pop_front() {
+                Some(part) => {
+                    let r = recipe::load_part(repo, &part.id);
+                    (part.id, r)
+                }
+                None => return false,
+            },
+        };
+        self.read_ahead();
+        match loaded {
             Ok(r) => {
                 self.containers = Arc::new(self.map_table(&r.containers));
                 self.count(&r.nodes);
@@ -157,11 +210,12 @@ impl<'a> Parent<'a> {
                 self.suspects
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(part.id.clone());
+                    .insert(id);
                 self.damaged = Some(format!(
                     "the previous version's recipe is damaged ({e}); its remaining files are read again"
                 ));
                 self.parts.clear();
+                self.reading.clear();
                 false
             }
         }
@@ -429,6 +483,9 @@ impl PrevNode {
         })
     }
 }
+
+/// Parts of the previous version read ahead of the walk at once.
+const READ_AHEAD: usize = 4;
 
 /// Whether a chunk is in the whole-file sample (1 in 64).
 pub(crate) fn is_anchor(fp: &Fingerprint) -> bool {
