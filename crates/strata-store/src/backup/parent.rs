@@ -29,8 +29,9 @@ use strata_core::Fingerprint;
 
 /// The previous version of the series (empty for a first backup), read a
 /// part at a time as the walk goes: the walk visits paths in the recipe's
-/// order ([`path_cmp`]), so its files are met in order and only the part
-/// around the walk's position is in memory.
+/// order ([`path_cmp`]), so its files are met in order and only the parts
+/// around the walk's position are in memory (the one being walked and up
+/// to [`READ_AHEAD`] read ahead of it).
 pub(crate) struct Parent<'a> {
     repo: Option<&'a Repository>,
     /// Parts not read yet.
@@ -198,9 +199,9 @@ impl<'a> Parent<'a> {
                 None => return false,
             },
         };
-        self.read_ahead();
         match loaded {
             Ok(r) => {
+                self.read_ahead();
                 self.containers = Arc::new(self.map_table(&r.containers));
                 self.count(&r.nodes);
                 self.nodes = r.nodes.into();
@@ -403,7 +404,7 @@ impl PrevNode {
     /// says did not change (see [`super::patch`]): those lying at the
     /// offset and with the length segment *k* of an image of `size` bytes
     /// has, every chunk of them found; by *k*, the index of the segment in
-    /// the previous node. None if the size differs.
+    /// the previous node. Empty if the size differs.
     pub fn clean_segments(&self, size: u64, changed: &[bool]) -> BTreeMap<u64, usize> {
         let mut out = BTreeMap::new();
         if self.node.size != size {
@@ -428,8 +429,15 @@ impl PrevNode {
         out
     }
 
-    /// Its segments, for [`PrevSegments::take`].
-    pub(crate) fn segments(self) -> PrevSegments {
+    /// Its segments for [`PrevSegments::take`]: those `keep` names (the
+    /// clean ones), the others' chunk lists let go.
+    pub(crate) fn segments(mut self, keep: &BTreeMap<u64, usize>) -> PrevSegments {
+        let kept: HashSet<usize> = keep.values().copied().collect();
+        for (i, s) in self.node.segments.iter_mut().enumerate() {
+            if !kept.contains(&i) {
+                s.chunks = Vec::new();
+            }
+        }
         PrevSegments {
             segments: self.node.segments,
             containers: self.containers,

@@ -107,7 +107,8 @@ impl PatchSource {
                 .clean
                 .remove(&(at / PATCH_SEGMENT))
                 .and_then(|i| self.prev.as_mut()?.take(i));
-            // (One no longer found is read after all.)
+            // (One whose chunks are not found after all, which the walk
+            // checked they were, would be read.)
             if let Some(known) = known {
                 let span = known.0.len();
                 b.span = span;

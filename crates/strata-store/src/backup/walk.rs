@@ -281,7 +281,9 @@ impl<'a, 'p> Walker<'a, 'p> {
             // each unchanged one.
             if let (Some(Source::Patch(m)), Some(prev), true) = (&source, prev, read.is_some()) {
                 if let Some(p) = m.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-                    p.prev = Some(prev.segments());
+                    if !p.clean.is_empty() {
+                        p.prev = Some(prev.segments(&p.clean));
+                    }
                 }
             }
             let prev = file;
