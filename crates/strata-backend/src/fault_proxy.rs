@@ -16,6 +16,10 @@ use std::time::Duration;
 pub struct Faults {
     /// Every n-th connection gets `503 Slow Down` to its first request.
     pub slow_down_every: u64,
+    /// The next n connections (from when these faults are set) get `503
+    /// Slow Down` to their first request: a server that throttles, then
+    /// recovers.
+    pub slow_down_next: u64,
     /// Every n-th connection is cut after this many request bytes.
     pub cut_upload_every: u64,
     pub cut_upload_after: u64,
@@ -75,7 +79,12 @@ impl FaultProxy {
                 }
                 let Ok(client) = conn else { continue };
                 let n = seq.fetch_add(1, Ordering::SeqCst) + 1;
-                let plan = *f.lock().unwrap_or_else(|e| e.into_inner());
+                let plan = {
+                    let mut g = f.lock().unwrap_or_else(|e| e.into_inner());
+                    let plan = *g;
+                    g.slow_down_next = g.slow_down_next.saturating_sub(1);
+                    plan
+                };
                 let (up, counts, live) = (upstream.clone(), c.clone(), f.clone());
                 let shared = Shared {
                     counts,
@@ -140,7 +149,7 @@ fn serve(client: TcpStream, upstream: &str, n: u64, f: Faults, shared: &Shared) 
         let _ = client.shutdown(Shutdown::Both);
         return;
     }
-    if every(n, f.slow_down_every) {
+    if f.slow_down_next > 0 || every(n, f.slow_down_every) {
         bump(|c| c.slow_downs += 1);
         slow_down(client);
         return;

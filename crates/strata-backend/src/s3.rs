@@ -294,19 +294,45 @@ impl S3Backend {
         }
     }
 
-    /// Creates the bucket unless it exists (as `restic init` does).
+    /// Creates the bucket unless it exists (as `restic init` does). A
+    /// server error (5xx: throttling, or a server that fails when several
+    /// clients create one bucket at once, as versitygw may) is retried a
+    /// few times, with the check first: another client may have made it.
     pub fn ensure_bucket(&self) -> Result<()> {
-        if self.bucket_exists()? {
-            return Ok(());
-        }
-        match self.bucket_request(http::Method::PUT)? {
-            200..=299 | 409 => Ok(()),
-            s => Err(BackendError::new(
-                ErrorKind::Other,
-                "create bucket",
-                &self.loc.bucket,
-                format!("the server answered {s}"),
-            )),
+        let mut wait = Duration::from_millis(50);
+        let mut tries = 0;
+        loop {
+            let status = match self.bucket_request(http::Method::HEAD)? {
+                200..=299 => return Ok(()),
+                404 => self.bucket_request(http::Method::PUT)?,
+                s => s,
+            };
+            match status {
+                200..=299 | 409 => return Ok(()),
+                403 => return Err(BackendError::new(
+                    ErrorKind::Permission,
+                    "create bucket",
+                    &self.loc.bucket,
+                    "access denied: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the profile",
+                )),
+                500..=599 if tries < ENSURE_BUCKET_TRIES => {
+                    tries += 1;
+                    std::thread::sleep(wait);
+                    wait *= 2;
+                }
+                s => {
+                    let kind = match s {
+                        500..=599 => ErrorKind::Transient,
+                        _ => ErrorKind::Other,
+                    };
+                    return Err(BackendError::new(
+                        kind,
+                        "create bucket",
+                        &self.loc.bucket,
+                        format!("the server answered {s}"),
+                    ));
+                }
+            }
         }
     }
 
@@ -314,6 +340,9 @@ impl S3Backend {
         &self.loc
     }
 }
+
+/// Server errors `ensure_bucket` retries (50 ms, doubling: ~3 s in all).
+const ENSURE_BUCKET_TRIES: u32 = 6;
 
 impl Backend for S3Backend {
     fn put(&self, name: &str, data: &[u8]) -> Result<()> {

@@ -71,6 +71,54 @@ fn throttling_and_dropped_connections_are_survived() {
     );
 }
 
+/// Clients creating one bucket at once all get it (a server may fail
+/// some of the simultaneous creations: they are retried after a check);
+/// a server that throttles a while is waited for; one that answers every
+/// request with 503 gives a transient error in bounded time.
+#[test]
+fn a_bucket_created_by_several_clients_at_once() {
+    let Some(up) = upstream() else { return };
+    let bucket = format!("strata-race-{}", std::process::id());
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let (up, bucket) = (up.clone(), bucket.clone());
+            std::thread::spawn(move || {
+                let loc = S3Location::new(&bucket, "p", Some(format!("http://{up}")));
+                let creds = S3Credentials {
+                    access_key_id: Some("strata".into()),
+                    secret_access_key: Some("strata-secret".into()),
+                    session_token: None,
+                };
+                S3Backend::open(&loc, &creds, S3Options::default())
+                    .unwrap()
+                    .ensure_bucket()
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap().unwrap();
+    }
+    // Throttled at first, then not: the bucket is made after retries.
+    let proxy = FaultProxy::start(&up).unwrap();
+    let b = backend(&proxy.endpoint(), "throttled", 0);
+    proxy.set(Faults {
+        slow_down_next: 3,
+        ..Default::default()
+    });
+    b.ensure_bucket().unwrap();
+    assert_eq!(proxy.injected().slow_downs, 3);
+    // Throttled for good: a transient error, soon.
+    proxy.set(Faults {
+        slow_down_every: 1,
+        ..Default::default()
+    });
+    let t = Instant::now();
+    let e = S3Backend::ensure_bucket(&b).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Transient, "{e}");
+    assert!(e.to_string().contains("503"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+}
+
 #[test]
 fn a_server_that_is_gone_fails_clearly_and_comes_back() {
     let Some(up) = upstream() else { return };
