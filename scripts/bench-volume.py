@@ -254,6 +254,12 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100.0 * (len(xs) - 1))))]
 
 
+def median(xs):
+    """The middle of `xs` (the upper one of two)."""
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
 def strata(repo, *args):
     out = subprocess.run([os.path.join(BIN, "strata"), "--repo", repo, *args, "--json"],
                          check=True, capture_output=True, text=True).stdout
@@ -859,8 +865,7 @@ def main():
         print("|---|---|---|---|---|---|---|")
         for dedup in (True, False):
             def med(enc, key):
-                xs = sorted(r[key] for r in rows if r["encrypted"] == enc and r["dedup"] == dedup)
-                return xs[len(xs) // 2]
+                return median(r[key] for r in rows if r["encrypted"] == enc and r["dedup"] == dedup)
             w0, w1, r0, r1 = med(False, "write_mb_s"), med(True, "write_mb_s"), med(False, "read_mb_s"), med(True, "read_mb_s")
             print(f"| dedup {'on' if dedup else 'off'} | {w0:.0f} | {w1:.0f} | {w1 / w0:.2f} | "
                   f"{r0:.0f} | {r1:.0f} | {r1 / r0:.2f} |")
@@ -887,8 +892,7 @@ def main():
         print("|---|---|---|---|")
         for name in ["seq-write-1M", "rand-write-4k", "rand-read-4k", "seq-read-1M"]:
             def med(system, key):
-                xs = sorted(r[key] for r in rows if r["system"] == system and r["job"] == name)
-                return xs[len(xs) // 2]
+                return median(r[key] for r in rows if r["system"] == system and r["job"] == name)
             key = "mb_s" if "1M" in name else "iops"
             a_, b_ = med("nbdkit-file", key), med("strata-nodedup", key)
             print(f"| {name} ({key}) | {a_:.0f} | {b_:.0f} | {b_ / a_:.2f} |")

@@ -70,6 +70,24 @@ fn stop(mut s: Served) {
     assert!(s.child.wait().unwrap().success());
 }
 
+/// kill -9: the server gets no chance to destage or close.
+fn kill9(mut s: Served) {
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+}
+
+/// Writes `prng(seed, 64 KiB)` at the start of the served volume with
+/// qemu-img (through `patch`, a scratch file); returns the bytes.
+fn qemu_write_start(s: &Served, patch: &Path, seed: u64) -> Vec<u8> {
+    let data = prng(seed, 64 << 10);
+    std::fs::write(patch, &data).unwrap();
+    sh(Command::new("qemu-img")
+        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+        .arg(patch)
+        .arg(&s.url));
+    data
+}
+
 fn sh(cmd: &mut Command) -> std::process::Output {
     let o = cmd.output().unwrap();
     assert!(
@@ -209,9 +227,7 @@ fn kill_9_keeps_every_flushed_write() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(150));
-    let mut s = s;
-    s.child.kill().unwrap();
-    s.child.wait().unwrap();
+    kill9(s);
     let finished = w.wait().unwrap().success();
     let s2 = serve(&r, "v");
     let out = r.scratch("out.raw");
@@ -399,11 +415,7 @@ fn snapshots_restore_as_sparse_images() {
     // 64 KiB rewritten: the next snapshot stores about that.
     let s = serve(&r, "v");
     let patch = r.scratch("patch.raw");
-    std::fs::write(&patch, prng(11, 64 << 10)).unwrap();
-    sh(Command::new("qemu-img")
-        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
-        .arg(&patch)
-        .arg(&s.url));
+    qemu_write_start(&s, &patch, 11);
     stop(s);
     let v2 = r.json(&["volume", "snapshot", "v"]);
     assert_eq!(v2["version"], 3);
@@ -425,11 +437,7 @@ fn snapshots_restore_as_sparse_images() {
     // Served again, written again: the server's snapshot reads that
     // segment only.
     let s = serve(&r, "v");
-    std::fs::write(&patch, prng(12, 64 << 10)).unwrap();
-    sh(Command::new("qemu-img")
-        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
-        .arg(&patch)
-        .arg(&s.url));
+    qemu_write_start(&s, &patch, 12);
     let v3 = r.json(&["volume", "snapshot", "v"]);
     assert_eq!(v3["read_bytes"], 2 << 20, "{v3}");
     want[..64 << 10].copy_from_slice(&prng(12, 64 << 10));
@@ -438,14 +446,8 @@ fn snapshots_restore_as_sparse_images() {
     assert!(std::fs::read(t.join("v.img")).unwrap() == want, "v3");
     // A server killed after a write: what it wrote since is not known,
     // so the next snapshot reads everything (and holds the write).
-    std::fs::write(&patch, prng(13, 64 << 10)).unwrap();
-    sh(Command::new("qemu-img")
-        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
-        .arg(&patch)
-        .arg(&s.url));
-    let mut s = s;
-    s.child.kill().unwrap();
-    s.child.wait().unwrap();
+    qemu_write_start(&s, &patch, 13);
+    kill9(s);
     let v4 = r.json(&["volume", "snapshot", "v"]);
     assert_eq!(v4["read_bytes"], 64 << 20, "after a crash: all read: {v4}");
     want[..64 << 10].copy_from_slice(&prng(13, 64 << 10));
@@ -537,14 +539,8 @@ fn an_encrypted_repository_gets_encrypted_volumes() {
     assert_eq!(live["read_bytes"], 64 << 20, "{live}");
     // Written, flushed, the server killed: the journal holds the write.
     let patch = r.scratch("patch.raw");
-    std::fs::write(&patch, prng(21, 64 << 10)).unwrap();
-    sh(Command::new("qemu-img")
-        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
-        .arg(&patch)
-        .arg(&s.url));
-    let mut s = s;
-    s.child.kill().unwrap();
-    s.child.wait().unwrap();
+    qemu_write_start(&s, &patch, 21);
+    kill9(s);
     let mut want = data.clone();
     want[..64 << 10].copy_from_slice(&prng(21, 64 << 10));
     // No file of the volume holds a stretch of the image in plain.

@@ -1014,6 +1014,17 @@ fn leftover_meta_object_of_rewritten_container() {
 // ---------------------------------------------------------------------------
 // Index summaries (`isum/HASH` beside `index/HASH`).
 
+/// A repository with the `segment` index strategy in `env`'s `repo`.
+fn segment_repo(env: &Env, encrypted: bool) -> (PathBuf, Repository) {
+    let dir = env.path("repo");
+    let opts = strata_store::InitOptions {
+        index: "segment".into(),
+        ..small_init(encrypted)
+    };
+    let repo = Repository::init(local(&dir), opts).unwrap();
+    (dir, repo)
+}
+
 /// A `segment` backup learns the index from the summaries alone (each
 /// container's whole segments and their representatives): with every
 /// index object damaged, a backup of the same tree under another series
@@ -1021,12 +1032,7 @@ fn leftover_meta_object_of_rewritten_container() {
 #[test]
 fn segment_backups_learn_the_index_from_summaries() {
     let env = Env::new();
-    let dir = env.path("repo");
-    let opts = strata_store::InitOptions {
-        index: "segment".into(),
-        ..small_init(false)
-    };
-    let repo = Repository::init(local(&dir), opts).unwrap();
+    let (dir, repo) = segment_repo(&env, false);
     populate(&env, 3);
     let v1 = env.version(&repo);
     mutate(&env, 4);
@@ -1082,12 +1088,7 @@ fn segment_backups_learn_the_index_from_summaries() {
 fn a_backup_upgrades_summaries_without_segments() {
     use strata_core::format::{decode_index_summary, encode_index_summary};
     let env = Env::new();
-    let dir = env.path("repo");
-    let opts = strata_store::InitOptions {
-        index: "segment".into(),
-        ..small_init(true)
-    };
-    let repo = Repository::init(local(&dir), opts).unwrap();
+    let (dir, repo) = segment_repo(&env, true);
     populate(&env, 3);
     let v1 = env.version(&repo);
     let b = repo.backend().clone();
