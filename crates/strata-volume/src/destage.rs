@@ -109,10 +109,6 @@ pub(crate) fn release(free: &mut BTreeMap<u64, u64>, mut dbns: Vec<u64>) {
     }
 }
 
-fn entries_bytes(e: &[u64]) -> Vec<u8> {
-    e.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
 /// How a batch is destaged.
 #[derive(Clone, Copy)]
 struct How {
@@ -125,7 +121,8 @@ struct How {
 /// What destaging one batch changes besides the data.
 #[derive(Default)]
 struct Changes {
-    /// Map entries to write once the data is durable: first block, entries.
+    /// New map entries (pending until their data is synced): first
+    /// block, entries.
     map: Vec<(u64, Vec<u64>)>,
     /// Reference count changes by DBN.
     refs: HashMap<u64, i64>,
@@ -199,10 +196,9 @@ impl Volume {
             };
             self.destage_extent(d, &blocks[i..j], how, &mut ch)?;
         }
+        // Pending until the checkpoint that syncs the data they name.
         for (first, e) in &ch.map {
-            self.map
-                .write_all_at(&entries_bytes(e), first * 8)
-                .map_err(io("map"))?;
+            self.map.set(*first, e).map_err(io("map"))?;
         }
         let mut freed = apply_refs(&d.refs, &ch.refs)?;
         // Placed blocks written again in the batch: nothing names them.
@@ -225,7 +221,7 @@ impl Volume {
                 j += 1;
             }
             let first = placed[i].0;
-            let old = crate::volume::read_u64s(&self.map, first, j - i).map_err(io("map"))?;
+            let old = self.map.read(first, j - i).map_err(io("map"))?;
             let mut new = Vec::with_capacity(j - i);
             for (x, &(_, dbn)) in placed[i..j].iter().enumerate() {
                 if old[x] != 0 {
@@ -248,14 +244,9 @@ impl Volume {
         let mut at = s;
         while at < e {
             let n = (e - at).min(1 << 16);
-            let old = crate::volume::read_u64s(&self.map, at, n as usize).map_err(io("map"))?;
-            if old.iter().any(|&v| v != 0) {
-                for &v in old.iter().filter(|&&v| v != 0) {
-                    *ch.refs.entry(v - 1).or_default() -= 1;
-                }
-                self.map
-                    .write_all_at(&vec![0u8; n as usize * 8], at * 8)
-                    .map_err(io("map"))?;
+            let old = self.map.zero(at, at + n).map_err(io("map"))?;
+            for &v in old.iter().filter(|&&v| v != 0) {
+                *ch.refs.entry(v - 1).or_default() -= 1;
             }
             at += n;
         }
@@ -273,7 +264,7 @@ impl Volume {
     ) -> Result<()> {
         let first = ext[0].0;
         let n = ext.len();
-        let old = crate::volume::read_u64s(&self.map, first, n).map_err(io("map"))?;
+        let old = self.map.read(first, n).map_err(io("map"))?;
         let zero: Vec<bool> = ext.iter().map(|(_, b)| b.is_zero()).collect();
         let fps: Vec<Fp> = ext
             .iter()

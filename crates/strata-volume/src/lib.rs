@@ -8,9 +8,12 @@
 //! * [`journal`] — the write-ahead journal's records.
 //! * [`changes`] — the segments written since the last snapshot.
 //! * [`crypt`] — encryption of a volume in an encrypted repository.
+//! * `blockmap` — the block map, its new entries held until their data
+//!   is synced.
 //! * `readahead` — reading ahead in the volume's block order.
 //! * [`stats`], [`report`] — latency, fragmentation and dedup figures.
 
+mod blockmap;
 pub mod changes;
 pub mod control;
 pub mod crypt;

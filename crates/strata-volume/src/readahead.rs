@@ -18,6 +18,7 @@
 //! first before reading the first ([`will_need`]): the disk reads them
 //! side by side instead of one after another.
 
+use crate::blockmap::BlockMap;
 use crate::volume::lock;
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -132,16 +133,16 @@ pub(crate) fn will_need(data: &File, dbn: u64, blocks: u64) {
 pub(crate) struct Readahead {
     streams: Mutex<Streams>,
     nblocks: u64,
-    /// The block map and the data file (handles of their own).
-    files: Mutex<Option<(File, File)>>,
+    /// The block map and the data file (a handle of its own).
+    files: Mutex<Option<(Arc<BlockMap>, File)>>,
     worker: Mutex<Option<mpsc::Sender<(u64, u64)>>>,
     /// Set by [`Readahead::stop`]: the thread drops what is queued.
     stopped: Arc<AtomicBool>,
 }
 
 impl Readahead {
-    pub(crate) fn new(map: &File, data: &File, nblocks: u64) -> Readahead {
-        let files = map.try_clone().and_then(|m| Ok((m, data.try_clone()?)));
+    pub(crate) fn new(map: Arc<BlockMap>, data: &File, nblocks: u64) -> Readahead {
+        let files = data.try_clone().map(|d| (map, d));
         Readahead {
             streams: Mutex::new(Streams::default()),
             nblocks,
@@ -171,7 +172,9 @@ impl Readahead {
                         if stopped.load(Ordering::Relaxed) {
                             break;
                         }
-                        prefetch(&map, &data, from, count);
+                        if let Ok(dbns) = map.read(from, count as usize) {
+                            prefetch(&dbns, &data);
+                        }
                     }
                 });
             if spawned.is_err() {
@@ -192,13 +195,10 @@ impl Readahead {
     }
 }
 
-/// Asks for the disk blocks of logical blocks `from..from+count`, one
-/// hint per run of neighbouring disk blocks.
-pub(crate) fn prefetch(map: &File, data: &File, from: u64, count: u64) {
-    let Ok(dbns) = crate::volume::read_u64s(map, from, count as usize) else {
-        return;
-    };
-    for (i, j, dbn) in crate::volume::disk_runs(&dbns, |_| true) {
+/// Asks for the disk blocks of map entries `dbns`, one hint per run of
+/// neighbouring disk blocks.
+pub(crate) fn prefetch(dbns: &[u64], data: &File) {
+    for (i, j, dbn) in crate::volume::disk_runs(dbns, |_| true) {
         will_need(data, dbn, (j - i) as u64);
     }
 }

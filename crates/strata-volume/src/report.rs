@@ -24,6 +24,10 @@ pub struct Live {
     pub cache_lookups: u64,
     pub cache_hits: u64,
     pub cache_evictions: u64,
+    /// Block-map entries held in memory until a checkpoint syncs their
+    /// data (about 40 bytes each; a checkpoint comes at 512 Ki of them).
+    #[serde(default)]
+    pub pending_map_entries: u64,
     /// Physical runs per read: counts by runs (last bucket ≥ 64).
     pub fragmentation: Histogram,
     /// Blocks per read request (last bucket ≥ 256).
@@ -80,6 +84,7 @@ impl Volume {
             cache_lookups: d.cache.lookups,
             cache_hits: d.cache.hits,
             cache_evictions: d.cache.evictions,
+            pending_map_entries: self.map.pending() as u64,
             fragmentation: lock(&l.fragmentation).clone(),
             read_sizes: lock(&l.read_sizes).clone(),
         };

@@ -21,6 +21,7 @@
 //! a batch (overwrites, TRIM) are reused only after the next checkpoint,
 //! so no map entry on disk can point at reused data.
 
+use crate::blockmap::BlockMap;
 use crate::changes::{ChangeSet, Changes};
 use crate::crypt::{Crypt, Encryption, VolumeKey};
 use crate::idedup::{Fp, MetaCache};
@@ -51,6 +52,9 @@ const BUFFER_MAX: usize = 256 << 20;
 /// many bytes of their journals or this long.
 const CHECKPOINT_BYTES: u64 = 512 << 20;
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
+/// ... or this many map entries wait for one (24 MiB of memory; placed
+/// writes put their data in no journal).
+const CHECKPOINT_ENTRIES: usize = 1 << 19;
 /// ... or once this many blocks wait for one to be written in place
 /// (`Mem::recent`: 1 GiB of first writes without dedup, whose journal
 /// records are small).
@@ -396,7 +400,8 @@ impl RecentReads {
 pub struct Volume {
     pub(crate) dir: PathBuf,
     pub cfg: VolumeConfig,
-    pub(crate) map: File,
+    /// The block map (new entries pending until a checkpoint).
+    pub(crate) map: Arc<BlockMap>,
     pub(crate) data: File,
     /// The ciphers of an encrypted volume.
     crypt: Option<Arc<Crypt>>,
@@ -484,7 +489,9 @@ impl Volume {
             .map_err(|e| VolumeError::Io("destage".into(), e))?;
         {
             let _d = lock(&self.disk);
-            clone_or_copy(&self.dir.join("map"), &frozen.map).map_err(ioe("map copy"))?;
+            self.map
+                .copy_to(&self.dir.join("map"), &frozen.map, clone_or_copy)
+                .map_err(ioe("map copy"))?;
         }
         // Writes after the take may be in the copy: their marks too (each
         // was marked before it could reach the map).
@@ -787,7 +794,9 @@ impl ImageSource {
         if let ImageSource::Frozen { map, data, .. } = self {
             let next = (at + n as u64) / BLOCK as u64;
             let left = (size.saturating_sub(at + n as u64) as usize).min(IMAGE_READ);
-            prefetch(map, data, next, (left / BLOCK) as u64);
+            if let Ok(dbns) = read_u64s(map, next, left / BLOCK) {
+                prefetch(&dbns, data);
+            }
         }
         self.read_exact_at(at, buf)?;
         let (ImageSource::Live { pos, .. } | ImageSource::Frozen { pos, .. }) = self;
@@ -974,13 +983,13 @@ impl Volume {
         }
         let state: State = read_json(&dir.join("state.json"))?;
         let nblocks = cfg.size / BLOCK as u64;
-        let map = open_rw(&dir.join("map"))?;
+        let map_file = open_rw(&dir.join("map"))?;
         let data = open_rw(&dir.join("data"))?;
         let refs = open_rw(&dir.join("refs"))?;
         let fps = open_rw(&dir.join("fps"))?;
         let end = data.metadata().map_err(ioe("data"))?.len() / BLOCK as u64;
         if !state.clean {
-            rebuild_refs(&map, &refs, nblocks, end)?;
+            rebuild_refs(&map_file, &refs, nblocks, end)?;
         }
         let (free, cache) = scan_refs(&refs, &fps, end, &cfg, state.clean && warm_cache)?;
         let old = journal::existing(dir).map_err(ioe(dir.display().to_string()))?;
@@ -989,7 +998,8 @@ impl Volume {
         if counters.sequence_lengths.counts.is_empty() {
             counters.sequence_lengths = Histogram::with_buckets(65);
         }
-        let readahead = Readahead::new(&map, &data, nblocks);
+        let map = Arc::new(BlockMap::new(map_file));
+        let readahead = Readahead::new(map.clone(), &data, nblocks);
         // What was written since the last snapshot: known only after a
         // clean close (a replayed journal's writes were not counted).
         let changes = match state.clean && old.is_empty() {
@@ -1240,7 +1250,7 @@ impl Volume {
         let mut zero = vec![false; n];
         let any_disk = srcs.iter().any(|s| matches!(s, Src::Disk));
         let mut map = if any_disk {
-            read_u64s(&self.map, first, n)?
+            self.map.read(first, n)?
         } else {
             vec![0; n]
         };
@@ -1457,7 +1467,7 @@ impl Volume {
                     Src::Zero => dst.fill(0),
                     Src::At(d) => self.read_block(d, dst)?,
                     Src::Disk => {
-                        let e = read_u64s(&self.map, b, 1)?[0];
+                        let e = self.map.read(b, 1)?[0];
                         if e != 0 {
                             self.read_block(e - 1, dst)?;
                         }
@@ -1597,7 +1607,7 @@ impl Volume {
         {
             return Ok(None);
         }
-        let map = read_u64s(&self.map, first, n)?;
+        let map = self.map.read(first, n)?;
         if map.iter().all(|&e| e == 0) {
             return Ok(Some(Direct::New));
         }
@@ -1874,8 +1884,11 @@ impl Volume {
         if let Some(f) = lock(&self.mem).failed.clone() {
             return Err(VolumeError::Invalid(format!("the volume stopped: {f}")));
         }
-        let (freed, done, fps, refs, covered) = {
+        let (freed, done, fps, refs, covered, entries) = {
             let mut d = lock(&self.disk);
+            // The map entries of every batch destaged so far (destage
+            // applies a batch under the disk lock): their data is written.
+            let entries = self.map.take();
             let fps = d.fps.try_clone().map_err(ioe("fps"))?;
             let refs = d.refs.try_clone().map_err(ioe("refs"))?;
             d.uncommitted_bytes = 0;
@@ -1893,13 +1906,16 @@ impl Volume {
                 fps,
                 refs,
                 covered,
+                entries,
             )
         };
-        // Everything those batches wrote was written before this point.
+        // Everything those batches wrote was written before this point:
+        // their map entries go to the map file once it is synced.
         let synced = (|| -> io::Result<()> {
             self.data.sync_data()?;
             fps.sync_data()?;
-            self.map.sync_data()?;
+            self.map.commit(&entries)?;
+            self.map.sync()?;
             refs.sync_data()
         })();
         let mut d = lock(&self.disk);
@@ -2078,10 +2094,10 @@ impl Volume {
             // straight to disk from then on). Syncing this batch's journal
             // instead would do, but for every batch of the next seconds
             // (random writes after a sequential one: 0.5x). (Other batches
-            // are not synced before destage: their data and map entries,
-            // written back before their records, are redone or dropped by
-            // the replay — except that a map entry of an unflushed write
-            // may then name a reused block's old data.)
+            // are not synced before destage: their data, written back
+            // before their records, is redone or dropped by the replay; their
+            // map entries reach the map file only with the checkpoint that
+            // synced their data, see `blockmap`.)
             let must_checkpoint =
                 !batch.blocks.is_empty() && self.holds.load(Ordering::SeqCst) == 0 && {
                     let d = lock(&self.disk);
@@ -2108,6 +2124,7 @@ impl Volume {
                     d.uncommitted.push(old_path.clone());
                     d.uncommitted_generation = generation;
                     d.uncommitted_bytes >= CHECKPOINT_BYTES
+                        || self.map.pending() >= CHECKPOINT_ENTRIES
                         || d.last_checkpoint.elapsed() >= CHECKPOINT_EVERY
                         || many_recent
                 };
