@@ -14,7 +14,8 @@ Trace mode: `strata-bench gen primary` writes a block-write trace (iDedup
 §3.1/§5 locality model); this script replays it into a fresh volume per
 setting with libnbd (python3-libnbd; consecutive blocks go as one write of
 ≤ 1 MiB), flushes, stops the server (SIGTERM: destaged, closed), drops the
-page cache, serves again and reads the same requests back. It reports the
+page cache, serves again and reads the same requests back (then, cold
+again, the same reads in a seeded random order). It reports the
 dedup ratio by threshold and cache size (Fig. 7), the fragmentation CDF of
 the reads (Fig. 8: physical runs per read) and client-side response-time
 percentiles (Fig. 9), beside the same volume with dedup off; the server's
@@ -298,6 +299,17 @@ def one_setting(work, label, reqs, vol_blocks, create_args):
     s.stop()
     # The server's figures of the replayed reads only (not of the check).
     st_r = strata(repo, "volume", "stats", "v")
+    # The same reads again, cold, in a random order (seeded: the same for
+    # every setting): the written order favours a layout that keeps each
+    # block where it was first written (in place), a random one neither.
+    import random
+    shuffled = list(reqs)
+    random.Random(11).shuffle(shuffled)
+    drop_caches()
+    s, h = serve_and_connect(repo, sock)
+    rlat_rand, _ = timed(shuffled, lambda first, data: h.pread(len(data), first * BLOCK))
+    h.shutdown()
+    s.stop()
     # The whole volume read from start to end, cold, 1 MiB at a time (a
     # copy or a scan: what readahead in the volume's order is for).
     drop_caches()
@@ -332,6 +344,8 @@ def one_setting(work, label, reqs, vol_blocks, create_args):
         "scan_mb_s": size / scan_s / 1e6,
         "client_write_p50_us": us(pct(wlat, 50)), "client_write_p99_us": us(pct(wlat, 99)),
         "client_read_p50_us": us(pct(rlat, 50)), "client_read_p99_us": us(pct(rlat, 99)),
+        "client_random_read_p50_us": us(pct(rlat_rand, 50)),
+        "client_random_read_p99_us": us(pct(rlat_rand, 99)),
         "server_write_p50_us": st_w["write_p50_us"], "server_write_p99_us": st_w["write_p99_us"],
         "server_read_p50_us": st_r["read_p50_us"], "server_read_p99_us": st_r["read_p99_us"],
         "fragmentation_cdf": st_r["fragmentation_cdf"],
@@ -900,8 +914,8 @@ def main():
     rows = trace_mode(a)
     json.dump(rows, open(os.path.join(a.work, "volume-results.json"), "w"), indent=1)
     charts(rows, a.work)
-    print("| setting | dedup ratio | saved | cache blocks | write MB/s | read MB/s | write p50/p99 µs | read p50/p99 µs | server read p50/p99 µs | disk reads (I/Os, MB) | reads touching 1 run | scan MB/s | mismatches |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| setting | dedup ratio | saved | cache blocks | write MB/s | read MB/s | write p50/p99 µs | read p50/p99 µs | random-order read p50/p99 µs | server read p50/p99 µs | disk reads (I/Os, MB) | reads touching 1 run | scan MB/s | mismatches |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         one = r["fragmentation_cdf"][0][1] if r["fragmentation_cdf"] else None
         disk = "–" if r["disk_read_ios"] is None else f"{r['disk_read_ios']}, {r['disk_read_mb']:.0f}"
@@ -909,6 +923,7 @@ def main():
               f"{r['cache_capacity_blocks']} | {r['write_mb_s']:.0f} | {r['read_mb_s']:.0f} | "
               f"{r['client_write_p50_us']}/{r['client_write_p99_us']} | "
               f"{r['client_read_p50_us']}/{r['client_read_p99_us']} | "
+              f"{r['client_random_read_p50_us']}/{r['client_random_read_p99_us']} | "
               f"{r['server_read_p50_us']}/{r['server_read_p99_us']} | "
               f"{disk} | "
               f"{'–' if one is None else f'{one * 100:.1f} %'} | {r['scan_mb_s']:.0f} | "

@@ -14,22 +14,23 @@
 //!
 //! Zero entries (TRIM, WRITE_ZEROES) name no data: those of blocks with
 //! no pending entry go to the file at once; a pending entry becomes a
-//! pending zero. The lock that guards the pending entries is held across
-//! each read of the file too, so a lookup never sees the file before a
-//! commit and the pending entries after it.
+//! pending zero. A lookup reads the file under the (shared) lock of the
+//! pending entries, and a commit drops the entries it wrote only after
+//! writing them, so a lookup never sees a block's place in the file
+//! without its pending entry on top while the two differ.
 
-use crate::volume::{lock, read_u64s};
+use crate::volume::read_u64s;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// The map file and its pending entries.
 pub(crate) struct BlockMap {
     file: File,
-    pending: Mutex<Pending>,
+    pending: RwLock<Pending>,
 }
 
 #[derive(Default)]
@@ -47,13 +48,21 @@ impl BlockMap {
     pub(crate) fn new(file: File) -> BlockMap {
         BlockMap {
             file,
-            pending: Mutex::default(),
+            pending: RwLock::default(),
         }
+    }
+
+    fn shared(&self) -> RwLockReadGuard<'_, Pending> {
+        self.pending.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn exclusive(&self) -> RwLockWriteGuard<'_, Pending> {
+        self.pending.write().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Entries `first..first+n` as they stand (pending ones included).
     pub(crate) fn read(&self, first: u64, n: usize) -> io::Result<Vec<u64>> {
-        let p = lock(&self.pending);
+        let p = self.shared();
         let mut v = read_u64s(&self.file, first, n)?;
         for (&b, &(_, e)) in p.entries.range(first..first.saturating_add(n as u64)) {
             v[(b - first) as usize] = e;
@@ -65,7 +74,7 @@ impl BlockMap {
     /// entries that do not change (a block rewritten in place) are left
     /// alone.
     pub(crate) fn set(&self, first: u64, values: &[u64]) -> io::Result<()> {
-        let mut p = lock(&self.pending);
+        let mut p = self.exclusive();
         let on_file = read_u64s(&self.file, first, values.len())?;
         p.stamp += 1;
         let stamp = p.stamp;
@@ -84,7 +93,7 @@ impl BlockMap {
 
     /// Zeros entries `s..e`; returns what they were.
     pub(crate) fn zero(&self, s: u64, e: u64) -> io::Result<Vec<u64>> {
-        let mut p = lock(&self.pending);
+        let mut p = self.exclusive();
         let n = (e - s) as usize;
         let mut old = read_u64s(&self.file, s, n)?;
         p.stamp += 1;
@@ -104,15 +113,18 @@ impl BlockMap {
     /// The pending entries, for a checkpoint to commit once the data they
     /// name is synced.
     pub(crate) fn take(&self) -> Taken {
-        let p = lock(&self.pending);
+        let p = self.shared();
         p.entries.iter().map(|(&b, &(s, e))| (b, s, e)).collect()
     }
 
     /// Writes `taken` to the file (its data synced: a later change of a
     /// block pending meanwhile keeps its own entry pending) and drops the
     /// entries no change came after. The file is synced by the caller.
+    ///
+    /// The file is written without the lock: the blocks taken stay
+    /// pending until the end, so no lookup, `set` or `zero` reads or
+    /// writes their place in the file meanwhile.
     pub(crate) fn commit(&self, taken: &Taken) -> io::Result<()> {
-        let mut p = lock(&self.pending);
         let mut i = 0;
         while i < taken.len() {
             let mut j = i + 1;
@@ -123,6 +135,7 @@ impl BlockMap {
             self.file.write_all_at(&bytes, taken[i].0 * 8)?;
             i = j;
         }
+        let mut p = self.exclusive();
         for &(b, stamp, _) in taken {
             if p.entries.get(&b).is_some_and(|&(s, _)| s == stamp) {
                 p.entries.remove(&b);
@@ -137,24 +150,31 @@ impl BlockMap {
 
     /// Pending entries.
     pub(crate) fn pending(&self) -> usize {
-        lock(&self.pending).entries.len()
+        self.shared().entries.len()
     }
 
     /// Copies the map as it stands (pending entries included) to `dst`
-    /// with `copy` (the file at `src` to `dst`).
+    /// with `copy` (the file at `src` to `dst`). The caller keeps `set`
+    /// and `zero` from running meanwhile (it holds the destage lock); a
+    /// commit may, and writes only blocks pending now, which the copy
+    /// gets from memory. Lookups go on while the file is copied.
     pub(crate) fn copy_to(
         &self,
         src: &Path,
         dst: &Path,
         copy: impl FnOnce(&Path, &Path) -> io::Result<()>,
     ) -> io::Result<()> {
-        let p = lock(&self.pending);
+        let entries: Vec<(u64, u64)> = self
+            .shared()
+            .entries
+            .iter()
+            .map(|(&b, &(_, e))| (b, e))
+            .collect();
         copy(src, dst)?;
-        if p.entries.is_empty() {
+        if entries.is_empty() {
             return Ok(());
         }
         let f = std::fs::OpenOptions::new().write(true).open(dst)?;
-        let entries: Vec<(u64, u64)> = p.entries.iter().map(|(&b, &(_, e))| (b, e)).collect();
         let mut i = 0;
         while i < entries.len() {
             let mut j = i + 1;

@@ -52,8 +52,9 @@ const BUFFER_MAX: usize = 256 << 20;
 /// many bytes of their journals or this long.
 const CHECKPOINT_BYTES: u64 = 512 << 20;
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
-/// ... or this many map entries wait for one (24 MiB of memory; placed
-/// writes put their data in no journal).
+/// ... or this many map entries wait for one (about 40 bytes each;
+/// placed writes put their data in no journal). At twice as many, destage
+/// waits for one.
 const CHECKPOINT_ENTRIES: usize = 1 << 19;
 /// ... or once this many blocks wait for one to be written in place
 /// (`Mem::recent`: 1 GiB of first writes without dedup, whose journal
@@ -2098,11 +2099,15 @@ impl Volume {
             // before their records, is redone or dropped by the replay; their
             // map entries reach the map file only with the checkpoint that
             // synced their data, see `blockmap`.)
-            let must_checkpoint =
-                !batch.blocks.is_empty() && self.holds.load(Ordering::SeqCst) == 0 && {
+            let must_checkpoint = (!batch.blocks.is_empty()
+                && self.holds.load(Ordering::SeqCst) == 0
+                && {
                     let d = lock(&self.disk);
                     batch.blocks.keys().any(|b| d.placed_since.contains_key(b))
-                };
+                })
+                // Pending map entries stay bounded when checkpoints fall
+                // behind (a slow sync).
+                || self.map.pending() >= 2 * CHECKPOINT_ENTRIES;
             let synced = match must_checkpoint {
                 true => self.checkpoint(),
                 false => Ok(()),

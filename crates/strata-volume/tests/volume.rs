@@ -837,10 +837,14 @@ fn an_unflushed_overwrite_lost_at_a_power_loss_reads_the_old_data() {
         let durable = std::fs::read(dir.join("data")).unwrap();
         let b: Vec<u8> = (0..24).flat_map(|b| tagged(b, 2)).collect();
         v.write_at(0, &b, false).unwrap();
+        v.destage().unwrap();
+        // Zeros over blocks just destaged (pending) and over older ones.
+        v.zero_range(20 * 4096, 2 * 4096, false).unwrap();
         v.zero_range(28 * 4096, 4 * 4096, false).unwrap();
         v.destage().unwrap();
         let mut now = a.clone();
         now[..b.len()].copy_from_slice(&b);
+        now[20 * 4096..22 * 4096].fill(0);
         now[28 * 4096..].fill(0);
         assert!(read_all(&v)[..a.len()] == now[..]);
         let journals = journal::existing(&dir).unwrap();
