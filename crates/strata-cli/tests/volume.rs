@@ -582,3 +582,83 @@ fn an_encrypted_repository_gets_encrypted_volumes() {
     assert!(std::fs::read(&back).unwrap() == want, "read back over NBD");
     stop(s);
 }
+
+/// `volume create --from`: a raw image (file or standard input) fills the
+/// new volume, thin and deduplicated; its snapshot restores the image
+/// byte for byte, and a snapshot comes back as a volume through `dump`.
+/// An image larger than `--size` is refused and leaves no volume.
+#[test]
+fn a_volume_is_made_from_an_image_or_a_snapshot() {
+    for encrypt in [false, true] {
+        let r = match encrypt {
+            true => Repo::with_init(&["--encrypt"], Some("pw")),
+            false => Repo::new(),
+        };
+        // 6 MiB and a partial block: data, 2 MiB of zeros, the first
+        // MiB again (a duplicate run), data.
+        let mut img = prng(3, 1 << 20);
+        img.extend(vec![0u8; 2 << 20]);
+        img.extend_from_within(..1 << 20);
+        img.extend(prng(4, (2 << 20) + 100));
+        let src = r.scratch("disk.raw");
+        std::fs::write(&src, &img).unwrap();
+        let c = r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+        assert_eq!(c["size"], (6 << 20) + 4096, "{c}");
+        assert_eq!(c["imported_bytes"], img.len(), "{c}");
+        assert_eq!(c["written_bytes"], (4 << 20) + 4096, "{c}");
+        assert_eq!(c["encrypted"], encrypt, "{c}");
+        let st = r.json(&["volume", "stats", "v"]);
+        assert_eq!(st["logical_blocks_written"], 1025, "{st}");
+        assert_eq!(st["physical_blocks_written"], 1025 - 256, "{st}");
+        r.json(&["volume", "snapshot", "v"]);
+        let t = r.scratch("t");
+        r.restore("volume:v@latest", &t);
+        let mut want = img.clone();
+        want.resize((6 << 20) + 4096, 0);
+        assert!(std::fs::read(t.join("v.img")).unwrap() == want);
+        // The snapshot back into a volume of its own, through a pipe.
+        let dump = r
+            .cmd(&["dump", "volume:v@latest", "v.img"])
+            .output()
+            .unwrap();
+        assert!(dump.status.success());
+        let size = ((8 << 20) as u64).to_string();
+        let c2 = r
+            .run_stdin(
+                &[
+                    "--json", "volume", "create", "w", "--size", &size, "--from", "-",
+                ],
+                &dump.stdout,
+            )
+            .ok()
+            .json();
+        assert_eq!(c2["imported_bytes"], want.len(), "{c2}");
+        r.json(&["volume", "snapshot", "w"]);
+        let t2 = r.scratch("t2");
+        r.restore("volume:w@latest", &t2);
+        want.resize(8 << 20, 0);
+        assert!(std::fs::read(t2.join("w.img")).unwrap() == want);
+        // Too large for the size given: refused, nothing left behind.
+        let run = r
+            .run(&[
+                "volume",
+                "create",
+                "x",
+                "--size",
+                "1M",
+                "--from",
+                src.to_str().unwrap(),
+            ])
+            .expect_code(1);
+        assert!(
+            run.stderr.contains("larger than the volume"),
+            "{}",
+            run.stderr
+        );
+        assert!(!r.path.join("volumes/x").exists());
+        // Standard input needs a size.
+        let run = r.run_stdin(&["volume", "create", "y", "--from", "-"], b"abc");
+        let run = run.expect_code(1);
+        assert!(run.stderr.contains("give --size"), "{}", run.stderr);
+    }
+}

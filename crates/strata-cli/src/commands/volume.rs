@@ -30,9 +30,11 @@ pub enum VolumeCmd {
     Create {
         /// The volume's name (letters, digits, `-`, `_`, `.`).
         name: String,
-        /// Size the clients see (e.g. 100G; a multiple of 4 KiB).
-        #[arg(long, value_parser = parse_size)]
-        size: u64,
+        /// Size the clients see (e.g. 100G; a multiple of 4 KiB). With
+        /// `--from FILE`, the file's size (rounded up to 4 KiB) unless
+        /// given.
+        #[arg(long, value_parser = parse_size, required_unless_present = "from")]
+        size: Option<u64>,
         /// Deduplicate only runs of at least this many duplicate 4 KiB
         /// blocks (so sequential reads stay sequential), or `auto`: the
         /// median read size seen, 1–8.
@@ -45,6 +47,14 @@ pub enum VolumeCmd {
         /// Write every block anew (the baseline to compare dedup against).
         #[arg(long)]
         no_dedup: bool,
+        /// Fill the new volume from a raw disk image (a file, a block
+        /// device, or `-` for standard input with `--size`): its blocks
+        /// of zeros are left unwritten (thin), the rest deduplicated as a
+        /// client's writes. A volume's snapshot comes back as a volume
+        /// with `strata dump volume:NAME@latest NAME.img | strata volume
+        /// create NAME2 --size SIZE --from -`.
+        #[arg(long, value_name = "FILE")]
+        from: Option<PathBuf>,
     },
     /// Serve a volume over NBD until SIGTERM or Ctrl-C (then everything
     /// acknowledged is destaged and the volume closed cleanly).
@@ -91,6 +101,8 @@ pub enum VolumeCmd {
         yes: bool,
     },
 }
+
+mod import;
 
 fn volumes_dir(cli: &crate::Cli) -> Result<PathBuf> {
     match location::location(cli.repo.as_deref())? {
@@ -190,8 +202,18 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             threshold,
             cache,
             no_dedup,
+            from,
         } => {
             check_name(name)?;
+            let source = from.as_deref().map(import::Source::open).transpose()?;
+            let size = match (size, &source) {
+                (Some(s), _) => *s,
+                (None, Some(src)) => src.size_hint().ok_or_else(|| {
+                    anyhow!("--from {}: its size is not known: give --size", src.name)
+                })?,
+                (None, None) => bail!("--size is required"),
+            };
+            let size = &size;
             let mut cfg = VolumeConfig {
                 format: 1,
                 size: *size,
@@ -203,28 +225,51 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             };
             // In an encrypted repository the volume is encrypted too,
             // with a key of its own from the repository's.
+            let mut key = None;
             if repo_encrypted(cli)? {
                 let repo = crate::open(cli)?;
                 let mut salt = [0u8; 16];
                 strata_core::crypto::random_bytes(&mut salt)?;
-                let key = repo
+                let k = repo
                     .volume_key(&salt)
                     .map(VolumeKey)
                     .context("the repository's key")?;
-                cfg.encryption = Some(Encryption::new(salt, &key));
+                cfg.encryption = Some(Encryption::new(salt, &k));
+                key = Some(k);
             }
             let encrypted = cfg.encryption.is_some();
-            Volume::create(&root.join(name), cfg)?;
-            out.result(
-                &serde_json::json!({"volume": name, "size": size, "dedup": !no_dedup, "encrypted": encrypted}),
-                || {
-                    format!(
-                        "volume {name} created ({}{})",
-                        fmt_bytes(*size),
-                        if encrypted { ", encrypted" } else { "" }
-                    )
-                },
-            );
+            let dir = root.join(name);
+            Volume::create(&dir, cfg)?;
+            let imported = match source {
+                Some(src) => {
+                    Some(import::fill(cli, &dir, key.as_ref(), src).inspect_err(|_| {
+                        // The new volume holds nothing else: it goes.
+                        let _ = std::fs::remove_dir_all(&dir);
+                    })?)
+                }
+                None => None,
+            };
+            let mut j = serde_json::json!({"volume": name, "size": size, "dedup": !no_dedup, "encrypted": encrypted});
+            if let Some(i) = &imported {
+                j["imported_bytes"] = i.read.into();
+                j["written_bytes"] = i.written.into();
+            }
+            out.result(&j, || {
+                let mut t = format!(
+                    "volume {name} created ({}{})",
+                    fmt_bytes(*size),
+                    if encrypted { ", encrypted" } else { "" }
+                );
+                if let Some(i) = &imported {
+                    t += &format!(
+                        "\nfilled from {}: {} read, {} not zeros",
+                        i.name,
+                        fmt_bytes(i.read),
+                        fmt_bytes(i.written)
+                    );
+                }
+                t
+            });
             Ok(0)
         }
         VolumeCmd::Serve { name, listen } => serve(cli, out, &root, name, listen),

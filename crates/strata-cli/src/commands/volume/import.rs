@@ -1,0 +1,175 @@
+//! `strata volume create --from`: a raw disk image (a file, a block
+//! device or standard input) copied into the new volume through its write
+//! path — deduplicated as a client's writes are, blocks of zeros left
+//! unwritten (the volume stays thin) — and made durable before the
+//! command returns.
+
+use anyhow::{bail, Context, Result};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use strata_volume::{Volume, VolumeKey};
+
+const BLOCK: usize = 4096;
+/// Bytes read and written at a time.
+const CHUNK: usize = 1 << 20;
+
+/// Where the image comes from.
+pub(super) struct Source {
+    pub name: String,
+    reader: Box<dyn Read>,
+    /// Bytes, when known (not for standard input).
+    size: Option<u64>,
+}
+
+impl Source {
+    pub fn open(path: &Path) -> Result<Source> {
+        if path == Path::new("-") {
+            return Ok(Source {
+                name: "standard input".into(),
+                reader: Box::new(std::io::stdin()),
+                size: None,
+            });
+        }
+        let name = path.display().to_string();
+        let mut f = File::open(path).with_context(|| format!("opening {name}"))?;
+        let meta = f.metadata().with_context(|| format!("reading {name}"))?;
+        if meta.is_dir() {
+            bail!("{name} is a directory, not a disk image");
+        }
+        // A block device's size is where its end is.
+        let size = match meta.is_file() {
+            true => Some(meta.len()),
+            false => f.seek(SeekFrom::End(0)).ok().filter(|&n| n > 0),
+        };
+        f.rewind().with_context(|| format!("reading {name}"))?;
+        Ok(Source {
+            name,
+            reader: Box::new(f),
+            size,
+        })
+    }
+
+    /// The volume size the image needs: its bytes rounded up to 4 KiB.
+    pub fn size_hint(&self) -> Option<u64> {
+        self.size.map(|s| s.div_ceil(BLOCK as u64) * BLOCK as u64)
+    }
+}
+
+/// What an import did.
+pub(super) struct Imported {
+    pub name: String,
+    /// Bytes of the image.
+    pub read: u64,
+    /// Bytes written to the volume (those not zeros).
+    pub written: u64,
+}
+
+/// Copies `src` into the (new, empty) volume in `dir` and closes it.
+pub(super) fn fill(
+    cli: &crate::Cli,
+    dir: &Path,
+    key: Option<&VolumeKey>,
+    mut src: Source,
+) -> Result<Imported> {
+    let vol = Volume::open_keyed(dir, key).context("opening the new volume")?;
+    let size = vol.size();
+    let progress = crate::progress_for(cli, "import");
+    progress
+        .progress
+        .bytes_total
+        .store(src.size.unwrap_or(0), Ordering::Relaxed);
+    let mut buf = vec![0u8; CHUNK];
+    let (mut at, mut written) = (0u64, 0u64);
+    let copied = (|| -> Result<()> {
+        loop {
+            let n = read_full(&mut src.reader, &mut buf)
+                .with_context(|| format!("reading {} at byte {at}", src.name))?;
+            if n == 0 {
+                return Ok(());
+            }
+            if at + n as u64 > size {
+                bail!(
+                    "{} is larger than the volume ({size} bytes): give a larger --size",
+                    src.name
+                );
+            }
+            // (Short only at the end: the last block is padded with zeros.)
+            let whole = n.div_ceil(BLOCK) * BLOCK;
+            buf[n..whole].fill(0);
+            for (i, j) in data_runs(&buf[..whole]) {
+                vol.write_at(at + (i * BLOCK) as u64, &buf[i * BLOCK..j * BLOCK], false)
+                    .with_context(|| format!("writing the volume at byte {at}"))?;
+                written += ((j - i) * BLOCK) as u64;
+            }
+            at += n as u64;
+            progress.progress.bytes_done.store(at, Ordering::Relaxed);
+            if n < CHUNK {
+                return Ok(());
+            }
+        }
+    })();
+    // Destaged and synced (or, after an error, closed all the same).
+    let closed = vol.close().context("closing the volume");
+    progress.finish();
+    copied?;
+    closed?;
+    Ok(Imported {
+        name: src.name,
+        read: at,
+        written,
+    })
+}
+
+/// Fills `buf` unless the reader ends first; returns the bytes read.
+fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(k) => got += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// The runs `i..j` of blocks of `buf` that are not all zeros.
+fn data_runs(buf: &[u8]) -> Vec<(usize, usize)> {
+    let zero: Vec<bool> = buf
+        .chunks(BLOCK)
+        .map(|b| b.iter().all(|&x| x == 0))
+        .collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < zero.len() {
+        if zero[i] {
+            i += 1;
+            continue;
+        }
+        let mut j = i + 1;
+        while j < zero.len() && !zero[j] {
+            j += 1;
+        }
+        out.push((i, j));
+        i = j;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_of_data_skip_zero_blocks() {
+        let mut b = vec![0u8; 6 * BLOCK];
+        b[BLOCK + 5] = 1;
+        b[2 * BLOCK] = 1;
+        b[5 * BLOCK + BLOCK - 1] = 1;
+        assert_eq!(data_runs(&b), vec![(1, 3), (5, 6)]);
+        assert!(data_runs(&vec![0u8; 2 * BLOCK]).is_empty());
+    }
+}
