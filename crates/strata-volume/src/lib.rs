@@ -7,6 +7,8 @@
 //! * [`idedup`] — the dedup-metadata cache and the sequence algorithm.
 //! * [`journal`] — the write-ahead journal's records.
 //! * [`changes`] — the segments written since the last snapshot.
+//! * [`check`] — a stopped volume's files checked against one another
+//!   (and its data against its fingerprints).
 //! * [`crypt`] — encryption of a volume in an encrypted repository.
 //! * `blockmap` — the block map, its new entries held until their data
 //!   is synced.
@@ -15,6 +17,7 @@
 
 mod blockmap;
 pub mod changes;
+pub mod check;
 pub mod control;
 pub mod crypt;
 pub mod destage;

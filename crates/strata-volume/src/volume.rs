@@ -951,7 +951,7 @@ impl Volume {
 
     /// The ciphers of the volume in `dir` with config `cfg` (none if it is
     /// not encrypted), `key` checked.
-    fn crypt(
+    pub(crate) fn crypt(
         dir: &Path,
         cfg: &VolumeConfig,
         key: Option<&VolumeKey>,

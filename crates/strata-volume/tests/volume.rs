@@ -1051,3 +1051,93 @@ fn a_frozen_image_s_change_set_covers_every_write_it_holds() {
         v.close().unwrap();
     }
 }
+
+/// `check` finds what went wrong with a stopped volume's files: a data
+/// block changed on the host's disk (with `read_data`, named by the
+/// logical blocks that read it — two, the block being shared), reference
+/// counts that disagree with the map, a map entry past the data file;
+/// an open volume is refused; an encrypted one's data needs its key.
+#[test]
+fn check_finds_damage_to_a_stopped_volume() {
+    use std::os::unix::fs::FileExt;
+    use strata_volume::check::check;
+    for encrypted in [false, true] {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("v");
+        let c = match encrypted {
+            true => encrypted_cfg(1, true),
+            false => cfg(1, true),
+        };
+        Volume::create(&dir, c).unwrap();
+        let k = key(1);
+        let k = encrypted.then_some(&k);
+        let v = Volume::open_keyed(&dir, k).unwrap();
+        let a: Vec<u8> = (0..8).flat_map(|b| tagged(b, 1)).collect();
+        v.write_at(0, &a, false).unwrap();
+        // The same 8 blocks again at 32: deduplicated (threshold 1).
+        v.write_at(32 * 4096, &a, false).unwrap();
+        let none = |_: u64, _: u64| {};
+        let err = check(&dir, k, false, &none).unwrap_err();
+        assert!(err.to_string().contains("in use"), "{err}");
+        v.close().unwrap();
+        drop(v);
+        let r = check(&dir, k, true, &none).unwrap();
+        assert!(r.ok(), "{:?}", r.problems);
+        assert_eq!((r.logical_blocks_mapped, r.disk_blocks_in_use), (16, 8));
+        assert_eq!(r.blocks_verified, 8);
+        if encrypted {
+            let e = check(&dir, None, true, &none).unwrap_err();
+            assert!(e.to_string().contains("no key"), "{e}");
+            assert!(check(&dir, Some(&key(2)), true, &none).is_err());
+            assert!(check(&dir, None, false, &none).unwrap().ok());
+        }
+        // One byte of logical block 5's disk block changed.
+        let map = std::fs::File::open(dir.join("map")).unwrap();
+        let mut e = [0u8; 8];
+        map.read_exact_at(&mut e, 5 * 8).unwrap();
+        let dbn = u64::from_le_bytes(e) - 1;
+        let data = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.join("data"))
+            .unwrap();
+        let mut b = [0u8; 1];
+        data.read_exact_at(&mut b, dbn * 4096 + 100).unwrap();
+        data.write_all_at(&[b[0] ^ 1], dbn * 4096 + 100).unwrap();
+        assert!(check(&dir, k, false, &none).unwrap().ok());
+        let r = check(&dir, k, true, &none).unwrap();
+        assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
+        assert!(
+            r.problems[0].contains("1 disk block(s) do not match"),
+            "{:?}",
+            r.problems
+        );
+        assert!(r.problems[0].contains(": 5, 37"), "{:?}", r.problems);
+        data.write_all_at(&b, dbn * 4096 + 100).unwrap();
+        // A reference count off by one.
+        let refs = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("refs"))
+            .unwrap();
+        refs.write_all_at(&1u32.to_le_bytes(), dbn * 4).unwrap();
+        let r = check(&dir, k, false, &none).unwrap();
+        assert!(
+            r.problems[0].contains("1 reference count(s) differ"),
+            "{:?}",
+            r.problems
+        );
+        refs.write_all_at(&2u32.to_le_bytes(), dbn * 4).unwrap();
+        // A map entry past the data file.
+        let map = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("map"))
+            .unwrap();
+        map.write_all_at(&1000u64.to_le_bytes(), 60 * 8).unwrap();
+        let r = check(&dir, k, false, &none).unwrap();
+        assert!(
+            r.problems[0].contains("past the data file's end"),
+            "{:?}",
+            r.problems
+        );
+    }
+}

@@ -90,6 +90,20 @@ pub enum VolumeCmd {
         #[arg(long)]
         read_all: bool,
     },
+    /// Check a stopped volume's files against one another without
+    /// changing them: the block map names only blocks the data file has,
+    /// the reference counts agree with it, the journals read. Exit code 1
+    /// if something is wrong.
+    Check {
+        /// The volume's name.
+        name: String,
+        /// Read every block in use too, and (with dedup) compare each with
+        /// its fingerprint: finds blocks changed on the host's disk, by
+        /// the logical blocks that read them. An encrypted volume asks
+        /// for the repository's password.
+        #[arg(long)]
+        read_data: bool,
+    },
     /// The repository's volumes.
     List,
     /// Delete a volume and everything in it (refused while it is served).
@@ -278,6 +292,7 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             tag,
             read_all,
         } => snapshot(cli, out, &root, name, tag, *read_all),
+        VolumeCmd::Check { name, read_data } => check(cli, out, &root, name, *read_data),
         VolumeCmd::Stats { name } => {
             check_name(name)?;
             let dir = root.join(name);
@@ -340,6 +355,60 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             Ok(0)
         }
     }
+}
+
+/// `volume check`.
+fn check(
+    cli: &crate::Cli,
+    out: &Out,
+    root: &std::path::Path,
+    name: &str,
+    read_data: bool,
+) -> Result<i32> {
+    check_name(name)?;
+    let dir = root.join(name);
+    if !dir.join("volume.json").exists() {
+        bail!("no volume {name:?} (strata volume list)");
+    }
+    let key = match read_data {
+        true => key_for_dir(cli, &dir)?,
+        false => None,
+    };
+    let progress = crate::progress_for(cli, "check");
+    let p = progress.progress.clone();
+    let r = strata_volume::check::check(&dir, key.as_ref(), read_data, &|done, total| {
+        p.bytes_total.store(total, Ordering::Relaxed);
+        p.bytes_done.store(done, Ordering::Relaxed);
+    });
+    progress.finish();
+    let r = r.with_context(|| format!("checking volume {name}"))?;
+    out.result(&serde_json::to_value(&r)?, || {
+        let mut t = format!(
+            "volume {name}: {} logical blocks mapped to {} disk blocks ({} in the data file){}",
+            r.logical_blocks_mapped,
+            r.disk_blocks_in_use,
+            r.data_file_blocks,
+            if r.clean { "" } else { ", not closed cleanly" }
+        );
+        if read_data {
+            t += &format!(
+                "\n{} blocks read, {} compared with their fingerprints",
+                r.blocks_read, r.blocks_verified
+            );
+        }
+        for n in &r.notes {
+            t += &format!("\nnote: {n}");
+        }
+        for p in &r.problems {
+            t += &format!("\nerror: {p}");
+        }
+        t += match r.ok() {
+            true => "\nno problems found",
+            false => "\nproblems found",
+        };
+        t
+    });
+    Ok(if r.ok() { 0 } else { 1 })
 }
 
 /// The image a snapshot reads, at any offset.
