@@ -685,7 +685,9 @@ fn volume_check_finds_a_changed_block() {
     data.read_exact_at(&mut b, 7 * 4096).unwrap();
     data.write_all_at(&[!b[0]], 7 * 4096).unwrap();
     r.json(&["volume", "check", "v"]);
-    let run = r.run(&["volume", "check", "v", "--read-data"]).expect_code(1);
+    let run = r
+        .run(&["volume", "check", "v", "--read-data"])
+        .expect_code(1);
     let text = run.out();
     assert!(
         text.contains("do not match their fingerprints") && text.contains(": 7"),
