@@ -694,3 +694,57 @@ fn volume_check_finds_a_changed_block() {
         "{text}"
     );
 }
+
+/// An import is made under another name and renamed when done: a stopped
+/// one (left as `.NAME.import`) is neither listed nor in the way of the
+/// next, and a directory of the name that is not a volume is left alone.
+/// A pipe is read to its end (`--size` given).
+#[test]
+fn an_import_leaves_nothing_half_made() {
+    let r = Repo::new();
+    let src = r.scratch("disk.raw");
+    std::fs::write(&src, prng(5, 256 << 10)).unwrap();
+    let src = src.to_str().unwrap();
+    r.json(&["volume", "create", "a", "--size", "1M"]);
+    // What a kill of `volume create b --from` leaves.
+    let stale = r.path.join("volumes/.b.import");
+    std::fs::create_dir(&stale).unwrap();
+    std::fs::write(stale.join("volume.json"), b"{}").unwrap();
+    let list = r.json(&["volume", "list"]);
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    r.json(&["volume", "create", "b", "--from", src]);
+    assert!(!stale.exists());
+    // Not a volume, but someone's directory.
+    let mine = r.path.join("volumes/c");
+    std::fs::create_dir_all(&mine).unwrap();
+    std::fs::write(mine.join("notes.txt"), b"keep").unwrap();
+    let run = r
+        .run(&["volume", "create", "c", "--from", src])
+        .expect_code(1);
+    assert!(run.stderr.contains("renaming"), "{}", run.stderr);
+    assert_eq!(std::fs::read(mine.join("notes.txt")).unwrap(), b"keep");
+    assert!(!r.path.join("volumes/.c.import").exists());
+    // A named pipe.
+    let fifo = r.scratch("pipe");
+    let ok = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(ok.success());
+    let (f2, data) = (fifo.clone(), prng(6, 300_000));
+    let want = data.clone();
+    let writer = std::thread::spawn(move || std::fs::write(f2, data).unwrap());
+    let c = r.json(&[
+        "volume",
+        "create",
+        "d",
+        "--size",
+        "1M",
+        "--from",
+        fifo.to_str().unwrap(),
+    ]);
+    writer.join().unwrap();
+    assert_eq!(c["imported_bytes"], want.len(), "{c}");
+    r.json(&["volume", "snapshot", "d"]);
+    let t = r.scratch("t");
+    r.restore("volume:d@latest", &t);
+    let got = std::fs::read(t.join("d.img")).unwrap();
+    assert!(got[..want.len()] == want[..] && got[want.len()..].iter().all(|&x| x == 0));
+}

@@ -107,7 +107,15 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 
 /// Decodes the records of a journal file's bytes; stops at the first
 /// record that is torn or does not check out.
-pub fn decode(mut b: &[u8], block_size: usize) -> Vec<Record> {
+pub fn decode(b: &[u8], block_size: usize) -> Vec<Record> {
+    decode_prefix(b, block_size).0
+}
+
+/// [`decode`], and the bytes of `b` the records take (the rest is a torn
+/// or damaged record and whatever follows it).
+pub fn decode_prefix(b: &[u8], block_size: usize) -> (Vec<Record>, usize) {
+    let whole = b.len();
+    let mut b = b;
     let mut out = Vec::new();
     loop {
         let v2 = b.len() >= HEADER && &b[..4] == MAGIC;
@@ -155,7 +163,16 @@ pub fn decode(mut b: &[u8], block_size: usize) -> Vec<Record> {
         });
         b = &b[head + dlen..];
     }
-    out
+    (out, whole - b.len())
+}
+
+/// Whether a record whose header checks out starts anywhere in `b` (after
+/// a damaged one: records a replay would not reach).
+pub fn any_record_in(b: &[u8]) -> bool {
+    (0..b.len().saturating_sub(HEADER - 1)).any(|i| {
+        let r = &b[i..];
+        &r[..4] == MAGIC && crc32c::crc32c(&r[..21]) == u32_at(r, 21)
+    })
 }
 
 /// One open journal file, appended to.

@@ -227,6 +227,14 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
                 })?,
                 (None, None) => bail!("--size is required"),
             };
+            if let Some(need) = source.as_ref().and_then(|s| s.size_hint()) {
+                if need > size {
+                    bail!(
+                        "{} is larger than the volume ({size} bytes): give a larger --size",
+                        source.as_ref().map(|s| s.name.as_str()).unwrap_or_default()
+                    );
+                }
+            }
             let size = &size;
             let mut cfg = VolumeConfig {
                 format: 1,
@@ -253,15 +261,12 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             }
             let encrypted = cfg.encryption.is_some();
             let dir = root.join(name);
-            Volume::create(&dir, cfg)?;
             let imported = match source {
-                Some(src) => {
-                    Some(import::fill(cli, &dir, key.as_ref(), src).inspect_err(|_| {
-                        // The new volume holds nothing else: it goes.
-                        let _ = std::fs::remove_dir_all(&dir);
-                    })?)
+                Some(src) => Some(import::create_filled(cli, &dir, cfg, key.as_ref(), src)?),
+                None => {
+                    Volume::create(&dir, cfg)?;
+                    None
                 }
-                None => None,
             };
             let mut j = serde_json::json!({"volume": name, "size": size, "dedup": !no_dedup, "encrypted": encrypted});
             if let Some(i) = &imported {
@@ -326,6 +331,10 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             if let Ok(rd) = std::fs::read_dir(&root) {
                 for e in rd.flatten() {
                     let n = e.file_name().to_string_lossy().into_owned();
+                    // (`.NAME.import`: a volume being filled.)
+                    if n.starts_with('.') {
+                        continue;
+                    }
                     if let Ok(c) = Volume::config(&e.path()) {
                         names.push((n, c.size, c.dedup, c.encryption.is_some()));
                     }
@@ -370,7 +379,10 @@ fn check(
     if !dir.join("volume.json").exists() {
         bail!("no volume {name:?} (strata volume list)");
     }
-    let key = match read_data {
+    // Only a deduplicated volume's data is decrypted (to compare it with
+    // its fingerprints).
+    let cfg = Volume::config(&dir)?;
+    let key = match read_data && cfg.dedup && cfg.encryption.is_some() {
         true => key_for_dir(cli, &dir)?,
         false => None,
     };

@@ -9,7 +9,7 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use strata_volume::{Volume, VolumeKey};
+use strata_volume::{Volume, VolumeConfig, VolumeKey};
 
 const BLOCK: usize = 4096;
 /// Bytes read and written at a time.
@@ -38,12 +38,17 @@ impl Source {
         if meta.is_dir() {
             bail!("{name} is a directory, not a disk image");
         }
-        // A block device's size is where its end is.
+        // A block device's size is where its end is (a pipe has none).
         let size = match meta.is_file() {
             true => Some(meta.len()),
-            false => f.seek(SeekFrom::End(0)).ok().filter(|&n| n > 0),
+            false => match f.seek(SeekFrom::End(0)) {
+                Ok(n) => {
+                    f.rewind().with_context(|| format!("reading {name}"))?;
+                    Some(n).filter(|&n| n > 0)
+                }
+                Err(_) => None,
+            },
         };
-        f.rewind().with_context(|| format!("reading {name}"))?;
         Ok(Source {
             name,
             reader: Box::new(f),
@@ -66,8 +71,45 @@ pub(super) struct Imported {
     pub written: u64,
 }
 
+/// Creates the volume `dir` with `cfg`, filled from `src`. It is made
+/// and filled as `.NAME.import` beside it and renamed when closed: an
+/// import that fails or is stopped (Ctrl-C, kill) leaves no volume `NAME`
+/// (what it leaves is removed by the next import of `NAME`).
+pub(super) fn create_filled(
+    cli: &crate::Cli,
+    dir: &Path,
+    cfg: VolumeConfig,
+    key: Option<&VolumeKey>,
+    src: Source,
+) -> Result<Imported> {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if dir.join("volume.json").exists() {
+        bail!("a volume {name} exists already (strata volume list)");
+    }
+    let tmp = dir.with_file_name(format!(".{name}.import"));
+    if tmp.exists() {
+        // Held while another import of the name runs.
+        drop(Volume::lock(&tmp).with_context(|| format!("an import of {name} is under way"))?);
+        std::fs::remove_dir_all(&tmp)
+            .with_context(|| format!("removing a stopped import ({})", tmp.display()))?;
+    }
+    Volume::create(&tmp, cfg)?;
+    let filled = fill(cli, &tmp, key, src).and_then(|i| {
+        std::fs::rename(&tmp, dir)
+            .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
+        Ok(i)
+    });
+    if filled.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    filled
+}
+
 /// Copies `src` into the (new, empty) volume in `dir` and closes it.
-pub(super) fn fill(
+fn fill(
     cli: &crate::Cli,
     dir: &Path,
     key: Option<&VolumeKey>,
