@@ -748,3 +748,30 @@ fn an_import_leaves_nothing_half_made() {
     let got = std::fs::read(t.join("d.img")).unwrap();
     assert!(got[..want.len()] == want[..] && got[want.len()..].iter().all(|&x| x == 0));
 }
+
+/// `volume resize`: larger at once, smaller only with `--shrink`; a
+/// snapshot after it has the new size and the old data.
+#[test]
+fn a_volume_is_resized() {
+    let r = Repo::new();
+    let src = r.scratch("disk.raw");
+    let img = prng(8, 3 << 20);
+    std::fs::write(&src, &img).unwrap();
+    r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+    let g = r.json(&["volume", "resize", "v", "--size", "8M"]);
+    assert_eq!(
+        (g["old_size"].as_u64(), g["size"].as_u64()),
+        (Some(3 << 20), Some(8 << 20))
+    );
+    let run = r
+        .run(&["volume", "resize", "v", "--size", "1M"])
+        .expect_code(1);
+    assert!(run.stderr.contains("--shrink"), "{}", run.stderr);
+    r.json(&["volume", "resize", "v", "--size", "2M", "--shrink"]);
+    r.json(&["volume", "snapshot", "v"]);
+    let t = r.scratch("t");
+    r.restore("volume:v@latest", &t);
+    assert!(std::fs::read(t.join("v.img")).unwrap() == img[..2 << 20]);
+    let list = r.json(&["volume", "list"]);
+    assert_eq!(list[0]["size"], 2 << 20, "{list}");
+}

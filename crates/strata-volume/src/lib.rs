@@ -12,6 +12,7 @@
 //! * [`crypt`] — encryption of a volume in an encrypted repository.
 //! * `blockmap` — the block map, its new entries held until their data
 //!   is synced.
+//! * `resize` — a stopped volume made larger or smaller.
 //! * `readahead` — reading ahead in the volume's block order.
 //! * [`stats`], [`report`] — latency, fragmentation and dedup figures.
 
@@ -26,6 +27,7 @@ pub mod journal;
 pub mod nbd;
 mod readahead;
 pub mod report;
+mod resize;
 pub mod stats;
 pub mod volume;
 

@@ -77,7 +77,7 @@ pub(crate) type Result<T> = std::result::Result<T, VolumeError>;
 /// the data's own (encrypted).
 type JournalRecord = ([u8; journal::HEADER], Option<Vec<u8>>);
 
-fn ioe(what: impl Into<String>) -> impl FnOnce(io::Error) -> VolumeError {
+pub(crate) fn ioe(what: impl Into<String>) -> impl FnOnce(io::Error) -> VolumeError {
     let w = what.into();
     move |e| VolumeError::Io(w, e)
 }
@@ -810,7 +810,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn open_rw(p: &Path) -> Result<File> {
+pub(crate) fn open_rw(p: &Path) -> Result<File> {
     OpenOptions::new()
         .read(true)
         .write(true)
@@ -2175,7 +2175,7 @@ impl Volume {
 /// its old data for a later map entry to name after a power loss (ext4's
 /// ordered mode writes a reused block's new data before the allocation
 /// that maps it). Where the file system has no holes, nothing changes.
-fn punch_holes(data: &File, freed: &[u64]) {
+pub(crate) fn punch_holes(data: &File, freed: &[u64]) {
     use std::os::fd::AsRawFd;
     let mut dbns = freed.to_vec();
     dbns.sort_unstable();
@@ -2216,7 +2216,7 @@ fn neighbour_runs(v: &[u64]) -> impl Iterator<Item = (usize, usize)> + '_ {
 }
 
 /// Reference counts recounted from the map (after an unclean stop).
-fn rebuild_refs(map: &File, refs: &File, nblocks: u64, end: u64) -> Result<()> {
+pub(crate) fn rebuild_refs(map: &File, refs: &File, nblocks: u64, end: u64) -> Result<()> {
     let mut counts = vec![0u32; end as usize];
     let step = 1 << 16;
     let mut at = 0;

@@ -1202,3 +1202,62 @@ fn check_tells_a_crash_from_damage() {
     assert!(r.ok(), "{:?}", r.problems);
     assert_eq!((r.blocks_read, r.blocks_verified), (1, 0));
 }
+
+/// A stopped volume grows (old blocks kept, new ones zeros and writable)
+/// and, asked to, shrinks (the blocks past the end dropped, their disk
+/// blocks freed unless shared with a block kept); refused while open,
+/// after an unclean stop, or smaller without `shrink`.
+#[test]
+fn a_stopped_volume_is_resized() {
+    use strata_volume::check::check;
+    let none = |_: u64, _: u64| {};
+    let t = tempfile::tempdir().unwrap();
+    let (dir, v) = fresh(t.path(), 1, true);
+    let a: Vec<u8> = (0..8).flat_map(|b| tagged(b, 1)).collect();
+    v.write_at(0, &a, false).unwrap();
+    // Blocks 60..64: 4 of their own, and 4 more sharing blocks 0..4.
+    let b: Vec<u8> = (60..64).flat_map(|b| tagged(b, 1)).collect();
+    v.write_at(60 * 4096, &b, false).unwrap();
+    v.write_at(56 * 4096, &a[..4 * 4096], false).unwrap();
+    let e = Volume::resize(&dir, 2 * SIZE, false).unwrap_err();
+    assert!(e.to_string().contains("in use"), "{e}");
+    // What a kill -9 leaves: refused.
+    let crashed = t.path().join("crashed");
+    copy_dir(&dir, &crashed);
+    let e = Volume::resize(&crashed, 2 * SIZE, false).unwrap_err();
+    assert!(e.to_string().contains("not closed cleanly"), "{e}");
+    v.close().unwrap();
+    drop(v);
+    assert_eq!(Volume::resize(&dir, 2 * SIZE, false).unwrap(), SIZE);
+    let v = Volume::open(&dir).unwrap();
+    assert_eq!(v.size(), 2 * SIZE);
+    let mut got = vec![0u8; 2 * SIZE as usize];
+    v.read_at(0, &mut got).unwrap();
+    assert!(got[..a.len()] == a[..] && got[60 * 4096..64 * 4096] == b[..]);
+    assert!(got[SIZE as usize..].iter().all(|&x| x == 0));
+    v.write_at(2 * SIZE - 4096, &tagged(127, 1), false).unwrap();
+    v.close().unwrap();
+    drop(v);
+    let e = Volume::resize(&dir, 48 * 4096, false).unwrap_err();
+    assert!(e.to_string().contains("--shrink"), "{e}");
+    let before = check(&dir, None, true, &none).unwrap();
+    assert_eq!(before.disk_blocks_in_use, 8 + 4 + 1);
+    assert_eq!(Volume::resize(&dir, 48 * 4096, true).unwrap(), 2 * SIZE);
+    let after = check(&dir, None, true, &none).unwrap();
+    assert!(after.ok() && after.clean, "{:?}", after.problems);
+    // Blocks 0..4 stay referenced by blocks 0..8 (56..60 shared them).
+    assert_eq!(after.disk_blocks_in_use, 8);
+    assert_eq!(after.logical_blocks_mapped, 8);
+    let v = Volume::open(&dir).unwrap();
+    assert_eq!(v.size(), 48 * 4096);
+    let mut got = vec![0u8; 48 * 4096];
+    v.read_at(0, &mut got).unwrap();
+    assert!(got[..a.len()] == a[..] && got[a.len()..].iter().all(|&x| x == 0));
+    // Grown back: what was dropped reads as zeros.
+    v.close().unwrap();
+    drop(v);
+    Volume::resize(&dir, SIZE, false).unwrap();
+    let v = Volume::open(&dir).unwrap();
+    assert!(read_all(&v)[48 * 4096..].iter().all(|&x| x == 0));
+    v.close().unwrap();
+}

@@ -104,6 +104,21 @@ pub enum VolumeCmd {
         #[arg(long)]
         read_data: bool,
     },
+    /// Change a stopped volume's size: larger (the new blocks read as
+    /// zeros; nothing is allocated) or, with `--shrink`, smaller (what lies
+    /// past the new end is dropped and its space freed). Clients see the
+    /// new size when they connect again; the next snapshot reads
+    /// everything.
+    Resize {
+        /// The volume's name.
+        name: String,
+        /// The new size (e.g. 200G; a multiple of 4 KiB).
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        /// Allow a smaller size: the blocks past it are lost.
+        #[arg(long)]
+        shrink: bool,
+    },
     /// The repository's volumes.
     List,
     /// Delete a volume and everything in it (refused while it is served).
@@ -298,6 +313,20 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             read_all,
         } => snapshot(cli, out, &root, name, tag, *read_all),
         VolumeCmd::Check { name, read_data } => check(cli, out, &root, name, *read_data),
+        VolumeCmd::Resize { name, size, shrink } => {
+            check_name(name)?;
+            let dir = root.join(name);
+            if !dir.join("volume.json").exists() {
+                bail!("no volume {name:?} (strata volume list)");
+            }
+            let old = Volume::resize(&dir, *size, *shrink)
+                .with_context(|| format!("resizing volume {name}"))?;
+            out.result(
+                &serde_json::json!({"volume": name, "old_size": old, "size": size}),
+                || format!("volume {name}: {} → {}", fmt_bytes(old), fmt_bytes(*size)),
+            );
+            Ok(0)
+        }
         VolumeCmd::Stats { name } => {
             check_name(name)?;
             let dir = root.join(name);

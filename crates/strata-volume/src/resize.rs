@@ -1,0 +1,98 @@
+//! `strata volume resize`: a stopped volume made larger (the new blocks
+//! read as zeros: nothing is allocated) or, asked to, smaller (the blocks
+//! past the new end dropped, their disk blocks freed and given back to
+//! the host).
+
+use crate::volume::{
+    ioe, open_rw, punch_holes, read_full_at, read_state, rebuild_refs, write_json, Result, State,
+    Volume, VolumeError, BLOCK,
+};
+use std::fs::{self, File};
+use std::path::Path;
+
+/// Reference counts of the data file's blocks.
+fn counts(refs: &File, end: u64) -> Result<Vec<u32>> {
+    let mut raw = vec![0u8; end as usize * 4];
+    let got = read_full_at(refs, &mut raw, 0).map_err(ioe("refs"))?;
+    raw[got..].fill(0);
+    Ok(raw
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+impl Volume {
+    /// Gives the stopped, cleanly closed volume in `dir` the size `size`
+    /// (a positive multiple of 4 KiB); smaller only with `shrink`. Returns
+    /// the old size. Its next snapshot reads everything (the image's
+    /// size changed). A crash in the middle leaves it to be recounted at
+    /// its next open, at the old or the new size.
+    pub fn resize(dir: &Path, size: u64, shrink: bool) -> Result<u64> {
+        let _lock = Self::lock(dir)?;
+        let mut cfg = Self::config(dir)?;
+        let old = cfg.size;
+        if size == 0 || !size.is_multiple_of(BLOCK as u64) {
+            return Err(VolumeError::Invalid(format!(
+                "the size must be a positive multiple of {BLOCK} bytes"
+            )));
+        }
+        if size == old {
+            return Ok(old);
+        }
+        if size < old && !shrink {
+            return Err(VolumeError::Invalid(format!(
+                "{size} bytes is smaller than the volume ({old} bytes): what lies past it would be dropped (add --shrink to do that)"
+            )));
+        }
+        let state = read_state(dir)?;
+        let journals = crate::journal::existing(dir).map_err(ioe(dir.display().to_string()))?;
+        let unreplayed = journals
+            .iter()
+            .any(|(_, p)| fs::metadata(p).map(|m| m.len() > 0).unwrap_or(true));
+        if !state.clean || unreplayed {
+            return Err(VolumeError::Invalid(
+                "the volume was not closed cleanly: serve it (or snapshot it) once, which replays its journal, then resize it".into(),
+            ));
+        }
+        let mark = |clean: bool| {
+            write_json(
+                &dir.join("state.json"),
+                &State {
+                    clean,
+                    counters: state.counters.clone(),
+                },
+            )
+        };
+        // From here a crash has the next open recount the references.
+        mark(false)?;
+        let nblocks = size / BLOCK as u64;
+        if size < old {
+            let map = open_rw(&dir.join("map"))?;
+            let len = map.metadata().map_err(ioe("map"))?.len();
+            map.set_len(len.min(nblocks * 8)).map_err(ioe("map"))?;
+            map.sync_all().map_err(ioe("map"))?;
+            let data = open_rw(&dir.join("data"))?;
+            let end = data.metadata().map_err(ioe("data"))?.len() / BLOCK as u64;
+            let refs = open_rw(&dir.join("refs"))?;
+            let before = counts(&refs, end)?;
+            rebuild_refs(&map, &refs, nblocks, end)?;
+            let after = counts(&refs, end)?;
+            let freed: Vec<u64> = (0..end)
+                .filter(|&d| before[d as usize] != 0 && after[d as usize] == 0)
+                .collect();
+            punch_holes(&data, &freed);
+        }
+        cfg.size = size;
+        write_json(&dir.join("volume.json"), &cfg)?;
+        // What changed since the last snapshot counts no longer (another
+        // size: the next snapshot reads everything).
+        match fs::remove_file(dir.join("changes.json")) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(VolumeError::Io("changes.json".into(), e))
+            }
+            _ => {}
+        }
+        mark(true)?;
+        Ok(old)
+    }
+}
