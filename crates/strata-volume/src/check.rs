@@ -144,28 +144,36 @@ fn check_journals(dir: &Path, rep: &mut CheckReport) -> Result<()> {
     Ok(())
 }
 
-/// References to each disk block, from the map; entries past the data
-/// file are problems.
-fn count_refs(map: &File, nblocks: u64, end: u64, rep: &mut CheckReport) -> Result<Vec<u32>> {
-    let mut counts = vec![0u32; end as usize];
-    let mut past = Vec::new();
+/// Calls `each(logical block, disk block)` for every mapped block of the
+/// first `nblocks` of `map`.
+fn each_mapped(map: &File, nblocks: u64, mut each: impl FnMut(u64, u64)) -> Result<()> {
     let step = 1 << 16;
     let mut at = 0;
     while at < nblocks {
         let n = step.min(nblocks - at) as usize;
         let entries = read_u64s(map, at, n).map_err(|e| VolumeError::Io("map".into(), e))?;
         for (i, &e) in entries.iter().enumerate() {
-            if e == 0 {
-                continue;
-            }
-            rep.logical_blocks_mapped += 1;
-            match counts.get_mut((e - 1) as usize) {
-                Some(c) => *c = c.saturating_add(1),
-                None => past.push((at + i as u64, e - 1)),
+            if e != 0 {
+                each(at + i as u64, e - 1);
             }
         }
         at += n as u64;
     }
+    Ok(())
+}
+
+/// References to each disk block, from the map; entries past the data
+/// file are problems.
+fn count_refs(map: &File, nblocks: u64, end: u64, rep: &mut CheckReport) -> Result<Vec<u32>> {
+    let mut counts = vec![0u32; end as usize];
+    let mut past = Vec::new();
+    each_mapped(map, nblocks, |b, d| {
+        rep.logical_blocks_mapped += 1;
+        match counts.get_mut(d as usize) {
+            Some(c) => *c = c.saturating_add(1),
+            None => past.push((b, d)),
+        }
+    })?;
     if !past.is_empty() {
         let listed: Vec<String> = past
             .iter()
@@ -300,18 +308,11 @@ fn read_blocks(
 fn name_logical(map: &File, nblocks: u64, bad: &[u64], rep: &mut CheckReport) -> Result<()> {
     let set: std::collections::HashSet<u64> = bad.iter().copied().collect();
     let mut logical = Vec::new();
-    let step = 1 << 16;
-    let mut at = 0;
-    while at < nblocks {
-        let n = step.min(nblocks - at) as usize;
-        let entries = read_u64s(map, at, n).map_err(|e| VolumeError::Io("map".into(), e))?;
-        for (i, &e) in entries.iter().enumerate() {
-            if e != 0 && set.contains(&(e - 1)) {
-                logical.push(at + i as u64);
-            }
+    each_mapped(map, nblocks, |b, d| {
+        if set.contains(&d) {
+            logical.push(b);
         }
-        at += n as u64;
-    }
+    })?;
     let listed: Vec<String> = logical.iter().take(LIST).map(u64::to_string).collect();
     rep.problems.push(format!(
         "{} disk block(s) do not match their fingerprints (changed on the host's disk): read by {} logical block(s) (byte offset = block × 4096): {}{}",

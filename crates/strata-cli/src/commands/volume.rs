@@ -133,6 +133,16 @@ pub enum VolumeCmd {
 
 mod import;
 
+/// The directory of volume `name`, which must exist.
+fn existing(root: &std::path::Path, name: &str) -> Result<PathBuf> {
+    check_name(name)?;
+    let dir = root.join(name);
+    if !dir.join("volume.json").exists() {
+        bail!("no volume {name:?} (strata volume list)");
+    }
+    Ok(dir)
+}
+
 fn volumes_dir(cli: &crate::Cli) -> Result<PathBuf> {
     match location::location(cli.repo.as_deref())? {
         Location::Local(p) => {
@@ -314,11 +324,7 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
         } => snapshot(cli, out, &root, name, tag, *read_all),
         VolumeCmd::Check { name, read_data } => check(cli, out, &root, name, *read_data),
         VolumeCmd::Resize { name, size, shrink } => {
-            check_name(name)?;
-            let dir = root.join(name);
-            if !dir.join("volume.json").exists() {
-                bail!("no volume {name:?} (strata volume list)");
-            }
+            let dir = existing(&root, name)?;
             let old = Volume::resize(&dir, *size, *shrink)
                 .with_context(|| format!("resizing volume {name}"))?;
             out.result(
@@ -328,22 +334,14 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             Ok(0)
         }
         VolumeCmd::Stats { name } => {
-            check_name(name)?;
-            let dir = root.join(name);
-            if !dir.join("volume.json").exists() {
-                bail!("no volume {name:?} (strata volume list)");
-            }
+            let dir = existing(&root, name)?;
             let r = strata_volume::report::report(&dir, name)?;
             let v = serde_json::to_value(&r)?;
             out.result(&v, || stats_text(&r));
             Ok(0)
         }
         VolumeCmd::Delete { name, yes } => {
-            check_name(name)?;
-            let dir = root.join(name);
-            if !dir.join("volume.json").exists() {
-                bail!("no volume {name:?} (strata volume list)");
-            }
+            let dir = existing(&root, name)?;
             if !yes {
                 bail!("deleting volume {name} destroys its data: add --yes");
             }
@@ -403,11 +401,7 @@ fn check(
     name: &str,
     read_data: bool,
 ) -> Result<i32> {
-    check_name(name)?;
-    let dir = root.join(name);
-    if !dir.join("volume.json").exists() {
-        bail!("no volume {name:?} (strata volume list)");
-    }
+    let dir = existing(root, name)?;
     // Only a deduplicated volume's data is decrypted (to compare it with
     // its fingerprints).
     let cfg = Volume::config(&dir)?;
@@ -480,11 +474,7 @@ fn snapshot(
     tags: &[String],
     read_all: bool,
 ) -> Result<i32> {
-    check_name(name)?;
-    let dir = root.join(name);
-    if !dir.join("volume.json").exists() {
-        bail!("no volume {name:?} (strata volume list)");
-    }
+    let dir = existing(root, name)?;
     let repo = crate::open(cli)?;
     let cfg = Volume::config(&dir)?;
     let size = cfg.size;
