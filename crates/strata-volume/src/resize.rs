@@ -4,8 +4,8 @@
 //! the host).
 
 use crate::volume::{
-    ioe, open_rw, punch_holes, read_full_at, read_state, rebuild_refs, write_json, Result, State,
-    Volume, VolumeError, BLOCK,
+    check_size, ioe, open_rw, punch_holes, read_full_at, read_state, rebuild_refs, write_json,
+    Result, State, Volume, VolumeError, BLOCK,
 };
 use std::fs::{self, File};
 use std::path::Path;
@@ -31,11 +31,7 @@ impl Volume {
         let _lock = Self::lock(dir)?;
         let mut cfg = Self::config(dir)?;
         let old = cfg.size;
-        if size == 0 || !size.is_multiple_of(BLOCK as u64) {
-            return Err(VolumeError::Invalid(format!(
-                "the size must be a positive multiple of {BLOCK} bytes"
-            )));
-        }
+        check_size(size)?;
         if size == old {
             return Ok(old);
         }
@@ -66,11 +62,15 @@ impl Volume {
         // From here a crash has the next open recount the references.
         mark(false)?;
         let nblocks = size / BLOCK as u64;
-        if size < old {
-            let map = open_rw(&dir.join("map"))?;
-            let len = map.metadata().map_err(ioe("map"))?.len();
-            map.set_len(len.min(nblocks * 8)).map_err(ioe("map"))?;
+        // Nothing past the old end may come back into view when growing.
+        let map = open_rw(&dir.join("map"))?;
+        let len = map.metadata().map_err(ioe("map"))?.len();
+        let keep = (size.min(old) / BLOCK as u64) * 8;
+        if len > keep {
+            map.set_len(keep).map_err(ioe("map"))?;
             map.sync_all().map_err(ioe("map"))?;
+        }
+        if size < old {
             let data = open_rw(&dir.join("data"))?;
             let end = data.metadata().map_err(ioe("data"))?.len() / BLOCK as u64;
             let refs = open_rw(&dir.join("refs"))?;
@@ -83,7 +83,17 @@ impl Volume {
             punch_holes(&data, &freed);
         }
         cfg.size = size;
-        write_json(&dir.join("volume.json"), &cfg)?;
+        // Its time is the image's time in snapshots: kept.
+        let cfg_path = dir.join("volume.json");
+        let time = fs::metadata(&cfg_path).and_then(|m| m.modified()).ok();
+        write_json(&cfg_path, &cfg)?;
+        if let Some(t) = time {
+            File::options()
+                .write(true)
+                .open(&cfg_path)
+                .and_then(|f| f.set_modified(t))
+                .map_err(ioe("volume.json"))?;
+        }
         // What changed since the last snapshot counts no longer (another
         // size: the next snapshot reads everything).
         match fs::remove_file(dir.join("changes.json")) {

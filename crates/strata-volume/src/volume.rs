@@ -772,7 +772,7 @@ impl ImageSource {
     }
 
     /// The image's bytes.
-    fn size(&self) -> u64 {
+    pub fn size(&self) -> u64 {
         match self {
             ImageSource::Live { vol, .. } => vol.size(),
             ImageSource::Frozen { size, .. } => *size,
@@ -808,6 +808,20 @@ impl ImageSource {
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The largest volume: 2^32 − 1 blocks of 4 KiB (≈ 16 TiB), so that a
+/// disk block's reference count (32 bits) cannot wrap.
+pub const MAX_SIZE: u64 = u32::MAX as u64 * BLOCK as u64;
+
+/// A volume size: a positive multiple of 4 KiB, at most [`MAX_SIZE`].
+pub(crate) fn check_size(size: u64) -> Result<()> {
+    if size == 0 || !size.is_multiple_of(BLOCK as u64) || size > MAX_SIZE {
+        return Err(VolumeError::Invalid(format!(
+            "a size of {size} bytes: a volume's size is a positive multiple of {BLOCK} bytes, at most {MAX_SIZE} (16 TiB)"
+        )));
+    }
+    Ok(())
 }
 
 pub(crate) fn open_rw(p: &Path) -> Result<File> {
@@ -877,11 +891,7 @@ impl Volume {
             Some(_) => FORMAT_ENCRYPTED,
             None => FORMAT,
         };
-        if cfg.size == 0 || !cfg.size.is_multiple_of(BLOCK as u64) {
-            return Err(VolumeError::Invalid(format!(
-                "the size must be a positive multiple of {BLOCK} bytes"
-            )));
-        }
+        check_size(cfg.size)?;
         if dir.join("volume.json").exists() {
             return Err(VolumeError::Invalid(format!(
                 "a volume already exists at {}",
@@ -919,13 +929,8 @@ impl Volume {
                 cfg.block_size
             )));
         }
-        if cfg.size == 0 || !cfg.size.is_multiple_of(BLOCK as u64) {
-            return Err(VolumeError::Invalid(format!(
-                "{}: a size of {} bytes is not a positive multiple of {BLOCK}",
-                dir.display(),
-                cfg.size
-            )));
-        }
+        check_size(cfg.size)
+            .map_err(|e| VolumeError::Invalid(format!("{}: {e}", dir.display())))?;
         Ok(cfg)
     }
 
@@ -971,9 +976,11 @@ impl Volume {
     }
 
     fn open_with(dir: &Path, warm_cache: bool, key: Option<&VolumeKey>) -> Result<Arc<Volume>> {
+        // Locked first: the size read next is not changed meanwhile (a
+        // resize holds the lock).
+        let lock_file = Self::lock(dir)?;
         let cfg = Self::config(dir)?;
         let crypt = Self::crypt(dir, &cfg, key)?;
-        let lock_file = Self::lock(dir)?;
         // Frozen maps of a server that is gone (its snapshots ended with it).
         if let Ok(rd) = fs::read_dir(dir) {
             for e in rd.flatten() {

@@ -1228,7 +1228,18 @@ fn a_stopped_volume_is_resized() {
     assert!(e.to_string().contains("not closed cleanly"), "{e}");
     v.close().unwrap();
     drop(v);
+    let e = Volume::resize(&dir, strata_volume::volume::MAX_SIZE + 4096, false).unwrap_err();
+    assert!(e.to_string().contains("16 TiB"), "{e}");
+    let mtime = || {
+        std::fs::metadata(dir.join("volume.json"))
+            .unwrap()
+            .modified()
+            .unwrap()
+    };
+    let created = mtime();
     assert_eq!(Volume::resize(&dir, 2 * SIZE, false).unwrap(), SIZE);
+    // The image's time in snapshots.
+    assert_eq!(mtime(), created);
     let v = Volume::open(&dir).unwrap();
     assert_eq!(v.size(), 2 * SIZE);
     let mut got = vec![0u8; 2 * SIZE as usize];

@@ -477,7 +477,6 @@ fn snapshot(
     let dir = existing(root, name)?;
     let repo = crate::open(cli)?;
     let cfg = Volume::config(&dir)?;
-    let size = cfg.size;
     let key = volume_key(&repo, &cfg)?;
     // The image's time in every version: the volume's creation (when
     // volume.json was written), so that a version's recipe shares the
@@ -513,6 +512,8 @@ fn snapshot(
         }
         Err(e) => return Err(e).with_context(|| format!("opening volume {name}")),
     };
+    // (Of the volume as opened: a resize cannot come between.)
+    let size = source.size();
     let pd = crate::progress_for(cli, "volume snapshot");
     let opts = BackupOptions {
         image: Some(ImagePatch {
