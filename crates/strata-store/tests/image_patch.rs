@@ -251,3 +251,45 @@ fn a_patch_needs_the_fixed_chunker() {
     );
     assert!(r.unwrap_err().to_string().contains("fixed chunker"));
 }
+
+/// An image of several pieces (the recipe's 64 MiB pieces: each stored as
+/// a job of its own, the previous version read a piece at a time): the
+/// changed segments of the first and the last piece are all that is
+/// read, the version restores, counts one file of the image's size, and
+/// a version of an unchanged image has the same recipe as the one before.
+#[test]
+fn an_image_of_several_pieces_is_patched_a_piece_at_a_time() {
+    use strata_store::backup::patch::PATCH_PIECE;
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(local(&tmp.path().join("repo")), small_init(false)).unwrap();
+    let piece = PATCH_PIECE as usize;
+    let mut img = random_bytes(7, 2 * piece + SEG + SEG / 2);
+    img[piece - SEG..piece + SEG].fill(0);
+    let n = img.len().div_ceil(SEG);
+    let (r1, reads) = snap(&repo, &img, None, None, None);
+    let r1 = r1.unwrap();
+    assert_eq!(read_bytes(&reads), img.len());
+    assert!(restored(&repo, &r1) == img);
+    let k0 = 5;
+    let kl = n - 1;
+    img[k0 * SEG + 100] ^= 1;
+    img[kl * SEG + 100] ^= 1;
+    let (r2, reads) = snap(&repo, &img, Some(&r1.id), changed(n, &[k0, kl]), None);
+    let r2 = r2.unwrap();
+    assert_eq!(read_bytes(&reads), SEG + SEG / 2, "{reads:?}");
+    assert_eq!(r2.snapshot.stats.files, 1);
+    assert_eq!(r2.snapshot.stats.logical_bytes, img.len() as u64);
+    assert!(r2.snapshot.stats.new_raw_bytes <= 2 * 4096);
+    assert!(
+        restored(&repo, &r2) == img,
+        "the version restores to the image"
+    );
+    let (r3, reads) = snap(&repo, &img, Some(&r2.id), changed(n, &[]), None);
+    let r3 = r3.unwrap();
+    assert!(reads.is_empty());
+    assert_eq!(r3.snapshot.recipe, r2.snapshot.recipe);
+    // Read whole again: the same recipe too.
+    let (r4, _) = snap(&repo, &img, Some(&r3.id), None, None);
+    assert_eq!(r4.unwrap().snapshot.recipe, r2.snapshot.recipe);
+    assert_check_ok(&repo, true, "pieces");
+}

@@ -92,6 +92,8 @@ struct State {
     queued_bytes: u64,
     /// Pullers running or queued on the pool.
     active: usize,
+    /// Files handed on and not yet stored (or failed).
+    in_flight: usize,
     warnings: Vec<String>,
 }
 
@@ -172,8 +174,13 @@ impl<'a> Flow<'a> {
             }
         };
         let i = (seq - st.base) as usize;
+        let mut done = false;
         if let Some(s) = st.slots.get_mut(i) {
+            done = matches!(s, Slot::Pending);
             *s = slot;
+        }
+        if done {
+            st.in_flight -= 1;
         }
         drop(st);
         self.room.notify_one();
@@ -212,6 +219,8 @@ pub(crate) struct Feeder<'a> {
     pub counts: TreeCounts,
     /// Time the walk spent waiting for room (not busy).
     pub waited: Duration,
+    /// The path of the last file node sent on.
+    pub last_file: Option<Vec<u8>>,
 }
 
 fn dir_of(p: &[u8]) -> &[u8] {
@@ -269,10 +278,15 @@ impl Feeder<'_> {
             return Ok(());
         }
         for n in &out {
+            // The further pieces of a file handed on a piece at a time
+            // (a patched image) are the same file.
+            let piece = self.last_file.as_deref() == Some(n.path.as_slice());
             match n.kind {
+                NodeKind::File if piece => {}
                 NodeKind::File => {
                     self.counts.files += 1;
                     self.counts.logical_bytes += n.size;
+                    self.last_file = Some(n.path.clone());
                 }
                 NodeKind::Dir => self.counts.dirs += 1,
                 _ => {}
@@ -338,6 +352,17 @@ impl Feeder<'_> {
 }
 
 impl Feed for Feeder<'_> {
+    fn wait_in_flight(&mut self, max: usize) -> Result<()> {
+        loop {
+            self.cancelled()?;
+            self.drain()?;
+            if self.flow.lock().in_flight <= max {
+                return Ok(());
+            }
+            self.wait();
+        }
+    }
+
     fn push(&mut self, node: Node, source: Option<(Source, Option<ParentFile>)>) -> Result<()> {
         self.wait_room(source.is_some())?;
         let seq = self.next_seq;
@@ -348,7 +373,11 @@ impl Feed for Feeder<'_> {
             st.slots.push_back(Slot::Ready(node));
             return Ok(());
         };
-        self.flow.lock().slots.push_back(Slot::Pending);
+        {
+            let mut st = self.flow.lock();
+            st.slots.push_back(Slot::Pending);
+            st.in_flight += 1;
+        }
         let small = matches!(source, Source::Path(_)) && node.size < self.large;
         if let (true, Some(tx), Source::Path(p)) = (small, &self.prefetch, &source) {
             // Only a hint: dropped when the prefetcher is behind.

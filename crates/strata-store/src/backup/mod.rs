@@ -233,6 +233,7 @@ fn image_entries(
     let source = Source::Patch(Mutex::new(Some(patch::PatchSource {
         source: p.source,
         size: p.size,
+        end: p.size,
         changed,
         clean: Default::default(),
         prev: None,

@@ -247,6 +247,52 @@ impl<'a> Parent<'a> {
         }
     }
 
+    /// The previous version's file at `path` a piece at a time (a patched
+    /// image: see [`super::patch::PATCH_PIECE`]): its first piece (what
+    /// comes before `path` is passed over), then — `after` the piece
+    /// before — the next one; `None` past the last piece, or when a part
+    /// cannot be read. Nothing is joined: one piece's chunks at a time.
+    pub fn take_piece(&mut self, path: &[u8], after: Option<&Node>) -> Option<PrevNode> {
+        let Some(prev) = after else {
+            // The first piece: as `take`, without the others.
+            loop {
+                while let Some(front) = self.nodes.front() {
+                    match path_cmp(&front.path, path) {
+                        Ordering::Less => {
+                            self.nodes.pop_front();
+                        }
+                        Ordering::Equal => {
+                            let node = self.nodes.pop_front()?;
+                            return (node.kind == NodeKind::File).then(|| PrevNode {
+                                node,
+                                containers: self.containers.clone(),
+                            });
+                        }
+                        Ordering::Greater => return None,
+                    }
+                }
+                if !self.next_part() {
+                    return None;
+                }
+            }
+        };
+        loop {
+            if let Some(front) = self.nodes.front() {
+                if !recipe::continues(prev, front) {
+                    return None;
+                }
+                let node = self.nodes.pop_front()?;
+                return Some(PrevNode {
+                    node,
+                    containers: self.containers.clone(),
+                });
+            }
+            if !self.next_part() {
+                return None;
+            }
+        }
+    }
+
     /// `node` with the further pieces of its file (a continued file, see
     /// [`recipe::continues`]), which may run into the parts that follow;
     /// their references renumbered into one table. `None` if a piece's
@@ -400,17 +446,28 @@ impl PrevSegments {
 }
 
 impl PrevNode {
-    /// The segments of a patched image's previous version that the patch
-    /// says did not change (see [`super::patch`]): those lying at the
-    /// offset and with the length segment *k* of an image of `size` bytes
-    /// has, every chunk of them found; by *k*, the index of the segment in
-    /// the previous node. Empty if the size differs.
-    pub fn clean_segments(&self, size: u64, changed: &[bool]) -> BTreeMap<u64, usize> {
+    /// Bytes its segments cover.
+    pub fn len(&self) -> u64 {
+        self.node.segments.iter().map(SegmentRef::len).sum()
+    }
+
+    /// The segments of a piece of a patched image's previous version
+    /// (beginning at byte `start` of the image) that the patch says did
+    /// not change (see [`super::patch`]): those lying at the offset and
+    /// with the length segment *k* of an image of `size` bytes has, every
+    /// chunk of them found; by *k* (counted from the image's start), the
+    /// index of the segment in the piece. Empty if the size differs.
+    pub fn clean_segments_at(
+        &self,
+        start: u64,
+        size: u64,
+        changed: &[bool],
+    ) -> BTreeMap<u64, usize> {
         let mut out = BTreeMap::new();
-        if self.node.size != size {
+        if self.node.size != size || !start.is_multiple_of(PATCH_SEGMENT) {
             return out;
         }
-        let mut offset = 0u64;
+        let mut offset = start;
         for (i, s) in self.node.segments.iter().enumerate() {
             let len: u64 = s.chunks.iter().map(|c| c.len as u64).sum();
             let k = offset / PATCH_SEGMENT;
@@ -429,18 +486,27 @@ impl PrevNode {
         out
     }
 
-    /// Its segments for [`PrevSegments::take`]: those `keep` names (the
-    /// clean ones), the others' chunk lists let go.
-    pub(crate) fn segments(mut self, keep: &BTreeMap<u64, usize>) -> PrevSegments {
+    /// Its segments for [`PrevSegments::take`]: copies of those `keep`
+    /// names (the clean ones), the others' chunk lists left out (the piece
+    /// stays, for lookups around the next piece).
+    pub(crate) fn segments_of(&self, keep: &BTreeMap<u64, usize>) -> PrevSegments {
         let kept: HashSet<usize> = keep.values().copied().collect();
-        for (i, s) in self.node.segments.iter_mut().enumerate() {
-            if !kept.contains(&i) {
-                s.chunks = Vec::new();
-            }
-        }
+        let segments = self
+            .node
+            .segments
+            .iter()
+            .enumerate()
+            .map(|(i, s)| match kept.contains(&i) {
+                true => s.clone(),
+                false => SegmentRef {
+                    fp: s.fp,
+                    chunks: Vec::new(),
+                },
+            })
+            .collect();
         PrevSegments {
-            segments: self.node.segments,
-            containers: self.containers,
+            segments,
+            containers: self.containers.clone(),
         }
     }
 
@@ -450,12 +516,24 @@ impl PrevNode {
         self.file_near(None)
     }
 
-    /// [`Self::file`] with only the chunks a lookup can reach while the
-    /// byte ranges `read` are read (within [`WINDOW`] of them), when only
-    /// those are (a patched image: its changed segments): a large image
-    /// of which a few segments changed does not build a table of every
-    /// chunk (a million per 4 GiB).
-    pub fn file_near(&self, read: Option<&[(u64, u64)]>) -> Option<ParentFile> {
+    /// [`Self::file_near`] of consecutive pieces of the previous image,
+    /// each with the byte at which it begins.
+    pub fn pieces_near(pieces: &[(u64, &PrevNode)], read: &[(u64, u64)]) -> Option<ParentFile> {
+        let mut refs = Vec::new();
+        for &(start, p) in pieces {
+            p.near_refs(start, Some(read), &mut refs);
+        }
+        ParentFile::of(refs)
+    }
+
+    /// Its chunks within [`WINDOW`] of the ranges `read` (all without
+    /// ranges), with their offsets counted from `start`, onto `refs`.
+    fn near_refs(
+        &self,
+        start: u64,
+        read: Option<&[(u64, u64)]>,
+        refs: &mut Vec<(u64, Fingerprint, ChunkLoc)>,
+    ) {
         let near = |o: u64| {
             read.is_none_or(|r| {
                 let i = r.partition_point(|&(_, e)| e.saturating_add(WINDOW) <= o);
@@ -463,18 +541,32 @@ impl PrevNode {
                     .is_some_and(|&(s, _)| s.saturating_sub(WINDOW) <= o)
             })
         };
-        let mut refs = Vec::new();
-        let mut offset = 0u64;
+        let mut offset = start;
         for c in self.node.segments.iter().flat_map(|s| &s.chunks) {
-            if !near(offset) {
-                offset += c.len as u64;
-                continue;
-            }
-            if let (false, Some(loc)) = (c.is_zero(), loc_of(&self.containers, c)) {
-                refs.push((offset, c.fp, loc));
+            if near(offset) && !c.is_zero() {
+                if let Some(loc) = loc_of(&self.containers, c) {
+                    refs.push((offset, c.fp, loc));
+                }
             }
             offset += c.len as u64;
         }
+    }
+
+    /// [`Self::file`] with only the chunks a lookup can reach while the
+    /// byte ranges `read` are read (within [`WINDOW`] of them), when only
+    /// those are (a patched image: its changed segments): a large image
+    /// of which a few segments changed does not build a table of every
+    /// chunk (a million per 4 GiB).
+    pub fn file_near(&self, read: Option<&[(u64, u64)]>) -> Option<ParentFile> {
+        let mut refs = Vec::new();
+        self.near_refs(0, read, &mut refs);
+        ParentFile::of(refs)
+    }
+}
+
+impl ParentFile {
+    /// Over chunk references in offset order (none: no file).
+    fn of(refs: Vec<(u64, Fingerprint, ChunkLoc)>) -> Option<ParentFile> {
         let anchors = refs
             .iter()
             .enumerate()

@@ -59,10 +59,35 @@ pub struct ImagePatch {
 /// each non-zero one is.
 pub(crate) type CleanSegment = (SegmentJob, Vec<Option<ChunkLoc>>);
 
-/// A patch as the pipeline reads it.
+/// The image's bytes, shared by the jobs of its pieces (one read at a
+/// time).
+#[derive(Clone)]
+pub(crate) struct SharedImage(pub std::sync::Arc<std::sync::Mutex<Box<dyn ReadAt>>>);
+
+impl ReadAt for SharedImage {
+    fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .read_exact_at(offset, buf)
+    }
+}
+
+/// The bytes of one piece of a patched image: the recipe writer's piece
+/// ([`crate::recipe::PIECE_CHUNKS`] chunks of 4 KiB, 64 MiB). An image is
+/// backed up a piece at a time, each piece a job of its own (its node a
+/// piece of the image's), so that neither its previous version nor its
+/// new one is ever held whole.
+pub const PATCH_PIECE: u64 = crate::recipe::PIECE_CHUNKS as u64 * PATCH_CHUNK;
+
+/// A patch as the pipeline reads it: the image, or a piece of it
+/// (`at..end`).
 pub(crate) struct PatchSource {
     pub source: Box<dyn ReadAt>,
+    /// Bytes of the image.
     pub size: u64,
+    /// Where this job's bytes end (the image's size, or its piece's end).
+    pub end: u64,
     /// As [`ImagePatch::changed`], once checked against the parent.
     pub changed: Option<Vec<bool>>,
     /// The unchanged segments found in the parent (filled by the walk):
@@ -79,11 +104,11 @@ impl PatchSource {
     /// neighbours merged, in order.
     pub(crate) fn read_ranges(&self) -> Vec<(u64, u64)> {
         let mut out: Vec<(u64, u64)> = Vec::new();
-        for k in 0..self.size.div_ceil(PATCH_SEGMENT) {
+        for k in self.at / PATCH_SEGMENT..self.end.div_ceil(PATCH_SEGMENT) {
             if self.clean.contains_key(&k) {
                 continue;
             }
-            let (s, e) = (k * PATCH_SEGMENT, ((k + 1) * PATCH_SEGMENT).min(self.size));
+            let (s, e) = (k * PATCH_SEGMENT, ((k + 1) * PATCH_SEGMENT).min(self.end));
             match out.last_mut() {
                 Some(last) if last.1 == s => last.1 = e,
                 _ => out.push((s, e)),
@@ -98,7 +123,7 @@ impl PatchSource {
     pub(crate) fn next_block(&mut self, ctx: &Ctx<'_>, idx: u64, block: usize) -> Block {
         let at = self.at;
         let mut b = Block::empty(idx, at);
-        if at >= self.size {
+        if at >= self.end {
             b.end = Some(Ok(()));
             return b;
         }
@@ -116,14 +141,14 @@ impl PatchSource {
                 self.at += span;
                 ctx.progress.bytes_done.fetch_add(span, Ordering::Relaxed);
                 ctx.parent_bytes.fetch_add(span, Ordering::Relaxed);
-                if self.at >= self.size {
+                if self.at >= self.end {
                     b.end = Some(Ok(()));
                 }
                 return b;
             }
         }
         // Read up to the next unchanged segment, never into it.
-        let mut end = (at + block as u64).min(self.size);
+        let mut end = (at + block as u64).min(self.end);
         if let Some((&k, _)) = self.clean.range(at / PATCH_SEGMENT + 1..).next() {
             end = end.min(k * PATCH_SEGMENT);
         }
@@ -147,7 +172,7 @@ impl PatchSource {
             .fetch_add(n as u64, Ordering::Relaxed);
         ctx.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
         self.at = end;
-        if self.at >= self.size {
+        if self.at >= self.end {
             b.end = Some(Ok(()));
         }
         b

@@ -189,6 +189,7 @@ pub(crate) fn run<'r>(
                 group_bytes: 0,
                 counts: TreeCounts::default(),
                 waited: Default::default(),
+                last_file: None,
             };
             let r = walk(&mut feeder).and_then(|_| feeder.finish());
             if r.is_err() {
@@ -461,6 +462,11 @@ struct Stream<'s> {
     finalized: AtomicBool,
     failure: Mutex<Option<String>>,
     size: AtomicU64,
+    /// A patched image's size (its node's, whichever piece this job is).
+    image_size: Option<u64>,
+    /// Not a patched image's piece before its last (the file is done
+    /// when this job is).
+    whole: bool,
 }
 
 impl<'s> Stream<'s> {
@@ -497,6 +503,8 @@ impl<'s> Stream<'s> {
             },
         };
         let ctx = sh.ctx;
+        let image_size = patch.as_ref().map(|p| p.size);
+        let whole = patch.as_ref().is_none_or(|p| p.end >= p.size);
         let input = match patch {
             Some(p) => Input::Patch(p),
             None => Input::Stream(ChunkStream::new(
@@ -531,6 +539,8 @@ impl<'s> Stream<'s> {
             finalized: AtomicBool::new(false),
             failure: Mutex::new(None),
             size: AtomicU64::new(0),
+            image_size,
+            whole,
         });
         s.spawn_fifo(move |s| st.read_block(s, sh));
     }
@@ -626,7 +636,8 @@ impl<'s> Stream<'s> {
                             let job = std::mem::take(&mut q.cur);
                             self.dispatch(s, sh, &mut q, job);
                         }
-                        self.size.store(b.offset + b.span, Ordering::SeqCst);
+                        let size = self.image_size.unwrap_or(b.offset + b.span);
+                        self.size.store(size, Ordering::SeqCst);
                     }
                     Err(m) => *lock(&self.failure) = Some(m),
                 }
@@ -724,7 +735,9 @@ impl<'s> Stream<'s> {
                     .file
                     .as_ref()
                     .and_then(|(f, p)| changed_warning(f, p, size, &node));
-                sh.ctx.progress.files_done.fetch_add(1, Ordering::Relaxed);
+                if self.whole {
+                    sh.ctx.progress.files_done.fetch_add(1, Ordering::Relaxed);
+                }
                 Outcome::Done {
                     segments,
                     size,

@@ -10,8 +10,8 @@
 //! alongside), excludes are `globset` patterns, extended attributes (ACLs
 //! among them) come from `xattr`.
 
-use super::parent::{Parent, ParentFile};
-use super::patch::PatchSource;
+use super::parent::{Parent, ParentFile, PrevNode};
+use super::patch::{PatchSource, SharedImage, PATCH_PIECE};
 use crate::error::{Result, StoreError};
 use crate::progress::Progress;
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
@@ -22,7 +22,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use strata_core::format::{path_cmp, Node, NodeKind};
 
 /// Where a job's bytes come from.
@@ -48,7 +48,14 @@ pub(crate) struct Job {
 pub(crate) trait Feed {
     /// The next entry; `source` is set for a file to read.
     fn push(&mut self, node: Node, source: Option<(Source, Option<ParentFile>)>) -> Result<()>;
+    /// Waits until at most `max` files handed on are still being stored.
+    fn wait_in_flight(&mut self, max: usize) -> Result<()>;
 }
+
+/// Pieces of a patched image being stored at once (each holds its
+/// previous piece's unchanged segments and its new segments until the
+/// recipe takes it).
+const PIECES_IN_FLIGHT: usize = 4;
 
 /// What the backup leaves out: glob patterns matched against the file name
 /// (or the absolute path when the pattern contains `/`; `*` and `?` stay
@@ -259,35 +266,91 @@ impl<'a, 'p> Walker<'a, 'p> {
             let Some((node, source)) = self.synthetic.pop_front() else {
                 break;
             };
+            if let Some(Source::Patch(m)) = &source {
+                let patch = m.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(p) = patch {
+                    self.push_patch(node, p)?;
+                    continue;
+                }
+            }
+            // A stream: looked up in its previous version.
             let prev = self.parent.take(&node.path);
-            // A patch takes its unchanged segments from the previous
-            // version (what it says changed is read, and looked up there:
-            // only around what is read).
-            let mut read = None;
-            if let (Some(Source::Patch(m)), Some(prev)) = (&source, &prev) {
-                let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(p) = g.as_mut() {
-                    if let Some(changed) = &p.changed {
-                        p.clean = prev.clean_segments(p.size, changed);
-                        read = Some(p.read_ranges());
-                    }
-                }
-            }
-            let file = source
-                .as_ref()
-                .and(prev.as_ref())
-                .and_then(|p| p.file_near(read.as_deref()));
-            // The patch takes the previous segments over, as it comes to
-            // each unchanged one.
-            if let (Some(Source::Patch(m)), Some(prev), true) = (&source, prev, read.is_some()) {
-                if let Some(p) = m.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-                    if !p.clean.is_empty() {
-                        p.prev = Some(prev.segments(&p.clean));
-                    }
-                }
-            }
-            let prev = file;
+            let prev = source.as_ref().and(prev.as_ref()).and_then(|p| p.file());
             self.feed.push(node, source.map(|s| (s, prev)))?;
+        }
+        Ok(())
+    }
+
+    /// Hands on a patched image a piece at a time ([`PATCH_PIECE`]), each
+    /// a job whose node is a piece of the image's, with the previous
+    /// version's piece at the same place (its unchanged segments taken
+    /// over) and its neighbours (chunk lookups around what is read): the
+    /// previous version is read a piece at a time, and at most
+    /// [`PIECES_IN_FLIGHT`] pieces are being stored, so memory stays the
+    /// same for an image of any size.
+    fn push_patch(&mut self, node: Node, p: PatchSource) -> Result<()> {
+        let PatchSource {
+            source,
+            size,
+            changed,
+            ..
+        } = p;
+        let image = SharedImage(Arc::new(Mutex::new(source)));
+        let file = Node::new(node.path.clone(), NodeKind::File);
+        // The previous image's pieces within reach of the one handed on:
+        // (first byte, piece).
+        let mut window: VecDeque<(u64, PrevNode)> = VecDeque::new();
+        let (mut next, mut prev_done) = (0u64, false);
+        for k in 0..size.div_ceil(PATCH_PIECE).max(1) {
+            let (s, e) = (k * PATCH_PIECE, ((k + 1) * PATCH_PIECE).min(size));
+            while !prev_done && next < e.saturating_add(PATCH_PIECE) {
+                let after = (next > 0).then_some(&file);
+                match self.parent.take_piece(&node.path, after) {
+                    Some(piece) => {
+                        let len = piece.len();
+                        window.push_back((next, piece));
+                        next += len;
+                        // (An empty piece would never move on.)
+                        prev_done |= len == 0;
+                    }
+                    None => prev_done = true,
+                }
+            }
+            while window
+                .front()
+                .is_some_and(|(at, p)| at + p.len() + PATCH_PIECE <= s)
+            {
+                window.pop_front();
+            }
+            let mut job = PatchSource {
+                source: Box::new(image.clone()),
+                size,
+                end: e,
+                changed: None,
+                clean: Default::default(),
+                prev: None,
+                at: s,
+            };
+            let same = window.iter().find(|(at, _)| *at == s).map(|(_, p)| p);
+            if let (Some(ch), Some(prev)) = (&changed, same) {
+                job.clean = prev.clean_segments_at(s, size, ch);
+            }
+            let read = match changed {
+                Some(_) => job.read_ranges(),
+                None => vec![(s, e)],
+            };
+            let near: Vec<(u64, &PrevNode)> = window.iter().map(|(at, p)| (*at, p)).collect();
+            let lookups = PrevNode::pieces_near(&near, &read);
+            if let (false, Some(prev)) = (job.clean.is_empty(), same) {
+                job.prev = Some(prev.segments_of(&job.clean));
+            }
+            self.feed.wait_in_flight(PIECES_IN_FLIGHT)?;
+            let piece = Node {
+                size,
+                ..node.clone()
+            };
+            let source = Source::Patch(Mutex::new(Some(job)));
+            self.feed.push(piece, Some((source, lookups)))?;
         }
         Ok(())
     }
