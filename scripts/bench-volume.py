@@ -31,7 +31,8 @@ Snapshot mode (`--snapshots [--snapshot-size 1G] [--repeat 3]`): a volume
 of random data snapshotted once; then per round 3 × 64 KiB written into
 three 2 MiB segments, a snapshot that reads only what changed, and — its
 change set removed (unknown, as after a crash) — a snapshot of the same
-image that reads everything (page cache dropped before each).
+image that reads everything (page cache dropped before each); seconds
+and the snapshot process's peak RSS.
 
 File-system mode (`--fs-image [--tree /usr/lib/python3] [--changes
 /usr/share/doc] [--change-files 300] [--image-size 1G]`): real data. An
@@ -663,10 +664,16 @@ def snapshots_mode(a):
 
     def snap():
         drop_caches()
+        rss = os.path.join(a.work, "snap.rss")
         t = time.perf_counter()
-        r = strata(repo, "volume", "snapshot", "v")
-        return {"seconds": time.perf_counter() - t, "read_bytes": r["read_bytes"],
-                "new_raw_bytes": r["new_raw_bytes"]}
+        out = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss, os.path.join(BIN, "strata"),
+                              "--repo", repo, "volume", "snapshot", "v", "--json"],
+                             check=True, capture_output=True, text=True).stdout
+        secs = time.perf_counter() - t
+        r = json.loads(out)
+        return {"seconds": secs, "read_bytes": r["read_bytes"],
+                "new_raw_bytes": r["new_raw_bytes"],
+                "peak_rss_mb": int(open(rss).read().split()[-1]) / 1024}
 
     rows = [dict(kind="first", **snap())]
     seg = 2 << 20
@@ -887,11 +894,11 @@ def main():
     if a.snapshots:
         rows = snapshots_mode(a)
         json.dump(rows, open(os.path.join(a.work, "volume-snapshots.json"), "w"), indent=1)
-        print("| snapshot | seconds | read | new data |")
-        print("|---|---|---|---|")
+        print("| snapshot | seconds | read | new data | peak RSS |")
+        print("|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['kind']} | {r['seconds']:.2f} | {r['read_bytes'] / 2**20:.0f} MiB | "
-                  f"{r['new_raw_bytes'] / 2**10:.0f} KiB |")
+                  f"{r['new_raw_bytes'] / 2**10:.0f} KiB | {r['peak_rss_mb']:.0f} MB |")
         return
     if a.mixed:
         kinds, rows = mixed_mode(a)

@@ -83,8 +83,13 @@ pub struct Finished {
 /// What a sink wrote.
 #[derive(Default)]
 pub struct SinkResult {
+    /// The finished containers no index object lists yet.
     pub metas: Vec<ContainerMeta>,
     pub stored_bytes: u64,
+    /// Index objects the sink wrote as containers came (see
+    /// [`ContainerSink::with_index_batches`]); their bytes are in
+    /// `stored_bytes`.
+    pub index_objects: Vec<String>,
 }
 
 /// The background thread that finishes containers: fsync and rename of the
@@ -106,6 +111,20 @@ impl ContainerSink {
 
     /// A sink whose writers and finisher report to `stages`.
     pub fn with_stages(repo: &Repository, stages: Option<Arc<Stages>>) -> Self {
+        Self::with_index_batches(repo, stages, None)
+    }
+
+    /// [`Self::with_stages`] that also lists its finished containers in an
+    /// index object whenever they hold `batch` chunks (the rest is left in
+    /// [`SinkResult::metas`]): a large backup does not hold every new
+    /// chunk's entry until its commit, nor encode them all at once. An
+    /// index object may name containers no version references yet, as
+    /// after a crash before a commit; gc removes both.
+    pub fn with_index_batches(
+        repo: &Repository,
+        stages: Option<Arc<Stages>>,
+        batch: Option<usize>,
+    ) -> Self {
         let (tx, rx): (Sender<Finished>, Receiver<Finished>) = bounded(2);
         let repo = repo.clone();
         let stored = Arc::new(AtomicU64::new(0));
@@ -113,6 +132,7 @@ impl ContainerSink {
         let st = stages.clone();
         let handle = std::thread::spawn(move || {
             let mut res = SinkResult::default();
+            let mut chunks = 0usize;
             for f in rx {
                 let t = std::time::Instant::now();
                 f.data.finish()?;
@@ -126,7 +146,16 @@ impl ContainerSink {
                 }
                 stored2.fetch_add(n, Ordering::Relaxed);
                 res.stored_bytes += n;
+                chunks += f.meta.chunks.len();
                 res.metas.push(f.meta);
+                if batch.is_some_and(|b| chunks >= b) {
+                    let metas = std::mem::take(&mut res.metas);
+                    let (name, n) = crate::index::put_index_object(&repo, metas)?;
+                    stored2.fetch_add(n, Ordering::Relaxed);
+                    res.stored_bytes += n;
+                    res.index_objects.push(name);
+                    chunks = 0;
+                }
             }
             Ok(res)
         });
@@ -482,4 +511,45 @@ fn meta_via(
 /// Reads a container's `meta/` object.
 pub fn read_meta(repo: &Repository, id: &ContainerId) -> Result<ContainerMeta> {
     repo.get_struct(Kind::ContainerMeta, &meta_name(id), "container metadata")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::LocalBackend;
+    use crate::index::{ContainerTable, RepoIndex};
+    use crate::repo::InitOptions;
+
+    /// A sink with index batches lists its containers in an index object
+    /// each time they reach the batch, and leaves the rest to its caller:
+    /// every container is listed exactly once.
+    #[test]
+    fn index_objects_are_written_as_containers_come() {
+        let t = tempfile::tempdir().unwrap();
+        let opts = InitOptions {
+            container_size: 64 << 10,
+            region_size: 16 << 10,
+            ..Default::default()
+        };
+        let repo = Repository::init(Arc::new(LocalBackend::new(t.path())), opts).unwrap();
+        let sink = ContainerSink::with_index_batches(&repo, None, Some(40));
+        let mut w = sink.writer(&repo, Arc::new(ContainerTable::default()));
+        // 100 chunks of 4 KiB: 16 per container, 7 containers.
+        for i in 0..100u32 {
+            let mut data = vec![0u8; 4096];
+            data[..4].copy_from_slice(&i.to_le_bytes());
+            w.next_loc(data.len()).unwrap();
+            w.append(repo.hasher().hash(&data), &data);
+        }
+        w.flush().unwrap();
+        drop(w);
+        let res = sink.finish().unwrap();
+        assert_eq!(res.index_objects.len(), 2, "after 48 and 96 chunks");
+        assert_eq!(res.metas.len(), 1, "the last 4 chunks' container");
+        crate::index::put_index_object(&repo, res.metas).unwrap();
+        let mut listed = 0;
+        let idx = RepoIndex::load(&repo, |m| listed += m.chunks.len()).unwrap();
+        assert_eq!(listed, 100);
+        assert_eq!(idx.containers.len(), 7);
+    }
 }
