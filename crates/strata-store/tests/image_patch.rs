@@ -293,3 +293,52 @@ fn an_image_of_several_pieces_is_patched_a_piece_at_a_time() {
     assert_eq!(r4.unwrap().snapshot.recipe, r2.snapshot.recipe);
     assert_check_ok(&repo, true, "pieces");
 }
+
+/// An image backed up beside a tree whose small files wait to be looked
+/// up together (`silo` groups them): the image's pieces do not wait for
+/// files held back in a group (which never went to a worker).
+#[test]
+fn an_image_beside_grouped_small_files_does_not_wait_for_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut o = small_init(false);
+    o.index = "silo".into();
+    let repo = Repository::init(local(&tmp.path().join("repo")), o).unwrap();
+    let tree = tmp.path().join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    for i in 0..20 {
+        std::fs::write(tree.join(format!("f{i}")), random_bytes(i, 300)).unwrap();
+    }
+    let img = random_bytes(3, 3 * SEG);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let repo2 = repo.clone();
+    let img2 = img.clone();
+    std::thread::spawn(move || {
+        let r = backup(
+            &repo2,
+            BackupOptions {
+                paths: vec![tree],
+                image: Some(ImagePatch {
+                    name: "zz.img".into(),
+                    source: Box::new(Image {
+                        data: Arc::new(img2),
+                        reads: Arc::default(),
+                        fail_at: None,
+                    }),
+                    size: 3 * SEG as u64,
+                    base: None,
+                    changed: None,
+                    time_ns: 1,
+                }),
+                chunker: Some(ChunkerParams::fixed()),
+                lifecycle: false,
+                ..Default::default()
+            },
+        );
+        let _ = tx.send(r.map(|r| r.snapshot.stats.files));
+    });
+    let files = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the backup finished")
+        .unwrap();
+    assert_eq!(files, 21);
+}

@@ -353,10 +353,15 @@ impl Feeder<'_> {
 
 impl Feed for Feeder<'_> {
     fn wait_in_flight(&mut self, max: usize) -> Result<()> {
+        // Small files held back for a group are in flight too: they go
+        // before anyone waits for them.
+        if !self.group.is_empty() {
+            self.dispatch_group();
+        }
         loop {
             self.cancelled()?;
             self.drain()?;
-            if self.flow.lock().in_flight <= max {
+            if self.flow.lock().in_flight < max {
                 return Ok(());
             }
             self.wait();

@@ -453,13 +453,15 @@ impl PrevNode {
 
     /// The segments of a piece of a patched image's previous version
     /// (beginning at byte `start` of the image) that the patch says did
-    /// not change (see [`super::patch`]): those lying at the offset and
-    /// with the length segment *k* of an image of `size` bytes has, every
-    /// chunk of them found; by *k* (counted from the image's start), the
-    /// index of the segment in the piece. Empty if the size differs.
+    /// not change (see [`super::patch`]) and that begin before `end` (the
+    /// new piece's): those lying at the offset and with the length segment
+    /// *k* of an image of `size` bytes has, every chunk of them found; by
+    /// *k* (counted from the image's start), the index of the segment in
+    /// the piece. Empty if the size differs.
     pub fn clean_segments_at(
         &self,
         start: u64,
+        end: u64,
         size: u64,
         changed: &[bool],
     ) -> BTreeMap<u64, usize> {
@@ -469,6 +471,9 @@ impl PrevNode {
         }
         let mut offset = start;
         for (i, s) in self.node.segments.iter().enumerate() {
+            if offset >= end {
+                break;
+            }
             let len: u64 = s.chunks.iter().map(|c| c.len as u64).sum();
             let k = offset / PATCH_SEGMENT;
             let in_place = offset.is_multiple_of(PATCH_SEGMENT)

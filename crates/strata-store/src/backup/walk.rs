@@ -48,7 +48,8 @@ pub(crate) struct Job {
 pub(crate) trait Feed {
     /// The next entry; `source` is set for a file to read.
     fn push(&mut self, node: Node, source: Option<(Source, Option<ParentFile>)>) -> Result<()>;
-    /// Waits until at most `max` files handed on are still being stored.
+    /// Waits until fewer than `max` files handed on are still being
+    /// stored.
     fn wait_in_flight(&mut self, max: usize) -> Result<()>;
 }
 
@@ -333,7 +334,7 @@ impl<'a, 'p> Walker<'a, 'p> {
             };
             let same = window.iter().find(|(at, _)| *at == s).map(|(_, p)| p);
             if let (Some(ch), Some(prev)) = (&changed, same) {
-                job.clean = prev.clean_segments_at(s, size, ch);
+                job.clean = prev.clean_segments_at(s, e, size, ch);
             }
             let read = match changed {
                 Some(_) => job.read_ranges(),
