@@ -552,6 +552,64 @@ impl<'r> RecipeWriter<'r> {
         Ok(())
     }
 
+    /// Adds a part of an earlier version as it is, without decoding or
+    /// writing it: `part` (its container indexes left out) with its
+    /// container table `containers`, holding one piece of the file `node`
+    /// (whose metadata it must have). It goes where a piece of `node`
+    /// would, after whole pieces only (no part in the making): the caller
+    /// knows the part holds exactly what [`Self::push`] would have written
+    /// for the piece — the same bytes under the same name.
+    pub fn push_part(
+        &mut self,
+        part: &PartRef,
+        containers: &[ContainerId],
+        node: &Node,
+    ) -> Result<()> {
+        if self.count != 0 {
+            return Err(StoreError::Invalid(format!(
+                "a part of {} taken over after a piece in the making",
+                node.path_str()
+            )));
+        }
+        match &mut self.last {
+            Some(last) if continues(last, node) => {
+                let mut n = Node {
+                    segments: Vec::new(),
+                    ..node.clone()
+                };
+                if !same_but_segments(last, &mut n) {
+                    return Err(StoreError::Invalid(format!(
+                        "a part of {} taken over with other metadata",
+                        node.path_str()
+                    )));
+                }
+            }
+            _ => {
+                return Err(StoreError::Invalid(format!(
+                    "a part of {} taken over before its first piece",
+                    node.path_str()
+                )))
+            }
+        }
+        self.index.continued = true;
+        let containers = containers
+            .iter()
+            .map(|c| {
+                *self.union.entry(*c).or_insert_with(|| {
+                    self.index.containers.push(*c);
+                    self.index.containers.len() as u32 - 1
+                })
+            })
+            .collect();
+        self.index.parts.push(PartRef {
+            containers,
+            ..part.clone()
+        });
+        self.nodes += part.nodes as u64;
+        self.parts_reused += 1;
+        Ok(())
+    }
+
     /// Adds every node of `recipe` (sorting them first).
     pub fn push_recipe(&mut self, mut recipe: Recipe) -> Result<()> {
         recipe.nodes.sort_by(|a, b| path_cmp(&a.path, &b.path));

@@ -277,6 +277,8 @@ fn an_image_of_several_pieces_is_patched_a_piece_at_a_time() {
     let (r2, reads) = snap(&repo, &img, Some(&r1.id), changed(n, &[k0, kl]), None);
     let r2 = r2.unwrap();
     assert_eq!(read_bytes(&reads), SEG + SEG / 2, "{reads:?}");
+    // The middle piece did not change: its part is the previous one's.
+    assert_eq!(r2.carried_bytes, PATCH_PIECE);
     assert_eq!(r2.snapshot.stats.files, 1);
     assert_eq!(r2.snapshot.stats.logical_bytes, img.len() as u64);
     assert!(r2.snapshot.stats.new_raw_bytes <= 2 * 4096);
@@ -287,6 +289,7 @@ fn an_image_of_several_pieces_is_patched_a_piece_at_a_time() {
     let (r3, reads) = snap(&repo, &img, Some(&r2.id), changed(n, &[]), None);
     let r3 = r3.unwrap();
     assert!(reads.is_empty());
+    assert_eq!(r3.carried_bytes, img.len() as u64 - PATCH_PIECE);
     assert_eq!(r3.snapshot.recipe, r2.snapshot.recipe);
     // Read whole again: the same recipe too.
     let (r4, _) = snap(&repo, &img, Some(&r3.id), None, None);

@@ -16,7 +16,7 @@
 //! worker. Neither the new tree nor the previous one is ever held whole.
 
 use super::dedup::Outcome;
-use super::parent::ParentFile;
+use super::parent::{CarriedPart, ParentFile};
 use super::walk::{Feed, Job, Source};
 use crate::error::{Result, StoreError};
 use std::collections::VecDeque;
@@ -74,6 +74,15 @@ enum Slot {
     Pending,
     Ready(Node),
     Failed,
+    /// A part of the previous version taken over as it is (a piece of a
+    /// patched image that did not change), and the file's node.
+    Part(CarriedPart, Node),
+}
+
+/// What the recipe thread takes, in order.
+pub(crate) enum RecipeItem {
+    Node(Node),
+    Part(CarriedPart, Node),
 }
 
 /// Rough memory of a finished node.
@@ -203,7 +212,7 @@ pub(crate) struct Feeder<'a> {
     /// Starts one more puller on the worker pool.
     pub spawn: &'a dyn Fn(),
     /// Nodes in order, to the recipe thread.
-    pub recipe: SyncSender<Vec<Node>>,
+    pub recipe: SyncSender<Vec<RecipeItem>>,
     /// Small files to ask the kernel for ahead of the workers.
     pub prefetch: Option<SyncSender<PathBuf>>,
     /// Files below this size are small; at least this large go through
@@ -266,18 +275,29 @@ impl Feeder<'_> {
         let mut out = Vec::new();
         {
             let mut st = self.flow.lock();
-            while matches!(st.slots.front(), Some(Slot::Ready(_) | Slot::Failed)) {
+            while matches!(
+                st.slots.front(),
+                Some(Slot::Ready(_) | Slot::Failed | Slot::Part(..))
+            ) {
                 st.base += 1;
-                if let Some(Slot::Ready(n)) = st.slots.pop_front() {
-                    st.held_bytes = st.held_bytes.saturating_sub(node_bytes(&n));
-                    out.push(n);
+                match st.slots.pop_front() {
+                    Some(Slot::Ready(n)) => {
+                        st.held_bytes = st.held_bytes.saturating_sub(node_bytes(&n));
+                        out.push(RecipeItem::Node(n));
+                    }
+                    Some(Slot::Part(p, n)) => out.push(RecipeItem::Part(p, n)),
+                    _ => {}
                 }
             }
         }
         if out.is_empty() {
             return Ok(());
         }
-        for n in &out {
+        let nodes = out.iter().filter_map(|i| match i {
+            RecipeItem::Node(n) => Some(n),
+            RecipeItem::Part(..) => None,
+        });
+        for n in nodes {
             // The further pieces of a file handed on a piece at a time
             // (a patched image) are the same file.
             let piece = self.last_file.as_deref() == Some(n.path.as_slice());
@@ -352,6 +372,13 @@ impl Feeder<'_> {
 }
 
 impl Feed for Feeder<'_> {
+    fn push_part(&mut self, part: CarriedPart, node: Node) -> Result<()> {
+        self.wait_room(false)?;
+        self.next_seq += 1;
+        self.flow.lock().slots.push_back(Slot::Part(part, node));
+        Ok(())
+    }
+
     fn wait_in_flight(&mut self, max: usize) -> Result<()> {
         // Small files held back for a group are in flight too: they go
         // before anyone waits for them.

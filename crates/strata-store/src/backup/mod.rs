@@ -132,6 +132,9 @@ pub struct BackupReport {
     /// Bytes of changed files found in their previous version chunk by
     /// chunk (not stored again).
     pub parent_bytes: u64,
+    /// Of those, bytes of a patched image whose recipe pieces were taken
+    /// over as they were (not decoded or written again).
+    pub carried_bytes: u64,
     /// Bytes of new segments found in similar stored segments (`segment`).
     pub similar_bytes: u64,
     /// The lifecycle run after the commit, and its seconds.
@@ -401,6 +404,7 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
     });
     let mut walk_warnings = Vec::new();
     let mut reused = 0;
+    let mut carried = 0;
     let run = pipeline::run(
         &ctx,
         threads,
@@ -418,6 +422,7 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
             progress.totals_known.store(true, Ordering::Relaxed);
             walk_warnings = std::mem::take(&mut walker.warnings);
             reused = walker.reused;
+            carried = walker.carried_bytes;
             drop(walker);
             // Busy time: not the waits for workers to make room.
             let busy = walk_started.elapsed().saturating_sub(feed.waited);
@@ -488,7 +493,8 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         warnings,
         index_ram_bytes: strategy.ram_bytes(),
         reused_files: reused,
-        parent_bytes: ctx.parent_bytes.load(Ordering::Relaxed),
+        parent_bytes: ctx.parent_bytes.load(Ordering::Relaxed) + carried,
+        carried_bytes: carried,
         similar_bytes: ctx.similar_bytes.load(Ordering::Relaxed),
         lifecycle: None,
         stages: stages.report(started.elapsed().as_secs_f64()),

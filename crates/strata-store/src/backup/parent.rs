@@ -38,9 +38,12 @@ pub(crate) struct Parent<'a> {
     parts: VecDeque<PartRef>,
     /// Parts being read ahead, in order (at most [`READ_AHEAD`]).
     reading: VecDeque<(
-        String,
+        PartRef,
         std::sync::mpsc::Receiver<Result<strata_core::format::Recipe>>,
     )>,
+    /// The part being walked when it holds a single node (a piece of a
+    /// large file): what a new version may take over as it is.
+    single: Option<CarriedPart>,
     /// Nodes of the part being read, and its container table as interned
     /// ids of this backup's table (`None`: no longer in the pool).
     nodes: VecDeque<Node>,
@@ -70,6 +73,17 @@ pub(crate) struct Parent<'a> {
 pub(crate) struct PrevNode {
     node: Node,
     containers: Arc<Vec<Option<u32>>>,
+    /// The part that holds this node alone (a piece of a large file,
+    /// every container of it still in the pool).
+    part: Option<CarriedPart>,
+}
+
+/// A recipe part a new version takes over as it is: its reference (the
+/// container indexes left out) and its container table.
+#[derive(Clone, Debug)]
+pub(crate) struct CarriedPart {
+    pub part: PartRef,
+    pub containers: Vec<ContainerId>,
 }
 
 impl<'a> Parent<'a> {
@@ -79,6 +93,7 @@ impl<'a> Parent<'a> {
             repo: None,
             parts: VecDeque::new(),
             reading: VecDeque::new(),
+            single: None,
             nodes: VecDeque::new(),
             containers: Arc::default(),
             pool: HashSet::new(),
@@ -161,7 +176,7 @@ impl<'a> Parent<'a> {
             };
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
             let (r, id) = (repo.clone(), part.id.clone());
-            let id_of_part = part.id.clone();
+            let part_ref = part.clone();
             let spawned = std::thread::Builder::new()
                 .name("strata-parent-part".into())
                 .spawn(move || {
@@ -172,7 +187,7 @@ impl<'a> Parent<'a> {
                 return;
             }
             self.parts.pop_front();
-            self.reading.push_back((id_of_part, rx));
+            self.reading.push_back((part_ref, rx));
         }
     }
 
@@ -182,19 +197,19 @@ impl<'a> Parent<'a> {
             return false;
         };
         self.read_ahead();
-        let (id, loaded) = match self.reading.pop_front() {
-            Some((id, rx)) => {
+        let (part, loaded) = match self.reading.pop_front() {
+            Some((part, rx)) => {
                 let r = rx.recv().unwrap_or_else(|_| {
                     Err(crate::error::StoreError::Invalid(
                         "a recipe part's reader stopped".into(),
                     ))
                 });
-                (id, r)
+                (part, r)
             }
             None => match self.parts.pop_front() {
                 Some(part) => {
                     let r = recipe::load_part(repo, &part.id);
-                    (part.id, r)
+                    (part, r)
                 }
                 None => return false,
             },
@@ -203,15 +218,28 @@ impl<'a> Parent<'a> {
             Ok(r) => {
                 self.read_ahead();
                 self.containers = Arc::new(self.map_table(&r.containers));
+                // Only a part whose containers are all still in the pool
+                // can be taken over as it is.
+                self.single = (r.nodes.len() == 1
+                    && part.nodes == 1
+                    && self.containers.iter().all(Option::is_some))
+                .then(|| CarriedPart {
+                    part: PartRef {
+                        containers: Vec::new(),
+                        ..part.clone()
+                    },
+                    containers: r.containers.clone(),
+                });
                 self.count(&r.nodes);
                 self.nodes = r.nodes.into();
                 true
             }
             Err(e) => {
+                self.single = None;
                 self.suspects
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(id);
+                    .insert(part.id);
                 self.damaged = Some(format!(
                     "the previous version's recipe is damaged ({e}); its remaining files are read again"
                 ));
@@ -266,6 +294,7 @@ impl<'a> Parent<'a> {
                             return (node.kind == NodeKind::File).then(|| PrevNode {
                                 node,
                                 containers: self.containers.clone(),
+                                part: self.single.take(),
                             });
                         }
                         Ordering::Greater => return None,
@@ -285,6 +314,7 @@ impl<'a> Parent<'a> {
                 return Some(PrevNode {
                     node,
                     containers: self.containers.clone(),
+                    part: self.single.take(),
                 });
             }
             if !self.next_part() {
@@ -307,6 +337,7 @@ impl<'a> Parent<'a> {
             return Some(PrevNode {
                 node,
                 containers: self.containers.clone(),
+                part: None,
             });
         }
         let mut joined: Vec<Option<u32>> = self.containers.as_ref().clone();
@@ -317,6 +348,7 @@ impl<'a> Parent<'a> {
                     return Some(PrevNode {
                         node,
                         containers: Arc::new(joined),
+                        part: None,
                     });
                 }
                 let mut piece = self.nodes.pop_front()?;
@@ -333,6 +365,7 @@ impl<'a> Parent<'a> {
                 return self.damaged.is_none().then(|| PrevNode {
                     node,
                     containers: Arc::new(joined),
+                    part: None,
                 });
             }
             base = joined.len() as u32;
@@ -446,6 +479,47 @@ impl PrevSegments {
 }
 
 impl PrevNode {
+    /// Whether it is a piece of `file` (the same metadata; every field
+    /// named, so a field added to [`Node`] must be added here).
+    pub fn same_file(&self, file: &Node) -> bool {
+        let Node {
+            path,
+            kind,
+            mode,
+            uid,
+            gid,
+            mtime_ns,
+            ctime_ns,
+            ino,
+            dev,
+            rdev,
+            nlink,
+            size,
+            target,
+            segments: _,
+            xattrs,
+        } = &self.node;
+        *path == file.path
+            && *kind == file.kind
+            && *mode == file.mode
+            && *uid == file.uid
+            && *gid == file.gid
+            && *mtime_ns == file.mtime_ns
+            && *ctime_ns == file.ctime_ns
+            && *ino == file.ino
+            && *dev == file.dev
+            && *rdev == file.rdev
+            && *nlink == file.nlink
+            && *size == file.size
+            && *target == file.target
+            && *xattrs == file.xattrs
+    }
+
+    /// The part that holds it alone, if any (see [`CarriedPart`]).
+    pub fn carried(&self) -> Option<CarriedPart> {
+        self.part.clone()
+    }
+
     /// Bytes its segments cover.
     pub fn len(&self) -> u64 {
         self.node.segments.iter().map(SegmentRef::len).sum()
@@ -712,6 +786,7 @@ mod tests {
                 ..Node::new(b"v.img".to_vec(), NodeKind::File)
             },
             containers: Arc::new(vec![Some(0)]),
+            part: None,
         };
         assert_eq!(prev().file().unwrap().refs.len(), 1000);
         let w = WINDOW >> 20;

@@ -23,7 +23,7 @@
 use super::dedup::{
     changed_warning, chunk_fp, open_source, Ctx, Outcome, SegmentJob, TimedRead, WorkerBuffers,
 };
-use super::flow::{Feeder, Flow, FlowLimits, TreeCounts, Unit};
+use super::flow::{Feeder, Flow, FlowLimits, RecipeItem, TreeCounts, Unit};
 use super::parent::ParentFile;
 use super::patch::{CleanSegment, PatchSource};
 use super::walk::{Job, Source};
@@ -158,15 +158,18 @@ pub(crate) fn run<'r>(
         .build()
         .map_err(|e| StoreError::Invalid(format!("cannot start the backup workers: {e}")))?;
     let (ptx, prx) = sync_channel::<PathBuf>(PREFETCH_FILES);
-    let (rtx, rrx) = sync_channel::<Vec<Node>>(RECIPE_BATCHES);
+    let (rtx, rrx) = sync_channel::<Vec<RecipeItem>>(RECIPE_BATCHES);
     let table = ctx.table.clone();
     let (walked, counts, recipe) = std::thread::scope(|t| {
         t.spawn(move || prefetch(prx));
         let writer = t.spawn(move || -> Result<RecipeWriter<'r>> {
             let mut w = recipe;
             for batch in rrx {
-                for n in batch {
-                    w.push(n, |i| table.try_get(i))?;
+                for item in batch {
+                    match item {
+                        RecipeItem::Node(n) => w.push(n, |i| table.try_get(i))?,
+                        RecipeItem::Part(p, n) => w.push_part(&p.part, &p.containers, &n)?,
+                    }
                 }
             }
             Ok(w)

@@ -10,8 +10,8 @@
 //! alongside), excludes are `globset` patterns, extended attributes (ACLs
 //! among them) come from `xattr`.
 
-use super::parent::{Parent, ParentFile, PrevNode};
-use super::patch::{PatchSource, SharedImage, PATCH_PIECE};
+use super::parent::{CarriedPart, Parent, ParentFile, PrevNode};
+use super::patch::{PatchSource, SharedImage, PATCH_PIECE, PATCH_SEGMENT};
 use crate::error::{Result, StoreError};
 use crate::progress::Progress;
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
@@ -51,6 +51,9 @@ pub(crate) trait Feed {
     /// Waits until fewer than `max` files handed on are still being
     /// stored.
     fn wait_in_flight(&mut self, max: usize) -> Result<()>;
+    /// A part of the previous version that goes into the recipe as it is
+    /// (a piece of `node`, the file handed on before it).
+    fn push_part(&mut self, part: CarriedPart, node: Node) -> Result<()>;
 }
 
 /// Pieces of a patched image being stored at once (each holds its
@@ -145,6 +148,9 @@ pub(crate) struct Walker<'a, 'p> {
     force_read: bool,
     progress: &'a Progress,
     pub reused: u64,
+    /// Bytes of patched images whose pieces went into the recipe as the
+    /// previous version's parts.
+    pub carried_bytes: u64,
     excludes: &'a Excludes,
     /// Stay on each root's file system (mount points below a root are
     /// recorded as empty directories).
@@ -228,6 +234,7 @@ impl<'a, 'p> Walker<'a, 'p> {
             force_read,
             progress,
             reused: 0,
+            carried_bytes: 0,
             excludes,
             one_file_system: false,
             synthetic: VecDeque::new(),
@@ -336,6 +343,24 @@ impl<'a, 'p> Walker<'a, 'p> {
             if let (Some(ch), Some(prev)) = (&changed, same) {
                 job.clean = prev.clean_segments_at(s, e, size, ch);
             }
+            let piece = Node {
+                size,
+                ..node.clone()
+            };
+            // A piece after the first whose every segment is the previous
+            // version's, in a part of its own: that part, as it is (the
+            // bytes the recipe writer would write for it again).
+            if let Some(carried) = same.filter(|_| k > 0).and_then(|prev| {
+                let whole = job.clean.len() as u64 == (e - s).div_ceil(PATCH_SEGMENT)
+                    && prev.len() == e - s
+                    && prev.same_file(&piece);
+                whole.then(|| prev.carried()).flatten()
+            }) {
+                self.progress.bytes_done.fetch_add(e - s, Ordering::Relaxed);
+                self.carried_bytes += e - s;
+                self.feed.push_part(carried, piece)?;
+                continue;
+            }
             let read = match changed {
                 Some(_) => job.read_ranges(),
                 None => vec![(s, e)],
@@ -346,10 +371,6 @@ impl<'a, 'p> Walker<'a, 'p> {
                 job.prev = Some(prev.segments_of(&job.clean));
             }
             self.feed.wait_in_flight(PIECES_IN_FLIGHT)?;
-            let piece = Node {
-                size,
-                ..node.clone()
-            };
             let source = Source::Patch(Mutex::new(Some(job)));
             self.feed.push(piece, Some((source, lookups)))?;
         }
