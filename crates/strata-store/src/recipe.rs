@@ -392,6 +392,8 @@ pub struct RecipeWriter<'r> {
     mirror: Option<&'r Repository>,
     /// Encoded bytes at which a part ends ([`MAX_PART_BYTES`]).
     part_bytes: usize,
+    /// Parts taken over unread ([`Self::push_part`]).
+    carried: Vec<String>,
 }
 
 impl<'r> RecipeWriter<'r> {
@@ -414,6 +416,7 @@ impl<'r> RecipeWriter<'r> {
             suspects: Arc::default(),
             mirror: None,
             part_bytes: MAX_PART_BYTES,
+            carried: Vec::new(),
         }
     }
 
@@ -565,12 +568,14 @@ impl<'r> RecipeWriter<'r> {
         containers: &[ContainerId],
         node: &Node,
     ) -> Result<()> {
-        if self.count != 0 {
+        if self.mirror.is_some() {
             return Err(StoreError::Invalid(format!(
-                "a part of {} taken over after a piece in the making",
+                "a part of {} taken over by a writer with a mirror (which would not have it)",
                 node.path_str()
             )));
         }
+        // A part may end after any node: the one in the making ends here.
+        self.cut()?;
         match &mut self.last {
             Some(last) if continues(last, node) => {
                 let mut n = Node {
@@ -607,6 +612,7 @@ impl<'r> RecipeWriter<'r> {
         });
         self.nodes += part.nodes as u64;
         self.parts_reused += 1;
+        self.carried.push(part.id.clone());
         Ok(())
     }
 
@@ -706,6 +712,16 @@ impl<'r> RecipeWriter<'r> {
 
     fn finish_inner(mut self, total: &mut u64) -> Result<(String, u64)> {
         self.cut()?;
+        // A part taken over unread that a later read found damaged (the
+        // same part can hold several identical pieces): not committed.
+        {
+            let suspects = self.suspects.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(id) = self.carried.iter().find(|id| suspects.contains(*id)) {
+                return Err(StoreError::Invalid(format!(
+                    "recipe part {id}, taken over from the previous version, was found damaged: nothing committed; run the backup again (it will write the part anew)"
+                )));
+            }
+        }
         let bytes = encode_recipe_index(&self.index)?;
         let env = self.repo.sealer().seal(Kind::Recipe, &bytes, true)?;
         let id = blake3::hash(&env).to_hex().to_string();
@@ -998,6 +1014,103 @@ mod tests {
         let p2 = part_ids(&repo, &v2).unwrap();
         let new: Vec<_> = p2.iter().filter(|p| !p1.contains(p)).collect();
         assert_eq!(new.len(), 1, "{new:?}");
+    }
+
+    /// A part taken over (`push_part`) ends the part in the making first,
+    /// reads back as the file's piece, and is refused when it comes
+    /// first, when its metadata differs, with a mirror, and (at the end)
+    /// when it was found damaged meanwhile.
+    #[test]
+    fn a_part_taken_over_reads_back_and_is_checked() {
+        let d = tempfile::tempdir().unwrap();
+        let repo = repo(d.path());
+        let table: Vec<ContainerId> = (0..4).map(|i| ContainerId([i as u8; 16])).collect();
+        let of = |i: u32| table.get(i as usize).copied();
+        // An earlier version's parts: three whole pieces of vm.img.
+        let (v1, _) = put(
+            &repo,
+            Recipe {
+                nodes: vec![big_file("vm.img", 96)],
+                containers: table.clone(),
+            },
+        )
+        .unwrap();
+        let old = match load_object(&repo, &v1).unwrap() {
+            RecipeObject::Index(i) => i,
+            RecipeObject::Whole(_) => unreachable!(),
+        };
+        let piece = |k: usize| {
+            let p = &old.parts[k];
+            let ids: Vec<ContainerId> = p
+                .containers
+                .iter()
+                .map(|&c| old.containers[c as usize])
+                .collect();
+            (
+                PartRef {
+                    containers: Vec::new(),
+                    ..p.clone()
+                },
+                ids,
+            )
+        };
+        let file = big_file("vm.img", 96);
+        let meta = Node {
+            segments: Vec::new(),
+            ..file.clone()
+        };
+        let first = Node {
+            segments: file.segments[..32].to_vec(),
+            ..meta.clone()
+        };
+        // Piece 0 pushed, pieces 1 and 2 taken over: the same recipe.
+        let mut w = RecipeWriter::new(&repo);
+        w.push(first.clone(), of).unwrap();
+        for k in 1..3 {
+            let (p, ids) = piece(k);
+            w.push_part(&p, &ids, &meta).unwrap();
+        }
+        assert_eq!(w.parts_reused, 3, "piece 0 existed too");
+        let (v2, _) = w.finish().unwrap();
+        assert_eq!(v2, v1);
+        assert!(load_whole(&repo, &v2).unwrap().nodes[0] == file);
+        // After a short piece still in the making: it is cut first.
+        let mut w = RecipeWriter::new(&repo);
+        w.push(
+            Node {
+                segments: file.segments[..3].to_vec(),
+                ..meta.clone()
+            },
+            of,
+        )
+        .unwrap();
+        let (p, ids) = piece(1);
+        w.push_part(&p, &ids, &meta).unwrap();
+        assert_eq!(w.parts_written, 1);
+        let got = load_whole(&repo, &w.finish().unwrap().0).unwrap();
+        assert_eq!(got.nodes[0].segments.len(), 3 + 32);
+        // Refused: first, other metadata, a mirror.
+        let mut w = RecipeWriter::new(&repo);
+        assert!(w.push_part(&p, &ids, &meta).is_err());
+        w.push(first.clone(), of).unwrap();
+        let other = Node {
+            mtime_ns: 1,
+            ..meta.clone()
+        };
+        assert!(w.push_part(&p, &ids, &other).is_err());
+        let d2 = tempfile::tempdir().unwrap();
+        let mirror = super::tests::repo(d2.path());
+        let mut w = RecipeWriter::new(&repo).with_mirror(&mirror);
+        w.push(first.clone(), of).unwrap();
+        assert!(w.push_part(&p, &ids, &meta).is_err());
+        // Found damaged before the end: nothing committed.
+        let suspects: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let mut w = RecipeWriter::new(&repo).with_suspects(suspects.clone());
+        w.push(first, of).unwrap();
+        w.push_part(&p, &ids, &meta).unwrap();
+        suspects.lock().unwrap().insert(p.id.clone());
+        let e = w.finish().unwrap_err();
+        assert!(e.to_string().contains("found damaged"), "{e}");
     }
 
     /// A file larger than a piece is stored as several nodes of its path

@@ -357,6 +357,10 @@ impl<'a, 'p> Walker<'a, 'p> {
                 whole.then(|| prev.carried()).flatten()
             }) {
                 self.progress.bytes_done.fetch_add(e - s, Ordering::Relaxed);
+                if e >= size {
+                    // (The job of the last piece counts the file done.)
+                    self.progress.files_done.fetch_add(1, Ordering::Relaxed);
+                }
                 self.carried_bytes += e - s;
                 self.feed.push_part(carried, piece)?;
                 continue;
