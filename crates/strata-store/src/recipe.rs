@@ -597,15 +597,7 @@ impl<'r> RecipeWriter<'r> {
             }
         }
         self.index.continued = true;
-        let containers = containers
-            .iter()
-            .map(|c| {
-                *self.union.entry(*c).or_insert_with(|| {
-                    self.index.containers.push(*c);
-                    self.index.containers.len() as u32 - 1
-                })
-            })
-            .collect();
+        let containers = union_indexes(&mut self.union, &mut self.index, containers);
         self.index.parts.push(PartRef {
             containers,
             ..part.clone()
@@ -667,16 +659,7 @@ impl<'r> RecipeWriter<'r> {
             }
             self.parts_written += 1;
         }
-        let containers = self
-            .table
-            .iter()
-            .map(|c| {
-                *self.union.entry(*c).or_insert_with(|| {
-                    self.index.containers.push(*c);
-                    self.index.containers.len() as u32 - 1
-                })
-            })
-            .collect();
+        let containers = union_indexes(&mut self.union, &mut self.index, &self.table);
         self.index.parts.push(PartRef {
             id,
             first: std::mem::take(&mut self.first),
@@ -735,6 +718,23 @@ impl<'r> RecipeWriter<'r> {
         *total = self.stored_bytes;
         Ok((id, self.primary_bytes))
     }
+}
+
+/// A part's container table as indexes into the recipe's union table
+/// (`union`: id → index), which gets the ids it lacks.
+fn union_indexes(
+    union: &mut HashMap<ContainerId, u32>,
+    index: &mut RecipeIndex,
+    ids: &[ContainerId],
+) -> Vec<u32> {
+    ids.iter()
+        .map(|c| {
+            *union.entry(*c).or_insert_with(|| {
+                index.containers.push(*c);
+                index.containers.len() as u32 - 1
+            })
+        })
+        .collect()
 }
 
 /// Whether a part may end after the node at `path` (about 1 in

@@ -250,9 +250,10 @@ impl<'a> Parent<'a> {
         }
     }
 
-    /// The previous version's file at `path`. Calls come in increasing
-    /// path order; everything before `path` is passed over.
-    pub fn take(&mut self, path: &[u8]) -> Option<PrevNode> {
+    /// The previous version's node at `path` if it is a file (the first
+    /// piece of a continued one). Calls come in increasing path order;
+    /// everything before `path` is passed over.
+    fn find_file(&mut self, path: &[u8]) -> Option<Node> {
         loop {
             while let Some(front) = self.nodes.front() {
                 match path_cmp(&front.path, path) {
@@ -261,10 +262,7 @@ impl<'a> Parent<'a> {
                     }
                     Ordering::Equal => {
                         let node = self.nodes.pop_front()?;
-                        if node.kind != NodeKind::File {
-                            return None;
-                        }
-                        return self.join_pieces(node);
+                        return (node.kind == NodeKind::File).then_some(node);
                     }
                     Ordering::Greater => return None,
                 }
@@ -275,6 +273,13 @@ impl<'a> Parent<'a> {
         }
     }
 
+    /// The previous version's file at `path`. Calls come in increasing
+    /// path order; everything before `path` is passed over.
+    pub fn take(&mut self, path: &[u8]) -> Option<PrevNode> {
+        let node = self.find_file(path)?;
+        self.join_pieces(node)
+    }
+
     /// The previous version's file at `path` a piece at a time (a patched
     /// image: see [`super::patch::PATCH_PIECE`]): its first piece (what
     /// comes before `path` is passed over), then — `after` the piece
@@ -283,27 +288,12 @@ impl<'a> Parent<'a> {
     pub fn take_piece(&mut self, path: &[u8], after: Option<&Node>) -> Option<PrevNode> {
         let Some(prev) = after else {
             // The first piece: as `take`, without the others.
-            loop {
-                while let Some(front) = self.nodes.front() {
-                    match path_cmp(&front.path, path) {
-                        Ordering::Less => {
-                            self.nodes.pop_front();
-                        }
-                        Ordering::Equal => {
-                            let node = self.nodes.pop_front()?;
-                            return (node.kind == NodeKind::File).then(|| PrevNode {
-                                node,
-                                containers: self.containers.clone(),
-                                part: self.single.take(),
-                            });
-                        }
-                        Ordering::Greater => return None,
-                    }
-                }
-                if !self.next_part() {
-                    return None;
-                }
-            }
+            let node = self.find_file(path)?;
+            return Some(PrevNode {
+                node,
+                containers: self.containers.clone(),
+                part: self.single.take(),
+            });
         };
         loop {
             if let Some(front) = self.nodes.front() {
