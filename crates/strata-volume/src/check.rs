@@ -10,7 +10,9 @@
 use crate::crypt::Crypt;
 use crate::idedup::Fp;
 use crate::journal;
-use crate::volume::{read_full_at, read_state, read_u64s, Result, Volume, VolumeError, BLOCK};
+use crate::volume::{
+    read_counts, read_full_at, read_state, read_u64s, Result, Volume, VolumeError, BLOCK,
+};
 use crate::VolumeKey;
 use serde::Serialize;
 use std::fs::File;
@@ -199,12 +201,9 @@ fn count_refs(map: &File, nblocks: u64, end: u64, rep: &mut CheckReport) -> Resu
 
 /// The reference counts on file against the map's.
 fn compare_refs(refs: &File, counts: &[u32], rep: &mut CheckReport) -> Result<()> {
-    let mut raw = vec![0u8; counts.len() * 4];
-    let got = read_full_at(refs, &mut raw, 0).map_err(|e| VolumeError::Io("refs".into(), e))?;
-    raw[got..].fill(0);
+    let on_file = read_counts(refs, counts.len() as u64)?;
     let mut wrong = Vec::new();
-    for (d, (r, &c)) in raw.chunks_exact(4).zip(counts).enumerate() {
-        let r = u32::from_le_bytes([r[0], r[1], r[2], r[3]]);
+    for (d, (&r, &c)) in on_file.iter().zip(counts).enumerate() {
         if r != c {
             wrong.push((d, r, c));
         }

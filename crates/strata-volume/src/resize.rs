@@ -4,22 +4,11 @@
 //! the host).
 
 use crate::volume::{
-    check_size, ioe, open_rw, punch_holes, read_full_at, read_state, rebuild_refs, write_json,
+    check_size, ioe, open_rw, punch_holes, read_counts, read_state, rebuild_refs, write_json,
     Result, State, Volume, VolumeError, BLOCK,
 };
 use std::fs::{self, File};
 use std::path::Path;
-
-/// Reference counts of the data file's blocks.
-fn counts(refs: &File, end: u64) -> Result<Vec<u32>> {
-    let mut raw = vec![0u8; end as usize * 4];
-    let got = read_full_at(refs, &mut raw, 0).map_err(ioe("refs"))?;
-    raw[got..].fill(0);
-    Ok(raw
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
-}
 
 impl Volume {
     /// Gives the stopped, cleanly closed volume in `dir` the size `size`
@@ -74,9 +63,9 @@ impl Volume {
             let data = open_rw(&dir.join("data"))?;
             let end = data.metadata().map_err(ioe("data"))?.len() / BLOCK as u64;
             let refs = open_rw(&dir.join("refs"))?;
-            let before = counts(&refs, end)?;
+            let before = read_counts(&refs, end)?;
             rebuild_refs(&map, &refs, nblocks, end)?;
-            let after = counts(&refs, end)?;
+            let after = read_counts(&refs, end)?;
             let freed: Vec<u64> = (0..end)
                 .filter(|&d| before[d as usize] != 0 && after[d as usize] == 0)
                 .collect();

@@ -868,6 +868,18 @@ pub(crate) fn read_u64s(f: &File, first: u64, n: usize) -> io::Result<Vec<u64>> 
         .collect())
 }
 
+/// The reference counts of the data file's first `end` blocks (a short
+/// `refs` file reads as zeros past its end).
+pub(crate) fn read_counts(refs: &File, end: u64) -> Result<Vec<u32>> {
+    let mut raw = vec![0u8; end as usize * 4];
+    let got = read_full_at(refs, &mut raw, 0).map_err(ioe("refs"))?;
+    raw[got..].fill(0);
+    Ok(raw
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
 /// Reads as much as the file has (a sparse or short file reads as zeros
 /// past its end); returns the bytes read.
 pub(crate) fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
@@ -2264,9 +2276,7 @@ fn scan_refs(
 ) -> Result<(BTreeMap<u64, u64>, MetaCache)> {
     let mut free = BTreeMap::new();
     let mut cache = MetaCache::with_bytes(cfg.cache_bytes);
-    let mut raw = vec![0u8; (end * 4) as usize];
-    let got = read_full_at(refs, &mut raw, 0).map_err(ioe("refs"))?;
-    raw[got..].fill(0);
+    let counts = read_counts(refs, end)?;
     let mut fp_raw = Vec::new();
     if warm && cfg.dedup {
         fp_raw = vec![0u8; (end * 16) as usize];
@@ -2276,8 +2286,7 @@ fn scan_refs(
     let mut run: Option<(u64, u64)> = None;
     for d in 0..end {
         let i = d as usize;
-        let r = u32::from_le_bytes(raw[i * 4..i * 4 + 4].try_into().unwrap_or_default());
-        if r == 0 {
+        if counts[i] == 0 {
             run = match run {
                 Some((s, l)) if s + l == d => Some((s, l + 1)),
                 Some((s, l)) => {
