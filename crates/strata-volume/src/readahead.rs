@@ -17,10 +17,23 @@
 //! And a read whose blocks lie in several disk runs asks for all but the
 //! first before reading the first ([`will_need`]): the disk reads them
 //! side by side instead of one after another.
+//!
+//! A read that misses the page cache also asks for the rest of the
+//! aligned *cluster* of disk blocks around what it reads ([`Clusters`]):
+//! blocks written together lie together in the data file, and are read
+//! together far more often than not. A volume that overwrites in place
+//! gets this from the kernel's context readahead (a miss whose preceding
+//! pages were read reads ahead); a log does not, since a block's
+//! neighbours there were written at the same time, not read before it.
+//! The cluster's size (16 to 256 KiB) follows how many of the blocks
+//! asked for are read later: it halves while fewer than 1/16 are (random
+//! reads over a large volume stay small reads), and doubles while a
+//! quarter or more are.
 
 use crate::blockmap::BlockMap;
-use crate::volume::lock;
+use crate::volume::{lock, BLOCK};
 use std::fs::File;
+use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
@@ -100,6 +113,127 @@ impl Streams {
     }
 }
 
+/// The smallest, first and largest cluster, in disk blocks (16, 64 and
+/// 256 KiB): powers of two, at most [`GROUP`] (checked below).
+pub(crate) const CLUSTER_MIN: u64 = 4;
+pub(crate) const CLUSTER_FIRST: u64 = 16;
+pub(crate) const CLUSTER_MAX: u64 = 64;
+/// Disk blocks per slot of [`Clusters`] (one bit each).
+const GROUP: u64 = 64;
+const _: () =
+    assert!(CLUSTER_MIN.is_power_of_two() && CLUSTER_MAX.is_power_of_two() && CLUSTER_MAX <= GROUP);
+/// Slots of [`Clusters`]: what was asked for in up to 1 GiB of the
+/// data file (64 KiB).
+const CLUSTER_SLOTS: usize = 1 << 12;
+/// Blocks asked for between two decisions on the cluster's size.
+const CLUSTER_EPOCH: u64 = 4096;
+
+/// The cluster readahead of a volume's misses: which disk blocks around
+/// a missed read to ask for, and whether those asked for are then read.
+#[derive(Debug)]
+pub(crate) struct Clusters {
+    /// Per 64-block group of the data file (direct-mapped): (group + 1,
+    /// the blocks asked for and not read since). 0 is an empty slot.
+    slots: Vec<(u64, u64)>,
+    size: u64,
+    /// Blocks asked for, and of those read, since the last decision.
+    asked: u64,
+    used: u64,
+    /// The same since the volume was opened.
+    pub(crate) total_asked: u64,
+    pub(crate) total_used: u64,
+}
+
+impl Default for Clusters {
+    fn default() -> Clusters {
+        Clusters {
+            slots: vec![(0, 0); CLUSTER_SLOTS],
+            size: CLUSTER_FIRST,
+            asked: 0,
+            used: 0,
+            total_asked: 0,
+            total_used: 0,
+        }
+    }
+}
+
+/// The bits of blocks `from..to` within their group (one group).
+fn group_mask(from: u64, to: u64) -> u64 {
+    let (a, n) = (from % GROUP, to - from);
+    if n >= GROUP {
+        u64::MAX
+    } else {
+        ((1u64 << n) - 1) << a
+    }
+}
+
+impl Clusters {
+    /// The cluster size now, in blocks.
+    pub(crate) fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn slot(group: u64) -> usize {
+        (group % CLUSTER_SLOTS as u64) as usize
+    }
+
+    /// Disk blocks `dbn..dbn+n` were read (from the page cache or not):
+    /// those asked for count as used.
+    pub(crate) fn on_read(&mut self, dbn: u64, n: u64) {
+        let end = dbn.saturating_add(n);
+        let mut b = dbn;
+        while b < end {
+            let g = b / GROUP;
+            let to = end.min((g + 1).saturating_mul(GROUP));
+            let s = &mut self.slots[Self::slot(g)];
+            if s.0 == g + 1 {
+                let m = group_mask(b, to);
+                let k = u64::from((s.1 & m).count_ones());
+                self.used += k;
+                self.total_used += k;
+                s.1 &= !m;
+            }
+            b = to;
+        }
+    }
+
+    /// A read of disk blocks `dbn..dbn+n` missed the page cache: the
+    /// blocks to ask for beside it, (first, count) — before it in its
+    /// first cluster, after it in its last (the read itself is a read of
+    /// its own).
+    pub(crate) fn on_miss(&mut self, dbn: u64, n: u64) -> [Option<(u64, u64)>; 2] {
+        let c = self.size;
+        let end = dbn.saturating_add(n);
+        let around = [(dbn / c * c, dbn), (end, end.div_ceil(c).saturating_mul(c))];
+        let mut out = [None; 2];
+        for (k, (a, b)) in around.into_iter().enumerate() {
+            if a >= b {
+                continue;
+            }
+            // Within one group, as c divides GROUP.
+            let g = a / GROUP;
+            let s = &mut self.slots[Self::slot(g)];
+            if s.0 != g + 1 {
+                *s = (g + 1, 0);
+            }
+            s.1 |= group_mask(a, b);
+            self.asked += b - a;
+            self.total_asked += b - a;
+            out[k] = Some((a, b - a));
+        }
+        if self.asked >= CLUSTER_EPOCH {
+            if self.used * 4 >= self.asked {
+                self.size = (c * 2).min(CLUSTER_MAX);
+            } else if self.used * 16 < self.asked {
+                self.size = (c / 2).max(CLUSTER_MIN);
+            }
+            self.asked = 0;
+            self.used = 0;
+        }
+        out
+    }
+}
+
 /// Blocks per hint: the kernel reads at most its readahead window per
 /// `WILLNEED` (often 128 KiB), so a longer run is asked for in pieces.
 const HINT_BLOCKS: u64 = 32;
@@ -138,6 +272,9 @@ pub(crate) struct Readahead {
     worker: Mutex<Option<mpsc::Sender<(u64, u64)>>>,
     /// Set by [`Readahead::stop`]: the thread drops what is queued.
     stopped: Arc<AtomicBool>,
+    clusters: Mutex<Clusters>,
+    /// The page cache can be asked what it holds (`cachestat`).
+    probe: AtomicBool,
 }
 
 impl Readahead {
@@ -150,7 +287,57 @@ impl Readahead {
             files: Mutex::new(files.ok()),
             worker: Mutex::new(None),
             stopped: Arc::default(),
+            clusters: Mutex::default(),
+            probe: AtomicBool::new(true),
         }
+    }
+
+    /// Whether the page cache can be asked what it holds.
+    pub(crate) fn probes(&self) -> bool {
+        self.probe.load(Ordering::Relaxed)
+    }
+
+    /// The cluster size now, and the blocks asked for around misses and
+    /// read since the volume was opened.
+    pub(crate) fn cluster_figures(&self) -> (u64, u64, u64) {
+        let c = lock(&self.clusters);
+        (c.size(), c.total_asked, c.total_used)
+    }
+
+    /// Before disk blocks `dbn..dbn+n` of `data` are read: when the page
+    /// cache does not hold them all, asks for the rest of their clusters
+    /// ([`Clusters`]). Whether they missed (false where the page cache
+    /// cannot be asked).
+    pub(crate) fn before_read(&self, data: &File, dbn: u64, n: u64) -> bool {
+        if !self.probe.load(Ordering::Relaxed) {
+            return false;
+        }
+        let bs = BLOCK as u64;
+        let (Some(off), Some(len)) = (dbn.checked_mul(bs), n.checked_mul(bs)) else {
+            return false;
+        };
+        let missed = match cached_bytes(data, off, len) {
+            Ok(k) => k < len,
+            Err(_) => {
+                // Not here (before Linux 6.5, or filtered): the kernel's
+                // readahead only.
+                self.probe.store(false, Ordering::Relaxed);
+                return false;
+            }
+        };
+        let cluster = {
+            let mut c = lock(&self.clusters);
+            c.on_read(dbn, n);
+            if missed {
+                c.on_miss(dbn, n)
+            } else {
+                [None; 2]
+            }
+        };
+        for (from, count) in cluster.into_iter().flatten() {
+            hint(data, from, count);
+        }
+        missed
     }
 
     /// Called after each read of logical blocks `first..first+n`.
@@ -195,6 +382,69 @@ impl Readahead {
     }
 }
 
+/// How many bytes of `data`'s `len` from `off` the page cache holds
+/// (`cachestat(2)`, Linux 6.5; it reads nothing).
+fn cached_bytes(data: &File, off: u64, len: u64) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    /// `__NR_cachestat` on x86-64, arm64, riscv and most others (where it
+    /// is another, the call fails and the volume stops asking).
+    const SYS_CACHESTAT: libc::c_long = 451;
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    let range = Range { off, len };
+    let mut st = Stat::default();
+    // SAFETY: the kernel reads `range` and writes `st`, both live and of
+    // the layout cachestat(2) defines; an open descriptor; flags 0.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            data.as_raw_fd(),
+            &range as *const Range,
+            &mut st as *mut Stat,
+            0u32,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.nr_cache.saturating_mul(page_size()))
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf with a valid name.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(p).unwrap_or(4096).max(1)
+}
+
+/// Asks the kernel to read `blocks` disk blocks from `dbn` of `data` in
+/// one hint (one read by the disk).
+fn hint(data: &File, dbn: u64, blocks: u64) {
+    use std::os::fd::AsRawFd;
+    let bs = BLOCK as u64;
+    let (Some(off), Some(len)) = (dbn.checked_mul(bs), blocks.checked_mul(bs)) else {
+        return;
+    };
+    let (Ok(off), Ok(len)) = (libc::off_t::try_from(off), libc::off_t::try_from(len)) else {
+        return;
+    };
+    // SAFETY: posix_fadvise on an open descriptor with plain integers.
+    unsafe {
+        libc::posix_fadvise(data.as_raw_fd(), off, len, libc::POSIX_FADV_WILLNEED);
+    }
+}
+
 /// Asks for the disk blocks of map entries `dbns`, one hint per run of
 /// neighbouring disk blocks.
 pub(crate) fn prefetch(dbns: &[u64], data: &File) {
@@ -206,6 +456,97 @@ pub(crate) fn prefetch(dbns: &[u64], data: &File) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_miss_asks_for_the_rest_of_its_clusters() {
+        let mut c = Clusters::default();
+        assert_eq!(c.size(), CLUSTER_FIRST);
+        // One block in the middle of a cluster of 16: the 5 before it and
+        // the 10 after it.
+        assert_eq!(c.on_miss(37, 1), [Some((32, 5)), Some((38, 10))]);
+        // A run across clusters: the start of its first, the end of its
+        // last; nothing is asked twice for a run on cluster bounds.
+        assert_eq!(c.on_miss(60, 10), [Some((48, 12)), Some((70, 10))]);
+        assert_eq!(c.on_miss(80, 16), [None, None]);
+        assert_eq!(c.total_asked, 5 + 10 + 12 + 10);
+        // Blocks asked for count once when read, the others not at all.
+        c.on_read(30, 10);
+        assert_eq!(c.total_used, 2 + 5);
+        c.on_read(30, 10);
+        assert_eq!(c.total_used, 7);
+    }
+
+    #[test]
+    fn clusters_grow_while_their_blocks_are_read_and_shrink_while_not() {
+        // A reader going through the data file: what was asked for is read.
+        let mut c = Clusters::default();
+        let mut dbn = 0;
+        while dbn < 100_000 {
+            if c.on_miss(dbn, 1).iter().flatten().count() > 0 {
+                c.on_read(dbn, c.size());
+            }
+            dbn += c.size();
+        }
+        assert_eq!(c.size(), CLUSTER_MAX);
+        // Random reads far apart: nothing asked for is read.
+        let mut x = 7u64;
+        for _ in 0..100_000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let dbn = (x >> 20) % (1 << 30);
+            c.on_read(dbn, 1);
+            c.on_miss(dbn, 1);
+        }
+        assert_eq!(c.size(), CLUSTER_MIN);
+        // Both stay within bounds whatever comes.
+        for b in [0, 1, 63, 64, u64::MAX - 10] {
+            c.on_read(b, 10);
+            c.on_miss(b, 10);
+        }
+        assert!((CLUSTER_MIN..=CLUSTER_MAX).contains(&c.size()));
+    }
+
+    #[test]
+    fn reads_that_miss_ask_for_their_clusters_and_read_the_file_as_it_is() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data");
+        let mut f = File::create(&path).unwrap();
+        let bytes: Vec<u8> = (0..300 * BLOCK).map(|i| (i % 251) as u8).collect();
+        f.write_all(&bytes).unwrap();
+        f.sync_all().unwrap();
+        let f = File::open(&path).unwrap();
+        let map = Arc::new(BlockMap::new(File::create(dir.path().join("map")).unwrap()));
+        let r = Readahead::new(map, &f, 16);
+        // Out of the page cache (clean pages: DONTNEED drops them).
+        // SAFETY: posix_fadvise on an open descriptor.
+        unsafe {
+            use std::os::fd::AsRawFd;
+            libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        }
+        // Where the kernel says what it caches (Linux 6.5) and the pages
+        // were dropped (not on tmpfs), reads miss and ask for clusters.
+        let dropped = cached_bytes(&f, 0, bytes.len() as u64).is_ok_and(|k| k == 0);
+        let mut misses = 0;
+        for (dbn, n) in [(37u64, 1usize), (100, 40), (295, 5), (299, 1)] {
+            let mut buf = vec![0u8; n * BLOCK];
+            misses += usize::from(r.before_read(&f, dbn, n as u64));
+            let at = dbn as usize * BLOCK;
+            let got = crate::volume::read_full_at(&f, &mut buf, at as u64).unwrap();
+            assert_eq!(got, n * BLOCK);
+            assert_eq!(buf, bytes[at..at + n * BLOCK], "blocks {dbn}+{n}");
+        }
+        // Past the end: nothing asked for there matters.
+        r.before_read(&f, 1 << 40, 8);
+        r.before_read(&f, u64::MAX / 2, 8);
+        if dropped {
+            assert!(misses >= 1, "no read missed");
+            let (size, asked, _) = r.cluster_figures();
+            assert!(asked > 0, "no cluster asked for");
+            assert!((CLUSTER_MIN..=CLUSTER_MAX).contains(&size));
+        }
+    }
 
     #[test]
     fn a_random_read_reads_nothing_ahead() {

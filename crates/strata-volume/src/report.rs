@@ -28,6 +28,15 @@ pub struct Live {
     /// data (about 40 bytes each; a checkpoint comes at 512 Ki of them).
     #[serde(default)]
     pub pending_map_entries: u64,
+    /// Readahead around reads that miss the page cache: the cluster size
+    /// now (disk blocks), and the blocks asked for beside such reads and
+    /// of those read later.
+    #[serde(default)]
+    pub readahead_cluster_blocks: u64,
+    #[serde(default)]
+    pub readahead_blocks_asked: u64,
+    #[serde(default)]
+    pub readahead_blocks_used: u64,
     /// Physical runs per read: counts by runs (last bucket ≥ 64).
     pub fragmentation: Histogram,
     /// Blocks per read request (last bucket ≥ 256).
@@ -69,6 +78,7 @@ impl Volume {
     /// Writes `live.json` (done after every destage and at close).
     pub(crate) fn save_live(&self) -> Result<(), VolumeError> {
         let l = &self.live;
+        let cluster = self.readahead.cluster_figures();
         let d = lock(&self.disk);
         let live = Live {
             threshold_used: l.threshold_used.load(std::sync::atomic::Ordering::Relaxed),
@@ -85,6 +95,9 @@ impl Volume {
             cache_hits: d.cache.hits,
             cache_evictions: d.cache.evictions,
             pending_map_entries: self.map.pending() as u64,
+            readahead_cluster_blocks: cluster.0,
+            readahead_blocks_asked: cluster.1,
+            readahead_blocks_used: cluster.2,
             fragmentation: lock(&l.fragmentation).clone(),
             read_sizes: lock(&l.read_sizes).clone(),
         };

@@ -407,7 +407,7 @@ pub struct Volume {
     /// The ciphers of an encrypted volume.
     crypt: Option<Arc<Crypt>>,
     /// Reads ahead along the volume's streams of reads.
-    readahead: Readahead,
+    pub(crate) readahead: Readahead,
     mem: Mutex<Mem>,
     /// Wakes the destage thread.
     kick: Condvar,
@@ -1285,9 +1285,17 @@ impl Volume {
         let disk_runs = disk_runs(&map, |i| on_disk(&srcs[i]));
         // Runs after the first are asked for before the first is read:
         // the disk reads them side by side.
+        // Reads that miss ask for the rest of their clusters first.
+        let missed: Vec<bool> = disk_runs
+            .iter()
+            .map(|&(i, j, dbn)| self.readahead.before_read(&self.data, dbn, (j - i) as u64))
+            .collect();
         if disk_runs.len() > 1 {
-            for &(i, j, dbn) in &disk_runs[1..] {
-                will_need(&self.data, dbn, (j - i) as u64);
+            for (k, &(i, j, dbn)) in disk_runs.iter().enumerate().skip(1) {
+                // Without the page cache's word, all of them.
+                if missed[k] || !self.readahead.probes() {
+                    will_need(&self.data, dbn, (j - i) as u64);
+                }
             }
         }
         for (i, src) in srcs.iter().enumerate() {

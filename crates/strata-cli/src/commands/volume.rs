@@ -694,6 +694,18 @@ fn stats_text(r: &strata_volume::report::VolumeReport) -> String {
             fmt_bytes(r.live.cache_memory_bytes)
         );
     }
+    if r.live.readahead_blocks_asked > 0 {
+        t += &format!(
+            "readahead around misses: {} blocks asked for, {:.1} % of them read; cluster now {}\n",
+            r.live.readahead_blocks_asked,
+            100.0 * r.live.readahead_blocks_used as f64 / r.live.readahead_blocks_asked as f64,
+            fmt_bytes(
+                r.live
+                    .readahead_cluster_blocks
+                    .saturating_mul(strata_volume::volume::BLOCK as u64)
+            )
+        );
+    }
     t += &format!(
         "latency: read p50 {} p99 {} ({} reads), write p50 {} p99 {} ({} writes)",
         us(r.live.read_p50_us),
