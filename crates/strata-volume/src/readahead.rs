@@ -239,23 +239,15 @@ impl Clusters {
 const HINT_BLOCKS: u64 = 32;
 
 /// Asks the kernel to start reading `blocks` disk blocks from `dbn` of
-/// `data` into the page cache (a hint: errors are ignored).
+/// `data` into the page cache (a hint: errors are ignored), in hints of
+/// at most [`HINT_BLOCKS`].
 pub(crate) fn will_need(data: &File, dbn: u64, blocks: u64) {
-    use std::os::fd::AsRawFd;
-    let bs = crate::volume::BLOCK as u64;
     let mut at = dbn;
     let end = dbn.saturating_add(blocks);
     while at < end {
         let n = (end - at).min(HINT_BLOCKS);
-        let (Some(off), Some(len)) = (at.checked_mul(bs), n.checked_mul(bs)) else {
+        if !hint(data, at, n) {
             return;
-        };
-        let (Ok(off), Ok(len)) = (libc::off_t::try_from(off), libc::off_t::try_from(len)) else {
-            return;
-        };
-        // SAFETY: posix_fadvise on an open descriptor with plain integers.
-        unsafe {
-            libc::posix_fadvise(data.as_raw_fd(), off, len, libc::POSIX_FADV_WILLNEED);
         }
         at += n;
     }
@@ -429,20 +421,22 @@ fn page_size() -> u64 {
 }
 
 /// Asks the kernel to read `blocks` disk blocks from `dbn` of `data` in
-/// one hint (one read by the disk).
-fn hint(data: &File, dbn: u64, blocks: u64) {
+/// one hint (one read by the disk). False when the range is past any
+/// offset.
+fn hint(data: &File, dbn: u64, blocks: u64) -> bool {
     use std::os::fd::AsRawFd;
     let bs = BLOCK as u64;
     let (Some(off), Some(len)) = (dbn.checked_mul(bs), blocks.checked_mul(bs)) else {
-        return;
+        return false;
     };
     let (Ok(off), Ok(len)) = (libc::off_t::try_from(off), libc::off_t::try_from(len)) else {
-        return;
+        return false;
     };
     // SAFETY: posix_fadvise on an open descriptor with plain integers.
     unsafe {
         libc::posix_fadvise(data.as_raw_fd(), off, len, libc::POSIX_FADV_WILLNEED);
     }
+    true
 }
 
 /// Asks for the disk blocks of map entries `dbns`, one hint per run of
