@@ -119,6 +119,16 @@ pub enum VolumeCmd {
         #[arg(long)]
         shrink: bool,
     },
+    /// Write a stopped volume again in its own block order: after many
+    /// overwrites a volume with dedup lies in pieces across its data file
+    /// (a log), and reads of a stretch of it become many small disk reads.
+    /// The copy is deduplicated again, has the same settings and key, and
+    /// takes the volume's place in one step; the volume is untouched until
+    /// then. Needs free space for the copy. The statistics start again.
+    Defrag {
+        /// The volume's name.
+        name: String,
+    },
     /// The repository's volumes.
     List,
     /// Delete a volume and everything in it (refused while it is served).
@@ -131,6 +141,7 @@ pub enum VolumeCmd {
     },
 }
 
+mod defrag;
 mod import;
 
 /// The directory of volume `name`, which must exist.
@@ -333,6 +344,33 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             );
             Ok(0)
         }
+        VolumeCmd::Defrag { name } => {
+            let dir = existing(&root, name)?;
+            let key = key_for_dir(cli, &dir)?;
+            let d = defrag::defrag(cli, &dir, name, key.as_ref())
+                .with_context(|| format!("defragmenting volume {name}"))?;
+            out.result(
+                &serde_json::json!({
+                    "volume": name,
+                    "blocks_in_use_before": d.blocks.0,
+                    "blocks_in_use": d.blocks.1,
+                    "allocated_bytes_before": d.allocated.0,
+                    "allocated_bytes": d.allocated.1,
+                    "seconds": d.seconds,
+                }),
+                || {
+                    format!(
+                        "volume {name} defragmented in {:.1} s: {} disk blocks in use (were {}), {} on the host's disk (was {})",
+                        d.seconds,
+                        d.blocks.1,
+                        d.blocks.0,
+                        fmt_bytes(d.allocated.1),
+                        fmt_bytes(d.allocated.0)
+                    )
+                },
+            );
+            Ok(0)
+        }
         VolumeCmd::Stats { name } => {
             let dir = existing(&root, name)?;
             let r = strata_volume::report::report(&dir, name)?;
@@ -358,7 +396,7 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             if let Ok(rd) = std::fs::read_dir(&root) {
                 for e in rd.flatten() {
                     let n = e.file_name().to_string_lossy().into_owned();
-                    // (`.NAME.import`: a volume being filled.)
+                    // (`.NAME.import`, `.NAME.defrag`: a volume being filled.)
                     if n.starts_with('.') {
                         continue;
                     }

@@ -24,6 +24,15 @@ pub(super) struct Source {
 }
 
 impl Source {
+    /// `size` bytes from `reader`.
+    pub fn new(name: String, reader: Box<dyn Read>, size: u64) -> Source {
+        Source {
+            name,
+            reader,
+            size: Some(size),
+        }
+    }
+
     pub fn open(path: &Path) -> Result<Source> {
         if path == Path::new("-") {
             return Ok(Source {
@@ -109,7 +118,7 @@ pub(super) fn create_filled(
 }
 
 /// Copies `src` into the (new, empty) volume in `dir` and closes it.
-fn fill(
+pub(super) fn fill(
     cli: &crate::Cli,
     dir: &Path,
     key: Option<&VolumeKey>,
