@@ -366,6 +366,8 @@ def trace_mode(a):
         subprocess.run([os.path.join(BIN, "strata-bench"), "gen", "primary", "--size", a.size,
                         "--volume-size", a.volume_size or a.size, "--seed", "2", "--out", trace],
                        check=True)
+        # Its 268 MB written back now, not during the first setting's writes.
+        drop_caches()
     vol_blocks, n, reqs = read_trace(trace)
     print(f"trace: {n} block writes in {len(reqs)} requests, volume {vol_blocks} blocks", file=sys.stderr)
     rows = [one_setting(a.work, "baseline", reqs, vol_blocks, ["--no-dedup"])]
