@@ -807,19 +807,40 @@ fn a_volume_is_defragmented() {
         let run = r.run(&["volume", "defrag", "v"]).expect_code(1);
         assert!(run.stderr.contains("in use"), "{}", run.stderr);
         stop(s);
+        // Another defrag under way: refused, nothing touched.
+        {
+            use std::os::fd::AsRawFd;
+            let held = std::fs::File::create(r.path.join("volumes/.v.defrag.lock")).unwrap();
+            // SAFETY: flock on a descriptor we own.
+            assert_eq!(
+                unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+                0
+            );
+            let run = r.run(&["volume", "defrag", "v"]).expect_code(1);
+            assert!(run.stderr.contains("under way"), "{}", run.stderr);
+        }
         // A defrag killed earlier left its copy.
         let left = r.path.join("volumes/.v.defrag");
         std::fs::create_dir_all(&left).unwrap();
         std::fs::write(left.join("data"), b"half a copy").unwrap();
         let before = r.json(&["volume", "stats", "v"]);
+        let mtime = || {
+            std::fs::metadata(r.path.join("volumes/v/volume.json"))
+                .unwrap()
+                .modified()
+                .unwrap()
+        };
+        let t0 = mtime();
         let d = r.json(&["volume", "defrag", "v"]);
         assert_eq!(
             d["blocks_in_use_before"], before["physical_blocks_in_use"],
             "{d}"
         );
-        // 8 MiB with 1 MiB twice: 7 MiB of blocks (the patch is new).
+        assert_eq!(mtime(), t0, "volume.json's time is kept");
+        // 8 MiB with 1 MiB twice: 7 MiB of blocks, and the patch's 64 KiB
+        // (the first MiB's copy at 4 MiB keeps its start).
         let blocks = d["blocks_in_use"].as_u64().unwrap();
-        assert!(blocks <= 7 * 256 + 16, "{d}");
+        assert!((7 * 256..=7 * 256 + 16).contains(&blocks), "{d}");
         assert!(!left.exists(), "the leftover copy is removed");
         let list = r.json(&["volume", "list"]);
         assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
@@ -837,5 +858,22 @@ fn a_volume_is_defragmented() {
             std::fs::read(t.join("v.img")).unwrap() == img,
             "restored after defrag (encrypted: {encrypted})"
         );
+        // Everything read from the copy: the whole image is there.
+        let all = r.json(&["volume", "snapshot", "v", "--read-all"]);
+        assert_eq!(all["read_bytes"], 8 << 20, "{all}");
+        assert_eq!(all["new_raw_bytes"], 0, "the same image: {all}");
+        let t = r.scratch("t-all");
+        r.restore("volume:v@latest", &t);
+        assert!(std::fs::read(t.join("v.img")).unwrap() == img);
+        // A damaged block is not copied as a good one.
+        let data = r.path.join("volumes/v/data");
+        let mut bytes = std::fs::read(&data).unwrap();
+        bytes[4096 * 100] ^= 1;
+        std::fs::write(&data, &bytes).unwrap();
+        let run = r.run(&["volume", "defrag", "v"]).expect_code(1);
+        assert!(run.stderr.contains("volume check"), "{}", run.stderr);
+        assert!(!r.path.join("volumes/.v.defrag").exists());
+        r.json(&["volume", "delete", "v", "--yes"]);
+        assert!(!r.path.join("volumes/.v.defrag.lock").exists());
     }
 }

@@ -2029,8 +2029,16 @@ impl Volume {
     /// Destages what is buffered, stops the destage thread and marks the
     /// volume clean.
     pub fn close(&self) -> io::Result<()> {
+        self.close_keeping_lock().map(drop)
+    }
+
+    /// [`Volume::close`], handing back the volume's lock instead of
+    /// letting it go (`None` if it was closed before): no other process
+    /// opens the volume until the file is dropped (`volume defrag`, until
+    /// it has swapped in the copy).
+    pub fn close_keeping_lock(&self) -> io::Result<Option<File>> {
         if self.closed.swap(true, Ordering::SeqCst) {
-            return Ok(());
+            return Ok(None);
         }
         self.readahead.stop();
         self.sync_all()?;
@@ -2059,8 +2067,7 @@ impl Volume {
         drop(m);
         self.save_live().map_err(io::Error::other)?;
         self.save_state(true).map_err(io::Error::other)?;
-        lock(&self.lock).take();
-        Ok(())
+        Ok(lock(&self.lock).take())
     }
 
     fn destage_loop(self: Arc<Self>) {

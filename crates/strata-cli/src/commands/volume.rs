@@ -122,9 +122,11 @@ pub enum VolumeCmd {
     /// Write a stopped volume again in its own block order: after many
     /// overwrites a volume with dedup lies in pieces across its data file
     /// (a log), and reads of a stretch of it become many small disk reads.
-    /// The copy is deduplicated again, has the same settings and key, and
-    /// takes the volume's place in one step; the volume is untouched until
-    /// then. Needs free space for the copy. The statistics start again.
+    /// The volume is checked first (with dedup: every block against its
+    /// fingerprint); the copy is deduplicated again, has the same settings
+    /// and key, and takes the volume's place in one step; the volume is
+    /// locked until then. Needs free space for the copy. The statistics
+    /// are the copy's.
     Defrag {
         /// The volume's name.
         name: String,
@@ -386,6 +388,9 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             let lock = Volume::lock(&dir)?;
             std::fs::remove_dir_all(&dir).with_context(|| format!("deleting {}", dir.display()))?;
             drop(lock);
+            // A stopped defrag's copy, and its lock file.
+            let _ = std::fs::remove_dir_all(root.join(format!(".{name}.defrag")));
+            let _ = std::fs::remove_file(root.join(format!(".{name}.defrag.lock")));
             out.result(&serde_json::json!({"deleted": name}), || {
                 format!("volume {name} deleted")
             });

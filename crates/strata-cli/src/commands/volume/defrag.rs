@@ -5,18 +5,23 @@
 //! after many of them a stretch of the volume lies in pieces across the
 //! data file, and reads of it are many small disk reads (WAFL, which
 //! iDedup is built in, has `reallocate` for the same reason). Defrag
-//! copies the volume's image, in block order, into a new volume with the
-//! same settings and key — through the write path, so that the copy is
+//! checks the volume (a damaged block would be copied as a good one),
+//! copies its image, in block order, into a new volume with the same
+//! settings and key — through the write path, so that the copy is
 //! deduplicated again and its data file holds the volume front to back —
-//! and then swaps the two directories in one step (`renameat2` with
-//! `RENAME_EXCHANGE`). Until the swap the volume is untouched; a defrag
-//! that fails or is killed leaves `.NAME.defrag` beside it, which the
-//! next defrag removes. The set of segments changed since the last
-//! snapshot is carried over (the image is the same), so the next
-//! snapshot still reads only those. The statistics start again.
+//! and swaps the two directories in one step (`renameat2` with
+//! `RENAME_EXCHANGE`). The volume stays locked from the copy to the swap.
+//! A defrag that fails or is killed leaves the volume as it was (opened
+//! and closed: cleanly, or recounted at the next open) and perhaps
+//! `.NAME.defrag`, which the next defrag removes. The set of segments
+//! changed since the last snapshot and `volume.json`'s time are carried
+//! over (the image is the same), so the next snapshot reads only those
+//! segments and keeps the recipe's unchanged pieces. The statistics are
+//! the copy's.
 
 use super::import::{fill, Source};
 use anyhow::{bail, Context, Result};
+use std::fs::File;
 use std::path::Path;
 use strata_volume::{Volume, VolumeKey};
 
@@ -38,30 +43,59 @@ pub(super) fn defrag(
 ) -> Result<Defragged> {
     let t = std::time::Instant::now();
     let before = strata_volume::report::report(dir, name)?;
+    let cfg = Volume::config(dir)?;
+    let root = dir
+        .parent()
+        .context("the volume's directory has no parent")?;
+    // One defrag of a volume at a time, to its end (a second one would
+    // remove the first one's copy).
+    let _own = flock(&root.join(format!(".{name}.defrag.lock")))
+        .with_context(|| format!("a defrag of volume {name} is under way"))?;
+    can_exchange(root, name)?;
     let tmp = dir.with_file_name(format!(".{name}.defrag"));
     if tmp.exists() {
-        drop(Volume::lock(&tmp).with_context(|| format!("a defrag of {name} is under way"))?);
         std::fs::remove_dir_all(&tmp)
             .with_context(|| format!("removing a stopped defrag ({})", tmp.display()))?;
     }
-    let old = Volume::open_keyed(dir, key).with_context(|| format!("opening volume {name}"))?;
-    let size = old.size();
-    let made = Volume::create(&tmp, Volume::config(dir)?)
-        .context("creating the new copy")
+    if cfg.dedup {
+        let rep = strata_volume::check::check(dir, key, true, &|_, _| {})
+            .with_context(|| format!("checking volume {name}"))?;
+        if !rep.ok() {
+            bail!(
+                "volume {name} has problems, which a copy would hide: see `strata volume check {name} --read-data`"
+            );
+        }
+    }
+    let old = Volume::open_to_read(dir, key).with_context(|| format!("opening volume {name}"))?;
+    let copied = Volume::create(&tmp, cfg)
+        .context("creating the copy")
         .and_then(|()| {
-            let src = Source::new(format!("volume {name}"), Box::new(old.image_reader()), size);
-            fill(cli, &tmp, key, src)
+            let src = Source::new(
+                format!("volume {name}"),
+                Box::new(old.image_reader()),
+                old.size(),
+            );
+            fill(cli, &tmp, key, src, "defrag")
         });
-    let closed = old
-        .close()
+    // Closed, but still locked: no server opens it before the swap.
+    let held = old
+        .close_keeping_lock()
         .with_context(|| format!("closing volume {name}"));
+    let swapped = copied.and(held).and_then(|held| {
+        let r = carry_over(dir, &tmp)
+            .and_then(|()| exchange(dir, &tmp).context("swapping the volume and its copy"));
+        drop(held);
+        r
+    });
     drop(old);
-    let swapped = made.and(closed).and_then(|()| swap(dir, &tmp));
     if let Err(e) = swapped {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(e);
     }
-    // `tmp` holds the volume as it was.
+    // The swap made durable; `tmp` holds the volume as it was.
+    File::open(root)
+        .and_then(|d| d.sync_all())
+        .context("syncing the volumes' directory")?;
     std::fs::remove_dir_all(&tmp)
         .with_context(|| format!("removing the volume as it was ({})", tmp.display()))?;
     let after = strata_volume::report::report(dir, name)?;
@@ -75,28 +109,68 @@ pub(super) fn defrag(
     })
 }
 
-/// Puts the copy in `tmp` in the place of the volume in `dir`, if the
-/// volume was not served in the meantime (between its close and here).
-fn swap(dir: &Path, tmp: &Path) -> Result<()> {
-    let state = || std::fs::read(dir.join("state.json")).context("reading the volume's state");
-    let closed = state()?;
-    let lock = Volume::lock(dir)?;
-    if state()? != closed {
-        bail!("the volume was served while it was copied: run defrag again");
-    }
-    // The set of segments changed since the last snapshot: the old one
-    // (the copy's own says everything changed).
+/// What the copy in `tmp` takes over from the volume in `dir`: the set
+/// of segments changed since the last snapshot (the copy's own says
+/// everything changed), and `volume.json`'s time (a snapshot's image
+/// time).
+fn carry_over(dir: &Path, tmp: &Path) -> Result<()> {
     let changes = dir.join("changes.json");
     let copy_changes = tmp.join("changes.json");
     if changes.exists() {
         std::fs::copy(&changes, &copy_changes).context("copying changes.json")?;
+        File::open(&copy_changes)
+            .and_then(|f| f.sync_all())
+            .context("syncing changes.json")?;
     } else if copy_changes.exists() {
         std::fs::remove_file(&copy_changes).context("removing the copy's changes.json")?;
     }
-    exchange(dir, tmp)
-        .with_context(|| format!("swapping {} and {}", dir.display(), tmp.display()))?;
-    drop(lock);
+    let mtime = std::fs::metadata(dir.join("volume.json"))
+        .and_then(|m| m.modified())
+        .context("reading volume.json's time")?;
+    File::options()
+        .write(true)
+        .open(tmp.join("volume.json"))
+        .and_then(|f| f.set_modified(mtime))
+        .context("setting the copy's volume.json time")?;
     Ok(())
+}
+
+/// An exclusive `flock` on `path` (made if missing), or an error if
+/// another process holds it.
+fn flock(path: &Path) -> Result<File> {
+    use std::os::fd::AsRawFd;
+    let f = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(f)
+}
+
+/// Fails, before anything is copied, where the volumes' file system
+/// cannot swap two directories in one step.
+fn can_exchange(root: &Path, name: &str) -> Result<()> {
+    let (a, b) = (
+        root.join(format!(".{name}.defrag.probe-a")),
+        root.join(format!(".{name}.defrag.probe-b")),
+    );
+    for p in [&a, &b] {
+        let _ = std::fs::remove_dir(p);
+        std::fs::create_dir(p).with_context(|| format!("making {}", p.display()))?;
+    }
+    let r = exchange(&a, &b);
+    let _ = (std::fs::remove_dir(&a), std::fs::remove_dir(&b));
+    r.with_context(|| {
+        format!(
+            "the file system of {} cannot swap two directories in one step (renameat2 with RENAME_EXCHANGE), which defrag needs",
+            root.display()
+        )
+    })
 }
 
 /// Swaps two directories in one step.
@@ -105,9 +179,11 @@ fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let ca = CString::new(a.as_os_str().as_bytes())?;
     let cb = CString::new(b.as_os_str().as_bytes())?;
+    // The system call itself (glibc has a wrapper only since 2.28).
     // SAFETY: two NUL-terminated paths that live across the call.
     let r = unsafe {
-        libc::renameat2(
+        libc::syscall(
+            libc::SYS_renameat2,
             libc::AT_FDCWD,
             ca.as_ptr(),
             libc::AT_FDCWD,

@@ -106,7 +106,7 @@ pub(super) fn create_filled(
             .with_context(|| format!("removing a stopped import ({})", tmp.display()))?;
     }
     Volume::create(&tmp, cfg)?;
-    let filled = fill(cli, &tmp, key, src).and_then(|i| {
+    let filled = fill(cli, &tmp, key, src, "import").and_then(|i| {
         std::fs::rename(&tmp, dir)
             .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
         Ok(i)
@@ -123,10 +123,11 @@ pub(super) fn fill(
     dir: &Path,
     key: Option<&VolumeKey>,
     mut src: Source,
+    label: &str,
 ) -> Result<Imported> {
     let vol = Volume::open_keyed(dir, key).context("opening the new volume")?;
     let size = vol.size();
-    let progress = crate::progress_for(cli, "import");
+    let progress = crate::progress_for(cli, label);
     progress
         .progress
         .bytes_total
