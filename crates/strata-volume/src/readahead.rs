@@ -25,8 +25,10 @@
 //! gets this from the kernel's context readahead (a miss whose preceding
 //! pages were read reads ahead); a log does not, since a block's
 //! neighbours there were written at the same time, not read before it.
-//! The cluster's size (16 to 256 KiB) follows how many of the blocks
-//! asked for are read later: it halves while fewer than 1/16 are (random
+//! A read of blocks so asked for asks for the cluster after it, once
+//! (the kernel's asynchronous readahead, in clusters of the data file):
+//! blocks written together are read on together. The cluster's size (16
+//! to 256 KiB) follows how many of the blocks asked for are read later: it halves while fewer than 1/16 are (random
 //! reads over a large volume stay small reads), and doubles while a
 //! quarter or more are.
 
@@ -133,8 +135,9 @@ const CLUSTER_EPOCH: u64 = 4096;
 #[derive(Debug)]
 pub(crate) struct Clusters {
     /// Per 64-block group of the data file (direct-mapped): (group + 1,
-    /// the blocks asked for and not read since). 0 is an empty slot.
-    slots: Vec<(u64, u64)>,
+    /// the blocks asked for and not read since, the blocks ever asked
+    /// for). 0 is an empty slot.
+    slots: Vec<(u64, u64, u64)>,
     size: u64,
     /// Blocks asked for, and of those read, since the last decision.
     asked: u64,
@@ -147,7 +150,7 @@ pub(crate) struct Clusters {
 impl Default for Clusters {
     fn default() -> Clusters {
         Clusters {
-            slots: vec![(0, 0); CLUSTER_SLOTS],
+            slots: vec![(0, 0, 0); CLUSTER_SLOTS],
             size: CLUSTER_FIRST,
             asked: 0,
             used: 0,
@@ -178,23 +181,70 @@ impl Clusters {
     }
 
     /// Disk blocks `dbn..dbn+n` were read (from the page cache or not):
-    /// those asked for count as used.
-    pub(crate) fn on_read(&mut self, dbn: u64, n: u64) {
+    /// those asked for count as used. A read of blocks asked for goes on
+    /// in the data file's order, as the kernel's asynchronous readahead
+    /// assumes: the cluster after the one it ends in, to ask for now
+    /// (unless it was asked for before).
+    pub(crate) fn on_read(&mut self, dbn: u64, n: u64) -> Option<(u64, u64)> {
         let end = dbn.saturating_add(n);
         let mut b = dbn;
+        let mut used = 0;
         while b < end {
             let g = b / GROUP;
             let to = end.min((g + 1).saturating_mul(GROUP));
             let s = &mut self.slots[Self::slot(g)];
             if s.0 == g + 1 {
                 let m = group_mask(b, to);
-                let k = u64::from((s.1 & m).count_ones());
-                self.used += k;
-                self.total_used += k;
+                used += u64::from((s.1 & m).count_ones());
                 s.1 &= !m;
             }
             b = to;
         }
+        self.used += used;
+        self.total_used += used;
+        if used == 0 {
+            return None;
+        }
+        let c = self.size;
+        let next = end.div_ceil(c).saturating_mul(c);
+        let s = self.slots[Self::slot(next / GROUP)];
+        let fresh = next.checked_add(c).is_some()
+            && (s.0 != next / GROUP + 1 || s.2 & group_mask(next, next + c) == 0);
+        if !fresh {
+            return None;
+        }
+        self.mark(next, next + c);
+        self.decide();
+        Some((next, c))
+    }
+
+    /// Blocks `a..b` (within one group) asked for.
+    fn mark(&mut self, a: u64, b: u64) {
+        let g = a / GROUP;
+        let s = &mut self.slots[Self::slot(g)];
+        if s.0 != g + 1 {
+            *s = (g + 1, 0, 0);
+        }
+        let m = group_mask(a, b);
+        s.1 |= m;
+        s.2 |= m;
+        self.asked += b - a;
+        self.total_asked += b - a;
+    }
+
+    /// The cluster's size after an epoch of blocks asked for.
+    fn decide(&mut self) {
+        if self.asked < CLUSTER_EPOCH {
+            return;
+        }
+        let c = self.size;
+        if self.used * 4 >= self.asked {
+            self.size = (c * 2).min(CLUSTER_MAX);
+        } else if self.used * 16 < self.asked {
+            self.size = (c / 2).max(CLUSTER_MIN);
+        }
+        self.asked = 0;
+        self.used = 0;
     }
 
     /// A read of disk blocks `dbn..dbn+n` missed the page cache: the
@@ -207,29 +257,13 @@ impl Clusters {
         let around = [(dbn / c * c, dbn), (end, end.div_ceil(c).saturating_mul(c))];
         let mut out = [None; 2];
         for (k, (a, b)) in around.into_iter().enumerate() {
-            if a >= b {
-                continue;
+            if a < b {
+                // Within one group, as c divides GROUP.
+                self.mark(a, b);
+                out[k] = Some((a, b - a));
             }
-            // Within one group, as c divides GROUP.
-            let g = a / GROUP;
-            let s = &mut self.slots[Self::slot(g)];
-            if s.0 != g + 1 {
-                *s = (g + 1, 0);
-            }
-            s.1 |= group_mask(a, b);
-            self.asked += b - a;
-            self.total_asked += b - a;
-            out[k] = Some((a, b - a));
         }
-        if self.asked >= CLUSTER_EPOCH {
-            if self.used * 4 >= self.asked {
-                self.size = (c * 2).min(CLUSTER_MAX);
-            } else if self.used * 16 < self.asked {
-                self.size = (c / 2).max(CLUSTER_MIN);
-            }
-            self.asked = 0;
-            self.used = 0;
-        }
+        self.decide();
         out
     }
 }
@@ -317,16 +351,13 @@ impl Readahead {
                 return false;
             }
         };
-        let cluster = {
+        let (next, cluster) = {
             let mut c = lock(&self.clusters);
-            c.on_read(dbn, n);
-            if missed {
-                c.on_miss(dbn, n)
-            } else {
-                [None; 2]
-            }
+            let next = c.on_read(dbn, n);
+            let around = if missed { c.on_miss(dbn, n) } else { [None; 2] };
+            (next, around)
         };
-        for (from, count) in cluster.into_iter().flatten() {
+        for (from, count) in cluster.into_iter().chain([next]).flatten() {
             hint(data, from, count);
         }
         missed
@@ -468,6 +499,23 @@ mod tests {
         assert_eq!(c.total_used, 2 + 5);
         c.on_read(30, 10);
         assert_eq!(c.total_used, 7);
+    }
+
+    #[test]
+    fn reading_blocks_asked_for_asks_for_the_next_cluster_once() {
+        let mut c = Clusters::default();
+        // Nothing asked for yet: a read asks for nothing.
+        assert_eq!(c.on_read(0, 4), None);
+        assert_eq!(c.on_miss(100, 1), [Some((96, 4)), Some((101, 11))]);
+        // A read of blocks asked for: the next cluster, once.
+        assert_eq!(c.on_read(101, 2), Some((112, 16)));
+        assert_eq!(c.on_read(103, 2), None, "asked for already");
+        // Reading that one on asks for the one after it.
+        assert_eq!(c.on_read(112, 16), Some((128, 16)));
+        // Blocks read before (not asked for again) ask for nothing.
+        assert_eq!(c.on_read(112, 16), None);
+        assert_eq!(c.total_asked, 4 + 11 + 16 + 16);
+        assert_eq!(c.total_used, 2 + 2 + 16);
     }
 
     #[test]
