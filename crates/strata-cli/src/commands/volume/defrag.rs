@@ -23,6 +23,7 @@ use super::import::{fill, Source};
 use anyhow::{bail, Context, Result};
 use std::fs::File;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use strata_volume::{Volume, VolumeKey};
 
 /// What a defrag did.
@@ -58,8 +59,14 @@ pub(super) fn defrag(
             .with_context(|| format!("removing a stopped defrag ({})", tmp.display()))?;
     }
     if cfg.dedup {
-        let rep = strata_volume::check::check(dir, key, true, &|_, _| {})
-            .with_context(|| format!("checking volume {name}"))?;
+        let progress = crate::progress_for(cli, "check");
+        let p = progress.progress.clone();
+        let rep = strata_volume::check::check(dir, key, true, &|done, total| {
+            p.bytes_total.store(total, Ordering::Relaxed);
+            p.bytes_done.store(done, Ordering::Relaxed);
+        });
+        progress.finish();
+        let rep = rep.with_context(|| format!("checking volume {name}"))?;
         if !rep.ok() {
             bail!(
                 "volume {name} has problems, which a copy would hide: see `strata volume check {name} --read-data`"
