@@ -837,6 +837,12 @@ fn a_volume_is_defragmented() {
             "{d}"
         );
         assert_eq!(mtime(), t0, "volume.json's time is kept");
+        // The overwritten start lay at the data file's end; now in order.
+        let (was, now) = (
+            d["in_order_before"].as_f64().unwrap(),
+            d["in_order"].as_f64().unwrap(),
+        );
+        assert!(was < 1.0 && now > 0.99 && now > was, "{d}");
         // 8 MiB with 1 MiB twice: 7 MiB of blocks, and the patch's 64 KiB
         // (the first MiB's copy at 4 MiB keeps its start).
         let blocks = d["blocks_in_use"].as_u64().unwrap();

@@ -32,11 +32,26 @@ pub struct CheckReport {
     /// fingerprints (a volume with dedup).
     pub blocks_read: u64,
     pub blocks_verified: u64,
+    /// Mapped blocks after a mapped block, and of those the ones right
+    /// after it on disk too: how much of the volume reads in order
+    /// (`volume defrag` lays it out so).
+    pub blocks_after_mapped: u64,
+    pub blocks_in_order: u64,
     pub problems: Vec<String>,
     pub notes: Vec<String>,
 }
 
 impl CheckReport {
+    /// The share of blocks that follow the block before them on disk
+    /// ([`CheckReport::blocks_in_order`]); 1 for a volume without such
+    /// blocks.
+    pub fn in_order(&self) -> f64 {
+        match self.blocks_after_mapped {
+            0 => 1.0,
+            n => self.blocks_in_order as f64 / n as f64,
+        }
+    }
+
     pub fn ok(&self) -> bool {
         self.problems.is_empty()
     }
@@ -169,8 +184,17 @@ fn each_mapped(map: &File, nblocks: u64, mut each: impl FnMut(u64, u64)) -> Resu
 fn count_refs(map: &File, nblocks: u64, end: u64, rep: &mut CheckReport) -> Result<Vec<u32>> {
     let mut counts = vec![0u32; end as usize];
     let mut past = Vec::new();
+    // The last mapped block: (logical, disk).
+    let mut last: Option<(u64, u64)> = None;
     each_mapped(map, nblocks, |b, d| {
         rep.logical_blocks_mapped += 1;
+        if let Some((lb, ld)) = last {
+            if lb + 1 == b {
+                rep.blocks_after_mapped += 1;
+                rep.blocks_in_order += u64::from(ld.checked_add(1) == Some(d));
+            }
+        }
+        last = Some((b, d));
         match counts.get_mut(d as usize) {
             Some(c) => *c = c.saturating_add(1),
             None => past.push((b, d)),

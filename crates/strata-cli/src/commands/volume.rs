@@ -358,12 +358,16 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
                     "blocks_in_use": d.blocks.1,
                     "allocated_bytes_before": d.allocated.0,
                     "allocated_bytes": d.allocated.1,
+                    "in_order_before": d.in_order.0,
+                    "in_order": d.in_order.1,
                     "seconds": d.seconds,
                 }),
                 || {
                     format!(
-                        "volume {name} defragmented in {:.1} s: {} disk blocks in use (were {}), {} on the host's disk (was {})",
+                        "volume {name} defragmented in {:.1} s: {:.1} % of the blocks follow the block before them on disk (were {:.1} %), {} disk blocks in use (were {}), {} on the host's disk (was {})",
                         d.seconds,
+                        d.in_order.1 * 100.0,
+                        d.in_order.0 * 100.0,
                         d.blocks.1,
                         d.blocks.0,
                         fmt_bytes(d.allocated.1),
@@ -468,6 +472,13 @@ fn check(
             r.data_file_blocks,
             if r.clean { "" } else { ", not closed cleanly" }
         );
+        t += &format!(
+            "\nlayout: {:.1} % of the blocks follow the block before them on disk",
+            r.in_order() * 100.0
+        );
+        if r.in_order() < 0.5 && r.blocks_after_mapped > 0 {
+            t += &format!(" (`strata volume defrag {name}` lays them out in order)");
+        }
         if read_data {
             t += &format!(
                 "\n{} blocks read, {} compared with their fingerprints",

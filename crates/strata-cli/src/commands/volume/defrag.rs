@@ -32,6 +32,9 @@ pub(super) struct Defragged {
     /// before and after.
     pub blocks: (u64, u64),
     pub allocated: (u64, u64),
+    /// The share of blocks right after the block before them on disk,
+    /// before and after.
+    pub in_order: (f64, f64),
     pub seconds: f64,
 }
 
@@ -58,20 +61,20 @@ pub(super) fn defrag(
         std::fs::remove_dir_all(&tmp)
             .with_context(|| format!("removing a stopped defrag ({})", tmp.display()))?;
     }
-    if cfg.dedup {
-        let progress = crate::progress_for(cli, "check");
-        let p = progress.progress.clone();
-        let rep = strata_volume::check::check(dir, key, true, &|done, total| {
-            p.bytes_total.store(total, Ordering::Relaxed);
-            p.bytes_done.store(done, Ordering::Relaxed);
-        });
-        progress.finish();
-        let rep = rep.with_context(|| format!("checking volume {name}"))?;
-        if !rep.ok() {
-            bail!(
-                "volume {name} has problems, which a copy would hide: see `strata volume check {name} --read-data`"
-            );
-        }
+    // With dedup, every block against its fingerprint (a volume without
+    // keeps none: its map and counts only).
+    let progress = crate::progress_for(cli, "check");
+    let p = progress.progress.clone();
+    let rep = strata_volume::check::check(dir, key, cfg.dedup, &|done, total| {
+        p.bytes_total.store(total, Ordering::Relaxed);
+        p.bytes_done.store(done, Ordering::Relaxed);
+    });
+    progress.finish();
+    let rep = rep.with_context(|| format!("checking volume {name}"))?;
+    if !rep.ok() {
+        bail!(
+            "volume {name} has problems, which a copy would hide: see `strata volume check {name} --read-data`"
+        );
     }
     let old = Volume::open_to_read(dir, key).with_context(|| format!("opening volume {name}"))?;
     let copied = Volume::create(&tmp, cfg)
@@ -106,7 +109,10 @@ pub(super) fn defrag(
     std::fs::remove_dir_all(&tmp)
         .with_context(|| format!("removing the volume as it was ({})", tmp.display()))?;
     let after = strata_volume::report::report(dir, name)?;
+    let laid = strata_volume::check::check(dir, None, false, &|_, _| {})
+        .with_context(|| format!("reading volume {name}'s new map"))?;
     Ok(Defragged {
+        in_order: (rep.in_order(), laid.in_order()),
         blocks: (before.physical_blocks_in_use, after.physical_blocks_in_use),
         allocated: (
             before.data_file_allocated_bytes,
