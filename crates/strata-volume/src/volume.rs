@@ -1251,7 +1251,14 @@ impl Volume {
 
     /// Reads whole blocks `first..first+n` into `out`; returns which are
     /// zeros and how many physical runs the disk reads touched.
-    fn read_blocks(&self, first: u64, out: &mut [u8]) -> io::Result<(Vec<bool>, usize)> {
+    /// Reads blocks `first..` into `out`; `track`: a client's read (not a
+    /// snapshot's), which steers the clusters read around misses.
+    fn read_blocks(
+        &self,
+        first: u64,
+        out: &mut [u8],
+        track: bool,
+    ) -> io::Result<(Vec<bool>, usize)> {
         let n = out.len() / BLOCK;
         let (srcs, guard) = {
             let m = lock(&self.mem);
@@ -1285,15 +1292,18 @@ impl Volume {
         let disk_runs = disk_runs(&map, |i| on_disk(&srcs[i]));
         // Runs after the first are asked for before the first is read:
         // the disk reads them side by side.
-        // Reads that miss ask for the rest of their clusters first.
+        // A client's reads that miss ask for the rest of their clusters
+        // first (a snapshot's reader asks for what it reads next itself).
         let missed: Vec<bool> = disk_runs
             .iter()
-            .map(|&(i, j, dbn)| self.readahead.before_read(&self.data, dbn, (j - i) as u64))
+            .map(|&(i, j, dbn)| {
+                track && self.readahead.before_read(&self.data, dbn, (j - i) as u64)
+            })
             .collect();
         if disk_runs.len() > 1 {
             for (k, &(i, j, dbn)) in disk_runs.iter().enumerate().skip(1) {
                 // Without the page cache's word, all of them.
-                if missed[k] || !self.readahead.probes() {
+                if missed[k] || !track || !self.readahead.probes() {
                     will_need(&self.data, dbn, (j - i) as u64);
                 }
             }
@@ -1426,10 +1436,10 @@ impl Volume {
         let n = (last - first + 1) as usize;
         let aligned = offset.is_multiple_of(BLOCK as u64) && buf.len().is_multiple_of(BLOCK);
         let (zero, runs) = if aligned {
-            self.read_blocks(first, buf)?
+            self.read_blocks(first, buf, track)?
         } else {
             let mut tmp = vec![0u8; n * BLOCK];
-            let r = self.read_blocks(first, &mut tmp)?;
+            let r = self.read_blocks(first, &mut tmp, track)?;
             let skip = (offset % BLOCK as u64) as usize;
             buf.copy_from_slice(&tmp[skip..skip + buf.len()]);
             r
