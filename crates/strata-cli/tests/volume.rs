@@ -913,3 +913,63 @@ fn a_volume_is_defragmented() {
         assert!(!r.path.join("volumes/.v.defrag.lock").exists());
     }
 }
+
+/// `volume copy`: a stopped volume copied into a new, independent one
+/// (its own key in an encrypted repository); refused onto an existing
+/// name and while the source is served.
+#[test]
+fn a_volume_is_copied() {
+    for encrypted in [false, true] {
+        let r = if encrypted {
+            Repo::with_init(&["--encrypt"], Some("pw"))
+        } else {
+            Repo::with_init(&[], None)
+        };
+        let src = r.scratch("disk.raw");
+        let mut img = prng(31, 6 << 20);
+        img[2 << 20..3 << 20].fill(0);
+        std::fs::write(&src, &img).unwrap();
+        r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+        let c = r.json(&["volume", "copy", "v", "w"]);
+        assert_eq!(c["size"], 6 << 20, "{c}");
+        assert_eq!(c["written_bytes"], 5 << 20, "zeros not written: {c}");
+        let cfg = |n: &str| -> serde_json::Value {
+            serde_json::from_slice(
+                &std::fs::read(r.path.join(format!("volumes/{n}/volume.json"))).unwrap(),
+            )
+            .unwrap()
+        };
+        assert_eq!(cfg("w")["threshold"], cfg("v")["threshold"]);
+        if encrypted {
+            assert!(!cfg("w")["encryption"].is_null());
+            assert_ne!(
+                cfg("w")["encryption"],
+                cfg("v")["encryption"],
+                "a key of its own"
+            );
+        }
+        r.json(&["volume", "snapshot", "w"]);
+        let t = r.scratch("t");
+        r.restore("volume:w@latest", &t);
+        assert!(std::fs::read(t.join("w.img")).unwrap() == img, "the copy");
+        let run = r.run(&["volume", "copy", "v", "w"]).expect_code(1);
+        assert!(run.stderr.contains("exists already"), "{}", run.stderr);
+        if !encrypted && have("qemu-img") {
+            // Independent: a write to the copy leaves the source as it was.
+            let s = serve(&r, "w");
+            qemu_write_start(&s, &r.scratch("patch.raw"), 32);
+            // The source served: refused.
+            let sv = serve(&r, "v");
+            let run = r.run(&["volume", "copy", "v", "x"]).expect_code(1);
+            assert!(run.stderr.contains("in use"), "{}", run.stderr);
+            stop(sv);
+            stop(s);
+            r.json(&["volume", "snapshot", "v"]);
+            let t = r.scratch("tv");
+            r.restore("volume:v@latest", &t);
+            assert!(std::fs::read(t.join("v.img")).unwrap() == img, "the source");
+            let list = r.json(&["volume", "list"]);
+            assert_eq!(list.as_array().unwrap().len(), 2, "{list}");
+        }
+    }
+}
