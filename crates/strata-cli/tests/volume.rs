@@ -780,6 +780,14 @@ fn a_volume_is_resized() {
 /// the same (plain and encrypted), keeps its set of segments changed
 /// since the last snapshot, checks clean, is refused while served, and a
 /// killed defrag's leftover is removed by the next one.
+/// A new repository, encrypted (password `pw`) or not.
+fn repo(encrypted: bool) -> Repo {
+    match encrypted {
+        true => Repo::with_init(&["--encrypt"], Some("pw")),
+        false => Repo::with_init(&[], None),
+    }
+}
+
 /// Whether the file system under `dir` swaps two directories in one
 /// step (`renameat2` with `RENAME_EXCHANGE`), which defrag needs.
 fn can_exchange(dir: &Path) -> bool {
@@ -816,11 +824,7 @@ fn a_volume_is_defragmented() {
         return;
     }
     for encrypted in [false, true] {
-        let r = if encrypted {
-            Repo::with_init(&["--encrypt"], Some("pw"))
-        } else {
-            Repo::with_init(&[], None)
-        };
+        let r = repo(encrypted);
         let src = r.scratch("disk.raw");
         let mut img = prng(21, 8 << 20);
         let pat = img[..1 << 20].to_vec();
@@ -920,11 +924,7 @@ fn a_volume_is_defragmented() {
 #[test]
 fn a_volume_is_copied() {
     for encrypted in [false, true] {
-        let r = if encrypted {
-            Repo::with_init(&["--encrypt"], Some("pw"))
-        } else {
-            Repo::with_init(&[], None)
-        };
+        let r = repo(encrypted);
         let src = r.scratch("disk.raw");
         let mut img = prng(31, 6 << 20);
         img[2 << 20..3 << 20].fill(0);

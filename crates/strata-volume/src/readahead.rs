@@ -28,9 +28,9 @@
 //! A read of blocks so asked for asks for the cluster after it, once
 //! (the kernel's asynchronous readahead, in clusters of the data file):
 //! blocks written together are read on together. The cluster's size (16
-//! to 256 KiB) follows how many of the blocks asked for are read later: it halves while fewer than 1/16 are (random
-//! reads over a large volume stay small reads), and doubles while a
-//! quarter or more are.
+//! to 256 KiB) follows how many of the blocks asked for are read later:
+//! it halves while fewer than 1/16 are (random reads over a large volume
+//! stay small reads), and doubles while a quarter or more are.
 
 use crate::blockmap::BlockMap;
 use crate::volume::{lock, BLOCK};
@@ -342,8 +342,8 @@ impl Readahead {
         let (Some(off), Some(len)) = (dbn.checked_mul(bs), n.checked_mul(bs)) else {
             return false;
         };
-        let missed = match cached_bytes(data, off, len) {
-            Ok(k) => k < len,
+        let missed = match all_cached(data, off, len) {
+            Ok(all) => !all,
             Err(_) => {
                 // Not here (before Linux 6.5, or filtered): the kernel's
                 // readahead only.
@@ -405,9 +405,17 @@ impl Readahead {
     }
 }
 
-/// How many bytes of `data`'s `len` from `off` the page cache holds
-/// (`cachestat(2)`, Linux 6.5; it reads nothing).
-fn cached_bytes(data: &File, off: u64, len: u64) -> io::Result<u64> {
+/// Whether the page cache holds all of `data`'s `len` bytes from `off`.
+fn all_cached(data: &File, off: u64, len: u64) -> io::Result<bool> {
+    // The pages the range touches, all of them cached.
+    let page = page_size();
+    let pages = off.saturating_add(len).div_ceil(page) - off / page;
+    Ok(cached_pages(data, off, len)? >= pages)
+}
+
+/// How many pages of `data`'s `len` bytes from `off` the page cache
+/// holds (`cachestat(2)`, Linux 6.5; it reads nothing).
+fn cached_pages(data: &File, off: u64, len: u64) -> io::Result<u64> {
     use std::os::fd::AsRawFd;
     /// `__NR_cachestat` on x86-64, arm64, riscv and most others (where it
     /// is another, the call fails and the volume stops asking).
@@ -442,13 +450,17 @@ fn cached_bytes(data: &File, off: u64, len: u64) -> io::Result<u64> {
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(st.nr_cache.saturating_mul(page_size()))
+    Ok(st.nr_cache)
 }
 
+/// The kernel's page size (asked once).
 fn page_size() -> u64 {
-    // SAFETY: sysconf with a valid name.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(p).unwrap_or(4096).max(1)
+    static PAGE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf with a valid name.
+        let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        u64::try_from(p).unwrap_or(4096).max(1)
+    })
 }
 
 /// Asks the kernel to read `blocks` disk blocks from `dbn` of `data` in
@@ -569,7 +581,7 @@ mod tests {
         }
         // Where the kernel says what it caches (Linux 6.5) and the pages
         // were dropped (not on tmpfs), reads miss and ask for clusters.
-        let dropped = cached_bytes(&f, 0, bytes.len() as u64).is_ok_and(|k| k == 0);
+        let dropped = cached_pages(&f, 0, bytes.len() as u64).is_ok_and(|k| k == 0);
         let mut misses = 0;
         for (dbn, n) in [(37u64, 1usize), (100, 40), (295, 5), (299, 1)] {
             let mut buf = vec![0u8; n * BLOCK];

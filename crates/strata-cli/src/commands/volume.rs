@@ -362,67 +362,13 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             );
             Ok(0)
         }
-        VolumeCmd::Copy { from, to } => {
-            check_name(to)?;
-            let src = existing(&root, from)?;
-            let dst = root.join(to);
-            let key = key_for_dir(cli, &src)?;
-            let mut cfg = Volume::config(&src)?;
-            let new = new_key(cli, &mut cfg)?;
-            let vol = Volume::open_to_read(&src, key.as_ref())
-                .with_context(|| format!("opening volume {from}"))?;
-            let source = import::Source::new(
-                format!("volume {from}"),
-                Box::new(vol.image_reader()),
-                vol.size(),
-            );
-            let copied = import::create_filled(cli, &dst, cfg, new.as_ref(), source);
-            let closed = vol
-                .close()
-                .with_context(|| format!("closing volume {from}"));
-            let copied = copied?;
-            closed?;
-            out.result(
-                &serde_json::json!({"volume": to, "from": from, "size": copied.read, "written_bytes": copied.written}),
-                || {
-                    format!(
-                        "volume {to} copied from {from}: {} ({} not zeros)",
-                        fmt_bytes(copied.read),
-                        fmt_bytes(copied.written)
-                    )
-                },
-            );
-            Ok(0)
-        }
+        VolumeCmd::Copy { from, to } => copy(cli, out, &root, from, to),
         VolumeCmd::Defrag { name } => {
             let dir = existing(&root, name)?;
             let key = key_for_dir(cli, &dir)?;
             let d = defrag::defrag(cli, &dir, name, key.as_ref())
                 .with_context(|| format!("defragmenting volume {name}"))?;
-            out.result(
-                &serde_json::json!({
-                    "volume": name,
-                    "blocks_in_use_before": d.blocks.0,
-                    "blocks_in_use": d.blocks.1,
-                    "allocated_bytes_before": d.allocated.0,
-                    "allocated_bytes": d.allocated.1,
-                    "in_order_before": d.in_order.0,
-                    "in_order": d.in_order.1,
-                    "seconds": d.seconds,
-                }),
-                || {
-                    format!(
-                        "volume {name} defragmented in {:.1} s: {:.1} % of the blocks follow the block before them on disk (were {:.1} %), {} disk blocks in use (were {}), {} on the host's disk (was {})",
-                        d.seconds,
-                        d.in_order.1 * 100.0,
-                        d.in_order.0 * 100.0,
-                        d.blocks.1,
-                        d.blocks.0,
-                        fmt_bytes(d.allocated.1),
-                        fmt_bytes(d.allocated.0)
-                    )
-                },
-            );
+            out.result(&d.json(name), || d.text(name));
             Ok(0)
         }
         VolumeCmd::Stats { name } => {
@@ -486,6 +432,40 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             Ok(0)
         }
     }
+}
+
+/// `volume copy`: the stopped volume `from` copied into a new volume `to`.
+fn copy(cli: &crate::Cli, out: &Out, root: &std::path::Path, from: &str, to: &str) -> Result<i32> {
+    check_name(to)?;
+    let src = existing(root, from)?;
+    let dst = root.join(to);
+    let key = key_for_dir(cli, &src)?;
+    let mut cfg = Volume::config(&src)?;
+    let new = new_key(cli, &mut cfg)?;
+    let vol = Volume::open_to_read(&src, key.as_ref())
+        .with_context(|| format!("opening volume {from}"))?;
+    let source = import::Source::new(
+        format!("volume {from}"),
+        Box::new(vol.image_reader()),
+        vol.size(),
+    );
+    let copied = import::create_filled(cli, &dst, cfg, new.as_ref(), source);
+    let closed = vol
+        .close()
+        .with_context(|| format!("closing volume {from}"));
+    let copied = copied?;
+    closed?;
+    out.result(
+        &serde_json::json!({"volume": to, "from": from, "size": copied.read, "written_bytes": copied.written}),
+        || {
+            format!(
+                "volume {to} copied from {from}: {} ({} not zeros)",
+                fmt_bytes(copied.read),
+                fmt_bytes(copied.written)
+            )
+        },
+    );
+    Ok(0)
 }
 
 /// `volume check`.

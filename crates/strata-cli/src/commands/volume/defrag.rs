@@ -20,6 +20,7 @@
 //! the copy's.
 
 use super::import::{fill, Source};
+use crate::output::fmt_bytes;
 use anyhow::{bail, Context, Result};
 use std::fs::File;
 use std::path::Path;
@@ -36,6 +37,34 @@ pub(super) struct Defragged {
     /// before and after.
     pub in_order: (f64, f64),
     pub seconds: f64,
+}
+
+impl Defragged {
+    pub fn json(&self, name: &str) -> serde_json::Value {
+        serde_json::json!({
+            "volume": name,
+            "blocks_in_use_before": self.blocks.0,
+            "blocks_in_use": self.blocks.1,
+            "allocated_bytes_before": self.allocated.0,
+            "allocated_bytes": self.allocated.1,
+            "in_order_before": self.in_order.0,
+            "in_order": self.in_order.1,
+            "seconds": self.seconds,
+        })
+    }
+
+    pub fn text(&self, name: &str) -> String {
+        format!(
+            "volume {name} defragmented in {:.1} s: {:.1} % of the blocks follow the block before them on disk (were {:.1} %), {} disk blocks in use (were {}), {} on the host's disk (was {})",
+            self.seconds,
+            self.in_order.1 * 100.0,
+            self.in_order.0 * 100.0,
+            self.blocks.1,
+            self.blocks.0,
+            fmt_bytes(self.allocated.1),
+            fmt_bytes(self.allocated.0)
+        )
+    }
 }
 
 /// Defragments the stopped volume in `dir`.
