@@ -31,12 +31,24 @@
 //! to 256 KiB) follows how many of the blocks asked for are read later:
 //! it halves while fewer than 1/16 are (random reads over a large volume
 //! stay small reads), and doubles while a quarter or more are.
+//!
+//! A miss is told by asking the page cache how much of the run it holds
+//! (`cachestat(2)`, Linux 6.5: it reads nothing). Where that call is
+//! missing or refused, and in a process under a seccomp filter (one that
+//! kills on a call it does not know would end the server), the run is
+//! read from the page cache only (`preadv2(RWF_NOWAIT)`, Linux 4.14): a
+//! hit is then read by that one call, a miss returns what was cached.
+//! Since Linux 5.8 such a miss has already started the read of the rest
+//! before the cluster is asked for, so the disk gets both as separate
+//! reads (the trace: a quarter to half more disk reads, p50 up to 10 %
+//! slower in a random order than with `cachestat`, and still far faster
+//! than without clusters). Where neither works, there are no clusters.
 
 use crate::blockmap::BlockMap;
 use crate::volume::{lock, BLOCK};
 use std::fs::File;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 /// Read streams followed at once (a few clients, or one client's
@@ -299,8 +311,52 @@ pub(crate) struct Readahead {
     /// Set by [`Readahead::stop`]: the thread drops what is queued.
     stopped: Arc<AtomicBool>,
     clusters: Mutex<Clusters>,
-    /// The page cache can be asked what it holds (`cachestat`).
-    probe: AtomicBool,
+    /// How the page cache is asked what it holds ([`Probe`]).
+    probe: AtomicU8,
+}
+
+/// How a volume tells a read that misses the page cache, in the order
+/// tried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum Probe {
+    /// Asks how much of the range is cached (`cachestat(2)`).
+    Cachestat = 0,
+    /// Reads from the page cache only (`preadv2(RWF_NOWAIT)`).
+    NoWait = 1,
+    /// Neither works here: no clusters.
+    Off = 2,
+}
+
+impl Probe {
+    fn from_u8(v: u8) -> Probe {
+        match v {
+            0 => Probe::Cachestat,
+            1 => Probe::NoWait,
+            _ => Probe::Off,
+        }
+    }
+
+    /// The way to try first: `cachestat`, unless a seccomp filter could
+    /// kill the process for a call this recent.
+    fn first() -> Probe {
+        static FIRST: std::sync::OnceLock<Probe> = std::sync::OnceLock::new();
+        *FIRST.get_or_init(|| {
+            let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+            match seccomp_filtered(&status) {
+                true => Probe::NoWait,
+                false => Probe::Cachestat,
+            }
+        })
+    }
+}
+
+/// Whether `/proc/self/status` text says a seccomp filter is on (mode 2).
+fn seccomp_filtered(status: &str) -> bool {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Seccomp:"))
+        .is_some_and(|v| v.trim() == "2")
 }
 
 impl Readahead {
@@ -314,13 +370,17 @@ impl Readahead {
             worker: Mutex::new(None),
             stopped: Arc::default(),
             clusters: Mutex::default(),
-            probe: AtomicBool::new(true),
+            probe: AtomicU8::new(Probe::first() as u8),
         }
     }
 
     /// Whether the page cache can be asked what it holds.
     pub(crate) fn probes(&self) -> bool {
-        self.probe.load(Ordering::Relaxed)
+        self.probe() != Probe::Off
+    }
+
+    fn probe(&self) -> Probe {
+        Probe::from_u8(self.probe.load(Ordering::Relaxed))
     }
 
     /// The cluster size now, and the blocks asked for around misses and
@@ -330,26 +390,37 @@ impl Readahead {
         (c.size(), c.total_asked, c.total_used)
     }
 
-    /// Before disk blocks `dbn..dbn+n` of `data` are read: when the page
-    /// cache does not hold them all, asks for the rest of their clusters
-    /// ([`Clusters`]). Whether they missed (false where the page cache
-    /// cannot be asked).
-    pub(crate) fn before_read(&self, data: &File, dbn: u64, n: u64) -> bool {
-        if !self.probe.load(Ordering::Relaxed) {
-            return false;
-        }
+    /// Before disk blocks `dbn..` of `data` are read into `dst` (whole
+    /// blocks): reads what the page cache holds of them, and when that is
+    /// not all, asks for the rest of their clusters ([`Clusters`]). The
+    /// bytes of `dst` read (a prefix; the caller reads the rest), and
+    /// whether the run missed (false where that cannot be told).
+    pub(crate) fn before_read(&self, data: &File, dst: &mut [u8], dbn: u64) -> (usize, bool) {
+        let n = (dst.len() / BLOCK) as u64;
         let bs = BLOCK as u64;
         let (Some(off), Some(len)) = (dbn.checked_mul(bs), n.checked_mul(bs)) else {
-            return false;
+            return (0, false);
         };
-        let missed = match all_cached(data, off, len) {
-            Ok(all) => !all,
-            Err(_) => {
-                // Not here (before Linux 6.5, or filtered): the kernel's
-                // readahead only.
-                self.probe.store(false, Ordering::Relaxed);
-                return false;
-            }
+        let (got, missed) = match self.probe() {
+            Probe::Off => return (0, false),
+            Probe::Cachestat => match all_cached(data, off, len) {
+                Ok(all) => (0, !all),
+                Err(_) => {
+                    // Not here (before Linux 6.5, or refused): read from
+                    // the page cache only.
+                    self.probe.store(Probe::NoWait as u8, Ordering::Relaxed);
+                    return self.before_read(data, dst, dbn);
+                }
+            },
+            Probe::NoWait => match read_cached(data, dst, off) {
+                Ok(got) => (got, got < dst.len()),
+                Err(_) => {
+                    // Not on this file system or kernel either: the
+                    // kernel's readahead only.
+                    self.probe.store(Probe::Off as u8, Ordering::Relaxed);
+                    return (0, false);
+                }
+            },
         };
         let (next, cluster) = {
             let mut c = lock(&self.clusters);
@@ -360,7 +431,7 @@ impl Readahead {
         for (from, count) in cluster.into_iter().chain([next]).flatten() {
             hint(data, from, count);
         }
-        missed
+        (got, missed)
     }
 
     /// Called after each read of logical blocks `first..first+n`.
@@ -402,6 +473,38 @@ impl Readahead {
         self.stopped.store(true, Ordering::Relaxed);
         lock(&self.worker).take();
         lock(&self.files).take();
+    }
+}
+
+/// Reads `data` at `off` into `dst` from the page cache only
+/// (`preadv2(RWF_NOWAIT)`): the bytes read, a prefix of `dst` (0 when its
+/// first page is not cached). An error when the file system or kernel
+/// cannot read that way.
+fn read_cached(data: &File, dst: &mut [u8], off: u64) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // Past any offset: nothing is cached there.
+    let Ok(off) = libc::off_t::try_from(off) else {
+        return Ok(0);
+    };
+    let iov = libc::iovec {
+        iov_base: dst.as_mut_ptr().cast(),
+        iov_len: dst.len(),
+    };
+    // SAFETY: one iovec naming `dst`, live and writable for its length,
+    // on an open descriptor.
+    let r = unsafe { libc::preadv2(data.as_raw_fd(), &iov, 1, off, libc::RWF_NOWAIT) };
+    if r >= 0 {
+        return Ok(usize::try_from(r).unwrap_or(0).min(dst.len()));
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        // Not cached (a read of it may have been started).
+        Some(libc::EAGAIN) => Ok(0),
+        // Unknown flag (before 4.14), no preadv2, a file system that cannot
+        // (no FMODE_NOWAIT), a filter: this way does not work here.
+        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP | libc::EPERM) => Err(e),
+        // Anything else is the blocking read's to report.
+        _ => Ok(0),
     }
 }
 
@@ -563,6 +666,13 @@ mod tests {
 
     #[test]
     fn reads_that_miss_ask_for_their_clusters_and_read_the_file_as_it_is() {
+        // Each way of telling a miss, as a kernel or filter may leave it.
+        for probe in [Probe::Cachestat, Probe::NoWait] {
+            reads_that_miss_with(probe);
+        }
+    }
+
+    fn reads_that_miss_with(probe: Probe) {
         use std::io::Write;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("data");
@@ -573,6 +683,7 @@ mod tests {
         let f = File::open(&path).unwrap();
         let map = Arc::new(BlockMap::new(File::create(dir.path().join("map")).unwrap()));
         let r = Readahead::new(map, &f, 16);
+        r.probe.store(probe as u8, Ordering::Relaxed);
         // Out of the page cache (clean pages: DONTNEED drops them).
         // SAFETY: posix_fadvise on an open descriptor.
         unsafe {
@@ -583,23 +694,52 @@ mod tests {
         // were dropped (not on tmpfs), reads miss and ask for clusters.
         let dropped = cached_pages(&f, 0, bytes.len() as u64).is_ok_and(|k| k == 0);
         let mut misses = 0;
-        for (dbn, n) in [(37u64, 1usize), (100, 40), (295, 5), (299, 1)] {
+        let runs = [(37u64, 1usize), (100, 40), (295, 5), (299, 1)];
+        for (dbn, n) in runs {
             let mut buf = vec![0u8; n * BLOCK];
-            misses += usize::from(r.before_read(&f, dbn, n as u64));
+            let (had, missed) = r.before_read(&f, &mut buf, dbn);
+            misses += usize::from(missed);
+            assert!(had <= buf.len());
+            if r.probe() == Probe::NoWait {
+                // What was read from the page cache is what missed.
+                assert_eq!(had == buf.len(), !missed, "blocks {dbn}+{n}");
+            }
             let at = dbn as usize * BLOCK;
-            let got = crate::volume::read_full_at(&f, &mut buf, at as u64).unwrap();
-            assert_eq!(got, n * BLOCK);
+            let got = crate::volume::read_full_at(&f, &mut buf[had..], (at + had) as u64).unwrap();
+            assert_eq!(had + got, n * BLOCK);
             assert_eq!(buf, bytes[at..at + n * BLOCK], "blocks {dbn}+{n}");
         }
+        // Read again, now cached: where the page cache can be read alone,
+        // the probe reads them all, exactly.
+        for (dbn, n) in runs {
+            let mut buf = vec![0u8; n * BLOCK];
+            let (had, missed) = r.before_read(&f, &mut buf, dbn);
+            if r.probe() == Probe::NoWait {
+                assert!(!missed && had == buf.len(), "blocks {dbn}+{n}: {had}");
+                let at = dbn as usize * BLOCK;
+                assert_eq!(buf, bytes[at..at + n * BLOCK], "blocks {dbn}+{n}");
+            }
+        }
         // Past the end: nothing asked for there matters.
-        r.before_read(&f, 1 << 40, 8);
-        r.before_read(&f, u64::MAX / 2, 8);
+        for dbn in [1 << 40, u64::MAX / 2, u64::MAX] {
+            let (had, _) = r.before_read(&f, &mut [0u8; 8 * BLOCK], dbn);
+            assert_eq!(had, 0);
+        }
         if dropped {
-            assert!(misses >= 1, "no read missed");
+            assert!(misses >= 1, "{probe:?}: no read missed");
             let (size, asked, _) = r.cluster_figures();
             assert!(asked > 0, "no cluster asked for");
             assert!((CLUSTER_MIN..=CLUSTER_MAX).contains(&size));
         }
+    }
+
+    #[test]
+    fn a_seccomp_filter_is_told_from_the_process_status() {
+        let status = "Name:\tstrata\nNoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t1\n";
+        assert!(seccomp_filtered(status));
+        assert!(!seccomp_filtered("Name:\tstrata\nSeccomp:\t0\n"));
+        assert!(!seccomp_filtered("Seccomp:\t1\n"));
+        assert!(!seccomp_filtered(""));
     }
 
     #[test]

@@ -1294,12 +1294,15 @@ impl Volume {
         // the disk reads them side by side.
         // A client's reads that miss ask for the rest of their clusters
         // first (a snapshot's reader asks for what it reads next itself).
-        let missed: Vec<bool> = disk_runs
-            .iter()
-            .map(|&(i, j, dbn)| {
-                track && self.readahead.before_read(&self.data, dbn, (j - i) as u64)
-            })
-            .collect();
+        // Each run's bytes already read from the page cache.
+        let mut cached = vec![0usize; disk_runs.len()];
+        let mut missed = vec![false; disk_runs.len()];
+        if track {
+            for (k, &(i, j, dbn)) in disk_runs.iter().enumerate() {
+                let dst = &mut out[i * BLOCK..j * BLOCK];
+                (cached[k], missed[k]) = self.readahead.before_read(&self.data, dst, dbn);
+            }
+        }
         if disk_runs.len() > 1 {
             for (k, &(i, j, dbn)) in disk_runs.iter().enumerate().skip(1) {
                 // Without the page cache's word, all of them.
@@ -1323,13 +1326,13 @@ impl Volume {
                 Src::Disk | Src::At(_) => {}
             }
         }
-        // One read per disk run.
-        for &(i, j, dbn) in &disk_runs {
+        // One read per disk run (of what the page cache did not give).
+        for (&(i, j, dbn), &had) in disk_runs.iter().zip(&cached) {
             let dst = &mut out[i * BLOCK..j * BLOCK];
             let off = dbn
                 .checked_mul(BLOCK as u64)
                 .ok_or_else(|| io::Error::other("the map names a block past any disk"))?;
-            let got = read_full_at(&self.data, dst, off)?;
+            let got = had + read_full_at(&self.data, &mut dst[had..], off + had as u64)?;
             if got < dst.len() {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
