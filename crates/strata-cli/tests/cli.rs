@@ -2623,60 +2623,6 @@ fn segment_index_dedups_against_similar_segments() {
 // A real full filesystem under the repository.
 
 /// A tmpfs mounted for one test and unmounted (lazily) when dropped.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    /// Mounts a tmpfs of `mib` MiB at `at`; `None` (with a message) where
-    /// this process may not mount (not root, or no CAP_SYS_ADMIN).
-    fn mount(at: &Path, mib: u32) -> Option<Tmpfs> {
-        fs::create_dir_all(at).unwrap();
-        let st = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
-            .arg(at)
-            .stderr(Stdio::piped())
-            .output();
-        match st {
-            Ok(o) if o.status.success() => Some(Tmpfs(at.to_path_buf())),
-            Ok(o) => {
-                eprintln!(
-                    "SKIPPED: cannot mount a tmpfs here ({}); CI runs this as root",
-                    String::from_utf8_lossy(&o.stderr).trim()
-                );
-                None
-            }
-            Err(e) => {
-                eprintln!("SKIPPED: no mount command ({e})");
-                None
-            }
-        }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
-/// Fills the filesystem holding `dir` with one file, then gives back
-/// `leave` bytes of it.
-fn fill_filesystem(file: &Path, leave: u64) {
-    use std::io::Write;
-    let mut f = fs::File::create(file).unwrap();
-    let block = vec![0x5au8; 1 << 16];
-    loop {
-        match f.write(&block) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(28) => break,
-            Err(e) => panic!("filling the filesystem: {e}"),
-        }
-    }
-    let _ = f.flush();
-    let len = f.metadata().unwrap().len();
-    f.set_len(len.saturating_sub(leave)).unwrap();
-}
-
 /// The repository's filesystem (a 32 MiB tmpfs) fills mid-backup: the
 /// backup fails saying the disk is full, nothing is half-committed, the
 /// earlier version still checks and restores, and once space is freed the

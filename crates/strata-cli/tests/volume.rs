@@ -973,3 +973,150 @@ fn a_volume_is_copied() {
         }
     }
 }
+
+/// The volume's file system fills while a client writes: the writes that
+/// cannot be kept get an error (ENOSPC, or EIO once destaging has
+/// failed), reads go on, the server still stops on SIGTERM saying why,
+/// and once space is freed the volume opens again (its journal replayed)
+/// with every write that a successful FLUSH covered, and checks clean.
+#[test]
+fn a_full_disk_fails_writes_and_loses_no_flushed_one() {
+    let tmp = tempfile::Builder::new()
+        .prefix("strata-e2e-volfull-")
+        .tempdir()
+        .unwrap();
+    let Some(mnt) = Tmpfs::mount(&tmp.path().join("mnt"), 40) else {
+        return;
+    };
+    let r = Repo {
+        path: mnt.0.join("repo"),
+        tmp,
+        password: None,
+    };
+    r.json(&["init"]);
+    r.json(&["volume", "create", "v", "--size", "64M"]);
+    let mut s = serve(&r, "v");
+    // Its stderr read as it comes (a full pipe would stop the server).
+    let mut err_pipe = s.child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut e = String::new();
+        let _ = err_pipe.read_to_string(&mut e);
+        e
+    });
+    let mut c = nbd_handshake(&s.addr, "v");
+    let mut handle = 0u64;
+    // (error of the write, error of the flush after it)
+    let mut write = |c: &mut TcpStream, off: u64, data: &[u8]| -> (u32, u32) {
+        handle += 1;
+        request(c, 1, handle, off, data.len() as u32);
+        c.write_all(data).unwrap();
+        let (w, h) = reply(c);
+        assert_eq!(h, handle);
+        if w != 0 {
+            return (w, 0);
+        }
+        handle += 1;
+        request(c, 3, handle, 0, 0);
+        let (f, h) = reply(c);
+        assert_eq!(h, handle);
+        (0, f)
+    };
+    // 8 MiB written and flushed while there is room.
+    let first = prng(1, 8 << 20);
+    for (k, chunk) in first.chunks(1 << 20).enumerate() {
+        assert_eq!(write(&mut c, (k as u64) << 20, chunk), (0, 0), "chunk {k}");
+    }
+    // Then the disk fills, all but 6 MiB.
+    fill_filesystem(&mnt.0.join("filler"), 6 << 20);
+    let mut kept = Vec::new();
+    let mut failed = None;
+    for k in 16..56u64 {
+        let chunk = prng(100 + k, 1 << 20);
+        match write(&mut c, k << 20, &chunk) {
+            (0, 0) => kept.push((k, chunk)),
+            e => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    let (w, f) = failed.expect("48 MiB written to 6 MiB of free space without an error");
+    let code = if w != 0 { w } else { f };
+    eprintln!(
+        "{} MiB kept after the fill, then error {w}/{f} (write/flush)",
+        kept.len()
+    );
+    assert!(
+        code == 28 || code == 5,
+        "error {code} (ENOSPC 28 or EIO 5 expected)"
+    );
+    // Reads go on, on this connection and a new one.
+    let mut back = vec![0u8; 1 << 20];
+    for conn in [&mut c, &mut nbd_handshake(&s.addr, "v")] {
+        handle += 1;
+        request(conn, 0, handle, 3 << 20, 1 << 20);
+        assert_eq!(reply(conn), (0, handle));
+        conn.read_exact(&mut back).unwrap();
+        assert!(
+            back == first[3 << 20..4 << 20],
+            "read after the disk filled"
+        );
+    }
+    drop(c);
+    // SIGTERM: the server ends (what it could not write stays in its
+    // journal), saying why if it could not close cleanly.
+    // SAFETY: a signal to our own child process.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    let status = wait_with_timeout(&mut s.child, Duration::from_secs(60));
+    let err = stderr.join().unwrap();
+    if !status.success() {
+        assert!(err.contains("No space left"), "{err}");
+        assert!(err.contains("free some space, then serve"), "{err}");
+    }
+    eprintln!("server after SIGTERM: {status}\n{err}");
+    drop(s);
+    // Space freed: everything flushed is there.
+    std::fs::remove_file(mnt.0.join("filler")).unwrap();
+    let s = serve(&r, "v");
+    let got = nbd_read(&s, 0, 64 << 20);
+    assert!(got[..8 << 20] == first[..], "first 8 MiB after the restart");
+    for (k, chunk) in &kept {
+        let at = (*k as usize) << 20;
+        assert!(
+            got[at..at + (1 << 20)] == chunk[..],
+            "flushed chunk {k} lost"
+        );
+    }
+    stop(s);
+    let v = r.json(&["volume", "check", "v", "--read-data"]);
+    assert_eq!(v["problems"], serde_json::json!([]), "{v}");
+}
+
+/// Waits for `child` to end (failing the test after `limit`).
+fn wait_with_timeout(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        assert!(
+            t.elapsed() < limit,
+            "the server did not end within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `len` bytes from `off` of the served volume, read over one connection
+/// in 1 MiB requests.
+fn nbd_read(s: &Served, off: u64, len: usize) -> Vec<u8> {
+    let mut c = nbd_handshake(&s.addr, "v");
+    let mut out = vec![0u8; len];
+    for (k, dst) in out.chunks_mut(1 << 20).enumerate() {
+        let h = 1000 + k as u64;
+        request(&mut c, 0, h, off + ((k as u64) << 20), dst.len() as u32);
+        assert_eq!(reply(&mut c), (0, h));
+        c.read_exact(dst).unwrap();
+    }
+    out
+}

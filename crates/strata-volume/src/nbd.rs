@@ -500,9 +500,10 @@ fn error_reply(w: &mut impl Write, structured: bool, handle: u64, err: u32) -> i
     }
 }
 
-fn errno(e: &io::Error) -> u32 {
+pub(crate) fn errno(e: &io::Error) -> u32 {
     match e.raw_os_error() {
         Some(libc::ENOSPC) => ENOSPC,
+        _ if e.kind() == io::ErrorKind::StorageFull => ENOSPC,
         Some(libc::EPERM) | Some(libc::EACCES) | Some(libc::EROFS) => EPERM,
         _ if e.kind() == io::ErrorKind::InvalidInput => EINVAL,
         _ => EIO,

@@ -73,6 +73,44 @@ pub enum VolumeError {
 
 pub(crate) type Result<T> = std::result::Result<T, VolumeError>;
 
+/// Why a volume stopped taking writes, and the kind of error that made
+/// it (a full disk is told apart: clients get ENOSPC, and the CLI says to
+/// free space).
+#[derive(Clone, Debug)]
+pub(crate) struct Failure {
+    why: String,
+    kind: io::ErrorKind,
+}
+
+impl Failure {
+    fn new(why: String, e: Option<&io::Error>) -> Failure {
+        let kind = match e {
+            Some(e) if e.raw_os_error() == Some(libc::ENOSPC) => io::ErrorKind::StorageFull,
+            Some(e) => e.kind(),
+            None => io::ErrorKind::Other,
+        };
+        Failure { why, kind }
+    }
+
+    fn of(e: &VolumeError) -> Failure {
+        match e {
+            VolumeError::Io(_, io) => Failure::new(e.to_string(), Some(io)),
+            VolumeError::Invalid(_) => Failure::new(e.to_string(), None),
+        }
+    }
+
+    /// The error writes (and syncs) get from now on.
+    fn error(&self) -> io::Error {
+        io::Error::new(self.kind, format!("the volume stopped: {}", self.why))
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
+    }
+}
+
 /// A journal record's header, and the bytes to append when they are not
 /// the data's own (encrypted).
 type JournalRecord = ([u8; journal::HEADER], Option<Vec<u8>>);
@@ -288,7 +326,7 @@ struct Mem {
     /// The journal of the batch being destaged (synced by FLUSH too).
     prev_journal: Option<Arc<File>>,
     /// Set when a destage failed: writes are refused from then on.
-    failed: Option<String>,
+    failed: Option<Failure>,
     stop: bool,
     /// Someone waits for the buffer to reach the disk (sync, full buffer).
     urgent: bool,
@@ -1484,7 +1522,7 @@ impl Volume {
             m = self.destaged.wait(m).unwrap_or_else(|e| e.into_inner());
         }
         if let Some(f) = &m.failed {
-            return Err(io::Error::other(format!("the volume stopped: {f}")));
+            return Err(f.error());
         }
         if m.stop {
             return Err(io::Error::other("the volume is closing"));
@@ -1707,7 +1745,7 @@ impl Volume {
         let mine = Self::take_inflight(&mut m, first, n, token);
         let recorded = wrote.and_then(|_| {
             if let Some(f) = &m.failed {
-                return Err(io::Error::other(format!("the volume stopped: {f}")));
+                return Err(f.error());
             }
             // A close that began meanwhile: its last destage is done or
             // under way, and it deletes the current journal.
@@ -1800,9 +1838,9 @@ impl Volume {
     /// file, so the next checkpoint's sync could succeed over lost pages
     /// and delete journals whose batches never reached the disk.
     fn sync_data_file(&self) -> io::Result<()> {
-        self.data
-            .sync_data()
-            .inspect_err(|e| self.fail(format!("syncing the data file: {e}")))
+        self.data.sync_data().inspect_err(|e| {
+            self.fail(Failure::new(format!("syncing the data file: {e}"), Some(e)))
+        })
     }
 
     /// TRIM and WRITE_ZEROES: the range reads back as zeros (whole blocks
@@ -1844,7 +1882,7 @@ impl Volume {
         let (cur, prev) = {
             let m = lock(&self.mem);
             if let Some(f) = &m.failed {
-                return Err(io::Error::other(format!("the volume stopped: {f}")));
+                return Err(f.error());
             }
             (m.journal.file().try_clone()?, m.prev_journal.clone())
         };
@@ -1861,7 +1899,7 @@ impl Volume {
         let _one = lock(&self.data_sync);
         // One that failed before us (and cleared the flag) failed us too.
         if let Some(f) = &lock(&self.mem).failed {
-            return Err(io::Error::other(format!("the volume stopped: {f}")));
+            return Err(f.error());
         }
         if self.data_dirty.swap(false, Ordering::SeqCst) {
             self.sync_data_file()?;
@@ -1878,7 +1916,7 @@ impl Volume {
     ) -> io::Result<MutexGuard<'m, Mem>> {
         while !done(&m) {
             if let Some(f) = &m.failed {
-                return Err(io::Error::other(f.clone()));
+                return Err(f.error());
             }
             m.urgent = true;
             self.kick.notify_all();
@@ -1908,7 +1946,7 @@ impl Volume {
             m.buf.is_empty() && m.destaging.is_none()
         })?;
         if let Some(f) = &m.failed {
-            return Err(io::Error::other(f.clone()));
+            return Err(f.error());
         }
         drop(m);
         self.checkpoint().map_err(io::Error::other)
@@ -1967,7 +2005,10 @@ impl Volume {
             drop(d);
             // Failed for good before the next checkpoint can start: a
             // retried fsync can claim success over pages it lost.
-            self.fail(format!("syncing the volume's files: {e}"));
+            self.fail(Failure::new(
+                format!("syncing the volume's files: {e}"),
+                Some(&e),
+            ));
             return Err(VolumeError::Io("sync".into(), e));
         }
         for (i, p) in done.iter().enumerate() {
@@ -1992,7 +2033,11 @@ impl Volume {
         if let Err(e) = self.write_state(d.counters.clone()) {
             d.pending_free.extend(freed);
             drop(d);
-            self.fail(format!("writing the volume's state: {e}"));
+            let why = format!("writing the volume's state: {e}");
+            self.fail(Failure {
+                why,
+                ..Failure::of(&e)
+            });
             return Err(e);
         }
         // Only now may the freed blocks be reused: no journal that could
@@ -2010,7 +2055,7 @@ impl Volume {
 
     /// Stops the volume (writes refused, nothing more destaged or
     /// released) after a failure that a retry could hide.
-    fn fail(&self, why: String) {
+    fn fail(&self, why: Failure) {
         let mut m = lock(&self.mem);
         m.failed.get_or_insert(why);
         self.destaged.notify_all();
@@ -2034,7 +2079,7 @@ impl Volume {
             let _busy = busy;
             if let Err(e) = v.checkpoint() {
                 tracing::error!("checkpoint failed: {e}");
-                v.fail(e.to_string());
+                v.fail(Failure::of(&e));
             }
         });
     }
@@ -2120,7 +2165,10 @@ impl Volume {
                 let fresh = match Journal::create(&self.dir, next) {
                     Ok(j) => j,
                     Err(e) => {
-                        m.failed = Some(format!("cannot start journal {next}: {e}"));
+                        m.failed = Some(Failure::new(
+                            format!("cannot start journal {next}: {e}"),
+                            Some(&e),
+                        ));
                         self.destaged.notify_all();
                         return;
                     }
@@ -2189,8 +2237,12 @@ impl Volume {
             if let Err(e) = r {
                 // The batch stays where reads find it (its writes were
                 // acknowledged); writes are refused from now on.
-                tracing::error!("destage failed: {e}");
-                m.failed.get_or_insert(e.to_string());
+                tracing::error!(
+                    "destage failed: {e}; writes are refused from now on (reads go on, \
+                     acknowledged writes stay in the journal): stop the server, fix the \
+                     cause and serve the volume again"
+                );
+                m.failed.get_or_insert(Failure::of(&e));
                 self.destaged.notify_all();
                 return;
             }
@@ -2336,7 +2388,27 @@ fn scan_refs(
 
 #[cfg(test)]
 mod tests {
-    use super::{RecentReads, RECENT_READS};
+    use super::{io, Failure, RecentReads, VolumeError, RECENT_READS};
+
+    /// A full disk stops a volume as one: its writes then get ENOSPC over
+    /// NBD (not EIO), and the error says it was full.
+    #[test]
+    fn a_full_disk_failure_is_told_as_one() {
+        let full = io::Error::from_raw_os_error(libc::ENOSPC);
+        let f = Failure::of(&VolumeError::Io("fps".into(), full));
+        assert_eq!(f.error().kind(), io::ErrorKind::StorageFull);
+        assert_eq!(crate::nbd::errno(&f.error()), crate::nbd::ENOSPC);
+        assert!(
+            f.error().to_string().contains("No space left"),
+            "{}",
+            f.error()
+        );
+        let eio = io::Error::from_raw_os_error(libc::EIO);
+        let other = Failure::new("syncing".into(), Some(&eio));
+        assert_eq!(crate::nbd::errno(&other.error()), crate::nbd::EIO);
+        let invalid = Failure::of(&VolumeError::Invalid("bad".into()));
+        assert_eq!(invalid.error().kind(), io::ErrorKind::Other);
+    }
 
     #[test]
     fn auto_follows_the_latest_reads() {

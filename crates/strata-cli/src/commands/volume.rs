@@ -729,9 +729,34 @@ fn serve(
     }
     server.stop();
     drop(control);
-    vol.close().context("closing the volume")?;
+    if let Err(e) = vol.close() {
+        if disk_full(&e) {
+            anyhow::bail!(
+                "closing volume {name}: {e}\nthe disk holding the volume is full: every \
+                 acknowledged write is kept in its journal; free some space, then serve the \
+                 volume again (the journal is replayed)"
+            );
+        }
+        return Err(anyhow::Error::new(e).context("closing the volume"));
+    }
     eprintln!("volume {name} closed cleanly");
     Ok(0)
+}
+
+/// Whether `e`, or an error it came from, is a full file system.
+fn disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut at = Some(e);
+    while let Some(e) = at {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io.raw_os_error() == Some(libc::ENOSPC)
+                || io.kind() == std::io::ErrorKind::StorageFull
+            {
+                return true;
+            }
+        }
+        at = e.source();
+    }
+    false
 }
 
 fn stats_text(r: &strata_volume::report::VolumeReport) -> String {
