@@ -2622,7 +2622,6 @@ fn segment_index_dedups_against_similar_segments() {
 // ---------------------------------------------------------------------------
 // A real full filesystem under the repository.
 
-/// A tmpfs mounted for one test and unmounted (lazily) when dropped.
 /// The repository's filesystem (a 32 MiB tmpfs) fills mid-backup: the
 /// backup fails saying the disk is full, nothing is half-committed, the
 /// earlier version still checks and restores, and once space is freed the

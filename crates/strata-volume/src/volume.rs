@@ -84,10 +84,19 @@ pub(crate) struct Failure {
 
 impl Failure {
     fn new(why: String, e: Option<&io::Error>) -> Failure {
-        let kind = match e {
-            Some(e) if e.raw_os_error() == Some(libc::ENOSPC) => io::ErrorKind::StorageFull,
-            Some(e) => e.kind(),
-            None => io::ErrorKind::Other,
+        // Only a full disk (or quota) is told apart: any other kind (an
+        // EINVAL of a write to the data file, say) would tell the client
+        // its own request was wrong.
+        let full = e.is_some_and(|e| {
+            matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+                || matches!(
+                    e.kind(),
+                    io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+                )
+        });
+        let kind = match full {
+            true => io::ErrorKind::StorageFull,
+            false => io::ErrorKind::Other,
         };
         Failure { why, kind }
     }
@@ -1961,7 +1970,7 @@ impl Volume {
         // After a failure (a sync that failed may have lost pages a retry
         // would report synced) nothing is released: reopening replays.
         if let Some(f) = lock(&self.mem).failed.clone() {
-            return Err(VolumeError::Invalid(format!("the volume stopped: {f}")));
+            return Err(VolumeError::Io("checkpoint".into(), f.error()));
         }
         let (freed, done, fps, refs, covered, entries) = {
             let mut d = lock(&self.disk);
@@ -2406,6 +2415,15 @@ mod tests {
         let eio = io::Error::from_raw_os_error(libc::EIO);
         let other = Failure::new("syncing".into(), Some(&eio));
         assert_eq!(crate::nbd::errno(&other.error()), crate::nbd::EIO);
+        let quota = Failure::new(
+            "q".into(),
+            Some(&io::Error::from_raw_os_error(libc::EDQUOT)),
+        );
+        assert_eq!(quota.error().kind(), io::ErrorKind::StorageFull);
+        // Any other kind reaches the client as EIO, never as its own EINVAL.
+        let einval = io::Error::from_raw_os_error(libc::EINVAL);
+        let bad_write = Failure::new("data".into(), Some(&einval));
+        assert_eq!(crate::nbd::errno(&bad_write.error()), crate::nbd::EIO);
         let invalid = Failure::of(&VolumeError::Invalid("bad".into()));
         assert_eq!(invalid.error().kind(), io::ErrorKind::Other);
     }

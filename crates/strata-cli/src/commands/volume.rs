@@ -753,6 +753,10 @@ fn disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
             {
                 return true;
             }
+            // An error wrapping another: its source() skips the inner one.
+            if io.get_ref().is_some_and(|inner| disk_full(inner)) {
+                return true;
+            }
         }
         at = e.source();
     }
