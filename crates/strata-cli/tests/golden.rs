@@ -40,20 +40,45 @@ fn hex(s: &str) -> Vec<u8> {
         .collect()
 }
 
-fn check_fixture(dir: &Path) {
+/// A copy of fixture `dir`'s repository in a temporary directory (which
+/// also takes the restores), and its expectations (`file`).
+fn open_fixture(dir: &Path, file: &str) -> (tempfile::TempDir, PathBuf, Value) {
     let tmp = tempfile::tempdir().unwrap();
     let repo = tmp.path().join("repo");
     copy_tree(&dir.join("repo"), &repo);
-    let expected: Value =
-        serde_json::from_slice(&fs::read(dir.join("expected.json")).unwrap()).unwrap();
-    let run = |args: &[&str]| {
-        let mut c = strata();
-        c.arg("--repo")
-            .arg(&repo)
-            .env("STRATA_PASSWORD", "golden")
-            .args(args);
-        run_cmd(c, None).ok()
-    };
+    let expected: Value = serde_json::from_slice(&fs::read(dir.join(file)).unwrap()).unwrap();
+    (tmp, repo, expected)
+}
+
+/// `strata --repo REPO ARGS` with the fixtures' password; must succeed.
+fn run_in(repo: &Path, args: &[&str]) -> Run {
+    let mut c = strata();
+    c.arg("--repo")
+        .arg(repo)
+        .env("STRATA_PASSWORD", "golden")
+        .args(args);
+    run_cmd(c, None).ok()
+}
+
+/// The fixtures under `tests/golden/` that hold `file`.
+fn fixtures_with(file: &str) -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let found: Vec<PathBuf> = fs::read_dir(&root)
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .filter(|d| d.join(file).exists())
+        .collect();
+    assert!(
+        !found.is_empty(),
+        "no fixture with {file} in {}",
+        root.display()
+    );
+    found
+}
+
+fn check_fixture(dir: &Path) {
+    let (tmp, repo, expected) = open_fixture(dir, "expected.json");
+    let run = |args: &[&str]| run_in(&repo, args);
     let c = run(&["--json", "check", "--read-data"]).json();
     assert_eq!(c["errors"], serde_json::json!([]), "{}: {c}", dir.display());
     let snaps = run(&["--json", "snapshots"]).json();
@@ -101,34 +126,16 @@ fn check_fixture(dir: &Path) {
 
 #[test]
 fn golden_repositories_open_check_and_restore_exactly() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    let mut n = 0;
-    for d in fs::read_dir(&root).unwrap() {
-        let d = d.unwrap().path();
-        if d.join("expected.json").exists() {
-            check_fixture(&d);
-            n += 1;
-        }
+    for d in fixtures_with("expected.json") {
+        check_fixture(&d);
     }
-    assert!(n >= 1, "no golden repository in {}", root.display());
 }
 
 /// One golden volume fixture: every volume checked, snapshotted, restored
 /// byte-exact and checked again with its data read.
 fn check_volume_fixture(dir: &Path) {
-    let tmp = tempfile::tempdir().unwrap();
-    let repo = tmp.path().join("repo");
-    copy_tree(&dir.join("repo"), &repo);
-    let expected: Value =
-        serde_json::from_slice(&fs::read(dir.join("expected-volumes.json")).unwrap()).unwrap();
-    let run = |args: &[&str]| {
-        let mut c = strata();
-        c.arg("--repo")
-            .arg(&repo)
-            .env("STRATA_PASSWORD", "golden")
-            .args(args);
-        run_cmd(c, None).ok()
-    };
+    let (tmp, repo, expected) = open_fixture(dir, "expected-volumes.json");
+    let run = |args: &[&str]| run_in(&repo, args);
     let listed = run(&["--json", "volume", "list"]).json();
     assert_eq!(
         listed.as_array().map(Vec::len),
@@ -154,14 +161,7 @@ fn check_volume_fixture(dir: &Path) {
 
 #[test]
 fn golden_volumes_check_snapshot_and_restore_exactly() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    let mut n = 0;
-    for d in fs::read_dir(&root).unwrap() {
-        let d = d.unwrap().path();
-        if d.join("expected-volumes.json").exists() {
-            check_volume_fixture(&d);
-            n += 1;
-        }
+    for d in fixtures_with("expected-volumes.json") {
+        check_volume_fixture(&d);
     }
-    assert!(n >= 1, "no golden volume fixture in {}", root.display());
 }
