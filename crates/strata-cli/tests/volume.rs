@@ -1190,4 +1190,19 @@ fn a_seccomp_filter_does_not_end_the_server() {
     assert!(got == data, "reads under the filter");
     // Still there: SIGTERM closes it cleanly.
     stop(s);
+    // And it said how it told misses.
+    let st = r.json(&["volume", "stats", "v"]);
+    assert_eq!(st["readahead_miss_probe"], "read-nowait", "{st}");
+    let s = serve(&r, "v");
+    nbd_read(&s, 0, 1 << 20);
+    stop(s);
+    let st = r.json(&["volume", "stats", "v"]);
+    let probe = st["readahead_miss_probe"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        ["cachestat", "read-nowait", "off"].contains(&probe.as_str()),
+        "{st}"
+    );
 }

@@ -379,6 +379,15 @@ impl Readahead {
         self.probe() != Probe::Off
     }
 
+    /// How a miss is told now, for `volume stats`.
+    pub(crate) fn probe_name(&self) -> &'static str {
+        match self.probe() {
+            Probe::Cachestat => "cachestat",
+            Probe::NoWait => "read-nowait",
+            Probe::Off => "off",
+        }
+    }
+
     fn probe(&self) -> Probe {
         Probe::from_u8(self.probe.load(Ordering::Relaxed))
     }

@@ -37,6 +37,11 @@ pub struct Live {
     pub readahead_blocks_asked: u64,
     #[serde(default)]
     pub readahead_blocks_used: u64,
+    /// How a read that misses the page cache is told: `cachestat`,
+    /// `read-nowait` (older kernels, or under a seccomp filter) or `off`
+    /// (no clusters); empty in files of older builds.
+    #[serde(default)]
+    pub readahead_miss_probe: String,
     /// Physical runs per read: counts by runs (last bucket ≥ 64).
     pub fragmentation: Histogram,
     /// Blocks per read request (last bucket ≥ 256).
@@ -98,6 +103,7 @@ impl Volume {
             readahead_cluster_blocks: cluster.0,
             readahead_blocks_asked: cluster.1,
             readahead_blocks_used: cluster.2,
+            readahead_miss_probe: self.readahead.probe_name().to_string(),
             fragmentation: lock(&l.fragmentation).clone(),
             read_sizes: lock(&l.read_sizes).clone(),
         };

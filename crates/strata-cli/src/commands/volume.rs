@@ -805,9 +805,14 @@ fn stats_text(r: &strata_volume::report::VolumeReport) -> String {
             fmt_bytes(r.live.cache_memory_bytes)
         );
     }
+    if r.live.readahead_miss_probe == "off" && r.live.reads > 0 {
+        t += "readahead around misses: off (this kernel can tell no page-cache miss)\n";
+    }
     if r.live.readahead_blocks_asked > 0 {
         t += &format!(
-            "readahead around misses: {} blocks asked for, {:.1} % of them read; cluster now {}\n",
+            "readahead around misses (told by {}): {} blocks asked for, {:.1} % of them read; \
+             cluster now {}\n",
+            r.live.readahead_miss_probe,
             r.live.readahead_blocks_asked,
             100.0 * r.live.readahead_blocks_used as f64 / r.live.readahead_blocks_asked as f64,
             fmt_bytes(
