@@ -1,5 +1,5 @@
-//! `strata volume serve` with real NBD clients on loopback: nbdcopy and
-//! qemu-img write and read back, fio verifies, a kill -9 keeps every
+//! `strata volume serve` with real NBD clients on loopback: nbdcopy,
+//! qemu-img and nbdfuse write and read back, fio verifies, a kill -9 keeps every
 //! flushed write, and a misbehaving client is cut off without disturbing
 //! others. Skipped (with a message) where the NBD tools are missing; CI
 //! installs them (qemu-utils, libnbd-bin, fio).
@@ -1205,4 +1205,92 @@ fn a_seccomp_filter_does_not_end_the_server() {
         ["cachestat", "read-nowait", "off"].contains(&probe.as_str()),
         "{st}"
     );
+}
+
+/// A FUSE mount of a served volume by nbdfuse, unmounted when dropped.
+struct NbdFuse {
+    mnt: std::path::PathBuf,
+    child: Child,
+}
+
+impl Drop for NbdFuse {
+    fn drop(&mut self) {
+        let _ = Command::new("fusermount3")
+            .arg("-u")
+            .arg("-z")
+            .arg(&self.mnt)
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// nbdfuse shows the served volume as a file: what a program writes into
+/// it and syncs reads back through the file and from the server, two
+/// copies of the same data are deduplicated, and the volume checks clean.
+#[test]
+fn nbdfuse_shows_the_volume_as_a_file() {
+    use std::os::unix::fs::FileExt;
+    if !have("nbdfuse") || !have("fusermount3") {
+        return;
+    }
+    let r = new_volume("16M");
+    let s = serve(&r, "v");
+    let mnt = r.scratch("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let pidfile = r.scratch("nbdfuse.pid");
+    let child = Command::new("nbdfuse")
+        .arg("-P")
+        .arg(&pidfile)
+        .arg(&mnt)
+        .arg(&s.url)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut fuse = NbdFuse {
+        mnt: mnt.clone(),
+        child,
+    };
+    // Ready once it writes its pid; an exit first means no FUSE here.
+    let t = Instant::now();
+    while !pidfile.exists() {
+        if let Some(st) = fuse.child.try_wait().unwrap() {
+            let mut e = String::new();
+            let _ = fuse.child.stderr.take().unwrap().read_to_string(&mut e);
+            eprintln!("SKIPPED: nbdfuse cannot mount here ({st}): {e}");
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "nbdfuse did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let file = mnt.join("nbd");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&file)
+        .unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 16 << 20);
+    let data = prng(11, 1 << 20);
+    f.write_all_at(&data, 2 << 20).unwrap();
+    f.write_all_at(&data, 8 << 20).unwrap();
+    f.sync_all().unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    f.read_exact_at(&mut back, 8 << 20).unwrap();
+    assert!(back == data, "read back through the file");
+    drop(f);
+    let img = nbd_read(&s, 0, 16 << 20);
+    assert!(img[2 << 20..3 << 20] == data[..] && img[8 << 20..9 << 20] == data[..]);
+    assert!(
+        img[..2 << 20].iter().all(|&b| b == 0),
+        "nothing else written"
+    );
+    drop(fuse);
+    stop(s);
+    let st = r.json(&["volume", "stats", "v"]);
+    assert!(st["dedup_ratio"].as_f64().unwrap() > 1.9, "{st}");
+    let v = r.json(&["volume", "check", "v", "--read-data"]);
+    assert_eq!(v["problems"], serde_json::json!([]), "{v}");
 }
