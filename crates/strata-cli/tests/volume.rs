@@ -123,6 +123,13 @@ fn image(p: &Path, size: usize) -> Vec<u8> {
     d
 }
 
+/// `volume create v --from` an image file holding `img`; its JSON report.
+fn create_from(r: &Repo, img: &[u8]) -> serde_json::Value {
+    let src = r.scratch("disk.raw");
+    std::fs::write(&src, img).unwrap();
+    r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()])
+}
+
 fn new_volume(size: &str) -> Repo {
     let r = Repo::with_init(&[], None);
     r.json(&["volume", "create", "v", "--size", size]);
@@ -604,9 +611,7 @@ fn a_volume_is_made_from_an_image_or_a_snapshot() {
         img.extend(vec![0u8; 2 << 20]);
         img.extend_from_within(..1 << 20);
         img.extend(prng(4, (2 << 20) + 100));
-        let src = r.scratch("disk.raw");
-        std::fs::write(&src, &img).unwrap();
-        let c = r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+        let c = create_from(&r, &img);
         assert_eq!(c["size"], (6 << 20) + 4096, "{c}");
         assert_eq!(c["imported_bytes"], img.len(), "{c}");
         assert_eq!(c["written_bytes"], (4 << 20) + 4096, "{c}");
@@ -643,6 +648,7 @@ fn a_volume_is_made_from_an_image_or_a_snapshot() {
         want.resize(8 << 20, 0);
         assert!(std::fs::read(t2.join("w.img")).unwrap() == want);
         // Too large for the size given: refused, nothing left behind.
+        let src = r.dir().join("disk.raw");
         let run = r
             .run(&[
                 "volume",
@@ -674,9 +680,7 @@ fn a_volume_is_made_from_an_image_or_a_snapshot() {
 fn volume_check_finds_a_changed_block() {
     use std::os::unix::fs::FileExt;
     let r = Repo::new();
-    let src = r.scratch("disk.raw");
-    std::fs::write(&src, prng(9, 1 << 20)).unwrap();
-    r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+    create_from(&r, &prng(9, 1 << 20));
     let ok = r.json(&["volume", "check", "v", "--read-data"]);
     assert_eq!(ok["problems"], serde_json::json!([]), "{ok}");
     assert_eq!(ok["blocks_verified"], 256, "{ok}");
@@ -758,10 +762,8 @@ fn an_import_leaves_nothing_half_made() {
 #[test]
 fn a_volume_is_resized() {
     let r = Repo::new();
-    let src = r.scratch("disk.raw");
     let img = prng(8, 3 << 20);
-    std::fs::write(&src, &img).unwrap();
-    r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+    create_from(&r, &img);
     let g = r.json(&["volume", "resize", "v", "--size", "8M"]);
     assert_eq!(
         (g["old_size"].as_u64(), g["size"].as_u64()),
@@ -829,12 +831,10 @@ fn a_volume_is_defragmented() {
     }
     for encrypted in [false, true] {
         let r = repo(encrypted);
-        let src = r.scratch("disk.raw");
         let mut img = prng(21, 8 << 20);
         let pat = img[..1 << 20].to_vec();
         img[4 << 20..5 << 20].copy_from_slice(&pat);
-        std::fs::write(&src, &img).unwrap();
-        r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+        create_from(&r, &img);
         r.json(&["volume", "snapshot", "v"]);
         // Overwritten in place by a client: new blocks at the log's end.
         let s = serve(&r, "v");
@@ -929,11 +929,9 @@ fn a_volume_is_defragmented() {
 fn a_volume_is_copied() {
     for encrypted in [false, true] {
         let r = repo(encrypted);
-        let src = r.scratch("disk.raw");
         let mut img = prng(31, 6 << 20);
         img[2 << 20..3 << 20].fill(0);
-        std::fs::write(&src, &img).unwrap();
-        r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+        create_from(&r, &img);
         let c = r.json(&["volume", "copy", "v", "w"]);
         assert_eq!(c["size"], 6 << 20, "{c}");
         assert_eq!(c["written_bytes"], 5 << 20, "zeros not written: {c}");
@@ -1068,7 +1066,11 @@ fn a_full_disk_fails_writes_and_loses_no_flushed_one() {
     // journal), saying why if it could not close cleanly.
     // SAFETY: a signal to our own child process.
     unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
-    let status = wait_with_timeout(&mut s.child, Duration::from_secs(60));
+    let status = wait_timeout(
+        &mut s.child,
+        Duration::from_secs(60),
+        "the server after SIGTERM",
+    );
     let err = stderr.join().unwrap();
     // What it could not destage (the journal filled the disk) it says.
     assert!(!status.success(), "{err}");
@@ -1094,21 +1096,6 @@ fn a_full_disk_fails_writes_and_loses_no_flushed_one() {
     drop(mnt);
 }
 
-/// Waits for `child` to end (failing the test after `limit`).
-fn wait_with_timeout(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let t = Instant::now();
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
-        }
-        assert!(
-            t.elapsed() < limit,
-            "the server did not end within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// `len` bytes from `off` of the served volume, read over one connection
 /// in 1 MiB requests.
 fn nbd_read(s: &Served, off: u64, len: usize) -> Vec<u8> {
@@ -1131,10 +1118,8 @@ fn nbd_read(s: &Served, off: u64, len: usize) -> Vec<u8> {
 fn a_seccomp_filter_does_not_end_the_server() {
     use std::os::unix::process::CommandExt;
     let r = Repo::new();
-    let src = r.scratch("disk.raw");
     let data = prng(5, 4 << 20);
-    std::fs::write(&src, &data).unwrap();
-    r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+    create_from(&r, &data);
     let mut c = r.cmd(&["volume", "serve", "v", "--listen", "127.0.0.1:0", "--json"]);
     // SAFETY: between fork and exec only prctl is called, with a filter
     // program that lives on this stack frame until the call returns.
