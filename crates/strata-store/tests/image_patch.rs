@@ -22,9 +22,29 @@ struct Image {
     data: Arc<Vec<u8>>,
     reads: Arc<Mutex<Vec<(u64, usize)>>>,
     fail_at: Option<u64>,
+    /// Whether it tells which segments are zeros without reading them
+    /// (as a volume tells its unwritten blocks).
+    knows_holes: bool,
 }
 
 impl ReadAt for Image {
+    fn unwritten(&mut self, offset: u64, len: u64) -> io::Result<bool> {
+        if !self.knows_holes {
+            return Ok(false);
+        }
+        if self
+            .fail_at
+            .is_some_and(|f| f >= offset && f < offset + len)
+        {
+            return Err(io::Error::other("bad map"));
+        }
+        let s = offset as usize;
+        let src = self.data.get(s..s + len as usize).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::UnexpectedEof, "past the end of the image")
+        })?;
+        Ok(src.iter().all(|&b| b == 0))
+    }
+
     fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         if self
             .fail_at
@@ -56,6 +76,18 @@ fn snap(
     changed: Option<Vec<bool>>,
     fail_at: Option<u64>,
 ) -> (strata_store::error::Result<BackupReport>, Vec<(u64, usize)>) {
+    snap_holes(repo, data, base, changed, fail_at, false)
+}
+
+/// [`snap`] of an image that tells its holes or not.
+fn snap_holes(
+    repo: &Repository,
+    data: &[u8],
+    base: Option<&str>,
+    changed: Option<Vec<bool>>,
+    fail_at: Option<u64>,
+    knows_holes: bool,
+) -> (strata_store::error::Result<BackupReport>, Vec<(u64, usize)>) {
     let reads = Arc::new(Mutex::new(Vec::new()));
     let r = backup(
         repo,
@@ -66,6 +98,7 @@ fn snap(
                     data: Arc::new(data.to_vec()),
                     reads: reads.clone(),
                     fail_at,
+                    knows_holes,
                 }),
                 size: data.len() as u64,
                 base: base.map(str::to_string),
@@ -239,6 +272,7 @@ fn a_patch_needs_the_fixed_chunker() {
                     data: Arc::new(vec![1; 4096]),
                     reads: Default::default(),
                     fail_at: None,
+                    knows_holes: false,
                 }),
                 size: 4096,
                 base: None,
@@ -326,6 +360,7 @@ fn an_image_beside_grouped_small_files_does_not_wait_for_them() {
                         data: Arc::new(img2),
                         reads: Arc::default(),
                         fail_at: None,
+                        knows_holes: false,
                     }),
                     size: 3 * SEG as u64,
                     base: None,
@@ -344,4 +379,74 @@ fn an_image_beside_grouped_small_files_does_not_wait_for_them() {
         .expect("the backup finished")
         .unwrap();
     assert_eq!(files, 21);
+}
+
+/// Segments the image tells are zeros without reading them (a volume's
+/// unwritten blocks) are neither read nor hashed, wherever they lie: in a
+/// block being read, a whole piece, the image's partial last segment. The
+/// version is the one reading them would give (the same recipe), and a
+/// patch reads only the changed segments that are not holes.
+#[test]
+fn segments_known_to_be_zeros_are_not_read() {
+    use strata_store::backup::patch::PATCH_PIECE;
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(local(&tmp.path().join("repo")), small_init(false)).unwrap();
+    let piece = PATCH_PIECE as usize;
+    let mut img = random_bytes(9, 2 * piece + SEG + SEG / 2);
+    img[SEG..3 * SEG].fill(0);
+    img[piece..2 * piece].fill(0);
+    img[2 * piece + SEG..].fill(0);
+    // Zeros, but not a whole segment: read.
+    img[4 * SEG..5 * SEG - 4096].fill(0);
+    let n = img.len().div_ceil(SEG);
+    let holes = |k: usize| {
+        img[k * SEG..((k + 1) * SEG).min(img.len())]
+            .iter()
+            .all(|&b| b == 0)
+    };
+    let hole_bytes = 2 * SEG + piece + SEG / 2;
+    let (r1, reads) = snap_holes(&repo, &img, None, None, None, true);
+    let r1 = r1.unwrap();
+    assert_eq!(read_bytes(&reads), img.len() - hole_bytes, "{reads:?}");
+    assert_eq!(
+        r1.snapshot.stats.read_bytes,
+        (img.len() - hole_bytes) as u64
+    );
+    assert_eq!(r1.snapshot.stats.logical_bytes, img.len() as u64);
+    for &(o, len) in &reads {
+        let (a, b) = (o as usize / SEG, (o as usize + len - 1) / SEG);
+        assert!((a..=b).all(|k| !holes(k)), "a hole read: {o}+{len}");
+    }
+    assert!(
+        restored(&repo, &r1) == img,
+        "the version restores to the image"
+    );
+    // Read whole: the same recipe.
+    let (r2, reads) = snap(&repo, &img, Some(&r1.id), None, None);
+    let r2 = r2.unwrap();
+    assert_eq!(read_bytes(&reads), img.len());
+    assert_eq!(r2.snapshot.recipe, r1.snapshot.recipe);
+    // A hole written, another flagged changed but still a hole: only
+    // the written one is read.
+    img[SEG + 10] = 5;
+    let (r3, reads) = snap_holes(&repo, &img, Some(&r2.id), changed(n, &[1, 40]), None, true);
+    let r3 = r3.unwrap();
+    assert_eq!(reads, vec![(SEG as u64, SEG)]);
+    assert!(restored(&repo, &r3) == img);
+    assert!(
+        r3.snapshot.stats.new_raw_bytes <= 4096,
+        "{:?}",
+        r3.snapshot.stats
+    );
+    // The image cannot tell: nothing is committed.
+    let before = repo.list_snapshots().unwrap().len();
+    let at = Some(40 * PATCH_SEGMENT + 4096);
+    let (r, _) = snap_holes(&repo, &img, Some(&r3.id), changed(n, &[40]), at, true);
+    let e = r.unwrap_err().to_string();
+    assert!(
+        e.contains("bad map") && e.contains("nothing committed"),
+        "{e}"
+    );
+    assert_eq!(repo.list_snapshots().unwrap().len(), before);
+    assert_check_ok(&repo, true, "holes");
 }

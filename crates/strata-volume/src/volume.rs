@@ -568,7 +568,9 @@ impl Volume {
 static FROZEN_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Copies `src` to `dst`: a reflink (instant, whatever the size) where the
-/// file system has them (XFS, Btrfs), else a copy of the bytes.
+/// file system has them (XFS, Btrfs), else a copy of its data, its holes
+/// left holes (a mostly empty volume's map is mostly holes: a 1 TiB
+/// volume's is 2 GiB).
 fn clone_or_copy(src: &Path, dst: &Path) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     const FICLONE: libc::c_ulong = 0x4004_9409;
@@ -578,8 +580,57 @@ fn clone_or_copy(src: &Path, dst: &Path) -> io::Result<()> {
     if unsafe { libc::ioctl(to.as_raw_fd(), FICLONE as _, from.as_raw_fd()) } == 0 {
         return Ok(());
     }
-    drop(to);
-    fs::copy(src, dst).map(|_| ())
+    copy_sparse(&from, &to)
+}
+
+/// Copies `from` into the empty `to`, extent by extent of data
+/// (`SEEK_DATA`/`SEEK_HOLE`); where the file system cannot tell its holes,
+/// the whole file as one extent.
+pub(crate) fn copy_sparse(from: &File, to: &File) -> io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::fd::AsRawFd;
+    let len = from.metadata()?.len();
+    to.set_len(len)?;
+    let seek = |at: u64, whence: libc::c_int| -> io::Result<Option<u64>> {
+        let Ok(at) = libc::off_t::try_from(at) else {
+            return Ok(None);
+        };
+        // SAFETY: `from` is open; lseek only moves its offset.
+        let r = unsafe { libc::lseek(from.as_raw_fd(), at, whence) };
+        match r {
+            r if r >= 0 => Ok(Some(r as u64)),
+            _ => match io::Error::last_os_error() {
+                // No data after `at`.
+                e if e.raw_os_error() == Some(libc::ENXIO) => Ok(None),
+                e => Err(e),
+            },
+        }
+    };
+    let mut at = 0;
+    while at < len {
+        let (start, end) = match seek(at, libc::SEEK_DATA) {
+            Ok(Some(s)) => (s, seek(s, libc::SEEK_HOLE)?.unwrap_or(len).min(len)),
+            Ok(None) => break,
+            // Holes not told (EINVAL): everything is data.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (at, len),
+            Err(e) => return Err(e),
+        };
+        if end <= start {
+            break;
+        }
+        let (mut r, mut w) = (from, to);
+        r.seek(SeekFrom::Start(start))?;
+        w.seek(SeekFrom::Start(start))?;
+        let n = io::copy(&mut r.take(end - start), &mut w)?;
+        if n < end - start {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the map grew shorter while it was copied",
+            ));
+        }
+        at = end;
+    }
+    Ok(())
 }
 
 impl Volume {
@@ -816,6 +867,30 @@ impl ImageSource {
             }
         }
         Ok(())
+    }
+
+    /// Whether the image's bytes `offset..offset+len` (whole blocks) are
+    /// known to be zeros without reading them: blocks never written, or
+    /// last trimmed or zeroed (a snapshot hands such a stretch on as
+    /// zeros, neither read nor fingerprinted).
+    pub fn unwritten(&mut self, offset: u64, len: u64) -> io::Result<bool> {
+        let bs = BLOCK as u64;
+        if !offset.is_multiple_of(bs)
+            || !len.is_multiple_of(bs)
+            || offset.checked_add(len).is_none_or(|e| e > self.size())
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{len} bytes at {offset} of the image"),
+            ));
+        }
+        let (first, n) = (offset / bs, (len / bs) as usize);
+        match self {
+            ImageSource::Live { vol, .. } => vol.unwritten(first, n),
+            ImageSource::Frozen { map, .. } => {
+                Ok(read_u64s(map, first, n)?.iter().all(|&e| e == 0))
+            }
+        }
     }
 
     /// The image's bytes.
@@ -1298,6 +1373,25 @@ impl Volume {
 
     /// Reads whole blocks `first..first+n` into `out`; returns which are
     /// zeros and how many physical runs the disk reads touched.
+    /// Whether blocks `first..first+n` were never written or were last
+    /// trimmed or zeroed: they read as zeros without a disk read (the
+    /// buffer first, then the map).
+    fn unwritten(&self, first: u64, n: usize) -> io::Result<bool> {
+        let m = lock(&self.mem);
+        let mut on_disk = false;
+        for b in first..first.saturating_add(n as u64) {
+            match Self::src(&m, b) {
+                Src::Zero => {}
+                Src::Disk => on_disk = true,
+                Src::Mem(_) | Src::At(_) => return Ok(false),
+            }
+        }
+        drop(m);
+        // (A block not in the buffer when it was looked at is in the map:
+        // a destaged batch is mapped before it leaves the buffer.)
+        Ok(!on_disk || self.map.read(first, n)?.iter().all(|&e| e == 0))
+    }
+
     /// Reads blocks `first..` into `out`; `track`: a client's read (not a
     /// snapshot's), which steers the clusters read around misses.
     fn read_blocks(
@@ -2398,6 +2492,39 @@ fn scan_refs(
 #[cfg(test)]
 mod tests {
     use super::{io, Failure, RecentReads, VolumeError, RECENT_READS};
+
+    /// The freeze's copy of a map keeps its holes: a mostly empty map's
+    /// copy takes about what its data does, and reads back the same.
+    #[test]
+    fn a_map_copy_keeps_its_holes() {
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        let dir = tempfile::tempdir().unwrap();
+        let (src, dst) = (dir.path().join("map"), dir.path().join("copy"));
+        let f = std::fs::File::create(&src).unwrap();
+        f.set_len(64 << 20).unwrap();
+        f.write_all_at(&[7u8; 4096], 0).unwrap();
+        f.write_all_at(&[9u8; 100], 40 << 20).unwrap();
+        drop(f);
+        super::clone_or_copy(&src, &dst).unwrap();
+        let (a, b) = (std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap());
+        assert!(a == b, "the copy reads the same");
+        let used = std::fs::metadata(&dst).unwrap().blocks() * 512;
+        // (A file system that cannot tell holes copies every byte.)
+        let src_used = std::fs::metadata(&src).unwrap().blocks() * 512;
+        if src_used < 1 << 20 {
+            assert!(used < 1 << 20, "{used} bytes taken by the copy");
+        }
+        // An empty map, and a map that is data only.
+        std::fs::File::create(&src)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        super::clone_or_copy(&src, &dst).unwrap();
+        assert_eq!(std::fs::read(&dst).unwrap(), vec![0u8; 1 << 20]);
+        std::fs::write(&src, [3u8; 12345]).unwrap();
+        super::clone_or_copy(&src, &dst).unwrap();
+        assert_eq!(std::fs::read(&dst).unwrap(), vec![3u8; 12345]);
+    }
 
     /// A full disk stops a volume as one: its writes then get ENOSPC over
     /// NBD (not EIO), and the error says it was full.

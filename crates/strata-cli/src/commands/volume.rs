@@ -85,8 +85,9 @@ pub enum VolumeCmd {
         /// Tag the snapshot (repeatable).
         #[arg(long)]
         tag: Vec<String>,
-        /// Read every block, not only what changed since the last
-        /// snapshot.
+        /// Read every written block, not only what changed since the
+        /// last snapshot (blocks never written, trimmed or zeroed are
+        /// known to be zeros and never read).
         #[arg(long)]
         read_all: bool,
     },
@@ -534,6 +535,10 @@ struct ImageAt(strata_volume::ImageSource);
 impl ReadAt for ImageAt {
     fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
         self.0.read_exact_at(offset, buf)
+    }
+
+    fn unwritten(&mut self, offset: u64, len: u64) -> std::io::Result<bool> {
+        self.0.unwritten(offset, len)
     }
 }
 

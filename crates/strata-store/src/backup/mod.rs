@@ -241,6 +241,7 @@ fn image_entries(
         clean: Default::default(),
         prev: None,
         at: 0,
+        hole: None,
     })));
     stream_entries(&p.name, source, Some(p.time_ns), progress)
 }

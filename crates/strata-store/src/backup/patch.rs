@@ -33,6 +33,14 @@ pub trait ReadAt: Send {
     /// Fills `buf` with the stream's bytes from `offset` (all of them, or
     /// an error).
     fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+
+    /// Whether the bytes `offset..offset+len` are known to be zeros
+    /// without reading them (a volume's blocks never written, say): such a
+    /// segment is handed on as zero chunks, neither read nor hashed. By
+    /// default nothing is known.
+    fn unwritten(&mut self, _offset: u64, _len: u64) -> io::Result<bool> {
+        Ok(false)
+    }
 }
 
 /// An image backed up as one file (`name`) of which only the segments
@@ -71,6 +79,13 @@ impl ReadAt for SharedImage {
             .unwrap_or_else(|e| e.into_inner())
             .read_exact_at(offset, buf)
     }
+
+    fn unwritten(&mut self, offset: u64, len: u64) -> io::Result<bool> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwritten(offset, len)
+    }
 }
 
 /// The bytes of one piece of a patched image: the recipe writer's piece
@@ -97,9 +112,40 @@ pub(crate) struct PatchSource {
     pub prev: Option<super::parent::PrevSegments>,
     /// The next offset to hand on.
     pub at: u64,
+    /// A segment found unwritten ([`ReadAt::unwritten`]) while reading up
+    /// to it, not asked again when it comes.
+    pub hole: Option<u64>,
+}
+
+/// A segment of `len` bytes of zeros, known without reading it: its
+/// chunks as the fixed chunker cuts it, all zero (stored nowhere).
+fn zero_segment(len: u64) -> CleanSegment {
+    let mut job = SegmentJob::default();
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(PATCH_CHUNK);
+        job.push_known(strata_core::Fingerprint::ZERO, true, n as u32);
+        at += n;
+    }
+    (job, Vec::new())
 }
 
 impl PatchSource {
+    /// Where segment `k` of this job ends.
+    fn segment_end(&self, k: u64) -> u64 {
+        ((k + 1) * PATCH_SEGMENT).min(self.end)
+    }
+
+    /// Whether segment `k` is known to be zeros without reading it (asked
+    /// of the source once).
+    fn is_hole(&mut self, k: u64) -> io::Result<bool> {
+        if self.hole == Some(k) {
+            return Ok(true);
+        }
+        let at = k * PATCH_SEGMENT;
+        self.source.unwritten(at, self.segment_end(k) - at)
+    }
+
     /// The byte ranges that will be read: the segments not in `clean`,
     /// neighbours merged, in order.
     pub(crate) fn read_ranges(&self) -> Vec<(u64, u64)> {
@@ -134,23 +180,53 @@ impl PatchSource {
                 .and_then(|i| self.prev.as_mut()?.take(i));
             // (One whose chunks are not found after all, which the walk
             // checked they were, would be read.)
-            if let Some(known) = known {
+            let hole = match known {
+                Some(_) => None,
+                None => match self.is_hole(at / PATCH_SEGMENT) {
+                    Ok(h) => h.then(|| zero_segment(self.segment_end(at / PATCH_SEGMENT) - at)),
+                    Err(e) => {
+                        b.end = Some(Err(format!("reading the map at byte {at}: {e}")));
+                        return b;
+                    }
+                },
+            };
+            if let Some(k) = &known {
+                ctx.parent_bytes.fetch_add(k.0.len(), Ordering::Relaxed);
+            }
+            if let Some(known) = known.or(hole) {
                 let span = known.0.len();
                 b.span = span;
                 b.known = Some(known);
                 self.at += span;
                 ctx.progress.bytes_done.fetch_add(span, Ordering::Relaxed);
-                ctx.parent_bytes.fetch_add(span, Ordering::Relaxed);
                 if self.at >= self.end {
                     b.end = Some(Ok(()));
                 }
                 return b;
             }
         }
-        // Read up to the next unchanged segment, never into it.
+        // Read up to the next unchanged or unwritten segment, never into
+        // it.
         let mut end = (at + block as u64).min(self.end);
         if let Some((&k, _)) = self.clean.range(at / PATCH_SEGMENT + 1..).next() {
             end = end.min(k * PATCH_SEGMENT);
+        }
+        for k in at / PATCH_SEGMENT + 1..end.div_ceil(PATCH_SEGMENT) {
+            match self.is_hole(k) {
+                Ok(false) => {}
+                Ok(true) => {
+                    self.hole = Some(k);
+                    end = k * PATCH_SEGMENT;
+                    break;
+                }
+                Err(e) => {
+                    b.end = Some(Err(format!(
+                        "reading the map at byte {}: {e}",
+                        k * PATCH_SEGMENT
+                    )));
+                    return b;
+                }
+            }
         }
         let started = Instant::now();
         let mut data = vec![0u8; (end - at) as usize];

@@ -338,6 +338,7 @@ impl<'a, 'p> Walker<'a, 'p> {
                 clean: Default::default(),
                 prev: None,
                 at: s,
+                hole: None,
             };
             let same = window.iter().find(|(at, _)| *at == s).map(|(_, p)| p);
             if let (Some(ch), Some(prev)) = (&changed, same) {
