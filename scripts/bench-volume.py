@@ -3,7 +3,7 @@
 
   scripts/bench-volume.py WORK [--size 256M] [--thresholds 1,2,4,8] [--caches 1,0.5,0.25]
   scripts/bench-volume.py WORK --fio [--fio-size 512M] [--runtime 10]
-  scripts/bench-volume.py WORK --snapshots [--snapshot-size 1G] [--repeat 3]
+  scripts/bench-volume.py WORK --snapshots [--snapshot-size 1G] [--snapshot-written 64M] [--repeat 3]
   scripts/bench-volume.py WORK --fs-image [--tree DIR] [--changes DIR] [--image-size 1G]
   scripts/bench-volume.py WORK --encryption [--enc-size 1G] [--repeat 3]
   scripts/bench-volume.py WORK --mixed [--size 128M] [--phases seq,rand]
@@ -27,8 +27,10 @@ file on the same disk (the reference NBD server): 1 MiB sequential write
 and read, 4 KiB random write and read (fio's nbd engine), page cache
 dropped before reads.
 
-Snapshot mode (`--snapshots [--snapshot-size 1G] [--repeat 3]`): a volume
-of random data snapshotted once; then per round 3 × 64 KiB written into
+Snapshot mode (`--snapshots [--snapshot-size 1G] [--snapshot-written N]
+[--repeat 3]`): a volume of random data (its first N bytes only with
+`--snapshot-written`, the rest never written: a mostly empty volume)
+snapshotted once; then per round 3 × 64 KiB written into
 three 2 MiB segments, a snapshot that reads only what changed, and — its
 change set removed (unknown, as after a crash) — a snapshot of the same
 image that reads everything (page cache dropped before each); seconds
@@ -658,8 +660,9 @@ def snapshots_mode(a):
     strata(repo, "init")
     strata(repo, "volume", "create", "v", "--size", str(size))
     s, h = serve_and_connect(repo, sock)
-    for off in range(0, size, 1 << 20):
-        h.pwrite(os.urandom(min(1 << 20, size - off)), off)
+    written = size_arg(a.snapshot_written) if a.snapshot_written else size
+    for off in range(0, min(written, size), 1 << 20):
+        h.pwrite(os.urandom(min(1 << 20, written - off, size - off)), off)
     h.flush()
     h.shutdown()
     s.stop()
@@ -860,6 +863,7 @@ def main():
     ap.add_argument("--poll", type=int, default=64)
     ap.add_argument("--snapshots", action="store_true")
     ap.add_argument("--snapshot-size", default="1G")
+    ap.add_argument("--snapshot-written", default=None)
     ap.add_argument("--fs-image", action="store_true")
     ap.add_argument("--tree", default="/usr/lib/python3")
     ap.add_argument("--changes", default="/usr/share/doc")

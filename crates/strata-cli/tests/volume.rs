@@ -945,6 +945,7 @@ fn a_volume_is_copied() {
         let c = r.json(&["volume", "copy", "v", "w"]);
         assert_eq!(c["size"], 6 << 20, "{c}");
         assert_eq!(c["written_bytes"], 5 << 20, "zeros not written: {c}");
+        assert_eq!(c["read_bytes"], 5 << 20, "the unwritten MiB not read: {c}");
         let cfg = |n: &str| -> serde_json::Value {
             serde_json::from_slice(
                 &std::fs::read(r.path.join(format!("volumes/{n}/volume.json"))).unwrap(),
@@ -1288,4 +1289,52 @@ fn nbdfuse_shows_the_volume_as_a_file() {
     assert!(st["dedup_ratio"].as_f64().unwrap() > 1.9, "{st}");
     let v = r.json(&["volume", "check", "v", "--read-data"]);
     assert_eq!(v["problems"], serde_json::json!([]), "{v}");
+}
+
+/// A sparse image file and a mostly empty volume are copied without
+/// reading their holes (`volume create --from`, `volume copy`): a 1 GiB
+/// image with 1 MiB and 4 KiB of data reads about that, and the copies
+/// hold the image exactly.
+#[test]
+fn holes_are_not_read_by_an_import_or_a_copy() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let r = Repo::with_init(&[], None);
+    let src = r.scratch("sparse.raw");
+    let len = (1u64 << 30) + 512;
+    let f = std::fs::File::create(&src).unwrap();
+    f.set_len(len).unwrap();
+    let (a, b) = (prng(41, 1 << 20), prng(42, 4096));
+    f.write_all_at(&a, 0).unwrap();
+    f.write_all_at(&b, (600 << 20) + 4096).unwrap();
+    drop(f);
+    let sparse = std::fs::metadata(&src).unwrap().blocks() * 512 < 16 << 20;
+    let c = r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+    assert_eq!(c["imported_bytes"], len, "{c}");
+    assert_eq!(c["written_bytes"], (1 << 20) + 4096, "{c}");
+    if sparse {
+        assert!(
+            c["read_bytes"].as_u64().unwrap() <= 3 << 20,
+            "holes not read: {c}"
+        );
+    } else {
+        eprintln!("the file system does not keep the image sparse: every byte read");
+    }
+    let w = r.json(&["volume", "copy", "v", "w"]);
+    assert_eq!(w["size"], len.div_ceil(4096) * 4096, "{w}");
+    assert_eq!(w["read_bytes"], 2 << 20, "two MiB with data read: {w}");
+    assert_eq!(w["written_bytes"], (1 << 20) + 4096, "{w}");
+    r.json(&["volume", "snapshot", "w"]);
+    let t = r.scratch("t");
+    r.restore("volume:w@latest", &t);
+    let got = std::fs::File::open(t.join("w.img")).unwrap();
+    assert_eq!(got.metadata().unwrap().len(), len.div_ceil(4096) * 4096);
+    let mut buf = vec![0u8; 1 << 20];
+    got.read_exact_at(&mut buf, 0).unwrap();
+    assert!(buf == a, "the first MiB");
+    got.read_exact_at(&mut buf[..4096], (600 << 20) + 4096)
+        .unwrap();
+    assert!(buf[..4096] == b[..], "the block at 600 MiB");
+    got.read_exact_at(&mut buf, 300 << 20).unwrap();
+    assert!(buf.iter().all(|&x| x == 0), "a hole reads as zeros");
+    r.json(&["volume", "check", "w", "--read-data"]);
 }

@@ -715,6 +715,29 @@ impl io::Read for ImageReader {
     }
 }
 
+impl ImageReader {
+    /// Goes on reading at byte `offset` (a block boundary within the
+    /// image): what lies between is passed over unread.
+    pub fn skip_to(&mut self, offset: u64) -> io::Result<()> {
+        if !offset.is_multiple_of(BLOCK as u64) || offset > self.src.size() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a skip to byte {offset} of the image"),
+            ));
+        }
+        self.buf.clear();
+        self.at = 0;
+        let (ImageSource::Live { pos, .. } | ImageSource::Frozen { pos, .. }) = &mut self.src;
+        *pos = offset;
+        Ok(())
+    }
+
+    /// See [`ImageSource::unwritten`].
+    pub fn unwritten(&mut self, offset: u64, len: u64) -> io::Result<bool> {
+        self.src.unwritten(offset, len)
+    }
+}
+
 /// Where an [`ImageReader`] reads from.
 pub enum ImageSource {
     Live {

@@ -50,7 +50,7 @@ pub enum VolumeCmd {
         /// Fill the new volume from a raw disk image (a file, a block
         /// device, or `-` for standard input with `--size`): its blocks
         /// of zeros are left unwritten (thin), the rest deduplicated as a
-        /// client's writes. A volume's snapshot comes back as a volume
+        /// client's writes; a sparse file's holes are not even read. A volume's snapshot comes back as a volume
         /// with `strata dump volume:NAME@latest NAME.img | strata volume
         /// create NAME2 --size SIZE --from -`.
         #[arg(long, value_name = "FILE")]
@@ -135,8 +135,8 @@ pub enum VolumeCmd {
     /// Copy a stopped volume into a new one (a template for several VMs,
     /// or a copy to try something on): the same size and settings, its
     /// own key in an encrypted repository, deduplicated as it is written,
-    /// blocks of zeros left unwritten. The new volume is there only once
-    /// whole.
+    /// blocks of zeros left unwritten (and blocks never written not even
+    /// read). The new volume is there only once whole.
     Copy {
         /// The volume to copy.
         from: String,
@@ -325,7 +325,8 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             };
             let mut j = serde_json::json!({"volume": name, "size": size, "dedup": !no_dedup, "encrypted": encrypted});
             if let Some(i) = &imported {
-                j["imported_bytes"] = i.read.into();
+                j["imported_bytes"] = i.size.into();
+                j["read_bytes"] = i.read.into();
                 j["written_bytes"] = i.written.into();
             }
             out.result(&j, || {
@@ -336,8 +337,9 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
                 );
                 if let Some(i) = &imported {
                     t += &format!(
-                        "\nfilled from {}: {} read, {} not zeros",
+                        "\nfilled from {}: {} ({} read, the rest holes), {} not zeros",
                         i.name,
+                        fmt_bytes(i.size),
                         fmt_bytes(i.read),
                         fmt_bytes(i.written)
                     );
@@ -445,11 +447,7 @@ fn copy(cli: &crate::Cli, out: &Out, root: &std::path::Path, from: &str, to: &st
     let new = new_key(cli, &mut cfg)?;
     let vol = Volume::open_to_read(&src, key.as_ref())
         .with_context(|| format!("opening volume {from}"))?;
-    let source = import::Source::new(
-        format!("volume {from}"),
-        Box::new(vol.image_reader()),
-        vol.size(),
-    );
+    let source = import::Source::volume(format!("volume {from}"), vol.image_reader(), vol.size());
     let copied = import::create_filled(cli, &dst, cfg, new.as_ref(), source);
     let closed = vol
         .close()
@@ -457,10 +455,12 @@ fn copy(cli: &crate::Cli, out: &Out, root: &std::path::Path, from: &str, to: &st
     let copied = copied?;
     closed?;
     out.result(
-        &serde_json::json!({"volume": to, "from": from, "size": copied.read, "written_bytes": copied.written}),
+        &serde_json::json!({"volume": to, "from": from, "size": copied.size,
+            "read_bytes": copied.read, "written_bytes": copied.written}),
         || {
             format!(
-                "volume {to} copied from {from}: {} ({} not zeros)",
+                "volume {to} copied from {from}: {} ({} read, the rest never written; {} not zeros)",
+                fmt_bytes(copied.size),
                 fmt_bytes(copied.read),
                 fmt_bytes(copied.written)
             )

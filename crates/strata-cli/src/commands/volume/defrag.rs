@@ -109,11 +109,7 @@ pub(super) fn defrag(
     let copied = Volume::create(&tmp, cfg)
         .context("creating the copy")
         .and_then(|()| {
-            let src = Source::new(
-                format!("volume {name}"),
-                Box::new(old.image_reader()),
-                old.size(),
-            );
+            let src = Source::volume(format!("volume {name}"), old.image_reader(), old.size());
             fill(cli, &tmp, key, src, "defrag")
         });
     // Closed, but still locked: no server opens it before the swap.

@@ -18,17 +18,27 @@ const CHUNK: usize = 1 << 20;
 /// Where the image comes from.
 pub(super) struct Source {
     pub name: String,
-    reader: Box<dyn Read>,
+    input: Input,
     /// Bytes, when known (not for standard input).
     size: Option<u64>,
 }
 
+/// How the image is read.
+enum Input {
+    /// Front to back (standard input, a block device).
+    Stream(Box<dyn Read>),
+    /// A regular file: its holes (`SEEK_DATA`) are passed over unread.
+    File(File),
+    /// A volume's image: its unwritten blocks are passed over unread.
+    Volume(strata_volume::ImageReader),
+}
+
 impl Source {
-    /// `size` bytes from `reader`.
-    pub fn new(name: String, reader: Box<dyn Read>, size: u64) -> Source {
+    /// The image of a volume, `size` bytes.
+    pub fn volume(name: String, reader: strata_volume::ImageReader, size: u64) -> Source {
         Source {
             name,
-            reader,
+            input: Input::Volume(reader),
             size: Some(size),
         }
     }
@@ -37,7 +47,7 @@ impl Source {
         if path == Path::new("-") {
             return Ok(Source {
                 name: "standard input".into(),
-                reader: Box::new(std::io::stdin()),
+                input: Input::Stream(Box::new(std::io::stdin())),
                 size: None,
             });
         }
@@ -47,20 +57,24 @@ impl Source {
         if meta.is_dir() {
             bail!("{name} is a directory, not a disk image");
         }
+        if meta.is_file() {
+            return Ok(Source {
+                name,
+                input: Input::File(f),
+                size: Some(meta.len()),
+            });
+        }
         // A block device's size is where its end is (a pipe has none).
-        let size = match meta.is_file() {
-            true => Some(meta.len()),
-            false => match f.seek(SeekFrom::End(0)) {
-                Ok(n) => {
-                    f.rewind().with_context(|| format!("reading {name}"))?;
-                    Some(n).filter(|&n| n > 0)
-                }
-                Err(_) => None,
-            },
+        let size = match f.seek(SeekFrom::End(0)) {
+            Ok(n) => {
+                f.rewind().with_context(|| format!("reading {name}"))?;
+                Some(n).filter(|&n| n > 0)
+            }
+            Err(_) => None,
         };
         Ok(Source {
             name,
-            reader: Box::new(f),
+            input: Input::Stream(Box::new(f)),
             size,
         })
     }
@@ -69,12 +83,77 @@ impl Source {
     pub fn size_hint(&self) -> Option<u64> {
         self.size.map(|s| s.div_ceil(BLOCK as u64) * BLOCK as u64)
     }
+
+    /// Where the image's next data may begin, at or after byte `at` (a
+    /// block boundary): a hole of a file, or unwritten blocks of a volume,
+    /// are passed over; a stream has none.
+    fn next_data(&mut self, at: u64) -> std::io::Result<u64> {
+        let size = self.size.unwrap_or(u64::MAX);
+        match &mut self.input {
+            Input::Stream(_) => Ok(at),
+            Input::File(f) => Ok(match seek_data(f, at)? {
+                Some(d) => (d / BLOCK as u64 * BLOCK as u64).max(at),
+                None => size.max(at),
+            }),
+            Input::Volume(r) => {
+                let mut at = at;
+                while at < size {
+                    let n = (size - at).min(CHUNK as u64);
+                    if !r.unwritten(at, n)? {
+                        break;
+                    }
+                    at += n;
+                }
+                Ok(at)
+            }
+        }
+    }
+
+    /// Fills `buf` from byte `at` unless the image ends first; returns the
+    /// bytes read.
+    fn read_at(&mut self, at: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        match &mut self.input {
+            Input::Stream(r) => read_full(r, buf),
+            Input::File(f) => {
+                f.seek(SeekFrom::Start(at))?;
+                read_full(f, buf)
+            }
+            Input::Volume(r) => {
+                r.skip_to(at)?;
+                read_full(r, buf)
+            }
+        }
+    }
+}
+
+/// The first byte of data at or after `at` in a regular file (`None`:
+/// none); `at` itself where the file system cannot tell.
+fn seek_data(f: &File, at: u64) -> std::io::Result<Option<u64>> {
+    use std::os::fd::AsRawFd;
+    let Ok(off) = libc::off_t::try_from(at) else {
+        return Ok(Some(at));
+    };
+    // SAFETY: `f` is open; lseek only moves its offset (read_at sets it
+    // again before reading).
+    let r = unsafe { libc::lseek(f.as_raw_fd(), off, libc::SEEK_DATA) };
+    if r >= 0 {
+        return Ok(Some(r as u64));
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENXIO) => Ok(None),
+        Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Ok(Some(at)),
+        _ => Err(e),
+    }
 }
 
 /// What an import did.
 pub(super) struct Imported {
     pub name: String,
     /// Bytes of the image.
+    pub size: u64,
+    /// Bytes read from it (its holes, or a volume's unwritten blocks, are
+    /// not).
     pub read: u64,
     /// Bytes written to the volume (those not zeros).
     pub written: u64,
@@ -133,14 +212,29 @@ pub(super) fn fill(
         .bytes_total
         .store(src.size.unwrap_or(0), Ordering::Relaxed);
     let mut buf = vec![0u8; CHUNK];
-    let (mut at, mut written) = (0u64, 0u64);
+    let (mut at, mut written, mut read) = (0u64, 0u64, 0u64);
     let copied = (|| -> Result<()> {
+        if let Some(s) = src.size.filter(|&s| s > size) {
+            bail!(
+                "{} ({s} bytes) is larger than the volume ({size} bytes): give a larger --size",
+                src.name
+            );
+        }
         loop {
-            let n = read_full(&mut src.reader, &mut buf)
+            at = src
+                .next_data(at)
+                .with_context(|| format!("reading {} at byte {at}", src.name))?;
+            progress.progress.bytes_done.store(at, Ordering::Relaxed);
+            if src.size.is_some_and(|s| at >= s) {
+                return Ok(());
+            }
+            let n = src
+                .read_at(at, &mut buf)
                 .with_context(|| format!("reading {} at byte {at}", src.name))?;
             if n == 0 {
                 return Ok(());
             }
+            read += n as u64;
             if at + n as u64 > size {
                 bail!(
                     "{} is larger than the volume ({size} bytes): give a larger --size",
@@ -169,7 +263,8 @@ pub(super) fn fill(
     closed?;
     Ok(Imported {
         name: src.name,
-        read: at,
+        size: at,
+        read,
         written,
     })
 }
