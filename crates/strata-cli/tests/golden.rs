@@ -4,7 +4,9 @@
 //! the same snapshot ids and restore every version byte-exact — including
 //! reverse-deduplicated (archival) ones, hard links, symlinks, an empty
 //! file, a zero run and a name that is not UTF-8. A format change that
-//! would strand old repositories fails here. Golden volumes
+//! would strand old repositories fails here (`recipe-pieces-1` holds a
+//! volume's snapshots, recipes of structure version 4 whose part
+//! references tell their pieces). Golden volumes
 //! (`scripts/make-golden-volumes`, `expected-volumes.json`): each volume of
 //! the fixture checks clean, is snapshotted (one left unclean by a kill -9
 //! replays its journal first) and restores byte-exact, then checks clean

@@ -795,6 +795,13 @@ pub const RECIPE_INDEX_VERSION: u8 = 2;
 /// recipe instead of reporting a path twice.
 pub const RECIPE_INDEX_CONTINUED: u8 = 3;
 
+/// Version byte of a [`RecipeIndex`] of continued files (as
+/// [`RECIPE_INDEX_CONTINUED`]) whose part references may say which piece
+/// of a file their part holds alone ([`PartRef::piece`]): a new version of
+/// an image takes such a part over unread when none of its segments
+/// changed. Versions 2 and 3 are still read (no piece known).
+pub const RECIPE_INDEX_PIECES: u8 = 4;
+
 /// A version's recipe as stored since recipe version 2: the list of its
 /// parts (each a [`Recipe`] of consecutive nodes, stored as its own
 /// content-addressed object, so versions share the parts of unchanged
@@ -822,6 +829,60 @@ pub struct PartRef {
     /// The part's container table as indexes into
     /// [`RecipeIndex::containers`].
     pub containers: Vec<u32>,
+    /// The piece of a file the part holds alone, when known (structure
+    /// version [`RECIPE_INDEX_PIECES`]).
+    pub piece: Option<PieceRef>,
+}
+
+/// What a part holding a single piece of a file holds, told without
+/// reading it: enough for a new version of the file to know that the
+/// part is what it would write for the same piece.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PieceRef {
+    /// The byte of the file at which the piece begins, and its bytes.
+    pub offset: u64,
+    pub len: u64,
+    /// Keyed hash of the node's metadata (every field but its segments,
+    /// in the structure encoding).
+    pub meta: Fingerprint,
+    /// The bytes every segment of the piece holds but the last, which
+    /// holds at most that many (0: the segments differ in length).
+    pub segment: u32,
+    /// Its direct chunk references and their bytes.
+    pub direct_chunks: u64,
+    pub direct_bytes: u64,
+}
+
+/// A part reference as versions 2 and 3 encode it (no piece).
+#[derive(Deserialize)]
+struct PartRefV2 {
+    id: String,
+    first: Vec<u8>,
+    nodes: u32,
+    containers: Vec<u32>,
+}
+
+/// A recipe index as versions 2 and 3 encode it.
+#[derive(Deserialize)]
+struct RecipeIndexV2 {
+    containers: Vec<ContainerId>,
+    parts: Vec<PartRefV2>,
+}
+
+/// The encoding of versions 2 and 3 (a version-4 index without pieces
+/// is written as one of them, which older readers still read).
+#[derive(Serialize)]
+struct RecipeIndexV2Out<'a> {
+    containers: &'a [ContainerId],
+    parts: Vec<PartRefV2Out<'a>>,
+}
+
+#[derive(Serialize)]
+struct PartRefV2Out<'a> {
+    id: &'a str,
+    first: &'a [u8],
+    nodes: u32,
+    containers: &'a [u32],
 }
 
 /// What a `recipes/` object holds.
@@ -832,14 +893,33 @@ pub enum RecipeObject {
     Index(RecipeIndex),
 }
 
-/// Encodes a recipe index (structure version [`RECIPE_INDEX_VERSION`], or
-/// [`RECIPE_INDEX_CONTINUED`] when it holds continued files).
+/// Encodes a recipe index: structure version [`RECIPE_INDEX_PIECES`]
+/// when a part says which piece it holds (its files are continued), else
+/// [`RECIPE_INDEX_CONTINUED`] when it holds continued files, else
+/// [`RECIPE_INDEX_VERSION`].
 pub fn encode_recipe_index(r: &RecipeIndex) -> Result<Vec<u8>> {
+    let enc = |e: postcard::Error| CoreError::Encode(e.to_string());
+    if r.continued && r.parts.iter().any(|p| p.piece.is_some()) {
+        return postcard::to_extend(r, vec![RECIPE_INDEX_PIECES]).map_err(enc);
+    }
     let v = match r.continued {
         true => RECIPE_INDEX_CONTINUED,
         false => RECIPE_INDEX_VERSION,
     };
-    postcard::to_extend(r, vec![v]).map_err(|e| CoreError::Encode(e.to_string()))
+    let old = RecipeIndexV2Out {
+        containers: &r.containers,
+        parts: r
+            .parts
+            .iter()
+            .map(|p| PartRefV2Out {
+                id: &p.id,
+                first: &p.first,
+                nodes: p.nodes,
+                containers: &p.containers,
+            })
+            .collect(),
+    };
+    postcard::to_extend(&old, vec![v]).map_err(enc)
 }
 
 /// Decodes a `recipes/` object of any version this build reads.
@@ -851,11 +931,30 @@ pub fn decode_recipe_object(bytes: &[u8]) -> Result<RecipeObject> {
         msg: e.to_string(),
     };
     match v {
-        RECIPE_INDEX_VERSION | RECIPE_INDEX_CONTINUED => postcard::from_bytes(body)
+        RECIPE_INDEX_PIECES => postcard::from_bytes(body)
             .map(|i| {
                 RecipeObject::Index(RecipeIndex {
-                    continued: v == RECIPE_INDEX_CONTINUED,
+                    continued: true,
                     ..i
+                })
+            })
+            .map_err(err),
+        RECIPE_INDEX_VERSION | RECIPE_INDEX_CONTINUED => postcard::from_bytes(body)
+            .map(|i: RecipeIndexV2| {
+                RecipeObject::Index(RecipeIndex {
+                    containers: i.containers,
+                    parts: i
+                        .parts
+                        .into_iter()
+                        .map(|p| PartRef {
+                            id: p.id,
+                            first: p.first,
+                            nodes: p.nodes,
+                            containers: p.containers,
+                            piece: None,
+                        })
+                        .collect(),
+                    continued: v == RECIPE_INDEX_CONTINUED,
                 })
             })
             .map_err(err),
@@ -865,7 +964,7 @@ pub fn decode_recipe_object(bytes: &[u8]) -> Result<RecipeObject> {
         found => Err(CoreError::UnknownVersion {
             what: WHAT,
             found,
-            supported: RECIPE_INDEX_CONTINUED,
+            supported: RECIPE_INDEX_PIECES,
         }),
     }
 }
@@ -1163,6 +1262,7 @@ mod tests {
                 first: b"a/b".to_vec(),
                 nodes: 3,
                 containers: vec![0],
+                piece: None,
             }],
             continued: false,
         };
@@ -1175,15 +1275,37 @@ mod tests {
         // With continued files: the same encoding under version 3.
         let cont = RecipeIndex {
             continued: true,
-            ..idx
+            ..idx.clone()
         };
         let b3 = encode_recipe_index(&cont).unwrap();
         assert_eq!(b3[0], RECIPE_INDEX_CONTINUED);
         assert_eq!(b3[1..], bytes[1..]);
         assert_eq!(
             decode_recipe_object(&b3).unwrap(),
-            RecipeObject::Index(cont)
+            RecipeObject::Index(cont.clone())
         );
+        // A part that says which piece it holds: version 4, continued.
+        let mut pieces = cont.clone();
+        pieces.parts[0].piece = Some(PieceRef {
+            offset: 64 << 20,
+            len: 2 << 20,
+            meta: Fingerprint([5; 32]),
+            segment: 2 << 20,
+            direct_chunks: 512,
+            direct_bytes: 2 << 20,
+        });
+        let b4 = encode_recipe_index(&pieces).unwrap();
+        assert_eq!(b4[0], RECIPE_INDEX_PIECES);
+        assert_eq!(
+            decode_recipe_object(&b4).unwrap(),
+            RecipeObject::Index(pieces.clone())
+        );
+        // Without continued files no piece is kept: version 2.
+        let plain = RecipeIndex {
+            continued: false,
+            ..pieces
+        };
+        assert_eq!(encode_recipe_index(&plain).unwrap(), bytes);
         let mut future = bytes.clone();
         future[0] = 9;
         assert!(decode_recipe_object(&future).is_err());

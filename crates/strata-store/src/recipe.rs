@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use strata_core::crypto::Kind;
 use strata_core::format::{
     decode, decode_recipe_object, encode_recipe_index, path_cmp, ContainerId, Node, NodeKind,
-    PartRef, Recipe, RecipeIndex, RecipeObject, STRUCT_VERSION,
+    PartRef, PieceRef, Recipe, RecipeIndex, RecipeObject, SegmentRef, STRUCT_VERSION,
 };
 
 /// Object prefix of recipe parts.
@@ -155,6 +155,8 @@ pub struct Parts<'r> {
     continued: bool,
     /// Path and kind of the last node handed out.
     last: Option<(Vec<u8>, NodeKind)>,
+    /// Where the next piece of the last node's file begins.
+    file_at: Option<u64>,
 }
 
 impl<'r> Parts<'r> {
@@ -181,11 +183,47 @@ impl<'r> Parts<'r> {
             parts: Default::default(),
             continued: false,
             last: None,
+            file_at: Some(0),
         }
     }
 
     pub fn repo(&self) -> &'r Repository {
         self.repo
+    }
+
+    /// Follows the offset of the file being read across `nodes`, and
+    /// checks that a part holding one piece is the one its reference
+    /// tells (a new version takes such a part over unread: what it says
+    /// must hold).
+    fn check_piece(&mut self, name: &str, p: &PartRef, nodes: &mut [Node]) -> Result<()> {
+        for n in nodes.iter_mut() {
+            let offset = match &self.last {
+                Some((path, NodeKind::File)) if *path == n.path && n.kind == NodeKind::File => {
+                    self.file_at
+                }
+                _ => Some(0),
+            };
+            let len: u64 = n.segments.iter().map(SegmentRef::len).sum();
+            self.file_at = offset.map(|o| o + len);
+            self.last = Some((n.path.clone(), n.kind));
+            let Some(told) = p.piece.as_ref().filter(|_| p.nodes == 1) else {
+                continue;
+            };
+            let found = piece_ref(self.repo.hasher(), n, told.offset)?;
+            if offset != Some(told.offset) || found != *told {
+                return Err(StoreError::corrupt(
+                    name.to_string(),
+                    strata_core::CoreError::Decode {
+                        what: "recipe part",
+                        msg: format!(
+                            "holds another piece of {} than its recipe says ({found:?} at {offset:?}, told {told:?})",
+                            n.path_str()
+                        ),
+                    },
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The next part, or `None` after the last.
@@ -196,12 +234,10 @@ impl<'r> Parts<'r> {
         let Some(p) = self.parts.pop_front() else {
             return Ok(None);
         };
-        let part = load_part(self.repo, &p.id)?;
+        let mut part = load_part(self.repo, &p.id)?;
         let name = part_name(&p.id);
         check_order(&name, &part.nodes, self.last.as_ref(), self.continued)?;
-        if let Some(n) = part.nodes.last() {
-            self.last = Some((n.path.clone(), n.kind));
-        }
+        self.check_piece(&name, &p, &mut part.nodes)?;
         if part.nodes.len() != p.nodes as usize {
             return Err(StoreError::corrupt(
                 name,
@@ -394,6 +430,45 @@ pub struct RecipeWriter<'r> {
     part_bytes: usize,
     /// Parts taken over unread ([`Self::push_part`]).
     carried: Vec<String>,
+    /// Where the next piece of the last node's file begins (none: not
+    /// known, after a part taken over that did not say).
+    file_at: Option<u64>,
+    /// The first node of the part being filled, as a [`PieceRef`]: the
+    /// part's piece if it stays the only node.
+    first_piece: Option<PieceRef>,
+}
+
+/// `node` (a file or a piece of one, with its segments) as the piece
+/// beginning at byte `offset` of its file (see [`PieceRef`]).
+pub fn piece_ref(hasher: &strata_core::Hasher, node: &mut Node, offset: u64) -> Result<PieceRef> {
+    let segments = std::mem::take(&mut node.segments);
+    let meta = postcard::to_allocvec(&*node);
+    node.segments = segments;
+    let meta = hasher
+        .hash(&meta.map_err(|e| StoreError::Invalid(format!("cannot encode a recipe node: {e}")))?);
+    let lens: Vec<u64> = node.segments.iter().map(|s| s.len()).collect();
+    let segment = match lens.split_last() {
+        Some((&last, rest)) => {
+            let l = rest.first().copied().unwrap_or(last);
+            let even = rest.iter().all(|&x| x == l) && last <= l && last > 0;
+            u32::try_from(l).ok().filter(|_| even).unwrap_or(0)
+        }
+        None => 0,
+    };
+    let direct = node
+        .segments
+        .iter()
+        .flat_map(|s| &s.chunks)
+        .filter(|c| c.is_direct());
+    let (direct_chunks, direct_bytes) = direct.fold((0, 0), |(n, b), c| (n + 1, b + c.len as u64));
+    Ok(PieceRef {
+        offset,
+        len: lens.iter().sum(),
+        meta,
+        segment,
+        direct_chunks,
+        direct_bytes,
+    })
 }
 
 impl<'r> RecipeWriter<'r> {
@@ -417,6 +492,8 @@ impl<'r> RecipeWriter<'r> {
             mirror: None,
             part_bytes: MAX_PART_BYTES,
             carried: Vec::new(),
+            file_at: Some(0),
+            first_piece: None,
         }
     }
 
@@ -492,6 +569,7 @@ impl<'r> RecipeWriter<'r> {
         mut node: Node,
         container_of: &impl Fn(u32) -> Option<ContainerId>,
     ) -> Result<()> {
+        let mut offset = Some(0);
         if let Some(last) = &mut self.last {
             if continues(last, &node) {
                 if !same_but_segments(last, &mut node) {
@@ -501,6 +579,7 @@ impl<'r> RecipeWriter<'r> {
                     )));
                 }
                 self.index.continued = true;
+                offset = self.file_at;
             } else if path_cmp(&last.path, &node.path) != std::cmp::Ordering::Less {
                 return Err(StoreError::Invalid(format!(
                     "recipe nodes out of order: {} after {}",
@@ -530,6 +609,14 @@ impl<'r> RecipeWriter<'r> {
         if self.count == 0 {
             self.first = node.path.clone();
         }
+        let file = node.kind == NodeKind::File;
+        let len: u64 = node.segments.iter().map(SegmentRef::len).sum();
+        self.file_at = offset.filter(|_| file).map(|at| at + len);
+        // (Only a part's first node may be its only one.)
+        self.first_piece = match (self.count, offset) {
+            (0, Some(at)) if file => Some(piece_ref(self.repo.hasher(), &mut node, at)?),
+            _ => None,
+        };
         postcard::to_extend(&node, std::mem::take(&mut self.body))
             .map(|b| self.body = b)
             .map_err(|e| StoreError::Invalid(format!("cannot encode a recipe node: {e}")))?;
@@ -568,6 +655,11 @@ impl<'r> RecipeWriter<'r> {
         containers: &[ContainerId],
         node: &Node,
     ) -> Result<()> {
+        // The piece it holds, if the part says (or the caller knew).
+        let piece = part
+            .piece
+            .clone()
+            .filter(|p| Some(p.offset) == self.file_at);
         if self.mirror.is_some() {
             return Err(StoreError::Invalid(format!(
                 "a part of {} taken over by a writer with a mirror (which would not have it)",
@@ -598,8 +690,10 @@ impl<'r> RecipeWriter<'r> {
         }
         self.index.continued = true;
         let containers = union_indexes(&mut self.union, &mut self.index, containers);
+        self.file_at = piece.as_ref().map(|p| p.offset + p.len);
         self.index.parts.push(PartRef {
             containers,
+            piece,
             ..part.clone()
         });
         self.nodes += part.nodes as u64;
@@ -660,11 +754,13 @@ impl<'r> RecipeWriter<'r> {
             self.parts_written += 1;
         }
         let containers = union_indexes(&mut self.union, &mut self.index, &self.table);
+        let piece = self.first_piece.take().filter(|_| self.count == 1);
         self.index.parts.push(PartRef {
             id,
             first: std::mem::take(&mut self.first),
             nodes: self.count as u32,
             containers,
+            piece,
         });
         self.table.clear();
         self.local.clear();
@@ -1014,6 +1110,52 @@ mod tests {
         let p2 = part_ids(&repo, &v2).unwrap();
         let new: Vec<_> = p2.iter().filter(|p| !p1.contains(p)).collect();
         assert_eq!(new.len(), 1, "{new:?}");
+    }
+
+    /// Each whole piece's part reference tells the piece (structure
+    /// version 4): where it begins, its bytes and segments, its metadata's
+    /// hash; a reference telling another piece than its part holds (which
+    /// a new version would take over unread) is refused by every reader.
+    #[test]
+    fn a_part_tells_its_piece_and_a_wrong_one_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let repo = repo(d.path());
+        let t = Recipe {
+            nodes: vec![big_file("vm.img", 96)], // 3 pieces
+            containers: (0..4).map(|i| ContainerId([i as u8; 16])).collect(),
+        };
+        let (id, _) = put(&repo, t).unwrap();
+        let RecipeObject::Index(idx) = load_object(&repo, &id).unwrap() else {
+            panic!("a new recipe is an index")
+        };
+        assert!(idx.continued, "pieces");
+        let told: Vec<(u64, u64, u32, u64)> = idx
+            .parts
+            .iter()
+            .map(|p| p.piece.as_ref().expect("each part holds a piece"))
+            .map(|p| (p.offset, p.len, p.segment, p.direct_chunks))
+            .collect();
+        let piece = 32 * (2 << 20);
+        assert_eq!(
+            told,
+            [0, 1, 2]
+                .map(|k| (k * piece, piece, 2 << 20, 16384))
+                .to_vec()
+        );
+        assert!(load_whole(&repo, &id).is_ok());
+        for bad in 0..3 {
+            let mut idx = idx.clone();
+            let p = idx.parts[1].piece.as_mut().unwrap();
+            match bad {
+                0 => p.offset += 4096,
+                1 => p.meta = Fingerprint([9; 32]),
+                _ => p.len -= 4096,
+            }
+            let bytes = strata_core::format::encode_recipe_index(&idx).unwrap();
+            let (wrong, _) = repo.put_encoded(Kind::Recipe, "recipes", &bytes).unwrap();
+            let e = load_whole(&repo, &wrong).unwrap_err().to_string();
+            assert!(e.contains("another piece"), "{bad}: {e}");
+        }
     }
 
     /// A part taken over (`push_part`) ends the part in the making first,

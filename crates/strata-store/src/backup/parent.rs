@@ -23,7 +23,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use strata_core::format::{
-    path_cmp, ChunkRef, ContainerId, Node, NodeKind, PartRef, RecipeObject, SegmentRef,
+    path_cmp, ChunkRef, ContainerId, Node, NodeKind, PartRef, PieceRef, RecipeObject, SegmentRef,
 };
 use strata_core::Fingerprint;
 
@@ -67,7 +67,15 @@ pub(crate) struct Parent<'a> {
     /// version hold a part with the same content, it is written again
     /// (repairing the object) rather than reused.
     suspects: Arc<Mutex<HashSet<String>>>,
+    /// The recipe index's container table (what a part's indexes name).
+    index_containers: Vec<ContainerId>,
+    /// Which pieces a patched image takes over unread (see
+    /// [`Self::set_carry`]).
+    carry: Option<CarryFilter<'a>>,
 }
+
+/// Whether a part holding the piece told is to be taken over unread.
+pub(crate) type CarryFilter<'a> = Box<dyn Fn(&PieceRef) -> bool + 'a>;
 
 /// A file of the previous version, as the walk takes it.
 pub(crate) struct PrevNode {
@@ -104,6 +112,8 @@ impl<'a> Parent<'a> {
             direct_bytes: 0,
             damaged: None,
             suspects: Arc::default(),
+            index_containers: Vec::new(),
+            carry: None,
         }
     }
 
@@ -133,7 +143,10 @@ impl<'a> Parent<'a> {
                 p.count(&nodes);
                 p.nodes = nodes.into();
             }
-            RecipeObject::Index(i) => p.parts = i.parts.into(),
+            RecipeObject::Index(i) => {
+                p.parts = i.parts.into();
+                p.index_containers = i.containers;
+            }
         }
         Ok(p)
     }
@@ -174,6 +187,11 @@ impl<'a> Parent<'a> {
             let Some(part) = self.parts.front() else {
                 return;
             };
+            // A part to be taken over unread is not read (nor those after
+            // it, which come in order after it).
+            if self.carried_unread(part) {
+                return;
+            }
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
             let (r, id) = (repo.clone(), part.id.clone());
             let part_ref = part.clone();
@@ -248,6 +266,77 @@ impl<'a> Parent<'a> {
                 false
             }
         }
+    }
+
+    /// While `filter` is set, a part that holds a single piece of a file
+    /// (told by its reference: [`PieceRef`]) for which it says yes, and
+    /// whose containers are all in the pool, is not read ahead: the walk
+    /// takes it over unread ([`Self::take_carried`]), or reads it when it
+    /// comes to it.
+    pub fn set_carry(&mut self, filter: Option<CarryFilter<'a>>) {
+        self.carry = filter;
+    }
+
+    /// The keyed hash of `node`'s metadata as a [`PieceRef`] has it (none
+    /// without a previous version).
+    pub fn piece_meta(&self, node: &mut Node) -> Option<Fingerprint> {
+        let repo = self.repo?;
+        recipe::piece_ref(repo.hasher(), node, 0)
+            .ok()
+            .map(|p| p.meta)
+    }
+
+    /// Whether `part` is one the walk takes over unread.
+    fn carried_unread(&self, part: &PartRef) -> bool {
+        let (Some(filter), Some(piece)) = (&self.carry, &part.piece) else {
+            return false;
+        };
+        part.nodes == 1
+            && filter(piece)
+            && part.containers.iter().all(|&i| {
+                self.index_containers
+                    .get(i as usize)
+                    .is_some_and(|id| self.pool.contains(id))
+            })
+    }
+
+    /// The next part, unread, if it holds the piece of `path` beginning
+    /// at byte `offset` alone and is to be taken over unread (see
+    /// [`Self::set_carry`]): nothing before it is left to walk.
+    pub fn next_carried(&self, path: &[u8], offset: u64) -> bool {
+        self.nodes.is_empty()
+            && self.reading.is_empty()
+            && self.parts.front().is_some_and(|p| {
+                p.first == path
+                    && p.piece.as_ref().is_some_and(|pc| pc.offset == offset)
+                    && self.carried_unread(p)
+            })
+    }
+
+    /// Takes [`Self::next_carried`]'s part over, unread: its reference and
+    /// container table, and the bytes of the piece.
+    pub fn take_carried(&mut self, path: &[u8], offset: u64) -> Option<(CarriedPart, u64)> {
+        if !self.next_carried(path, offset) {
+            return None;
+        }
+        let part = self.parts.pop_front()?;
+        let piece = part.piece.clone()?;
+        let containers = part
+            .containers
+            .iter()
+            .map(|&i| self.index_containers.get(i as usize).copied())
+            .collect::<Option<Vec<_>>>()?;
+        self.direct_chunks += piece.direct_chunks;
+        self.direct_bytes += piece.direct_bytes;
+        self.single = None;
+        let carried = CarriedPart {
+            part: PartRef {
+                containers: Vec::new(),
+                ..part
+            },
+            containers,
+        };
+        Some((carried, piece.len))
     }
 
     /// The previous version's node at `path` if it is a file (the first
@@ -505,9 +594,16 @@ impl PrevNode {
             && *xattrs == file.xattrs
     }
 
-    /// The part that holds it alone, if any (see [`CarriedPart`]).
-    pub fn carried(&self) -> Option<CarriedPart> {
-        self.part.clone()
+    /// The part that holds it alone, if any (see [`CarriedPart`]), as the
+    /// piece beginning at byte `offset` of its file (told in its reference
+    /// from now on, if the recipe did not).
+    pub fn carried_at(&mut self, parent: &Parent<'_>, offset: u64) -> Option<CarriedPart> {
+        let mut c = self.part.clone()?;
+        if c.part.piece.is_none() {
+            let repo = parent.repo?;
+            c.part.piece = recipe::piece_ref(repo.hasher(), &mut self.node, offset).ok();
+        }
+        Some(c)
     }
 
     /// Bytes its segments cover.

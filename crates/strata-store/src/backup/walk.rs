@@ -23,7 +23,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use strata_core::format::{path_cmp, Node, NodeKind};
+use strata_core::format::{path_cmp, Node, NodeKind, PieceRef};
 
 /// Where a job's bytes come from.
 pub(crate) enum Source {
@@ -309,9 +309,32 @@ impl<'a, 'p> Walker<'a, 'p> {
         // (first byte, piece).
         let mut window: VecDeque<(u64, PrevNode)> = VecDeque::new();
         let (mut next, mut prev_done) = (0u64, false);
+        let carry = self.carry_filter(&node, size, changed.as_deref());
+        self.parent.set_carry(carry);
         for k in 0..size.div_ceil(PATCH_PIECE).max(1) {
             let (s, e) = (k * PATCH_PIECE, ((k + 1) * PATCH_PIECE).min(size));
-            while !prev_done && next < e.saturating_add(PATCH_PIECE) {
+            // A piece none of whose segments changed, alone in a part that
+            // says so: that part, unread.
+            if let Some((carried, _)) = (k > 0 && next == s)
+                .then(|| self.parent.take_carried(&node.path, s))
+                .flatten()
+            {
+                next = e;
+                self.carry_piece(
+                    carried,
+                    Node {
+                        size,
+                        ..node.clone()
+                    },
+                    e - s,
+                    e >= size,
+                )?;
+                continue;
+            }
+            while !prev_done
+                && next < e.saturating_add(PATCH_PIECE)
+                && !self.parent.next_carried(&node.path, next)
+            {
                 let after = (next > 0).then_some(&file);
                 match self.parent.take_piece(&node.path, after) {
                     Some(piece) => {
@@ -340,8 +363,8 @@ impl<'a, 'p> Walker<'a, 'p> {
                 at: s,
                 hole: None,
             };
-            let same = window.iter().find(|(at, _)| *at == s).map(|(_, p)| p);
-            if let (Some(ch), Some(prev)) = (&changed, same) {
+            if let (Some(ch), Some((_, prev))) = (&changed, window.iter().find(|(at, _)| *at == s))
+            {
                 job.clean = prev.clean_segments_at(s, e, size, ch);
             }
             let piece = Node {
@@ -351,21 +374,21 @@ impl<'a, 'p> Walker<'a, 'p> {
             // A piece after the first whose every segment is the previous
             // version's, in a part of its own: that part, as it is (the
             // bytes the recipe writer would write for it again).
-            if let Some(carried) = same.filter(|_| k > 0).and_then(|prev| {
-                let whole = job.clean.len() as u64 == (e - s).div_ceil(PATCH_SEGMENT)
-                    && prev.len() == e - s
-                    && prev.same_file(&piece);
-                whole.then(|| prev.carried()).flatten()
-            }) {
-                self.progress.bytes_done.fetch_add(e - s, Ordering::Relaxed);
-                if e >= size {
-                    // (The job of the last piece counts the file done.)
-                    self.progress.files_done.fetch_add(1, Ordering::Relaxed);
-                }
-                self.carried_bytes += e - s;
-                self.feed.push_part(carried, piece)?;
+            let parent = &*self.parent;
+            let carried = window
+                .iter_mut()
+                .find(|(at, _)| *at == s && k > 0)
+                .and_then(|(_, prev)| {
+                    let whole = job.clean.len() as u64 == (e - s).div_ceil(PATCH_SEGMENT)
+                        && prev.len() == e - s
+                        && prev.same_file(&piece);
+                    whole.then(|| prev.carried_at(parent, s)).flatten()
+                });
+            if let Some(carried) = carried {
+                self.carry_piece(carried, piece, e - s, e >= size)?;
                 continue;
             }
+            let same = window.iter().find(|(at, _)| *at == s).map(|(_, p)| p);
             let read = match changed {
                 Some(_) => job.read_ranges(),
                 None => vec![(s, e)],
@@ -379,7 +402,55 @@ impl<'a, 'p> Walker<'a, 'p> {
             let source = Source::Patch(Mutex::new(Some(job)));
             self.feed.push(piece, Some((source, lookups)))?;
         }
+        self.parent.set_carry(None);
         Ok(())
+    }
+
+    /// Which pieces of the previous version of the image `node` (of
+    /// `size` bytes) to take over unread: those whose part says it holds
+    /// alone a whole piece after the first, at its place, cut in the
+    /// patch's segments, with the image's metadata, none of its segments
+    /// changed. None when the changes are not known.
+    fn carry_filter(
+        &self,
+        node: &Node,
+        size: u64,
+        changed: Option<&[bool]>,
+    ) -> Option<super::parent::CarryFilter<'p>> {
+        let changed = changed?.to_vec();
+        let meta = self.parent.piece_meta(&mut Node {
+            size,
+            ..node.clone()
+        })?;
+        Some(Box::new(move |p: &PieceRef| {
+            let end = p.offset.saturating_add(p.len);
+            p.offset > 0
+                && p.offset.is_multiple_of(PATCH_PIECE)
+                && p.len > 0
+                && p.len == PATCH_PIECE.min(size.saturating_sub(p.offset))
+                && p.segment as u64 == PATCH_SEGMENT
+                && p.meta == meta
+                && (p.offset / PATCH_SEGMENT..end.div_ceil(PATCH_SEGMENT))
+                    .all(|k| changed.get(k as usize) == Some(&false))
+        }))
+    }
+
+    /// Hands on the previous version's part of a piece of `len` bytes
+    /// (the last piece of its image: `last`), as it is.
+    fn carry_piece(
+        &mut self,
+        carried: CarriedPart,
+        piece: Node,
+        len: u64,
+        last: bool,
+    ) -> Result<()> {
+        self.progress.bytes_done.fetch_add(len, Ordering::Relaxed);
+        if last {
+            // (The job of the last piece counts the file done.)
+            self.progress.files_done.fetch_add(1, Ordering::Relaxed);
+        }
+        self.carried_bytes += len;
+        self.feed.push_part(carried, piece)
     }
 
     /// Records one entry. `dedup` is set for roots and their ancestors, the
