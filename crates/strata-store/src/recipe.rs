@@ -196,16 +196,18 @@ impl<'r> Parts<'r> {
     /// tells (a new version takes such a part over unread: what it says
     /// must hold).
     fn check_piece(&mut self, name: &str, p: &PartRef, nodes: &mut [Node]) -> Result<()> {
-        for n in nodes.iter_mut() {
-            let offset = match &self.last {
-                Some((path, NodeKind::File)) if *path == n.path && n.kind == NodeKind::File => {
-                    self.file_at
-                }
-                _ => Some(0),
+        for i in 0..nodes.len() {
+            let continued = match i {
+                0 => self
+                    .last
+                    .as_ref()
+                    .is_some_and(|(path, k)| continues_as(path, *k, &nodes[0])),
+                _ => continues(&nodes[i - 1], &nodes[i]),
             };
+            let n = &mut nodes[i];
+            let offset = if continued { self.file_at } else { Some(0) };
             let len: u64 = n.segments.iter().map(SegmentRef::len).sum();
-            self.file_at = offset.map(|o| o + len);
-            self.last = Some((n.path.clone(), n.kind));
+            self.file_at = offset.and_then(|o| o.checked_add(len));
             let Some(told) = p.piece.as_ref().filter(|_| p.nodes == 1) else {
                 continue;
             };
@@ -222,6 +224,9 @@ impl<'r> Parts<'r> {
                     },
                 ));
             }
+        }
+        if let Some(n) = nodes.last() {
+            self.last = Some((n.path.clone(), n.kind));
         }
         Ok(())
     }
@@ -258,7 +263,12 @@ impl<'r> Parts<'r> {
 /// Whether `n` continues the file `prev` (a further piece of one file: see
 /// [`strata_core::format::RECIPE_INDEX_CONTINUED`]).
 pub fn continues(prev: &Node, n: &Node) -> bool {
-    n.kind == NodeKind::File && prev.kind == NodeKind::File && n.path == prev.path
+    continues_as(&prev.path, prev.kind, n)
+}
+
+/// [`continues`] of a node known by its path and kind.
+fn continues_as(path: &[u8], kind: NodeKind, n: &Node) -> bool {
+    n.kind == NodeKind::File && kind == NodeKind::File && n.path == path
 }
 
 /// A recipe's nodes must come in strictly increasing [`path_cmp`] order,
@@ -611,7 +621,7 @@ impl<'r> RecipeWriter<'r> {
         }
         let file = node.kind == NodeKind::File;
         let len: u64 = node.segments.iter().map(SegmentRef::len).sum();
-        self.file_at = offset.filter(|_| file).map(|at| at + len);
+        self.file_at = offset.filter(|_| file).and_then(|at| at.checked_add(len));
         // (Only a part's first node may be its only one.)
         self.first_piece = match (self.count, offset) {
             (0, Some(at)) if file => Some(piece_ref(self.repo.hasher(), &mut node, at)?),
@@ -690,7 +700,7 @@ impl<'r> RecipeWriter<'r> {
         }
         self.index.continued = true;
         let containers = union_indexes(&mut self.union, &mut self.index, containers);
-        self.file_at = piece.as_ref().map(|p| p.offset + p.len);
+        self.file_at = piece.as_ref().and_then(|p| p.offset.checked_add(p.len));
         self.index.parts.push(PartRef {
             containers,
             piece,

@@ -453,8 +453,10 @@ fn segments_known_to_be_zeros_are_not_read() {
 
 /// A piece none of whose segments changed is taken over without reading
 /// its part: the recipe index tells which piece each part holds alone
-/// (structure version 4). Shown by taking a part away: a version that
-/// changes another piece neither reads it nor misses it.
+/// (structure version 4). Shown by damaging a part: a version that changes
+/// another piece does not read it. As a deduplicated chunk is, the part is
+/// checked to be there: a missing one is read (found damaged), its piece
+/// read from the image and its part written again.
 #[test]
 fn unchanged_pieces_are_taken_over_unread() {
     use strata_core::format::RecipeObject;
@@ -488,8 +490,8 @@ fn unchanged_pieces_are_taken_over_unread() {
     assert!(reads.is_empty());
     assert_eq!(r2.carried_bytes, img.len() as u64 - p);
     assert_eq!(r2.snapshot.recipe, r1.snapshot.recipe);
-    // The second piece's part taken away: a version changing the last
-    // piece does not read it.
+    // The second piece's part damaged: a version changing the last piece
+    // does not read it.
     let second = idx
         .parts
         .iter()
@@ -497,17 +499,30 @@ fn unchanged_pieces_are_taken_over_unread() {
         .unwrap();
     let path = root.join(strata_store::recipe::part_name(&second.id));
     let saved = std::fs::read(&path).unwrap();
-    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, vec![0x5a; saved.len()]).unwrap();
     img[3 * piece + 100] ^= 1;
     let (r3, reads) = snap(&repo, &img, Some(&r2.id), changed(n, &[n - 1]), None);
     let r3 = r3.unwrap();
     assert!(r3.warnings.is_empty(), "{:?}", r3.warnings);
     assert_eq!(reads, vec![(3 * p, SEG)]);
     assert_eq!(r3.carried_bytes, 2 * p);
-    std::fs::write(&path, saved).unwrap();
+    std::fs::write(&path, &saved).unwrap();
     assert!(
         restored(&repo, &r3) == img,
         "the version restores to the image"
     );
+    // The part gone: read instead, found missing, the piece read from the
+    // image and its part written again.
+    std::fs::remove_file(&path).unwrap();
+    let (r4, reads) = snap(&repo, &img, Some(&r3.id), changed(n, &[]), None);
+    let r4 = r4.unwrap();
+    assert!(
+        r4.warnings.iter().any(|w| w.contains("damaged")),
+        "{:?}",
+        r4.warnings
+    );
+    assert!(read_bytes(&reads) >= piece, "{reads:?}");
+    assert!(path.exists(), "the part is written again");
+    assert!(restored(&repo, &r4) == img);
     assert_check_ok(&repo, true, "carried unread");
 }

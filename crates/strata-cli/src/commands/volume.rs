@@ -86,8 +86,8 @@ pub enum VolumeCmd {
         #[arg(long)]
         tag: Vec<String>,
         /// Read every written block, not only what changed since the
-        /// last snapshot (blocks never written, trimmed or zeroed are
-        /// known to be zeros and never read).
+        /// last snapshot (a 2 MiB stretch never written, or trimmed or
+        /// zeroed, is known to be zeros and not read).
         #[arg(long)]
         read_all: bool,
     },
@@ -135,8 +135,8 @@ pub enum VolumeCmd {
     /// Copy a stopped volume into a new one (a template for several VMs,
     /// or a copy to try something on): the same size and settings, its
     /// own key in an encrypted repository, deduplicated as it is written,
-    /// blocks of zeros left unwritten (and blocks never written not even
-    /// read). The new volume is there only once whole.
+    /// blocks of zeros left unwritten (and 1 MiB stretches never written
+    /// not even read). The new volume is there only once whole.
     Copy {
         /// The volume to copy.
         from: String,

@@ -72,6 +72,9 @@ pub(crate) struct Parent<'a> {
     /// Which pieces a patched image takes over unread (see
     /// [`Self::set_carry`]).
     carry: Option<CarryFilter<'a>>,
+    /// Parts found missing when they were to be taken over: read instead
+    /// (which finds them damaged, so the new version writes them again).
+    missing: HashSet<String>,
 }
 
 /// Whether a part holding the piece told is to be taken over unread.
@@ -114,6 +117,7 @@ impl<'a> Parent<'a> {
             suspects: Arc::default(),
             index_containers: Vec::new(),
             carry: None,
+            missing: HashSet::new(),
         }
     }
 
@@ -292,6 +296,7 @@ impl<'a> Parent<'a> {
             return false;
         };
         part.nodes == 1
+            && !self.missing.contains(&part.id)
             && filter(piece)
             && part.containers.iter().all(|&i| {
                 self.index_containers
@@ -314,9 +319,20 @@ impl<'a> Parent<'a> {
     }
 
     /// Takes [`Self::next_carried`]'s part over, unread: its reference and
-    /// container table, and the bytes of the piece.
+    /// container table, and the bytes of the piece. As a deduplicated
+    /// chunk is, the part is checked to be in the repository, not read; a
+    /// missing one is read instead (and found damaged: the piece is read
+    /// from the image and its part written again).
     pub fn take_carried(&mut self, path: &[u8], offset: u64) -> Option<(CarriedPart, u64)> {
         if !self.next_carried(path, offset) {
+            return None;
+        }
+        let id = self.parts.front()?.id.clone();
+        let there = self
+            .repo
+            .is_some_and(|r| matches!(r.backend().size(&recipe::part_name(&id)), Ok(Some(_))));
+        if !there {
+            self.missing.insert(id);
             return None;
         }
         let part = self.parts.pop_front()?;
@@ -326,8 +342,8 @@ impl<'a> Parent<'a> {
             .iter()
             .map(|&i| self.index_containers.get(i as usize).copied())
             .collect::<Option<Vec<_>>>()?;
-        self.direct_chunks += piece.direct_chunks;
-        self.direct_bytes += piece.direct_bytes;
+        self.direct_chunks = self.direct_chunks.saturating_add(piece.direct_chunks);
+        self.direct_bytes = self.direct_bytes.saturating_add(piece.direct_bytes);
         self.single = None;
         let carried = CarriedPart {
             part: PartRef {
