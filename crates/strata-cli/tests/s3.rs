@@ -591,3 +591,49 @@ fn tier_seed_to_s3() {
     let c = r.json(&["check", "--read-data"]);
     assert_eq!(c["errors"], serde_json::json!([]), "{c}");
 }
+
+/// A volume's snapshots on the cloud tier: the version the volume's
+/// changes count from moves to the bucket; the next snapshot cannot take
+/// its segments from there, so it reads what was written (not the holes)
+/// and stores nothing new (the data is still in the active tier); the one
+/// after reads nothing. Every version restores, from either tier.
+#[test]
+fn volume_snapshots_tier_to_s3() {
+    let Some(ep) = endpoint() else { return };
+    let r = S3Repo::new(&ep, &unique("strata-voltier"));
+    let json = |args: &[&str]| r.json_local(args);
+    json(&INIT_ENCRYPTED);
+    let mut img = prng(3, 4 << 20);
+    img.resize(64 << 20, 0);
+    img.extend(prng(4, 4 << 20));
+    let src = r.tmp.path().join("img.raw");
+    std::fs::write(&src, &img).unwrap();
+    json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+    let v1 = json(&["volume", "snapshot", "v"]);
+    let v2 = json(&["volume", "snapshot", "v"]);
+    assert_eq!(v2["read_bytes"], 0, "{v2}");
+    json(&["tier", "add", &r.url]);
+    json(&["tier", "migrate", v2["id"].as_str().unwrap()]);
+    json(&["gc"]);
+    let v3 = json(&["volume", "snapshot", "v"]);
+    assert_eq!(v3["read_bytes"], 8 << 20, "the base is in the bucket: {v3}");
+    assert_eq!(v3["new_raw_bytes"], 0, "{v3}");
+    let v4 = json(&["volume", "snapshot", "v"]);
+    assert_eq!(v4["read_bytes"], 0, "{v4}");
+    json(&["tier", "migrate", v1["id"].as_str().unwrap()]);
+    for v in 1..=4 {
+        let t = r.tmp.path().join(format!("t{v}"));
+        json(&[
+            "restore",
+            &format!("volume:v@{v}"),
+            "--target",
+            t.to_str().unwrap(),
+        ]);
+        assert!(
+            std::fs::read(t.join("v.img")).unwrap() == img,
+            "version {v}"
+        );
+    }
+    let c = json(&["check", "--read-data"]);
+    assert_eq!(c["errors"], serde_json::json!([]), "{c}");
+}
