@@ -994,17 +994,8 @@ fn a_volume_is_copied() {
 /// with every write that a successful FLUSH covered, and checks clean.
 #[test]
 fn a_full_disk_fails_writes_and_loses_no_flushed_one() {
-    let tmp = tempfile::Builder::new()
-        .prefix("strata-e2e-volfull-")
-        .tempdir()
-        .unwrap();
-    let Some(mnt) = Tmpfs::mount(&tmp.path().join("mnt"), 40) else {
+    let Some((mnt, r)) = repo_on_tmpfs("strata-e2e-volfull-", 40) else {
         return;
-    };
-    let r = Repo {
-        path: mnt.0.join("repo"),
-        tmp,
-        password: None,
     };
     r.json(&["init"]);
     r.json(&["volume", "create", "v", "--size", "64M"]);
@@ -1018,22 +1009,8 @@ fn a_full_disk_fails_writes_and_loses_no_flushed_one() {
     });
     let mut c = nbd_handshake(&s.addr, "v");
     let mut handle = 0u64;
-    // (error of the write, error of the flush after it)
-    let mut write = |c: &mut TcpStream, off: u64, data: &[u8]| -> (u32, u32) {
-        handle += 1;
-        request(c, 1, handle, off, data.len() as u32);
-        c.write_all(data).unwrap();
-        let (w, h) = reply(c);
-        assert_eq!(h, handle);
-        if w != 0 {
-            return (w, 0);
-        }
-        handle += 1;
-        request(c, 3, handle, 0, 0);
-        let (f, h) = reply(c);
-        assert_eq!(h, handle);
-        (0, f)
-    };
+    let mut write =
+        |c: &mut TcpStream, off: u64, data: &[u8]| write_flushed(c, &mut handle, off, data);
     // 8 MiB written and flushed while there is room.
     let first = prng(1, 8 << 20);
     for (k, chunk) in first.chunks(1 << 20).enumerate() {
@@ -1104,6 +1081,116 @@ fn a_full_disk_fails_writes_and_loses_no_flushed_one() {
     let v = r.json(&["volume", "check", "v", "--read-data"]);
     assert_eq!(v["problems"], serde_json::json!([]), "{v}");
     // Unmounted before the repository's directory is removed.
+    drop(mnt);
+}
+
+/// A repository directory on a tmpfs of `mib` MiB (none where mounting is
+/// not allowed), and the mount (unmounted when dropped).
+fn repo_on_tmpfs(prefix: &str, mib: u32) -> Option<(Tmpfs, Repo)> {
+    let tmp = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    let mnt = Tmpfs::mount(&tmp.path().join("mnt"), mib)?;
+    let r = Repo {
+        path: mnt.0.join("repo"),
+        tmp,
+        password: None,
+    };
+    Some((mnt, r))
+}
+
+/// NBD WRITE of `data` at `off`, then FLUSH: (error of the write, error
+/// of the flush after it).
+fn write_flushed(c: &mut TcpStream, handle: &mut u64, off: u64, data: &[u8]) -> (u32, u32) {
+    *handle += 1;
+    request(c, 1, *handle, off, data.len() as u32);
+    c.write_all(data).unwrap();
+    let (w, h) = reply(c);
+    assert_eq!(h, *handle);
+    if w != 0 {
+        return (w, 0);
+    }
+    *handle += 1;
+    request(c, 3, *handle, 0, 0);
+    let (f, h) = reply(c);
+    assert_eq!(h, *handle);
+    (0, f)
+}
+
+/// A disk that fills pauses a volume's writes, not the volume: writes get
+/// ENOSPC while the disk has no room for the batch the volume holds, and
+/// once space is freed the same server takes writes again — no restart,
+/// every flushed write kept — and closes cleanly.
+#[test]
+fn a_full_disk_pauses_writes_until_space_is_freed() {
+    let Some((mnt, r)) = repo_on_tmpfs("strata-e2e-volpause-", 40) else {
+        return;
+    };
+    r.json(&["init"]);
+    r.json(&["volume", "create", "v", "--size", "64M"]);
+    let mut s = serve(&r, "v");
+    let mut c = nbd_handshake(&s.addr, "v");
+    let mut h = 0u64;
+    let mut want = vec![0u8; 64 << 20];
+    let first = prng(1, 4 << 20);
+    assert_eq!(write_flushed(&mut c, &mut h, 0, &first), (0, 0));
+    want[..4 << 20].copy_from_slice(&first);
+    std::thread::sleep(Duration::from_millis(1500));
+    // The disk fills, all but 6 MiB; then 4 MiB is written and flushed:
+    // it fits in the journal (which acknowledges it) but not also in the
+    // data file, so its batch waits and the next write is refused.
+    fill_filesystem(&mnt.0.join("filler"), 6 << 20);
+    let big = prng(2, 4 << 20);
+    assert_eq!(write_flushed(&mut c, &mut h, 8 << 20, &big), (0, 0));
+    want[8 << 20..12 << 20].copy_from_slice(&big);
+    std::thread::sleep(Duration::from_millis(1500));
+    let (k, chunk) = (20u64, prng(3, 1 << 20));
+    let e = write_flushed(&mut c, &mut h, k << 20, &chunk);
+    assert!(
+        e == (28, 0) || e == (0, 28),
+        "error {e:?} (ENOSPC expected)"
+    );
+    // Reads go on meanwhile, the waiting batch's included; `stats` says
+    // why writes are refused.
+    assert!(
+        nbd_read(&s, 0, 16 << 20) == want[..16 << 20],
+        "read while full"
+    );
+    let st = r.json(&["volume", "stats", "v"]);
+    let waiting = &st["waiting_for_space_bytes"];
+    assert!(waiting.as_u64().unwrap_or(0) > 4 << 20, "{st}");
+    let text = String::from_utf8(r.run(&["volume", "stats", "v"]).ok().stdout).unwrap();
+    assert!(text.contains("writes paused"), "{text}");
+    // Space freed: the refused write is taken once the batch the volume
+    // holds has reached the disk.
+    std::fs::remove_file(mnt.0.join("filler")).unwrap();
+    let t0 = Instant::now();
+    loop {
+        match write_flushed(&mut c, &mut h, k << 20, &chunk) {
+            (0, 0) => break,
+            e if t0.elapsed() < Duration::from_secs(30) => {
+                assert!(e == (28, 0) || e == (0, 28), "error {e:?}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            e => panic!("writes did not resume after space was freed: {e:?}"),
+        }
+    }
+    want[(k as usize) << 20..][..1 << 20].copy_from_slice(&chunk);
+    let more = prng(300, 2 << 20);
+    assert_eq!(write_flushed(&mut c, &mut h, 60 << 20, &more), (0, 0));
+    want[60 << 20..62 << 20].copy_from_slice(&more);
+    drop(c);
+    assert!(
+        nbd_read(&s, 0, 64 << 20) == want,
+        "read back after the pause"
+    );
+    // SAFETY: a signal to our own child process.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    let status = wait_timeout(&mut s.child, Duration::from_secs(60), "the server");
+    assert!(status.success(), "closed cleanly after the pause");
+    drop(s);
+    let st = r.json(&["volume", "stats", "v"]);
+    assert_eq!(st["waiting_for_space_bytes"], 0, "{st}");
+    let v = r.json(&["volume", "check", "v", "--read-data"]);
+    assert_eq!(v["problems"], serde_json::json!([]), "{v}");
     drop(mnt);
 }
 

@@ -42,6 +42,10 @@ pub struct Live {
     /// (no clusters); empty in files of older builds.
     #[serde(default)]
     pub readahead_miss_probe: String,
+    /// Bytes the buffered writes need on a disk that lacks them: writes
+    /// of data are refused (ENOSPC) until space is freed; 0 when not.
+    #[serde(default)]
+    pub waiting_for_space_bytes: u64,
     /// Physical runs per read: counts by runs (last bucket ≥ 64).
     pub fragmentation: Histogram,
     /// Blocks per read request (last bucket ≥ 256).
@@ -104,6 +108,9 @@ impl Volume {
             readahead_blocks_asked: cluster.1,
             readahead_blocks_used: cluster.2,
             readahead_miss_probe: self.readahead.probe_name().to_string(),
+            waiting_for_space_bytes: l
+                .waiting_for_space
+                .load(std::sync::atomic::Ordering::Relaxed),
             fragmentation: lock(&l.fragmentation).clone(),
             read_sizes: lock(&l.read_sizes).clone(),
         };

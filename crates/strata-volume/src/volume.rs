@@ -48,6 +48,10 @@ const DESTAGE_AT: usize = 32 << 20;
 /// Writers wait while the buffer holds this much (the batch being
 /// destaged is not counted).
 const BUFFER_MAX: usize = 256 << 20;
+/// How often a batch that waits for disk space looks again.
+const SPACE_RETRY: Duration = Duration::from_millis(500);
+/// Room kept free beyond what a batch may need (journals, state files).
+const SPACE_MARGIN: u64 = 1 << 20;
 /// Destaged batches become durable together at a checkpoint, after this
 /// many bytes of their journals or this long.
 const CHECKPOINT_BYTES: u64 = 512 << 20;
@@ -336,6 +340,10 @@ struct Mem {
     prev_journal: Option<Arc<File>>,
     /// Set when a destage failed: writes are refused from then on.
     failed: Option<Failure>,
+    /// Set while the disk lacks room for the next batch (the bytes it
+    /// may need): writes of data are refused with ENOSPC meanwhile, and
+    /// the batch waits until space is freed.
+    full: Option<u64>,
     stop: bool,
     /// Someone waits for the buffer to reach the disk (sync, full buffer).
     urgent: bool,
@@ -411,6 +419,9 @@ pub struct LiveStats {
     /// follows the workload as it is now, not since the server started.
     pub recent_reads: Mutex<RecentReads>,
     pub threshold_used: AtomicU64,
+    /// Bytes the buffered writes need on a disk that lacks them (writes
+    /// of data refused meanwhile); 0 when they fit.
+    pub waiting_for_space: AtomicU64,
 }
 
 /// Reads `--threshold auto` looks at.
@@ -955,6 +966,19 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The error of a write while the disk has no room for the `need` bytes
+/// of the batch the volume holds (ENOSPC to NBD clients).
+fn no_room(need: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::StorageFull,
+        format!(
+            "{} (the volume's buffered writes need {need} bytes on its disk): \
+             writes resume once space is freed",
+            io::Error::from_raw_os_error(libc::ENOSPC)
+        ),
+    )
+}
+
 /// The largest volume: 2^32 − 1 blocks of 4 KiB (≈ 16 TiB), so that a
 /// disk block's reference count (32 bits) cannot wrap.
 pub const MAX_SIZE: u64 = u32::MAX as u64 * BLOCK as u64;
@@ -1186,6 +1210,7 @@ impl Volume {
                 journal: Journal::create(dir, next_gen).map_err(ioe("journal"))?,
                 prev_journal: None,
                 failed: None,
+                full: None,
                 stop: false,
                 urgent: false,
                 applied: next_gen - 1,
@@ -1639,10 +1664,12 @@ impl Volume {
         Ok(holes)
     }
 
-    /// Waits while the buffer is full; fails when destaging has failed.
-    fn lock_for_write(&self) -> io::Result<MutexGuard<'_, Mem>> {
+    /// Waits while the buffer is full; fails when destaging has failed,
+    /// and — a write of `data` (not a trim or a zero range, which free
+    /// space) — while the disk has no room for the next batch.
+    fn lock_for_write(&self, data: bool) -> io::Result<MutexGuard<'_, Mem>> {
         let mut m = lock(&self.mem);
-        while m.buf.bytes >= BUFFER_MAX && m.failed.is_none() && !m.stop {
+        while m.buf.bytes >= BUFFER_MAX && m.failed.is_none() && !m.stop && m.full.is_none() {
             m.urgent = true;
             self.kick.notify_all();
             m = self.destaged.wait(m).unwrap_or_else(|e| e.into_inner());
@@ -1652,6 +1679,9 @@ impl Volume {
         }
         if m.stop {
             return Err(io::Error::other("the volume is closing"));
+        }
+        if let (Some(need), true) = (m.full, data) {
+            return Err(no_room(need));
         }
         Ok(m)
     }
@@ -1716,7 +1746,7 @@ impl Volume {
         // checksum, a placed one its data's only.)
         let direct = aligned && !self.cfg.dedup;
         let head = (aligned && !direct).then(|| self.journal_record(offset / bs, &data));
-        let mut m = self.lock_for_write()?;
+        let mut m = self.lock_for_write(true)?;
         m.changes
             .mark(offset / bs, (offset + data.len() as u64).div_ceil(bs));
         if direct {
@@ -1988,7 +2018,7 @@ impl Volume {
         if offset + len > b * bs {
             self.write_at(b * bs, &vec![0u8; (offset + len - b * bs) as usize], false)?;
         }
-        let mut m = self.lock_for_write()?;
+        let mut m = self.lock_for_write(false)?;
         m.changes.mark(a, b);
         let mut at = a;
         let mut enc = Vec::new();
@@ -2043,6 +2073,9 @@ impl Volume {
         while !done(&m) {
             if let Some(f) = &m.failed {
                 return Err(f.error());
+            }
+            if let Some(need) = m.full {
+                return Err(no_room(need));
             }
             m.urgent = true;
             self.kick.notify_all();
@@ -2254,6 +2287,25 @@ impl Volume {
         Ok(lock(&self.lock).take())
     }
 
+    /// The bytes destaging `buf` may take on the disk, if the disk has
+    /// fewer free (none when it has enough, or cannot tell): its blocks'
+    /// data, fingerprints and reference counts, a map page per 512
+    /// logical blocks it touches, and [`SPACE_MARGIN`].
+    fn short_of_space(&self, buf: &Batch) -> Option<u64> {
+        use std::os::fd::AsRawFd;
+        let blocks = buf.blocks.len() as u64;
+        let mut pages: Vec<u64> = buf.blocks.keys().map(|b| b / 512).collect();
+        pages.dedup();
+        let need = blocks * (BLOCK as u64 + 16 + 4) + pages.len() as u64 * 4096 + SPACE_MARGIN;
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: the data file is open; `st` is a valid out-parameter.
+        if unsafe { libc::fstatvfs(self.data.as_raw_fd(), &mut st) } != 0 {
+            return None;
+        }
+        let free = (st.f_bavail as u64).saturating_mul(st.f_frsize as u64);
+        (free < need).then_some(need)
+    }
+
     fn destage_loop(self: Arc<Self>) {
         let mut many_recent;
         loop {
@@ -2286,6 +2338,40 @@ impl Volume {
                         return;
                     }
                     continue;
+                }
+                // A batch destaged in part could not be taken back: one
+                // that may not fit waits for space (writes of data are
+                // refused meanwhile), and the volume goes on once there is.
+                if let Some(need) = self.short_of_space(&m.buf) {
+                    let full = io::Error::from_raw_os_error(libc::ENOSPC);
+                    if m.stop {
+                        m.failed = Some(Failure::new(
+                            format!(
+                                "no room on the disk for the last writes ({need} bytes): {full}"
+                            ),
+                            Some(&full),
+                        ));
+                        self.destaged.notify_all();
+                        return;
+                    }
+                    let first = m.full.is_none();
+                    m.full = Some(need);
+                    self.destaged.notify_all();
+                    drop(m);
+                    if first {
+                        tracing::warn!(
+                            "the disk holding the volume is full ({need} bytes needed to destage): \
+                             writes are refused with ENOSPC until space is freed"
+                        );
+                        self.live.waiting_for_space.store(need, Ordering::Relaxed);
+                        let _ = self.save_live();
+                    }
+                    std::thread::sleep(SPACE_RETRY);
+                    continue;
+                }
+                if m.full.take().is_some() {
+                    tracing::info!("space freed on the disk holding the volume: writes resume");
+                    self.live.waiting_for_space.store(0, Ordering::Relaxed);
                 }
                 let next = m.journal.generation + 1;
                 let fresh = match Journal::create(&self.dir, next) {

@@ -810,6 +810,13 @@ fn stats_text(r: &strata_volume::report::VolumeReport) -> String {
             fmt_bytes(r.live.cache_memory_bytes)
         );
     }
+    if r.live.waiting_for_space_bytes > 0 {
+        t += &format!(
+            "writes paused: the disk holding the volume lacks room for its buffered writes \
+             ({} needed); they resume once space is freed\n",
+            fmt_bytes(r.live.waiting_for_space_bytes)
+        );
+    }
     if r.live.readahead_miss_probe == "off" && r.live.reads > 0 {
         t += "readahead around misses: off (this kernel can tell no page-cache miss)\n";
     }
