@@ -1133,7 +1133,11 @@ fn a_full_disk_pauses_writes_until_space_is_freed() {
     let first = prng(1, 4 << 20);
     assert_eq!(write_flushed(&mut c, &mut h, 0, &first), (0, 0));
     want[..4 << 20].copy_from_slice(&first);
-    std::thread::sleep(Duration::from_millis(1500));
+    // (Destaged before the disk fills.)
+    wait_until(Duration::from_secs(30), "the first batch", || {
+        std::thread::sleep(Duration::from_millis(100));
+        r.json(&["volume", "stats", "v"])["data_file_blocks"] == 1024
+    });
     // The disk fills, all but 6 MiB; then 4 MiB is written and flushed:
     // it fits in the journal (which acknowledges it) but not also in the
     // data file, so its batch waits and the next write is refused.

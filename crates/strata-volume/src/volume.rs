@@ -2272,6 +2272,11 @@ impl Volume {
         while self.checkpoint_busy.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(1));
         }
+        // Writes a client sent while the close began that could not be
+        // destaged (a full disk): their journal stays, to be replayed.
+        if let Some(f) = &lock(&self.mem).failed {
+            return Err(f.error());
+        }
         // Batches destaged since sync_all's checkpoint (none, unless a
         // client wrote meanwhile) are synced before the clean mark.
         if !lock(&self.disk).uncommitted.is_empty() {
@@ -2291,12 +2296,49 @@ impl Volume {
     /// fewer free (none when it has enough, or cannot tell): its blocks'
     /// data, fingerprints and reference counts, a map page per 512
     /// logical blocks it touches, and [`SPACE_MARGIN`].
-    fn short_of_space(&self, buf: &Batch) -> Option<u64> {
+    fn short_of_space(&self, m: &Mem) -> Option<u64> {
         use std::os::fd::AsRawFd;
-        let blocks = buf.blocks.len() as u64;
-        let mut pages: Vec<u64> = buf.blocks.keys().map(|b| b / 512).collect();
+        let buf = &m.buf;
+        // Trims, zero ranges and placed writes (whose data is on disk
+        // already) take no new data blocks: such a batch is never held
+        // back (it may be what frees space).
+        if buf.blocks.is_empty() {
+            return None;
+        }
+        // With dedup every block goes to a new disk block (a duplicate is
+        // not known before the batch runs); without, a mapped block is
+        // written in place unless a frozen image holds it or it was
+        // written since the last checkpoint (see `Mem::recent`).
+        let in_place = !self.cfg.dedup && self.holds.load(Ordering::SeqCst) == 0;
+        let keys: Vec<u64> = buf.blocks.keys().copied().collect();
+        let mut new = keys.len() as u64;
+        if in_place {
+            let mut i = 0;
+            while i < keys.len() {
+                let mut j = i + 1;
+                while j < keys.len() && keys[j] == keys[j - 1] + 1 && j - i < 1 << 16 {
+                    j += 1;
+                }
+                if let Ok(map) = self.map.read(keys[i], j - i) {
+                    let mapped = (i..j)
+                        .filter(|&x| map[x - i] != 0 && !m.recent.contains_key(&keys[x]))
+                        .count();
+                    new -= mapped as u64;
+                }
+                i = j;
+            }
+        }
+        // A map page per 512 logical blocks the batch touches, and those
+        // of earlier batches' entries still waiting for a checkpoint.
+        let mut pages: Vec<u64> = keys
+            .iter()
+            .chain(buf.placed.keys())
+            .map(|b| b / 512)
+            .collect();
+        pages.sort_unstable();
         pages.dedup();
-        let need = blocks * (BLOCK as u64 + 16 + 4) + pages.len() as u64 * 4096 + SPACE_MARGIN;
+        let pages = pages.len() as u64 + (self.map.pending() as u64).div_ceil(512);
+        let need = new * (BLOCK as u64 + 16 + 4) + pages * 4096 + SPACE_MARGIN;
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
         // SAFETY: the data file is open; `st` is a valid out-parameter.
         if unsafe { libc::fstatvfs(self.data.as_raw_fd(), &mut st) } != 0 {
@@ -2342,9 +2384,11 @@ impl Volume {
                 // A batch destaged in part could not be taken back: one
                 // that may not fit waits for space (writes of data are
                 // refused meanwhile), and the volume goes on once there is.
-                if let Some(need) = self.short_of_space(&m.buf) {
+                if let Some(need) = self.short_of_space(&m) {
                     let full = io::Error::from_raw_os_error(libc::ENOSPC);
                     if m.stop {
+                        // (The close that asked sees it and keeps the
+                        // journal: see `close_keeping_lock`.)
                         m.failed = Some(Failure::new(
                             format!(
                                 "no room on the disk for the last writes ({need} bytes): {full}"
@@ -2352,10 +2396,15 @@ impl Volume {
                             Some(&full),
                         ));
                         self.destaged.notify_all();
+                        drop(m);
+                        self.live.waiting_for_space.store(0, Ordering::Relaxed);
+                        let _ = self.save_live();
                         return;
                     }
                     let first = m.full.is_none();
                     m.full = Some(need);
+                    // Looked at again after the pause, not a second later.
+                    m.urgent = true;
                     self.destaged.notify_all();
                     drop(m);
                     if first {
