@@ -620,6 +620,9 @@ fn volume_snapshots_tier_to_s3() {
     assert_eq!(v3["new_raw_bytes"], 0, "{v3}");
     let v4 = json(&["volume", "snapshot", "v"]);
     assert_eq!(v4["read_bytes"], 0, "{v4}");
+    // Its second piece (64 MiB on) taken over with its part, unread.
+    assert_eq!(v4["parts_taken_over_bytes"], 4 << 20, "{v4}");
+    assert_eq!(v4["unchanged_bytes"], 68 << 20, "{v4}");
     json(&["tier", "migrate", v1["id"].as_str().unwrap()]);
     for v in 1..=4 {
         let t = r.tmp.path().join(format!("t{v}"));

@@ -414,6 +414,7 @@ fn snapshots_restore_as_sparse_images() {
     assert_eq!(v1["version"], 2);
     assert_eq!(v1["new_raw_bytes"], 0, "{v1}");
     assert_eq!(v1["read_bytes"], 0, "nothing written since: nothing read");
+    assert_eq!(v1["unchanged_bytes"], 64 << 20, "{v1}");
     // Two copies of one 4 MiB pattern and zeros: one copy stored.
     let new0 = live["new_raw_bytes"].as_u64().unwrap();
     assert!(new0 <= (4 << 20) + (64 << 10), "{live}");

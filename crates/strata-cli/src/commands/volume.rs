@@ -176,7 +176,11 @@ fn volumes_dir(cli: &crate::Cli) -> Result<PathBuf> {
             }
             Ok(p.join("volumes"))
         }
-        Location::S3(_) => bail!("volumes live in a local repository, not a bucket"),
+        Location::S3(_) => bail!(
+            "volumes live in a local repository, not a bucket: serve the volume from a local \
+             repository and move its snapshots to the bucket with `strata tier add s3://…` and \
+             `strata tier migrate`"
+        ),
     }
 }
 
@@ -649,6 +653,7 @@ fn snapshot(
     out.result(
         &serde_json::json!({"id": rep.id, "series": s.series, "version": s.version,
             "logical_bytes": s.stats.logical_bytes, "read_bytes": s.stats.read_bytes,
+            "unchanged_bytes": rep.parent_bytes, "parts_taken_over_bytes": rep.carried_bytes,
             "new_raw_bytes": s.stats.new_raw_bytes,
             "new_stored_bytes": s.stats.new_stored_bytes, "seconds": secs}),
         || {
