@@ -319,11 +319,11 @@ impl<'a> Parent<'a> {
     }
 
     /// Takes [`Self::next_carried`]'s part over, unread: its reference and
-    /// container table, and the bytes of the piece. As a deduplicated
+    /// container table. As a deduplicated
     /// chunk is, the part is checked to be in the repository, not read; a
     /// missing one is read instead (and found damaged: the piece is read
     /// from the image and its part written again).
-    pub fn take_carried(&mut self, path: &[u8], offset: u64) -> Option<(CarriedPart, u64)> {
+    pub fn take_carried(&mut self, path: &[u8], offset: u64) -> Option<CarriedPart> {
         if !self.next_carried(path, offset) {
             return None;
         }
@@ -345,14 +345,13 @@ impl<'a> Parent<'a> {
         self.direct_chunks = self.direct_chunks.saturating_add(piece.direct_chunks);
         self.direct_bytes = self.direct_bytes.saturating_add(piece.direct_bytes);
         self.single = None;
-        let carried = CarriedPart {
+        Some(CarriedPart {
             part: PartRef {
                 containers: Vec::new(),
                 ..part
             },
             containers,
-        };
-        Some((carried, piece.len))
+        })
     }
 
     /// The previous version's node at `path` if it is a file (the first

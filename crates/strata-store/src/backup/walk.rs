@@ -315,7 +315,7 @@ impl<'a, 'p> Walker<'a, 'p> {
             let (s, e) = (k * PATCH_PIECE, ((k + 1) * PATCH_PIECE).min(size));
             // A piece none of whose segments changed, alone in a part that
             // says so: that part, unread.
-            if let Some((carried, _)) = (k > 0 && next == s)
+            if let Some(carried) = (k > 0 && next == s)
                 .then(|| self.parent.take_carried(&node.path, s))
                 .flatten()
             {
