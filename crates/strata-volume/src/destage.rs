@@ -116,6 +116,8 @@ struct How {
     /// A block whose old disk block only it references may be overwritten
     /// there (only without dedup).
     in_place: bool,
+    /// The disk blocks of the extent's logical neighbours.
+    edges: crate::idedup::Edges,
 }
 
 /// What destaging one batch changes besides the data.
@@ -126,6 +128,9 @@ struct Changes {
     map: Vec<(u64, Vec<u64>)>,
     /// Reference count changes by DBN.
     refs: HashMap<u64, i64>,
+    /// The new entry of each logical block the batch mapped so far (an
+    /// extent's neighbours, [`Volume::edges`]).
+    entries: HashMap<u64, u64>,
 }
 
 impl Volume {
@@ -193,6 +198,7 @@ impl Volume {
             let how = How {
                 threshold,
                 in_place,
+                edges: self.edges(batch, blocks[i].0, blocks[j - 1].0, &ch),
             };
             self.destage_extent(d, &blocks[i..j], how, &mut ch)?;
         }
@@ -208,6 +214,27 @@ impl Volume {
         }
         drop(guard);
         Ok(freed)
+    }
+
+    /// The disk blocks the logical blocks before `first` and after `last`
+    /// will have once the batch is applied, as far as known now: this
+    /// batch's entries so far, else the map's — unless the batch writes
+    /// that block later (its disk block is about to change).
+    fn edges(&self, batch: &Batch, first: u64, last: u64, ch: &Changes) -> crate::idedup::Edges {
+        let dbn = |b: u64| -> Option<u64> {
+            let e = match ch.entries.get(&b) {
+                Some(&e) => e,
+                None if batch.blocks.contains_key(&b) || batch.placed.contains_key(&b) => {
+                    return None
+                }
+                None => *self.map.read(b, 1).ok()?.first()?,
+            };
+            e.checked_sub(1)
+        };
+        crate::idedup::Edges {
+            before: first.checked_sub(1).and_then(dbn),
+            after: last.checked_add(1).and_then(dbn),
+        }
     }
 
     /// Maps the batch's placed blocks (already written, see
@@ -228,6 +255,7 @@ impl Volume {
                     *ch.refs.entry(old[x] - 1).or_default() -= 1;
                 }
                 *ch.refs.entry(dbn).or_default() += 1;
+                ch.entries.insert(placed[i + x].0, dbn + 1);
                 new.push(dbn + 1);
             }
             let n = (j - i) as u64;
@@ -287,7 +315,7 @@ impl Volume {
                 }
             })
             .collect();
-        let runs = crate::idedup::find_sequences(&dups, how.threshold);
+        let runs = crate::idedup::find_sequences_between(&dups, how.threshold, how.edges);
         let mut new = vec![0u64; n];
         let mut taken = vec![false; n];
         for r in &runs {
@@ -354,6 +382,7 @@ impl Volume {
             if new[x] != 0 {
                 *ch.refs.entry(new[x] - 1).or_default() += 1;
             }
+            ch.entries.insert(first + x as u64, new[x]);
         }
         ch.map.push((first, new));
         Ok(())

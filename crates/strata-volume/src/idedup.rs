@@ -239,13 +239,39 @@ struct Seq {
     last_dbn: u64,
 }
 
+/// The disk blocks of the logical blocks just before and just after an
+/// extent, when mapped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Edges {
+    pub before: Option<u64>,
+    pub after: Option<u64>,
+}
+
 /// The iDedup decision for one extent: `dups[i]` are the DBNs already
 /// holding block i's content (ascending). Returns the runs to deduplicate
 /// (disjoint, each at least `threshold` long); every other block is
 /// written anew.
 pub fn find_sequences(dups: &[Vec<u64>], threshold: usize) -> Vec<Dedup> {
+    find_sequences_between(dups, threshold, Edges::default())
+}
+
+/// [`find_sequences`] of an extent between two mapped logical blocks
+/// (`edges`): a run at the extent's start that goes on from the disk
+/// block before it, or at its end that leads into the disk block after
+/// it, is taken however short. The threshold keeps a read from jumping
+/// to a short run elsewhere on disk; such a run continues its neighbour
+/// on disk, so a read goes straight on (a rewrite of what was there, or
+/// a copy cut by a batch's end), beyond the paper, which looks at each
+/// extent alone.
+pub fn find_sequences_between(dups: &[Vec<u64>], threshold: usize, edges: Edges) -> Vec<Dedup> {
     let threshold = threshold.max(1);
     let n = dups.len();
+    let anchored = |s: &Seq| {
+        let first_dbn = s.last_dbn + 1 - s.len as u64;
+        let from = s.first == 0 && edges.before.and_then(|b| b.checked_add(1)) == Some(first_dbn);
+        let to = s.first + s.len == n && s.last_dbn.checked_add(1) == edges.after;
+        (from, to)
+    };
     let mut claimed = vec![false; n];
     let mut out = Vec::new();
     // Growing sequences, keyed by the DBN of their last block.
@@ -280,7 +306,8 @@ pub fn find_sequences(dups: &[Vec<u64>], threshold: usize) -> Vec<Dedup> {
             .collect();
         ended.sort_by(|a, b| b.len.cmp(&a.len).then(a.first.cmp(&b.first)));
         for s in ended {
-            if s.len < threshold {
+            let (from, to) = anchored(&s);
+            if s.len < threshold && !from && !to {
                 continue;
             }
             // Blocks still covered by a growing sequence are left to it.
@@ -290,7 +317,12 @@ pub fn find_sequences(dups: &[Vec<u64>], threshold: usize) -> Vec<Dedup> {
                 .map(|t| t.first)
                 .min()
                 .unwrap_or(usize::MAX);
-            claim(&s, growing_from, threshold, &mut claimed, &mut out);
+            let need = Need {
+                threshold,
+                from,
+                to,
+            };
+            claim(&s, growing_from, need, &mut claimed, &mut out);
         }
         active = next;
     }
@@ -298,15 +330,20 @@ pub fn find_sequences(dups: &[Vec<u64>], threshold: usize) -> Vec<Dedup> {
     out
 }
 
-/// Keeps the stretches of `s` that no one claimed and no growing
-/// sequence covers, when they are at least `threshold` long.
-fn claim(
-    s: &Seq,
-    growing_from: usize,
+/// How long a stretch of a sequence must be to be kept: `threshold`,
+/// or any length for the stretch that begins the sequence when it goes
+/// on from the disk block before the extent (`from`), and for the one
+/// that ends it when it leads into the one after (`to`).
+#[derive(Clone, Copy)]
+struct Need {
     threshold: usize,
-    claimed: &mut [bool],
-    out: &mut Vec<Dedup>,
-) {
+    from: bool,
+    to: bool,
+}
+
+/// Keeps the stretches of `s` that no one claimed and no growing
+/// sequence covers, when they are long enough ([`Need`]).
+fn claim(s: &Seq, growing_from: usize, need: Need, claimed: &mut [bool], out: &mut Vec<Dedup>) {
     let first_dbn = s.last_dbn + 1 - s.len as u64;
     let end = s.first + s.len;
     let mut i = s.first;
@@ -319,7 +356,8 @@ fn claim(
         while j < end && !claimed[j] && j < growing_from {
             j += 1;
         }
-        if j - i >= threshold {
+        let edge = (need.from && i == s.first) || (need.to && j == end);
+        if j - i >= need.threshold || (edge && j > i) {
             for c in &mut claimed[i..j] {
                 *c = true;
             }
@@ -445,19 +483,63 @@ mod tests {
         assert_eq!(c.lookup(&[7; 16]), vec![300, 500]);
     }
 
+    #[test]
+    fn a_short_run_continuing_a_neighbour_is_taken() {
+        // Two blocks whose duplicates follow the disk block before the
+        // extent (a rewrite of what was there), and two that lead into
+        // the one after it.
+        let dups = vec![vec![11], vec![12]];
+        let before = Edges {
+            before: Some(10),
+            after: None,
+        };
+        let after = Edges {
+            before: None,
+            after: Some(13),
+        };
+        let want = vec![Dedup {
+            start: 0,
+            len: 2,
+            dbn: 11,
+        }];
+        assert_eq!(find_sequences_between(&dups, 4, before), want);
+        assert_eq!(find_sequences_between(&dups, 4, after), want);
+        // Elsewhere on disk: below the threshold, written anew.
+        let apart = Edges {
+            before: Some(30),
+            after: Some(40),
+        };
+        assert!(find_sequences_between(&dups, 4, apart).is_empty());
+        // Only the stretch at the edge: a short run inside is not.
+        let dups = vec![vec![11], vec![], vec![50], vec![51]];
+        assert_eq!(
+            find_sequences_between(&dups, 4, before),
+            vec![Dedup {
+                start: 0,
+                len: 1,
+                dbn: 11
+            }]
+        );
+    }
+
     proptest! {
         /// Every run returned is a real sequence of duplicates, at least
-        /// the threshold long, and runs never share a block.
+        /// the threshold long unless it continues the disk block before
+        /// or after the extent, and runs never share a block.
         #[test]
         fn runs_are_real_disjoint_and_long_enough(
             dups in proptest::collection::vec(proptest::collection::btree_set(0u64..40, 0..4), 0..60),
             threshold in 1usize..6,
+            before in proptest::option::of(0u64..40),
+            after in proptest::option::of(0u64..41),
         ) {
             let dups: Vec<Vec<u64>> = dups.into_iter().map(|s| s.into_iter().collect()).collect();
-            let runs = find_sequences(&dups, threshold);
+            let runs = find_sequences_between(&dups, threshold, Edges { before, after });
             let mut used = vec![false; dups.len()];
             for r in &runs {
-                prop_assert!(r.len >= threshold);
+                let from = r.start == 0 && before.map(|b| b + 1) == Some(r.dbn);
+                let to = r.start + r.len == dups.len() && after == Some(r.dbn + r.len as u64);
+                prop_assert!(r.len >= threshold || from || to, "{:?}", r);
                 for k in 0..r.len {
                     prop_assert!(dups[r.start + k].contains(&(r.dbn + k as u64)));
                     prop_assert!(!used[r.start + k]);

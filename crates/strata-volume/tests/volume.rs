@@ -319,6 +319,43 @@ fn the_threshold_decides_what_is_deduplicated() {
     }
 }
 
+/// A run shorter than the threshold is deduplicated when it continues
+/// its logical neighbours on disk: two blocks rewritten with what they
+/// held map back to their own disk blocks (nothing written, the file
+/// stays one run), and the last blocks of a copy that a batch's end cut
+/// off join the run before them.
+#[test]
+fn a_short_run_that_continues_its_neighbours_is_deduplicated() {
+    let t = tempfile::tempdir().unwrap();
+    let (dir, v) = fresh(t.path(), 4, true);
+    let data: Vec<u8> = (0..32 * 4096)
+        .map(|i| (i / 4096 * 7 + i % 13) as u8 + 1)
+        .collect();
+    v.write_at(0, &data, false).unwrap();
+    v.sync_all().unwrap();
+    // The same two blocks again.
+    v.write_at(10 * 4096, &data[10 * 4096..12 * 4096], false)
+        .unwrap();
+    v.sync_all().unwrap();
+    // A copy of blocks 0..16 at 40, its last two in a batch of their own.
+    v.write_at(40 * 4096, &data[..14 * 4096], false).unwrap();
+    v.sync_all().unwrap();
+    v.write_at(54 * 4096, &data[14 * 4096..16 * 4096], false)
+        .unwrap();
+    v.close().unwrap();
+    let r = report(&dir, "v").unwrap();
+    assert_eq!(r.deduplicated_blocks, 2 + 16, "{r:?}");
+    assert_eq!(r.physical_blocks_in_use, 32, "{r:?}");
+    assert_eq!(r.data_file_blocks, 32, "nothing new written: {r:?}");
+    let v = Volume::open(&dir).unwrap();
+    let mut b = vec![0u8; 16 * 4096];
+    v.read_at(40 * 4096, &mut b).unwrap();
+    assert!(b == data[..16 * 4096], "the copy reads back");
+    v.read_at(0, &mut b).unwrap();
+    assert!(b == data[..16 * 4096]);
+    v.close().unwrap();
+}
+
 /// Data written in one batch by two requests, the later one at lower
 /// block numbers, is laid out on disk in the order it came: a later copy
 /// of both, in that order, is one duplicate sequence of 8 blocks (in
