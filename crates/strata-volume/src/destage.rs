@@ -198,7 +198,11 @@ impl Volume {
             let how = How {
                 threshold,
                 in_place,
-                edges: self.edges(batch, blocks[i].0, blocks[j - 1].0, &ch),
+                // (Without dedup there are no duplicates to place.)
+                edges: match self.cfg.dedup {
+                    true => self.edges(batch, blocks[i].0, blocks[j - 1].0, &ch),
+                    false => Default::default(),
+                },
             };
             self.destage_extent(d, &blocks[i..j], how, &mut ch)?;
         }
@@ -255,7 +259,9 @@ impl Volume {
                     *ch.refs.entry(old[x] - 1).or_default() -= 1;
                 }
                 *ch.refs.entry(dbn).or_default() += 1;
-                ch.entries.insert(placed[i + x].0, dbn + 1);
+                if self.cfg.dedup {
+                    ch.entries.insert(placed[i + x].0, dbn + 1);
+                }
                 new.push(dbn + 1);
             }
             let n = (j - i) as u64;
@@ -382,7 +388,9 @@ impl Volume {
             if new[x] != 0 {
                 *ch.refs.entry(new[x] - 1).or_default() += 1;
             }
-            ch.entries.insert(first + x as u64, new[x]);
+            if self.cfg.dedup {
+                ch.entries.insert(first + x as u64, new[x]);
+            }
         }
         ch.map.push((first, new));
         Ok(())

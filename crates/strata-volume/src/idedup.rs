@@ -304,7 +304,18 @@ pub fn find_sequences_between(dups: &[Vec<u64>], threshold: usize, edges: Edges)
             })
             .copied()
             .collect();
-        ended.sort_by(|a, b| b.len.cmp(&a.len).then(a.first.cmp(&b.first)));
+        // (Of two as long, one continuing a neighbour first: a rewrite of
+        // what was there stays where it was.)
+        let edge = |s: &Seq| {
+            let (from, to) = anchored(s);
+            from || to
+        };
+        ended.sort_by(|a, b| {
+            b.len
+                .cmp(&a.len)
+                .then(edge(b).cmp(&edge(a)))
+                .then(a.first.cmp(&b.first))
+        });
         for s in ended {
             let (from, to) = anchored(&s);
             if s.len < threshold && !from && !to {

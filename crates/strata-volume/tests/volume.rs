@@ -342,9 +342,17 @@ fn a_short_run_that_continues_its_neighbours_is_deduplicated() {
     v.sync_all().unwrap();
     v.write_at(54 * 4096, &data[14 * 4096..16 * 4096], false)
         .unwrap();
+    v.sync_all().unwrap();
+    // And a copy of blocks 16..24 at 56 whose first two came last: they
+    // lead into the run after them.
+    v.write_at(58 * 4096, &data[18 * 4096..24 * 4096], false)
+        .unwrap();
+    v.sync_all().unwrap();
+    v.write_at(56 * 4096, &data[16 * 4096..18 * 4096], false)
+        .unwrap();
     v.close().unwrap();
     let r = report(&dir, "v").unwrap();
-    assert_eq!(r.deduplicated_blocks, 2 + 16, "{r:?}");
+    assert_eq!(r.deduplicated_blocks, 2 + 16 + 8, "{r:?}");
     assert_eq!(r.physical_blocks_in_use, 32, "{r:?}");
     assert_eq!(r.data_file_blocks, 32, "nothing new written: {r:?}");
     let v = Volume::open(&dir).unwrap();
@@ -353,6 +361,8 @@ fn a_short_run_that_continues_its_neighbours_is_deduplicated() {
     assert!(b == data[..16 * 4096], "the copy reads back");
     v.read_at(0, &mut b).unwrap();
     assert!(b == data[..16 * 4096]);
+    v.read_at(48 * 4096, &mut b).unwrap();
+    assert!(b == data[8 * 4096..24 * 4096], "the second copy reads back");
     v.close().unwrap();
 }
 
