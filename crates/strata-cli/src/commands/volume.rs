@@ -50,9 +50,10 @@ pub enum VolumeCmd {
         /// Fill the new volume from a raw disk image (a file, a block
         /// device, or `-` for standard input with `--size`): its blocks
         /// of zeros are left unwritten (thin), the rest deduplicated as a
-        /// client's writes; a sparse file's holes are not even read. A volume's snapshot comes back as a volume
-        /// with `strata dump volume:NAME@latest NAME.img | strata volume
-        /// create NAME2 --size SIZE --from -`.
+        /// client's writes; a sparse file's holes are not even read. A
+        /// volume's snapshot comes back as a volume with `strata dump
+        /// volume:NAME@latest NAME.img | strata volume create NAME2 --size
+        /// SIZE --from -`.
         #[arg(long, value_name = "FILE")]
         from: Option<PathBuf>,
     },
