@@ -653,6 +653,19 @@ fn a_volume_is_made_from_an_image_or_a_snapshot() {
             .ok()
             .json();
         assert_eq!(c2["imported_bytes"], want.len(), "{c2}");
+        // A stream shorter than the volume may have been cut: said.
+        let short = r
+            .run_stdin(
+                &["volume", "create", "y", "--size", &size, "--from", "-"],
+                &dump.stdout[..1 << 20],
+            )
+            .ok();
+        assert!(
+            short.stderr.contains("standard input ended after 1 MiB"),
+            "{}",
+            short.stderr
+        );
+        r.json(&["volume", "delete", "y", "--yes"]);
         r.json(&["volume", "snapshot", "w"]);
         let t2 = r.scratch("t2");
         r.restore("volume:w@latest", &t2);

@@ -333,6 +333,18 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
                 j["imported_bytes"] = i.size.into();
                 j["read_bytes"] = i.read.into();
                 j["written_bytes"] = i.written.into();
+                // A stream says nothing of its length: one that ended
+                // before the volume's size may have been cut short.
+                if from.as_deref() == Some(std::path::Path::new("-")) && i.size < *size {
+                    out.warn(&format!(
+                        "standard input ended after {} of the volume's {}: the rest reads as \
+                         zeros. If the stream was cut short (a failed `strata dump`; \
+                         `set -o pipefail` makes a shell say so), delete the volume and import \
+                         again",
+                        fmt_bytes(i.size),
+                        fmt_bytes(*size)
+                    ));
+                }
             }
             out.result(&j, || {
                 let mut t = format!(
@@ -341,11 +353,14 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
                     if encrypted { ", encrypted" } else { "" }
                 );
                 if let Some(i) = &imported {
+                    let holes = match i.read < i.size {
+                        true => format!(" ({} read, the rest holes)", fmt_bytes(i.read)),
+                        false => String::new(),
+                    };
                     t += &format!(
-                        "\nfilled from {}: {} ({} read, the rest holes), {} not zeros",
+                        "\nfilled from {}: {}{holes}, {} not zeros",
                         i.name,
                         fmt_bytes(i.size),
-                        fmt_bytes(i.read),
                         fmt_bytes(i.written)
                     );
                 }
