@@ -594,36 +594,56 @@ fn clone_or_copy(src: &Path, dst: &Path) -> io::Result<()> {
     copy_sparse(&from, &to)
 }
 
+/// The first byte of data at or after `at` in the regular file `f`
+/// (`SEEK_DATA`; none when only a hole follows), `at` itself where the
+/// file system cannot tell holes.
+pub fn next_data(f: &File, at: u64) -> io::Result<Option<u64>> {
+    match seek_extent(f, at, libc::SEEK_DATA) {
+        Err(e) if holes_unknown(&e) => Ok(Some(at)),
+        r => r,
+    }
+}
+
+/// `lseek(at, whence)` for `SEEK_DATA`/`SEEK_HOLE`: none when nothing of
+/// the kind follows (ENXIO); `at` itself past `off_t`.
+fn seek_extent(f: &File, at: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
+    use std::os::fd::AsRawFd;
+    let Ok(off) = libc::off_t::try_from(at) else {
+        return Ok(Some(at));
+    };
+    // SAFETY: `f` is open; lseek only moves its offset (readers set it
+    // again before reading).
+    let r = unsafe { libc::lseek(f.as_raw_fd(), off, whence) };
+    if r >= 0 {
+        return Ok(Some(r as u64));
+    }
+    match io::Error::last_os_error() {
+        e if e.raw_os_error() == Some(libc::ENXIO) => Ok(None),
+        e => Err(e),
+    }
+}
+
+/// Whether `e` says the file system cannot tell holes from data.
+fn holes_unknown(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP))
+}
+
 /// Copies `from` into the empty `to`, extent by extent of data
 /// (`SEEK_DATA`/`SEEK_HOLE`); where the file system cannot tell its holes,
 /// the whole file as one extent.
 pub(crate) fn copy_sparse(from: &File, to: &File) -> io::Result<()> {
     use std::io::{Read, Seek, SeekFrom};
-    use std::os::fd::AsRawFd;
     let len = from.metadata()?.len();
     to.set_len(len)?;
-    let seek = |at: u64, whence: libc::c_int| -> io::Result<Option<u64>> {
-        let Ok(at) = libc::off_t::try_from(at) else {
-            return Ok(None);
-        };
-        // SAFETY: `from` is open; lseek only moves its offset.
-        let r = unsafe { libc::lseek(from.as_raw_fd(), at, whence) };
-        match r {
-            r if r >= 0 => Ok(Some(r as u64)),
-            _ => match io::Error::last_os_error() {
-                // No data after `at`.
-                e if e.raw_os_error() == Some(libc::ENXIO) => Ok(None),
-                e => Err(e),
-            },
-        }
-    };
     let mut at = 0;
     while at < len {
-        let (start, end) = match seek(at, libc::SEEK_DATA) {
-            Ok(Some(s)) => (s, seek(s, libc::SEEK_HOLE)?.unwrap_or(len).min(len)),
-            Ok(None) => break,
-            // Holes not told (EINVAL): everything is data.
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (at, len),
+        let Some(start) = next_data(from, at)? else {
+            break;
+        };
+        let end = match seek_extent(from, start, libc::SEEK_HOLE) {
+            Ok(Some(h)) => h.min(len),
+            Ok(None) => len,
+            Err(e) if holes_unknown(&e) => len,
             Err(e) => return Err(e),
         };
         if end <= start {

@@ -91,7 +91,7 @@ impl Source {
         let size = self.size.unwrap_or(u64::MAX);
         match &mut self.input {
             Input::Stream(_) => Ok(at),
-            Input::File(f) => Ok(match seek_data(f, at)? {
+            Input::File(f) => Ok(match strata_volume::volume::next_data(f, at)? {
                 Some(d) => (d / BLOCK as u64 * BLOCK as u64).max(at),
                 None => size.max(at),
             }),
@@ -123,27 +123,6 @@ impl Source {
                 read_full(r, buf)
             }
         }
-    }
-}
-
-/// The first byte of data at or after `at` in a regular file (`None`:
-/// none); `at` itself where the file system cannot tell.
-fn seek_data(f: &File, at: u64) -> std::io::Result<Option<u64>> {
-    use std::os::fd::AsRawFd;
-    let Ok(off) = libc::off_t::try_from(at) else {
-        return Ok(Some(at));
-    };
-    // SAFETY: `f` is open; lseek only moves its offset (read_at sets it
-    // again before reading).
-    let r = unsafe { libc::lseek(f.as_raw_fd(), off, libc::SEEK_DATA) };
-    if r >= 0 {
-        return Ok(Some(r as u64));
-    }
-    let e = std::io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::ENXIO) => Ok(None),
-        Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Ok(Some(at)),
-        _ => Err(e),
     }
 }
 
