@@ -1177,6 +1177,26 @@ fn a_full_disk_pauses_writes_until_space_is_freed() {
     assert!(waiting.as_u64().unwrap_or(0) > 4 << 20, "{st}");
     let text = String::from_utf8(r.run(&["volume", "stats", "v"]).ok().stdout).unwrap();
     assert!(text.contains("writes paused"), "{text}");
+    // Not one free byte left: the live figures are still written (over
+    // their own bytes), so `stats` goes on counting the reads served.
+    fill_filesystem(&mnt.0.join("filler2"), 0);
+    fill_to_the_last_byte(&mnt.0.join("filler3"));
+    let reads = st["reads"].as_u64().unwrap();
+    assert!(
+        nbd_read(&s, 0, 4 << 20) == want[..4 << 20],
+        "read on a full disk"
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "live figures on a full disk",
+        || {
+            std::thread::sleep(Duration::from_millis(200));
+            let st = r.json(&["volume", "stats", "v"]);
+            st["reads"].as_u64().unwrap() >= reads + 4 && st["waiting_for_space_bytes"] == *waiting
+        },
+    );
+    std::fs::remove_file(mnt.0.join("filler2")).unwrap();
+    std::fs::remove_file(mnt.0.join("filler3")).unwrap();
     // Space freed: the refused write is taken once the batch the volume
     // holds has reached the disk.
     std::fs::remove_file(mnt.0.join("filler")).unwrap();
@@ -1210,6 +1230,25 @@ fn a_full_disk_pauses_writes_until_space_is_freed() {
     let v = r.json(&["volume", "check", "v", "--read-data"]);
     assert_eq!(v["problems"], serde_json::json!([]), "{v}");
     drop(mnt);
+}
+
+/// Writes `file` a block at a time until the file system holding it has
+/// no free block left (checked).
+fn fill_to_the_last_byte(file: &std::path::Path) {
+    let mut f = std::fs::File::create(file).unwrap();
+    loop {
+        match f.write(&[0x5a; 4096]) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(28) => break,
+            Err(e) => panic!("filling the file system: {e}"),
+        }
+    }
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let c = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: statvfs of a path we own into a zeroed struct.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    assert_eq!(st.f_bavail, 0, "the file system is full");
 }
 
 /// `len` bytes from `off` of the served volume, read over one connection

@@ -115,15 +115,24 @@ impl Volume {
             read_sizes: lock(&l.read_sizes).clone(),
         };
         drop(d);
-        crate::volume::write_json(&self.dir.join("live.json"), &live)
+        let _one = lock(&l.saving);
+        crate::volume::write_json_in_place(&self.dir.join("live.json"), &live)
     }
+}
+
+/// Makes `live.json` in `dir` a file that can be written over in place
+/// (see `volume::write_json_in_place`), keeping what it says.
+pub(crate) fn reserve_live(dir: &Path) -> Result<(), VolumeError> {
+    let p = dir.join("live.json");
+    let live: Live = crate::volume::read_json_retrying(&p).unwrap_or_default();
+    crate::volume::write_json_in_place(&p, &live)
 }
 
 /// The report of the volume in `dir` (served or not).
 pub fn report(dir: &Path, name: &str) -> Result<VolumeReport, VolumeError> {
     let cfg: VolumeConfig = Volume::config(dir)?;
     let state = crate::volume::read_state(dir)?;
-    let live: Live = crate::volume::read_json(&dir.join("live.json")).unwrap_or_default();
+    let live: Live = crate::volume::read_json_retrying(&dir.join("live.json")).unwrap_or_default();
     let c = state.counters;
     let refs = std::fs::read(dir.join("refs")).map_err(|e| VolumeError::Io("refs".into(), e))?;
     let in_use = refs

@@ -422,6 +422,9 @@ pub struct LiveStats {
     /// Bytes the buffered writes need on a disk that lacks them (writes
     /// of data refused meanwhile); 0 when they fit.
     pub waiting_for_space: AtomicU64,
+    /// Held while `live.json` is written (rewritten in place: one writer
+    /// at a time).
+    pub(crate) saving: Mutex<()>,
 }
 
 /// Reads `--threshold auto` looks at.
@@ -1024,16 +1027,28 @@ pub(crate) fn open_rw(p: &Path) -> Result<File> {
 }
 
 pub(crate) fn write_json(p: &Path, v: &impl Serialize) -> Result<()> {
+    let body = serde_json::to_vec_pretty(v).map_err(|e| VolumeError::Invalid(e.to_string()))?;
+    write_bytes(p, &body)
+}
+
+/// Writes `body` to `p` whole or not at all: a file of its own, synced,
+/// renamed over `p` (the rename synced too). What a failure leaves of
+/// the file of its own is removed.
+fn write_bytes(p: &Path, body: &[u8]) -> Result<()> {
     // A name of its own per write: two threads may save the same file.
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let n = SEQ.fetch_add(1, Ordering::Relaxed);
     let tmp = p.with_extension(format!("tmp.{}.{n}", std::process::id()));
-    let body = serde_json::to_vec_pretty(v).map_err(|e| VolumeError::Invalid(e.to_string()))?;
     let f = File::create(&tmp).map_err(ioe(tmp.display().to_string()))?;
-    f.write_all_at(&body, 0)
+    let written = f
+        .write_all_at(body, 0)
         .and_then(|_| f.sync_all())
-        .map_err(ioe(tmp.display().to_string()))?;
-    fs::rename(&tmp, p).map_err(ioe(p.display().to_string()))?;
+        .and_then(|_| fs::rename(&tmp, p));
+    if let Err(e) = written {
+        // (On a full disk: not a partial file left behind.)
+        let _ = fs::remove_file(&tmp);
+        return Err(VolumeError::Io(tmp.display().to_string(), e));
+    }
     // The rename itself must survive a crash.
     if let Some(dir) = p.parent() {
         File::open(dir)
@@ -1041,6 +1056,58 @@ pub(crate) fn write_json(p: &Path, v: &impl Serialize) -> Result<()> {
             .map_err(ioe(dir.display().to_string()))?;
     }
     Ok(())
+}
+
+/// The least room `live.json` is given (it is rewritten in place).
+const LIVE_RESERVE: usize = 64 << 10;
+
+/// Writes a file that is rewritten often and read by other processes
+/// (`live.json`) over its own bytes: a disk with no free block left can
+/// still be told what the volume is doing (a pause for space above all).
+/// The JSON is padded with spaces to the file's length, which a JSON
+/// reader ignores; a reader that finds it half written reads it again
+/// ([`read_json_retrying`]). A file too short (or missing, or sparse) is
+/// made anew, with room to spare, the usual way ([`write_json`]).
+pub(crate) fn write_json_in_place(p: &Path, v: &impl Serialize) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let mut body = serde_json::to_vec_pretty(v).map_err(|e| VolumeError::Invalid(e.to_string()))?;
+    let rewrite = fs::OpenOptions::new()
+        .write(true)
+        .open(p)
+        .ok()
+        .and_then(|f| {
+            let m = f.metadata().ok()?;
+            // Every byte allocated: writing over them takes no new block.
+            let whole = m.blocks().saturating_mul(512) >= m.len();
+            (whole && m.len() as usize >= body.len()).then_some((f, m.len() as usize))
+        });
+    match rewrite {
+        Some((f, len)) => {
+            body.resize(len, b' ');
+            f.write_all_at(&body, 0)
+                .map_err(ioe(p.display().to_string()))
+        }
+        None => {
+            let room = LIVE_RESERVE.max(body.len().saturating_mul(2));
+            body.resize(room, b' ');
+            write_bytes(p, &body)
+        }
+    }
+}
+
+/// [`read_json`] of a file [`write_json_in_place`] may be writing: read
+/// again (a few times) while it does not parse.
+pub(crate) fn read_json_retrying<T: for<'de> Deserialize<'de>>(p: &Path) -> Result<T> {
+    let mut tries = 0;
+    loop {
+        match read_json(p) {
+            Err(VolumeError::Invalid(_)) if tries < 5 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            r => return r,
+        }
+    }
 }
 
 pub(crate) fn read_json<T: for<'de> Deserialize<'de>>(p: &Path) -> Result<T> {
@@ -1280,6 +1347,11 @@ impl Volume {
         vol.replay(&old)?;
         vol.checkpoint()?;
         vol.save_state(false)?;
+        // Room for the live figures while there is room: on a disk that
+        // then fills, they are written over it (what they were stays).
+        if let Err(e) = crate::report::reserve_live(&vol.dir) {
+            tracing::debug!("no room kept for live figures: {e}");
+        }
         let v = vol.clone();
         *lock(&vol.destager) = Some(std::thread::spawn(move || v.destage_loop()));
         Ok(vol)
@@ -2432,8 +2504,13 @@ impl Volume {
                             "the disk holding the volume is full ({need} bytes needed to destage): \
                              writes are refused with ENOSPC until space is freed"
                         );
-                        self.live.waiting_for_space.store(need, Ordering::Relaxed);
-                        let _ = self.save_live();
+                    }
+                    // Told again at every look (written over its own bytes:
+                    // it needs no free block), so that `volume stats` says
+                    // why, and goes on counting reads, while the pause lasts.
+                    self.live.waiting_for_space.store(need, Ordering::Relaxed);
+                    if let Err(e) = self.save_live() {
+                        tracing::debug!("live figures not saved: {e}");
                     }
                     std::thread::sleep(SPACE_RETRY);
                     continue;
@@ -2670,6 +2747,47 @@ fn scan_refs(
 #[cfg(test)]
 mod tests {
     use super::{io, Failure, RecentReads, VolumeError, RECENT_READS};
+
+    /// `live.json` is written over its own bytes once it has room (the
+    /// same file, no other left beside it), padded so that it parses, and
+    /// made anew when it has not (a longer body, or a file cut short).
+    #[test]
+    fn live_figures_are_written_in_place() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("live.json");
+        let body = |n: usize| serde_json::json!({ "reads": n, "pad": "x".repeat(n) });
+        super::write_json_in_place(&p, &body(1)).unwrap();
+        let (ino, len) = {
+            let m = std::fs::metadata(&p).unwrap();
+            (m.ino(), m.len())
+        };
+        assert!(len >= super::LIVE_RESERVE as u64);
+        super::write_json_in_place(&p, &body(2)).unwrap();
+        let m = std::fs::metadata(&p).unwrap();
+        assert_eq!((m.ino(), m.len()), (ino, len), "rewritten in place");
+        let v: serde_json::Value = super::read_json_retrying(&p).unwrap();
+        assert_eq!(v["reads"], 2);
+        // Longer than the room it has: a new file, twice as long.
+        let big = super::LIVE_RESERVE + 10;
+        super::write_json_in_place(&p, &body(big)).unwrap();
+        let m = std::fs::metadata(&p).unwrap();
+        assert!(m.ino() != ino && m.len() >= 2 * big as u64);
+        let v: serde_json::Value = super::read_json(&p).unwrap();
+        assert_eq!(v["reads"], big);
+        // Cut short: made anew, not written past its end.
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(10)
+            .unwrap();
+        super::write_json_in_place(&p, &body(3)).unwrap();
+        let v: serde_json::Value = super::read_json(&p).unwrap();
+        assert_eq!(v["reads"], 3);
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "no file left beside it");
+    }
 
     /// The freeze's copy of a map keeps its holes: a mostly empty map's
     /// copy takes about what its data does, and reads back the same.
