@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """iDedup figures for Strata volumes (issue 11), through real NBD clients.
 
-  scripts/bench-volume.py WORK [--size 256M] [--thresholds 1,2,4,8] [--caches 1,0.5,0.25]
+  scripts/bench-volume.py WORK [--size 256M] [--thresholds 1,2,4,8] [--caches 1,0.5,0.25] [--trace-runs 1]
   scripts/bench-volume.py WORK --fio [--fio-size 512M] [--runtime 10]
   scripts/bench-volume.py WORK --snapshots [--snapshot-size 1G] [--snapshot-written 64M] [--repeat 3]
   scripts/bench-volume.py WORK --fs-image [--tree DIR] [--changes DIR] [--image-size 1G]
@@ -21,6 +21,11 @@ the reads (Fig. 8: physical runs per read) and client-side response-time
 percentiles (Fig. 9), beside the same volume with dedup off; the server's
 own figures and the disk's read I/Os of those reads; then, cold again, a
 scan of the whole volume in 1 MiB reads (MB/s), and a check of every block.
+With `--trace-runs N` every setting is run N times, in turn (run 1 of
+each setting, then run 2, ...: the machine's noise falls on all alike);
+the table and charts give medians (`volume-results-runs.json` has each
+run), and a last table each setting's latency against the baseline's
+with the range of the runs.
 
 fio mode: the volume with dedup off against `nbdkit file` serving a plain
 file on the same disk (the reference NBD server): 1 MiB sequential write
@@ -372,15 +377,69 @@ def trace_mode(a):
         drop_caches()
     vol_blocks, n, reqs = read_trace(trace)
     print(f"trace: {n} block writes in {len(reqs)} requests, volume {vol_blocks} blocks", file=sys.stderr)
-    rows = [one_setting(a.work, "baseline", reqs, vol_blocks, ["--no-dedup"])]
+    settings = [("baseline", ["--no-dedup"])]
     for c in [float(x) for x in a.caches.split(",")]:
         cache = max(1, int(c * n)) * NODE_BYTES
         for t in [int(x) for x in a.thresholds.split(",")]:
-            label = f"t{t}-cache{int(c * 100)}"
-            print("setting", label, file=sys.stderr)
-            rows.append(one_setting(a.work, label, reqs, vol_blocks,
-                                    ["--threshold", str(t), "--cache", str(cache)]))
-    return rows
+            settings.append((f"t{t}-cache{int(c * 100)}", ["--threshold", str(t), "--cache", str(cache)]))
+    # Each run goes through every setting in turn (the machine's noise
+    # then falls on all of them alike); medians per setting.
+    runs = []
+    for k in range(a.trace_runs):
+        rows = []
+        for label, args in settings:
+            print(f"run {k + 1}/{a.trace_runs}: setting {label}", file=sys.stderr)
+            rows.append(one_setting(a.work, label, reqs, vol_blocks, args))
+        runs.append(rows)
+    return runs
+
+
+def median_rows(runs):
+    """Per setting, the median over runs of every figure (of lists of
+    [x, y] points, the median y per x)."""
+    out = []
+    for i, first in enumerate(runs[0]):
+        rs = [run[i] for run in runs]
+        row = {}
+        for key, v in first.items():
+            vals = [r[key] for r in rs]
+            if isinstance(v, bool) or isinstance(v, str) or v is None or any(x is None for x in vals):
+                row[key] = v
+            elif key == "mismatched_blocks":
+                # (Not a figure to take the middle of: any run's count.)
+                row[key] = max(vals)
+            elif isinstance(v, (int, float)):
+                row[key] = median(vals)
+            elif isinstance(v, list) and all(len(r[key]) == len(v) for r in rs) and all(
+                    isinstance(p, list) and len(p) == 2 for p in v):
+                row[key] = [[p[0], median(r[key][j][1] for r in rs)] for j, p in enumerate(v)]
+            else:
+                row[key] = v
+        row["runs"] = len(rs)
+        out.append(row)
+    return out
+
+
+GOAL_KEYS = ["client_write_p50_us", "client_write_p99_us", "client_read_p50_us", "client_read_p99_us",
+             "client_random_read_p50_us", "client_random_read_p99_us"]
+
+
+def goal_table(runs, med):
+    """Issue 11's latency goal: each setting's medians against the
+    baseline's (dedup off), with the range of the runs."""
+    base = med[0]
+    print()
+    print("| setting vs baseline (medians; range over runs) | " +
+          " | ".join(k.replace("client_", "").replace("_us", "") for k in GOAL_KEYS) + " |")
+    print("|---|" + "---|" * len(GOAL_KEYS))
+    for i, row in enumerate(med[1:], start=1):
+        cells = []
+        for k in GOAL_KEYS:
+            ratio = row[k] / base[k] - 1
+            lo, hi = min(r[i][k] for r in runs), max(r[i][k] for r in runs)
+            blo, bhi = min(r[0][k] for r in runs), max(r[0][k] for r in runs)
+            cells.append(f"{ratio * 100:+.1f} % ({blo:.0f}-{bhi:.0f} vs {lo:.0f}-{hi:.0f})")
+        print(f"| {row['setting']} | " + " | ".join(cells) + " |")
 
 
 ORACLE = {"seq": 8, "rand": 1}
@@ -849,6 +908,7 @@ def main():
     ap.add_argument("--volume-size")
     ap.add_argument("--thresholds", default="1,2,4,8")
     ap.add_argument("--caches", default="1,0.25")
+    ap.add_argument("--trace-runs", type=int, default=1)
     ap.add_argument("--fio", action="store_true")
     ap.add_argument("--fio-size", default="512M")
     ap.add_argument("--runtime", type=int, default=10)
@@ -924,14 +984,17 @@ def main():
             a_, b_ = med("nbdkit-file", key), med("strata-nodedup", key)
             print(f"| {name} ({key}) | {a_:.0f} | {b_:.0f} | {b_ / a_:.2f} |")
         return
-    rows = trace_mode(a)
+    runs = trace_mode(a)
+    rows = median_rows(runs)
     json.dump(rows, open(os.path.join(a.work, "volume-results.json"), "w"), indent=1)
+    if len(runs) > 1:
+        json.dump(runs, open(os.path.join(a.work, "volume-results-runs.json"), "w"), indent=1)
     charts(rows, a.work)
     print("| setting | dedup ratio | saved | cache blocks | write MB/s | read MB/s | write p50/p99 µs | read p50/p99 µs | random-order read p50/p99 µs | server read p50/p99 µs | disk reads (I/Os, MB) | reads touching 1 run | scan MB/s | mismatches |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         one = r["fragmentation_cdf"][0][1] if r["fragmentation_cdf"] else None
-        disk = "–" if r["disk_read_ios"] is None else f"{r['disk_read_ios']}, {r['disk_read_mb']:.0f}"
+        disk = "–" if r["disk_read_ios"] is None else f"{r['disk_read_ios']:.0f}, {r['disk_read_mb']:.0f}"
         print(f"| {r['setting']} | {r['dedup_ratio']:.3f} | {r['saved_fraction'] * 100:.1f} % | "
               f"{r['cache_capacity_blocks']} | {r['write_mb_s']:.0f} | {r['read_mb_s']:.0f} | "
               f"{r['client_write_p50_us']}/{r['client_write_p99_us']} | "
@@ -941,6 +1004,8 @@ def main():
               f"{disk} | "
               f"{'–' if one is None else f'{one * 100:.1f} %'} | {r['scan_mb_s']:.0f} | "
               f"{r['mismatched_blocks']} |")
+    if len(runs) > 1:
+        goal_table(runs, rows)
 
 
 if __name__ == "__main__":

@@ -5,73 +5,16 @@
 //! installs them (qemu-utils, libnbd-bin, fio).
 
 mod common;
+use common::nbd::*;
 use common::*;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn have(tool: &str) -> bool {
-    let ok = Command::new(tool)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("{tool} is missing: skipping (apt-get install qemu-utils libnbd-bin fio)");
-    }
-    ok
-}
-
-/// A serving volume: the child process and its NBD URL.
-struct Served {
-    child: Child,
-    url: String,
-    addr: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn serve(repo: &Repo, name: &str) -> Served {
     serve_cmd(repo.cmd(&["volume", "serve", name, "--listen", "127.0.0.1:0", "--json"]))
-}
-
-/// Starts `c` (a `volume serve … --json`) and reads where it listens.
-fn serve_cmd(mut c: Command) -> Served {
-    c.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    // The JSON document (pretty-printed) ends with a line `}`.
-    let mut rd = BufReader::new(child.stdout.take().unwrap());
-    let mut doc = String::new();
-    let v: serde_json::Value = loop {
-        let mut line = String::new();
-        if rd.read_line(&mut line).unwrap() == 0 {
-            panic!("serve ended: {doc:?}");
-        }
-        doc += &line;
-        if let Ok(v) = serde_json::from_str(&doc) {
-            break v;
-        }
-    };
-    Served {
-        url: v["url"].as_str().unwrap().to_string(),
-        addr: v["listening"].as_str().unwrap().to_string(),
-        child,
-    }
-}
-
-/// SIGTERM: the server destages, closes the volume cleanly and exits 0.
-fn stop(mut s: Served) {
-    // SAFETY: a signal to our own child process.
-    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
-    assert!(s.child.wait().unwrap().success());
 }
 
 /// kill -9: the server gets no chance to destage or close.
@@ -90,17 +33,6 @@ fn qemu_write_start(s: &Served, patch: &Path, seed: u64) -> Vec<u8> {
         .arg(patch)
         .arg(&s.url));
     data
-}
-
-fn sh(cmd: &mut Command) -> std::process::Output {
-    let o = cmd.output().unwrap();
-    assert!(
-        o.status.success(),
-        "{cmd:?}: {}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    o
 }
 
 /// An image with repeated content: two copies of a 4 MiB pattern, zeros

@@ -2,6 +2,7 @@
 //! iDedup §3–§5).
 //!
 //! * [`nbd`] — the NBD server (fixed newstyle, structured replies).
+//! * [`tls`] — TLS for NBD connections (`NBD_OPT_STARTTLS`).
 //! * [`volume`] — the volume: journal-backed write buffer, block map,
 //!   reference counts, free space; [`destage`] runs iDedup on each batch.
 //! * [`idedup`] — the dedup-metadata cache and the sequence algorithm.
@@ -29,6 +30,7 @@ mod readahead;
 pub mod report;
 mod resize;
 pub mod stats;
+pub mod tls;
 pub mod volume;
 
 pub use changes::ChangeSet;

@@ -4,6 +4,8 @@
 //!
 //! Handshake: `NBD_OPT_EXPORT_NAME`, `NBD_OPT_GO`, `NBD_OPT_INFO`
 //! (export and block-size information), `NBD_OPT_LIST`, `NBD_OPT_ABORT`,
+//! `NBD_OPT_STARTTLS` (a server given TLS settings requires it before
+//! any other option: [`crate::tls`]),
 //! `NBD_OPT_STRUCTURED_REPLY` (then reads answer in structured chunks and
 //! runs of zeros go back as holes); other options are answered
 //! "unsupported". Transmission: READ, WRITE (with FUA), FLUSH, TRIM,
@@ -17,6 +19,7 @@
 //! only; a request outside the device or longer than [`MAX_REQUEST`] gets
 //! an error reply.
 
+use crate::tls::TlsConfig;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -38,6 +41,7 @@ const FLAG_NO_ZEROES: u16 = 2;
 const OPT_EXPORT_NAME: u32 = 1;
 const OPT_ABORT: u32 = 2;
 const OPT_LIST: u32 = 3;
+const OPT_STARTTLS: u32 = 5;
 const OPT_INFO: u32 = 6;
 const OPT_GO: u32 = 7;
 const OPT_STRUCTURED_REPLY: u32 = 8;
@@ -47,6 +51,7 @@ const REP_SERVER: u32 = 2;
 const REP_INFO: u32 = 3;
 const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
 const REP_ERR_INVALID: u32 = (1 << 31) + 3;
+const REP_ERR_TLS_REQD: u32 = (1 << 31) + 5;
 const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
 
 const INFO_EXPORT: u16 = 0;
@@ -146,9 +151,12 @@ pub struct Server {
     addr: String,
 }
 
-trait Conn: Read + Write + Send + 'static {
+/// A connection's stream (TCP, Unix, or the plaintext side of TLS).
+pub(crate) trait Conn: Read + Write + Send + 'static {
     fn try_clone_box(&self) -> io::Result<Box<dyn Conn>>;
     fn set_timeout(&self, d: Option<Duration>) -> io::Result<()>;
+    /// Ends both directions (a thread blocked reading it returns).
+    fn shutdown(&self);
 }
 impl Conn for TcpStream {
     fn try_clone_box(&self) -> io::Result<Box<dyn Conn>> {
@@ -156,6 +164,9 @@ impl Conn for TcpStream {
     }
     fn set_timeout(&self, d: Option<Duration>) -> io::Result<()> {
         self.set_read_timeout(d)
+    }
+    fn shutdown(&self) {
+        let _ = TcpStream::shutdown(self, std::net::Shutdown::Both);
     }
 }
 impl Conn for UnixStream {
@@ -165,11 +176,20 @@ impl Conn for UnixStream {
     fn set_timeout(&self, d: Option<Duration>) -> io::Result<()> {
         self.set_read_timeout(d)
     }
+    fn shutdown(&self) {
+        let _ = UnixStream::shutdown(self, std::net::Shutdown::Both);
+    }
 }
 
 impl Server {
-    /// Binds and starts accepting in a background thread.
-    pub fn start(listen: &Listen, exports: Vec<Export>) -> io::Result<Server> {
+    /// Binds and starts accepting in a background thread. With `tls`,
+    /// every client must start TLS (`NBD_OPT_STARTTLS`) before anything
+    /// else: other options are refused (`NBD_REP_ERR_TLS_REQD`).
+    pub fn start(
+        listen: &Listen,
+        exports: Vec<Export>,
+        tls: Option<TlsConfig>,
+    ) -> io::Result<Server> {
         let stop = Arc::new(AtomicBool::new(false));
         let exports = Arc::new(exports);
         let (addr, accept): (String, Acceptor) = match listen {
@@ -198,7 +218,8 @@ impl Server {
             }
         };
         let (s, e) = (stop.clone(), exports.clone());
-        std::thread::spawn(move || accept_loop(&s, accept, &e));
+        let tls = tls.map(Arc::new);
+        std::thread::spawn(move || accept_loop(&s, accept, &e, tls));
         Ok(Server { stop, addr })
     }
 
@@ -245,13 +266,18 @@ type Acceptor = Box<dyn FnMut() -> io::Result<Box<dyn Conn>> + Send>;
 
 /// Accepts connections (the listener is non-blocking, so `stop` is
 /// seen within 20 ms) and serves each on its own threads.
-fn accept_loop(stop: &AtomicBool, mut accept: Acceptor, exports: &Arc<Vec<Export>>) {
+fn accept_loop(
+    stop: &AtomicBool,
+    mut accept: Acceptor,
+    exports: &Arc<Vec<Export>>,
+    tls: Option<Arc<TlsConfig>>,
+) {
     while !stop.load(Ordering::SeqCst) {
         match accept() {
             Ok(c) => {
-                let e = exports.clone();
+                let (e, tls) = (exports.clone(), tls.clone());
                 std::thread::spawn(move || {
-                    if let Err(err) = serve(c, &e) {
+                    if let Err(err) = serve(c, &e, tls.as_deref()) {
                         tracing::debug!("nbd connection ended: {err}");
                     }
                 });
@@ -287,18 +313,64 @@ fn read_u64(r: &mut impl Read) -> io::Result<u64> {
     Ok(u64::from_be_bytes(b))
 }
 
-/// One connection: handshake, then requests until DISC or EOF.
-fn serve(conn: Box<dyn Conn>, exports: &[Export]) -> io::Result<()> {
-    conn.set_timeout(Some(Duration::from_secs(30)))?;
-    let mut r = BufReader::with_capacity(256 << 10, conn.try_clone_box()?);
-    let mut w = BufWriter::with_capacity(256 << 10, conn.try_clone_box()?);
-    let Some((export, structured)) = handshake(&mut r, &mut w, exports)? else {
-        return Ok(());
+/// One connection: handshake (TLS first where the server has it), then
+/// requests until DISC or EOF.
+fn serve(mut conn: Box<dyn Conn>, exports: &[Export], tls: Option<&TlsConfig>) -> io::Result<()> {
+    let mut session = Session {
+        tls_required: tls.is_some(),
+        ..Session::default()
     };
-    // Clients may sit idle between requests for as long as they like.
-    conn.set_timeout(None)?;
-    w.flush()?;
-    transmission(&mut r, &mut w, &*export.device, structured)
+    loop {
+        // (A client that says nothing for 30 s during the handshake is
+        // let go.)
+        conn.set_timeout(Some(Duration::from_secs(30)))?;
+        let mut r = BufReader::with_capacity(256 << 10, conn.try_clone_box()?);
+        let mut w = BufWriter::with_capacity(256 << 10, conn.try_clone_box()?);
+        match handshake(&mut r, &mut w, exports, &mut session)? {
+            Haggled::Aborted => return Ok(()),
+            Haggled::StartTls => {
+                let Some(cfg) = tls else {
+                    return Err(proto("STARTTLS without TLS"));
+                };
+                // The client waits for the reply before its TLS hello:
+                // bytes already here would be read as plaintext.
+                if !r.buffer().is_empty() {
+                    return Err(proto("data after STARTTLS before the TLS handshake"));
+                }
+                drop((r, w));
+                conn = crate::tls::accept(conn, cfg)?;
+                session.secured = true;
+            }
+            Haggled::Go(export) => {
+                // Clients may sit idle between requests for as long as
+                // they like.
+                conn.set_timeout(None)?;
+                w.flush()?;
+                return transmission(&mut r, &mut w, &*export.device, session.structured);
+            }
+        }
+    }
+}
+
+/// What the option haggling has agreed so far (it goes on over TLS
+/// after `NBD_OPT_STARTTLS`).
+#[derive(Default)]
+struct Session {
+    /// The greeting was sent and the client's flags read.
+    greeted: bool,
+    no_zeroes: bool,
+    structured: bool,
+    /// Nothing but STARTTLS (or ABORT) before TLS.
+    tls_required: bool,
+    secured: bool,
+}
+
+/// How a round of option haggling ended.
+enum Haggled<'e> {
+    Go(&'e Export),
+    Aborted,
+    /// TLS agreed: the handshake goes on over it.
+    StartTls,
 }
 
 fn opt_reply(w: &mut impl Write, opt: u32, kind: u32, data: &[u8]) -> io::Result<()> {
@@ -320,23 +392,27 @@ fn transmission_flags() -> u16 {
         | TFLAG_SEND_CACHE
 }
 
-/// The option haggling. Returns the export chosen and whether structured
-/// replies were agreed, or `None` when the client aborted.
+/// The option haggling, until the client chooses an export, aborts or
+/// starts TLS (`session` keeps what was agreed).
 fn handshake<'e>(
     r: &mut impl Read,
     w: &mut impl Write,
     exports: &'e [Export],
-) -> io::Result<Option<(&'e Export, bool)>> {
-    w.write_all(&NBDMAGIC.to_be_bytes())?;
-    w.write_all(&IHAVEOPT.to_be_bytes())?;
-    w.write_all(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes())?;
-    w.flush()?;
-    let client_flags = read_u32(r)?;
-    if client_flags & u32::from(FLAG_FIXED_NEWSTYLE) == 0 {
-        return Err(proto("client does not speak fixed newstyle"));
+    session: &mut Session,
+) -> io::Result<Haggled<'e>> {
+    if !session.greeted {
+        w.write_all(&NBDMAGIC.to_be_bytes())?;
+        w.write_all(&IHAVEOPT.to_be_bytes())?;
+        w.write_all(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes())?;
+        w.flush()?;
+        let client_flags = read_u32(r)?;
+        if client_flags & u32::from(FLAG_FIXED_NEWSTYLE) == 0 {
+            return Err(proto("client does not speak fixed newstyle"));
+        }
+        session.no_zeroes = client_flags & u32::from(FLAG_NO_ZEROES) != 0;
+        session.greeted = true;
     }
-    let no_zeroes = client_flags & u32::from(FLAG_NO_ZEROES) != 0;
-    let mut structured = false;
+    let no_zeroes = session.no_zeroes;
     let find = |name: &str| -> Option<&'e Export> {
         // The empty name is the default export (the first).
         if name.is_empty() {
@@ -356,7 +432,30 @@ fn handshake<'e>(
         }
         let mut data = vec![0u8; len as usize];
         r.read_exact(&mut data)?;
+        if session.tls_required && !session.secured {
+            match opt {
+                OPT_STARTTLS if data.is_empty() => {
+                    opt_reply(w, opt, REP_ACK, &[])?;
+                    w.flush()?;
+                    return Ok(Haggled::StartTls);
+                }
+                OPT_STARTTLS => opt_reply(w, opt, REP_ERR_INVALID, b"STARTTLS takes no data")?,
+                OPT_ABORT => {
+                    opt_reply(w, opt, REP_ACK, &[])?;
+                    w.flush()?;
+                    return Ok(Haggled::Aborted);
+                }
+                // No reply can refuse it: the connection ends.
+                OPT_EXPORT_NAME => return Err(proto("EXPORT_NAME before TLS")),
+                _ => opt_reply(w, opt, REP_ERR_TLS_REQD, b"this server requires TLS")?,
+            }
+            w.flush()?;
+            continue;
+        }
         match opt {
+            OPT_STARTTLS if session.secured => {
+                opt_reply(w, opt, REP_ERR_INVALID, b"TLS is already on")?
+            }
             OPT_EXPORT_NAME => {
                 let name = String::from_utf8_lossy(&data);
                 let Some(e) = find(&name) else {
@@ -368,12 +467,12 @@ fn handshake<'e>(
                     w.write_all(&[0u8; 124])?;
                 }
                 w.flush()?;
-                return Ok(Some((e, structured)));
+                return Ok(Haggled::Go(e));
             }
             OPT_ABORT => {
                 opt_reply(w, opt, REP_ACK, &[])?;
                 w.flush()?;
-                return Ok(None);
+                return Ok(Haggled::Aborted);
             }
             OPT_LIST => {
                 if !data.is_empty() {
@@ -389,7 +488,7 @@ fn handshake<'e>(
             }
             OPT_STRUCTURED_REPLY => {
                 if data.is_empty() {
-                    structured = true;
+                    session.structured = true;
                     opt_reply(w, opt, REP_ACK, &[])?;
                 } else {
                     opt_reply(w, opt, REP_ERR_INVALID, &[])?;
@@ -417,7 +516,7 @@ fn handshake<'e>(
                         opt_reply(w, opt, REP_ACK, &[])?;
                         if opt == OPT_GO {
                             w.flush()?;
-                            return Ok(Some((e, structured)));
+                            return Ok(Haggled::Go(e));
                         }
                     }
                 },

@@ -65,6 +65,19 @@ pub enum VolumeCmd {
         /// HOST:PORT, or unix:PATH (or /PATH) for a Unix socket.
         #[arg(long, default_value = "127.0.0.1:10809")]
         listen: String,
+        /// Require TLS of every client (NBD STARTTLS), with the X.509
+        /// certificate and key in this directory, laid out as qemu-nbd's
+        /// and nbdkit's: server-cert.pem (the chain, the server's own
+        /// first) and server-key.pem. Clients connect with nbds:// URIs
+        /// (`?tls-certificates=DIR` naming a directory with the CA's
+        /// ca-cert.pem) or qemu's tls-creds-x509.
+        #[arg(long, value_name = "DIR")]
+        tls_certificates: Option<std::path::PathBuf>,
+        /// Also require a client certificate signed by DIR/ca-cert.pem
+        /// (mutual TLS): only clients holding such a certificate and its
+        /// key get in.
+        #[arg(long, requires = "tls_certificates")]
+        tls_verify_peer: bool,
     },
     /// Dedup ratio, cache hit rate, duplicate sequence lengths, read
     /// fragmentation, latency percentiles (from the last serve).
@@ -368,7 +381,22 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             });
             Ok(0)
         }
-        VolumeCmd::Serve { name, listen } => serve(cli, out, &root, name, listen),
+        VolumeCmd::Serve {
+            name,
+            listen,
+            tls_certificates,
+            tls_verify_peer,
+        } => {
+            let tls = match tls_certificates {
+                Some(dir) => Some(
+                    strata_volume::tls::TlsConfig::from_dir(dir, *tls_verify_peer).with_context(
+                        || format!("loading the TLS certificate and key from {}", dir.display()),
+                    )?,
+                ),
+                None => None,
+            };
+            serve(cli, out, &root, name, listen, tls)
+        }
         VolumeCmd::Snapshot {
             name,
             tag,
@@ -700,6 +728,7 @@ fn serve(
     root: &std::path::Path,
     name: &str,
     listen: &str,
+    tls: Option<strata_volume::tls::TlsConfig>,
 ) -> Result<i32> {
     // Write payloads (up to 32 MiB each) come and go with every request:
     // from the heap, reused, rather than a fresh mapping per request whose
@@ -729,25 +758,46 @@ fn serve(
             None
         }
     };
+    let secured = tls.is_some();
     let server = Server::start(
         &Listen::parse(listen),
         vec![Export {
             name: name.to_string(),
             device: vol.clone() as Arc<dyn strata_volume::nbd::BlockDevice>,
         }],
+        tls,
     )
     .with_context(|| format!("cannot listen on {listen}"))?;
+    let open_to_the_network = server
+        .addr()
+        .parse::<std::net::SocketAddr>()
+        .is_ok_and(|a| !a.ip().is_loopback());
+    let exposed = (open_to_the_network && !secured).then(|| {
+        format!(
+            "anyone who can reach {} can read and write volume {name}, unencrypted: \
+             give --tls-certificates DIR (and --tls-verify-peer to admit only clients \
+             with a certificate), or listen on 127.0.0.1 or a Unix socket",
+            server.addr()
+        )
+    });
+    if let Some(w) = &exposed {
+        out.warn(w);
+    }
     // SAFETY: the handler only stores to an atomic.
     unsafe {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
     }
+    let scheme = if secured { "nbds" } else { "nbd" };
     let url = match server.addr().strip_prefix("unix:") {
-        Some(p) => format!("nbd+unix:///{name}?socket={p}"),
-        None => format!("nbd://{}/{name}", server.addr()),
+        Some(p) => format!("{scheme}+unix:///{name}?socket={p}"),
+        None => format!("{scheme}://{}/{name}", server.addr()),
     };
     out.result(
-        &serde_json::json!({"volume": name, "listening": server.addr(), "url": url}),
+        &serde_json::json!({
+            "volume": name, "listening": server.addr(), "url": url, "tls": secured,
+            "warning": exposed,
+        }),
         || format!("serving volume {name} at {url}"),
     );
     while !STOP.load(Ordering::SeqCst) {

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod nbd;
+
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;

@@ -1,0 +1,77 @@
+//! NBD helpers of the volume tests: the client tools, a served volume.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+/// Whether `tool` runs here (a message when not: the test skips).
+pub fn have(tool: &str) -> bool {
+    let ok = Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("{tool} is missing: skipping (apt-get install qemu-utils libnbd-bin fio)");
+    }
+    ok
+}
+
+/// A serving volume: the child process and its NBD URL.
+pub struct Served {
+    pub child: Child,
+    pub url: String,
+    pub addr: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `c` (a `volume serve … --json`) and reads where it listens.
+pub fn serve_cmd(mut c: Command) -> Served {
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    // The JSON document (pretty-printed) ends with a line `}`.
+    let mut rd = BufReader::new(child.stdout.take().unwrap());
+    let mut doc = String::new();
+    let v: serde_json::Value = loop {
+        let mut line = String::new();
+        if rd.read_line(&mut line).unwrap() == 0 {
+            panic!("serve ended: {doc:?}");
+        }
+        doc += &line;
+        if let Ok(v) = serde_json::from_str(&doc) {
+            break v;
+        }
+    };
+    Served {
+        url: v["url"].as_str().unwrap().to_string(),
+        addr: v["listening"].as_str().unwrap().to_string(),
+        child,
+    }
+}
+
+/// SIGTERM: the server destages, closes the volume cleanly and exits 0.
+pub fn stop(mut s: Served) {
+    // SAFETY: a signal to our own child process.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    assert!(s.child.wait().unwrap().success());
+}
+
+/// Runs `cmd`; its output, or a panic with it when it failed.
+pub fn sh(cmd: &mut Command) -> std::process::Output {
+    let o = cmd.output().unwrap();
+    assert!(
+        o.status.success(),
+        "{cmd:?}: {}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
