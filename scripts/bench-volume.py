@@ -6,6 +6,7 @@
   scripts/bench-volume.py WORK --snapshots [--snapshot-size 1G] [--snapshot-written 64M] [--repeat 3]
   scripts/bench-volume.py WORK --fs-image [--tree DIR] [--changes DIR] [--image-size 1G]
   scripts/bench-volume.py WORK --encryption [--enc-size 1G] [--repeat 3]
+  scripts/bench-volume.py WORK --tls [--tls-size 1G] [--repeat 3]
   scripts/bench-volume.py WORK --mixed [--size 128M] [--phases seq,rand]
       [--settings off,1,2,4,8,auto,oracle] [--every 8] [--reads 4] [--seq-blocks 32]
       [--rand-reads 4] [--poll 64]
@@ -57,6 +58,11 @@ image of random data copied into a fresh volume by nbdcopy and read back
 by nbdcopy (page cache dropped, served again), for plain and encrypted
 repositories, dedup on and off; MB/s, and the copy checked byte for byte.
 
+TLS mode (`--tls [--tls-size 1G] [--repeat 3]`): what NBD over TLS
+(`volume serve --tls-certificates`) costs. The same copy in and out over
+TCP on loopback, plain and with TLS (a CA and a server certificate made
+by `openssl`; nbdcopy with an nbds:// URL), dedup on and off.
+
 Mixed mode (`--threshold auto`): the same trace, written with reads
 interleaved, so that the server sees how the volume is read while it
 writes. The write requests are split into equal phases (`--phases`, e.g.
@@ -87,6 +93,7 @@ WORK/volume-encryption.json (encryption) and a Markdown table on stdout.
 
 import argparse
 import json
+import shutil
 import os
 import signal
 import struct
@@ -145,11 +152,11 @@ def read_trace(path):
 class Served:
     """`strata volume serve` on a Unix socket."""
 
-    def __init__(self, repo, name, sock):
+    def __init__(self, repo, name, sock, listen=None, extra=()):
         self.sock = sock
         self.p = subprocess.Popen(
             [os.path.join(BIN, "strata"), "--repo", repo, "volume", "serve", name,
-             "--listen", "unix:" + sock, "--json"],
+             "--listen", listen or "unix:" + sock, "--json", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         doc = ""
         while True:
@@ -158,7 +165,7 @@ class Served:
                 raise SystemExit("serve ended: " + self.p.stderr.read())
             doc += line
             try:
-                json.loads(doc)
+                self.doc = json.loads(doc)
                 break
             except ValueError:
                 continue
@@ -801,6 +808,73 @@ def encryption_mode(a):
     return rows
 
 
+def tls_certificates(work):
+    """A CA, and a server certificate for 127.0.0.1 it signed (openssl):
+    the server's directory and the client's."""
+    pki, srv, cli = (os.path.join(work, d) for d in ("pki", "tls-srv", "tls-cli"))
+    for d in (pki, srv, cli):
+        os.makedirs(d, exist_ok=True)
+    ossl = lambda *args: subprocess.run(["openssl", *args], cwd=pki, check=True,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    ossl("req", "-x509", *key, "-days", "2", "-subj", "/CN=bench-ca", "-keyout", "ca-key.pem",
+         "-out", "ca-cert.pem")
+    ossl("req", *key, "-subj", "/CN=bench", "-keyout", "server-key.pem", "-out", "server.csr")
+    with open(os.path.join(pki, "server.ext"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    ossl("x509", "-req", "-in", "server.csr", "-CA", "ca-cert.pem", "-CAkey", "ca-key.pem",
+         "-CAcreateserial", "-days", "2", "-extfile", "server.ext", "-out", "server-cert.pem")
+    for name, d in (("server-cert.pem", srv), ("server-key.pem", srv), ("ca-cert.pem", cli)):
+        shutil.copy(os.path.join(pki, name), os.path.join(d, name))
+    return srv, cli
+
+
+def tls_mode(a):
+    """nbdcopy of --tls-size random bytes in and out of a fresh volume
+    over TCP on loopback, plain and with TLS (`--tls-certificates`), dedup
+    on and off, --repeat rounds (page cache dropped before reads)."""
+    import filecmp
+    srv, cli = tls_certificates(a.work)
+    size = size_arg(a.tls_size)
+    img = os.path.join(a.work, "tls-img.raw")
+    out = os.path.join(a.work, "tls-out.raw")
+    with open(img, "wb") as f:
+        for off in range(0, size, 1 << 20):
+            f.write(os.urandom(min(1 << 20, size - off)))
+    repo = os.path.join(a.work, "repo-tls")
+    rows = []
+    for rnd in range(a.repeat):
+        for tls in (False, True):
+            for dedup in (True, False):
+                subprocess.run(["rm", "-rf", repo], check=True)
+                strata(repo, "init")
+                strata(repo, "volume", "create", "v", "--size", str(size),
+                       *([] if dedup else ["--no-dedup"]))
+                extra = ["--tls-certificates", srv] if tls else []
+
+                def copy(src, dst):
+                    s = Served(repo, "v", None, listen="127.0.0.1:0", extra=extra)
+                    url = s.doc["url"] + (f"?tls-certificates={cli}" if tls else "")
+                    t = time.perf_counter()
+                    subprocess.run(["nbdcopy", src or url, dst or url], check=True)
+                    took = time.perf_counter() - t
+                    s.stop()
+                    return took
+                w = copy(img, None)
+                drop_caches()
+                r = copy(None, out)
+                same = filecmp.cmp(img, out, shallow=False)
+                rows.append({"round": rnd, "tls": tls, "dedup": dedup,
+                             "write_mb_s": size / w / 1e6, "read_mb_s": size / r / 1e6,
+                             "same": same})
+                if not same:
+                    raise SystemExit(f"read back differs (tls {tls}, dedup {dedup})")
+    for p in (img, out):
+        os.remove(p)
+    subprocess.run(["rm", "-rf", repo], check=True)
+    return rows
+
+
 def fs_image_mode(a):
     """A real file system changed between two snapshots, against restic
     and borg backing up the same image file (see the module docstring)."""
@@ -929,6 +1003,8 @@ def main():
     ap.add_argument("--changes", default="/usr/share/doc")
     ap.add_argument("--change-files", type=int, default=300)
     ap.add_argument("--image-size", default="1G")
+    ap.add_argument("--tls", action="store_true")
+    ap.add_argument("--tls-size", default="1G")
     ap.add_argument("--encryption", action="store_true")
     ap.add_argument("--enc-size", default="1G")
     a = ap.parse_args()
@@ -944,6 +1020,18 @@ def main():
             rd = "–" if r["read_bytes"] is None else f"{r['read_bytes'] / 2**20:.0f} MiB"
             print(f"| {r['tool']} | {r['first_s']:.2f} | {r['second_s']:.2f} | {rd} | "
                   f"{r['added_bytes'] / 2**20:.1f} MiB |")
+        return
+    if a.tls:
+        rows = tls_mode(a)
+        json.dump(rows, open(os.path.join(a.work, "volume-tls.json"), "w"), indent=1)
+        print("| volume | write MB/s plain | TLS | ratio | read MB/s plain | TLS | ratio |")
+        print("|---|---|---|---|---|---|---|")
+        for dedup in (True, False):
+            def med(tls, key):
+                return median(r[key] for r in rows if r["tls"] == tls and r["dedup"] == dedup)
+            w0, w1, r0, r1 = med(False, "write_mb_s"), med(True, "write_mb_s"), med(False, "read_mb_s"), med(True, "read_mb_s")
+            print(f"| dedup {'on' if dedup else 'off'} | {w0:.0f} | {w1:.0f} | {w1 / w0:.2f} | "
+                  f"{r0:.0f} | {r1:.0f} | {r1 / r0:.2f} |")
         return
     if a.encryption:
         rows = encryption_mode(a)

@@ -1113,7 +1113,12 @@ fn a_full_disk_pauses_writes_until_space_is_freed() {
     // their own bytes), so `stats` goes on counting the reads served.
     fill_filesystem(&mnt.0.join("filler2"), 0);
     fill_to_the_last_byte(&mnt.0.join("filler3"));
-    let reads = st["reads"].as_u64().unwrap();
+    // (Counted from what was saved once the disk was full: the reads
+    // before are in it by now.)
+    std::thread::sleep(Duration::from_millis(1200));
+    let live = r.path.join("volumes/v/live.json");
+    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&live).unwrap());
+    let reads = r.json(&["volume", "stats", "v"])["reads"].as_u64().unwrap();
     assert!(
         nbd_read(&s, 0, 4 << 20) == want[..4 << 20],
         "read on a full disk"
@@ -1126,6 +1131,11 @@ fn a_full_disk_pauses_writes_until_space_is_freed() {
             let st = r.json(&["volume", "stats", "v"]);
             st["reads"].as_u64().unwrap() >= reads + 4 && st["waiting_for_space_bytes"] == *waiting
         },
+    );
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&live).unwrap()),
+        inode,
+        "live.json written over its own bytes"
     );
     std::fs::remove_file(mnt.0.join("filler2")).unwrap();
     std::fs::remove_file(mnt.0.join("filler3")).unwrap();

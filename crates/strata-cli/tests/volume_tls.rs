@@ -249,7 +249,8 @@ fn nbd_over_tls_with_nbdcopy_and_qemu_img() {
         c.write_all(&1u32.to_be_bytes()).unwrap();
         c.write_all(b"v").unwrap();
         let mut rest = Vec::new();
-        let _ = c.read_to_end(&mut rest);
+        c.read_to_end(&mut rest)
+            .expect("the connection closed (not left hanging)");
         assert!(
             rest.is_empty(),
             "EXPORT_NAME before TLS got {} bytes",
@@ -263,7 +264,8 @@ fn nbd_over_tls_with_nbdcopy_and_qemu_img() {
 }
 
 /// `--tls-verify-peer`: only a client with a certificate the CA signed
-/// gets in; one signed by another CA, or without any, is refused.
+/// gets in; one with a certificate another CA signed (which GnuTLS may
+/// not even offer, the server naming its CA), or without any, is refused.
 #[test]
 fn tls_verify_peer_admits_only_certified_clients() {
     if !(have("nbdinfo") && have_openssl()) {
@@ -357,6 +359,17 @@ fn tls_settings_errors_and_the_open_network_warning() {
         ])
         .fails_with();
     assert!(e.contains("--tls-certificates"), "{e}");
+    // A server without TLS answers STARTTLS "unsupported" and goes on.
+    let s = serve_cmd(r.cmd(&["volume", "serve", "v", "--listen", "127.0.0.1:0", "--json"]));
+    const UNSUP: u32 = (1 << 31) + 1;
+    const REP_SERVER: u32 = 2;
+    assert_eq!(plain_option(&s.addr, 5, &[]), UNSUP);
+    assert_eq!(
+        plain_option(&s.addr, 3, &[]),
+        REP_SERVER,
+        "LIST without TLS"
+    );
+    stop(s);
     // Beyond loopback without TLS: served, with a warning that says how.
     let mut c = r.cmd(&["volume", "serve", "v", "--listen", "0.0.0.0:0"]);
     c.stdout(std::process::Stdio::null())

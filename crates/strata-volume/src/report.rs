@@ -116,7 +116,7 @@ impl Volume {
         };
         drop(d);
         let _one = lock(&l.saving);
-        crate::volume::write_json_in_place(&self.dir.join("live.json"), &live)
+        crate::volume::write_json_in_place(&self.dir.join("live.json"), &live, 0)
     }
 }
 
@@ -124,15 +124,15 @@ impl Volume {
 /// (see `volume::write_json_in_place`), keeping what it says.
 pub(crate) fn reserve_live(dir: &Path) -> Result<(), VolumeError> {
     let p = dir.join("live.json");
-    let live: Live = crate::volume::read_json_retrying(&p).unwrap_or_default();
-    crate::volume::write_json_in_place(&p, &live)
+    let live: Live = crate::volume::read_json_shared(&p).unwrap_or_default();
+    crate::volume::write_json_in_place(&p, &live, crate::volume::LIVE_RESERVE)
 }
 
 /// The report of the volume in `dir` (served or not).
 pub fn report(dir: &Path, name: &str) -> Result<VolumeReport, VolumeError> {
     let cfg: VolumeConfig = Volume::config(dir)?;
     let state = crate::volume::read_state(dir)?;
-    let live: Live = crate::volume::read_json_retrying(&dir.join("live.json")).unwrap_or_default();
+    let live: Live = crate::volume::read_json_shared(&dir.join("live.json")).unwrap_or_default();
     let c = state.counters;
     let refs = std::fs::read(dir.join("refs")).map_err(|e| VolumeError::Io("refs".into(), e))?;
     let in_use = refs

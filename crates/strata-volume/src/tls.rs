@@ -184,8 +184,13 @@ fn inbound(s: &Shared, mut net: Box<dyn Conn>, mut to_nbd: UnixStream) -> io::Re
             let mut tls = lock(&s.tls);
             let mut rest = &buf[..n];
             loop {
-                if !rest.is_empty() {
-                    tls.read_tls(&mut rest)?;
+                // (Nothing is taken after the client's close_notify:
+                // what follows it is dropped, not read again and again.)
+                let took = match rest.is_empty() {
+                    true => 0,
+                    false => tls.read_tls(&mut rest)?,
+                };
+                if took > 0 {
                     if let Err(e) = tls.process_new_packets() {
                         // The alert goes out, then the connection ends.
                         s.send(tls)?;
@@ -193,7 +198,7 @@ fn inbound(s: &Shared, mut net: Box<dyn Conn>, mut to_nbd: UnixStream) -> io::Re
                     }
                 }
                 closed |= drain(&mut tls, &mut plain, &mut data)?;
-                if rest.is_empty() {
+                if rest.is_empty() || closed || took == 0 {
                     break;
                 }
             }

@@ -1047,7 +1047,7 @@ fn write_bytes(p: &Path, body: &[u8]) -> Result<()> {
     if let Err(e) = written {
         // (On a full disk: not a partial file left behind.)
         let _ = fs::remove_file(&tmp);
-        return Err(VolumeError::Io(tmp.display().to_string(), e));
+        return Err(VolumeError::Io(p.display().to_string(), e));
     }
     // The rename itself must survive a crash.
     if let Some(dir) = p.parent() {
@@ -1059,16 +1059,24 @@ fn write_bytes(p: &Path, body: &[u8]) -> Result<()> {
 }
 
 /// The least room `live.json` is given (it is rewritten in place).
-const LIVE_RESERVE: usize = 64 << 10;
+pub(crate) const LIVE_RESERVE: usize = 64 << 10;
 
 /// Writes a file that is rewritten often and read by other processes
 /// (`live.json`) over its own bytes: a disk with no free block left can
 /// still be told what the volume is doing (a pause for space above all).
 /// The JSON is padded with spaces to the file's length, which a JSON
-/// reader ignores; a reader that finds it half written reads it again
-/// ([`read_json_retrying`]). A file too short (or missing, or sparse) is
-/// made anew, with room to spare, the usual way ([`write_json`]).
-pub(crate) fn write_json_in_place(p: &Path, v: &impl Serialize) -> Result<()> {
+/// reader ignores. A file too short (or missing, or sparse) is made anew,
+/// with room to spare, the usual way ([`write_json`]).
+///
+/// At least `room` bytes are kept (a file shorter than that is made
+/// anew). Readers and the writer take turns ([`Flock`]): a reader never
+/// sees half of one body and half of another.
+///
+/// (On a copy-on-write or compressing file system — btrfs, ZFS — writing
+/// over a file's bytes takes new blocks all the same, and a file of
+/// spaces may occupy fewer blocks than its length: there it is made anew
+/// each time, as before.)
+pub(crate) fn write_json_in_place(p: &Path, v: &impl Serialize, room: usize) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     let mut body = serde_json::to_vec_pretty(v).map_err(|e| VolumeError::Invalid(e.to_string()))?;
     let rewrite = fs::OpenOptions::new()
@@ -1079,35 +1087,55 @@ pub(crate) fn write_json_in_place(p: &Path, v: &impl Serialize) -> Result<()> {
             let m = f.metadata().ok()?;
             // Every byte allocated: writing over them takes no new block.
             let whole = m.blocks().saturating_mul(512) >= m.len();
-            (whole && m.len() as usize >= body.len()).then_some((f, m.len() as usize))
+            let len = m.len() as usize;
+            (whole && len >= body.len() && len >= room).then_some((f, len))
         });
     match rewrite {
         Some((f, len)) => {
             body.resize(len, b' ');
+            let _turn = Flock::take(&f, libc::LOCK_EX);
             f.write_all_at(&body, 0)
                 .map_err(ioe(p.display().to_string()))
         }
         None => {
-            let room = LIVE_RESERVE.max(body.len().saturating_mul(2));
+            let room = room.max(LIVE_RESERVE).max(body.len().saturating_mul(2));
             body.resize(room, b' ');
             write_bytes(p, &body)
         }
     }
 }
 
-/// [`read_json`] of a file [`write_json_in_place`] may be writing: read
-/// again (a few times) while it does not parse.
-pub(crate) fn read_json_retrying<T: for<'de> Deserialize<'de>>(p: &Path) -> Result<T> {
-    let mut tries = 0;
-    loop {
-        match read_json(p) {
-            Err(VolumeError::Invalid(_)) if tries < 5 => {
-                tries += 1;
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            r => return r,
-        }
+/// An advisory lock on an open file (`flock(2)`), let go when dropped.
+struct Flock<'a>(&'a File);
+
+impl<'a> Flock<'a> {
+    fn take(f: &'a File, how: libc::c_int) -> Option<Flock<'a>> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on an open descriptor.
+        (unsafe { libc::flock(f.as_raw_fd(), how) } == 0).then_some(Flock(f))
     }
+}
+
+impl Drop for Flock<'_> {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: as above.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// [`read_json`] of a file [`write_json_in_place`] writes over: read
+/// while the writer waits.
+pub(crate) fn read_json_shared<T: for<'de> Deserialize<'de>>(p: &Path) -> Result<T> {
+    use std::io::Read;
+    let f = File::open(p).map_err(ioe(p.display().to_string()))?;
+    let mut b = Vec::new();
+    {
+        let _turn = Flock::take(&f, libc::LOCK_SH);
+        (&f).read_to_end(&mut b)
+            .map_err(ioe(p.display().to_string()))?;
+    }
+    serde_json::from_slice(&b).map_err(|e| VolumeError::Invalid(format!("{}: {e}", p.display())))
 }
 
 pub(crate) fn read_json<T: for<'de> Deserialize<'de>>(p: &Path) -> Result<T> {
@@ -2757,20 +2785,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("live.json");
         let body = |n: usize| serde_json::json!({ "reads": n, "pad": "x".repeat(n) });
-        super::write_json_in_place(&p, &body(1)).unwrap();
+        super::write_json_in_place(&p, &body(1), super::LIVE_RESERVE).unwrap();
         let (ino, len) = {
             let m = std::fs::metadata(&p).unwrap();
             (m.ino(), m.len())
         };
         assert!(len >= super::LIVE_RESERVE as u64);
-        super::write_json_in_place(&p, &body(2)).unwrap();
+        super::write_json_in_place(&p, &body(2), 0).unwrap();
         let m = std::fs::metadata(&p).unwrap();
         assert_eq!((m.ino(), m.len()), (ino, len), "rewritten in place");
-        let v: serde_json::Value = super::read_json_retrying(&p).unwrap();
+        let v: serde_json::Value = super::read_json_shared(&p).unwrap();
         assert_eq!(v["reads"], 2);
         // Longer than the room it has: a new file, twice as long.
         let big = super::LIVE_RESERVE + 10;
-        super::write_json_in_place(&p, &body(big)).unwrap();
+        super::write_json_in_place(&p, &body(big), 0).unwrap();
         let m = std::fs::metadata(&p).unwrap();
         assert!(m.ino() != ino && m.len() >= 2 * big as u64);
         let v: serde_json::Value = super::read_json(&p).unwrap();
@@ -2782,9 +2810,13 @@ mod tests {
             .unwrap()
             .set_len(10)
             .unwrap();
-        super::write_json_in_place(&p, &body(3)).unwrap();
+        super::write_json_in_place(&p, &body(3), 0).unwrap();
         let v: serde_json::Value = super::read_json(&p).unwrap();
         assert_eq!(v["reads"], 3);
+        // A tight file (as an older build left it) is given room.
+        std::fs::write(&p, serde_json::to_vec(&body(4)).unwrap()).unwrap();
+        super::write_json_in_place(&p, &body(4), super::LIVE_RESERVE).unwrap();
+        assert!(std::fs::metadata(&p).unwrap().len() >= super::LIVE_RESERVE as u64);
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(names.len(), 1, "no file left beside it");
     }

@@ -758,6 +758,13 @@ fn serve(
             None
         }
     };
+    // Before anything is said of the server: a signal from then on asks
+    // for a clean close.
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+    }
     let secured = tls.is_some();
     let server = Server::start(
         &Listen::parse(listen),
@@ -771,7 +778,7 @@ fn serve(
     let open_to_the_network = server
         .addr()
         .parse::<std::net::SocketAddr>()
-        .is_ok_and(|a| !a.ip().is_loopback());
+        .is_ok_and(|a| !a.ip().to_canonical().is_loopback());
     let exposed = (open_to_the_network && !secured).then(|| {
         format!(
             "anyone who can reach {} can read and write volume {name}, unencrypted: \
@@ -782,11 +789,6 @@ fn serve(
     });
     if let Some(w) = &exposed {
         out.warn(w);
-    }
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
     }
     let scheme = if secured { "nbds" } else { "nbd" };
     let url = match server.addr().strip_prefix("unix:") {
