@@ -1,0 +1,216 @@
+//! The NBD server's TLS at the protocol level, with a rustls client and
+//! an in-memory device: what a well-behaved client (nbdcopy, qemu-img:
+//! the CLI tests) never sends — options before TLS, a close_notify with
+//! more bytes behind it in the same segment.
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore};
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use strata_volume::nbd::{BlockDevice, Export, Listen, Server};
+use strata_volume::tls::TlsConfig;
+
+/// A device in memory.
+struct Mem(Mutex<Vec<u8>>);
+
+impl BlockDevice for Mem {
+    fn size(&self) -> u64 {
+        self.0.lock().unwrap().len() as u64
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<Vec<(u64, u64)>> {
+        let d = self.0.lock().unwrap();
+        buf.copy_from_slice(&d[offset as usize..offset as usize + buf.len()]);
+        Ok(Vec::new())
+    }
+    fn write(&self, offset: u64, data: Vec<u8>, _fua: bool) -> io::Result<()> {
+        self.0.lock().unwrap()[offset as usize..offset as usize + data.len()]
+            .copy_from_slice(&data);
+        Ok(())
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> io::Result<()> {
+        self.write_zeroes(offset, len, fua)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, _fua: bool) -> io::Result<()> {
+        self.0.lock().unwrap()[offset as usize..(offset + len) as usize].fill(0);
+        Ok(())
+    }
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls")
+}
+
+/// A TLS server of a 1 MiB device named `v`.
+fn server() -> Server {
+    let tls = TlsConfig::from_dir(&fixtures(), false).unwrap();
+    let dev = Arc::new(Mem(Mutex::new(vec![0u8; 1 << 20])));
+    Server::start(
+        &Listen::Tcp("127.0.0.1:0".into()),
+        vec![Export {
+            name: "v".into(),
+            device: dev,
+        }],
+        Some(tls),
+    )
+    .unwrap()
+}
+
+/// Connected, greeted (fixed newstyle, no zeroes).
+fn greeted(addr: &str) -> TcpStream {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut b = [0u8; 18];
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b[..8], b"NBDMAGIC");
+    c.write_all(&3u32.to_be_bytes()).unwrap();
+    c
+}
+
+fn option(c: &mut impl Write, opt: u32, data: &[u8]) {
+    let mut q = b"IHAVEOPT".to_vec();
+    q.extend_from_slice(&opt.to_be_bytes());
+    q.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    q.extend_from_slice(data);
+    c.write_all(&q).unwrap();
+    c.flush().unwrap();
+}
+
+/// An option reply: (option, type, data).
+fn option_reply(c: &mut impl Read) -> (u32, u32, Vec<u8>) {
+    let mut h = [0u8; 20];
+    c.read_exact(&mut h).unwrap();
+    let n = u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize;
+    let mut d = vec![0u8; n];
+    c.read_exact(&mut d).unwrap();
+    let be = |r: std::ops::Range<usize>| u32::from_be_bytes(h[r].try_into().unwrap());
+    (be(8..12), be(12..16), d)
+}
+
+const STARTTLS: u32 = 5;
+const GO: u32 = 7;
+const ACK: u32 = 1;
+const INFO: u32 = 3;
+const TLS_REQD: u32 = (1 << 31) + 5;
+
+fn client() -> ClientConnection {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut roots = RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(fixtures().join("ca-cert.pem")).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let cfg = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    ClientConnection::new(Arc::new(cfg), ServerName::try_from("127.0.0.1").unwrap()).unwrap()
+}
+
+/// Greeted, TLS started: the TLS stream.
+fn secured(addr: &str) -> rustls::StreamOwned<ClientConnection, TcpStream> {
+    let mut c = greeted(addr);
+    option(&mut c, STARTTLS, &[]);
+    assert_eq!(option_reply(&mut c), (STARTTLS, ACK, Vec::new()));
+    let mut tls = client();
+    while tls.is_handshaking() {
+        tls.complete_io(&mut c).unwrap();
+    }
+    rustls::StreamOwned::new(tls, c)
+}
+
+fn go(c: &mut impl ReadWrite) {
+    let mut d = 1u32.to_be_bytes().to_vec();
+    d.push(b'v');
+    d.extend_from_slice(&0u16.to_be_bytes());
+    option(c, GO, &d);
+    loop {
+        let (opt, kind, _) = option_reply(c);
+        assert_eq!(opt, GO);
+        match kind {
+            INFO => continue,
+            ACK => return,
+            k => panic!("GO answered {k:#x}"),
+        }
+    }
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+/// NBD request header.
+fn request(kind: u16, handle: u64, off: u64, len: u32) -> Vec<u8> {
+    let mut q = 0x2560_9513u32.to_be_bytes().to_vec();
+    q.extend_from_slice(&0u16.to_be_bytes());
+    q.extend_from_slice(&kind.to_be_bytes());
+    q.extend_from_slice(&handle.to_be_bytes());
+    q.extend_from_slice(&off.to_be_bytes());
+    q.extend_from_slice(&len.to_be_bytes());
+    q
+}
+
+/// Before TLS nothing but STARTTLS is answered; after it, the export is
+/// served over TLS, writes and reads of 256 KiB through the pump.
+#[test]
+fn options_wait_for_tls_and_data_goes_over_it() {
+    let s = server();
+    let mut c = greeted(s.addr());
+    for opt in [3u32, 6, 7, 8] {
+        option(&mut c, opt, &[]);
+        assert_eq!(option_reply(&mut c).1, TLS_REQD, "option {opt} before TLS");
+    }
+    drop(c);
+    let mut t = secured(s.addr());
+    // STARTTLS again: refused, the session goes on.
+    option(&mut t, STARTTLS, &[]);
+    assert_eq!(option_reply(&mut t).1, (1 << 31) + 3);
+    go(&mut t);
+    let data: Vec<u8> = (0..256 << 10)
+        .map(|i: u32| (i * 7 + i / 4096) as u8)
+        .collect();
+    let mut q = request(1, 1, 4096, data.len() as u32);
+    q.extend_from_slice(&data);
+    t.write_all(&q).unwrap();
+    t.flush().unwrap();
+    let mut r = [0u8; 16];
+    t.read_exact(&mut r).unwrap();
+    assert_eq!(&r[4..8], &[0, 0, 0, 0], "write over TLS");
+    t.write_all(&request(0, 2, 4096, data.len() as u32))
+        .unwrap();
+    t.flush().unwrap();
+    t.read_exact(&mut r).unwrap();
+    assert_eq!(&r[4..8], &[0, 0, 0, 0]);
+    let mut back = vec![0u8; data.len()];
+    t.read_exact(&mut back).unwrap();
+    assert!(back == data, "read back over TLS");
+}
+
+/// A client's close_notify with more bytes behind it in one segment:
+/// the server closes the connection (it neither reads those bytes as
+/// records over and over nor leaves the connection hanging).
+#[test]
+fn close_notify_with_bytes_behind_it_ends_the_connection() {
+    let s = server();
+    let t = secured(s.addr());
+    let (mut tls, mut tcp) = (t.conn, t.sock);
+    tls.send_close_notify();
+    let mut out = Vec::new();
+    while tls.wants_write() {
+        tls.write_tls(&mut out).unwrap();
+    }
+    out.extend(std::iter::repeat_n(0x17u8, 8 << 10));
+    tcp.write_all(&out).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut rest = Vec::new();
+    tcp.read_to_end(&mut rest)
+        .expect("the server closed the connection");
+    // And it goes on serving others.
+    let mut t = secured(s.addr());
+    go(&mut t);
+}
