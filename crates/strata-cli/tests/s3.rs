@@ -642,6 +642,32 @@ fn volume_snapshots_tier_to_s3() {
             "version {v}"
         );
     }
+    // Version 1, now in the bucket, served read-only straight from it.
+    if common::nbd::have("nbdcopy") {
+        let local = r.local();
+        let c = r.cmd_with(
+            local.to_str().unwrap(),
+            "strata-secret",
+            &[
+                "volume",
+                "serve",
+                "v",
+                "--at",
+                "1",
+                "--listen",
+                "127.0.0.1:0",
+                "--json",
+            ],
+        );
+        let s = common::nbd::serve_cmd(c);
+        let out = r.tmp.path().join("at1.raw");
+        common::nbd::sh(Command::new("nbdcopy").arg(&s.url).arg(&out));
+        common::nbd::stop(s);
+        assert!(
+            std::fs::read(&out).unwrap() == img,
+            "version 1 served from the bucket"
+        );
+    }
     let c = json(&["check", "--read-data"]);
     assert_eq!(c["errors"], serde_json::json!([]), "{c}");
 }

@@ -58,6 +58,7 @@ const INFO_EXPORT: u16 = 0;
 const INFO_BLOCK_SIZE: u16 = 3;
 
 const TFLAG_HAS_FLAGS: u16 = 1;
+const TFLAG_READ_ONLY: u16 = 1 << 1;
 const TFLAG_SEND_FLUSH: u16 = 1 << 2;
 const TFLAG_SEND_FUA: u16 = 1 << 3;
 const TFLAG_SEND_TRIM: u16 = 1 << 5;
@@ -113,6 +114,12 @@ pub trait BlockDevice: Send + Sync {
     /// The preferred I/O size (the block size).
     fn block_size(&self) -> u32 {
         4096
+    }
+    /// A device clients may only read: the export says so
+    /// (`NBD_FLAG_READ_ONLY`), and writes, trims and zero writes get
+    /// EPERM without reaching the device.
+    fn read_only(&self) -> bool {
+        false
     }
 }
 
@@ -381,8 +388,10 @@ fn opt_reply(w: &mut impl Write, opt: u32, kind: u32, data: &[u8]) -> io::Result
     w.write_all(data)
 }
 
-fn transmission_flags() -> u16 {
-    TFLAG_HAS_FLAGS
+fn transmission_flags(dev: &dyn BlockDevice) -> u16 {
+    let read_only = if dev.read_only() { TFLAG_READ_ONLY } else { 0 };
+    read_only
+        | TFLAG_HAS_FLAGS
         | TFLAG_SEND_FLUSH
         | TFLAG_SEND_FUA
         | TFLAG_SEND_TRIM
@@ -462,7 +471,7 @@ fn handshake<'e>(
                     return Err(proto(format!("no export {name:?}")));
                 };
                 w.write_all(&e.device.size().to_be_bytes())?;
-                w.write_all(&transmission_flags().to_be_bytes())?;
+                w.write_all(&transmission_flags(&*e.device).to_be_bytes())?;
                 if !no_zeroes {
                     w.write_all(&[0u8; 124])?;
                 }
@@ -504,7 +513,7 @@ fn handshake<'e>(
                     Some(e) => {
                         let mut d = INFO_EXPORT.to_be_bytes().to_vec();
                         d.extend_from_slice(&e.device.size().to_be_bytes());
-                        d.extend_from_slice(&transmission_flags().to_be_bytes());
+                        d.extend_from_slice(&transmission_flags(&*e.device).to_be_bytes());
                         opt_reply(w, opt, REP_INFO, &d)?;
                         if wants.contains(&INFO_BLOCK_SIZE) {
                             let mut d = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
@@ -799,6 +808,9 @@ fn answer(
                     Err(e) => error_reply(w, structured, req.handle, errno(&e)),
                 }
             }
+        }
+        CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES if dev.read_only() => {
+            done(w, structured, req.handle, Err(EPERM))
         }
         CMD_WRITE => {
             let res = if !in_range {

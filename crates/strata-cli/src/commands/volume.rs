@@ -78,6 +78,14 @@ pub enum VolumeCmd {
         /// key get in.
         #[arg(long, requires = "tls_certificates")]
         tls_verify_peer: bool,
+        /// Serve a stored version instead, read-only, straight from the
+        /// repository (or its cloud tier), nothing restored first: a
+        /// snapshot of series volume:NAME — `latest`, its version
+        /// number, or its id. The volume itself is not opened (it may be
+        /// served meanwhile, or deleted). A VM can boot from it with a
+        /// qcow2 overlay: `qemu-img create -f qcow2 -F raw -b URL top.qcow2`.
+        #[arg(long, value_name = "SNAPSHOT")]
+        at: Option<String>,
     },
     /// Dedup ratio, cache hit rate, duplicate sequence lengths, read
     /// fragmentation, latency percentiles (from the last serve).
@@ -169,6 +177,7 @@ pub enum VolumeCmd {
     },
 }
 
+mod at;
 mod defrag;
 mod import;
 
@@ -386,6 +395,7 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             listen,
             tls_certificates,
             tls_verify_peer,
+            at,
         } => {
             let tls = match tls_certificates {
                 Some(dir) => Some(
@@ -395,7 +405,10 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
                 ),
                 None => None,
             };
-            serve(cli, out, &root, name, listen, tls)
+            match at {
+                Some(at) => serve_at(cli, out, name, at, listen, tls),
+                None => serve(cli, out, &root, name, listen, tls),
+            }
         }
         VolumeCmd::Snapshot {
             name,
@@ -758,53 +771,9 @@ fn serve(
             None
         }
     };
-    // Before anything is said of the server: a signal from then on asks
-    // for a clean close.
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-    }
-    let secured = tls.is_some();
-    let server = Server::start(
-        &Listen::parse(listen),
-        vec![Export {
-            name: name.to_string(),
-            device: vol.clone() as Arc<dyn strata_volume::nbd::BlockDevice>,
-        }],
-        tls,
-    )
-    .with_context(|| format!("cannot listen on {listen}"))?;
-    let open_to_the_network = server
-        .addr()
-        .parse::<std::net::SocketAddr>()
-        .is_ok_and(|a| !a.ip().to_canonical().is_loopback());
-    let exposed = (open_to_the_network && !secured).then(|| {
-        format!(
-            "anyone who can reach {} can read and write volume {name}, unencrypted: \
-             give --tls-certificates DIR (and --tls-verify-peer to admit only clients \
-             with a certificate), or listen on 127.0.0.1 or a Unix socket",
-            server.addr()
-        )
-    });
-    if let Some(w) = &exposed {
-        out.warn(w);
-    }
-    let scheme = if secured { "nbds" } else { "nbd" };
-    let url = match server.addr().strip_prefix("unix:") {
-        Some(p) => format!("{scheme}+unix:///{name}?socket={p}"),
-        None => format!("{scheme}://{}/{name}", server.addr()),
-    };
-    out.result(
-        &serde_json::json!({
-            "volume": name, "listening": server.addr(), "url": url, "tls": secured,
-            "warning": exposed,
-        }),
-        || format!("serving volume {name} at {url}"),
-    );
-    while !STOP.load(Ordering::SeqCst) {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let device = vol.clone() as Arc<dyn strata_volume::nbd::BlockDevice>;
+    let server = announce(out, name, listen, tls, device, serde_json::json!({}))?;
+    wait_for_a_signal();
     server.stop();
     drop(control);
     if let Err(e) = vol.close() {
@@ -818,6 +787,107 @@ fn serve(
         return Err(anyhow::Error::new(e).context("closing the volume"));
     }
     eprintln!("volume {name} closed cleanly");
+    Ok(0)
+}
+
+/// Serves `device` as export `name` on `listen` (TLS required with
+/// `tls`) and says where (JSON: `extra`'s fields too). SIGTERM and
+/// SIGINT from then on ask for a clean close ([`wait_for_a_signal`]).
+fn announce(
+    out: &Out,
+    name: &str,
+    listen: &str,
+    tls: Option<strata_volume::tls::TlsConfig>,
+    device: Arc<dyn strata_volume::nbd::BlockDevice>,
+    extra: serde_json::Value,
+) -> Result<Server> {
+    // Before anything is said of the server: a signal from then on asks
+    // for a clean close.
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+    }
+    let secured = tls.is_some();
+    let read_only = device.read_only();
+    let server = Server::start(
+        &Listen::parse(listen),
+        vec![Export {
+            name: name.to_string(),
+            device,
+        }],
+        tls,
+    )
+    .with_context(|| format!("cannot listen on {listen}"))?;
+    let open_to_the_network = server
+        .addr()
+        .parse::<std::net::SocketAddr>()
+        .is_ok_and(|a| !a.ip().to_canonical().is_loopback());
+    let exposed = (open_to_the_network && !secured).then(|| {
+        format!(
+            "anyone who can reach {} can read{} volume {name}, unencrypted: \
+             give --tls-certificates DIR (and --tls-verify-peer to admit only clients \
+             with a certificate), or listen on 127.0.0.1 or a Unix socket",
+            server.addr(),
+            if read_only { "" } else { " and write" }
+        )
+    });
+    if let Some(w) = &exposed {
+        out.warn(w);
+    }
+    let scheme = if secured { "nbds" } else { "nbd" };
+    let url = match server.addr().strip_prefix("unix:") {
+        Some(p) => format!("{scheme}+unix:///{name}?socket={p}"),
+        None => format!("{scheme}://{}/{name}", server.addr()),
+    };
+    let mut doc = serde_json::json!({
+        "volume": name, "listening": server.addr(), "url": url, "tls": secured,
+        "read_only": read_only, "warning": exposed,
+    });
+    if let (Some(d), serde_json::Value::Object(more)) = (doc.as_object_mut(), extra) {
+        d.extend(more);
+    }
+    let what = match doc.get("snapshot").and_then(|v| v.as_str()) {
+        Some(id) => format!(
+            "snapshot {} of volume {name}, read-only,",
+            crate::output::short(id)
+        ),
+        None => format!("volume {name}"),
+    };
+    out.result(&doc, || format!("serving {what} at {url}"));
+    Ok(server)
+}
+
+/// Waits for SIGTERM or SIGINT (see [`announce`]).
+fn wait_for_a_signal() {
+    while !STOP.load(Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// `volume serve NAME --at SNAPSHOT`: a stored version, read-only
+/// ([`at`]).
+fn serve_at(
+    cli: &crate::Cli,
+    out: &Out,
+    name: &str,
+    at: &str,
+    listen: &str,
+    tls: Option<strata_volume::tls::TlsConfig>,
+) -> Result<i32> {
+    check_name(name)?;
+    let cache = strata_store::fsread::DEFAULT_REGION_CACHE_BYTES;
+    let (image, id, snap) = at::open(cli, name, at, cache)?;
+    let extra = serde_json::json!({
+        "snapshot": id, "series": snap.series, "version": snap.version,
+    });
+    let server = announce(out, name, listen, tls, image, extra)?;
+    wait_for_a_signal();
+    server.stop();
+    eprintln!(
+        "stopped serving snapshot {} of volume {name}",
+        crate::output::short(&id)
+    );
     Ok(0)
 }
 

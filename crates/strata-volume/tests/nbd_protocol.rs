@@ -1,7 +1,8 @@
-//! The NBD server's TLS at the protocol level, with a rustls client and
-//! an in-memory device: what a well-behaved client (nbdcopy, qemu-img:
+//! The NBD server at the protocol level, with an in-memory device (and a
+//! rustls client for TLS): what a well-behaved client (nbdcopy, qemu-img:
 //! the CLI tests) never sends — options before TLS, a close_notify with
-//! more bytes behind it in the same segment.
+//! more bytes behind it in the same segment, writes to a read-only
+//! export.
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -14,10 +15,13 @@ use std::time::Duration;
 use strata_volume::nbd::{BlockDevice, Export, Listen, Server};
 use strata_volume::tls::TlsConfig;
 
-/// A device in memory.
-struct Mem(Mutex<Vec<u8>>);
+/// A device in memory (read-only or not).
+struct Mem(Mutex<Vec<u8>>, bool);
 
 impl BlockDevice for Mem {
+    fn read_only(&self) -> bool {
+        self.1
+    }
     fn size(&self) -> u64 {
         self.0.lock().unwrap().len() as u64
     }
@@ -50,14 +54,17 @@ fn fixtures() -> PathBuf {
 /// A TLS server of a 1 MiB device named `v`.
 fn server() -> Server {
     let tls = TlsConfig::from_dir(&fixtures(), false).unwrap();
-    let dev = Arc::new(Mem(Mutex::new(vec![0u8; 1 << 20])));
+    server_of(Mem(Mutex::new(vec![0u8; 1 << 20]), false), Some(tls))
+}
+
+fn server_of(dev: Mem, tls: Option<TlsConfig>) -> Server {
     Server::start(
         &Listen::Tcp("127.0.0.1:0".into()),
         vec![Export {
             name: "v".into(),
-            device: dev,
+            device: Arc::new(dev),
         }],
-        Some(tls),
+        tls,
     )
     .unwrap()
 }
@@ -125,17 +132,23 @@ fn secured(addr: &str) -> rustls::StreamOwned<ClientConnection, TcpStream> {
     rustls::StreamOwned::new(tls, c)
 }
 
-fn go(c: &mut impl ReadWrite) {
+/// GO for export `v`: its transmission flags.
+fn go(c: &mut impl ReadWrite) -> u16 {
     let mut d = 1u32.to_be_bytes().to_vec();
     d.push(b'v');
     d.extend_from_slice(&0u16.to_be_bytes());
     option(c, GO, &d);
+    let mut flags = None;
     loop {
-        let (opt, kind, _) = option_reply(c);
+        let (opt, kind, data) = option_reply(c);
         assert_eq!(opt, GO);
         match kind {
+            // NBD_INFO_EXPORT: type, size, flags.
+            INFO if data[..2] == [0, 0] => {
+                flags = Some(u16::from_be_bytes(data[10..12].try_into().unwrap()))
+            }
             INFO => continue,
-            ACK => return,
+            ACK => return flags.expect("NBD_INFO_EXPORT"),
             k => panic!("GO answered {k:#x}"),
         }
     }
@@ -213,4 +226,37 @@ fn close_notify_with_bytes_behind_it_ends_the_connection() {
     // And it goes on serving others.
     let mut t = secured(s.addr());
     go(&mut t);
+}
+
+/// A read-only export says so and refuses writes, trims and zero writes
+/// with EPERM; reads go on, and the device is unchanged.
+#[test]
+fn a_read_only_export_refuses_writes() {
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    let s = server_of(Mem(Mutex::new(data.clone()), true), None);
+    let mut c = greeted(s.addr());
+    let flags = go(&mut c);
+    assert_ne!(flags & 2, 0, "NBD_FLAG_READ_ONLY in {flags:#x}");
+    let mut q = request(1, 1, 0, 4096);
+    q.extend_from_slice(&[0xee; 4096]);
+    c.write_all(&q).unwrap();
+    for (kind, handle) in [(4u16, 2u64), (6, 3)] {
+        c.write_all(&request(kind, handle, 0, 4096)).unwrap();
+    }
+    let mut r = [0u8; 16];
+    // (Replies may come back in any order.)
+    let mut handles = Vec::new();
+    for _ in 1..=3u64 {
+        c.read_exact(&mut r).unwrap();
+        assert_eq!(u32::from_be_bytes(r[4..8].try_into().unwrap()), 1, "EPERM");
+        handles.push(u64::from_be_bytes(r[8..16].try_into().unwrap()));
+    }
+    handles.sort_unstable();
+    assert_eq!(handles, [1, 2, 3]);
+    c.write_all(&request(0, 4, 0, 8192)).unwrap();
+    c.read_exact(&mut r).unwrap();
+    assert_eq!(&r[4..8], &[0, 0, 0, 0]);
+    let mut back = vec![0u8; 8192];
+    c.read_exact(&mut back).unwrap();
+    assert!(back == data[..8192], "unchanged");
 }

@@ -1,0 +1,126 @@
+//! `strata volume serve NAME --at SNAPSHOT`: a stored version served
+//! read-only over NBD from the repository, beside the live volume, and
+//! after the volume is gone.
+
+mod common;
+
+use common::nbd::*;
+use common::*;
+use std::process::Command;
+
+fn serve_at(r: &Repo, at: &str) -> Served {
+    serve_cmd(r.cmd(&[
+        "volume",
+        "serve",
+        "v",
+        "--at",
+        at,
+        "--listen",
+        "127.0.0.1:0",
+        "--json",
+    ]))
+}
+
+/// What nbdcopy reads from `url`.
+fn read_all(r: &Repo, url: &str, name: &str) -> Vec<u8> {
+    let out = r.scratch(name);
+    sh(Command::new("nbdcopy").arg(url).arg(&out));
+    std::fs::read(&out).unwrap()
+}
+
+/// Two versions of a served volume; each served by version number, by
+/// `latest` and by id, read-only (nbdinfo says so, nbdcopy cannot write),
+/// while the live volume is served and written; then after the volume is
+/// deleted. Names that do not fit are refused, saying what to look at.
+#[test]
+fn stored_versions_are_served_read_only() {
+    if !(have("nbdcopy") && have("nbdinfo")) {
+        return;
+    }
+    let r = Repo::with_init(&[], None);
+    r.json(&["volume", "create", "v", "--size", "8M"]);
+    let live = serve(&r);
+    let first = prng(61, 8 << 20);
+    let img = r.scratch("first.raw");
+    std::fs::write(&img, &first).unwrap();
+    sh(Command::new("nbdcopy").arg(&img).arg(&live.url));
+    let v1 = r.json(&["volume", "snapshot", "v"]);
+    let mut second = first.clone();
+    second[..1 << 20].copy_from_slice(&prng(62, 1 << 20));
+    std::fs::write(&img, &second).unwrap();
+    sh(Command::new("nbdcopy").arg(&img).arg(&live.url));
+    r.json(&["volume", "snapshot", "v"]);
+    // The live volume moves on meanwhile.
+    let third = prng(63, 8 << 20);
+    std::fs::write(&img, &third).unwrap();
+    sh(Command::new("nbdcopy").arg(&img).arg(&live.url));
+    let id1 = v1["id"].as_str().unwrap();
+    for (at, want) in [
+        ("1", &first),
+        ("2", &second),
+        ("latest", &second),
+        (&id1[..12], &first),
+    ] {
+        let s = serve_at(&r, at);
+        assert!(
+            read_all(&r, &s.url, &format!("at-{at}.raw")) == *want,
+            "--at {at}"
+        );
+        let info = sh(Command::new("nbdinfo").arg(&s.url));
+        let info = String::from_utf8_lossy(&info.stdout);
+        assert!(info.contains("is_read_only: true"), "{info}");
+        let o = Command::new("nbdcopy")
+            .arg(&img)
+            .arg(&s.url)
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "nbdcopy wrote into a stored version");
+        stop(s);
+    }
+    assert!(
+        read_all(&r, &live.url, "live.raw") == third,
+        "the live volume"
+    );
+    stop(live);
+    // Refused: no such version; a snapshot of another series.
+    let e = r
+        .run(&[
+            "volume",
+            "serve",
+            "v",
+            "--at",
+            "9",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .expect_code(1)
+        .stderr;
+    assert!(e.contains("no snapshot \"9\" of volume v"), "{e}");
+    let src = r.scratch("tree");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"x").unwrap();
+    let other = r.json(&["backup", path_str(&src)]);
+    let other = other["id"].as_str().unwrap().to_string();
+    let e = r
+        .run(&[
+            "volume",
+            "serve",
+            "v",
+            "--at",
+            &other,
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .expect_code(1)
+        .stderr;
+    assert!(e.contains("not of volume v"), "{e}");
+    // The volume gone, its versions stay servable.
+    r.json(&["volume", "delete", "v", "--yes"]);
+    let s = serve_at(&r, "latest");
+    assert!(read_all(&r, &s.url, "after.raw") == second, "after delete");
+    stop(s);
+}
+
+fn serve(r: &Repo) -> Served {
+    serve_cmd(r.cmd(&["volume", "serve", "v", "--listen", "127.0.0.1:0", "--json"]))
+}
