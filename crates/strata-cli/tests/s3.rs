@@ -642,8 +642,14 @@ fn volume_snapshots_tier_to_s3() {
             "version {v}"
         );
     }
-    // Version 1, now in the bucket, served read-only straight from it.
+    // Version 1, now in the bucket, served read-only straight from it
+    // (every version moved and the local containers collected: nothing of
+    // the image is left on the active tier to read by mistake).
     if common::nbd::have("nbdcopy") {
+        for v in [&v3, &v4] {
+            json(&["tier", "migrate", v["id"].as_str().unwrap()]);
+        }
+        json(&["gc"]);
         let local = r.local();
         let c = r.cmd_with(
             local.to_str().unwrap(),

@@ -39,6 +39,11 @@ fn stored_versions_are_served_read_only() {
     }
     let r = Repo::with_init(&[], None);
     r.json(&["volume", "create", "v", "--size", "8M"]);
+    // A backup of another series, newer than nothing yet: `latest` must
+    // still mean the volume's latest.
+    let src = r.scratch("tree");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"x").unwrap();
     let live = serve(&r);
     let first = prng(61, 8 << 20);
     let img = r.scratch("first.raw");
@@ -50,6 +55,8 @@ fn stored_versions_are_served_read_only() {
     std::fs::write(&img, &second).unwrap();
     sh(Command::new("nbdcopy").arg(&img).arg(&live.url));
     r.json(&["volume", "snapshot", "v"]);
+    let other = r.json(&["backup", path_str(&src)]);
+    let other = other["id"].as_str().unwrap().to_string();
     // The live volume moves on meanwhile.
     let third = prng(63, 8 << 20);
     std::fs::write(&img, &third).unwrap();
@@ -96,11 +103,6 @@ fn stored_versions_are_served_read_only() {
         .expect_code(1)
         .stderr;
     assert!(e.contains("no snapshot \"9\" of volume v"), "{e}");
-    let src = r.scratch("tree");
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::write(src.join("f"), b"x").unwrap();
-    let other = r.json(&["backup", path_str(&src)]);
-    let other = other["id"].as_str().unwrap().to_string();
     let e = r
         .run(&[
             "volume",

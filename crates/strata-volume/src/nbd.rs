@@ -389,16 +389,16 @@ fn opt_reply(w: &mut impl Write, opt: u32, kind: u32, data: &[u8]) -> io::Result
 }
 
 fn transmission_flags(dev: &dyn BlockDevice) -> u16 {
-    let read_only = if dev.read_only() { TFLAG_READ_ONLY } else { 0 };
-    read_only
-        | TFLAG_HAS_FLAGS
+    let both = TFLAG_HAS_FLAGS
         | TFLAG_SEND_FLUSH
-        | TFLAG_SEND_FUA
-        | TFLAG_SEND_TRIM
-        | TFLAG_SEND_WRITE_ZEROES
         | TFLAG_SEND_DF
         | TFLAG_CAN_MULTI_CONN
-        | TFLAG_SEND_CACHE
+        | TFLAG_SEND_CACHE;
+    match dev.read_only() {
+        // (Nothing to trim, zero or write through.)
+        true => both | TFLAG_READ_ONLY,
+        false => both | TFLAG_SEND_FUA | TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES,
+    }
 }
 
 /// The option haggling, until the client chooses an export, aborts or

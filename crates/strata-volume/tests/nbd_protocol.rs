@@ -237,6 +237,11 @@ fn a_read_only_export_refuses_writes() {
     let mut c = greeted(s.addr());
     let flags = go(&mut c);
     assert_ne!(flags & 2, 0, "NBD_FLAG_READ_ONLY in {flags:#x}");
+    assert_eq!(
+        flags & (1 << 5 | 1 << 6),
+        0,
+        "no TRIM or WRITE_ZEROES: {flags:#x}"
+    );
     let mut q = request(1, 1, 0, 4096);
     q.extend_from_slice(&[0xee; 4096]);
     c.write_all(&q).unwrap();
@@ -253,6 +258,16 @@ fn a_read_only_export_refuses_writes() {
     }
     handles.sort_unstable();
     assert_eq!(handles, [1, 2, 3]);
+    // FLUSH and CACHE are fine.
+    for (kind, handle) in [(3u16, 5u64), (5, 6)] {
+        c.write_all(&request(kind, handle, 0, if kind == 3 { 0 } else { 4096 }))
+            .unwrap();
+        c.read_exact(&mut r).unwrap();
+        assert_eq!(
+            &r[4..16],
+            &[&[0u8; 4][..], &handle.to_be_bytes()].concat()[..]
+        );
+    }
     c.write_all(&request(0, 4, 0, 8192)).unwrap();
     c.read_exact(&mut r).unwrap();
     assert_eq!(&r[4..8], &[0, 0, 0, 0]);

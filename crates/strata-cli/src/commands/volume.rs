@@ -303,6 +303,19 @@ impl VolumeCmd {
 }
 
 pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
+    // A stored version is read from the repository itself, wherever it is
+    // (a bucket too): no volumes directory.
+    if let VolumeCmd::Serve {
+        name,
+        listen,
+        tls_certificates,
+        tls_verify_peer,
+        at: Some(at),
+    } = cmd
+    {
+        let tls = tls_config(tls_certificates.as_deref(), *tls_verify_peer)?;
+        return serve_at(cli, out, name, at, listen, tls);
+    }
     let root = volumes_dir(cli)?;
     match cmd {
         VolumeCmd::Create {
@@ -395,20 +408,10 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             listen,
             tls_certificates,
             tls_verify_peer,
-            at,
+            ..
         } => {
-            let tls = match tls_certificates {
-                Some(dir) => Some(
-                    strata_volume::tls::TlsConfig::from_dir(dir, *tls_verify_peer).with_context(
-                        || format!("loading the TLS certificate and key from {}", dir.display()),
-                    )?,
-                ),
-                None => None,
-            };
-            match at {
-                Some(at) => serve_at(cli, out, name, at, listen, tls),
-                None => serve(cli, out, &root, name, listen, tls),
-            }
+            let tls = tls_config(tls_certificates.as_deref(), *tls_verify_peer)?;
+            serve(cli, out, &root, name, listen, tls)
         }
         VolumeCmd::Snapshot {
             name,
@@ -743,14 +746,7 @@ fn serve(
     listen: &str,
     tls: Option<strata_volume::tls::TlsConfig>,
 ) -> Result<i32> {
-    // Write payloads (up to 32 MiB each) come and go with every request:
-    // from the heap, reused, rather than a fresh mapping per request whose
-    // every page faults in (a tenth of a sequential write's time).
-    // SAFETY: mallopt only changes allocator thresholds.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
-    }
+    big_buffers_from_the_heap();
     check_name(name)?;
     let dir = root.join(name);
     if !dir.join("volume.json").exists() {
@@ -772,7 +768,8 @@ fn serve(
         }
     };
     let device = vol.clone() as Arc<dyn strata_volume::nbd::BlockDevice>;
-    let server = announce(out, name, listen, tls, device, serde_json::json!({}))?;
+    let what = format!("volume {name}");
+    let server = announce(out, name, &what, listen, tls, device, serde_json::json!({}))?;
     wait_for_a_signal();
     server.stop();
     drop(control);
@@ -790,12 +787,35 @@ fn serve(
     Ok(0)
 }
 
+/// The TLS settings `--tls-certificates` and `--tls-verify-peer` give.
+fn tls_config(
+    dir: Option<&std::path::Path>,
+    verify_peer: bool,
+) -> Result<Option<strata_volume::tls::TlsConfig>> {
+    let Some(dir) = dir else { return Ok(None) };
+    let cfg = strata_volume::tls::TlsConfig::from_dir(dir, verify_peer)
+        .with_context(|| format!("loading the TLS certificate and key from {}", dir.display()))?;
+    Ok(Some(cfg))
+}
+
+/// Request buffers (up to 32 MiB each) come and go with every request:
+/// from the heap, reused, rather than a fresh mapping per request whose
+/// every page faults in (a tenth of a sequential write's time).
+fn big_buffers_from_the_heap() {
+    // SAFETY: mallopt only changes allocator thresholds.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+    }
+}
+
 /// Serves `device` as export `name` on `listen` (TLS required with
 /// `tls`) and says where (JSON: `extra`'s fields too). SIGTERM and
 /// SIGINT from then on ask for a clean close ([`wait_for_a_signal`]).
 fn announce(
     out: &Out,
     name: &str,
+    what: &str,
     listen: &str,
     tls: Option<strata_volume::tls::TlsConfig>,
     device: Arc<dyn strata_volume::nbd::BlockDevice>,
@@ -825,7 +845,7 @@ fn announce(
         .is_ok_and(|a| !a.ip().to_canonical().is_loopback());
     let exposed = (open_to_the_network && !secured).then(|| {
         format!(
-            "anyone who can reach {} can read{} volume {name}, unencrypted: \
+            "anyone who can reach {} can read{} {what}, unencrypted: \
              give --tls-certificates DIR (and --tls-verify-peer to admit only clients \
              with a certificate), or listen on 127.0.0.1 or a Unix socket",
             server.addr(),
@@ -847,14 +867,10 @@ fn announce(
     if let (Some(d), serde_json::Value::Object(more)) = (doc.as_object_mut(), extra) {
         d.extend(more);
     }
-    let what = match doc.get("snapshot").and_then(|v| v.as_str()) {
-        Some(id) => format!(
-            "snapshot {} of volume {name}, read-only,",
-            crate::output::short(id)
-        ),
-        None => format!("volume {name}"),
-    };
-    out.result(&doc, || format!("serving {what} at {url}"));
+    out.result(&doc, || {
+        let ro = if read_only { " (read-only)" } else { "" };
+        format!("serving {what}{ro} at {url}")
+    });
     Ok(server)
 }
 
@@ -875,19 +891,23 @@ fn serve_at(
     listen: &str,
     tls: Option<strata_volume::tls::TlsConfig>,
 ) -> Result<i32> {
+    big_buffers_from_the_heap();
     check_name(name)?;
     let cache = strata_store::fsread::DEFAULT_REGION_CACHE_BYTES;
-    let (image, id, snap) = at::open(cli, name, at, cache)?;
+    let opened = at::open(cli, name, at, cache)?;
+    let (id, snap) = (&opened.id, &opened.snapshot);
     let extra = serde_json::json!({
         "snapshot": id, "series": snap.series, "version": snap.version,
     });
-    let server = announce(out, name, listen, tls, image, extra)?;
+    let what = format!(
+        "version {} of volume {name} (snapshot {})",
+        snap.version,
+        crate::output::short(id)
+    );
+    let server = announce(out, name, &what, listen, tls, opened.image.clone(), extra)?;
     wait_for_a_signal();
     server.stop();
-    eprintln!(
-        "stopped serving snapshot {} of volume {name}",
-        crate::output::short(&id)
-    );
+    eprintln!("stopped serving {what}");
     Ok(0)
 }
 

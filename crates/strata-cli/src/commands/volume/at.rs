@@ -5,17 +5,21 @@
 //! volume itself is not opened: it may be served meanwhile, or gone.
 
 use super::super::tier;
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use strata_core::format::{NodeKind, Snapshot};
 use strata_store::fsread::{FileReader, RegionCache, SnapshotReader};
+use strata_store::StoreError;
 use strata_volume::nbd::BlockDevice;
 
 /// A version's image file, read through the repository: reads only.
 pub(super) struct StoredImage {
     file: FileReader,
     size: u64,
+    /// Reads that failed (the first few are logged, then every 1000th).
+    failures: AtomicU64,
 }
 
 impl BlockDevice for StoredImage {
@@ -24,13 +28,16 @@ impl BlockDevice for StoredImage {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<Vec<(u64, u64)>> {
-        let got = self
-            .file
-            .read_at(offset, buf.len())
-            .map_err(|e| io::Error::other(e.to_string()))?;
+        let got = self.file.read_at(offset, buf.len()).map_err(|e| {
+            let n = self.failures.fetch_add(1, Ordering::Relaxed);
+            if n < 10 || n.is_multiple_of(1000) {
+                tracing::warn!("reading {} at {offset}: {e}", self.file.path());
+            }
+            io::Error::other(e.to_string())
+        })?;
         let n = got.len().min(buf.len());
         buf[..n].copy_from_slice(&got[..n]);
-        // (Past the image's end, within the export: zeros.)
+        // (The export is the image's size: a read is never past its end.)
         buf[n..].fill(0);
         Ok(Vec::new())
     }
@@ -61,37 +68,63 @@ fn read_only() -> io::Error {
 }
 
 /// The snapshot `at` names in series `volume:NAME`: `latest`, a version
-/// number of the series, or a snapshot id (prefix) that must belong to it.
+/// number of the series, or a snapshot id (prefix) — looked up among the
+/// series' snapshots only. Digits are a version number first, then an id
+/// prefix (an id may be all digits).
 fn find(repo: &strata_store::Repository, name: &str, at: &str) -> Result<(String, Snapshot)> {
     let series = format!("volume:{name}");
-    let spec = match at {
-        "latest" => format!("{series}@latest"),
-        v if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => format!("{series}@{v}"),
-        id => id.to_string(),
-    };
-    let filter = strata_store::snapshots::SnapshotFilter::default();
-    let (id, s) = repo.resolve_snapshot_in(&spec, &filter).with_context(|| {
-        format!("no snapshot {at:?} of volume {name} (see `strata snapshots --series {series}`)")
-    })?;
-    if s.series != series {
-        bail!(
-            "snapshot {} is of {:?}, not of volume {name} (series {series})",
-            crate::output::short(&id),
-            s.series
-        );
+    let (all, _) = repo.list_snapshots_tolerant()?;
+    let mine: Vec<(String, Snapshot)> = all
+        .iter()
+        .filter(|(_, s)| s.series == series)
+        .cloned()
+        .collect();
+    let digits = !at.is_empty() && at.bytes().all(|b| b.is_ascii_digit());
+    let mut tries = Vec::new();
+    match at {
+        "latest" => tries.push(format!("{series}@latest")),
+        v if digits => {
+            tries.push(format!("{series}@{v}"));
+            if v.len() >= 4 {
+                tries.push(v.to_string());
+            }
+        }
+        id => tries.push(id.to_string()),
     }
-    Ok((id, s))
+    for (k, spec) in tries.iter().enumerate() {
+        match strata_store::repo::resolve_in(&mine, spec) {
+            Ok(found) => return Ok(found),
+            Err(StoreError::NoSnapshot(_)) if k + 1 < tries.len() => continue,
+            Err(StoreError::NoSnapshot(_)) => {
+                // A snapshot of something else, named by its id?
+                if let Ok((id, s)) = strata_store::repo::resolve_in(&all, spec) {
+                    bail!(
+                        "snapshot {} is of {:?}, not of volume {name} (series {series})",
+                        crate::output::short(&id),
+                        s.series
+                    );
+                }
+                bail!("no snapshot {at:?} of volume {name} (see `strata snapshots --series {series}`)")
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    bail!("no snapshot {at:?} of volume {name}")
 }
 
 /// The image of volume `name` in the snapshot `at` names, opened for
-/// reads: the device, the snapshot's id and the snapshot.
-pub(super) fn open(
-    cli: &crate::Cli,
-    name: &str,
-    at: &str,
-    cache_bytes: usize,
-) -> Result<(Arc<StoredImage>, String, Snapshot)> {
+/// reads, and the repository's shared lock (held while it is served, so
+/// that gc, forget and tier moves wait rather than take its data away).
+pub(super) struct Opened {
+    pub image: Arc<StoredImage>,
+    pub id: String,
+    pub snapshot: Snapshot,
+    pub _lock: strata_store::lock::LockGuard,
+}
+
+pub(super) fn open(cli: &crate::Cli, name: &str, at: &str, cache_bytes: usize) -> Result<Opened> {
     let repo = crate::open(cli)?;
+    let lock = strata_store::lock::acquire(&repo, false, "volume serve --at")?;
     let (id, s) = find(&repo, name, at)?;
     let want = format!("{name}.img");
     let cache = Arc::new(RegionCache::new(cache_bytes));
@@ -117,7 +150,17 @@ pub(super) fn open(
         let reader = SnapshotReader::new(data, part.clone(), recipe.clone(), cache);
         let file = reader.open(node)?;
         let size = file.size();
-        return Ok((Arc::new(StoredImage { file, size }), id, s));
+        let image = Arc::new(StoredImage {
+            file,
+            size,
+            failures: AtomicU64::new(0),
+        });
+        return Ok(Opened {
+            image,
+            id,
+            snapshot: s,
+            _lock: lock,
+        });
     }
     Err(anyhow!(
         "snapshot {} has no image {want} (not a volume snapshot?)",
