@@ -7,6 +7,7 @@
   scripts/bench-volume.py WORK --fs-image [--tree DIR] [--changes DIR] [--image-size 1G]
   scripts/bench-volume.py WORK --encryption [--enc-size 1G] [--repeat 3]
   scripts/bench-volume.py WORK --tls [--tls-size 1G] [--repeat 3]
+  scripts/bench-volume.py WORK --serve-at [--at-size 1G] [--repeat 3]
   scripts/bench-volume.py WORK --mixed [--size 128M] [--phases seq,rand]
       [--settings off,1,2,4,8,auto,oracle] [--every 8] [--reads 4] [--seq-blocks 32]
       [--rand-reads 4] [--poll 64]
@@ -57,6 +58,12 @@ volume in an encrypted repository (XTS-AES-256 per block) costs. One
 image of random data copied into a fresh volume by nbdcopy and read back
 by nbdcopy (page cache dropped, served again), for plain and encrypted
 repositories, dedup on and off; MB/s, and the copy checked byte for byte.
+
+Serve-at mode (`--serve-at [--at-size 1G] [--repeat 3]`): a volume made
+from an image (half random, half repeated), snapshotted; the version
+read back by `volume serve --at latest` + nbdcopy (time until it serves,
+until the copy is done, the server's peak RSS), by `strata restore` and
+by `strata dump`, page cache dropped before each.
 
 TLS mode (`--tls [--tls-size 1G] [--repeat 3]`): what NBD over TLS
 (`volume serve --tls-certificates`) costs. The same copy in and out over
@@ -875,6 +882,75 @@ def tls_mode(a):
     return rows
 
 
+def serve_at_mode(a):
+    """A version of a volume read back three ways, page cache dropped before
+    each: `volume serve --at` (read-only NBD straight from the repository)
+    copied out by nbdcopy, `strata restore`, and `strata dump`; seconds,
+    and the server's peak RSS."""
+    import filecmp
+    size = size_arg(a.at_size)
+    img = os.path.join(a.work, "at-img.raw")
+    with open(img, "wb") as f:
+        for off in range(0, size, 1 << 20):
+            # Half random, half a repeat of the first MiB (dedup finds it).
+            f.write(os.urandom(1 << 20) if (off >> 20) % 2 == 0 else b"\x5a" * (1 << 20))
+    repo = os.path.join(a.work, "repo-at")
+    subprocess.run(["rm", "-rf", repo], check=True)
+    strata(repo, "init")
+    strata(repo, "volume", "create", "v", "--from", img)
+    strata(repo, "volume", "snapshot", "v")
+    out = os.path.join(a.work, "at-out.raw")
+    rows = []
+    for rnd in range(a.repeat):
+        drop_caches()
+        rss = os.path.join(a.work, "at.rss")
+        t = time.perf_counter()
+        p = subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", rss, os.path.join(BIN, "strata"),
+                              "--repo", repo, "volume", "serve", "v", "--at", "latest",
+                              "--listen", "127.0.0.1:0", "--json"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        doc = ""
+        while True:
+            line = p.stdout.readline()
+            if not line:
+                raise SystemExit("serve --at ended: " + p.stderr.read())
+            doc += line
+            try:
+                url = json.loads(doc)["url"]
+                break
+            except ValueError:
+                continue
+        ready = time.perf_counter() - t
+        subprocess.run(["nbdcopy", url, out], check=True)
+        served = time.perf_counter() - t
+        # (Through /usr/bin/time: signal the server itself.)
+        subprocess.run(["pkill", "-TERM", "-P", str(p.pid)], check=False)
+        p.wait(timeout=60)
+        if not filecmp.cmp(img, out, shallow=False):
+            raise SystemExit("serve --at read back something else")
+        peak = int(open(rss).read().split()[-1]) / 1024
+        os.remove(out)
+        drop_caches()
+        target = os.path.join(a.work, "at-restore")
+        subprocess.run(["rm", "-rf", target], check=True)
+        t = time.perf_counter()
+        strata(repo, "restore", "volume:v@latest", "--target", target)
+        restored = time.perf_counter() - t
+        subprocess.run(["rm", "-rf", target], check=True)
+        drop_caches()
+        t = time.perf_counter()
+        with open(out, "wb") as f:
+            subprocess.run([os.path.join(BIN, "strata"), "--repo", repo, "dump", "volume:v@latest",
+                            "v.img"], stdout=f, check=True)
+        dumped = time.perf_counter() - t
+        os.remove(out)
+        rows.append({"round": rnd, "ready_s": ready, "serve_at_copy_s": served,
+                     "restore_s": restored, "dump_s": dumped, "serve_at_peak_rss_mb": peak})
+    os.remove(img)
+    subprocess.run(["rm", "-rf", repo], check=True)
+    return rows
+
+
 def fs_image_mode(a):
     """A real file system changed between two snapshots, against restic
     and borg backing up the same image file (see the module docstring)."""
@@ -1003,6 +1079,8 @@ def main():
     ap.add_argument("--changes", default="/usr/share/doc")
     ap.add_argument("--change-files", type=int, default=300)
     ap.add_argument("--image-size", default="1G")
+    ap.add_argument("--serve-at", action="store_true")
+    ap.add_argument("--at-size", default="1G")
     ap.add_argument("--tls", action="store_true")
     ap.add_argument("--tls-size", default="1G")
     ap.add_argument("--encryption", action="store_true")
@@ -1020,6 +1098,18 @@ def main():
             rd = "–" if r["read_bytes"] is None else f"{r['read_bytes'] / 2**20:.0f} MiB"
             print(f"| {r['tool']} | {r['first_s']:.2f} | {r['second_s']:.2f} | {rd} | "
                   f"{r['added_bytes'] / 2**20:.1f} MiB |")
+        return
+    if a.serve_at:
+        rows = serve_at_mode(a)
+        json.dump(rows, open(os.path.join(a.work, "volume-serve-at.json"), "w"), indent=1)
+        med = lambda k: median(r[k] for r in rows)
+        print("| read a stored version back | seconds (median) |")
+        print("|---|---|")
+        print(f"| `volume serve --at` ready to serve | {med('ready_s'):.2f} |")
+        print(f"| `volume serve --at` + nbdcopy of the whole image | {med('serve_at_copy_s'):.2f} "
+              f"(peak RSS {med('serve_at_peak_rss_mb'):.0f} MB) |")
+        print(f"| `strata restore` | {med('restore_s'):.2f} |")
+        print(f"| `strata dump` | {med('dump_s'):.2f} |")
         return
     if a.tls:
         rows = tls_mode(a)
