@@ -770,49 +770,79 @@ def snapshots_mode(a):
     return rows
 
 
-def encryption_mode(a):
-    """nbdcopy of --enc-size random bytes in and out of a fresh volume,
-    plain and encrypted repositories, dedup on and off, --repeat rounds."""
-    import filecmp
-    os.environ["STRATA_PASSWORD"] = "bench"
-    size = size_arg(a.enc_size)
-    img = os.path.join(a.work, "enc-img.raw")
-    out = os.path.join(a.work, "enc-out.raw")
-    with open(img, "wb") as f:
+def random_image(path, size):
+    """`size` random bytes in `path`."""
+    with open(path, "wb") as f:
         for off in range(0, size, 1 << 20):
             f.write(os.urandom(min(1 << 20, size - off)))
-    repo = os.path.join(a.work, "repo-enc")
-    sock = os.path.join(a.work, "enc.sock")
-    url = f"nbd+unix:///v?socket={sock}"
+
+
+def copy_in_and_out(img, out, serve):
+    """nbdcopy `img` into a volume `serve()` serves ((server, url)), then
+    out of it into `out` (page cache dropped, served again): seconds of
+    each; a copy that reads back differently stops the benchmark."""
+    import filecmp
+    took = []
+    for src, dst in ((img, None), (None, out)):
+        s, url = serve()
+        t = time.perf_counter()
+        subprocess.run(["nbdcopy", src or url, dst or url], check=True)
+        took.append(time.perf_counter() - t)
+        s.stop()
+        drop_caches()
+    if not filecmp.cmp(img, out, shallow=False):
+        raise SystemExit("read back differs")
+    return took
+
+
+def copy_rounds(a, size, name, kinds, setup):
+    """--repeat rounds of `copy_in_and_out` over a fresh volume (dedup on
+    and off) per kind; `setup(repo, kind, dedup)` makes the volume and
+    returns its `serve()`. Rows of MB/s."""
+    img = os.path.join(a.work, f"{name}-img.raw")
+    out = os.path.join(a.work, f"{name}-out.raw")
+    random_image(img, size)
+    repo = os.path.join(a.work, f"repo-{name}")
     rows = []
     for rnd in range(a.repeat):
-        for enc in (False, True):
+        for kind in kinds:
             for dedup in (True, False):
                 subprocess.run(["rm", "-rf", repo], check=True)
-                strata(repo, "init", *(["--encrypt"] if enc else []))
-                strata(repo, "volume", "create", "v", "--size", str(size),
-                       *([] if dedup else ["--no-dedup"]))
-                s = Served(repo, "v", sock)
-                t = time.perf_counter()
-                subprocess.run(["nbdcopy", img, url], check=True)
-                w = time.perf_counter() - t
-                s.stop()
-                drop_caches()
-                s = Served(repo, "v", sock)
-                t = time.perf_counter()
-                subprocess.run(["nbdcopy", url, out], check=True)
-                r = time.perf_counter() - t
-                s.stop()
-                same = filecmp.cmp(img, out, shallow=False)
-                rows.append({"round": rnd, "encrypted": enc, "dedup": dedup,
+                serve = setup(repo, kind, dedup)
+                w, r = copy_in_and_out(img, out, serve)
+                rows.append({"round": rnd, name: kind, "dedup": dedup,
                              "write_mb_s": size / w / 1e6, "read_mb_s": size / r / 1e6,
-                             "same": same})
-                if not same:
-                    raise SystemExit(f"read back differs (encrypted {enc}, dedup {dedup})")
+                             "same": True})
     for p in (img, out):
         os.remove(p)
     subprocess.run(["rm", "-rf", repo], check=True)
     return rows
+
+
+def ratio_table(rows, name, label):
+    """Medians of plain against `label` (rows' `name` False / True)."""
+    print(f"| volume | write MB/s plain | {label} | ratio | read MB/s plain | {label} | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for dedup in (True, False):
+        def med(k, key):
+            return median(r[key] for r in rows if r[name] == k and r["dedup"] == dedup)
+        w0, w1, r0, r1 = med(False, "write_mb_s"), med(True, "write_mb_s"), med(False, "read_mb_s"), med(True, "read_mb_s")
+        print(f"| dedup {'on' if dedup else 'off'} | {w0:.0f} | {w1:.0f} | {w1 / w0:.2f} | "
+              f"{r0:.0f} | {r1:.0f} | {r1 / r0:.2f} |")
+
+
+def encryption_mode(a):
+    """nbdcopy of --enc-size random bytes in and out of a fresh volume,
+    plain and encrypted repositories, dedup on and off, --repeat rounds."""
+    os.environ["STRATA_PASSWORD"] = "bench"
+    sock = os.path.join(a.work, "enc.sock")
+
+    def setup(repo, enc, dedup):
+        strata(repo, "init", *(["--encrypt"] if enc else []))
+        strata(repo, "volume", "create", "v", "--size", str(size_arg(a.enc_size)),
+               *([] if dedup else ["--no-dedup"]))
+        return lambda: (Served(repo, "v", sock), f"nbd+unix:///v?socket={sock}")
+    return copy_rounds(a, size_arg(a.enc_size), "encrypted", (False, True), setup)
 
 
 def tls_certificates(work):
@@ -840,46 +870,19 @@ def tls_mode(a):
     """nbdcopy of --tls-size random bytes in and out of a fresh volume
     over TCP on loopback, plain and with TLS (`--tls-certificates`), dedup
     on and off, --repeat rounds (page cache dropped before reads)."""
-    import filecmp
     srv, cli = tls_certificates(a.work)
-    size = size_arg(a.tls_size)
-    img = os.path.join(a.work, "tls-img.raw")
-    out = os.path.join(a.work, "tls-out.raw")
-    with open(img, "wb") as f:
-        for off in range(0, size, 1 << 20):
-            f.write(os.urandom(min(1 << 20, size - off)))
-    repo = os.path.join(a.work, "repo-tls")
-    rows = []
-    for rnd in range(a.repeat):
-        for tls in (False, True):
-            for dedup in (True, False):
-                subprocess.run(["rm", "-rf", repo], check=True)
-                strata(repo, "init")
-                strata(repo, "volume", "create", "v", "--size", str(size),
-                       *([] if dedup else ["--no-dedup"]))
-                extra = ["--tls-certificates", srv] if tls else []
 
-                def copy(src, dst):
-                    s = Served(repo, "v", None, listen="127.0.0.1:0", extra=extra)
-                    url = s.doc["url"] + (f"?tls-certificates={cli}" if tls else "")
-                    t = time.perf_counter()
-                    subprocess.run(["nbdcopy", src or url, dst or url], check=True)
-                    took = time.perf_counter() - t
-                    s.stop()
-                    return took
-                w = copy(img, None)
-                drop_caches()
-                r = copy(None, out)
-                same = filecmp.cmp(img, out, shallow=False)
-                rows.append({"round": rnd, "tls": tls, "dedup": dedup,
-                             "write_mb_s": size / w / 1e6, "read_mb_s": size / r / 1e6,
-                             "same": same})
-                if not same:
-                    raise SystemExit(f"read back differs (tls {tls}, dedup {dedup})")
-    for p in (img, out):
-        os.remove(p)
-    subprocess.run(["rm", "-rf", repo], check=True)
-    return rows
+    def setup(repo, tls, dedup):
+        strata(repo, "init")
+        strata(repo, "volume", "create", "v", "--size", str(size_arg(a.tls_size)),
+               *([] if dedup else ["--no-dedup"]))
+        extra = ["--tls-certificates", srv] if tls else []
+
+        def serve():
+            s = Served(repo, "v", None, listen="127.0.0.1:0", extra=extra)
+            return s, s.doc["url"] + (f"?tls-certificates={cli}" if tls else "")
+        return serve
+    return copy_rounds(a, size_arg(a.tls_size), "tls", (False, True), setup)
 
 
 def serve_at_mode(a):
@@ -1114,26 +1117,12 @@ def main():
     if a.tls:
         rows = tls_mode(a)
         json.dump(rows, open(os.path.join(a.work, "volume-tls.json"), "w"), indent=1)
-        print("| volume | write MB/s plain | TLS | ratio | read MB/s plain | TLS | ratio |")
-        print("|---|---|---|---|---|---|---|")
-        for dedup in (True, False):
-            def med(tls, key):
-                return median(r[key] for r in rows if r["tls"] == tls and r["dedup"] == dedup)
-            w0, w1, r0, r1 = med(False, "write_mb_s"), med(True, "write_mb_s"), med(False, "read_mb_s"), med(True, "read_mb_s")
-            print(f"| dedup {'on' if dedup else 'off'} | {w0:.0f} | {w1:.0f} | {w1 / w0:.2f} | "
-                  f"{r0:.0f} | {r1:.0f} | {r1 / r0:.2f} |")
+        ratio_table(rows, "tls", "TLS")
         return
     if a.encryption:
         rows = encryption_mode(a)
         json.dump(rows, open(os.path.join(a.work, "volume-encryption.json"), "w"), indent=1)
-        print("| volume | write MB/s plain | encrypted | ratio | read MB/s plain | encrypted | ratio |")
-        print("|---|---|---|---|---|---|---|")
-        for dedup in (True, False):
-            def med(enc, key):
-                return median(r[key] for r in rows if r["encrypted"] == enc and r["dedup"] == dedup)
-            w0, w1, r0, r1 = med(False, "write_mb_s"), med(True, "write_mb_s"), med(False, "read_mb_s"), med(True, "read_mb_s")
-            print(f"| dedup {'on' if dedup else 'off'} | {w0:.0f} | {w1:.0f} | {w1 / w0:.2f} | "
-                  f"{r0:.0f} | {r1:.0f} | {r1 / r0:.2f} |")
+        ratio_table(rows, "encrypted", "encrypted")
         return
     if a.snapshots:
         rows = snapshots_mode(a)

@@ -90,31 +90,21 @@ fn stored_versions_are_served_read_only() {
     );
     stop(live);
     // Refused: no such version; a snapshot of another series.
-    let e = r
-        .run(&[
+    let refused = |at: &str| {
+        let args = [
             "volume",
             "serve",
             "v",
             "--at",
-            "9",
+            at,
             "--listen",
             "127.0.0.1:0",
-        ])
-        .expect_code(1)
-        .stderr;
+        ];
+        r.run(&args).expect_code(1).stderr
+    };
+    let e = refused("9");
     assert!(e.contains("no snapshot \"9\" of volume v"), "{e}");
-    let e = r
-        .run(&[
-            "volume",
-            "serve",
-            "v",
-            "--at",
-            &other,
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .expect_code(1)
-        .stderr;
+    let e = refused(&other);
     assert!(e.contains("not of volume v"), "{e}");
     // The volume gone, its versions stay servable.
     r.json(&["volume", "delete", "v", "--yes"]);
