@@ -116,3 +116,42 @@ fn stored_versions_are_served_read_only() {
 fn serve(r: &Repo) -> Served {
     serve_cmd(r.cmd(&["volume", "serve", "v", "--listen", "127.0.0.1:0", "--json"]))
 }
+
+/// `nbdinfo --map`: (offset, length, type) of each extent.
+fn map(url: &str) -> Vec<(u64, u64, u32)> {
+    let o = sh(Command::new("nbdinfo").args(["--map", url]));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (
+                f[0].parse().unwrap(),
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// What was written is data, the rest holes (`base:allocation`), on the
+/// live volume and on a stored version served with `--at`: qemu-img and
+/// nbdcopy skip the holes instead of reading them.
+#[test]
+fn allocation_is_told_live_and_stored() {
+    if !(have("nbdcopy") && have("nbdinfo")) {
+        return;
+    }
+    let r = Repo::with_init(&[], None);
+    r.json(&["volume", "create", "v", "--size", "64M"]);
+    let live = serve(&r);
+    let img = r.scratch("one.raw");
+    std::fs::write(&img, prng(71, 1 << 20)).unwrap();
+    sh(Command::new("nbdcopy").arg(&img).arg(&live.url));
+    let want = [(0, 1 << 20, 0), (1 << 20, 63 << 20, 3)];
+    assert_eq!(map(&live.url), want, "live");
+    r.json(&["volume", "snapshot", "v"]);
+    stop(live);
+    let s = serve_at(&r, "latest");
+    assert_eq!(map(&s.url), want, "stored");
+    stop(s);
+}

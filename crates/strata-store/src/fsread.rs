@@ -335,6 +335,30 @@ impl FileReader {
         self.ends.last().copied().unwrap_or(0)
     }
 
+    /// `len` bytes from `offset` (up to the end of the file) as runs
+    /// (bytes, zeros): a run of zero chunks was never stored and reads as
+    /// zeros without reading anything.
+    pub fn zero_runs(&self, offset: u64, len: u64) -> Vec<(u64, bool)> {
+        let end = self.size().min(offset.saturating_add(len));
+        let mut out: Vec<(u64, bool)> = Vec::new();
+        let mut i = self.ends.partition_point(|&e| e <= offset);
+        let mut pos = offset;
+        while pos < end {
+            let (Some(c), Some(&c_end)) = (self.chunks.get(i), self.ends.get(i)) else {
+                break;
+            };
+            let hi = end.min(c_end);
+            let zero = c.is_zero();
+            match out.last_mut() {
+                Some((l, z)) if *z == zero => *l += hi - pos,
+                _ => out.push((hi - pos, zero)),
+            }
+            pos = hi;
+            i += 1;
+        }
+        out
+    }
+
     /// Up to `len` bytes from `offset`: fewer only at the end of the file
     /// (none at or past it).
     pub fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>> {

@@ -56,4 +56,7 @@ impl nbd::BlockDevice for Volume {
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> std::io::Result<()> {
         self.zero_range(offset, len, fua)
     }
+    fn extents(&self, offset: u64, len: u64) -> std::io::Result<Vec<(u64, bool)>> {
+        Volume::extents(self, offset, len)
+    }
 }

@@ -45,10 +45,13 @@ const OPT_STARTTLS: u32 = 5;
 const OPT_INFO: u32 = 6;
 const OPT_GO: u32 = 7;
 const OPT_STRUCTURED_REPLY: u32 = 8;
+const OPT_LIST_META_CONTEXT: u32 = 9;
+const OPT_SET_META_CONTEXT: u32 = 10;
 
 const REP_ACK: u32 = 1;
 const REP_SERVER: u32 = 2;
 const REP_INFO: u32 = 3;
+const REP_META_CONTEXT: u32 = 4;
 const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
 const REP_ERR_INVALID: u32 = (1 << 31) + 3;
 const REP_ERR_TLS_REQD: u32 = (1 << 31) + 5;
@@ -74,14 +77,25 @@ const CMD_FLUSH: u16 = 3;
 const CMD_TRIM: u16 = 4;
 const CMD_CACHE: u16 = 5;
 const CMD_WRITE_ZEROES: u16 = 6;
+const CMD_BLOCK_STATUS: u16 = 7;
 
 const CMD_FLAG_FUA: u16 = 1;
 const CMD_FLAG_DF: u16 = 1 << 2;
+const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 
 const REPLY_FLAG_DONE: u16 = 1;
 const REPLY_TYPE_NONE: u16 = 0;
 const REPLY_TYPE_OFFSET_DATA: u16 = 1;
 const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
+const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+
+/// The one metadata context served: which ranges hold data.
+const BASE_ALLOCATION: &str = "base:allocation";
+/// Its id on every connection.
+const BASE_ALLOCATION_ID: u32 = 1;
+/// `base:allocation` states: a hole (nothing allocated), reads as zeros.
+const STATE_HOLE: u32 = 1;
+const STATE_ZERO: u32 = 2;
 const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
 
 /// Error numbers the protocol defines.
@@ -120,6 +134,14 @@ pub trait BlockDevice: Send + Sync {
     /// EPERM without reaching the device.
     fn read_only(&self) -> bool {
         false
+    }
+    /// `len` bytes from `offset` as runs (bytes, unallocated) in order,
+    /// covering the range (`NBD_CMD_BLOCK_STATUS`, `base:allocation`): an
+    /// unallocated run reads as zeros and need not be copied. One run of
+    /// data is always right.
+    fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, bool)>> {
+        let _ = offset;
+        Ok(vec![(len, false)])
     }
 }
 
@@ -353,7 +375,11 @@ fn serve(mut conn: Box<dyn Conn>, exports: &[Export], tls: Option<&TlsConfig>) -
                 // they like.
                 conn.set_timeout(None)?;
                 w.flush()?;
-                return transmission(&mut r, &mut w, &*export.device, session.structured);
+                let agreed = Agreed {
+                    structured: session.structured,
+                    base_allocation: session.base_allocation,
+                };
+                return transmission(&mut r, &mut w, &*export.device, agreed);
             }
         }
     }
@@ -370,6 +396,15 @@ struct Session {
     /// Nothing but STARTTLS (or ABORT) before TLS.
     tls_required: bool,
     secured: bool,
+    /// `base:allocation` selected (`NBD_OPT_SET_META_CONTEXT`).
+    base_allocation: bool,
+}
+
+/// What the transmission phase may use.
+#[derive(Clone, Copy)]
+struct Agreed {
+    structured: bool,
+    base_allocation: bool,
 }
 
 /// How a round of option haggling ended.
@@ -503,6 +538,9 @@ fn handshake<'e>(
                     opt_reply(w, opt, REP_ERR_INVALID, &[])?;
                 }
             }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                meta_context(w, opt, &data, session, |name| find(name).is_some())?
+            }
             OPT_INFO | OPT_GO => match parse_info_request(&data) {
                 None => opt_reply(w, opt, REP_ERR_INVALID, b"malformed request")?,
                 Some((name, wants)) => match find(&name) {
@@ -534,6 +572,67 @@ fn handshake<'e>(
         }
         w.flush()?;
     }
+}
+
+/// `NBD_OPT_LIST_META_CONTEXT` / `SET_META_CONTEXT`: `base:allocation`
+/// is the one context (`base:` lists it, as does an empty list of
+/// queries); SET needs structured replies first and selects it or
+/// nothing.
+fn meta_context(
+    w: &mut impl Write,
+    opt: u32,
+    data: &[u8],
+    session: &mut Session,
+    known: impl Fn(&str) -> bool,
+) -> io::Result<()> {
+    let set = opt == OPT_SET_META_CONTEXT;
+    let Some((name, queries)) = parse_meta_request(data) else {
+        return opt_reply(w, opt, REP_ERR_INVALID, b"malformed request");
+    };
+    if set && !session.structured {
+        return opt_reply(w, opt, REP_ERR_INVALID, b"structured replies first");
+    }
+    if !known(&name) {
+        let msg = format!("no export named {name:?}");
+        return opt_reply(w, opt, REP_ERR_UNKNOWN, msg.as_bytes());
+    }
+    let wanted = match set {
+        true => queries.iter().any(|q| q == BASE_ALLOCATION),
+        false => queries.is_empty() || queries.iter().any(|q| q == BASE_ALLOCATION || q == "base:"),
+    };
+    if set {
+        session.base_allocation = wanted;
+    }
+    if wanted {
+        let mut d = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+        d.extend_from_slice(BASE_ALLOCATION.as_bytes());
+        opt_reply(w, opt, REP_META_CONTEXT, &d)?;
+    }
+    opt_reply(w, opt, REP_ACK, &[])
+}
+
+/// Meta-context request data: name length, name, count, queries (each
+/// length, text).
+fn parse_meta_request(d: &[u8]) -> Option<(String, Vec<String>)> {
+    let u32_at = |at: usize| -> Option<u32> {
+        Some(u32::from_be_bytes(
+            d.get(at..at.checked_add(4)?)?.try_into().ok()?,
+        ))
+    };
+    let n = u32_at(0)? as usize;
+    let name = String::from_utf8(d.get(4..4usize.checked_add(n)?)?.to_vec()).ok()?;
+    let mut at = 4 + n;
+    let count = u32_at(at)?;
+    at += 4;
+    let mut queries = Vec::new();
+    for _ in 0..count {
+        let len = u32_at(at)? as usize;
+        at += 4;
+        let q = d.get(at..at.checked_add(len)?)?;
+        queries.push(String::from_utf8_lossy(q).into_owned());
+        at += len;
+    }
+    (at == d.len()).then_some((name, queries))
 }
 
 /// `NBD_OPT_INFO`/`GO` data: name length, name, count, info types.
@@ -688,7 +787,7 @@ fn transmission(
     r: &mut BufReader<Box<dyn Conn>>,
     w: &mut BufWriter<Box<dyn Conn>>,
     dev: &dyn BlockDevice,
-    structured: bool,
+    agreed: Agreed,
 ) -> io::Result<()> {
     let input = std::sync::Mutex::new(Input { r, ended: None });
     let out = std::sync::Mutex::new(w);
@@ -700,7 +799,7 @@ fn transmission(
     std::thread::scope(|s| {
         for _ in 0..WORKERS {
             let (input, send) = (&input, &send);
-            s.spawn(move || serve_in_turn(input, send, dev, structured));
+            s.spawn(move || serve_in_turn(input, send, dev, agreed));
         }
     });
     let ended = input.into_inner().unwrap_or_else(|e| e.into_inner()).ended;
@@ -712,7 +811,7 @@ fn serve_in_turn(
     input: &std::sync::Mutex<Input<'_>>,
     send: &dyn Fn(&[u8]) -> io::Result<()>,
     dev: &dyn BlockDevice,
-    structured: bool,
+    agreed: Agreed,
 ) {
     let mut buf = Vec::new();
     loop {
@@ -721,7 +820,7 @@ fn serve_in_turn(
             if i.ended.is_some() {
                 return;
             }
-            match next_request(i.r, send, structured) {
+            match next_request(i.r, send, agreed.structured) {
                 Ok(Some(q)) => q,
                 Ok(None) => {
                     i.ended = Some(Ok(()));
@@ -734,7 +833,7 @@ fn serve_in_turn(
             }
         };
         buf.clear();
-        if let Err(e) = answer(&mut buf, &req, payload, dev, structured).and_then(|_| send(&buf)) {
+        if let Err(e) = answer(&mut buf, &req, payload, dev, agreed).and_then(|_| send(&buf)) {
             // The connection is broken: the others stop at their next turn.
             let mut i = input.lock().unwrap_or_else(|e| e.into_inner());
             i.ended.get_or_insert(Err(e));
@@ -786,8 +885,9 @@ fn answer(
     req: &Request,
     mut buf: Vec<u8>,
     dev: &dyn BlockDevice,
-    structured: bool,
+    agreed: Agreed,
 ) -> io::Result<()> {
+    let structured = agreed.structured;
     let size = dev.size();
     let in_range = req
         .offset
@@ -842,8 +942,44 @@ fn answer(
             let res = if in_range { Ok(()) } else { Err(EINVAL) };
             done(w, structured, req.handle, res)
         }
+        CMD_BLOCK_STATUS if agreed.base_allocation && in_range && req.len > 0 => {
+            match dev.extents(req.offset, u64::from(req.len)) {
+                Ok(runs) => block_status(w, req, &runs),
+                Err(e) => error_reply(w, structured, req.handle, errno(&e)),
+            }
+        }
+        CMD_BLOCK_STATUS => error_reply(w, structured, req.handle, EINVAL),
         _ => error_reply(w, structured, req.handle, ENOTSUP),
     }
+}
+
+/// The `base:allocation` extents of a BLOCK_STATUS request, one chunk
+/// (at most one extent with `REQ_ONE`; none past the request).
+fn block_status(w: &mut impl Write, req: &Request, runs: &[(u64, bool)]) -> io::Result<()> {
+    let mut d = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+    let mut left = u64::from(req.len);
+    for &(len, hole) in runs {
+        let len = len.min(left);
+        if len == 0 {
+            continue;
+        }
+        let state = if hole { STATE_HOLE | STATE_ZERO } else { 0 };
+        // (len ≤ the request's u32 length.)
+        d.extend_from_slice(&(len as u32).to_be_bytes());
+        d.extend_from_slice(&state.to_be_bytes());
+        left -= len;
+        if req.flags & CMD_FLAG_REQ_ONE != 0 || left == 0 {
+            break;
+        }
+    }
+    chunk_header(
+        w,
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_BLOCK_STATUS,
+        req.handle,
+        d.len() as u32,
+    )?;
+    w.write_all(&d)
 }
 
 /// The answer to a command without data.

@@ -1058,6 +1058,9 @@ fn write_bytes(p: &Path, body: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// The most bytes one [`Volume::extents`] tells (256 MiB: 64 Ki blocks).
+pub const EXTENTS_MAX: u64 = 256 << 20;
+
 /// The least room `live.json` is given (it is rewritten in place).
 pub(crate) const LIVE_RESERVE: usize = 64 << 10;
 
@@ -1556,6 +1559,47 @@ impl Volume {
         // (A block not in the buffer when it was looked at is in the map:
         // a destaged batch is mapped before it leaves the buffer.)
         Ok(!on_disk || self.map.read(first, n)?.iter().all(|&e| e == 0))
+    }
+
+    /// `len` bytes from `offset` as runs (bytes, unallocated): blocks
+    /// never written, trimmed or zeroed are unallocated (they read as
+    /// zeros). At most [`EXTENTS_MAX`] bytes are told (a client asks again
+    /// for the rest, as NBD allows).
+    pub fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, bool)>> {
+        let bs = BLOCK as u64;
+        let end = offset.saturating_add(len.min(EXTENTS_MAX)).min(self.size());
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        let first = offset / bs;
+        let n = (end.div_ceil(bs) - first) as usize;
+        let srcs: Vec<Src> = {
+            let m = lock(&self.mem);
+            (first..first + n as u64)
+                .map(|b| Self::src(&m, b))
+                .collect()
+        };
+        // (A block not in the buffer when it was looked at is in the map:
+        // a destaged batch is mapped before it leaves the buffer.)
+        let map = match srcs.iter().any(|s| matches!(s, Src::Disk)) {
+            true => self.map.read(first, n)?,
+            false => vec![0; n],
+        };
+        let mut runs: Vec<(u64, bool)> = Vec::new();
+        for (i, (src, &e)) in srcs.iter().zip(&map).enumerate() {
+            let hole = match src {
+                Src::Zero => true,
+                Src::Disk => e == 0,
+                Src::Mem(_) | Src::At(_) => false,
+            };
+            let at = (first + i as u64) * bs;
+            let bytes = (at + bs).min(end) - at.max(offset);
+            match runs.last_mut() {
+                Some((l, h)) if *h == hole => *l += bytes,
+                _ => runs.push((bytes, hole)),
+            }
+        }
+        Ok(runs)
     }
 
     /// Reads whole blocks `first..first+n` into `out`; returns which are

@@ -22,6 +22,24 @@ impl BlockDevice for Mem {
     fn read_only(&self) -> bool {
         self.1
     }
+    /// 4 KiB blocks of zeros are unallocated.
+    fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, bool)>> {
+        let d = self.0.lock().unwrap();
+        let mut runs: Vec<(u64, bool)> = Vec::new();
+        let mut at = offset;
+        while at < offset + len {
+            let next = ((at / 4096 + 1) * 4096).min(offset + len);
+            let hole = d[(at / 4096 * 4096) as usize..][..4096]
+                .iter()
+                .all(|&b| b == 0);
+            match runs.last_mut() {
+                Some((l, h)) if *h == hole => *l += next - at,
+                _ => runs.push((next - at, hole)),
+            }
+            at = next;
+        }
+        Ok(runs)
+    }
     fn size(&self) -> u64 {
         self.0.lock().unwrap().len() as u64
     }
@@ -274,4 +292,95 @@ fn a_read_only_export_refuses_writes() {
     let mut back = vec![0u8; 8192];
     c.read_exact(&mut back).unwrap();
     assert!(back == data[..8192], "unchanged");
+}
+
+/// A meta-context request for export `v`: the queries.
+fn meta_request(queries: &[&str]) -> Vec<u8> {
+    let mut d = 1u32.to_be_bytes().to_vec();
+    d.push(b'v');
+    d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for q in queries {
+        d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+        d.extend_from_slice(q.as_bytes());
+    }
+    d
+}
+
+/// `base:allocation`: listed, selected only after structured replies,
+/// then BLOCK_STATUS tells holes (HOLE|ZERO) from data, in request
+/// order, at most one extent with REQ_ONE, never past the request.
+#[test]
+fn block_status_tells_holes_from_data() {
+    let mut data = vec![0u8; 1 << 20];
+    data[4096..3 * 4096].fill(7);
+    let s = server_of(Mem(Mutex::new(data), false), None);
+    let mut c = greeted(s.addr());
+    const LIST: u32 = 9;
+    const SET: u32 = 10;
+    const META: u32 = 4;
+    const STRUCTURED: u32 = 8;
+    let context = |d: &[u8]| {
+        (
+            u32::from_be_bytes(d[..4].try_into().unwrap()),
+            d[4..].to_vec(),
+        )
+    };
+    option(&mut c, LIST, &meta_request(&["base:"]));
+    let (_, kind, d) = option_reply(&mut c);
+    assert_eq!(
+        (kind, context(&d)),
+        (META, (1, b"base:allocation".to_vec()))
+    );
+    assert_eq!(option_reply(&mut c).1, ACK);
+    // SET before structured replies: refused.
+    option(&mut c, SET, &meta_request(&["base:allocation"]));
+    assert_eq!(option_reply(&mut c).1, (1 << 31) + 3);
+    option(&mut c, STRUCTURED, &[]);
+    assert_eq!(option_reply(&mut c).1, ACK);
+    // An unknown context alone: nothing selected.
+    option(&mut c, SET, &meta_request(&["qemu:dirty-bitmap:x"]));
+    assert_eq!(option_reply(&mut c).1, ACK);
+    option(
+        &mut c,
+        SET,
+        &meta_request(&["qemu:dirty-bitmap:x", "base:allocation"]),
+    );
+    let (_, kind, d) = option_reply(&mut c);
+    assert_eq!((kind, context(&d).0), (META, 1));
+    assert_eq!(option_reply(&mut c).1, ACK);
+    go(&mut c);
+    // (offset, length, flags): the extents told.
+    let mut status = |h: u64, off: u64, len: u32, flags: u16| -> Vec<(u32, u32)> {
+        let mut q = request(7, h, off, len);
+        q[4..6].copy_from_slice(&flags.to_be_bytes());
+        c.write_all(&q).unwrap();
+        let mut head = [0u8; 20];
+        c.read_exact(&mut head).unwrap();
+        assert_eq!(
+            u16::from_be_bytes(head[6..8].try_into().unwrap()),
+            5,
+            "BLOCK_STATUS chunk"
+        );
+        let n = u32::from_be_bytes(head[16..20].try_into().unwrap()) as usize;
+        let mut d = vec![0u8; n];
+        c.read_exact(&mut d).unwrap();
+        assert_eq!(u32::from_be_bytes(d[..4].try_into().unwrap()), 1);
+        d[4..]
+            .chunks(8)
+            .map(|e| {
+                let be = |r: std::ops::Range<usize>| u32::from_be_bytes(e[r].try_into().unwrap());
+                (be(0..4), be(4..8))
+            })
+            .collect()
+    };
+    assert_eq!(
+        status(1, 0, 1 << 20, 0),
+        [(4096, 3), (8192, 0), ((1 << 20) - 3 * 4096, 3)]
+    );
+    assert_eq!(
+        status(2, 10240, 4096, 0),
+        [(2048, 0), (2048, 3)],
+        "unaligned"
+    );
+    assert_eq!(status(3, 0, 1 << 20, 1 << 3), [(4096, 3)], "REQ_ONE");
 }

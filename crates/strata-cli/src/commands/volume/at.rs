@@ -61,6 +61,10 @@ impl BlockDevice for StoredImage {
     fn read_only(&self) -> bool {
         true
     }
+
+    fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, bool)>> {
+        Ok(self.file.zero_runs(offset, len))
+    }
 }
 
 fn read_only() -> io::Error {
