@@ -349,12 +349,15 @@ impl FileReader {
             };
             let hi = end.min(c_end);
             let zero = c.is_zero();
+            i += 1;
+            if hi == pos {
+                continue;
+            }
             match out.last_mut() {
                 Some((l, z)) if *z == zero => *l += hi - pos,
                 _ => out.push((hi - pos, zero)),
             }
             pos = hi;
-            i += 1;
         }
         out
     }

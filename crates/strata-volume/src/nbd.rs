@@ -377,7 +377,7 @@ fn serve(mut conn: Box<dyn Conn>, exports: &[Export], tls: Option<&TlsConfig>) -
                 w.flush()?;
                 let agreed = Agreed {
                     structured: session.structured,
-                    base_allocation: session.base_allocation,
+                    base_allocation: session.base_allocation.as_deref() == Some(&export.name),
                 };
                 return transmission(&mut r, &mut w, &*export.device, agreed);
             }
@@ -396,8 +396,10 @@ struct Session {
     /// Nothing but STARTTLS (or ABORT) before TLS.
     tls_required: bool,
     secured: bool,
-    /// `base:allocation` selected (`NBD_OPT_SET_META_CONTEXT`).
-    base_allocation: bool,
+    /// `base:allocation` selected (`NBD_OPT_SET_META_CONTEXT`), for the
+    /// export named then: it holds only if the client goes on to that
+    /// export.
+    base_allocation: Option<String>,
 }
 
 /// What the transmission phase may use.
@@ -586,6 +588,10 @@ fn meta_context(
     known: impl Fn(&str) -> bool,
 ) -> io::Result<()> {
     let set = opt == OPT_SET_META_CONTEXT;
+    if set {
+        // (A SET replaces what was selected, even one that fails.)
+        session.base_allocation = None;
+    }
     let Some((name, queries)) = parse_meta_request(data) else {
         return opt_reply(w, opt, REP_ERR_INVALID, b"malformed request");
     };
@@ -600,11 +606,13 @@ fn meta_context(
         true => queries.iter().any(|q| q == BASE_ALLOCATION),
         false => queries.is_empty() || queries.iter().any(|q| q == BASE_ALLOCATION || q == "base:"),
     };
-    if set {
-        session.base_allocation = wanted;
+    if set && wanted {
+        session.base_allocation = Some(name);
     }
     if wanted {
-        let mut d = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+        // (A listed context's id is 0: only SET gives one.)
+        let id = if set { BASE_ALLOCATION_ID } else { 0 };
+        let mut d = id.to_be_bytes().to_vec();
         d.extend_from_slice(BASE_ALLOCATION.as_bytes());
         opt_reply(w, opt, REP_META_CONTEXT, &d)?;
     }
@@ -958,7 +966,15 @@ fn answer(
 fn block_status(w: &mut impl Write, req: &Request, runs: &[(u64, bool)]) -> io::Result<()> {
     let mut d = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
     let mut left = u64::from(req.len);
-    for &(len, hole) in runs {
+    // (A reply needs one extent at least: with none told, one of data,
+    // which is always right.)
+    let data = [(u64::from(req.len), false)];
+    let runs = if runs.iter().any(|r| r.0 > 0) {
+        runs
+    } else {
+        &data[..]
+    };
+    for &(len, hole) in runs.iter().take(1 << 20) {
         let len = len.min(left);
         if len == 0 {
             continue;

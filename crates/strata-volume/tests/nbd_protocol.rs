@@ -329,7 +329,7 @@ fn block_status_tells_holes_from_data() {
     let (_, kind, d) = option_reply(&mut c);
     assert_eq!(
         (kind, context(&d)),
-        (META, (1, b"base:allocation".to_vec()))
+        (META, (0, b"base:allocation".to_vec()))
     );
     assert_eq!(option_reply(&mut c).1, ACK);
     // SET before structured replies: refused.
@@ -347,6 +347,12 @@ fn block_status_tells_holes_from_data() {
     );
     let (_, kind, d) = option_reply(&mut c);
     assert_eq!((kind, context(&d).0), (META, 1));
+    assert_eq!(option_reply(&mut c).1, ACK);
+    // A SET that fails clears it; set again.
+    option(&mut c, SET, b"junk");
+    assert_eq!(option_reply(&mut c).1, (1 << 31) + 3);
+    option(&mut c, SET, &meta_request(&["base:allocation"]));
+    assert_eq!(option_reply(&mut c).1, META);
     assert_eq!(option_reply(&mut c).1, ACK);
     go(&mut c);
     // (offset, length, flags): the extents told.
@@ -383,4 +389,19 @@ fn block_status_tells_holes_from_data() {
         "unaligned"
     );
     assert_eq!(status(3, 0, 1 << 20, 1 << 3), [(4096, 3)], "REQ_ONE");
+    // A SET that fails leaves nothing selected: BLOCK_STATUS is refused.
+    let mut c = greeted(s.addr());
+    option(&mut c, STRUCTURED, &[]);
+    assert_eq!(option_reply(&mut c).1, ACK);
+    option(&mut c, SET, &meta_request(&["base:allocation"]));
+    assert_eq!(option_reply(&mut c).1, META);
+    assert_eq!(option_reply(&mut c).1, ACK);
+    option(&mut c, SET, b"junk");
+    assert_eq!(option_reply(&mut c).1, (1 << 31) + 3);
+    go(&mut c);
+    c.write_all(&request(7, 9, 0, 4096)).unwrap();
+    let mut head = [0u8; 20];
+    c.read_exact(&mut head).unwrap();
+    let kind = u16::from_be_bytes(head[6..8].try_into().unwrap());
+    assert_eq!(kind, (1 << 15) + 1, "an error chunk, not extents");
 }

@@ -63,6 +63,7 @@ impl BlockDevice for StoredImage {
     }
 
     fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, bool)>> {
+        let len = len.min(strata_volume::volume::EXTENTS_MAX);
         Ok(self.file.zero_runs(offset, len))
     }
 }
