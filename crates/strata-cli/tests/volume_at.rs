@@ -8,8 +8,9 @@ use common::nbd::*;
 use common::*;
 use std::process::Command;
 
-fn serve_at(r: &Repo, at: &str) -> Served {
-    serve_cmd(r.cmd(&[
+/// `volume serve v --at AT` on loopback.
+fn at_args(at: &str) -> [&str; 7] {
+    [
         "volume",
         "serve",
         "v",
@@ -17,8 +18,13 @@ fn serve_at(r: &Repo, at: &str) -> Served {
         at,
         "--listen",
         "127.0.0.1:0",
-        "--json",
-    ]))
+    ]
+}
+
+fn serve_at(r: &Repo, at: &str) -> Served {
+    let mut args = at_args(at).to_vec();
+    args.push("--json");
+    serve_cmd(r.cmd(&args))
 }
 
 /// What nbdcopy reads from `url`.
@@ -90,18 +96,7 @@ fn stored_versions_are_served_read_only() {
     );
     stop(live);
     // Refused: no such version; a snapshot of another series.
-    let refused = |at: &str| {
-        let args = [
-            "volume",
-            "serve",
-            "v",
-            "--at",
-            at,
-            "--listen",
-            "127.0.0.1:0",
-        ];
-        r.run(&args).expect_code(1).stderr
-    };
+    let refused = |at: &str| r.run(&at_args(at)).expect_code(1).stderr;
     let e = refused("9");
     assert!(e.contains("no snapshot \"9\" of volume v"), "{e}");
     let e = refused(&other);

@@ -28,14 +28,12 @@ pub fn run(cli: &Cli, a: &DumpArgs) -> Result<i32> {
         want = rest;
     }
     let shown = show_path(want);
-    // The active recipe first; its cloud part only when the file moved.
-    let mut parts = vec![s.clone()];
-    parts.extend(strata_store::tier::paths::part_snapshot(&s));
-    for (i, part) in parts.iter().enumerate() {
-        let r = repo.load_recipe(&part.recipe)?;
-        let Some(node) = r.nodes.iter().find(|n| n.path == want) else {
-            continue;
-        };
+    if let Some((part, r, cloud_part)) = tier::locate(&repo, &s, want)? {
+        let node = r
+            .nodes
+            .iter()
+            .find(|n| n.path == want)
+            .ok_or_else(|| anyhow!("{shown} left the recipe"))?;
         // A further name of a hard-linked file: dump the first name's content.
         let node = match (node.kind, &node.target) {
             (NodeKind::Hardlink, Some(t)) => {
@@ -48,13 +46,10 @@ pub fn run(cli: &Cli, a: &DumpArgs) -> Result<i32> {
         if node.kind != NodeKind::File {
             bail!("{shown} is {}, not a file", node.kind.noun());
         }
-        let data = match i {
-            0 => tier::data_repo(&repo, part)?,
-            _ => tier::cloud(&repo)?,
-        };
+        let data = tier::part_data(&repo, &part, cloud_part)?;
         let stdout = std::io::stdout();
         let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-        return match strata_store::restore::dump(&data, part, &r, node, &mut w) {
+        return match strata_store::restore::dump(&data, &part, &r, node, &mut w) {
             // `strata dump … | head`: the reader has what it wanted.
             Err(strata_store::StoreError::Io { cause, .. })
                 if cause.kind() == std::io::ErrorKind::BrokenPipe =>

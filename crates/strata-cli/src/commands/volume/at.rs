@@ -132,15 +132,13 @@ pub(super) fn open(cli: &crate::Cli, name: &str, at: &str, cache_bytes: usize) -
     let lock = strata_store::lock::acquire(&repo, false, "volume serve --at")?;
     let (id, s) = find(&repo, name, at)?;
     let want = format!("{name}.img");
-    let cache = Arc::new(RegionCache::new(cache_bytes));
-    // The active recipe first; its cloud part only when the image moved.
-    let mut parts = vec![s.clone()];
-    parts.extend(strata_store::tier::paths::part_snapshot(&s));
-    for (i, part) in parts.iter().enumerate() {
-        let recipe = Arc::new(repo.load_recipe(&part.recipe)?);
-        let Some(node) = recipe.nodes.iter().find(|n| n.path == want.as_bytes()) else {
-            continue;
-        };
+    if let Some((part, recipe, cloud_part)) = tier::locate(&repo, &s, want.as_bytes())? {
+        let recipe = Arc::new(recipe);
+        let node = recipe
+            .nodes
+            .iter()
+            .find(|n| n.path == want.as_bytes())
+            .ok_or_else(|| anyhow!("{want} left the recipe"))?;
         if node.kind != NodeKind::File {
             bail!(
                 "{want} in snapshot {} is {}, not an image",
@@ -148,11 +146,9 @@ pub(super) fn open(cli: &crate::Cli, name: &str, at: &str, cache_bytes: usize) -
                 node.kind.noun()
             );
         }
-        let data = match i {
-            0 => tier::data_repo(&repo, part)?,
-            _ => tier::cloud(&repo)?,
-        };
-        let reader = SnapshotReader::new(data, part.clone(), recipe.clone(), cache);
+        let data = tier::part_data(&repo, &part, cloud_part)?;
+        let cache = Arc::new(RegionCache::new(cache_bytes));
+        let reader = SnapshotReader::new(data, part, recipe.clone(), cache);
         let file = reader.open(node)?;
         let size = file.size();
         let image = Arc::new(StoredImage {
