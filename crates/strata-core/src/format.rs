@@ -602,12 +602,42 @@ impl ChunkRef {
             offset: 0,
         }
     }
+
+    /// A run of `chunks` consecutive all-zero chunks of a segment, `len`
+    /// bytes in all, as one reference: nothing is stored for them, and a
+    /// sparse disk image's recipe (4 KiB chunks) would otherwise hold 48
+    /// bytes per 4 KiB of nothing — 1.2 GB for an empty 100 GiB volume.
+    /// `offset`, unused by a zero reference, counts the chunks after the
+    /// first (0: one chunk, what every build wrote before runs).
+    pub fn zeros(len: u32, chunks: u32) -> Self {
+        ChunkRef {
+            fp: Fingerprint::ZERO,
+            len,
+            container: ZERO_CHUNK,
+            region: 0,
+            offset: chunks.saturating_sub(1),
+        }
+    }
+
+    /// How many chunks this reference stands for: a zero run's count,
+    /// else 1. A segment's fingerprint hashes that many fingerprints, and
+    /// a recipe's pieces are counted in chunks so.
+    pub fn chunk_count(&self) -> u64 {
+        if self.is_zero() {
+            self.offset as u64 + 1
+        } else {
+            1
+        }
+    }
 }
 
-/// A segment of a file: whole chunks, the coarse dedup unit.
+/// A segment of a file: whole chunks, the coarse dedup unit. Consecutive
+/// zero chunks are one [`ChunkRef::zeros`] run, whether they were written
+/// so or one by one (decoding merges them: every reader sees one form).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SegmentRef {
     pub fp: Fingerprint,
+    #[serde(deserialize_with = "chunks_with_zero_runs")]
     pub chunks: Vec<ChunkRef>,
 }
 
@@ -619,6 +649,66 @@ impl SegmentRef {
     pub fn is_empty(&self) -> bool {
         self.chunks.is_empty()
     }
+
+    /// The chunks the segment was cut into (a zero run counts its chunks).
+    pub fn chunk_count(&self) -> u64 {
+        self.chunks.iter().map(ChunkRef::chunk_count).sum()
+    }
+
+    /// Appends `c`, merged into the zero run before it if both are zeros.
+    pub fn push(&mut self, c: ChunkRef) {
+        push_chunk(&mut self.chunks, c)
+    }
+}
+
+/// Appends `c` to `chunks`, a zero chunk merged into a zero run before it
+/// (while the run's length and count fit their fields).
+pub fn push_chunk(chunks: &mut Vec<ChunkRef>, c: ChunkRef) {
+    if let (true, Some(last)) = (c.is_zero(), chunks.last_mut()) {
+        if last.is_zero() {
+            let len = last.len.checked_add(c.len);
+            let count = last
+                .offset
+                .checked_add(c.offset)
+                .and_then(|n| n.checked_add(1));
+            if let (Some(len), Some(count)) = (len, count) {
+                last.len = len;
+                last.offset = count;
+                return;
+            }
+        }
+    }
+    chunks.push(c)
+}
+
+/// Decodes a segment's chunk list merging its zero chunks into runs as
+/// they come (a sparse image's recipe written by an older build is never
+/// held expanded).
+fn chunks_with_zero_runs<'de, D>(d: D) -> std::result::Result<Vec<ChunkRef>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct Runs;
+    impl<'de> serde::de::Visitor<'de> for Runs {
+        type Value = Vec<ChunkRef>;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a list of chunk references")
+        }
+
+        fn visit_seq<A>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error>
+        where
+            A: serde::de::SeqAccess<'de>,
+        {
+            // (The encoded count is not trusted for more than a start.)
+            let mut chunks = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+            while let Some(c) = seq.next_element::<ChunkRef>()? {
+                push_chunk(&mut chunks, c);
+            }
+            Ok(chunks)
+        }
+    }
+    d.deserialize_seq(Runs)
 }
 
 /// Version byte of [`KeySlot`]: 1 was the bare [`crate::crypto::KeyFile`]
@@ -1174,6 +1264,54 @@ pub fn decode_lock(bytes: &[u8]) -> Result<LockInfo> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zero_chunks_decode_as_runs() {
+        let data = |b: u8| ChunkRef {
+            fp: Fingerprint([b; 32]),
+            len: 4096,
+            container: 0,
+            region: 1,
+            offset: 4096 * b as u32,
+        };
+        let zero = ChunkRef::zeros(4096, 1);
+        // As builds before zero runs wrote it: one reference per chunk.
+        let written = SegmentRef {
+            fp: Fingerprint([9; 32]),
+            chunks: vec![zero, zero, data(1), zero, zero, zero, data(2), zero],
+        };
+        let bytes = encode(&written).unwrap();
+        let read: SegmentRef = decode("segment", &bytes).unwrap();
+        assert_eq!(
+            read.chunks,
+            vec![
+                ChunkRef::zeros(8192, 2),
+                data(1),
+                ChunkRef::zeros(3 * 4096, 3),
+                data(2),
+                zero
+            ]
+        );
+        assert_eq!((read.len(), read.chunk_count()), (8 * 4096, 8));
+        assert_eq!(read.fp, written.fp);
+        // Runs merge with runs, and a run encoded decodes as itself.
+        let mut again = SegmentRef {
+            fp: read.fp,
+            chunks: Vec::new(),
+        };
+        for c in read.chunks.iter().chain(&read.chunks) {
+            again.push(*c);
+        }
+        assert_eq!(again.chunk_count(), 16);
+        assert_eq!(again.chunks[4], ChunkRef::zeros(3 * 4096, 3));
+        let back: SegmentRef = decode("segment", &encode(&again).unwrap()).unwrap();
+        assert_eq!(back, again);
+        // A run never overflows its length: a new one starts.
+        let mut big = Vec::new();
+        push_chunk(&mut big, ChunkRef::zeros(u32::MAX - 10, 7));
+        push_chunk(&mut big, ChunkRef::zeros(4096, 1));
+        assert_eq!(big.len(), 2);
+    }
 
     #[test]
     fn path_order_is_a_depth_first_walk_by_name() {

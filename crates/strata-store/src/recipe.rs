@@ -540,17 +540,17 @@ impl<'r> RecipeWriter<'r> {
         mut node: Node,
         container_of: impl Fn(u32) -> Option<ContainerId>,
     ) -> Result<()> {
-        let chunks: usize = node.segments.iter().map(|s| s.chunks.len()).sum();
-        if chunks <= PIECE_CHUNKS {
+        let chunks: u64 = node.segments.iter().map(SegmentRef::chunk_count).sum();
+        if chunks <= PIECE_CHUNKS as u64 {
             return self.push_piece(node, &container_of);
         }
         let segments = std::mem::take(&mut node.segments);
         let mut piece = Vec::new();
         let mut count = 0;
         for s in segments {
-            count += s.chunks.len();
+            count += s.chunk_count();
             piece.push(s);
-            if count >= PIECE_CHUNKS {
+            if count >= PIECE_CHUNKS as u64 {
                 let segments = std::mem::take(&mut piece);
                 self.push_piece(
                     Node {
@@ -635,8 +635,12 @@ impl<'r> RecipeWriter<'r> {
         // A whole piece of a large file is a part of its own: a version
         // that changes a few of the file's blocks (a disk image) writes
         // the parts of those pieces again, not their neighbours'.
-        let whole_piece =
-            node.segments.iter().map(|s| s.chunks.len()).sum::<usize>() >= PIECE_CHUNKS;
+        let whole_piece = node
+            .segments
+            .iter()
+            .map(SegmentRef::chunk_count)
+            .sum::<u64>()
+            >= PIECE_CHUNKS as u64;
         // The node's chunk list goes before the part is sealed: a single
         // large file's node is most of a part, and would otherwise be held
         // beside its encoding and the sealed part.

@@ -845,14 +845,18 @@ fn verify_file(repo: &Repository, root: &Path, n: &Node) -> Result<Option<String
     let mut buf = Vec::new();
     let mut off = 0u64;
     for c in n.segments.iter().flat_map(|s| &s.chunks) {
-        buf.resize(c.len as usize, 0);
-        if let Err(e) = f.read_exact(&mut buf) {
-            return Ok(Some(format!("{shown}: shorter than the snapshot's ({e})")));
-        }
-        let same = if c.is_zero() {
-            buf.iter().all(|b| *b == 0)
-        } else {
-            repo.hasher().hash(&buf) == c.fp
+        let read = match c.is_zero() {
+            // (A run of zero chunks, a MiB at a time.)
+            true => all_zeros(&mut f, c.len as u64, &mut buf),
+            false => {
+                buf.resize(c.len as usize, 0);
+                f.read_exact(&mut buf)
+                    .map(|()| repo.hasher().hash(&buf) == c.fp)
+            }
+        };
+        let same = match read {
+            Ok(same) => same,
+            Err(e) => return Ok(Some(format!("{shown}: shorter than the snapshot's ({e})"))),
         };
         if !same {
             return Ok(Some(format!(
@@ -867,6 +871,20 @@ fn verify_file(repo: &Repository, root: &Path, n: &Node) -> Result<Option<String
         Ok(_) => Ok(Some(format!("{shown}: longer than the snapshot's"))),
         Err(e) => Ok(Some(format!("{shown}: cannot read: {e}"))),
     }
+}
+
+/// Whether the next `len` bytes of `f` are all zeros (read through `buf`,
+/// a MiB at a time).
+fn all_zeros(f: &mut impl std::io::Read, mut len: u64, buf: &mut Vec<u8>) -> std::io::Result<bool> {
+    let mut zeros = true;
+    while len > 0 {
+        let n = len.min(1 << 20) as usize;
+        buf.resize(n, 0);
+        f.read_exact(buf)?;
+        zeros &= buf.iter().all(|b| *b == 0);
+        len -= n as u64;
+    }
+    Ok(zeros)
 }
 
 /// Writes one file's content to `out` in order.

@@ -87,12 +87,25 @@ fn fixed_chunks_for_block_devices() {
     let mut blocks = vec![0u8; 8 << 20];
     blocks[..1 << 20].copy_from_slice(&random_bytes(3, 1 << 20));
     let s = w.write(&mut &blocks[..]).unwrap();
-    // Zero blocks are not stored.
-    assert!(s
+    // 4 KiB chunks; zero blocks are not stored, and a segment's are one
+    // run.
+    for g in &s.segments {
+        assert!(g
+            .chunks
+            .iter()
+            .all(|c| c.len as u64 == 4096 * c.chunk_count()));
+        assert!(g.chunks.iter().filter(|c| c.is_zero()).count() <= 1);
+    }
+    let zero_runs: Vec<_> = s
         .segments
         .iter()
         .flat_map(|g| &g.chunks)
-        .all(|c| c.len == 4096));
+        .filter(|c| c.is_zero())
+        .collect();
+    assert_eq!(
+        zero_runs.iter().map(|c| c.chunk_count()).sum::<u64>(),
+        7 << 8
+    );
     let done = w.finish().unwrap();
     assert!(done.new_raw_bytes <= 1 << 20, "{done:?}");
     assert_eq!(read_back(&repo, &s), blocks);

@@ -75,3 +75,49 @@ pub fn sh(cmd: &mut Command) -> std::process::Output {
     );
     o
 }
+
+/// A Python with libnbd's module (`python3-libnbd`): Debian's, whatever
+/// `python3` comes first on the PATH. None (with a message) without one.
+pub fn libnbd_python() -> Option<&'static str> {
+    let found = ["/usr/bin/python3", "python3"].into_iter().find(|py| {
+        Command::new(py)
+            .args(["-c", "import nbd"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if found.is_none() {
+        eprintln!("libnbd's Python module is missing: skipping (apt-get install python3-libnbd)");
+    }
+    found
+}
+
+/// A structured read of `len` bytes at `offset` through libnbd: its
+/// chunks as (offset, length, "data" or "hole"), in order.
+pub fn structured_read(py: &str, url: &str, offset: u64, len: u64) -> Vec<(u64, u64, String)> {
+    let script = format!(
+        "import nbd\n\
+         h = nbd.NBD()\n\
+         h.connect_uri({url:?})\n\
+         got = []\n\
+         def chunk(buf, offset, status, err):\n\
+         \x20   got.append((offset, len(buf), {{nbd.READ_DATA: 'data', nbd.READ_HOLE: 'hole'}}[status]))\n\
+         h.pread_structured({len}, {offset}, chunk)\n\
+         h.shutdown()\n\
+         for o, n, k in sorted(got):\n\
+         \x20   print(o, n, k)\n"
+    );
+    let o = Command::new(py).args(["-c", &script]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (
+                f[0].parse().unwrap(),
+                f[1].parse().unwrap(),
+                f[2].to_string(),
+            )
+        })
+        .collect()
+}

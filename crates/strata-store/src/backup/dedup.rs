@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use strata_core::chunker::{ChunkStream, ChunkerParams, Segmenter};
 use strata_core::fingerprint::is_zero;
-use strata_core::format::{ChunkRef, Node, SegmentRef, ZERO_CHUNK};
+use strata_core::format::{push_chunk, ChunkRef, Node, SegmentRef};
 use strata_core::Fingerprint;
 
 /// What became of one job.
@@ -297,6 +297,24 @@ impl<'a> Ctx<'a> {
         &self,
         writer: &mut ContainerWriter,
         job: &SegmentJob,
+        found: Vec<Option<ChunkLoc>>,
+    ) -> Result<SegmentRef> {
+        let s = self.store_segment_chunks(writer, job, found)?;
+        // Consecutive zero chunks: one run.
+        let mut chunks = Vec::with_capacity(s.chunks.len());
+        s.chunks
+            .into_iter()
+            .for_each(|c| push_chunk(&mut chunks, c));
+        Ok(SegmentRef { fp: s.fp, chunks })
+    }
+
+    /// As [`Self::store_segment`], one reference per chunk of `job` (zero
+    /// chunks not merged into runs: a group of small files is cut back
+    /// into its files by chunk).
+    fn store_segment_chunks(
+        &self,
+        writer: &mut ContainerWriter,
+        job: &SegmentJob,
         mut found: Vec<Option<ChunkLoc>>,
     ) -> Result<SegmentRef> {
         let t = Instant::now();
@@ -408,13 +426,7 @@ impl<'a> Ctx<'a> {
         let mut refs = Vec::with_capacity(job.chunks.len());
         for c in &job.chunks {
             if c.zero {
-                refs.push(ChunkRef {
-                    fp: Fingerprint::ZERO,
-                    len: c.len,
-                    container: ZERO_CHUNK,
-                    region: 0,
-                    offset: 0,
-                });
+                refs.push(ChunkRef::zeros(c.len, 1));
                 continue;
             }
             let loc = match found.next().flatten() {
@@ -692,15 +704,20 @@ impl<'a> Ctx<'a> {
             None
         } else {
             let n = group.fps().len();
-            Some(self.store_segment(writer, &group, vec![None; n])?)
+            Some(self.store_segment_chunks(writer, &group, vec![None; n])?)
         };
         for (i, (node, first, size, warning)) in files.iter().enumerate() {
             let end = files.get(i + 1).map_or(total, |n| n.1);
             let segments = match &stored {
                 Some(g) if end > *first => {
-                    let chunks = g.chunks[*first..end].to_vec();
+                    let chunks = &g.chunks[*first..end];
                     let fp = hasher.hash_fingerprints(chunks.iter().map(|c| &c.fp));
-                    vec![SegmentRef { fp, chunks }]
+                    let mut seg = SegmentRef {
+                        fp,
+                        chunks: Vec::with_capacity(chunks.len()),
+                    };
+                    chunks.iter().for_each(|c| seg.push(*c));
+                    vec![seg]
                 }
                 _ => vec![],
             };

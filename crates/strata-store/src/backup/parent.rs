@@ -543,7 +543,13 @@ fn known_segment(containers: &[Option<u32>], s: &SegmentRef) -> Option<CleanSegm
     let mut found = Vec::with_capacity(s.chunks.len());
     for c in &s.chunks {
         if c.is_zero() {
-            job.push_known(Fingerprint::ZERO, true, c.len);
+            // A zero run: its chunks again (the segment's fingerprint
+            // hashes one per chunk), their lengths evened out.
+            let n = c.chunk_count().clamp(1, u32::MAX as u64) as u32;
+            for k in 0..n {
+                let len = c.len / n + u32::from(k < c.len % n);
+                job.push_known(Fingerprint::ZERO, true, len);
+            }
         } else {
             found.push(Some(loc_of(containers, c)?));
             job.push_known(c.fp, false, c.len);

@@ -74,6 +74,22 @@ struct Shared<'a> {
 }
 
 impl Shared<'_> {
+    /// Runs one task of the pool. A task that panics fails the backup
+    /// (nothing is committed) instead of leaving its file's slot empty
+    /// and the walk waiting for it for ever.
+    fn guard(&self, task: impl FnOnce()) {
+        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task)) {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            self.fail(StoreError::Invalid(format!(
+                "a backup worker failed ({what}); this is a bug, please report it"
+            )));
+        }
+    }
+
     fn fail(&self, e: StoreError) {
         self.ctx.abort.store(true, Ordering::SeqCst);
         let mut g = lock(&self.error);
@@ -176,7 +192,7 @@ pub(crate) fn run<'r>(
         });
         let (walked, counts) = pool.in_place_scope_fifo(|s| {
             let sh = &shared;
-            let spawn = || s.spawn_fifo(move |s| puller(s, sh));
+            let spawn = || s.spawn_fifo(move |s| sh.guard(|| puller(s, sh)));
             let mut feeder = Feeder {
                 flow: &flow,
                 spawn: &spawn,
@@ -323,7 +339,7 @@ fn puller<'s>(s: &ScopeFifo<'s>, sh: &'s Shared<'s>) {
             }
         }
     }
-    s.spawn_fifo(move |s| puller(s, sh));
+    s.spawn_fifo(move |s| sh.guard(|| puller(s, sh)));
 }
 
 fn is_large(job: &Job, large: u64) -> bool {
@@ -551,7 +567,7 @@ impl<'s> Stream<'s> {
             image_size,
             whole,
         });
-        s.spawn_fifo(move |s| st.read_block(s, sh));
+        s.spawn_fifo(move |s| sh.guard(|| st.read_block(s, sh)));
     }
 
     /// Reads and chunks the next block, queues the one after, fingerprints
@@ -583,7 +599,7 @@ impl<'s> Stream<'s> {
     fn schedule_read(self: &Arc<Self>, s: &ScopeFifo<'s>, sh: &'s Shared<'s>) {
         if self.pending.load(Ordering::SeqCst) < sh.ahead {
             let st = self.clone();
-            s.spawn_fifo(move |s| st.read_block(s, sh));
+            s.spawn_fifo(move |s| sh.guard(|| st.read_block(s, sh)));
             return;
         }
         self.paused.store(true, Ordering::SeqCst);
@@ -600,7 +616,7 @@ impl<'s> Stream<'s> {
                 .is_ok()
         {
             let st = self.clone();
-            s.spawn_fifo(move |s| st.read_block(s, sh));
+            s.spawn_fifo(move |s| sh.guard(|| st.read_block(s, sh)));
         }
     }
 
@@ -687,7 +703,7 @@ impl<'s> Stream<'s> {
         lock(&self.results).push(None);
         self.outstanding.fetch_add(1, Ordering::SeqCst);
         let st = self.clone();
-        s.spawn_fifo(move |s| st.store(s, sh, idx, job, found));
+        s.spawn_fifo(move |s| sh.guard(|| st.store(s, sh, idx, job, found)));
     }
 
     fn store(

@@ -14,7 +14,7 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use strata_core::chunker::ChunkerParams;
 use strata_core::format::{
-    ChunkRef, ContainerId, Node, NodeKind, SegmentRef, Snapshot, SnapshotStats, ZERO_CHUNK,
+    ChunkRef, ContainerId, Node, NodeKind, SegmentRef, Snapshot, SnapshotStats,
 };
 use strata_core::Fingerprint;
 
@@ -62,16 +62,6 @@ impl Table {
             self.ids.push(id);
             self.ids.len() as u32 - 1
         })
-    }
-}
-
-fn zero_ref(len: u32) -> ChunkRef {
-    ChunkRef {
-        fp: Fingerprint::ZERO,
-        len,
-        container: ZERO_CHUNK,
-        region: 0,
-        offset: 0,
     }
 }
 
@@ -123,7 +113,7 @@ struct ImageRecipe<'r> {
 impl ImageRecipe<'_> {
     fn add(&mut self, s: SegmentRef, table: &Table) -> Result<()> {
         self.size += s.len();
-        self.chunks += s.chunks.len();
+        self.chunks += s.chunk_count() as usize;
         self.piece.push(s);
         if self.chunks >= crate::recipe::PIECE_CHUNKS {
             self.flush(table)?;
@@ -216,7 +206,7 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
             let at = off;
             off += len as u64;
             if slot == u32::MAX {
-                chunks.push(zero_ref(len));
+                chunks.push(ChunkRef::zeros(len, 1));
                 continue;
             }
             let s = &*slot_at(&mut slots, first, slot)?;
@@ -241,7 +231,7 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
                 }
             };
             if fp == Fingerprint::ZERO {
-                chunks.push(zero_ref(len));
+                chunks.push(ChunkRef::zeros(len, 1));
                 continue;
             }
             chunks.push(ChunkRef {
@@ -253,7 +243,13 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
             });
         }
         let fp = hasher.hash_fingerprints(chunks.iter().map(|c| &c.fp));
-        out.add(SegmentRef { fp, chunks }, &table)?;
+        // (Its zero chunks as runs, once they are hashed.)
+        let mut seg = SegmentRef {
+            fp,
+            chunks: Vec::with_capacity(chunks.len()),
+        };
+        chunks.into_iter().for_each(|c| seg.push(c));
+        out.add(seg, &table)?;
         i += 1;
     }
     stored_blocks += bs.blocks;

@@ -39,7 +39,16 @@ impl BlockDevice for StoredImage {
         buf[..n].copy_from_slice(&got[..n]);
         // (The export is the image's size: a read is never past its end.)
         buf[n..].fill(0);
-        Ok(Vec::new())
+        // Zero chunks go back as holes in structured replies.
+        let mut at = 0u64;
+        let mut zeros = Vec::new();
+        for (len, zero) in self.file.zero_runs(offset, buf.len() as u64) {
+            if zero {
+                zeros.push((at, at + len));
+            }
+            at += len;
+        }
+        Ok(zeros)
     }
 
     fn write(&self, _: u64, _: Vec<u8>, _: bool) -> io::Result<()> {
