@@ -22,7 +22,12 @@ fn at_args(at: &str) -> [&str; 7] {
 }
 
 fn serve_at(r: &Repo, at: &str) -> Served {
+    serve_at_with(r, at, &[])
+}
+
+fn serve_at_with(r: &Repo, at: &str, extra: &[&str]) -> Served {
     let mut args = at_args(at).to_vec();
+    args.extend_from_slice(extra);
     args.push("--json");
     serve_cmd(r.cmd(&args))
 }
@@ -74,7 +79,13 @@ fn stored_versions_are_served_read_only() {
         ("latest", &second),
         (&id1[..12], &first),
     ] {
-        let s = serve_at(&r, at);
+        // (Versions by number through a region cache of 1 MiB: regions
+        // are let go and read again.)
+        let cache: &[&str] = match at.len() {
+            1 => &["--cache-mib", "1"],
+            _ => &[],
+        };
+        let s = serve_at_with(&r, at, cache);
         assert!(
             read_all(&r, &s.url, &format!("at-{at}.raw")) == *want,
             "--at {at}"
@@ -101,6 +112,11 @@ fn stored_versions_are_served_read_only() {
     assert!(e.contains("no snapshot \"9\" of volume v"), "{e}");
     let e = refused(&other);
     assert!(e.contains("not of volume v"), "{e}");
+    // A region cache is for a stored version only.
+    let o = r
+        .run(&["volume", "serve", "v", "--cache-mib", "8"])
+        .expect_code(2);
+    assert!(o.stderr.contains("--at"), "{}", o.stderr);
     // The volume gone, its versions stay servable.
     r.json(&["volume", "delete", "v", "--yes"]);
     let s = serve_at(&r, "latest");

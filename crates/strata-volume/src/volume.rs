@@ -1060,6 +1060,9 @@ fn write_bytes(p: &Path, body: &[u8]) -> Result<()> {
 
 /// The most bytes one [`Volume::extents`] tells (256 MiB: 64 Ki blocks).
 pub const EXTENTS_MAX: u64 = 256 << 20;
+/// Blocks of the write buffer [`Volume::extents`] looks at under one hold
+/// of its lock.
+const EXTENTS_LOCKED: usize = 4096;
 
 /// The least room `live.json` is given (it is rewritten in place).
 pub(crate) const LIVE_RESERVE: usize = 64 << 10;
@@ -1573,12 +1576,16 @@ impl Volume {
         }
         let first = offset / bs;
         let n = (end.div_ceil(bs) - first) as usize;
-        let srcs: Vec<Src> = {
+        // The buffer is looked at 4096 blocks at a time, its lock let go
+        // in between: a client asking about 256 MiB does not hold up
+        // writers for the whole scan (each piece is as it was when looked
+        // at, as a whole answer would be when sent).
+        let mut srcs: Vec<Src> = Vec::with_capacity(n);
+        for from in (first..first + n as u64).step_by(EXTENTS_LOCKED) {
+            let to = (from + EXTENTS_LOCKED as u64).min(first + n as u64);
             let m = lock(&self.mem);
-            (first..first + n as u64)
-                .map(|b| Self::src(&m, b))
-                .collect()
-        };
+            srcs.extend((from..to).map(|b| Self::src(&m, b)));
+        }
         // (A block not in the buffer when it was looked at is in the map:
         // a destaged batch is mapped before it leaves the buffer.)
         let map = match srcs.iter().any(|s| matches!(s, Src::Disk)) {

@@ -1319,3 +1319,77 @@ fn a_stopped_volume_is_resized() {
     assert!(read_all(&v)[48 * 4096..].iter().all(|&x| x == 0));
     v.close().unwrap();
 }
+
+/// `extents` tells data from holes across the whole of a large request
+/// (the buffer looked at a piece at a time): blocks in the buffer, blocks
+/// destaged to the map, zeroed ranges, and never-written ones; at most
+/// `EXTENTS_MAX` bytes, and nothing past the end of the volume.
+#[test]
+fn extents_tell_data_from_holes_across_a_large_request() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("v");
+    let mut c = cfg(4, true);
+    c.size = 300 << 20;
+    Volume::create(&dir, c).unwrap();
+    let v = Volume::open(&dir).unwrap();
+    let mb = 1u64 << 20;
+    // Destaged: 1 MiB at 10 MiB, 8 KiB at 40 MiB; then zeroed: 4 KiB of
+    // the first; buffered: 64 KiB at 20 MiB (past the first piece of
+    // 4096 blocks) and 4 KiB at 299 MiB.
+    v.write_at(10 * mb, &content(10 * mb, mb, 1), false)
+        .unwrap();
+    v.write_at(40 * mb, &content(40 * mb, 8192, 2), false)
+        .unwrap();
+    v.destage().unwrap();
+    v.zero_range(10 * mb + 4096, 4096, false).unwrap();
+    v.write_at(20 * mb, &content(20 * mb, 65536, 3), false)
+        .unwrap();
+    v.write_at(299 * mb, &content(299 * mb, 4096, 4), false)
+        .unwrap();
+    // As (start, end, hole), from runs of (length, hole).
+    let spans = |offset: u64, len: u64| {
+        let mut at = offset;
+        v.extents(offset, len)
+            .unwrap()
+            .into_iter()
+            .map(|(l, h)| {
+                at += l;
+                (at - l, at, h)
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        spans(0, 64 * mb),
+        vec![
+            (0, 10 * mb, true),
+            (10 * mb, 10 * mb + 4096, false),
+            (10 * mb + 4096, 10 * mb + 8192, true),
+            (10 * mb + 8192, 11 * mb, false),
+            (11 * mb, 20 * mb, true),
+            (20 * mb, 20 * mb + 65536, false),
+            (20 * mb + 65536, 40 * mb, true),
+            (40 * mb, 40 * mb + 8192, false),
+            (40 * mb + 8192, 64 * mb, true),
+        ]
+    );
+    // Unaligned ends; a request larger than EXTENTS_MAX is cut there; the
+    // end of the volume.
+    assert_eq!(
+        spans(10 * mb + 100, 5000),
+        vec![
+            (10 * mb + 100, 10 * mb + 4096, false),
+            (10 * mb + 4096, 10 * mb + 5100, true)
+        ]
+    );
+    let max = strata_volume::volume::EXTENTS_MAX;
+    let whole = spans(0, u64::MAX);
+    assert_eq!(whole.last().unwrap().1, max);
+    assert_eq!(
+        spans(299 * mb, 4 * mb),
+        vec![
+            (299 * mb, 299 * mb + 4096, false),
+            (299 * mb + 4096, 300 * mb, true)
+        ]
+    );
+    v.close().unwrap();
+}

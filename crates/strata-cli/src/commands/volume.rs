@@ -86,6 +86,10 @@ pub enum VolumeCmd {
         /// qcow2 overlay: `qemu-img create -f qcow2 -F raw -b URL top.qcow2`.
         #[arg(long, value_name = "SNAPSHOT")]
         at: Option<String>,
+        /// With --at: memory for the version's recently read regions
+        /// (decrypted, decompressed), in MiB.
+        #[arg(long, value_name = "MIB", requires = "at", default_value_t = 64)]
+        cache_mib: usize,
     },
     /// Dedup ratio, cache hit rate, duplicate sequence lengths, read
     /// fragmentation, latency percentiles (from the last serve).
@@ -311,10 +315,12 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
         tls_certificates,
         tls_verify_peer,
         at: Some(at),
+        cache_mib,
     } = cmd
     {
         let tls = tls_config(tls_certificates.as_deref(), *tls_verify_peer)?;
-        return serve_at(cli, out, name, at, listen, tls);
+        let cache = cache_mib.saturating_mul(1 << 20);
+        return serve_at(cli, out, name, (at, cache), listen, tls);
     }
     let root = volumes_dir(cli)?;
     match cmd {
@@ -887,17 +893,17 @@ fn serve_at(
     cli: &crate::Cli,
     out: &Out,
     name: &str,
-    at: &str,
+    (at, cache): (&str, usize),
     listen: &str,
     tls: Option<strata_volume::tls::TlsConfig>,
 ) -> Result<i32> {
     big_buffers_from_the_heap();
     check_name(name)?;
-    let cache = strata_store::fsread::DEFAULT_REGION_CACHE_BYTES;
     let opened = at::open(cli, name, at, cache)?;
     let (id, snap) = (&opened.id, &opened.snapshot);
     let extra = serde_json::json!({
         "snapshot": id, "series": snap.series, "version": snap.version,
+        "cache_bytes": cache,
     });
     let what = format!(
         "version {} of volume {name} (snapshot {})",
