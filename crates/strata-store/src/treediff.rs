@@ -206,12 +206,21 @@ fn same_file_content(a: &Node, b: &Node) -> bool {
     a.size == b.size && chunks(a).eq(chunks(b))
 }
 
-/// A file's chunks as (fingerprint, length), in order.
-fn chunks(n: &Node) -> impl Iterator<Item = (Fingerprint, u32)> + '_ {
-    n.segments
-        .iter()
-        .flat_map(|s| &s.chunks)
-        .map(|c| (c.fp, c.len))
+/// A file's chunks as (fingerprint, length), in order; zeros as one run
+/// however they were cut (into chunks, runs or segments).
+fn chunks(n: &Node) -> impl Iterator<Item = (Fingerprint, u64)> + '_ {
+    let mut all = n.segments.iter().flat_map(|s| &s.chunks).peekable();
+    std::iter::from_fn(move || {
+        let c = all.next()?;
+        if !c.is_zero() {
+            return Some((c.fp, c.len as u64));
+        }
+        let mut len = c.len as u64;
+        while let Some(z) = all.next_if(|z| z.is_zero()) {
+            len += z.len as u64;
+        }
+        Some((Fingerprint::ZERO, len))
+    })
 }
 
 /// Whether two nodes of the same kind hold the same content (see the
@@ -809,6 +818,24 @@ mod tests {
             [("sparse".into(), Change::Modified, vec!["content"])]
         );
         assert!(diff(&with(4, 6), &with(4, 6)).0.is_empty());
+        // The same zeros cut otherwise (chunks, a run, other segments):
+        // the same content.
+        let cut = |parts: &[&[u32]]| {
+            let mut n = node(b"sparse", NodeKind::File);
+            n.size = 12;
+            n.segments = parts
+                .iter()
+                .map(|p| SegmentRef {
+                    fp: Fingerprint::ZERO,
+                    chunks: p.iter().map(|&l| zero(l)).collect(),
+                })
+                .collect();
+            recipe(vec![n])
+        };
+        let one = cut(&[&[4, 4, 4]]);
+        assert!(diff(&one, &cut(&[&[8], &[4]])).0.is_empty());
+        assert!(diff(&one, &cut(&[&[4], &[4, 4]])).0.is_empty());
+        assert_eq!(diff(&one, &cut(&[&[4], &[4]])).0.len(), 1);
     }
 
     #[test]

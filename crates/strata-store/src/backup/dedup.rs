@@ -334,6 +334,13 @@ impl<'a> Ctx<'a> {
                 }
             }
         }
+        // Released on any way out that does not record or release it
+        // below: an error, or a panic (which fails the backup).
+        let mut claim = Claim {
+            strategy: self.strategy,
+            segment: seg_fp,
+            held: storer,
+        };
         // Still unknown chunks: a similar stored segment may hold them
         // (content shared with other files or series, not aligned with
         // their segments).
@@ -373,16 +380,7 @@ impl<'a> Ctx<'a> {
             appended,
             locs: stored_locs,
             fps: new_fps,
-        } = match stored {
-            Ok(v) => v,
-            Err(e) => {
-                // Workers waiting for this segment must not wait in vain.
-                if storer {
-                    self.strategy.release_segment(&seg_fp);
-                }
-                return Err(e);
-            }
-        };
+        } = stored?; // (On an error, the claim lets the segment go.)
         if storer {
             match whole
                 .then(|| writer.end_segment(seg_fp, appended))
@@ -398,6 +396,7 @@ impl<'a> Ctx<'a> {
                 }
                 None => self.strategy.release_segment(&seg_fp),
             }
+            claim.held = false;
         }
         self.segment_done(&seg_fp, &refs, appended as usize)?;
         // Packing, less the compression and writes it triggered (counted
@@ -733,6 +732,23 @@ impl<'a> Ctx<'a> {
         group.data.clear();
         bufs.segment = group.data;
         Ok(out)
+    }
+}
+
+/// A segment `lookup_segment` made this worker the storer of: released
+/// when dropped while still held, so that no other worker waits for it
+/// in vain.
+struct Claim<'a> {
+    strategy: &'a dyn IndexStrategy,
+    segment: Fingerprint,
+    held: bool,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            self.strategy.release_segment(&self.segment);
+        }
     }
 }
 

@@ -544,8 +544,12 @@ fn known_segment(containers: &[Option<u32>], s: &SegmentRef) -> Option<CleanSegm
     for c in &s.chunks {
         if c.is_zero() {
             // A zero run: its chunks again (the segment's fingerprint
-            // hashes one per chunk), their lengths evened out.
-            let n = c.chunk_count().clamp(1, u32::MAX as u64) as u32;
+            // hashes one per chunk), their lengths evened out. A count
+            // past its bytes is damage: the segment is read instead.
+            if c.chunk_count() > (c.len as u64).max(1) {
+                return None;
+            }
+            let n = c.chunk_count() as u32;
             for k in 0..n {
                 let len = c.len / n + u32::from(k < c.len % n);
                 job.push_known(Fingerprint::ZERO, true, len);
