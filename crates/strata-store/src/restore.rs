@@ -271,6 +271,23 @@ struct Piece {
     len: u32,
 }
 
+/// Adds `p` to a region's pieces, as part of the last one when it goes on
+/// from it in both the region and the file (a disk image's chunks, stored
+/// in the order of the image: one piece per region run instead of one
+/// per 4 KiB chunk, in memory and in writes).
+fn add_piece(pieces: &mut Vec<Piece>, p: Piece) {
+    if let Some(last) = pieces.last_mut() {
+        let joins = last.file == p.file
+            && last.file_off + last.len as u64 == p.file_off
+            && last.reg_off.checked_add(last.len) == Some(p.reg_off);
+        if let (true, Some(len)) = (joins, last.len.checked_add(p.len)) {
+            last.len = len;
+            return;
+        }
+    }
+    pieces.push(p)
+}
+
 fn cstr(p: &Path) -> Result<CString> {
     CString::new(p.as_os_str().as_bytes())
         .map_err(|_| StoreError::UnsafePath(p.display().to_string()))
@@ -612,17 +629,21 @@ pub fn restore(
                     zero_bytes += c.len as u64;
                 } else {
                     let r = resolver.resolve(c, &files[fi].1)?;
-                    plan.entry(r.container)
+                    let pieces = &mut plan
+                        .entry(r.container)
                         .or_default()
                         .entry(r.region_idx)
                         .or_insert_with(|| (r.region, Vec::new()))
-                        .1
-                        .push(Piece {
+                        .1;
+                    add_piece(
+                        pieces,
+                        Piece {
                             file: fi as u32,
                             file_off: off,
                             reg_off: r.offset,
                             len: c.len,
-                        });
+                        },
+                    );
                 }
                 off += c.len as u64;
             }
@@ -935,6 +956,48 @@ pub fn dump(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Chunks that go on from one another in the region and in the file
+    /// are one piece; a gap in either, or another file, starts a new one.
+    #[test]
+    fn consecutive_chunks_are_one_piece() {
+        let p = |file, file_off, reg_off, len| Piece {
+            file,
+            file_off,
+            reg_off,
+            len,
+        };
+        let mut v = Vec::new();
+        for (i, q) in [
+            p(0, 0, 0, 4096),
+            p(0, 4096, 4096, 4096),
+            p(0, 8192, 8192, 100),
+            p(0, 16384, 8292, 4096),      // a gap in the file
+            p(0, 20480, 20000, 10),       // a gap in the region
+            p(1, 20490, 20010, 10),       // another file
+            p(1, 20500, 20020, u32::MAX), // too long to join
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            add_piece(&mut v, q);
+            assert!(v.len() <= i + 1);
+        }
+        let got: Vec<_> = v
+            .iter()
+            .map(|q| (q.file, q.file_off, q.reg_off, q.len))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, 0, 0, 8292),
+                (0, 16384, 8292, 4096),
+                (0, 20480, 20000, 10),
+                (1, 20490, 20010, 10),
+                (1, 20500, 20020, u32::MAX),
+            ]
+        );
+    }
 
     /// Reads cover every region once, in order, never longer than
     /// `MAX_READ` (unless one region is), never across a gap wider than
