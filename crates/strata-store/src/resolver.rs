@@ -190,6 +190,18 @@ impl Resolver {
         Ok(f)
     }
 
+    /// Whether `c` is a direct reference to a region this resolver knows
+    /// (read from its location alone: neither its fingerprint nor the
+    /// index is needed to find it).
+    pub fn knows_direct(&self, c: &ChunkRef) -> bool {
+        c.is_direct()
+            && self
+                .containers
+                .get(c.container as usize)
+                .and_then(|id| self.regions.get(id))
+                .is_some_and(|r| (c.region as usize) < r.len())
+    }
+
     pub fn resolve(&self, c: &ChunkRef, path: &str) -> Result<Resolved> {
         if c.is_indirect() {
             return self

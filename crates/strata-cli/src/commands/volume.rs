@@ -900,6 +900,13 @@ fn serve_at(
     big_buffers_from_the_heap();
     check_name(name)?;
     let opened = at::open(cli, name, at, cache)?;
+    // The recipe decoded to open the image is gone: its memory goes back
+    // to the system, not kept for a peak that will not come again.
+    // SAFETY: malloc_trim only returns free heap memory.
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::malloc_trim(0);
+    }
     let (id, snap) = (&opened.id, &opened.snapshot);
     let extra = serde_json::json!({
         "snapshot": id, "series": snap.series, "version": snap.version,
