@@ -659,6 +659,16 @@ impl SegmentRef {
     pub fn push(&mut self, c: ChunkRef) {
         push_chunk(&mut self.chunks, c)
     }
+
+    /// The segment `fp` of `chunks`, its zero chunks merged into runs.
+    pub fn with_runs(fp: Fingerprint, chunks: impl IntoIterator<Item = ChunkRef>) -> Self {
+        let mut s = SegmentRef {
+            fp,
+            chunks: Vec::new(),
+        };
+        chunks.into_iter().for_each(|c| s.push(c));
+        s
+    }
 }
 
 /// Appends `c` to `chunks`, a zero chunk merged into a zero run before it

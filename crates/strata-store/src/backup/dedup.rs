@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use strata_core::chunker::{ChunkStream, ChunkerParams, Segmenter};
 use strata_core::fingerprint::is_zero;
-use strata_core::format::{push_chunk, ChunkRef, Node, SegmentRef};
+use strata_core::format::{ChunkRef, Node, SegmentRef};
 use strata_core::Fingerprint;
 
 /// What became of one job.
@@ -301,11 +301,7 @@ impl<'a> Ctx<'a> {
     ) -> Result<SegmentRef> {
         let s = self.store_segment_chunks(writer, job, found)?;
         // Consecutive zero chunks: one run.
-        let mut chunks = Vec::with_capacity(s.chunks.len());
-        s.chunks
-            .into_iter()
-            .for_each(|c| push_chunk(&mut chunks, c));
-        Ok(SegmentRef { fp: s.fp, chunks })
+        Ok(SegmentRef::with_runs(s.fp, s.chunks))
     }
 
     /// As [`Self::store_segment`], one reference per chunk of `job` (zero
@@ -711,12 +707,7 @@ impl<'a> Ctx<'a> {
                 Some(g) if end > *first => {
                     let chunks = &g.chunks[*first..end];
                     let fp = hasher.hash_fingerprints(chunks.iter().map(|c| &c.fp));
-                    let mut seg = SegmentRef {
-                        fp,
-                        chunks: Vec::with_capacity(chunks.len()),
-                    };
-                    chunks.iter().for_each(|c| seg.push(*c));
-                    vec![seg]
+                    vec![SegmentRef::with_runs(fp, chunks.iter().copied())]
                 }
                 _ => vec![],
             };

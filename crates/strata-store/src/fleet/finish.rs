@@ -244,12 +244,7 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
         }
         let fp = hasher.hash_fingerprints(chunks.iter().map(|c| &c.fp));
         // (Its zero chunks as runs, once they are hashed.)
-        let mut seg = SegmentRef {
-            fp,
-            chunks: Vec::with_capacity(chunks.len()),
-        };
-        chunks.into_iter().for_each(|c| seg.push(c));
-        out.add(seg, &table)?;
+        out.add(SegmentRef::with_runs(fp, chunks), &table)?;
         i += 1;
     }
     stored_blocks += bs.blocks;
