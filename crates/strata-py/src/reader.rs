@@ -9,7 +9,7 @@ use pyo3::types::PyBytes;
 use std::io::Read;
 use std::sync::Arc;
 use strata_core::format::NodeKind;
-use strata_store::fsread::{RegionCache, SnapshotReader};
+use strata_store::fsread::{RegionCache, SnapshotReader, DEFAULT_REGION_CACHE_BYTES};
 
 /// A Python object with `read(n) -> bytes`, read by the store's backup
 /// thread (which takes the GIL for each read).
@@ -56,9 +56,6 @@ pub struct FileReader {
     size: u64,
 }
 
-/// Regions a reader keeps decoded (each up to the region size, 128 KiB).
-const CACHED_REGIONS: usize = 64;
-
 impl FileReader {
     /// The reader of `path` in snapshot `spec` (a hard link reads its
     /// first name's content).
@@ -90,7 +87,8 @@ impl FileReader {
                     node.kind.noun()
                 )));
             }
-            let cache = Arc::new(RegionCache::new(CACHED_REGIONS));
+            // (64 MiB of decoded regions, as `strata mount` keeps.)
+            let cache = Arc::new(RegionCache::new(DEFAULT_REGION_CACHE_BYTES));
             let reader = SnapshotReader::new(data, part, Arc::new(recipe), cache);
             let inner = reader.open(&node).py_err()?;
             let size = inner.size();
