@@ -474,6 +474,9 @@ struct RecipeFindings {
     bad: HashSet<Fingerprint>,
     /// Containers in no index object that hold chunks found nowhere else.
     unlisted_needed: HashSet<ContainerId>,
+    /// Zero runs counting more chunks than they have bytes (read as their
+    /// bytes; only the segment's fingerprint would be derived wrongly).
+    odd_zero_runs: u64,
 }
 
 fn check_snapshot(
@@ -541,6 +544,13 @@ fn check_snapshot(
             }
         ));
     }
+    if f.odd_zero_runs > 0 {
+        rep.warnings.push(format!(
+            "{label}: {} runs of zero chunks count more chunks than they have bytes \
+             (they read as zeros of their length; a snapshot of a volume reads those segments again)",
+            f.odd_zero_runs
+        ));
+    }
     if f.missing > 0 || f.broken > 0 {
         rep.damaged_snapshots.push(id.clone());
         let lossy = f
@@ -567,6 +577,9 @@ fn recipe_findings(
         let mut damaged = false;
         for c in n.segments.iter().flat_map(|seg| &seg.chunks) {
             if c.is_zero() {
+                if c.chunk_count() > (c.len as u64).max(1) {
+                    f.odd_zero_runs += 1;
+                }
                 continue;
             }
             f.fps.insert(c.fp);

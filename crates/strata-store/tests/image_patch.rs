@@ -574,4 +574,47 @@ fn zeros_are_recorded_as_runs() {
     assert_ne!(s1[3].fp, s2[3].fp);
     assert!(restored(&repo, &r2) == img);
     assert_check_ok(&repo, true, "zero runs");
+    // A run that counts more chunks than it has bytes (damage, or another
+    // writer's bug): check warns; the version still reads as its bytes;
+    // the next patch reads that segment again rather than expanding it
+    // (into a billion chunks).
+    let mut recipe = repo.load_recipe(&r2.snapshot.recipe).unwrap();
+    let node = recipe
+        .nodes
+        .iter_mut()
+        .find(|n| n.path == b"vm.img")
+        .unwrap();
+    let run = node.segments[2]
+        .chunks
+        .iter_mut()
+        .find(|c| c.is_zero())
+        .unwrap();
+    run.offset = 1 << 30;
+    let (rid, _) = strata_store::recipe::put(&repo, recipe).unwrap();
+    let mut odd = r2.snapshot.clone();
+    odd.recipe = rid;
+    repo.replace_snapshot(&r2.id, &odd).unwrap();
+    let rep = strata_store::check::check_ok(&repo, true).unwrap();
+    assert!(
+        rep.warnings
+            .iter()
+            .any(|w| w.contains("runs of zero chunks count more")),
+        "{:?}",
+        rep.warnings
+    );
+    let r2 = BackupReport {
+        snapshot: odd,
+        ..r2
+    };
+    assert!(restored(&repo, &r2) == img);
+    img[7 * SEG] ^= 1;
+    let (r3, reads) = snap_holes(&repo, &img, Some(&r2.id), changed(n, &[7]), None, true);
+    let r3 = r3.unwrap();
+    // (Segment 2 read again; the rest of the piece after it is read too.)
+    assert!(
+        reads.first() == Some(&(2 * SEG as u64, 2 * SEG)),
+        "{reads:?}"
+    );
+    assert!(restored(&repo, &r3) == img);
+    assert_eq!(segments(&r3)[2].chunk_count(), 512);
 }
