@@ -163,17 +163,7 @@ fn allocation_is_told_live_and_stored() {
     assert_eq!(map(&live.url), want, "live");
     // Reads across the end of the data: its zeros come back as a hole.
     let py = libnbd_python();
-    let read = |url: &str| {
-        let mut got = structured_read(py.unwrap(), url, 512 << 10, 1 << 20);
-        // (Merged: a server may cut a reply where it likes.)
-        got.dedup_by(|b, a| {
-            a.2 == b.2 && a.0 + a.1 == b.0 && {
-                a.1 += b.1;
-                true
-            }
-        });
-        got
-    };
+    let read = |url: &str| structured_read(py.unwrap(), url, 512 << 10, 1 << 20);
     let want_read = vec![
         (512 << 10, 512 << 10, "data".to_string()),
         (1 << 20, 512 << 10, "hole".to_string()),

@@ -629,6 +629,12 @@ impl ChunkRef {
             1
         }
     }
+
+    /// Whether a zero run counts no more chunks than it has bytes (every
+    /// other reference is): one that does is damage, read as its bytes.
+    pub fn is_sound_run(&self) -> bool {
+        self.chunk_count() <= (self.len as u64).max(1)
+    }
 }
 
 /// A segment of a file: whole chunks, the coarse dedup unit. Consecutive

@@ -577,7 +577,7 @@ fn recipe_findings(
         let mut damaged = false;
         for c in n.segments.iter().flat_map(|seg| &seg.chunks) {
             if c.is_zero() {
-                if c.chunk_count() > (c.len as u64).max(1) {
+                if !c.is_sound_run() {
                     f.odd_zero_runs += 1;
                 }
                 continue;

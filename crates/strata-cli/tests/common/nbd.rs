@@ -93,7 +93,8 @@ pub fn libnbd_python() -> Option<&'static str> {
 }
 
 /// A structured read of `len` bytes at `offset` through libnbd: its
-/// chunks as (offset, length, "data" or "hole"), in order.
+/// chunks as (offset, length, "data" or "hole"), in order, neighbours of
+/// one kind merged (a server may cut a reply where it likes).
 pub fn structured_read(py: &str, url: &str, offset: u64, len: u64) -> Vec<(u64, u64, String)> {
     let script = format!(
         "import nbd\n\
@@ -119,5 +120,11 @@ pub fn structured_read(py: &str, url: &str, offset: u64, len: u64) -> Vec<(u64, 
                 f[2].to_string(),
             )
         })
-        .collect()
+        .fold(Vec::new(), |mut got: Vec<(u64, u64, String)>, c| {
+            match got.last_mut() {
+                Some(a) if a.2 == c.2 && a.0 + a.1 == c.0 => a.1 += c.1,
+                _ => got.push(c),
+            }
+            got
+        })
 }

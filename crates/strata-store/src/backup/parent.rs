@@ -546,7 +546,7 @@ fn known_segment(containers: &[Option<u32>], s: &SegmentRef) -> Option<CleanSegm
             // A zero run: its chunks again (the segment's fingerprint
             // hashes one per chunk), their lengths evened out. A count
             // past its bytes is damage: the segment is read instead.
-            if c.chunk_count() > (c.len as u64).max(1) {
+            if !c.is_sound_run() {
                 return None;
             }
             let n = c.chunk_count() as u32;
