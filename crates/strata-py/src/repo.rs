@@ -283,8 +283,11 @@ impl Repository {
             let n = sources.len();
             for (i, (data, part)) in sources.into_iter().enumerate() {
                 opts.dir_metadata = i + 1 == n;
-                let r = repo.load_recipe(&part.recipe)?;
-                let x = strata_store::restore::restore(&data, &part, &r, &opts)?;
+                let recipe = strata_store::restore::RecipeSource::Stored {
+                    repo: &repo,
+                    id: &part.recipe,
+                };
+                let x = strata_store::restore::restore_from(&data, &part, recipe, &opts)?;
                 total.add(x, i + 1 == n);
             }
             Ok(total)

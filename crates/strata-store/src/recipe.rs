@@ -355,37 +355,73 @@ fn out_of_order(name: &str, path: &[u8], after: &[u8]) -> StoreError {
 /// The whole tree of recipe `id` in memory: its parts' nodes in order,
 /// their references renumbered into one container table.
 pub fn load_whole(repo: &Repository, id: &str) -> Result<Recipe> {
-    let mut out = Recipe::default();
+    let mut nodes = Vec::new();
+    let containers = for_each_piece(repo, id, |n, _| append_joined(&mut nodes, n))?;
+    Ok(Recipe { containers, nodes })
+}
+
+/// Recipe `id`'s nodes without their chunks (a file once, however many
+/// pieces hold it), and the container table [`for_each_piece`] numbers
+/// references in: the tree's metadata in memory, whatever its data.
+pub fn load_skeleton(repo: &Repository, id: &str) -> Result<Recipe> {
+    let mut nodes = Vec::new();
+    let containers = for_each_piece(repo, id, |mut n, _| {
+        n.segments = Vec::new();
+        append_joined(&mut nodes, n)
+    })?;
+    Ok(Recipe { containers, nodes })
+}
+
+/// Calls `f` with each node of recipe `id` as its parts hold it, one part
+/// in memory at a time: a file stored in pieces comes as several nodes of
+/// its path, one after another, each with the offset in the file where
+/// its chunks begin (0 for a file in one piece). Direct references are
+/// renumbered into one container table for the whole recipe, which is
+/// returned: the same for every call on the same recipe (the table of
+/// [`load_whole`] and [`load_skeleton`]).
+pub fn for_each_piece(
+    repo: &Repository,
+    id: &str,
+    mut f: impl FnMut(Node, u64) -> Result<()>,
+) -> Result<Vec<ContainerId>> {
+    let mut containers: Vec<ContainerId> = Vec::new();
     let mut table: HashMap<ContainerId, u32> = HashMap::new();
+    // The last node handed on and where its chunks end in its file.
+    let mut last: Option<(Vec<u8>, NodeKind, u64)> = None;
     for_each_part(repo, id, |part| {
-        if out.nodes.is_empty() && out.containers.is_empty() {
-            // The first (or only) part keeps its numbering.
-            for (i, c) in part.containers.iter().enumerate() {
-                table.insert(*c, i as u32);
-            }
-            out.containers = part.containers;
-            for n in part.nodes {
-                append_joined(&mut out.nodes, n)?;
-            }
-            return Ok(());
-        }
         let map: Vec<u32> = part
             .containers
             .iter()
             .map(|c| {
                 *table.entry(*c).or_insert_with(|| {
-                    out.containers.push(*c);
-                    out.containers.len() as u32 - 1
+                    containers.push(*c);
+                    containers.len() as u32 - 1
                 })
             })
             .collect();
         for mut n in part.nodes {
             renumber(&mut n, |i| map.get(i as usize).copied())?;
-            append_joined(&mut out.nodes, n)?;
+            let offset = match &last {
+                Some((path, kind, end)) if continues_as(path, *kind, &n) => *end,
+                _ => 0,
+            };
+            let end = n
+                .segments
+                .iter()
+                .map(SegmentRef::len)
+                .try_fold(offset, u64::checked_add)
+                .ok_or_else(|| {
+                    StoreError::Invalid(format!(
+                        "the recipe of {} is longer than a file can be; run `strata check`",
+                        n.path_str()
+                    ))
+                })?;
+            last = Some((n.path.clone(), n.kind, end));
+            f(n, offset)?;
         }
         Ok(())
     })?;
-    Ok(out)
+    Ok(containers)
 }
 
 /// Renumbers the direct references of `n` with `map` (an unknown index is

@@ -320,6 +320,7 @@ fn an_image_of_several_pieces_is_patched_a_piece_at_a_time() {
         restored(&repo, &r2) == img,
         "the version restores to the image"
     );
+    restore_stored_in_small_plans(&repo, &r2, &img);
     let (r3, reads) = snap(&repo, &img, Some(&r2.id), changed(n, &[]), None);
     let r3 = r3.unwrap();
     assert!(reads.is_empty());
@@ -330,6 +331,71 @@ fn an_image_of_several_pieces_is_patched_a_piece_at_a_time() {
     assert_eq!(r4.unwrap().snapshot.recipe, r2.snapshot.recipe);
     assert_check_ok(&repo, true, "pieces");
 }
+
+/// `restore_from` a stored recipe whose image is in pieces, with plans
+/// of a few pieces (each read and let go before the next is made): the
+/// image comes back whole, and `verify_from` finds it so — and finds a
+/// changed byte where it is, and a cut file.
+fn restore_stored_in_small_plans(repo: &Repository, r: &BackupReport, img: &[u8]) {
+    use strata_store::restore::{restore_from, verify_from, RecipeSource, RestoreOptions};
+    let t = tempfile::tempdir().unwrap();
+    let target = t.path().join("r");
+    let source = RecipeSource::Stored {
+        repo,
+        id: &r.snapshot.recipe,
+    };
+    let mut few = RestoreOptions::new(&target);
+    few.plan_pieces = 3;
+    let small = restore_from(repo, &r.snapshot, source, &few).unwrap();
+    let file = target.join("vm.img");
+    assert!(
+        std::fs::read(&file).unwrap() == img,
+        "restored in small plans"
+    );
+    let one = restore_from(
+        repo,
+        &r.snapshot,
+        source,
+        &RestoreOptions::new(t.path().join("one")),
+    )
+    .unwrap();
+    assert_eq!(one.plans, 1);
+    assert!(small.plans > 1, "{} plans", small.plans);
+    assert_eq!(small.bytes, img.len() as u64);
+    let v = verify_from(repo, source, &few).unwrap();
+    assert_eq!((v.files, v.mismatches.len()), (1, 0), "{:?}", v.mismatches);
+    // A changed byte in the second piece (past its zeros) is found where
+    // it is.
+    let at = PATCH_PIECE_BYTES + SEG + 3 * 4096 + 17;
+    let mut bad = img.to_vec();
+    bad[at] ^= 0xff;
+    std::fs::write(&file, &bad).unwrap();
+    let v = verify_from(repo, source, &few).unwrap();
+    let want = format!("differs from the snapshot at byte {}", at - at % 4096);
+    assert!(
+        v.mismatches.len() == 1 && v.mismatches[0].contains(&want),
+        "{:?}",
+        v.mismatches
+    );
+    std::fs::write(&file, &img[..img.len() - 1]).unwrap();
+    let v = verify_from(repo, source, &few).unwrap();
+    assert!(
+        v.mismatches.len() == 1 && v.mismatches[0].contains("shorter"),
+        "{:?}",
+        v.mismatches
+    );
+    let mut long = img.to_vec();
+    long.push(0);
+    std::fs::write(&file, &long).unwrap();
+    let v = verify_from(repo, source, &few).unwrap();
+    assert!(
+        v.mismatches.len() == 1 && v.mismatches[0].contains("longer"),
+        "{:?}",
+        v.mismatches
+    );
+}
+
+const PATCH_PIECE_BYTES: usize = strata_store::backup::patch::PATCH_PIECE as usize;
 
 /// An image backed up beside a tree whose small files wait to be looked
 /// up together (`silo` groups them): the image's pieces do not wait for

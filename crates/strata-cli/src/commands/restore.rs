@@ -12,7 +12,7 @@ use serde_json::json;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use strata_store::restore::{Overwrite, RestoreOptions, RestoreReport};
+use strata_store::restore::{Overwrite, RecipeSource, RestoreOptions, RestoreReport};
 
 #[derive(Args)]
 pub struct RestoreArgs {
@@ -76,7 +76,7 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
     let repo = open(cli)?;
     let (id, s) = repo.resolve_snapshot_in(&a.snapshot, &a.filter.filter())?;
     let (include, exclude) = (path_bytes(&a.include), path_bytes(&a.exclude));
-    let whole = strata_store::tier::paths::whole_recipe(&repo, &s)?;
+    let whole = strata_store::tier::paths::whole_skeleton(&repo, &s)?;
     let unmatched = strata_store::restore::unmatched(&whole, &include);
     if !unmatched.is_empty() {
         bail!(
@@ -96,6 +96,7 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
     if a.dry_run {
         return dry_run(out, &id, &s, &whole, a, &include, &exclude);
     }
+    drop(whole);
     let target = &a.target;
     let readers = a.readers;
     let mut opts = RestoreOptions::new(target);
@@ -117,8 +118,11 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
         } else {
             0
         });
-        let r = repo.load_recipe(&part.recipe)?;
-        match strata_store::restore::restore(&data, &part, &r, &opts) {
+        let recipe = RecipeSource::Stored {
+            repo: &repo,
+            id: &part.recipe,
+        };
+        match strata_store::restore::restore_from(&data, &part, recipe, &opts) {
             Ok(x) => rep.add(x, i + 1 == n),
             Err(e) => {
                 res = Err(e);
@@ -201,8 +205,11 @@ fn verify(
 ) -> Result<strata_store::restore::VerifyReport> {
     let mut total = strata_store::restore::VerifyReport::default();
     for (_, part) in tier::sources(repo, s)? {
-        let r = repo.load_recipe(&part.recipe)?;
-        let v = strata_store::restore::verify(repo, &r, opts)?;
+        let recipe = RecipeSource::Stored {
+            repo,
+            id: &part.recipe,
+        };
+        let v = strata_store::restore::verify_from(repo, recipe, opts)?;
         total.files += v.files;
         total.bytes += v.bytes;
         total.mismatches.extend(v.mismatches);

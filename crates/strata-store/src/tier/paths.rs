@@ -151,6 +151,17 @@ pub fn whole_recipe(repo: &Repository, s: &Snapshot) -> Result<Recipe> {
     }
 }
 
+/// [`whole_recipe`] without chunks ([`crate::recipe::load_skeleton`]):
+/// the version's tree for listing and selecting, in memory that does not
+/// grow with the size of its files.
+pub fn whole_skeleton(repo: &Repository, s: &Snapshot) -> Result<Recipe> {
+    let r = crate::recipe::load_skeleton(repo, &s.recipe)?;
+    match part_snapshot(s) {
+        Some(p) => merge(r, crate::recipe::load_skeleton(repo, &p.recipe)?),
+        None => Ok(r),
+    }
+}
+
 /// Fingerprints of a recipe: all of them, and those referenced directly.
 struct Fps {
     all: HashSet<Fingerprint>,
