@@ -2,14 +2,13 @@
 //! by a backup ([`PyStream`]), and random access to a file of a snapshot
 //! ([`FileReader`], which python/strata wraps in an `io.RawIOBase`).
 
-use crate::errors::{IntoPy, StrataError};
+use crate::errors::IntoPy;
 use crate::repo::Repository;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::io::Read;
 use std::sync::Arc;
-use strata_core::format::NodeKind;
-use strata_store::fsread::{RegionCache, SnapshotReader, DEFAULT_REGION_CACHE_BYTES};
+use strata_store::fsread::{open_stored, RegionCache, DEFAULT_REGION_CACHE_BYTES};
 
 /// A Python object with `read(n) -> bytes`, read by the store's backup
 /// thread (which takes the GIL for each read).
@@ -64,35 +63,14 @@ impl FileReader {
         let (_, sources) = repo.snapshot_sources(spec)?;
         // The active part first, then the cloud part (where moved files are).
         for (data, part) in sources.into_iter().rev() {
-            let recipe = repo.inner().load_recipe(&part.recipe).py_err()?;
-            let Some(i) = recipe.nodes.iter().position(|n| n.path == want) else {
-                continue;
-            };
-            let mut node = recipe.nodes[i].clone();
-            if let (NodeKind::Hardlink, Some(t)) = (node.kind, &node.target) {
-                node = recipe
-                    .nodes
-                    .iter()
-                    .find(|n| &n.path == t)
-                    .cloned()
-                    .ok_or_else(|| {
-                        StrataError::new_err(format!(
-                            "{path} is a hard link to a file missing from the snapshot"
-                        ))
-                    })?;
-            }
-            if node.kind != NodeKind::File {
-                return Err(StrataError::new_err(format!(
-                    "{path} is {}, not a file",
-                    node.kind.noun()
-                )));
-            }
-            // (64 MiB of decoded regions, as `strata mount` keeps.)
+            // (64 MiB of decoded regions, as `strata mount` keeps; the
+            // recipe read a part at a time, only the file's chunks kept.)
             let cache = Arc::new(RegionCache::new(DEFAULT_REGION_CACHE_BYTES));
-            let reader = SnapshotReader::new(data, part, Arc::new(recipe), cache);
-            let inner = reader.open(&node).py_err()?;
-            let size = inner.size();
-            return Ok(FileReader { inner, size });
+            let found = open_stored(repo.inner(), &data, &part, &part.recipe, want, cache);
+            if let Some(inner) = found.py_err()? {
+                let size = inner.size();
+                return Ok(FileReader { inner, size });
+            }
         }
         Err(crate::errors::SnapshotNotFound::new_err(format!(
             "no file {path} in snapshot {spec}"

@@ -23,11 +23,11 @@
 use crate::container::read_region;
 use crate::error::{Result, StoreError};
 use crate::repo::Repository;
-use crate::resolver::{resolver_for, Resolved, Resolver};
+use crate::resolver::{resolver_for, resolver_with, Resolved, Resolver};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use strata_core::format::{ChunkRef, ContainerId, Node, Recipe, Snapshot};
+use strata_core::format::{ChunkRef, ContainerId, Node, NodeKind, Recipe, Snapshot};
 
 /// Default bound of a [`RegionCache`]: 64 MiB of plaintext regions.
 pub const DEFAULT_REGION_CACHE_BYTES: usize = 64 << 20;
@@ -282,6 +282,80 @@ impl SnapshotReader {
     }
 }
 
+/// A reader of the file `path` of version `snapshot`, whose recipe `id`
+/// is read from `recipes` a part at a time — never whole: only the file's
+/// chunk runs are kept — and whose data is read from `data`. A hard link
+/// reads its first name's content. `None` when the recipe has no `path`;
+/// an error when it is neither a file nor a hard link to one. (The
+/// recipe's parts are read two or three times: the file's kind, what its
+/// resolver needs, its chunks.)
+pub fn open_stored(
+    recipes: &Repository,
+    data: &Repository,
+    snapshot: &Snapshot,
+    id: &str,
+    path: &[u8],
+    cache: Arc<RegionCache>,
+) -> Result<Option<FileReader>> {
+    let shown = String::from_utf8_lossy(path).into_owned();
+    let mut found: Option<(NodeKind, Option<Vec<u8>>)> = None;
+    let mut used = Vec::new();
+    let mut indirect = HashSet::new();
+    let mark =
+        |want: &[u8], used: &mut Vec<bool>, indirect: &mut HashSet<_>, found: &mut Option<_>| {
+            crate::recipe::for_each_piece(recipes, id, |n, _| {
+                if n.path == want {
+                    *found = Some((n.kind, n.target.clone()));
+                    let chunks = n.segments.iter().flat_map(|s| &s.chunks);
+                    // (Its table grows as parts are read: marks go past `used`.)
+                    for c in chunks.clone().filter(|c| c.is_direct()) {
+                        let i = c.container as usize;
+                        if i >= used.len() {
+                            used.resize(i + 1, false);
+                        }
+                    }
+                    crate::resolver::mark_needed(chunks, used, indirect);
+                }
+                Ok(())
+            })
+        };
+    let mut containers = mark(path, &mut used, &mut indirect, &mut found)?;
+    let content = match found {
+        None => return Ok(None),
+        Some((NodeKind::File, _)) => path.to_vec(),
+        Some((NodeKind::Hardlink, Some(first))) => {
+            let mut first_found = None;
+            containers = mark(&first, &mut used, &mut indirect, &mut first_found)?;
+            if !matches!(first_found, Some((NodeKind::File, _))) {
+                return Err(StoreError::Invalid(format!(
+                    "{shown} is a hard link to a file missing from the snapshot"
+                )));
+            }
+            first
+        }
+        Some((kind, _)) => {
+            return Err(StoreError::Invalid(format!(
+                "{shown} is {}, not a file",
+                kind.noun()
+            )))
+        }
+    };
+    used.resize(containers.len(), false);
+    let resolver = Arc::new(resolver_with(data, snapshot, &containers, &used, indirect)?);
+    let mut chunks = Vec::new();
+    crate::recipe::for_each_piece(recipes, id, |n, _| {
+        if n.path == content && n.kind == NodeKind::File {
+            for c in n.segments.iter().flat_map(|s| &s.chunks) {
+                push_run(&mut chunks, *c, &resolver);
+            }
+        }
+        Ok(())
+    })?;
+    Ok(Some(FileReader::from_runs(
+        data, shown, chunks, resolver, cache,
+    )))
+}
+
 /// Appends `c` to a file's chunk list, as part of the reference before it
 /// when it goes on from it: zeros after zeros, or the next bytes of the
 /// same region, which `resolver` finds by location alone. A disk image
@@ -331,6 +405,17 @@ impl FileReader {
         for c in node.segments.iter().flat_map(|s| s.chunks.iter()) {
             push_run(&mut chunks, *c, &resolver);
         }
+        Self::from_runs(repo, node.path_str(), chunks, resolver, cache)
+    }
+
+    /// A reader of the chunk list `chunks` ([`push_run`] made it).
+    fn from_runs(
+        repo: &Repository,
+        path: String,
+        mut chunks: Vec<ChunkRef>,
+        resolver: Arc<Resolver>,
+        cache: Arc<RegionCache>,
+    ) -> Self {
         chunks.shrink_to_fit();
         let mut end = 0u64;
         let ends = chunks
@@ -342,7 +427,7 @@ impl FileReader {
             .collect();
         FileReader {
             repo: repo.clone(),
-            path: node.path_str(),
+            path,
             chunks,
             ends,
             resolver,

@@ -263,17 +263,45 @@ pub fn resolver_for(
     let mut used = vec![false; recipe.containers.len()];
     let mut indirect = HashSet::new();
     for n in nodes {
-        for s in &n.segments {
-            for c in &s.chunks {
-                if c.is_indirect() {
-                    indirect.insert(c.fp);
-                } else if let Some(u) = used.get_mut(c.container as usize) {
-                    *u = true;
-                }
-            }
-        }
+        let chunks = n.segments.iter().flat_map(|s| &s.chunks);
+        mark_needed(chunks, &mut used, &mut indirect);
     }
+    resolver_with(repo, snapshot, &recipe.containers, &used, indirect)
+}
+
+/// The resolver for references numbered in `containers` (a recipe's
+/// table) of version `snapshot`: the containers `used` marks and the
+/// `indirect` fingerprints, which the version's chain resolves.
+pub fn resolver_with(
+    repo: &Repository,
+    snapshot: &Snapshot,
+    containers: &[ContainerId],
+    used: &[bool],
+    indirect: HashSet<Fingerprint>,
+) -> Result<Resolver> {
+    let table = Recipe {
+        containers: containers.to_vec(),
+        nodes: Vec::new(),
+    };
     let label = format!("{}@{}", snapshot.series, snapshot.version);
     let next = snapshot.archival.as_ref().and_then(|a| a.next.as_deref());
-    Resolver::new(repo, recipe, |i| used[i], &label, next, indirect)
+    let used = |i: usize| used.get(i).copied().unwrap_or(false);
+    Resolver::new(repo, &table, used, &label, next, indirect)
+}
+
+/// Marks what resolving `chunks` needs: the containers of direct
+/// references in `used` (indices past its end ignored: damage the
+/// resolver reports), the fingerprints of indirect ones in `indirect`.
+pub fn mark_needed<'c>(
+    chunks: impl IntoIterator<Item = &'c ChunkRef>,
+    used: &mut [bool],
+    indirect: &mut HashSet<Fingerprint>,
+) {
+    for c in chunks {
+        if c.is_indirect() {
+            indirect.insert(c.fp);
+        } else if let Some(u) = used.get_mut(c.container as usize) {
+            *u |= c.is_direct();
+        }
+    }
 }

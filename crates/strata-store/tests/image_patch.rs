@@ -335,7 +335,7 @@ fn an_image_of_several_pieces_is_patched_a_piece_at_a_time() {
 /// `restore_from` a stored recipe whose image is in pieces, with plans
 /// of a few pieces (each read and let go before the next is made): the
 /// image comes back whole, and `verify_from` finds it so — and finds a
-/// changed byte where it is, and a cut file.
+/// changed byte where it is, and a cut file; `open_stored` reads it too.
 fn restore_stored_in_small_plans(repo: &Repository, r: &BackupReport, img: &[u8]) {
     use strata_store::restore::{restore_from, verify_from, RecipeSource, RestoreOptions};
     let t = tempfile::tempdir().unwrap();
@@ -364,6 +364,25 @@ fn restore_stored_in_small_plans(repo: &Repository, r: &BackupReport, img: &[u8]
     assert_eq!(small.bytes, img.len() as u64);
     let v = verify_from(repo, source, &few).unwrap();
     assert_eq!((v.files, v.mismatches.len()), (1, 0), "{:?}", v.mismatches);
+    // Opened for random access from the parts: the same bytes, held as
+    // runs (zeros, and each region's consecutive chunks).
+    let cache = std::sync::Arc::new(strata_store::fsread::RegionCache::new(1 << 20));
+    let f = strata_store::fsread::open_stored(
+        repo,
+        repo,
+        &r.snapshot,
+        &r.snapshot.recipe,
+        b"vm.img",
+        cache,
+    )
+    .unwrap()
+    .expect("the image is in the version");
+    assert!(f.read_at(0, img.len()).unwrap() == img);
+    assert!(
+        f.references() < img.len() / 4096 / 8,
+        "{} references",
+        f.references()
+    );
     // A changed byte in the second piece (past its zeros) is found where
     // it is.
     let at = PATCH_PIECE_BYTES + SEG + 3 * 4096 + 17;

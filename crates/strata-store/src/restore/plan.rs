@@ -11,14 +11,14 @@ use crate::container::open_region;
 use crate::error::{Result, StoreError};
 use crate::progress::Progress;
 use crate::repo::{data_name, Repository};
-use crate::resolver::Resolver;
+use crate::resolver::{mark_needed, resolver_with, Resolver};
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use strata_core::format::{ContainerId, Node, NodeKind, Recipe, RegionInfo, Snapshot};
+use strata_core::format::{ContainerId, Node, NodeKind, RegionInfo, Snapshot};
 
 /// Pieces a plan holds before it is read (about 50 MB of plan; a disk
 /// image stored in order needs one piece per region, so this is far more
@@ -157,23 +157,12 @@ pub(super) fn fill(
     let mut indirect = HashSet::new();
     source.for_each_piece(|n, _| {
         if wanted(n).is_some() {
-            for c in n.segments.iter().flat_map(|s| &s.chunks) {
-                if c.is_indirect() {
-                    indirect.insert(c.fp);
-                } else if let Some(u) = used.get_mut(c.container as usize) {
-                    *u |= c.is_direct();
-                }
-            }
+            let chunks = n.segments.iter().flat_map(|s| &s.chunks);
+            mark_needed(chunks, &mut used, &mut indirect);
         }
         Ok(())
     })?;
-    let table = Recipe {
-        containers: containers.to_vec(),
-        nodes: Vec::new(),
-    };
-    let label = format!("{}@{}", snapshot.series, snapshot.version);
-    let next = snapshot.archival.as_ref().and_then(|a| a.next.as_deref());
-    let resolver = Resolver::new(repo, &table, |i| used[i], &label, next, indirect)?;
+    let resolver = resolver_with(repo, snapshot, containers, &used, indirect)?;
     let mut plan = Plan::default();
     source.for_each_piece(|n, off| {
         let Some(fi) = wanted(n) else {

@@ -12,7 +12,7 @@ use strata_core::chunker::ChunkerParams;
 use strata_core::crypto::KdfCost;
 use strata_store::backend::{BackendError, ObjectInfo, Result as BResult};
 use strata_store::backup::{backup, BackupOptions, BackupReport};
-use strata_store::restore::{restore, RestoreOptions};
+use strata_store::restore::{restore_from, RecipeSource, RestoreOptions};
 use strata_store::{Backend, InitOptions, LocalBackend, Repository, Result};
 
 pub const PASSWORD: &[u8] = b"pw";
@@ -215,10 +215,12 @@ pub fn restore_tree(repo: &Repository, id: &str, src: &Path, scratch: &Path, wha
     let snap = repo
         .load_snapshot(id)
         .unwrap_or_else(|e| panic!("{what}: load snapshot {id}: {e}"));
-    let recipe = repo
-        .load_recipe(&snap.recipe)
-        .unwrap_or_else(|e| panic!("{what}: load recipe of {id}: {e}"));
-    if let Err(e) = restore(repo, &snap, &recipe, &RestoreOptions::new(target.path())) {
+    let recipe = RecipeSource::Stored {
+        repo,
+        id: &snap.recipe,
+    };
+    let opts = RestoreOptions::new(target.path());
+    if let Err(e) = restore_from(repo, &snap, recipe, &opts) {
         panic!("{what}: restore of snapshot {id} failed: {e}");
     }
     read_tree(&restored_path(target.path(), src))

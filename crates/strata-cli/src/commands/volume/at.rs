@@ -5,12 +5,12 @@
 //! volume itself is not opened: it may be served meanwhile, or gone.
 
 use super::super::tier;
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use strata_core::format::{NodeKind, Snapshot};
-use strata_store::fsread::{FileReader, RegionCache, SnapshotReader};
+use strata_core::format::Snapshot;
+use strata_store::fsread::{open_stored, FileReader, RegionCache};
 use strata_store::StoreError;
 use strata_volume::nbd::BlockDevice;
 
@@ -141,24 +141,30 @@ pub(super) fn open(cli: &crate::Cli, name: &str, at: &str, cache_bytes: usize) -
     let lock = strata_store::lock::acquire(&repo, false, "volume serve --at")?;
     let (id, s) = find(&repo, name, at)?;
     let want = format!("{name}.img");
-    if let Some((part, recipe, cloud_part)) = tier::locate(&repo, &s, want.as_bytes())? {
-        let recipe = Arc::new(recipe);
-        let node = recipe
-            .nodes
-            .iter()
-            .find(|n| n.path == want.as_bytes())
-            .ok_or_else(|| anyhow!("{want} left the recipe"))?;
-        if node.kind != NodeKind::File {
-            bail!(
-                "{want} in snapshot {} is {}, not an image",
-                crate::output::short(&id),
-                node.kind.noun()
-            );
-        }
-        let data = tier::part_data(&repo, &part, cloud_part)?;
-        let cache = Arc::new(RegionCache::new(cache_bytes));
-        let reader = SnapshotReader::new(data, part, recipe.clone(), cache);
-        let file = reader.open(node)?;
+    let cache = Arc::new(RegionCache::new(cache_bytes));
+    // The active part first, then the cloud part (where moved files are);
+    // the recipe read a part at a time, only the image's chunk runs kept.
+    let mut parts = vec![s.clone()];
+    parts.extend(strata_store::tier::paths::part_snapshot(&s));
+    for (i, part) in parts.into_iter().enumerate() {
+        let data = tier::part_data(&repo, &part, i > 0)?;
+        let file = open_stored(
+            &repo,
+            &data,
+            &part,
+            &part.recipe,
+            want.as_bytes(),
+            cache.clone(),
+        )
+        .with_context(|| {
+            format!(
+                "cannot serve {want} of snapshot {}",
+                crate::output::short(&id)
+            )
+        })?;
+        let Some(file) = file else {
+            continue;
+        };
         let size = file.size();
         let image = Arc::new(StoredImage {
             file,
