@@ -3,7 +3,9 @@
 //! rather than whole trees.
 //!
 //! [`crate::restore::dump`] streams a file from its first chunk to its
-//! last. A file system is asked for 128 KiB at arbitrary offsets instead,
+//! last. [`find_stored`] finds a file of a stored recipe read a part at a
+//! time, and opens it as a [`FileReader`] holding only its chunk runs
+//! (`volume serve --at`, `dump`, Python's `open_file`). A file system is asked for 128 KiB at arbitrary offsets instead,
 //! often by several threads at once, so here:
 //!
 //! * [`SnapshotReader`] holds one version's recipe and builds, the first
@@ -23,11 +25,12 @@
 use crate::container::read_region;
 use crate::error::{Result, StoreError};
 use crate::repo::Repository;
-use crate::resolver::{resolver_for, resolver_with, Resolved, Resolver};
+use crate::resolver::{mark_needed, resolver_for, resolver_with, Resolved, Resolver};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use strata_core::format::{ChunkRef, ContainerId, Node, NodeKind, Recipe, Snapshot};
+use strata_core::Fingerprint;
 
 /// Default bound of a [`RegionCache`]: 64 MiB of plaintext regions.
 pub const DEFAULT_REGION_CACHE_BYTES: usize = 64 << 20;
@@ -282,13 +285,110 @@ impl SnapshotReader {
     }
 }
 
-/// A reader of the file `path` of version `snapshot`, whose recipe `id`
-/// is read from `recipes` a part at a time — never whole: only the file's
-/// chunk runs are kept — and whose data is read from `data`. A hard link
-/// reads its first name's content. `None` when the recipe has no `path`;
-/// an error when it is neither a file nor a hard link to one. (The
-/// recipe's parts are read two or three times: the file's kind, what its
-/// resolver needs, its chunks.)
+/// A file of a stored recipe, found by [`find_stored`]: what opening it
+/// needs, gathered a part at a time.
+pub struct StoredFile {
+    recipes: Repository,
+    id: String,
+    /// The path whose chunks are the file's content (a hard link's first
+    /// name's).
+    content: Vec<u8>,
+    shown: String,
+    containers: Vec<ContainerId>,
+    used: Vec<bool>,
+    indirect: HashSet<Fingerprint>,
+}
+
+/// Finds the file `path` of the recipe `id` stored in `recipes`, reading
+/// the recipe a part at a time (never whole). A hard link stands for its
+/// first name's content. `None` when the recipe has no `path`; an error
+/// when it is neither a file nor a hard link to one.
+pub fn find_stored(recipes: &Repository, id: &str, path: &[u8]) -> Result<Option<StoredFile>> {
+    let mut f = StoredFile {
+        recipes: recipes.clone(),
+        id: id.to_string(),
+        content: path.to_vec(),
+        shown: String::from_utf8_lossy(path).into_owned(),
+        containers: Vec::new(),
+        used: Vec::new(),
+        indirect: HashSet::new(),
+    };
+    match f.mark(path)? {
+        None => Ok(None),
+        Some((NodeKind::File, _)) => Ok(Some(f)),
+        Some((NodeKind::Hardlink, Some(first))) => match f.mark(&first)? {
+            Some((NodeKind::File, _)) => {
+                f.content = first;
+                Ok(Some(f))
+            }
+            _ => Err(StoreError::Invalid(format!(
+                "/{} is a hard link to a file missing from the snapshot",
+                f.shown
+            ))),
+        },
+        // (Named as `ls` shows paths: from the snapshot's root.)
+        Some((kind, _)) => Err(StoreError::Invalid(format!(
+            "/{} is {}, not a file",
+            f.shown,
+            kind.noun()
+        ))),
+    }
+}
+
+impl StoredFile {
+    /// Reads the recipe for `want`: its kind and hard-link target, and
+    /// what resolving its chunks needs (marked in `used` and `indirect`).
+    fn mark(&mut self, want: &[u8]) -> Result<Option<(NodeKind, Option<Vec<u8>>)>> {
+        let mut found = None;
+        let (used, indirect) = (&mut self.used, &mut self.indirect);
+        self.containers = crate::recipe::for_each_piece(&self.recipes, &self.id, |n, _| {
+            if n.path == want {
+                found = Some((n.kind, n.target.clone()));
+                let chunks = n.segments.iter().flat_map(|s| &s.chunks);
+                // (The table grows as parts are read: `used` with it.)
+                let top = chunks
+                    .clone()
+                    .filter(|c| c.is_direct())
+                    .map(|c| c.container);
+                if let Some(top) = top.max().filter(|&t| t as usize >= used.len()) {
+                    used.resize(top as usize + 1, false);
+                }
+                mark_needed(chunks, used, indirect);
+            }
+            Ok(())
+        })?;
+        Ok(found)
+    }
+
+    /// A reader of the file, its data read from `data` (the recipe's
+    /// version is `snapshot`): its chunk runs are all that is kept.
+    pub fn open(
+        mut self,
+        data: &Repository,
+        snapshot: &Snapshot,
+        cache: Arc<RegionCache>,
+    ) -> Result<FileReader> {
+        self.used.resize(self.containers.len(), false);
+        let indirect = std::mem::take(&mut self.indirect);
+        let resolver = resolver_with(data, snapshot, &self.containers, &self.used, indirect)?;
+        let resolver = Arc::new(resolver);
+        let mut chunks = Vec::new();
+        crate::recipe::for_each_piece(&self.recipes, &self.id, |n, _| {
+            if n.path == self.content && n.kind == NodeKind::File {
+                for c in n.segments.iter().flat_map(|s| &s.chunks) {
+                    push_run(&mut chunks, *c, &resolver);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(FileReader::from_runs(
+            data, self.shown, chunks, resolver, cache,
+        ))
+    }
+}
+
+/// [`find_stored`] and [`StoredFile::open`] in one: the file `path` of
+/// version `snapshot` (recipe `id` in `recipes`, data in `data`).
 pub fn open_stored(
     recipes: &Repository,
     data: &Repository,
@@ -297,63 +397,9 @@ pub fn open_stored(
     path: &[u8],
     cache: Arc<RegionCache>,
 ) -> Result<Option<FileReader>> {
-    let shown = String::from_utf8_lossy(path).into_owned();
-    let mut found: Option<(NodeKind, Option<Vec<u8>>)> = None;
-    let mut used = Vec::new();
-    let mut indirect = HashSet::new();
-    let mark =
-        |want: &[u8], used: &mut Vec<bool>, indirect: &mut HashSet<_>, found: &mut Option<_>| {
-            crate::recipe::for_each_piece(recipes, id, |n, _| {
-                if n.path == want {
-                    *found = Some((n.kind, n.target.clone()));
-                    let chunks = n.segments.iter().flat_map(|s| &s.chunks);
-                    // (Its table grows as parts are read: marks go past `used`.)
-                    for c in chunks.clone().filter(|c| c.is_direct()) {
-                        let i = c.container as usize;
-                        if i >= used.len() {
-                            used.resize(i + 1, false);
-                        }
-                    }
-                    crate::resolver::mark_needed(chunks, used, indirect);
-                }
-                Ok(())
-            })
-        };
-    let mut containers = mark(path, &mut used, &mut indirect, &mut found)?;
-    let content = match found {
-        None => return Ok(None),
-        Some((NodeKind::File, _)) => path.to_vec(),
-        Some((NodeKind::Hardlink, Some(first))) => {
-            let mut first_found = None;
-            containers = mark(&first, &mut used, &mut indirect, &mut first_found)?;
-            if !matches!(first_found, Some((NodeKind::File, _))) {
-                return Err(StoreError::Invalid(format!(
-                    "{shown} is a hard link to a file missing from the snapshot"
-                )));
-            }
-            first
-        }
-        Some((kind, _)) => {
-            return Err(StoreError::Invalid(format!(
-                "{shown} is {}, not a file",
-                kind.noun()
-            )))
-        }
-    };
-    used.resize(containers.len(), false);
-    let resolver = Arc::new(resolver_with(data, snapshot, &containers, &used, indirect)?);
-    let mut chunks = Vec::new();
-    crate::recipe::for_each_piece(recipes, id, |n, _| {
-        if n.path == content && n.kind == NodeKind::File {
-            for c in n.segments.iter().flat_map(|s| &s.chunks) {
-                push_run(&mut chunks, *c, &resolver);
-            }
-        }
-        Ok(())
-    })?;
-    Ok(Some(FileReader::from_runs(
-        data, shown, chunks, resolver, cache,
-    )))
+    find_stored(recipes, id, path)?
+        .map(|f| f.open(data, snapshot, cache))
+        .transpose()
 }
 
 /// Appends `c` to a file's chunk list, as part of the reference before it

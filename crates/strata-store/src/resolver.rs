@@ -138,14 +138,19 @@ impl Resolver {
                 }
                 Err(e) => return Err(e),
             };
-            let recipe = self.repo.load_recipe(&snap.recipe)?;
+            // The newer recipe is read a part at a time: only the wanted
+            // fingerprints' references are kept.
             let mut present = HashSet::new();
             let mut direct = Vec::new();
-            for c in recipe_refs(&recipe) {
-                if !c.is_zero() && want.contains(&c.fp) && present.insert(c.fp) && c.is_direct() {
-                    direct.push(*c);
+            let containers = crate::recipe::for_each_piece(&self.repo, &snap.recipe, |n, _| {
+                for c in n.segments.iter().flat_map(|s| &s.chunks) {
+                    let first = !c.is_zero() && want.contains(&c.fp) && present.insert(c.fp);
+                    if first && c.is_direct() {
+                        direct.push(*c);
+                    }
                 }
-            }
+                Ok(())
+            })?;
             if present.len() < want.len() {
                 let lost = want.iter().find(|f| !present.contains(*f)).copied();
                 return Err(broken(format!(
@@ -158,7 +163,7 @@ impl Resolver {
             let ids: Vec<ContainerId> = {
                 let mut v: Vec<ContainerId> = direct
                     .iter()
-                    .filter_map(|c| recipe.containers.get(c.container as usize).copied())
+                    .filter_map(|c| containers.get(c.container as usize).copied())
                     .collect();
                 v.sort();
                 v.dedup();
@@ -168,7 +173,7 @@ impl Resolver {
             self.regions.extend(load_regions(&self.repo, &ids));
             for c in direct {
                 let at = format!("snapshot {id}");
-                let r = self.resolve_in(&recipe.containers, &c, &at)?;
+                let r = self.resolve_in(&containers, &c, &at)?;
                 self.indirect.insert(c.fp, r);
                 want.remove(&c.fp);
             }

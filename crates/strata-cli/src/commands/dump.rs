@@ -4,11 +4,13 @@
 use super::tier;
 use crate::select::{show_path, FilterArgs};
 use crate::{open, Cli};
-use anyhow::{anyhow, bail, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use std::ffi::OsString;
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use strata_core::format::NodeKind;
+use std::sync::Arc;
+use strata_store::fsread::{find_stored, FileReader, RegionCache, DEFAULT_REGION_CACHE_BYTES};
 
 #[derive(Args)]
 pub struct DumpArgs {
@@ -28,35 +30,27 @@ pub fn run(cli: &Cli, a: &DumpArgs) -> Result<i32> {
         want = rest;
     }
     let shown = show_path(want);
-    if let Some((part, r, cloud_part)) = tier::locate(&repo, &s, want)? {
-        let node = r
-            .nodes
-            .iter()
-            .find(|n| n.path == want)
-            .ok_or_else(|| anyhow!("{shown} left the recipe"))?;
-        // A further name of a hard-linked file: dump the first name's content.
-        let node = match (node.kind, &node.target) {
-            (NodeKind::Hardlink, Some(t)) => {
-                r.nodes.iter().find(|n| &n.path == t).ok_or_else(|| {
-                    anyhow!("{shown} is a hard link to a file missing from the snapshot")
-                })?
-            }
-            _ => node,
+    // The active part first, then the cloud part (where moved files are);
+    // the recipe read a part at a time, only the file's chunk runs kept.
+    let mut parts = vec![s.clone()];
+    parts.extend(strata_store::tier::paths::part_snapshot(&s));
+    for (i, part) in parts.into_iter().enumerate() {
+        let Some(found) = find_stored(&repo, &part.recipe, want)? else {
+            continue;
         };
-        if node.kind != NodeKind::File {
-            bail!("{shown} is {}, not a file", node.kind.noun());
-        }
-        let data = tier::part_data(&repo, &part, cloud_part)?;
+        let data = tier::part_data(&repo, &part, i > 0)?;
+        let cache = Arc::new(RegionCache::new(DEFAULT_REGION_CACHE_BYTES));
+        let file = found.open(&data, &part, cache)?;
         let stdout = std::io::stdout();
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-        return match strata_store::restore::dump(&data, &part, &r, node, &mut w) {
+        return match copy_out(&file, &mut stdout.lock()) {
             // `strata dump … | head`: the reader has what it wanted.
-            Err(strata_store::StoreError::Io { cause, .. })
-                if cause.kind() == std::io::ErrorKind::BrokenPipe =>
+            Err(e)
+                if e.downcast_ref::<std::io::Error>()
+                    .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
             {
                 Ok(0)
             }
-            r => r.map(|_| 0).map_err(Into::into),
+            r => r.map(|_| 0),
         };
     }
     bail!(
@@ -64,4 +58,20 @@ pub fn run(cli: &Cli, a: &DumpArgs) -> Result<i32> {
         a.snapshot,
         a.snapshot
     )
+}
+
+/// Writes the whole of `file` to `out`, 4 MiB at a time.
+fn copy_out(file: &FileReader, out: &mut impl Write) -> Result<()> {
+    const STEP: usize = 4 << 20;
+    let mut at = 0u64;
+    while at < file.size() {
+        let bytes = file.read_at(at, STEP)?;
+        if bytes.is_empty() {
+            bail!("{} ends before its size", file.path());
+        }
+        out.write_all(&bytes)?;
+        at += bytes.len() as u64;
+    }
+    out.flush()?;
+    Ok(())
 }

@@ -209,27 +209,8 @@ pub fn sources(repo: &Repository, s: &Snapshot) -> Result<Vec<(Repository, Snaps
     Ok(out)
 }
 
-/// Where the file at `path` of snapshot `s` is: the recipe naming it
-/// (the active recipe first, its cloud part only when the file moved),
-/// that recipe's snapshot record, and whether it is the cloud part (see
-/// [`part_data`]).
-pub fn locate(
-    repo: &Repository,
-    s: &Snapshot,
-    path: &[u8],
-) -> Result<Option<(Snapshot, strata_core::format::Recipe, bool)>> {
-    let mut parts = vec![s.clone()];
-    parts.extend(strata_store::tier::paths::part_snapshot(s));
-    for (i, part) in parts.into_iter().enumerate() {
-        let recipe = repo.load_recipe(&part.recipe)?;
-        if recipe.nodes.iter().any(|n| n.path == path) {
-            return Ok(Some((part, recipe, i > 0)));
-        }
-    }
-    Ok(None)
-}
-
-/// The repository holding the data of a recipe [`locate`] found.
+/// The repository holding the data of a version's recipe: its active
+/// part's, or its cloud part's (`cloud_part`).
 pub fn part_data(repo: &Repository, part: &Snapshot, cloud_part: bool) -> Result<Repository> {
     match cloud_part {
         false => data_repo(repo, part),

@@ -2,10 +2,12 @@
 //!
 //! Restore resolves every chunk reference of the selected entries to a
 //! (container, region) pair, builds a read plan ordered by container and
-//! region, reads each needed region exactly once (adjacent regions are
-//! coalesced into one ranged read, the next container is prefetched) and
-//! writes the pieces with positional writes, several containers in
-//! parallel. All-zero chunks are never read: files are created sparse at
+//! region, reads each needed region once per plan (adjacent regions are
+//! coalesced into one ranged read, the next read is hinted) and writes
+//! the pieces with positional writes, several reads in parallel. A stored
+//! recipe is read a part at a time and a plan is read when it is full
+//! (`RestoreOptions::plan_pieces`), so memory holds the tree's metadata,
+//! not its chunk lists. All-zero chunks are never read: files are created sparse at
 //! their full size and zero chunks stay holes.
 //!
 //! Safety: every path in a recipe is checked (relative, no `.`/`..`/empty
@@ -32,7 +34,7 @@ use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use strata_core::format::{ContainerId, Node, NodeKind, Recipe, Snapshot};
 pub use verify::{verify, verify_from, VerifyReport};
@@ -132,8 +134,8 @@ pub struct RestoreOptions {
     pub dir_metadata: bool,
     /// Most pieces (a region's chunks going to one place in one file) a
     /// read plan holds before it is read: what bounds restore's memory
-    /// ([`PLAN_PIECES`], about 50 MB). Regions used by two plans are read
-    /// twice.
+    /// ([`PLAN_PIECES`], at most about 40 MB). A region two plans use is
+    /// read twice.
     pub plan_pieces: usize,
 }
 
@@ -408,15 +410,7 @@ pub fn restore_from(
     let mut run = Run::new(opts, &selection)?;
     run.make_dirs()?;
     let (files, content) = run.make_files()?;
-    let sink = plan::Sink {
-        files: &files,
-        progress: &opts.progress,
-        readers: opts.readers,
-        plans: AtomicU64::new(0),
-        containers_read: AtomicU64::new(0),
-        regions_read: AtomicU64::new(0),
-        bytes_read: AtomicU64::new(0),
-    };
+    let sink = plan::Sink::new(&files, &opts.progress, opts.readers);
     let content: HashMap<&[u8], u32> = content.into_iter().collect();
     run.report.chain_hops = plan::fill(
         repo,
@@ -428,7 +422,7 @@ pub fn restore_from(
         opts.plan_pieces.max(1),
     )?;
     run.report.plans = sink.plans.load(Ordering::Relaxed);
-    run.report.containers_read = sink.containers_read.load(Ordering::Relaxed);
+    run.report.containers_read = sink.containers_read();
     run.report.regions_read = sink.regions_read.load(Ordering::Relaxed);
     run.report.bytes_read = sink.bytes_read.load(Ordering::Relaxed);
     // Hardlinks, special files, then symlinks (last: nothing is written

@@ -18,12 +18,14 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use strata_core::format::{ContainerId, Node, NodeKind, RegionInfo, Snapshot};
 
-/// Pieces a plan holds before it is read (about 50 MB of plan; a disk
-/// image stored in order needs one piece per region, so this is far more
-/// than 4 GiB of it).
-pub const PLAN_PIECES: usize = 1 << 20;
+/// Pieces a plan holds before it is read: 24 bytes each when regions
+/// fill several, about 160 when each region has its own (its entry and
+/// list), so at most about 40 MB. A disk image stored in order takes one
+/// piece per region: a plan then covers well over 16 GiB of it.
+pub const PLAN_PIECES: usize = 1 << 18;
 
 /// The regions to read from one container, each with the pieces it fills.
 type RegionPlan = BTreeMap<u32, (RegionInfo, Vec<Piece>)>;
@@ -59,12 +61,37 @@ pub(super) struct Sink<'a> {
     /// Restored files (full path, recipe path) by index.
     pub files: &'a [(PathBuf, String)],
     pub progress: &'a Progress,
-    /// Reads in flight at once (0: one per core).
-    pub readers: usize,
+    /// The readers' own pool (`None`: rayon's, one per core).
+    pool: Option<rayon::ThreadPool>,
     pub plans: AtomicU64,
-    pub containers_read: AtomicU64,
+    /// Containers read from (in any plan).
+    containers: Mutex<HashSet<ContainerId>>,
     pub regions_read: AtomicU64,
     pub bytes_read: AtomicU64,
+}
+
+impl<'a> Sink<'a> {
+    /// A sink for `files`, `readers` reads in flight at once (0: one per
+    /// core).
+    pub fn new(files: &'a [(PathBuf, String)], progress: &'a Progress, readers: usize) -> Self {
+        Sink {
+            files,
+            progress,
+            pool: match readers {
+                0 => None,
+                n => rayon::ThreadPoolBuilder::new().num_threads(n).build().ok(),
+            },
+            plans: AtomicU64::new(0),
+            containers: Mutex::new(HashSet::new()),
+            regions_read: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+        }
+    }
+
+    /// Containers read from, each counted once however many plans used it.
+    pub fn containers_read(&self) -> u64 {
+        self.containers.lock().map_or(0, |c| c.len() as u64)
+    }
 }
 
 /// A read plan being built: container → region → pieces.
@@ -123,8 +150,9 @@ impl Plan {
             return Ok(());
         }
         sink.plans.fetch_add(1, Ordering::Relaxed);
-        sink.containers_read
-            .fetch_add(plan.len() as u64, Ordering::Relaxed);
+        if let Ok(mut seen) = sink.containers.lock() {
+            seen.extend(plan.iter().map(|(c, _)| *c));
+        }
         read_plan(repo, &plan, sink)
     }
 }
@@ -208,7 +236,7 @@ fn read_groups(plan: &[(ContainerId, RegionPlan)]) -> Vec<ReadGroup<'_>> {
             let mut j = i;
             while j + 1 < regs.len()
                 && regs[j + 1].0.offset.saturating_sub(end_of(j)) <= MAX_READ_GAP
-                && end_of(j + 1) - start <= MAX_READ
+                && end_of(j + 1).saturating_sub(start) <= MAX_READ
             {
                 j += 1;
             }
@@ -229,10 +257,6 @@ fn read_groups(plan: &[(ContainerId, RegionPlan)]) -> Vec<ReadGroup<'_>> {
 fn read_plan(repo: &Repository, plan: &[(ContainerId, RegionPlan)], sink: &Sink) -> Result<()> {
     let groups = read_groups(plan);
     let backend = repo.backend();
-    let pool = match sink.readers {
-        0 => None,
-        n => rayon::ThreadPoolBuilder::new().num_threads(n).build().ok(),
-    };
     let read_all = || {
         groups.par_iter().enumerate().try_for_each_init(
             HashMap::<u32, File>::new,
@@ -244,7 +268,7 @@ fn read_plan(repo: &Repository, plan: &[(ContainerId, RegionPlan)], sink: &Sink)
             },
         )
     };
-    match &pool {
+    match &sink.pool {
         Some(p) => p.install(read_all),
         None => read_all(),
     }

@@ -11,7 +11,7 @@ use strata_core::format::{Node, Recipe};
 /// The recipe of the version being restored.
 #[derive(Clone, Copy)]
 pub enum RecipeSource<'a> {
-    /// Whole in memory (one node per path).
+    /// Whole in memory.
     Memory(&'a Recipe),
     /// Stored in `repo` under `id`, read a part at a time.
     Stored { repo: &'a Repository, id: &'a str },
@@ -36,7 +36,19 @@ impl RecipeSource<'_> {
     /// per piece, in order.
     pub fn for_each_piece(&self, mut f: impl FnMut(&Node, u64) -> Result<()>) -> Result<()> {
         match self {
-            RecipeSource::Memory(r) => r.nodes.iter().try_for_each(|n| f(n, 0)),
+            RecipeSource::Memory(r) => {
+                // (Pieces of one file, should a recipe in memory hold them
+                // unjoined, go on where the one before ended.)
+                let mut end = 0u64;
+                for (i, n) in r.nodes.iter().enumerate() {
+                    let goes_on = i > 0 && recipe::continues(&r.nodes[i - 1], n);
+                    let offset = if goes_on { end } else { 0 };
+                    let len: u64 = n.segments.iter().map(|s| s.len()).sum();
+                    end = offset.saturating_add(len);
+                    f(n, offset)?;
+                }
+                Ok(())
+            }
             RecipeSource::Stored { repo, id } => {
                 recipe::for_each_piece(repo, id, |n, offset| f(&n, offset)).map(drop)
             }

@@ -30,6 +30,8 @@ pub fn verify(repo: &Repository, recipe: &Recipe, opts: &RestoreOptions) -> Resu
 /// Chunks checked at once (several files, or pieces of one, side by
 /// side): what is held of the recipe at a time.
 const BATCH_CHUNKS: usize = 1 << 18;
+/// Files (or pieces) checked at once at most.
+const BATCH_NODES: usize = 4096;
 
 /// [`verify`] of a recipe read from `source`, a piece at a time.
 pub fn verify_from(
@@ -82,9 +84,12 @@ pub fn verify_from(
         };
         let len: u64 = n.segments.iter().map(|s| s.len()).sum();
         ends[fi] = ends[fi].max(off.saturating_add(len));
+        if found[fi].is_some() || n.segments.is_empty() {
+            return Ok(());
+        }
         chunks += n.segments.iter().map(|s| s.chunks.len()).sum::<usize>();
         batch.push((fi, n.clone(), off));
-        if chunks >= BATCH_CHUNKS {
+        if chunks >= BATCH_CHUNKS || batch.len() >= BATCH_NODES {
             chunks = 0;
             check(&mut batch, &mut found)?;
         }

@@ -10,7 +10,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use strata_core::format::Snapshot;
-use strata_store::fsread::{open_stored, FileReader, RegionCache};
+use strata_store::fsread::{find_stored, FileReader, RegionCache};
 use strata_store::StoreError;
 use strata_volume::nbd::BlockDevice;
 
@@ -147,24 +147,21 @@ pub(super) fn open(cli: &crate::Cli, name: &str, at: &str, cache_bytes: usize) -
     let mut parts = vec![s.clone()];
     parts.extend(strata_store::tier::paths::part_snapshot(&s));
     for (i, part) in parts.into_iter().enumerate() {
-        let data = tier::part_data(&repo, &part, i > 0)?;
-        let file = open_stored(
-            &repo,
-            &data,
-            &part,
-            &part.recipe,
-            want.as_bytes(),
-            cache.clone(),
-        )
-        .with_context(|| {
+        let cannot = || {
             format!(
                 "cannot serve {want} of snapshot {}",
                 crate::output::short(&id)
             )
-        })?;
-        let Some(file) = file else {
+        };
+        let Some(found) = find_stored(&repo, &part.recipe, want.as_bytes()).with_context(cannot)?
+        else {
             continue;
         };
+        // (The cloud tier is opened only for an image moved there.)
+        let data = tier::part_data(&repo, &part, i > 0)?;
+        let file = found
+            .open(&data, &part, cache.clone())
+            .with_context(cannot)?;
         let size = file.size();
         let image = Arc::new(StoredImage {
             file,
