@@ -558,6 +558,44 @@ impl FileReader {
         }
         Ok(out)
     }
+
+    /// Writes the whole file to `out` in order (`dump`): a run of a
+    /// region's chunks straight from that region, read once and kept only
+    /// while its run is written (no cache: a file read once from start to
+    /// end would only churn one), zeros as zeros. Returns the bytes
+    /// written.
+    pub fn copy_to(&self, out: &mut dyn std::io::Write) -> Result<u64> {
+        let zeros = vec![0u8; 1 << 16];
+        let mut last: Option<((ContainerId, u32), Vec<u8>)> = None;
+        let mut written = 0u64;
+        let werr = |e| StoreError::io("write", "output", e);
+        for c in &self.chunks {
+            if c.is_zero() {
+                let mut left = c.len as usize;
+                while left > 0 {
+                    let n = left.min(zeros.len());
+                    out.write_all(&zeros[..n]).map_err(werr)?;
+                    left -= n;
+                }
+            } else {
+                let r = self.resolver.resolve(c, &self.path)?;
+                let key = (r.container, r.region_idx);
+                let plain = match last.take() {
+                    Some((k, plain)) if k == key => plain,
+                    _ => read_region(&self.repo, &r.container, &r.region)?,
+                };
+                let at = r.offset as usize;
+                let data = plain.get(at..at + c.len as usize).ok_or_else(|| {
+                    StoreError::Invalid(format!("{}: chunk outside its region", self.path))
+                })?;
+                out.write_all(data).map_err(werr)?;
+                last = Some((key, plain));
+            }
+            written += c.len as u64;
+        }
+        out.flush().map_err(werr)?;
+        Ok(written)
+    }
 }
 
 #[cfg(test)]

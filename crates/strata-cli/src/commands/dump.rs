@@ -7,10 +7,9 @@ use crate::{open, Cli};
 use anyhow::{bail, Result};
 use clap::Args;
 use std::ffi::OsString;
-use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
-use strata_store::fsread::{find_stored, FileReader, RegionCache, DEFAULT_REGION_CACHE_BYTES};
+use strata_store::fsread::{find_stored, RegionCache};
 
 #[derive(Args)]
 pub struct DumpArgs {
@@ -39,18 +38,18 @@ pub fn run(cli: &Cli, a: &DumpArgs) -> Result<i32> {
             continue;
         };
         let data = tier::part_data(&repo, &part, i > 0)?;
-        let cache = Arc::new(RegionCache::new(DEFAULT_REGION_CACHE_BYTES));
-        let file = found.open(&data, &part, cache)?;
+        // (Read once from start to end: no region cache.)
+        let file = found.open(&data, &part, Arc::new(RegionCache::new(0)))?;
         let stdout = std::io::stdout();
-        return match copy_out(&file, &mut stdout.lock()) {
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+        return match file.copy_to(&mut w) {
             // `strata dump … | head`: the reader has what it wanted.
-            Err(e)
-                if e.downcast_ref::<std::io::Error>()
-                    .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+            Err(strata_store::StoreError::Io { cause, .. })
+                if cause.kind() == std::io::ErrorKind::BrokenPipe =>
             {
                 Ok(0)
             }
-            r => r.map(|_| 0),
+            r => r.map(|_| 0).map_err(Into::into),
         };
     }
     bail!(
@@ -58,20 +57,4 @@ pub fn run(cli: &Cli, a: &DumpArgs) -> Result<i32> {
         a.snapshot,
         a.snapshot
     )
-}
-
-/// Writes the whole of `file` to `out`, 4 MiB at a time.
-fn copy_out(file: &FileReader, out: &mut impl Write) -> Result<()> {
-    const STEP: usize = 4 << 20;
-    let mut at = 0u64;
-    while at < file.size() {
-        let bytes = file.read_at(at, STEP)?;
-        if bytes.is_empty() {
-            bail!("{} ends before its size", file.path());
-        }
-        out.write_all(&bytes)?;
-        at += bytes.len() as u64;
-    }
-    out.flush()?;
-    Ok(())
 }

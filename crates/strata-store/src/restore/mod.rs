@@ -36,7 +36,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use strata_core::format::{ContainerId, Node, NodeKind, Recipe, Snapshot};
+use strata_core::format::{Node, NodeKind, Recipe, Snapshot};
 pub use verify::{verify, verify_from, VerifyReport};
 
 /// Checks a recipe path and turns it into a relative path.
@@ -737,7 +737,7 @@ impl<'s> Run<'s> {
     }
 }
 
-/// Writes one file's content to `out` in order.
+/// Writes one file's content to `out` in order (`node`, of `recipe`).
 pub fn dump(
     repo: &Repository,
     snapshot: &Snapshot,
@@ -745,41 +745,9 @@ pub fn dump(
     node: &Node,
     out: &mut dyn Write,
 ) -> Result<u64> {
-    let path = node.path_str();
-    let resolver = resolver_for(repo, snapshot, recipe, &[node])?;
-    let mut cached: Option<((ContainerId, u32), Vec<u8>)> = None;
-    let zeros = vec![0u8; 1 << 16];
-    let mut written = 0u64;
-    let werr = |e| StoreError::io("write", "output", e);
-    for s in &node.segments {
-        for c in &s.chunks {
-            if c.is_zero() {
-                let mut left = c.len as usize;
-                while left > 0 {
-                    let n = left.min(zeros.len());
-                    out.write_all(&zeros[..n]).map_err(werr)?;
-                    left -= n;
-                }
-            } else {
-                let r = resolver.resolve(c, &path)?;
-                let key = (r.container, r.region_idx);
-                if cached.as_ref().map(|c| c.0) != Some(key) {
-                    let plain = crate::container::read_region(repo, &r.container, &r.region)?;
-                    cached = Some((key, plain));
-                }
-                let plain = &cached.as_ref().expect("filled above").1;
-                let data = plain
-                    .get(r.offset as usize..r.offset as usize + c.len as usize)
-                    .ok_or_else(|| {
-                        StoreError::Invalid(format!("{path}: chunk outside its region"))
-                    })?;
-                out.write_all(data).map_err(werr)?;
-            }
-            written += c.len as u64;
-        }
-    }
-    out.flush().map_err(werr)?;
-    Ok(written)
+    let resolver = Arc::new(resolver_for(repo, snapshot, recipe, &[node])?);
+    let cache = Arc::new(crate::fsread::RegionCache::new(0));
+    crate::fsread::FileReader::new(repo, node, resolver, cache).copy_to(out)
 }
 
 #[cfg(test)]
