@@ -26,6 +26,7 @@ use crate::container::read_region;
 use crate::error::{Result, StoreError};
 use crate::repo::Repository;
 use crate::resolver::{mark_needed, resolver_for, resolver_with, Resolved, Resolver};
+use crate::skeleton::Skeleton;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -217,13 +218,25 @@ pub fn content_len(node: &Node) -> u64 {
 
 /// One version opened for random access to its files: the repository
 /// holding its data, the snapshot as that repository records it, its
-/// recipe, and a resolver for the whole recipe built on first use.
+/// tree, and a resolver for the whole recipe built on first use.
 pub struct SnapshotReader {
     repo: Repository,
     snapshot: Snapshot,
-    recipe: Arc<Recipe>,
+    tree: Tree,
     cache: Arc<RegionCache>,
     resolver: Mutex<Option<Arc<Resolver>>>,
+}
+
+/// Where a [`SnapshotReader`] takes files' chunks from.
+enum Tree {
+    /// The recipe, whole in memory.
+    Whole(Arc<Recipe>),
+    /// The recipe's skeleton: a file's chunks are read from the parts
+    /// holding it (in `recipes`) when it is opened.
+    Stored {
+        skeleton: Arc<Skeleton>,
+        recipes: Box<Repository>,
+    },
 }
 
 impl SnapshotReader {
@@ -239,7 +252,29 @@ impl SnapshotReader {
         SnapshotReader {
             repo,
             snapshot,
-            recipe,
+            tree: Tree::Whole(recipe),
+            cache,
+            resolver: Mutex::new(None),
+        }
+    }
+
+    /// As [`Self::new`], the recipe held as its `skeleton` (read from
+    /// `recipes`): [`Self::open_node`] reads a file's chunks from the
+    /// parts holding it, so no more than one file's chunk runs are held.
+    pub fn stored(
+        repo: Repository,
+        snapshot: Snapshot,
+        skeleton: Arc<Skeleton>,
+        recipes: Repository,
+        cache: Arc<RegionCache>,
+    ) -> Self {
+        SnapshotReader {
+            repo,
+            snapshot,
+            tree: Tree::Stored {
+                skeleton,
+                recipes: Box::new(recipes),
+            },
             cache,
             resolver: Mutex::new(None),
         }
@@ -249,39 +284,83 @@ impl SnapshotReader {
         &self.snapshot
     }
 
-    pub fn recipe(&self) -> &Arc<Recipe> {
-        &self.recipe
-    }
-
     /// The resolver for the whole recipe, built the first time (a failed
     /// build is not remembered: the next call tries again). Concurrent
-    /// first calls wait for one build.
+    /// first calls wait for one build. (From a skeleton: every container
+    /// of its table, and — for a reverse-deduplicated version only — the
+    /// indirect fingerprints of one pass over its parts.)
     pub fn resolver(&self) -> Result<Arc<Resolver>> {
         let mut g = self.resolver.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(r) = &*g {
             return Ok(r.clone());
         }
-        let nodes: Vec<&Node> = self.recipe.nodes.iter().collect();
-        let r = Arc::new(resolver_for(
-            &self.repo,
-            &self.snapshot,
-            &self.recipe,
-            &nodes,
-        )?);
+        let r = match &self.tree {
+            Tree::Whole(recipe) => {
+                let nodes: Vec<&Node> = recipe.nodes.iter().collect();
+                resolver_for(&self.repo, &self.snapshot, recipe, &nodes)?
+            }
+            Tree::Stored { skeleton, recipes } => {
+                let containers = &skeleton.recipe.containers;
+                let used = vec![true; containers.len()];
+                let mut indirect = HashSet::new();
+                if self.snapshot.archival.is_some() {
+                    crate::recipe::for_each_piece(recipes, skeleton.id(), |n, _| {
+                        let chunks = n.segments.iter().flat_map(|s| &s.chunks);
+                        mark_needed(chunks, &mut [], &mut indirect);
+                        Ok(())
+                    })?;
+                }
+                resolver_with(&self.repo, &self.snapshot, containers, &used, indirect)?
+            }
+        };
+        let r = Arc::new(r);
         *g = Some(r.clone());
         Ok(r)
     }
 
     /// A reader of `node`'s content. `node` must be a node of this
     /// reader's recipe (a hard link's caller passes the node it points
-    /// to); its chunk references index the recipe's container table.
+    /// to); its chunk references index the recipe's container table. (A
+    /// reader of a skeleton finds the node by its path first: prefer
+    /// [`Self::open_node`].)
     pub fn open(&self, node: &Node) -> Result<FileReader> {
-        Ok(FileReader::new(
-            &self.repo,
-            node,
-            self.resolver()?,
-            self.cache.clone(),
-        ))
+        match &self.tree {
+            Tree::Whole(_) => Ok(FileReader::new(
+                &self.repo,
+                node,
+                self.resolver()?,
+                self.cache.clone(),
+            )),
+            Tree::Stored { skeleton, .. } => {
+                let same = |n: &Node| n.path == node.path && n.kind == node.kind;
+                let i = skeleton.recipe.nodes.iter().position(same);
+                let i = i.ok_or_else(|| {
+                    StoreError::Invalid(format!("{} is not in the recipe", node.path_str()))
+                })?;
+                self.open_node(i)
+            }
+        }
+    }
+
+    /// A reader of node `i` of the recipe (a file's).
+    pub fn open_node(&self, i: usize) -> Result<FileReader> {
+        let missing = || StoreError::Invalid(format!("no node {i} in the recipe"));
+        match &self.tree {
+            Tree::Whole(recipe) => self.open(recipe.nodes.get(i).ok_or_else(missing)?),
+            Tree::Stored { skeleton, recipes } => {
+                let node = skeleton.recipe.nodes.get(i).ok_or_else(missing)?;
+                let resolver = self.resolver()?;
+                let mut chunks = Vec::new();
+                skeleton.chunks_of(recipes, i, |c| push_run(&mut chunks, *c, &resolver))?;
+                Ok(FileReader::from_runs(
+                    &self.repo,
+                    node.path_str(),
+                    chunks,
+                    resolver,
+                    self.cache.clone(),
+                ))
+            }
+        }
     }
 }
 

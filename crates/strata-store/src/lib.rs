@@ -31,6 +31,7 @@ pub mod restore;
 pub mod retention;
 pub mod revdedup;
 pub mod similarity;
+pub mod skeleton;
 pub mod snapshots;
 pub mod stages;
 pub mod stats;

@@ -384,6 +384,18 @@ pub fn for_each_piece(
     id: &str,
     mut f: impl FnMut(Node, u64) -> Result<()>,
 ) -> Result<Vec<ContainerId>> {
+    for_each_piece_in_part(repo, id, |n, offset, _| f(n, offset))
+}
+
+/// [`for_each_piece`], each node with the number of the part that holds
+/// it (its place in the recipe's list of parts; 0 for a version-1
+/// recipe).
+pub fn for_each_piece_in_part(
+    repo: &Repository,
+    id: &str,
+    mut f: impl FnMut(Node, u64, usize) -> Result<()>,
+) -> Result<Vec<ContainerId>> {
+    let mut part_no = 0;
     let mut containers: Vec<ContainerId> = Vec::new();
     let mut table: HashMap<ContainerId, u32> = HashMap::new();
     // The last node handed on and where its chunks end in its file.
@@ -417,8 +429,9 @@ pub fn for_each_piece(
                     ))
                 })?;
             last = Some((n.path.clone(), n.kind, end));
-            f(n, offset)?;
+            f(n, offset, part_no)?;
         }
+        part_no += 1;
         Ok(())
     })?;
     Ok(containers)

@@ -383,6 +383,23 @@ fn restore_stored_in_small_plans(repo: &Repository, r: &BackupReport, img: &[u8]
         "{} references",
         f.references()
     );
+    // Held as its skeleton: the image's pieces, read from their parts,
+    // are its chunks.
+    let sk = strata_store::skeleton::Skeleton::load(repo, &r.snapshot.recipe).unwrap();
+    let whole = repo.load_recipe(&r.snapshot.recipe).unwrap();
+    let i = whole
+        .nodes
+        .iter()
+        .position(|n| n.path == b"vm.img")
+        .unwrap();
+    let want: Vec<_> = whole.nodes[i]
+        .segments
+        .iter()
+        .flat_map(|s| s.chunks.clone())
+        .collect();
+    let mut got = Vec::new();
+    sk.chunks_of(repo, i, |c| got.push(*c)).unwrap();
+    assert!(got == want && sk.lens[i] == img.len() as u64);
     // A changed byte in the second piece (past its zeros) is found where
     // it is.
     let at = PATCH_PIECE_BYTES + SEG + 3 * 4096 + 17;

@@ -308,6 +308,14 @@ fn whole_recipes_of_version_1_still_work() {
     ));
     let t1 = read_tree(&src);
     assert_restores(&repo, &v1.id, &src, tmp.path(), &t1, "v1 whole");
+    // Held as a skeleton, its files' chunks come from the one object.
+    let sk = strata_store::skeleton::Skeleton::load(&repo, &rid).unwrap();
+    for (i, n) in whole.nodes.iter().enumerate().step_by(37) {
+        let mut got = Vec::new();
+        sk.chunks_of(&repo, i, |c| got.push(*c)).unwrap();
+        let want: Vec<_> = n.segments.iter().flat_map(|s| s.chunks.clone()).collect();
+        assert!(got == want, "{}", n.path_str());
+    }
     fs::write(src.join("d1/s1/f1"), b"new").unwrap();
     let v2 = backup_paths(&repo, &[&src]).unwrap();
     assert_eq!(v2.reused_files, v1.snapshot.stats.files - 1);

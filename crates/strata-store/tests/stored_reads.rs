@@ -49,3 +49,61 @@ fn files_open_from_stored_parts() {
     assert!(e.contains("is a directory, not a file"), "{e}");
     assert!(open("nothing").unwrap().is_none());
 }
+
+/// A tree of several recipe parts held as its skeleton: every file's
+/// chunks, read from the parts that hold it, are the whole recipe's (same
+/// table), and a reader of the skeleton reads the files' bytes.
+#[test]
+fn a_skeleton_reads_each_file_from_its_parts() {
+    use strata_store::fsread::SnapshotReader;
+    use strata_store::skeleton::Skeleton;
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = init_repo(&tmp.path().join("repo"), false);
+    let src = tmp.path().join("src");
+    let mut rng = Rng(9);
+    for d in 0..24 {
+        let dir = src.join(format!("d{d:02}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in 0..50 {
+            let len = rng.below(16_000) as usize;
+            std::fs::write(dir.join(format!("f{f:02}")), rng.bytes(len)).unwrap();
+        }
+    }
+    let r = backup_paths(&repo, &[&src]).unwrap();
+    let s = &r.snapshot;
+    let parts = strata_store::recipe::part_ids(&repo, &s.recipe).unwrap();
+    assert!(parts.len() > 1, "{} parts", parts.len());
+    let whole = repo.load_recipe(&s.recipe).unwrap();
+    let sk = Skeleton::load(&repo, &s.recipe).unwrap();
+    assert_eq!(sk.recipe.containers, whole.containers);
+    assert_eq!(sk.recipe.nodes.len(), whole.nodes.len());
+    let cache = Arc::new(RegionCache::new(4 << 20));
+    let sk = Arc::new(sk);
+    let reader = SnapshotReader::stored(repo.clone(), s.clone(), sk.clone(), repo.clone(), cache);
+    let mut files = 0;
+    for (i, n) in whole.nodes.iter().enumerate() {
+        assert_eq!(sk.recipe.nodes[i].path, n.path);
+        assert!(sk.recipe.nodes[i].segments.is_empty());
+        let want: Vec<_> = n.segments.iter().flat_map(|s| s.chunks.clone()).collect();
+        let mut got = Vec::new();
+        sk.chunks_of(&repo, i, |c| got.push(*c)).unwrap();
+        if n.kind != strata_core::format::NodeKind::File {
+            assert!(got.is_empty());
+            continue;
+        }
+        assert!(got == want, "{}", n.path_str());
+        let len: u64 = want.iter().map(|c| c.len as u64).sum();
+        assert_eq!(sk.lens[i], len);
+        if i % 97 == 0 {
+            let f = reader.open_node(i).unwrap();
+            let disk = std::fs::read(format!("/{}", n.path_str())).unwrap();
+            assert!(
+                f.read_at(0, disk.len() + 1).unwrap() == disk,
+                "{}",
+                n.path_str()
+            );
+            files += 1;
+        }
+    }
+    assert!(files > 5);
+}

@@ -18,9 +18,13 @@
 //! not be a real one (empty, `.`/`..` components, NUL) are left out.
 //!
 //! Snapshots are listed once, at mount time. A version's tree is built the
-//! first time something below it is looked at (its recipe loaded, one
-//! child map); its resolver the first time one of its files is opened
-//! ([`strata_store::fsread::SnapshotReader`]); reads go through one
+//! first time something below it is looked at (its recipe read a part at
+//! a time and held without chunks — [`Skeleton`] —, one child map); its
+//! resolver the first time one of its files is opened
+//! ([`strata_store::fsread::SnapshotReader`]), and a file's chunks are
+//! read from the parts holding it when it is opened (only its chunk runs
+//! kept while it is open: a 100 GiB image in a tree costs its runs, not
+//! 2.5 GB of references); reads go through one
 //! [`RegionCache`] shared by every file. Files show the size, mode,
 //! owner and times the backup recorded; a hard link shows the file it
 //! links to (same inode number); symlinks read as recorded. Versions moved
@@ -51,9 +55,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use strata_core::format::{Node, NodeKind, Recipe, Snapshot, Tier};
-use strata_store::fsread::{content_len, FileReader, RegionCache, SnapshotReader};
+use strata_core::format::{Node, NodeKind, Snapshot, Tier};
+use strata_store::fsread::{FileReader, RegionCache, SnapshotReader};
 use strata_store::restore::safe_rel;
+use strata_store::skeleton::Skeleton;
 use strata_store::Repository;
 
 /// Arguments of `strata mount`.
@@ -214,7 +219,8 @@ struct TNode {
 /// One recipe of a version: its own, or its cloud part's.
 struct Part {
     snapshot: Snapshot,
-    recipe: Arc<Recipe>,
+    /// Its recipe without chunks: a file's are read when it is opened.
+    tree: Arc<Skeleton>,
     /// Its data is in the cloud tier.
     cloud: bool,
     reader: Mutex<Option<Arc<SnapshotReader>>>,
@@ -234,7 +240,7 @@ impl Loaded {
     /// The recipe node behind a tree entry.
     fn recipe_node(&self, t: &TNode) -> Option<&Node> {
         let (p, i) = t.src?;
-        self.parts.get(p)?.recipe.nodes.get(i)
+        self.parts.get(p)?.tree.recipe.nodes.get(i)
     }
 
     fn is_dir(&self, local: u64) -> bool {
@@ -276,12 +282,12 @@ fn build_tree(parts: &[Part]) -> (Vec<TNode>, usize) {
     let kind_of = |nodes: &[TNode], l: u64| {
         nodes[l as usize]
             .src
-            .map(|(p, i)| parts[p].recipe.nodes[i].kind)
+            .map(|(p, i)| parts[p].tree.recipe.nodes[i].kind)
             .unwrap_or(NodeKind::Dir)
     };
     let mut skipped = 0;
     for (p, part) in parts.iter().enumerate() {
-        for (i, n) in part.recipe.nodes.iter().enumerate() {
+        for (i, n) in part.tree.recipe.nodes.iter().enumerate() {
             if safe_rel(&n.path).is_err() {
                 skipped += 1;
                 continue;
@@ -317,7 +323,7 @@ fn build_tree(parts: &[Part]) -> (Vec<TNode>, usize) {
                 parent = push_node(&mut nodes, &mut at, dir, parent, None, 0);
             }
             let size = match n.kind {
-                NodeKind::File => content_len(n),
+                NodeKind::File => part.tree.lens.get(i).copied().unwrap_or(0),
                 NodeKind::Symlink => n.target.as_ref().map_or(0, |t| t.len() as u64),
                 _ => 0,
             };
@@ -329,7 +335,7 @@ fn build_tree(parts: &[Part]) -> (Vec<TNode>, usize) {
         c.sort_by(|a, b| nodes[*a as usize].name.cmp(&nodes[*b as usize].name));
         nodes[l].children = c;
         let Some((p, i)) = nodes[l].src else { continue };
-        let n = &parts[p].recipe.nodes[i];
+        let n = &parts[p].tree.recipe.nodes[i];
         if n.kind == NodeKind::Hardlink {
             let target = n.target.as_deref().and_then(|t| at.get(t)).copied();
             nodes[l].link = target.filter(|&t| kind_of(&nodes, t) == NodeKind::File);
@@ -501,13 +507,11 @@ impl StrataFs {
         let what = format!("snapshot {} ({}@{})", e.id, e.snap.series, e.snap.version);
         let mut parts = Vec::new();
         let mut add = |snapshot: Snapshot, cloud: bool| -> Result<(), Errno> {
-            let recipe = self
-                .repo
-                .load_recipe(&snapshot.recipe)
+            let tree = Skeleton::load(&self.repo, &snapshot.recipe)
                 .map_err(|err| eio(&format!("{what}: loading its recipe"), err))?;
             parts.push(Part {
                 snapshot,
-                recipe: Arc::new(recipe),
+                tree: Arc::new(tree),
                 cloud,
                 reader: Mutex::new(None),
             });
@@ -539,10 +543,11 @@ impl StrataFs {
         } else {
             self.repo.clone()
         };
-        let r = Arc::new(SnapshotReader::new(
+        let r = Arc::new(SnapshotReader::stored(
             data,
             part.snapshot.clone(),
-            part.recipe.clone(),
+            part.tree.clone(),
+            self.repo.clone(),
             self.cache.clone(),
         ));
         *g = Some(r.clone());
@@ -796,7 +801,7 @@ impl StrataFs {
         let l = self.loaded(snap)?;
         let t = l.node(local).ok_or(Errno::ENOENT)?;
         let n = l.recipe_node(t).ok_or(Errno::EISDIR)?;
-        let (p, _) = t.src.ok_or(Errno::EISDIR)?;
+        let (p, i) = t.src.ok_or(Errno::EISDIR)?;
         let path = n.path_str();
         match n.kind {
             NodeKind::File => {}
@@ -808,7 +813,7 @@ impl StrataFs {
         }
         let reader = self
             .part_reader(&l, p)
-            .and_then(|r| Ok(r.open(n)?))
+            .and_then(|r| Ok(r.open_node(i)?))
             .map_err(|e| eio(&format!("{path}: opening"), e))?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.files).insert(fh, Arc::new(reader));
@@ -1486,10 +1491,7 @@ mod tests {
     fn part(nodes: Vec<Node>) -> Part {
         Part {
             snapshot: snapshot("", 1),
-            recipe: Arc::new(Recipe {
-                containers: Vec::new(),
-                nodes,
-            }),
+            tree: Arc::new(Skeleton::of_nodes(nodes)),
             cloud: false,
             reader: Mutex::new(None),
         }

@@ -1,0 +1,168 @@
+//! A stored recipe's tree without its chunks, and where each node's
+//! chunks are among the recipe's parts: what `strata mount` lists, and
+//! what opening one of its files reads (only the parts holding that
+//! file). A tree of a million files, or a 100 GiB disk image, is then
+//! held as its nodes' metadata, never as every chunk reference.
+
+use crate::error::{Result, StoreError};
+use crate::recipe::{append_joined, continues, for_each_piece_in_part, load_object, load_part};
+use crate::repo::Repository;
+use std::collections::HashMap;
+use strata_core::format::{
+    ChunkRef, ContainerId, Node, NodeKind, Recipe, RecipeObject, SegmentRef,
+};
+
+/// A recipe's tree without chunks (see the module documentation).
+pub struct Skeleton {
+    id: String,
+    /// Every node (a file once, however many pieces hold it) without its
+    /// chunks; `containers` is the whole recipe's table, the one
+    /// [`Skeleton::chunks_of`] numbers references in.
+    pub recipe: Recipe,
+    /// Per node: its content length (its chunks' bytes, all pieces).
+    pub lens: Vec<u64>,
+    /// Per node: the first and last part holding its pieces.
+    spans: Vec<(usize, usize)>,
+    /// The recipe's part ids (none: a version-1 recipe, one object).
+    parts: Vec<String>,
+    table: HashMap<ContainerId, u32>,
+}
+
+impl Skeleton {
+    /// Reads recipe `id` from `repo` a part at a time.
+    pub fn load(repo: &Repository, id: &str) -> Result<Skeleton> {
+        let parts = match load_object(repo, id)? {
+            RecipeObject::Whole(_) => Vec::new(),
+            RecipeObject::Index(i) => i.parts.into_iter().map(|p| p.id).collect(),
+        };
+        let mut nodes = Vec::new();
+        let mut lens: Vec<u64> = Vec::new();
+        let mut spans: Vec<(usize, usize)> = Vec::new();
+        let containers = for_each_piece_in_part(repo, id, |mut n, _, part| {
+            let len: u64 = n.segments.iter().map(SegmentRef::len).sum();
+            n.segments = Vec::new();
+            let goes_on = nodes.last().is_some_and(|l| continues(l, &n));
+            append_joined(&mut nodes, n)?;
+            match (goes_on, lens.last_mut(), spans.last_mut()) {
+                (true, Some(l), Some(s)) => {
+                    *l = l.saturating_add(len);
+                    s.1 = part;
+                }
+                _ => {
+                    lens.push(len);
+                    spans.push((part, part));
+                }
+            }
+            Ok(())
+        })?;
+        let table = containers
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (*c, i as u32))
+            .collect();
+        Ok(Skeleton {
+            id: id.to_string(),
+            recipe: Recipe { containers, nodes },
+            lens,
+            spans,
+            parts,
+            table,
+        })
+    }
+
+    /// A skeleton of `nodes` (chunks dropped) with no stored recipe
+    /// behind it: a tree to list, whose files cannot be opened.
+    pub fn of_nodes(nodes: Vec<Node>) -> Skeleton {
+        let lens = nodes
+            .iter()
+            .map(|n| n.segments.iter().map(SegmentRef::len).sum())
+            .collect();
+        let spans = vec![(0, 0); nodes.len()];
+        let nodes = nodes
+            .into_iter()
+            .map(|n| Node {
+                segments: Vec::new(),
+                ..n
+            })
+            .collect();
+        Skeleton {
+            id: String::new(),
+            recipe: Recipe {
+                containers: Vec::new(),
+                nodes,
+            },
+            lens,
+            spans,
+            parts: Vec::new(),
+            table: HashMap::new(),
+        }
+    }
+
+    /// The recipe's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Calls `f` with each chunk of node `i` in order, numbered in the
+    /// skeleton's container table, reading only the parts that hold it
+    /// (a version-1 recipe: its one object).
+    pub fn chunks_of(
+        &self,
+        repo: &Repository,
+        i: usize,
+        mut f: impl FnMut(&ChunkRef),
+    ) -> Result<()> {
+        let (Some(node), Some(&(first, last))) = (self.recipe.nodes.get(i), self.spans.get(i))
+        else {
+            return Err(StoreError::Invalid(format!(
+                "no node {i} in recipe {}",
+                self.id
+            )));
+        };
+        let parts = match self.parts.is_empty() {
+            true => match load_object(repo, &self.id)? {
+                RecipeObject::Whole(r) => vec![r],
+                RecipeObject::Index(_) => Vec::new(),
+            },
+            false => Vec::new(),
+        };
+        let mut read = parts.into_iter().map(Ok).chain(
+            self.parts
+                .get(first..=last)
+                .unwrap_or_default()
+                .iter()
+                .map(|p| load_part(repo, p)),
+        );
+        read.try_for_each(|part| {
+            let part = part?;
+            let map: Vec<Option<u32>> = part
+                .containers
+                .iter()
+                .map(|c| self.table.get(c).copied())
+                .collect();
+            let want =
+                |n: &&strata_core::format::Node| n.path == node.path && n.kind == NodeKind::File;
+            for n in part.nodes.iter().filter(want) {
+                for c in n.segments.iter().flat_map(|s| &s.chunks) {
+                    let mut c = *c;
+                    if c.is_direct() {
+                        c.container = map
+                            .get(c.container as usize)
+                            .copied()
+                            .flatten()
+                            .ok_or_else(|| unlisted(&node.path))?;
+                    }
+                    f(&c);
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+fn unlisted(path: &[u8]) -> StoreError {
+    StoreError::Invalid(format!(
+        "the recipe of {} references a container its part does not list",
+        String::from_utf8_lossy(path)
+    ))
+}
