@@ -2,19 +2,23 @@
 //! read-only FUSE view) and anything else that reads parts of files
 //! rather than whole trees.
 //!
-//! [`crate::restore::dump`] streams a file from its first chunk to its
-//! last. [`find_stored`] finds a file of a stored recipe read a part at a
-//! time, and opens it as a [`FileReader`] holding only its chunk runs
-//! (`volume serve --at`, `dump`, Python's `open_file`). A file system is asked for 128 KiB at arbitrary offsets instead,
-//! often by several threads at once, so here:
+//! [`crate::restore::dump`] and [`FileReader::copy_to`] stream a file from
+//! its first chunk to its last. A file system is asked for 128 KiB at
+//! arbitrary offsets instead, often by several threads at once, so here:
 //!
-//! * [`SnapshotReader`] holds one version's recipe and builds, the first
+//! * [`SnapshotReader`] holds one version's recipe — whole, or as its
+//!   [`Skeleton`] (`mount`: a file's chunks are read from the parts
+//!   holding it when it is opened) — and builds, the first
 //!   time one of its files is opened, one [`Resolver`] for the whole
 //!   recipe. Building a resolver reads the metadata of the containers it
 //!   covers and follows the indirect chain of a reverse-deduplicated
 //!   version through every newer version's recipe — far too much to repeat
 //!   per file — so it is done once per snapshot and shared.
-//! * [`FileReader`] holds a file's chunk list with cumulative offsets and
+//! * [`find_stored`] finds one file of a stored recipe read a part at a
+//!   time and opens it (`volume serve --at`, `dump`, Python's
+//!   `open_file`): only its chunk runs are kept.
+//! * [`FileReader`] holds a file's chunk list (runs of zeros and of a
+//!   region's consecutive chunks) with cumulative offsets and
 //!   finds the chunks under a byte range by binary search; zero chunks are
 //!   synthesised, never read.
 //! * [`RegionCache`] keeps recently opened (decompressed, decrypted)
@@ -260,7 +264,7 @@ impl SnapshotReader {
 
     /// As [`Self::new`], the recipe held as its `skeleton` (read from
     /// `recipes`): [`Self::open_node`] reads a file's chunks from the
-    /// parts holding it, so no more than one file's chunk runs are held.
+    /// parts holding it, so only the open files' chunk runs are held.
     pub fn stored(
         repo: Repository,
         snapshot: Snapshot,
@@ -324,6 +328,7 @@ impl SnapshotReader {
     /// reader of a skeleton finds the node by its path first: prefer
     /// [`Self::open_node`].)
     pub fn open(&self, node: &Node) -> Result<FileReader> {
+        not_a_file(node)?;
         match &self.tree {
             Tree::Whole(_) => Ok(FileReader::new(
                 &self.repo,
@@ -349,6 +354,7 @@ impl SnapshotReader {
             Tree::Whole(recipe) => self.open(recipe.nodes.get(i).ok_or_else(missing)?),
             Tree::Stored { skeleton, recipes } => {
                 let node = skeleton.recipe.nodes.get(i).ok_or_else(missing)?;
+                not_a_file(node)?;
                 let resolver = self.resolver()?;
                 let mut chunks = Vec::new();
                 skeleton.chunks_of(recipes, i, |c| push_run(&mut chunks, *c, &resolver))?;
@@ -364,6 +370,19 @@ impl SnapshotReader {
     }
 }
 
+/// Refuses to read a node that is not a file (a hard link's reader
+/// opens the file it names).
+fn not_a_file(n: &Node) -> Result<()> {
+    match n.kind {
+        NodeKind::File => Ok(()),
+        k => Err(StoreError::Invalid(format!(
+            "/{} is {}, not a file",
+            n.path_str(),
+            k.noun()
+        ))),
+    }
+}
+
 /// A file of a stored recipe, found by [`find_stored`]: what opening it
 /// needs, gathered a part at a time.
 pub struct StoredFile {
@@ -376,6 +395,8 @@ pub struct StoredFile {
     containers: Vec<ContainerId>,
     used: Vec<bool>,
     indirect: HashSet<Fingerprint>,
+    /// The first and last part holding the content's pieces.
+    span: Option<(usize, usize)>,
 }
 
 /// Finds the file `path` of the recipe `id` stored in `recipes`, reading
@@ -391,6 +412,7 @@ pub fn find_stored(recipes: &Repository, id: &str, path: &[u8]) -> Result<Option
         containers: Vec::new(),
         used: Vec::new(),
         indirect: HashSet::new(),
+        span: None,
     };
     match f.mark(path)? {
         None => Ok(None),
@@ -419,23 +441,27 @@ impl StoredFile {
     /// what resolving its chunks needs (marked in `used` and `indirect`).
     fn mark(&mut self, want: &[u8]) -> Result<Option<(NodeKind, Option<Vec<u8>>)>> {
         let mut found = None;
-        let (used, indirect) = (&mut self.used, &mut self.indirect);
-        self.containers = crate::recipe::for_each_piece(&self.recipes, &self.id, |n, _| {
-            if n.path == want {
-                found = Some((n.kind, n.target.clone()));
-                let chunks = n.segments.iter().flat_map(|s| &s.chunks);
-                // (The table grows as parts are read: `used` with it.)
-                let top = chunks
-                    .clone()
-                    .filter(|c| c.is_direct())
-                    .map(|c| c.container);
-                if let Some(top) = top.max().filter(|&t| t as usize >= used.len()) {
-                    used.resize(top as usize + 1, false);
+        let (used, indirect, span) = (&mut self.used, &mut self.indirect, &mut self.span);
+        *span = None;
+        let recipes = &self.recipes;
+        self.containers =
+            crate::recipe::for_each_piece_in_part(recipes, &self.id, |n, _, part| {
+                if n.path == want {
+                    found = Some((n.kind, n.target.clone()));
+                    *span = Some(span.map_or((part, part), |(first, _)| (first, part)));
+                    let chunks = n.segments.iter().flat_map(|s| &s.chunks);
+                    // (The table grows as parts are read: `used` with it.)
+                    let top = chunks
+                        .clone()
+                        .filter(|c| c.is_direct())
+                        .map(|c| c.container);
+                    if let Some(top) = top.max().filter(|&t| t as usize >= used.len()) {
+                        used.resize(top as usize + 1, false);
+                    }
+                    mark_needed(chunks, used, indirect);
                 }
-                mark_needed(chunks, used, indirect);
-            }
-            Ok(())
-        })?;
+                Ok(())
+            })?;
         Ok(found)
     }
 
@@ -452,14 +478,32 @@ impl StoredFile {
         let resolver = resolver_with(data, snapshot, &self.containers, &self.used, indirect)?;
         let resolver = Arc::new(resolver);
         let mut chunks = Vec::new();
-        crate::recipe::for_each_piece(&self.recipes, &self.id, |n, _| {
-            if n.path == self.content && n.kind == NodeKind::File {
-                for c in n.segments.iter().flat_map(|s| &s.chunks) {
-                    push_run(&mut chunks, *c, &resolver);
+        let mut push = |c: &ChunkRef| push_run(&mut chunks, *c, &resolver);
+        // Only the parts holding the file are read again (a version-1
+        // recipe: its one object).
+        let ids = crate::recipe::part_ids(&self.recipes, &self.id)?;
+        let table: HashMap<ContainerId, u32> = (self.containers.iter().enumerate())
+            .map(|(i, c)| (*c, i as u32))
+            .collect();
+        match self.span.and_then(|(a, b)| ids.get(a..=b)) {
+            Some(span) => {
+                for id in span {
+                    let part = crate::recipe::load_part(&self.recipes, id)?;
+                    crate::skeleton::part_chunks(&part, &table, &self.content, &mut push)?;
                 }
             }
-            Ok(())
-        })?;
+            None => {
+                crate::recipe::for_each_piece(&self.recipes, &self.id, |n, _| {
+                    if n.path == self.content && n.kind == NodeKind::File {
+                        n.segments
+                            .iter()
+                            .flat_map(|s| &s.chunks)
+                            .for_each(&mut push);
+                    }
+                    Ok(())
+                })?;
+            }
+        }
         Ok(FileReader::from_runs(
             data, self.shown, chunks, resolver, cache,
         ))

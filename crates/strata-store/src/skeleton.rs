@@ -7,7 +7,8 @@
 use crate::error::{Result, StoreError};
 use crate::recipe::{append_joined, continues, for_each_piece_in_part, load_object, load_part};
 use crate::repo::Repository;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use strata_core::format::{
     ChunkRef, ContainerId, Node, NodeKind, Recipe, RecipeObject, SegmentRef,
 };
@@ -26,7 +27,14 @@ pub struct Skeleton {
     /// The recipe's part ids (none: a version-1 recipe, one object).
     parts: Vec<String>,
     table: HashMap<ContainerId, u32>,
+    /// The parts decoded last (their number; 0 for a version-1 recipe's
+    /// one object), at most [`CACHED_PARTS`]: a directory's files lie in
+    /// one or two parts and are opened one after another.
+    cache: Mutex<VecDeque<(usize, Arc<Recipe>)>>,
 }
+
+/// Decoded parts a [`Skeleton`] keeps (a part is at most 4 MiB encoded).
+const CACHED_PARTS: usize = 4;
 
 impl Skeleton {
     /// Reads recipe `id` from `repo` a part at a time.
@@ -67,6 +75,7 @@ impl Skeleton {
             spans,
             parts,
             table,
+            cache: Mutex::default(),
         })
     }
 
@@ -95,6 +104,7 @@ impl Skeleton {
             spans,
             parts: Vec::new(),
             table: HashMap::new(),
+            cache: Mutex::default(),
         }
     }
 
@@ -119,45 +129,80 @@ impl Skeleton {
                 self.id
             )));
         };
-        let parts = match self.parts.is_empty() {
-            true => match load_object(repo, &self.id)? {
-                RecipeObject::Whole(r) => vec![r],
-                RecipeObject::Index(_) => Vec::new(),
-            },
-            false => Vec::new(),
+        let numbers = match self.parts.is_empty() {
+            // A version-1 recipe: its one object.
+            true => 0..=0,
+            false => first..=last,
         };
-        let mut read = parts.into_iter().map(Ok).chain(
-            self.parts
-                .get(first..=last)
-                .unwrap_or_default()
-                .iter()
-                .map(|p| load_part(repo, p)),
-        );
-        read.try_for_each(|part| {
-            let part = part?;
-            let map: Vec<Option<u32>> = part
-                .containers
-                .iter()
-                .map(|c| self.table.get(c).copied())
-                .collect();
-            let want =
-                |n: &&strata_core::format::Node| n.path == node.path && n.kind == NodeKind::File;
-            for n in part.nodes.iter().filter(want) {
-                for c in n.segments.iter().flat_map(|s| &s.chunks) {
-                    let mut c = *c;
-                    if c.is_direct() {
-                        c.container = map
-                            .get(c.container as usize)
-                            .copied()
-                            .flatten()
-                            .ok_or_else(|| unlisted(&node.path))?;
-                    }
-                    f(&c);
-                }
-            }
-            Ok(())
+        numbers.into_iter().try_for_each(|k| {
+            let part = self.part(repo, k)?;
+            part_chunks(&part, &self.table, &node.path, &mut f)
         })
     }
+}
+
+impl Skeleton {
+    /// Part `k` decoded, from the cache or read (a version-1 recipe: its
+    /// one object, `k` 0).
+    fn part(&self, repo: &Repository, k: usize) -> Result<Arc<Recipe>> {
+        let lock = || self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, p)) = lock().iter().find(|(n, _)| *n == k) {
+            return Ok(p.clone());
+        }
+        let part = match self.parts.get(k) {
+            Some(id) => load_part(repo, id)?,
+            None if self.parts.is_empty() && !self.id.is_empty() => {
+                match load_object(repo, &self.id)? {
+                    RecipeObject::Whole(r) => r,
+                    RecipeObject::Index(_) => Recipe::default(),
+                }
+            }
+            None => {
+                return Err(StoreError::Invalid(format!(
+                    "part {k} of recipe {:?} is not stored (a tree to list only?)",
+                    self.id
+                )))
+            }
+        };
+        let part = Arc::new(part);
+        let mut cache = lock();
+        cache.push_back((k, part.clone()));
+        if cache.len() > CACHED_PARTS {
+            cache.pop_front();
+        }
+        Ok(part)
+    }
+}
+
+/// Calls `f` with the chunks of the file `path` in `part` (its pieces
+/// there, in order), references renumbered through `table` (the whole
+/// recipe's: container id → number).
+pub(crate) fn part_chunks(
+    part: &Recipe,
+    table: &HashMap<ContainerId, u32>,
+    path: &[u8],
+    f: &mut impl FnMut(&ChunkRef),
+) -> Result<()> {
+    let map: Vec<Option<u32>> = part
+        .containers
+        .iter()
+        .map(|c| table.get(c).copied())
+        .collect();
+    let want = |n: &&Node| n.path == path && n.kind == NodeKind::File;
+    for n in part.nodes.iter().filter(want) {
+        for c in n.segments.iter().flat_map(|s| &s.chunks) {
+            let mut c = *c;
+            if c.is_direct() {
+                c.container = map
+                    .get(c.container as usize)
+                    .copied()
+                    .flatten()
+                    .ok_or_else(|| unlisted(path))?;
+            }
+            f(&c);
+        }
+    }
+    Ok(())
 }
 
 fn unlisted(path: &[u8]) -> StoreError {

@@ -61,18 +61,25 @@ fn a_skeleton_reads_each_file_from_its_parts() {
     let repo = init_repo(&tmp.path().join("repo"), false);
     let src = tmp.path().join("src");
     let mut rng = Rng(9);
-    for d in 0..24 {
-        let dir = src.join(format!("d{d:02}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        for f in 0..50 {
-            let len = rng.below(16_000) as usize;
-            std::fs::write(dir.join(format!("f{f:02}")), rng.bytes(len)).unwrap();
+    // Parts are cut where the (keyed) hash of a path says so: files are
+    // added until the tree takes more than one part.
+    let mut round = 0;
+    let r = loop {
+        for f in 0..800 {
+            let dir = src.join(format!("d{round}{:02}", f % 16));
+            std::fs::create_dir_all(&dir).unwrap();
+            let len = rng.below(6_000) as usize;
+            std::fs::write(dir.join(format!("f{f:03}")), rng.bytes(len)).unwrap();
         }
-    }
-    let r = backup_paths(&repo, &[&src]).unwrap();
+        let r = backup_paths(&repo, &[&src]).unwrap();
+        let parts = strata_store::recipe::part_ids(&repo, &r.snapshot.recipe).unwrap();
+        round += 1;
+        if parts.len() > 1 || round == 10 {
+            assert!(parts.len() > 1, "{} parts", parts.len());
+            break r;
+        }
+    };
     let s = &r.snapshot;
-    let parts = strata_store::recipe::part_ids(&repo, &s.recipe).unwrap();
-    assert!(parts.len() > 1, "{} parts", parts.len());
     let whole = repo.load_recipe(&s.recipe).unwrap();
     let sk = Skeleton::load(&repo, &s.recipe).unwrap();
     assert_eq!(sk.recipe.containers, whole.containers);
