@@ -11,6 +11,7 @@ use crate::error::{Result, StoreError};
 use crate::fsread::{FileReader, RegionCache, SnapshotReader};
 use crate::progress::Progress;
 use crate::repo::Repository;
+use crate::skeleton::Skeleton;
 use std::collections::HashMap;
 use std::io::Read;
 use std::sync::Arc;
@@ -107,14 +108,17 @@ pub(crate) fn store_version(
     // the active one, as restore sets it last).
     let mut at: HashMap<Vec<u8>, usize> = HashMap::new();
     for (repo, part) in parts {
-        let recipe = Arc::new(repo.load_recipe(&part.recipe)?);
-        let reader = Arc::new(SnapshotReader::new(
+        // The tree without chunks: a file's are read from the parts
+        // holding it as the backup reads the file.
+        let tree = Arc::new(Skeleton::load(repo, &part.recipe)?);
+        let reader = Arc::new(SnapshotReader::stored(
             repo.clone(),
             part.clone(),
-            recipe.clone(),
+            tree.clone(),
+            repo.clone(),
             cache.clone(),
         ));
-        for n in recipe.nodes.iter() {
+        for (i, n) in tree.recipe.nodes.iter().enumerate() {
             let hardlink_to_skipped = n.kind == NodeKind::Hardlink && skipped(n.target.as_deref());
             if skipped(Some(&n.path)) || hardlink_to_skipped {
                 continue;
@@ -122,7 +126,7 @@ pub(crate) fn store_version(
             let content: Option<Box<dyn Read + Send>> = match n.kind {
                 NodeKind::File => Some(Box::new(Content {
                     snapshot: reader.clone(),
-                    node: n.clone(),
+                    node: i,
                     file: None,
                     offset: 0,
                 })),
@@ -161,7 +165,8 @@ pub(crate) fn store_version(
 /// A file's content read on demand from the other repository.
 struct Content {
     snapshot: Arc<SnapshotReader>,
-    node: Node,
+    /// The file's node in the snapshot's tree.
+    node: usize,
     file: Option<FileReader>,
     offset: u64,
 }
@@ -170,7 +175,7 @@ impl Read for Content {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let to_io = |e: StoreError| std::io::Error::other(e.to_string());
         if self.file.is_none() {
-            self.file = Some(self.snapshot.open(&self.node).map_err(to_io)?);
+            self.file = Some(self.snapshot.open_node(self.node).map_err(to_io)?);
         }
         let Some(file) = &self.file else {
             return Ok(0);
