@@ -1,6 +1,8 @@
 //! Comparing and searching versions' trees: the library side of `strata
 //! diff SNAP1 SNAP2` and `strata find PATTERN`. Both work on recipes only
-//! (a version's whole tree, [`whole_recipe`]) and never read file data.
+//! (a version's whole tree without chunks, [`whole_skeleton`], and for
+//! diff each file's [`ContentHash`], both read a recipe part at a time)
+//! and never read file data.
 //!
 //! # Diff
 //!
@@ -62,15 +64,16 @@
 
 use crate::error::{Result, StoreError};
 use crate::repo::Repository;
-use crate::tier::paths::whole_recipe;
+use crate::tier::paths::whole_skeleton;
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Serialize, Serializer};
 use std::borrow::Cow;
 use std::cmp::Ordering;
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use strata_core::format::{path_cmp, Node, NodeKind, Recipe, Snapshot};
+use strata_core::format::{path_cmp, ChunkRef, Node, NodeKind, Recipe, Snapshot};
 use strata_core::Fingerprint;
 
 /// How a path differs between two trees (serialised in lower case).
@@ -152,10 +155,16 @@ fn old_kind_id<S: Serializer>(k: &Option<NodeKind>, s: S) -> std::result::Result
 /// damaged one may repeat a path (the first node of a path is kept).
 struct Tree<'a> {
     nodes: Vec<&'a Node>,
+    /// Files' content hashes by path, when the nodes come without chunks
+    /// (a version's skeleton, hashed as its parts were read).
+    hashes: Option<&'a ContentHashes>,
 }
 
+/// Regular files' content hashes by path ([`ContentHash`]).
+pub type ContentHashes = HashMap<Vec<u8>, [u8; 32]>;
+
 impl<'a> Tree<'a> {
-    fn new(r: &'a Recipe) -> Self {
+    fn new(r: &'a Recipe, hashes: Option<&'a ContentHashes>) -> Self {
         let mut nodes: Vec<&Node> = r.nodes.iter().collect();
         if !nodes
             .windows(2)
@@ -164,7 +173,23 @@ impl<'a> Tree<'a> {
             nodes.sort_by(|a, b| path_cmp(&a.path, &b.path));
             nodes.dedup_by(|later, first| later.path == first.path);
         }
-        Tree { nodes }
+        Tree { nodes, hashes }
+    }
+
+    /// The content hash of regular file `f`: from the hashes given, else
+    /// from its chunks.
+    fn hash_of(&self, f: &Node) -> Option<[u8; 32]> {
+        match self.hashes {
+            Some(h) => h.get(&f.path).copied(),
+            None => {
+                let mut h = ContentHash::default();
+                f.segments
+                    .iter()
+                    .flat_map(|s| &s.chunks)
+                    .for_each(|c| h.push(c));
+                Some(h.finish())
+            }
+        }
     }
 
     /// The node at `path`.
@@ -201,26 +226,73 @@ impl<'a> Tree<'a> {
 
 /// Whether two regular files hold the same bytes: same size and the same
 /// chunks, wherever those are stored and however they are grouped into
-/// segments.
-fn same_file_content(a: &Node, b: &Node) -> bool {
-    a.size == b.size && chunks(a).eq(chunks(b))
+/// segments or pieces (compared by [`ContentHash`]).
+fn same_file_content(ta: &Tree, a: &Node, tb: &Tree, b: &Node) -> bool {
+    a.size == b.size && ta.hash_of(a).is_some_and(|h| Some(h) == tb.hash_of(b))
 }
 
-/// A file's chunks as (fingerprint, length), in order; zeros as one run
-/// however they were cut (into chunks, runs or segments).
-fn chunks(n: &Node) -> impl Iterator<Item = (Fingerprint, u64)> + '_ {
-    let mut all = n.segments.iter().flat_map(|s| &s.chunks).peekable();
-    std::iter::from_fn(move || {
-        let c = all.next()?;
-        if !c.is_zero() {
-            return Some((c.fp, c.len as u64));
+/// A file's content as diff compares it: a hash of its chunks'
+/// (fingerprint, length) list in order, zeros as one run however they
+/// were cut (into chunks, runs, segments or pieces). Chunks are pushed as
+/// the recipe holds them, so a file is hashed without its chunk list in
+/// memory.
+#[derive(Default)]
+pub struct ContentHash {
+    hasher: blake3::Hasher,
+    /// Zero bytes not yet hashed (a run may go on).
+    zeros: u64,
+}
+
+impl ContentHash {
+    pub fn push(&mut self, c: &ChunkRef) {
+        if c.is_zero() {
+            self.zeros += c.len as u64;
+            return;
         }
-        let mut len = c.len as u64;
-        while let Some(z) = all.next_if(|z| z.is_zero()) {
-            len += z.len as u64;
+        self.flush_zeros();
+        self.hasher.update(&c.fp.0);
+        self.hasher.update(&(c.len as u64).to_le_bytes());
+    }
+
+    fn flush_zeros(&mut self) {
+        if self.zeros > 0 {
+            self.hasher.update(&Fingerprint::ZERO.0);
+            self.hasher.update(&self.zeros.to_le_bytes());
+            self.zeros = 0;
         }
-        Some((Fingerprint::ZERO, len))
-    })
+    }
+
+    pub fn finish(mut self) -> [u8; 32] {
+        self.flush_zeros();
+        *self.hasher.finalize().as_bytes()
+    }
+}
+
+/// The content hashes of recipe `id`'s regular files, read a part at a
+/// time (a file in pieces hashed across them).
+pub fn content_hashes(repo: &Repository, id: &str) -> Result<ContentHashes> {
+    let mut out = ContentHashes::new();
+    let mut open: Option<(Vec<u8>, ContentHash)> = None;
+    crate::recipe::for_each_piece(repo, id, |n, offset| {
+        let goes_on = offset > 0 && open.as_ref().is_some_and(|(p, _)| *p == n.path);
+        if !goes_on {
+            if let Some((p, h)) = open.take() {
+                out.insert(p, h.finish());
+            }
+        }
+        if n.kind == NodeKind::File {
+            let (_, h) = open.get_or_insert_with(|| (n.path.clone(), ContentHash::default()));
+            n.segments
+                .iter()
+                .flat_map(|s| &s.chunks)
+                .for_each(|c| h.push(c));
+        }
+        Ok(())
+    })?;
+    if let Some((p, h)) = open {
+        out.insert(p, h.finish());
+    }
+    Ok(out)
 }
 
 /// Whether two nodes of the same kind hold the same content (see the
@@ -228,7 +300,7 @@ fn chunks(n: &Node) -> impl Iterator<Item = (Fingerprint, u64)> + '_ {
 fn same_content(ta: &Tree, x: &Node, tb: &Tree, y: &Node) -> bool {
     match x.kind {
         NodeKind::File | NodeKind::Hardlink => match (ta.file_of(x), tb.file_of(y)) {
-            (Some(f), Some(g)) => same_file_content(f, g),
+            (Some(f), Some(g)) => same_file_content(ta, f, tb, g),
             // A link whose file is missing (damage): the same target is
             // all that can be said.
             (None, None) => x.target == y.target,
@@ -349,7 +421,21 @@ impl Collect {
 /// in path order, and a lookup per hard link); no data is read. See the
 /// module documentation for what each [`Change`] means.
 pub fn diff(a: &Recipe, b: &Recipe) -> (Vec<DiffEntry>, DiffSummary) {
-    let (ta, tb) = (Tree::new(a), Tree::new(b));
+    diff_trees(Tree::new(a, None), Tree::new(b, None))
+}
+
+/// [`diff`] of two trees held without chunks (skeletons), their files'
+/// content given as [`content_hashes`].
+pub fn diff_hashed(
+    a: &Recipe,
+    a_hashes: &ContentHashes,
+    b: &Recipe,
+    b_hashes: &ContentHashes,
+) -> (Vec<DiffEntry>, DiffSummary) {
+    diff_trees(Tree::new(a, Some(a_hashes)), Tree::new(b, Some(b_hashes)))
+}
+
+fn diff_trees(ta: Tree, tb: Tree) -> (Vec<DiffEntry>, DiffSummary) {
     let mut out = Collect::default();
     let mut ai = ta.nodes.iter().copied().peekable();
     let mut bi = tb.nodes.iter().copied().peekable();
@@ -390,9 +476,24 @@ pub fn diff_snapshots(
     old: &Snapshot,
     new: &Snapshot,
 ) -> Result<(Vec<DiffEntry>, DiffSummary)> {
-    let a = whole_recipe(repo, old)?;
-    let b = whole_recipe(repo, new)?;
-    Ok(diff(&a, &b))
+    let (a, ah) = hashed_tree(repo, old)?;
+    let (b, bh) = hashed_tree(repo, new)?;
+    Ok(diff_hashed(&a, &ah, &b, &bh))
+}
+
+/// A version's whole tree without chunks (active and cloud parts joined,
+/// as [`whole_skeleton`]) and its files' content hashes (the active
+/// part's where both hold a path, as the joined tree keeps its node):
+/// its recipes read a part at a time.
+fn hashed_tree(repo: &Repository, s: &Snapshot) -> Result<(Recipe, ContentHashes)> {
+    let tree = whole_skeleton(repo, s)?;
+    let mut hashes = content_hashes(repo, &s.recipe)?;
+    if let Some(p) = crate::tier::paths::part_snapshot(s) {
+        for (path, h) in content_hashes(repo, &p.recipe)? {
+            hashes.entry(path).or_insert(h);
+        }
+    }
+    Ok((tree, hashes))
 }
 
 /// The paths `find` reports: a set of patterns (see the module
@@ -516,7 +617,7 @@ pub struct FindHit {
 /// The nodes of `recipe` (the whole tree of version `id`, `snap`) that
 /// `m` matches, in path order.
 pub fn find_in(id: &str, snap: &Snapshot, recipe: &Recipe, m: &Matcher) -> Vec<FindHit> {
-    let tree = Tree::new(recipe);
+    let tree = Tree::new(recipe, None);
     tree.nodes
         .iter()
         .filter(|n| m.is_match(&n.path))
@@ -540,7 +641,7 @@ pub fn find_in(id: &str, snap: &Snapshot, recipe: &Recipe, m: &Matcher) -> Vec<F
 pub fn find(repo: &Repository, snaps: &[(String, Snapshot)], m: &Matcher) -> Result<Vec<FindHit>> {
     let mut hits = Vec::new();
     for (id, s) in snaps {
-        let recipe = whole_recipe(repo, s)?;
+        let recipe = whole_skeleton(repo, s)?;
         hits.extend(find_in(id, s, &recipe, m));
     }
     Ok(hits)

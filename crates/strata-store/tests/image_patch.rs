@@ -326,6 +326,26 @@ fn an_image_of_several_pieces_is_patched_a_piece_at_a_time() {
     assert!(reads.is_empty());
     assert_eq!(r3.carried_bytes, img.len() as u64 - PATCH_PIECE);
     assert_eq!(r3.snapshot.recipe, r2.snapshot.recipe);
+    // diff of the stored versions (content hashed across the pieces, a
+    // part at a time) says what diff of the whole recipes says: the image
+    // changed from 1 to 2, not from 2 to 3.
+    use strata_store::treediff::{diff, diff_snapshots, Change};
+    let whole = |s: &strata_core::format::Snapshot| repo.load_recipe(&s.recipe).unwrap();
+    let (d12, _) = diff_snapshots(&repo, &r1.snapshot, &r2.snapshot).unwrap();
+    let img_change = |d: &[strata_store::treediff::DiffEntry]| {
+        d.iter()
+            .find(|e| e.path == b"vm.img")
+            .map(|e| (e.change, e.what.clone()))
+    };
+    assert_eq!(
+        img_change(&d12),
+        Some((Change::Modified, vec!["content"])),
+        "{d12:?}"
+    );
+    let (w12, _) = diff(&whole(&r1.snapshot), &whole(&r2.snapshot));
+    assert_eq!(img_change(&w12), img_change(&d12));
+    let (d23, _) = diff_snapshots(&repo, &r2.snapshot, &r3.snapshot).unwrap();
+    assert!(img_change(&d23).is_none(), "{d23:?}");
     // Read whole again: the same recipe too.
     let (r4, _) = snap(&repo, &img, Some(&r3.id), None, None);
     assert_eq!(r4.unwrap().snapshot.recipe, r2.snapshot.recipe);
