@@ -271,28 +271,40 @@ impl ContentHash {
 /// The content hashes of recipe `id`'s regular files, read a part at a
 /// time (a file in pieces hashed across them).
 pub fn content_hashes(repo: &Repository, id: &str) -> Result<ContentHashes> {
-    let mut out = ContentHashes::new();
-    let mut open: Option<(Vec<u8>, ContentHash)> = None;
-    crate::recipe::for_each_piece(repo, id, |n, offset| {
-        let goes_on = offset > 0 && open.as_ref().is_some_and(|(p, _)| *p == n.path);
+    Ok(hashed_skeleton(repo, id)?.1)
+}
+
+/// Recipe `id` without chunks ([`crate::recipe::load_skeleton`]) and its
+/// regular files' content hashes, in one pass over its parts.
+fn hashed_skeleton(repo: &Repository, id: &str) -> Result<(Recipe, ContentHashes)> {
+    let mut hashes = ContentHashes::new();
+    let mut nodes = Vec::new();
+    let mut open: Option<ContentHash> = None;
+    let finish = |nodes: &[Node], open: &mut Option<ContentHash>, hashes: &mut ContentHashes| {
+        if let (Some(h), Some(n)) = (open.take(), nodes.last()) {
+            hashes.insert(n.path.clone(), h.finish());
+        }
+    };
+    let containers = crate::recipe::for_each_piece(repo, id, |mut n, offset| {
+        let goes_on = offset > 0
+            && nodes
+                .last()
+                .is_some_and(|l| crate::recipe::continues(l, &n));
         if !goes_on {
-            if let Some((p, h)) = open.take() {
-                out.insert(p, h.finish());
-            }
+            finish(&nodes, &mut open, &mut hashes);
         }
         if n.kind == NodeKind::File {
-            let (_, h) = open.get_or_insert_with(|| (n.path.clone(), ContentHash::default()));
+            let h = open.get_or_insert_with(ContentHash::default);
             n.segments
                 .iter()
                 .flat_map(|s| &s.chunks)
                 .for_each(|c| h.push(c));
         }
-        Ok(())
+        n.segments = Vec::new();
+        crate::recipe::append_joined(&mut nodes, n)
     })?;
-    if let Some((p, h)) = open {
-        out.insert(p, h.finish());
-    }
-    Ok(out)
+    finish(&nodes, &mut open, &mut hashes);
+    Ok((Recipe { containers, nodes }, hashes))
 }
 
 /// Whether two nodes of the same kind hold the same content (see the
@@ -486,14 +498,17 @@ pub fn diff_snapshots(
 /// part's where both hold a path, as the joined tree keeps its node):
 /// its recipes read a part at a time.
 fn hashed_tree(repo: &Repository, s: &Snapshot) -> Result<(Recipe, ContentHashes)> {
-    let tree = whole_skeleton(repo, s)?;
-    let mut hashes = content_hashes(repo, &s.recipe)?;
-    if let Some(p) = crate::tier::paths::part_snapshot(s) {
-        for (path, h) in content_hashes(repo, &p.recipe)? {
-            hashes.entry(path).or_insert(h);
+    let (tree, mut hashes) = hashed_skeleton(repo, &s.recipe)?;
+    match crate::tier::paths::part_snapshot(s) {
+        Some(p) => {
+            let (cloud, cloud_hashes) = hashed_skeleton(repo, &p.recipe)?;
+            for (path, h) in cloud_hashes {
+                hashes.entry(path).or_insert(h);
+            }
+            Ok((crate::tier::paths::merge(tree, cloud)?, hashes))
         }
+        None => Ok((tree, hashes)),
     }
-    Ok((tree, hashes))
 }
 
 /// The paths `find` reports: a set of patterns (see the module
