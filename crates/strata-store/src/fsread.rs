@@ -34,7 +34,9 @@ use crate::skeleton::Skeleton;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use strata_core::format::{ChunkRef, ContainerId, Node, NodeKind, Recipe, Snapshot};
+use strata_core::format::{
+    path_cmp, ChunkRef, ContainerId, Node, NodeKind, Recipe, RecipeObject, Snapshot,
+};
 use strata_core::Fingerprint;
 
 /// Default bound of a [`RegionCache`]: 64 MiB of plaintext regions.
@@ -384,35 +386,90 @@ fn not_a_file(n: &Node) -> Result<()> {
 }
 
 /// A file of a stored recipe, found by [`find_stored`]: what opening it
-/// needs, gathered a part at a time.
+/// needs, read from the parts that may hold it.
 pub struct StoredFile {
     recipes: Repository,
-    id: String,
+    parts: RecipeParts,
     /// The path whose chunks are the file's content (a hard link's first
     /// name's).
     content: Vec<u8>,
     shown: String,
+    /// The recipe's container table, and each id's number in it.
     containers: Vec<ContainerId>,
+    table: HashMap<ContainerId, u32>,
     used: Vec<bool>,
     indirect: HashSet<Fingerprint>,
-    /// The first and last part holding the content's pieces.
-    span: Option<(usize, usize)>,
+    /// The parts holding the content's pieces.
+    span: Vec<usize>,
+}
+
+/// A recipe's parts as [`StoredFile`] reads them: by the list of its
+/// index (each part's first path tells where a path can be), or the one
+/// object of a version-1 recipe.
+enum RecipeParts {
+    Index {
+        ids: Vec<String>,
+        firsts: Vec<Vec<u8>>,
+    },
+    Whole(Arc<Recipe>),
+}
+
+impl RecipeParts {
+    /// The parts that may hold `path`: the last whose first path comes
+    /// before it, and those that begin with it (further pieces of a file).
+    fn holding(&self, path: &[u8]) -> std::ops::Range<usize> {
+        match self {
+            RecipeParts::Whole(_) => 0..1,
+            RecipeParts::Index { firsts, .. } => {
+                let before = firsts.partition_point(|f| path_cmp(f, path).is_lt());
+                let upto = firsts.partition_point(|f| path_cmp(f, path).is_le());
+                before.saturating_sub(1)..upto.max(before)
+            }
+        }
+    }
+
+    fn part(&self, recipes: &Repository, k: usize) -> Result<Arc<Recipe>> {
+        match self {
+            RecipeParts::Whole(r) => Ok(r.clone()),
+            RecipeParts::Index { ids, .. } => {
+                let id = ids
+                    .get(k)
+                    .ok_or_else(|| StoreError::Invalid(format!("a recipe has no part {k}")))?;
+                Ok(Arc::new(crate::recipe::load_part(recipes, id)?))
+            }
+        }
+    }
 }
 
 /// Finds the file `path` of the recipe `id` stored in `recipes`, reading
-/// the recipe a part at a time (never whole). A hard link stands for its
-/// first name's content. `None` when the recipe has no `path`; an error
-/// when it is neither a file nor a hard link to one.
+/// only the parts that may hold it (the recipe's index tells each part's
+/// first path). A hard link stands for its first name's content. `None`
+/// when the recipe has no `path`; an error when it is neither a file nor
+/// a hard link to one.
 pub fn find_stored(recipes: &Repository, id: &str, path: &[u8]) -> Result<Option<StoredFile>> {
+    let (parts, containers) = match crate::recipe::load_object(recipes, id)? {
+        RecipeObject::Index(i) => {
+            let (ids, firsts) = i.parts.into_iter().map(|p| (p.id, p.first)).unzip();
+            (RecipeParts::Index { ids, firsts }, i.containers)
+        }
+        RecipeObject::Whole(r) => {
+            let containers = r.containers.clone();
+            (RecipeParts::Whole(Arc::new(r)), containers)
+        }
+    };
+    let table = (containers.iter().enumerate())
+        .map(|(i, c)| (*c, i as u32))
+        .collect();
     let mut f = StoredFile {
         recipes: recipes.clone(),
-        id: id.to_string(),
+        parts,
         content: path.to_vec(),
         shown: String::from_utf8_lossy(path).into_owned(),
-        containers: Vec::new(),
-        used: Vec::new(),
+        used: vec![false; containers.len()],
+        containers,
+        table,
         indirect: HashSet::new(),
-        span: None,
+        span: Vec::new(),
     };
     match f.mark(path)? {
         None => Ok(None),
@@ -437,72 +494,46 @@ pub fn find_stored(recipes: &Repository, id: &str, path: &[u8]) -> Result<Option
 }
 
 impl StoredFile {
-    /// Reads the recipe for `want`: its kind and hard-link target, and
-    /// what resolving its chunks needs (marked in `used` and `indirect`).
+    /// Reads the parts that may hold `want`: its kind and hard-link
+    /// target, the parts holding its pieces, and what resolving its
+    /// chunks needs (marked in `used` and `indirect`).
     fn mark(&mut self, want: &[u8]) -> Result<Option<(NodeKind, Option<Vec<u8>>)>> {
         let mut found = None;
-        let (used, indirect, span) = (&mut self.used, &mut self.indirect, &mut self.span);
-        *span = None;
-        let recipes = &self.recipes;
-        self.containers =
-            crate::recipe::for_each_piece_in_part(recipes, &self.id, |n, _, part| {
-                if n.path == want {
-                    found = Some((n.kind, n.target.clone()));
-                    *span = Some(span.map_or((part, part), |(first, _)| (first, part)));
-                    let chunks = n.segments.iter().flat_map(|s| &s.chunks);
-                    // (The table grows as parts are read: `used` with it.)
-                    let top = chunks
-                        .clone()
-                        .filter(|c| c.is_direct())
-                        .map(|c| c.container);
-                    if let Some(top) = top.max().filter(|&t| t as usize >= used.len()) {
-                        used.resize(top as usize + 1, false);
-                    }
-                    mark_needed(chunks, used, indirect);
-                }
-                Ok(())
-            })?;
+        self.span.clear();
+        for k in self.parts.holding(want) {
+            let part = self.parts.part(&self.recipes, k)?;
+            let mut here = false;
+            for n in part.nodes.iter().filter(|n| n.path == want) {
+                found.get_or_insert_with(|| (n.kind, n.target.clone()));
+                here = true;
+            }
+            if !here {
+                continue;
+            }
+            self.span.push(k);
+            let (used, indirect) = (&mut self.used, &mut self.indirect);
+            let mut mark =
+                |c: &ChunkRef| crate::resolver::mark_needed(std::iter::once(c), used, indirect);
+            crate::skeleton::part_chunks(&part, &self.table, want, &mut mark)?;
+        }
         Ok(found)
     }
 
     /// A reader of the file, its data read from `data` (the recipe's
     /// version is `snapshot`): its chunk runs are all that is kept.
     pub fn open(
-        mut self,
+        self,
         data: &Repository,
         snapshot: &Snapshot,
         cache: Arc<RegionCache>,
     ) -> Result<FileReader> {
-        self.used.resize(self.containers.len(), false);
-        let indirect = std::mem::take(&mut self.indirect);
-        let resolver = resolver_with(data, snapshot, &self.containers, &self.used, indirect)?;
+        let resolver = resolver_with(data, snapshot, &self.containers, &self.used, self.indirect)?;
         let resolver = Arc::new(resolver);
         let mut chunks = Vec::new();
         let mut push = |c: &ChunkRef| push_run(&mut chunks, *c, &resolver);
-        // Only the parts holding the file are read again (a version-1
-        // recipe: its one object).
-        let ids = crate::recipe::part_ids(&self.recipes, &self.id)?;
-        let table: HashMap<ContainerId, u32> = (self.containers.iter().enumerate())
-            .map(|(i, c)| (*c, i as u32))
-            .collect();
-        match self.span.and_then(|(a, b)| ids.get(a..=b)) {
-            Some(span) => {
-                for id in span {
-                    let part = crate::recipe::load_part(&self.recipes, id)?;
-                    crate::skeleton::part_chunks(&part, &table, &self.content, &mut push)?;
-                }
-            }
-            None => {
-                crate::recipe::for_each_piece(&self.recipes, &self.id, |n, _| {
-                    if n.path == self.content && n.kind == NodeKind::File {
-                        n.segments
-                            .iter()
-                            .flat_map(|s| &s.chunks)
-                            .for_each(&mut push);
-                    }
-                    Ok(())
-                })?;
-            }
+        for &k in &self.span {
+            let part = self.parts.part(&self.recipes, k)?;
+            crate::skeleton::part_chunks(&part, &self.table, &self.content, &mut push)?;
         }
         Ok(FileReader::from_runs(
             data, self.shown, chunks, resolver, cache,

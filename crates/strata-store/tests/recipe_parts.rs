@@ -315,6 +315,19 @@ fn whole_recipes_of_version_1_still_work() {
         sk.chunks_of(&repo, i, |c| got.push(*c)).unwrap();
         let want: Vec<_> = n.segments.iter().flat_map(|s| s.chunks.clone()).collect();
         assert!(got == want, "{}", n.path_str());
+        if n.kind == strata_core::format::NodeKind::File {
+            // Found and read from the one object.
+            let cache = std::sync::Arc::new(strata_store::fsread::RegionCache::new(1 << 20));
+            let s1 = repo.load_snapshot(&v1.id).unwrap();
+            let f = strata_store::fsread::open_stored(&repo, &repo, &s1, &rid, &n.path, cache);
+            let f = f.unwrap().expect("in the version");
+            let disk = fs::read(format!("/{}", n.path_str())).unwrap();
+            assert!(
+                f.read_at(0, disk.len() + 1).unwrap() == disk,
+                "{}",
+                n.path_str()
+            );
+        }
     }
     fs::write(src.join("d1/s1/f1"), b"new").unwrap();
     let v2 = backup_paths(&repo, &[&src]).unwrap();
