@@ -492,27 +492,28 @@ fn check_snapshot(
         s.series,
         s.version
     );
-    let recipe = match repo.load_recipe(&s.recipe) {
-        Ok(r) => r,
-        Err(e) => {
-            rep.errors.push(format!("{label}: {e}"));
-            rep.damaged_snapshots.push(id.clone());
-            return;
+    // The recipe is read a part at a time, each node checked as it comes.
+    // Its data is in the cloud tier (`strata tier check`): its local
+    // recipe copy is read, nothing checked against it.
+    let cloud = s.tier == strata_core::format::Tier::Cloud;
+    let next = s.archival.as_ref().and_then(|a| a.next.clone());
+    let next_held = next.as_ref().and_then(|n| held.get(n));
+    let mut f = RecipeFindings::default();
+    let walked = crate::recipe::for_each_piece_in_part(repo, &s.recipe, |n, _, _, table| {
+        if !cloud {
+            f.visit(avail, &n, table, (id, s), next_held);
         }
-    };
-    // Its data is in the cloud tier (`strata tier check`); its local
-    // recipe copy read whole above.
-    if s.tier == strata_core::format::Tier::Cloud {
+        Ok(())
+    });
+    if let Err(e) = walked {
+        rep.errors.push(format!("{label}: {e}"));
+        rep.damaged_snapshots.push(id.clone());
+        return;
+    }
+    if cloud {
         rep.cloud_snapshots += 1;
         return;
     }
-    let next = s.archival.as_ref().and_then(|a| a.next.clone());
-    let f = recipe_findings(
-        avail,
-        &recipe,
-        (id, s),
-        next.as_ref().and_then(|n| held.get(n)),
-    );
     referenced.extend(f.unlisted_needed.iter().copied());
     let first = f
         .paths
@@ -564,16 +565,20 @@ fn check_snapshot(
     held.insert(id.clone(), (f.fps, f.bad));
 }
 
-/// Walks a recipe's references against what is available (and, for an
-/// archival version, what the next version holds).
-fn recipe_findings(
-    avail: &Available,
-    recipe: &strata_core::format::Recipe,
-    (id, s): (&String, &Snapshot),
-    next_held: Option<&(HashSet<Fingerprint>, HashSet<Fingerprint>)>,
-) -> RecipeFindings {
-    let mut f = RecipeFindings::default();
-    for n in &recipe.nodes {
+impl RecipeFindings {
+    /// Walks node `n`'s references (numbered in `containers`) against
+    /// what is available (and, for an archival version, what the next
+    /// version holds). A file in pieces is visited a piece at a time; its
+    /// path is listed once.
+    fn visit(
+        &mut self,
+        avail: &Available,
+        n: &strata_core::format::Node,
+        containers: &[ContainerId],
+        (id, s): (&String, &Snapshot),
+        next_held: Option<&(HashSet<Fingerprint>, HashSet<Fingerprint>)>,
+    ) {
+        let f = self;
         let mut damaged = false;
         for c in n.segments.iter().flat_map(|seg| &seg.chunks) {
             if c.is_zero() {
@@ -600,7 +605,7 @@ fn recipe_findings(
                 }
                 continue;
             }
-            let cid = recipe.containers.get(c.container as usize);
+            let cid = containers.get(c.container as usize);
             let meta = cid.and_then(|cid| avail.metas.get(cid).map(|m| (cid, m)));
             // Live-form versions reference only the pool; an archival one
             // the pool or its own stamped containers.
@@ -636,11 +641,10 @@ fn recipe_findings(
                 }
             }
         }
-        if damaged {
+        if damaged && f.paths.last() != Some(&n.path) {
             f.paths.push(n.path.clone());
         }
     }
-    f
 }
 
 /// Convenience for callers that want an error when the check fails.

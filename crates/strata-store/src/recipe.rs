@@ -325,16 +325,20 @@ fn same_but_segments(a: &mut Node, b: &mut Node) -> bool {
 pub fn append_joined(nodes: &mut Vec<Node>, mut n: Node) -> Result<()> {
     if let Some(last) = nodes.last_mut().filter(|l| continues(l, &n)) {
         if !same_but_segments(last, &mut n) {
-            return Err(StoreError::Invalid(format!(
-                "the pieces of {} in its recipe disagree on its metadata; run `strata check`",
-                n.path_str()
-            )));
+            return Err(disagreeing_pieces(&n));
         }
         last.segments.append(&mut n.segments);
         return Ok(());
     }
     nodes.push(n);
     Ok(())
+}
+
+fn disagreeing_pieces(n: &Node) -> StoreError {
+    StoreError::Invalid(format!(
+        "the pieces of {} in its recipe disagree on its metadata; run `strata check`",
+        n.path_str()
+    ))
 }
 
 fn out_of_order(name: &str, path: &[u8], after: &[u8]) -> StoreError {
@@ -384,22 +388,25 @@ pub fn for_each_piece(
     id: &str,
     mut f: impl FnMut(Node, u64) -> Result<()>,
 ) -> Result<Vec<ContainerId>> {
-    for_each_piece_in_part(repo, id, |n, offset, _| f(n, offset))
+    for_each_piece_in_part(repo, id, |n, offset, _, _| f(n, offset))
 }
 
 /// [`for_each_piece`], each node with the number of the part that holds
 /// it (its place in the recipe's list of parts; 0 for a version-1
-/// recipe).
+/// recipe) and the container table as far as it is built (every
+/// reference of the node is in it).
 pub fn for_each_piece_in_part(
     repo: &Repository,
     id: &str,
-    mut f: impl FnMut(Node, u64, usize) -> Result<()>,
+    mut f: impl FnMut(Node, u64, usize, &[ContainerId]) -> Result<()>,
 ) -> Result<Vec<ContainerId>> {
     let mut part_no = 0;
     let mut containers: Vec<ContainerId> = Vec::new();
     let mut table: HashMap<ContainerId, u32> = HashMap::new();
     // The last node handed on and where its chunks end in its file.
-    let mut last: Option<(Vec<u8>, NodeKind, u64)> = None;
+    // The last file handed on (without its chunks) and where its chunks
+    // end: a further piece must agree with it on everything else.
+    let mut last: Option<(Node, u64)> = None;
     for_each_part(repo, id, |part| {
         let map: Vec<u32> = part
             .containers
@@ -413,8 +420,13 @@ pub fn for_each_piece_in_part(
             .collect();
         for mut n in part.nodes {
             renumber(&mut n, |i| map.get(i as usize).copied())?;
-            let offset = match &last {
-                Some((path, kind, end)) if continues_as(path, *kind, &n) => *end,
+            let offset = match &mut last {
+                Some((prev, end)) if continues(prev, &n) => {
+                    if !same_but_segments(prev, &mut n) {
+                        return Err(disagreeing_pieces(&n));
+                    }
+                    *end
+                }
                 _ => 0,
             };
             let end = n
@@ -428,8 +440,13 @@ pub fn for_each_piece_in_part(
                         n.path_str()
                     ))
                 })?;
-            last = Some((n.path.clone(), n.kind, end));
-            f(n, offset, part_no)?;
+            last = (n.kind == NodeKind::File).then(|| {
+                let segments = std::mem::take(&mut n.segments);
+                let meta = n.clone();
+                n.segments = segments;
+                (meta, end)
+            });
+            f(n, offset, part_no, &containers)?;
         }
         part_no += 1;
         Ok(())

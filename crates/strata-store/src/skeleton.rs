@@ -46,7 +46,7 @@ impl Skeleton {
         let mut nodes = Vec::new();
         let mut lens: Vec<u64> = Vec::new();
         let mut spans: Vec<(usize, usize)> = Vec::new();
-        let containers = for_each_piece_in_part(repo, id, |mut n, _, part| {
+        let containers = for_each_piece_in_part(repo, id, |mut n, _, part, _| {
             let len: u64 = n.segments.iter().map(SegmentRef::len).sum();
             n.segments = Vec::new();
             let goes_on = nodes.last().is_some_and(|l| continues(l, &n));

@@ -392,4 +392,15 @@ fn a_large_file_is_stored_in_pieces_and_reused() {
     assert_restores(&repo, &v3.id, &src, tmp.path(), &t3, "v3");
     assert_restores(&repo, &v1.id, &src, tmp.path(), &t1, "v1 after v3");
     assert_check_ok(&repo, true, "pieces");
+
+    // Every data container gone: check, walking the recipe a piece at a
+    // time, names each damaged file once, the one in pieces too.
+    for name in object_names(repo.backend().as_ref(), "data/") {
+        repo.backend().delete(&name).unwrap();
+    }
+    let r = strata_store::check::check(&repo, &Default::default()).unwrap();
+    let mut paths = r.damaged_paths.get(&v3.id).cloned().unwrap_or_default();
+    paths.sort();
+    let big_paths = paths.iter().filter(|p| p.ends_with("d/big")).count();
+    assert_eq!((paths.len(), big_paths), (3, 1), "{paths:?}");
 }
