@@ -134,7 +134,7 @@ impl Plan {
                 };
                 self.pieces += add_piece(pieces, piece) as usize;
             }
-            off += c.len as u64;
+            off = off.saturating_add(c.len as u64);
         }
         Ok(())
     }
@@ -196,7 +196,7 @@ pub(super) fn fill(
         let Some(fi) = wanted(n) else {
             return Ok(());
         };
-        let path = &sink.files.get(fi as usize).expect("content names files").1;
+        let path = sink.files.get(fi as usize).map_or("", |f| f.1.as_str());
         plan.add_node(&resolver, n, fi, off, path)?;
         if plan.pieces >= max_pieces {
             plan.read(repo, sink)?;
