@@ -211,17 +211,6 @@ fn repo_tag(repo: &Repository) -> u64 {
     h.finish()
 }
 
-/// Bytes of content of a file node: the sum of its chunks (what
-/// [`FileReader::read_at`] serves; the node's `size` is what the walk saw,
-/// which a file growing during the backup can make differ).
-pub fn content_len(node: &Node) -> u64 {
-    node.segments
-        .iter()
-        .flat_map(|s| s.chunks.iter())
-        .map(|c| c.len as u64)
-        .sum()
-}
-
 /// One version opened for random access to its files: the repository
 /// holding its data, the snapshot as that repository records it, its
 /// tree, and a resolver for the whole recipe built on first use.
@@ -865,7 +854,8 @@ mod tests {
             );
             let size = data.len() as u64;
             assert_eq!(f.size(), size, "{name}");
-            assert_eq!(content_len(node), size, "{name}");
+            let len: u64 = node.segments.iter().map(|s| s.len()).sum();
+            assert_eq!(len, size, "{name}");
             assert_eq!(f.read_at(0, data.len() + 100).unwrap(), *data, "{name}");
             for _ in 0..200 {
                 let off = rng.below(size + 10);

@@ -321,17 +321,18 @@ fn same_but_segments(a: &mut Node, b: &mut Node) -> bool {
 
 /// Appends `n` to `nodes`, joining it to the last node when it continues
 /// that file: one node per path, as a whole tree in memory has it. The
-/// pieces of a file must agree on everything but their segments.
-pub fn append_joined(nodes: &mut Vec<Node>, mut n: Node) -> Result<()> {
+/// pieces of a file must agree on everything but their segments. Returns
+/// whether `n` was joined to the node before.
+pub fn append_joined(nodes: &mut Vec<Node>, mut n: Node) -> Result<bool> {
     if let Some(last) = nodes.last_mut().filter(|l| continues(l, &n)) {
         if !same_but_segments(last, &mut n) {
             return Err(disagreeing_pieces(&n));
         }
         last.segments.append(&mut n.segments);
-        return Ok(());
+        return Ok(true);
     }
     nodes.push(n);
-    Ok(())
+    Ok(false)
 }
 
 fn disagreeing_pieces(n: &Node) -> StoreError {
@@ -360,7 +361,7 @@ fn out_of_order(name: &str, path: &[u8], after: &[u8]) -> StoreError {
 /// their references renumbered into one container table.
 pub fn load_whole(repo: &Repository, id: &str) -> Result<Recipe> {
     let mut nodes = Vec::new();
-    let containers = for_each_piece(repo, id, |n, _| append_joined(&mut nodes, n))?;
+    let containers = for_each_piece(repo, id, |n, _| append_joined(&mut nodes, n).map(drop))?;
     Ok(Recipe { containers, nodes })
 }
 
@@ -371,7 +372,7 @@ pub fn load_skeleton(repo: &Repository, id: &str) -> Result<Recipe> {
     let mut nodes = Vec::new();
     let containers = for_each_piece(repo, id, |mut n, _| {
         n.segments = Vec::new();
-        append_joined(&mut nodes, n)
+        append_joined(&mut nodes, n).map(drop)
     })?;
     Ok(Recipe { containers, nodes })
 }

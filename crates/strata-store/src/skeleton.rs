@@ -5,7 +5,7 @@
 //! held as its nodes' metadata, never as every chunk reference.
 
 use crate::error::{Result, StoreError};
-use crate::recipe::{append_joined, continues, for_each_piece_in_part, load_object, load_part};
+use crate::recipe::{append_joined, for_each_piece_in_part, load_object, load_part};
 use crate::repo::Repository;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -49,8 +49,7 @@ impl Skeleton {
         let containers = for_each_piece_in_part(repo, id, |mut n, _, part, _| {
             let len: u64 = n.segments.iter().map(SegmentRef::len).sum();
             n.segments = Vec::new();
-            let goes_on = nodes.last().is_some_and(|l| continues(l, &n));
-            append_joined(&mut nodes, n)?;
+            let goes_on = append_joined(&mut nodes, n)?;
             match (goes_on, lens.last_mut(), spans.last_mut()) {
                 (true, Some(l), Some(s)) => {
                     *l = l.saturating_add(len);

@@ -268,42 +268,35 @@ impl ContentHash {
     }
 }
 
-/// The content hashes of recipe `id`'s regular files, read a part at a
-/// time (a file in pieces hashed across them).
-pub fn content_hashes(repo: &Repository, id: &str) -> Result<ContentHashes> {
-    Ok(hashed_skeleton(repo, id)?.1)
-}
-
 /// Recipe `id` without chunks ([`crate::recipe::load_skeleton`]) and its
 /// regular files' content hashes, in one pass over its parts.
 fn hashed_skeleton(repo: &Repository, id: &str) -> Result<(Recipe, ContentHashes)> {
     let mut hashes = ContentHashes::new();
-    let mut nodes = Vec::new();
+    let mut nodes: Vec<Node> = Vec::new();
+    // The hash of the last file, open while its pieces come.
     let mut open: Option<ContentHash> = None;
-    let finish = |nodes: &[Node], open: &mut Option<ContentHash>, hashes: &mut ContentHashes| {
-        if let (Some(h), Some(n)) = (open.take(), nodes.last()) {
-            hashes.insert(n.path.clone(), h.finish());
+    let containers = crate::recipe::for_each_piece(repo, id, |mut n, _| {
+        let chunks = std::mem::take(&mut n.segments);
+        let is_file = n.kind == NodeKind::File;
+        if !crate::recipe::append_joined(&mut nodes, n)? {
+            // A new node: the file before it is whole.
+            let before = nodes.len().checked_sub(2).and_then(|i| nodes.get(i));
+            if let (Some(h), Some(f)) = (open.take(), before) {
+                hashes.insert(f.path.clone(), h.finish());
+            }
         }
-    };
-    let containers = crate::recipe::for_each_piece(repo, id, |mut n, offset| {
-        let goes_on = offset > 0
-            && nodes
-                .last()
-                .is_some_and(|l| crate::recipe::continues(l, &n));
-        if !goes_on {
-            finish(&nodes, &mut open, &mut hashes);
-        }
-        if n.kind == NodeKind::File {
+        if is_file {
             let h = open.get_or_insert_with(ContentHash::default);
-            n.segments
+            chunks
                 .iter()
                 .flat_map(|s| &s.chunks)
                 .for_each(|c| h.push(c));
         }
-        n.segments = Vec::new();
-        crate::recipe::append_joined(&mut nodes, n)
+        Ok(())
     })?;
-    finish(&nodes, &mut open, &mut hashes);
+    if let (Some(h), Some(f)) = (open, nodes.last()) {
+        hashes.insert(f.path.clone(), h.finish());
+    }
     Ok((Recipe { containers, nodes }, hashes))
 }
 
@@ -437,7 +430,7 @@ pub fn diff(a: &Recipe, b: &Recipe) -> (Vec<DiffEntry>, DiffSummary) {
 }
 
 /// [`diff`] of two trees held without chunks (skeletons), their files'
-/// content given as [`content_hashes`].
+/// content given as their [`ContentHash`]es by path.
 pub fn diff_hashed(
     a: &Recipe,
     a_hashes: &ContentHashes,
