@@ -1644,6 +1644,9 @@ fn revdedup_lifecycle_end_to_end() {
         series["avg_chain_length"].as_f64().unwrap() >= 1.0,
         "{st:#}"
     );
+    // Chunks no version changed: the oldest version's reach the live one
+    // through the three archival versions after it.
+    assert_eq!(u(&series["max_chain_length"]), 4, "{st:#}");
     assert!(st["saving_reverse_pct"].as_f64().unwrap() > 0.0, "{st:#}");
     verify_all(&repo, &src, &expected, "after maintain");
     // The oldest archival version restores through a chain of 4 versions.

@@ -422,8 +422,59 @@ struct Available<'a> {
     tainted: &'a HashSet<Fingerprint>,
 }
 
-/// Per snapshot id: its chunk fingerprints, and those it cannot provide.
-type Held = HashMap<String, (HashSet<Fingerprint>, HashSet<Fingerprint>)>;
+/// Per snapshot id: its chunk fingerprints, and those it cannot provide —
+/// kept only while a version not yet checked points at it
+/// (`archival.next`), and only for versions some version points at: a
+/// series of large images holds two versions' fingerprints at a time,
+/// whatever its length.
+#[derive(Default)]
+struct Held {
+    sets: HashMap<String, (HashSet<Fingerprint>, HashSet<Fingerprint>)>,
+    /// Per snapshot id: how many versions not yet checked point at it.
+    wanted: HashMap<String, usize>,
+}
+
+impl Held {
+    /// For the versions of one series, newest first.
+    fn for_series<'a>(snaps: impl Iterator<Item = &'a Snapshot>) -> Self {
+        let mut wanted: HashMap<String, usize> = HashMap::new();
+        for s in snaps {
+            if let Some(n) = s.archival.as_ref().and_then(|a| a.next.clone()) {
+                *wanted.entry(n).or_default() += 1;
+            }
+        }
+        Held {
+            sets: HashMap::new(),
+            wanted,
+        }
+    }
+
+    /// Whether a version's fingerprints are to be kept once it is checked.
+    fn wanted(&self, id: &str) -> bool {
+        self.wanted.get(id).is_some_and(|n| *n > 0)
+    }
+
+    /// Version `id`, checked, pointed at `next`: its own sets are kept if
+    /// wanted, `next`'s let go if nothing else wants them.
+    fn checked(
+        &mut self,
+        id: &str,
+        next: Option<&str>,
+        sets: Option<(HashSet<Fingerprint>, HashSet<Fingerprint>)>,
+    ) {
+        if let Some(n) = next {
+            if let Some(w) = self.wanted.get_mut(n) {
+                *w = w.saturating_sub(1);
+                if *w == 0 {
+                    self.sets.remove(n);
+                }
+            }
+        }
+        if let Some(sets) = sets.filter(|_| self.wanted(id)) {
+            self.sets.insert(id.to_string(), sets);
+        }
+    }
+}
 
 /// Snapshots and recipes, per series newest first, so that the indirect
 /// references of a version are checked against the next version's chunks
@@ -451,11 +502,11 @@ fn check_snapshots(
     let mut series_order: Vec<&str> = snaps.iter().map(|(_, s)| s.series.as_str()).collect();
     series_order.sort();
     series_order.dedup();
-    let mut held: Held = HashMap::new();
     let mut referenced = HashSet::new();
     for series in series_order {
-        held.clear();
-        for (id, s) in snaps.iter().filter(|(_, s)| s.series == series) {
+        let in_series = || snaps.iter().filter(|(_, s)| s.series == series);
+        let mut held = Held::for_series(in_series().map(|(_, s)| s));
+        for (id, s) in in_series() {
             check_snapshot(repo, avail, (&mut held, &mut referenced), (id, s), rep);
         }
     }
@@ -470,6 +521,8 @@ struct RecipeFindings {
     misplaced: u64,
     /// Paths with unavailable data, in recipe order.
     paths: Vec<Vec<u8>>,
+    /// Whether the fingerprints are kept (an older version points here).
+    keep_fps: bool,
     fps: HashSet<Fingerprint>,
     bad: HashSet<Fingerprint>,
     /// Containers in no index object that hold chunks found nowhere else.
@@ -497,8 +550,11 @@ fn check_snapshot(
     // recipe copy is read, nothing checked against it.
     let cloud = s.tier == strata_core::format::Tier::Cloud;
     let next = s.archival.as_ref().and_then(|a| a.next.clone());
-    let next_held = next.as_ref().and_then(|n| held.get(n));
-    let mut f = RecipeFindings::default();
+    let next_held = next.as_ref().and_then(|n| held.sets.get(n));
+    let mut f = RecipeFindings {
+        keep_fps: held.wanted(id),
+        ..Default::default()
+    };
     let walked = crate::recipe::for_each_piece_in_part(repo, &s.recipe, |n, _, _, table| {
         if !cloud {
             f.visit(avail, &n, table, (id, s), next_held);
@@ -506,11 +562,13 @@ fn check_snapshot(
         Ok(())
     });
     if let Err(e) = walked {
+        held.checked(id, next.as_deref(), None);
         rep.errors.push(format!("{label}: {e}"));
         rep.damaged_snapshots.push(id.clone());
         return;
     }
     if cloud {
+        held.checked(id, next.as_deref(), None);
         rep.cloud_snapshots += 1;
         return;
     }
@@ -562,7 +620,7 @@ fn check_snapshot(
         rep.damaged_raw
             .insert(id.clone(), f.paths.iter().cloned().collect());
     }
-    held.insert(id.clone(), (f.fps, f.bad));
+    held.checked(id, next.as_deref(), Some((f.fps, f.bad)));
 }
 
 impl RecipeFindings {
@@ -587,7 +645,9 @@ impl RecipeFindings {
                 }
                 continue;
             }
-            f.fps.insert(c.fp);
+            if f.keep_fps {
+                f.fps.insert(c.fp);
+            }
             if c.is_indirect() {
                 match next_held {
                     Some((nf, nb)) if nf.contains(&c.fp) => {

@@ -30,16 +30,15 @@
 //! behind is unreferenced and removed by the next compaction or gc.
 
 use crate::container::{open_region, ContainerSink, ContainerWriter};
-use crate::copy::{delete_containers, rewrite_refs, Target};
+use crate::copy::{delete_containers, store_rewritten, Target};
 use crate::error::{Result, StoreError};
 use crate::gc::{GcOptions, GcReport};
 use crate::index::{edit_index, ChunkLoc, ContainerTable, RepoIndex};
 use crate::repo::{data_name, Repository};
-use crate::restore::recipe_refs;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use strata_core::format::{ContainerId, ContainerMeta, Recipe, Snapshot, Stamp};
+use strata_core::format::{ChunkRef, ContainerId, ContainerMeta, Snapshot, Stamp};
 use strata_core::Fingerprint;
 
 /// Live chunk locations: per container, the (region, offset) pairs that
@@ -54,12 +53,14 @@ pub fn mark_live(repo: &Repository) -> Result<Marks> {
         if !seen_recipes.insert(s.recipe.clone()) {
             continue;
         }
-        let r = repo.load_recipe(&s.recipe)?;
-        for c in recipe_refs(&r) {
-            if let (true, Some(cid)) = (c.is_direct(), r.containers.get(c.container as usize)) {
-                marks.entry(*cid).or_default().insert((c.region, c.offset));
+        crate::recipe::for_each_segment(repo, &s.recipe, |sg, table| {
+            for c in &sg.chunks {
+                if let (true, Some(cid)) = (c.is_direct(), table.get(c.container as usize)) {
+                    marks.entry(*cid).or_default().insert((c.region, c.offset));
+                }
             }
-        }
+            Ok(())
+        })?;
     }
     Ok(marks)
 }
@@ -94,7 +95,6 @@ impl Holders {
             uses: HashMap::new(),
         };
         for (rid, users) in by_recipe {
-            let r = repo.load_recipe(rid)?;
             let holder = match users.as_slice() {
                 [(id, s)] if s.archival.is_some() => {
                     h.owners.push(Stamp {
@@ -105,24 +105,25 @@ impl Holders {
                 }
                 _ => Holder::Shared,
             };
-            for c in recipe_refs(&r) {
-                let Some(cid) = c
-                    .is_direct()
-                    .then(|| r.containers.get(c.container as usize))
-                else {
-                    continue;
-                };
-                let Some(cid) = cid else { continue };
-                let slot = h.marks.entry(*cid).or_default();
-                slot.entry((c.region, c.offset))
-                    .and_modify(|x| {
-                        if *x != holder {
-                            *x = Holder::Shared
-                        }
-                    })
-                    .or_insert(holder);
-            }
-            h.uses.insert(rid.to_string(), r.containers);
+            let marks = &mut h.marks;
+            let table = crate::recipe::for_each_segment(repo, rid, |sg, table| {
+                for c in &sg.chunks {
+                    let Some(cid) = c.is_direct().then(|| table.get(c.container as usize)) else {
+                        continue;
+                    };
+                    let Some(cid) = cid else { continue };
+                    let slot = marks.entry(*cid).or_default();
+                    slot.entry((c.region, c.offset))
+                        .and_modify(|x| {
+                            if *x != holder {
+                                *x = Holder::Shared
+                            }
+                        })
+                        .or_insert(holder);
+                }
+                Ok(())
+            })?;
+            h.uses.insert(rid.to_string(), table);
         }
         Ok(h)
     }
@@ -280,9 +281,7 @@ pub(crate) fn compact_pool(
         }
     }
     for (rid, ids) in users {
-        let mut recipe = repo.load_recipe(rid)?;
-        remap_recipe(&mut recipe, &rewritten, &moved, &table)?;
-        let (new_rid, _) = crate::recipe::put(repo, recipe)?;
+        let (new_rid, _) = remap_recipe(repo, rid, &rewritten, &moved, &table)?;
         for id in ids {
             let mut s = repo.load_snapshot(id)?;
             s.recipe = new_rid.clone();
@@ -420,15 +419,16 @@ fn copy_forward(
     Ok(())
 }
 
-/// Rewrites the direct references into `rewritten` containers to their
-/// copies and rebuilds the container table with only what is used.
+/// Stores recipe `rid` again, a part at a time, with its direct references
+/// into `rewritten` containers pointing at their copies.
 fn remap_recipe(
-    recipe: &mut Recipe,
+    repo: &Repository,
+    rid: &str,
     rewritten: &HashSet<ContainerId>,
     moved: &HashMap<(ContainerId, u32, u32), ChunkLoc>,
     table: &ContainerTable,
-) -> Result<()> {
-    rewrite_refs(recipe, |c, cid| {
+) -> Result<(String, u64)> {
+    let remap = |c: &ChunkRef, cid: Option<ContainerId>| {
         Ok(match cid {
             Some(cid) if rewritten.contains(&cid) => match moved.get(&(cid, c.region, c.offset)) {
                 Some(loc) => Target::At(table.get(loc.container), loc.region, loc.offset),
@@ -436,5 +436,6 @@ fn remap_recipe(
             },
             _ => Target::Keep,
         })
-    })
+    };
+    store_rewritten(repo, rid, remap)
 }

@@ -6,11 +6,12 @@ use crate::container::{open_region, ContainerSink, ContainerWriter};
 use crate::error::{Result, StoreError};
 use crate::index::{ChunkLoc, ContainerTable};
 use crate::progress::Progress;
+use crate::recipe::RecipeWriter;
 use crate::repo::{data_name, meta_name, Repository};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use strata_core::format::{ChunkRef, ContainerId, ContainerMeta, Recipe, RegionInfo, Stamp};
+use strata_core::format::{ChunkRef, ContainerId, ContainerMeta, Node, Recipe, RegionInfo, Stamp};
 use strata_core::Fingerprint;
 
 /// Deletes containers: metadata object first, so a metadata object always
@@ -37,10 +38,11 @@ pub(crate) struct CopySource {
 }
 
 impl CopySource {
-    /// The source of a direct reference of `recipe`; `None` when the
-    /// reference names a container the recipe does not list.
-    pub(crate) fn of(recipe: &Recipe, c: &ChunkRef) -> Option<Self> {
-        let container = *recipe.containers.get(c.container as usize)?;
+    /// The source of a direct reference indexing container table `table`;
+    /// `None` when the reference names a container the table does not
+    /// list.
+    pub(crate) fn of(table: &[ContainerId], c: &ChunkRef) -> Option<Self> {
+        let container = *table.get(c.container as usize)?;
         Some(CopySource {
             fp: c.fp,
             container,
@@ -51,8 +53,8 @@ impl CopySource {
     }
 
     /// [`Self::of`], with the error that names the snapshot.
-    pub(crate) fn of_snapshot(recipe: &Recipe, c: &ChunkRef, snapshot: &str) -> Result<Self> {
-        Self::of(recipe, c).ok_or_else(|| {
+    pub(crate) fn of_snapshot(table: &[ContainerId], c: &ChunkRef, snapshot: &str) -> Result<Self> {
+        Self::of(table, c).ok_or_else(|| {
             StoreError::Invalid(format!(
                 "recipe of snapshot {snapshot} references an unknown container"
             ))
@@ -165,51 +167,103 @@ pub(crate) fn rewrite_refs(
     mut f: impl FnMut(&ChunkRef, Option<ContainerId>) -> Result<Target>,
 ) -> Result<()> {
     let old = std::mem::take(&mut recipe.containers);
-    let mut index: HashMap<ContainerId, u32> = HashMap::new();
-    let mut table = Vec::new();
+    let mut table = NewTable::default();
     for n in &mut recipe.nodes {
-        for s in &mut n.segments {
-            for c in &mut s.chunks {
-                if c.is_zero() {
+        rewrite_node(n, &old, &mut table, &mut f)?;
+    }
+    recipe.containers = table.ids;
+    Ok(())
+}
+
+/// A container table in the making: ids in order of first use.
+#[derive(Default)]
+struct NewTable {
+    ids: Vec<ContainerId>,
+    index: HashMap<ContainerId, u32>,
+}
+
+/// [`rewrite_refs`] for one node whose direct references index `old`; the
+/// new references index `table`.
+fn rewrite_node(
+    n: &mut Node,
+    old: &[ContainerId],
+    table: &mut NewTable,
+    f: &mut impl FnMut(&ChunkRef, Option<ContainerId>) -> Result<Target>,
+) -> Result<()> {
+    for s in &mut n.segments {
+        for c in &mut s.chunks {
+            if c.is_zero() {
+                continue;
+            }
+            let cid = match c.is_direct() {
+                true => Some(*old.get(c.container as usize).ok_or_else(|| {
+                    StoreError::Invalid(format!(
+                        "a recipe references container {} of {}",
+                        c.container,
+                        old.len()
+                    ))
+                })?),
+                false => None,
+            };
+            let (id, region, offset) = match f(c, cid)? {
+                Target::Keep => match cid {
+                    Some(id) => (id, c.region, c.offset),
+                    None => continue,
+                },
+                Target::Indirect => {
+                    *c = ChunkRef::indirect(c.fp, c.len);
                     continue;
                 }
-                let cid = match c.is_direct() {
-                    true => Some(*old.get(c.container as usize).ok_or_else(|| {
-                        StoreError::Invalid(format!(
-                            "a recipe references container {} of {}",
-                            c.container,
-                            old.len()
-                        ))
-                    })?),
-                    false => None,
-                };
-                let (id, region, offset) = match f(c, cid)? {
-                    Target::Keep => match cid {
-                        Some(id) => (id, c.region, c.offset),
-                        None => continue,
-                    },
-                    Target::Indirect => {
-                        *c = ChunkRef::indirect(c.fp, c.len);
-                        continue;
-                    }
-                    Target::At(id, region, offset) => (id, region, offset),
-                };
-                let i = *index.entry(id).or_insert_with(|| {
-                    table.push(id);
-                    table.len() as u32 - 1
-                });
-                *c = ChunkRef {
-                    fp: c.fp,
-                    len: c.len,
-                    container: i,
-                    region,
-                    offset,
-                };
-            }
+                Target::At(id, region, offset) => (id, region, offset),
+            };
+            let i = *table.index.entry(id).or_insert_with(|| {
+                table.ids.push(id);
+                table.ids.len() as u32 - 1
+            });
+            *c = ChunkRef {
+                fp: c.fp,
+                len: c.len,
+                container: i,
+                region,
+                offset,
+            };
         }
     }
-    recipe.containers = table;
     Ok(())
+}
+
+/// [`rewrite_refs`] for the stored recipe `id`, a part at a time: each
+/// node (a file's piece) is rewritten as it is read and handed to `sink`
+/// with its own container table — typically into a [`RecipeWriter`]
+/// ([`store_rewritten`]), whose parts that come out as they were are not
+/// written again. Neither recipe is held whole: a disk image's version of
+/// millions of chunks costs a part.
+pub(crate) fn rewrite_pieces(
+    repo: &Repository,
+    id: &str,
+    mut f: impl FnMut(&ChunkRef, Option<ContainerId>) -> Result<Target>,
+    mut sink: impl FnMut(Node, &[ContainerId]) -> Result<()>,
+) -> Result<()> {
+    crate::recipe::for_each_piece_in_part(repo, id, |mut n, _, _, old| {
+        let mut table = NewTable::default();
+        rewrite_node(&mut n, old, &mut table, &mut f)?;
+        sink(n, &table.ids)
+    })?;
+    Ok(())
+}
+
+/// [`rewrite_pieces`] stored as a new recipe: its id and the bytes
+/// written.
+pub(crate) fn store_rewritten(
+    repo: &Repository,
+    id: &str,
+    f: impl FnMut(&ChunkRef, Option<ContainerId>) -> Result<Target>,
+) -> Result<(String, u64)> {
+    let mut w = RecipeWriter::new(repo);
+    rewrite_pieces(repo, id, f, |n, table| {
+        w.push(n, |i| table.get(i as usize).copied())
+    })?;
+    w.finish()
 }
 
 /// Region tables of containers, read from their metadata objects once each

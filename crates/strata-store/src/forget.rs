@@ -6,12 +6,14 @@
 //! Survivors whose indirect references lead through a removed version are
 //! *rebased* first.
 
-use crate::copy::{copy_chunks, delete_containers, region_cache, rewrite_refs, CopySource, Target};
+use crate::copy::{
+    copy_chunks, delete_containers, region_cache, rewrite_pieces, CopySource, Target,
+};
 use crate::error::{Result, StoreError};
 use crate::index::{edit_index, RepoIndex};
 use crate::lock;
+use crate::recipe::RecipeWriter;
 use crate::repo::Repository;
-use crate::restore::recipe_refs;
 use std::collections::{HashMap, HashSet};
 use strata_core::format::{Archival, ChunkRef, ContainerId, Snapshot, Stamp};
 use strata_core::Fingerprint;
@@ -163,10 +165,18 @@ fn rebase(
         snapshot: format!("{}@{}", u.series, u.version),
         detail,
     };
-    let recipe = repo.load_recipe(&u.recipe)?;
-    let mut want: HashSet<Fingerprint> = recipe_refs(&recipe)
-        .filter(|c| c.is_indirect())
-        .map(|c| c.fp)
+    // The version's recipe is read a part at a time (what it wants, what
+    // it holds of its own when it returns to live form, then rewritten):
+    // a disk image's version is never held whole.
+    let mut want: HashSet<Fingerprint> = HashSet::new();
+    let table = crate::recipe::for_each_segment(repo, &u.recipe, |sg, _| {
+        want.extend(sg.chunks.iter().filter(|c| c.is_indirect()).map(|c| c.fp));
+        Ok(())
+    })?;
+    let own_stamped: Vec<ContainerId> = table
+        .iter()
+        .filter(|c| !pool.contains(c))
+        .copied()
         .collect();
     // Direct references met in removed versions.
     let mut found: Vec<CopySource> = Vec::new();
@@ -182,12 +192,14 @@ fn rebase(
         let x = by_id
             .get(id.as_str())
             .ok_or_else(|| broken(format!("snapshot {id} is missing")))?;
-        let rx = repo.load_recipe(&x.recipe)?;
-        for c in recipe_refs(&rx) {
-            if c.is_direct() && want.remove(&c.fp) {
-                found.push(CopySource::of_snapshot(&rx, c, &id)?);
+        crate::recipe::for_each_segment(repo, &x.recipe, |sg, table| {
+            for c in &sg.chunks {
+                if c.is_direct() && want.remove(&c.fp) {
+                    found.push(CopySource::of_snapshot(table, c, &id)?);
+                }
             }
-        }
+            Ok(())
+        })?;
         next = x.archival.as_ref().and_then(|a| a.next.clone());
     }
     let next = next.filter(|n| !removing.contains(n.as_str()));
@@ -205,14 +217,20 @@ fn rebase(
     if revive {
         // Its own stamped chunks move to the pool.
         let mut seen = HashSet::new();
-        for c in recipe_refs(&recipe) {
-            let Some(src) = c.is_direct().then(|| CopySource::of(&recipe, c)).flatten() else {
-                continue;
-            };
-            if !pool.contains(&src.container) && !in_pool.contains_key(&c.fp) && seen.insert(c.fp) {
-                sources.push(src);
+        crate::recipe::for_each_segment(repo, &u.recipe, |sg, table| {
+            for c in sg.chunks.iter().filter(|c| c.is_direct()) {
+                let Some(src) = CopySource::of(table, c) else {
+                    continue;
+                };
+                if !pool.contains(&src.container)
+                    && !in_pool.contains_key(&c.fp)
+                    && seen.insert(c.fp)
+                {
+                    sources.push(src);
+                }
             }
-        }
+            Ok(())
+        })?;
     }
     let stamp = (!revive).then(|| Stamp {
         owner: uid.to_string(),
@@ -223,14 +241,7 @@ fn rebase(
     let idx = RepoIndex::load_summaries(repo)?;
     edit_index(repo, &idx, &HashSet::new(), metas)?;
 
-    let mut recipe = recipe;
-    let own_stamped: Vec<ContainerId> = recipe
-        .containers
-        .iter()
-        .filter(|c| !pool.contains(c))
-        .copied()
-        .collect();
-    rewrite_refs(&mut recipe, |c, cid| {
+    let rebased = |c: &ChunkRef, cid: Option<ContainerId>| {
         let moved = c.is_indirect() || (revive && cid.is_some_and(|id| !pool.contains(&id)));
         if !moved {
             return Ok(Target::Keep);
@@ -247,7 +258,7 @@ fn rebase(
             // Held by the first surviving version.
             None => Ok(Target::Keep),
         }
-    })?;
+    };
     let mut counts = Archival {
         next: next.clone(),
         converted_ns: u
@@ -258,10 +269,14 @@ fn rebase(
         released_bytes: u.archival.as_ref().map_or(0, |a| a.released_bytes),
         ..Default::default()
     };
-    for c in recipe_refs(&recipe) {
-        count_ref(&mut counts, c);
-    }
-    let (rid, _) = crate::recipe::put(repo, recipe)?;
+    let mut w = RecipeWriter::new(repo);
+    rewrite_pieces(repo, &u.recipe, rebased, |n, table| {
+        for c in n.segments.iter().flat_map(|s| &s.chunks) {
+            count_ref(&mut counts, c);
+        }
+        w.push(n, |i| table.get(i as usize).copied())
+    })?;
+    let (rid, _) = w.finish()?;
     let mut nu = u.clone();
     let old_recipe = std::mem::replace(&mut nu.recipe, rid);
     nu.archival = (!revive).then_some(counts);

@@ -128,15 +128,17 @@ fn refuse_needed_orphans(repo: &Repository, orphans: &[String]) -> Result<()> {
             if !table.iter().any(|c| orphan_ids.contains(c)) {
                 continue;
             }
-            let recipe = crate::recipe::load_whole(repo, r)?;
-            for c in crate::restore::recipe_refs(&recipe).filter(|c| c.is_direct()) {
-                match recipe.containers.get(c.container as usize) {
-                    Some(cid) if orphan_ids.contains(cid) => {
-                        wanted.insert(c.fp, (*cid, sid.clone()));
+            crate::recipe::for_each_segment(repo, r, |sg, table| {
+                for c in sg.chunks.iter().filter(|c| c.is_direct()) {
+                    match table.get(c.container as usize) {
+                        Some(cid) if orphan_ids.contains(cid) => {
+                            wanted.insert(c.fp, (*cid, sid.clone()));
+                        }
+                        _ => {}
                     }
-                    _ => {}
                 }
-            }
+                Ok(())
+            })?;
         }
     }
     if wanted.is_empty() {
@@ -286,11 +288,19 @@ fn consolidated_objects(idx: &RepoIndex) -> usize {
 /// Rewrites the index as one object for the pool and one per stamp owner
 /// (cheaper loading after many backups; expiry touches only its owner's).
 fn consolidate_index(repo: &Repository) -> Result<()> {
-    let mut metas = Vec::new();
-    let idx = RepoIndex::load(repo, |m| metas.push(m.clone()))?;
-    let written: HashSet<String> = crate::index::write_by_owner(repo, metas)?
-        .into_iter()
-        .collect();
+    // Each container's metadata goes on to its owner's object as the index
+    // is read (one object at a time): the index is never held whole.
+    let mut w = crate::index::ByOwner::new(repo);
+    let mut failed = None;
+    let idx = RepoIndex::load(repo, |m| {
+        if failed.is_none() {
+            failed = w.push(m.clone()).err();
+        }
+    })?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let written: HashSet<String> = w.finish()?.into_iter().collect();
     for o in &idx.objects {
         if !written.contains(o) {
             crate::index::delete_index_object(repo, o)?;

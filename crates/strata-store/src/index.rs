@@ -346,31 +346,57 @@ pub fn edit_index(
 /// owner (so expiring a version rewrites only its own), and returns their
 /// names. Deleting what they replace is the caller's job, afterwards.
 pub(crate) fn write_by_owner(repo: &Repository, metas: Vec<ContainerMeta>) -> Result<Vec<String>> {
-    let mut groups: BTreeMap<Option<String>, Vec<ContainerMeta>> = BTreeMap::new();
+    let mut w = ByOwner::new(repo);
     for m in metas {
-        groups
-            .entry(m.stamp.as_ref().map(|s| s.owner.clone()))
-            .or_default()
-            .push(m);
+        w.push(m)?;
     }
-    let mut written = Vec::new();
-    for (_, containers) in groups {
+    w.finish()
+}
+
+/// [`write_by_owner`] as the containers come: each owner's object is
+/// written once it holds [`MAX_INDEX_OBJECT_CHUNKS`] entries, so what is
+/// held is at most one object in the making per owner — not the whole
+/// index (a repository of disk images has millions of chunk entries).
+pub(crate) struct ByOwner<'r> {
+    repo: &'r Repository,
+    /// Per owner (`None`: the pool): the object in the making and its
+    /// chunk entries.
+    parts: BTreeMap<Option<String>, (Vec<ContainerMeta>, usize)>,
+    written: Vec<String>,
+}
+
+impl<'r> ByOwner<'r> {
+    pub(crate) fn new(repo: &'r Repository) -> Self {
+        ByOwner {
+            repo,
+            parts: BTreeMap::new(),
+            written: Vec::new(),
+        }
+    }
+
+    pub(crate) fn push(&mut self, m: ContainerMeta) -> Result<()> {
+        let owner = m.stamp.as_ref().map(|s| s.owner.clone());
+        let (part, entries) = self.parts.entry(owner).or_default();
+        *entries += m.chunks.len().max(1);
+        part.push(m);
         // Bounded objects: a backup loads one whole object at a time.
-        let mut part = Vec::new();
-        let mut entries = 0usize;
-        for m in containers {
-            entries += m.chunks.len().max(1);
-            part.push(m);
-            if entries >= MAX_INDEX_OBJECT_CHUNKS {
-                written.push(put_index_object(repo, std::mem::take(&mut part))?.0);
-                entries = 0;
+        if *entries >= MAX_INDEX_OBJECT_CHUNKS {
+            let part = std::mem::take(part);
+            *entries = 0;
+            self.written.push(put_index_object(self.repo, part)?.0);
+        }
+        Ok(())
+    }
+
+    /// Writes the objects in the making; returns the names of all written.
+    pub(crate) fn finish(mut self) -> Result<Vec<String>> {
+        for (_, (part, _)) in std::mem::take(&mut self.parts) {
+            if !part.is_empty() {
+                self.written.push(put_index_object(self.repo, part)?.0);
             }
         }
-        if !part.is_empty() {
-            written.push(put_index_object(repo, part)?.0);
-        }
+        Ok(self.written)
     }
-    Ok(written)
 }
 
 /// Chunk entries per index object written by [`write_by_owner`] (~60 MB

@@ -455,6 +455,20 @@ pub fn for_each_piece_in_part(
     Ok(containers)
 }
 
+/// Calls `f` with every segment of recipe `id`, one part in memory at a
+/// time, and the container table as far as it is built (the segment's
+/// direct references index it; see [`for_each_piece`]). For walks that
+/// need the references but not the tree: marking, statistics.
+pub fn for_each_segment(
+    repo: &Repository,
+    id: &str,
+    mut f: impl FnMut(&SegmentRef, &[ContainerId]) -> Result<()>,
+) -> Result<Vec<ContainerId>> {
+    for_each_piece_in_part(repo, id, |n, _, _, table| {
+        n.segments.iter().try_for_each(|s| f(s, table))
+    })
+}
+
 /// Renumbers the direct references of `n` with `map` (an unknown index is
 /// damage).
 fn renumber(n: &mut Node, map: impl Fn(u32) -> Option<u32>) -> Result<()> {

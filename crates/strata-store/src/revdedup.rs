@@ -35,7 +35,7 @@
 //! duplicates the next run removes.
 
 use crate::compact::compact_pool;
-use crate::copy::{delete_containers, rewrite_refs, Target};
+use crate::copy::{delete_containers, rewrite_pieces, Target};
 use crate::error::{Result, StoreError};
 use crate::forget::count_ref;
 use crate::gc::{GcOptions, GcReport};
@@ -43,12 +43,12 @@ use crate::index::{edit_index, RepoIndex};
 use crate::lifecycle::{list_policies, load_state, store_state, version_states, VersionState};
 use crate::lock;
 use crate::progress::Progress;
+use crate::recipe::RecipeWriter;
 use crate::repo::{now_ns, Repository};
-use crate::restore::recipe_refs;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use strata_core::format::{Archival, ContainerId, Recipe, Snapshot};
+use strata_core::format::{Archival, ChunkRef, ContainerId, Snapshot};
 use strata_core::Fingerprint;
 
 #[derive(Clone, Debug)]
@@ -401,8 +401,15 @@ fn convert_due(
             out.push(mark_archival(repo, vid, v, h, dry_run)?);
             continue;
         }
-        let next = repo.load_recipe(&n.recipe)?;
-        out.push(convert(repo, vid, v, nid, &next, dry_run, &recipe_users)?);
+        out.push(convert(
+            repo,
+            vid,
+            v,
+            nid,
+            &n.recipe,
+            dry_run,
+            &recipe_users,
+        )?);
     }
     Ok(out)
 }
@@ -446,32 +453,35 @@ fn mark_archival(
 /// Reverse-deduplicates version `v` against `next`, the recipe of the next
 /// version `nid` of its series, and commits the archival recipe. Nothing
 /// is copied: the references left direct keep pointing where they are.
+/// Both recipes are read a part at a time; what is held is the next
+/// version's fingerprints (the paper's temporary table).
 pub(crate) fn convert(
     repo: &Repository,
     vid: &str,
     v: &Snapshot,
     nid: &str,
-    next: &Recipe,
+    next: &str,
     dry_run: bool,
     recipe_users: &HashMap<&str, usize>,
 ) -> Result<Converted> {
     let started = std::time::Instant::now();
-    let mut recipe = repo.load_recipe(&v.recipe)?;
     // The temporary table of §2.4.1: every chunk fingerprint of the next
     // version, direct or indirect (both mean the next version holds it),
     // with where it is when direct.
     let mut next_fps: HashMap<Fingerprint, Option<(ContainerId, u32, u32)>> = HashMap::new();
-    for c in recipe_refs(next).filter(|c| !c.is_zero()) {
-        let at = next
-            .containers
-            .get(c.container as usize)
-            .filter(|_| c.is_direct())
-            .map(|id| (*id, c.region, c.offset));
-        let e = next_fps.entry(c.fp).or_insert(at);
-        if e.is_none() {
-            *e = at;
+    crate::recipe::for_each_segment(repo, next, |sg, table| {
+        for c in sg.chunks.iter().filter(|c| !c.is_zero()) {
+            let at = table
+                .get(c.container as usize)
+                .filter(|_| c.is_direct())
+                .map(|id| (*id, c.region, c.offset));
+            let e = next_fps.entry(c.fp).or_insert(at);
+            if e.is_none() {
+                *e = at;
+            }
         }
-    }
+        Ok(())
+    })?;
     let mut out = Converted {
         id: vid.to_string(),
         series: v.series.clone(),
@@ -485,7 +495,8 @@ pub(crate) fn convert(
         ..Default::default()
     };
     let mut released = 0u64;
-    rewrite_refs(&mut recipe, |c, cid| {
+    let mut writer = (!dry_run).then(|| RecipeWriter::new(repo));
+    let reverse = |c: &ChunkRef, cid: Option<ContainerId>| {
         if c.is_indirect() {
             return Err(StoreError::Invalid(format!(
                 "snapshot {vid} has indirect references but is not marked archival; run `strata check`"
@@ -500,17 +511,23 @@ pub(crate) fn convert(
             }
             _ => Target::Keep,
         })
+    };
+    rewrite_pieces(repo, &v.recipe, reverse, |n, table| {
+        for c in n.segments.iter().flat_map(|s| &s.chunks) {
+            count_ref(&mut archival, c);
+        }
+        match &mut writer {
+            Some(w) => w.push(n, |i| table.get(i as usize).copied()),
+            None => Ok(()),
+        }
     })?;
-    for c in recipe_refs(&recipe) {
-        count_ref(&mut archival, c);
-    }
     archival.released_bytes = released;
     out.released_bytes = released;
     fill(&mut out, &archival);
-    if dry_run {
+    let Some(writer) = writer else {
         return Ok(out);
-    }
-    let (rid, _) = crate::recipe::put(repo, recipe)?;
+    };
+    let (rid, _) = writer.finish()?;
     let mut nv = v.clone();
     let old_recipe = std::mem::replace(&mut nv.recipe, rid);
     nv.archival = Some(archival);

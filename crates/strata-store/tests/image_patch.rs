@@ -740,3 +740,166 @@ fn zeros_are_recorded_as_runs() {
     assert!(restored(&repo, &r3) == img);
     assert_eq!(segments(&r3)[2].chunk_count(), 512);
 }
+
+/// The lifecycle of an image in pieces, each step reading its recipes a
+/// part at a time (`for_each_segment`, `rewrite_pieces`): `maintain`
+/// reverse-deduplicates the two older versions (a dry run first, which
+/// reports the same and changes nothing), `forget` of the middle one
+/// rebases the oldest onto the newest, `gc` compacts the pool. Every
+/// remaining version restores to its image, the archival one stays in
+/// pieces, and `check` reads everything back.
+#[test]
+fn an_image_in_pieces_goes_through_the_lifecycle() {
+    use strata_store::forget::forget;
+    use strata_store::gc::{gc, GcOptions};
+    use strata_store::revdedup::{maintain, MaintainOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(local(&tmp.path().join("repo")), small_init(false)).unwrap();
+    let (reports, images) = three_versions_in_pieces(&repo);
+    let ids: Vec<String> = reports.iter().map(|r| r.id.clone()).collect();
+    let current = |id: &str| repo.load_snapshot(id).unwrap();
+    let before: Vec<_> = ids.iter().map(|id| current(id)).collect();
+    let dry = maintain(
+        &repo,
+        &MaintainOptions {
+            dry_run: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(dry.converted.len(), 2, "{dry:?}");
+    let after_dry: Vec<_> = ids.iter().map(|id| current(id)).collect();
+    assert_eq!(before, after_dry, "a dry run changes nothing");
+    let m = maintain(&repo, &MaintainOptions::default()).unwrap();
+    assert_eq!(m.converted.len(), 2, "{m:?}");
+    for (d, c) in dry.converted.iter().zip(&m.converted) {
+        assert_eq!(
+            (
+                d.id.as_str(),
+                d.direct_chunks,
+                d.indirect_chunks,
+                d.released_bytes
+            ),
+            (
+                c.id.as_str(),
+                c.direct_chunks,
+                c.indirect_chunks,
+                c.released_bytes
+            )
+        );
+        assert!(c.indirect_chunks > 0 && c.direct_chunks > 0, "{c:?}");
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let s = current(id);
+        assert_eq!(s.archival.is_some(), i < 2, "version {}", i + 1);
+        let r = BackupReport {
+            snapshot: s,
+            ..reports[i].clone()
+        };
+        assert!(
+            restored(&repo, &r) == images[i],
+            "version {} after maintain",
+            i + 1
+        );
+    }
+    let stored = || {
+        strata_store::index::RepoIndex::load_summaries(&repo)
+            .unwrap()
+            .stored_bytes()
+    };
+    let before_forget = stored();
+    let f = forget(&repo, std::slice::from_ref(&ids[1])).unwrap();
+    assert_eq!(f.rebased, vec![ids[0].clone()], "{f:?}");
+    let oldest = current(&ids[0]);
+    assert_eq!(
+        oldest.archival.as_ref().and_then(|a| a.next.as_deref()),
+        Some(ids[2].as_str())
+    );
+    assert!(
+        strata_store::recipe::part_ids(&repo, &oldest.recipe)
+            .unwrap()
+            .len()
+            > 1,
+        "the archival version is still stored in pieces"
+    );
+    let g = gc(&repo, &GcOptions::default()).unwrap();
+    assert!(
+        stored() < before_forget,
+        "the forgotten version's data is freed: {f:?} {g:?}"
+    );
+    for i in [0, 2] {
+        let r = BackupReport {
+            snapshot: current(&ids[i]),
+            ..reports[i].clone()
+        };
+        assert!(
+            restored(&repo, &r) == images[i],
+            "version {} after gc",
+            i + 1
+        );
+    }
+    assert_check_ok(&repo, true, "after the lifecycle");
+}
+
+/// Three versions of an image of two pieces and a segment, each changing a
+/// segment in the first, the second and the last piece.
+fn three_versions_in_pieces(repo: &Repository) -> (Vec<BackupReport>, Vec<Vec<u8>>) {
+    use strata_store::backup::patch::PATCH_PIECE;
+    let piece = PATCH_PIECE as usize;
+    let mut img = random_bytes(11, 2 * piece + SEG);
+    let n = img.len().div_ceil(SEG);
+    let mut images = Vec::new();
+    let mut reports: Vec<BackupReport> = Vec::new();
+    for v in 0..3u64 {
+        let which = [1, n / 2, n - 1];
+        if v > 0 {
+            for k in which {
+                let fresh = random_bytes(100 * v + k as u64, SEG.min(img.len() - k * SEG));
+                img[k * SEG..k * SEG + fresh.len()].copy_from_slice(&fresh);
+            }
+        }
+        let base = reports.last().map(|r| r.id.clone());
+        let c = base.as_ref().map(|_| changed(n, &which).unwrap());
+        let (r, _) = snap(repo, &img, base.as_deref(), c, None);
+        reports.push(r.unwrap());
+        images.push(img.clone());
+    }
+    (reports, images)
+}
+
+/// `check` follows a chain of two reverse-dedup hops holding only the
+/// fingerprints of the version the next one checked points at: a chunk
+/// the three versions share, stored once by the newest, is lost with its
+/// container; all three are damaged, the two older ones as missing data
+/// the chain leads to (not as references the next version does not hold,
+/// which is what a table let go too early would say).
+#[test]
+fn check_follows_a_chain_of_image_versions() {
+    use strata_store::revdedup::{maintain, MaintainOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(local(&tmp.path().join("repo")), small_init(false)).unwrap();
+    let (reports, _) = three_versions_in_pieces(&repo);
+    let m = maintain(&repo, &MaintainOptions::default()).unwrap();
+    assert_eq!(m.converted.len(), 2, "{m:?}");
+    assert_check_ok(&repo, false, "a chain of three");
+    // Segment 0 never changed: the newest holds it directly, the two older
+    // ones through the chain.
+    let newest = repo.load_snapshot(&reports[2].id).unwrap();
+    let recipe = repo.load_recipe(&newest.recipe).unwrap();
+    let c = &recipe.nodes[0].segments[0].chunks[0];
+    assert!(c.is_direct());
+    let cid = recipe.containers[c.container as usize];
+    let name = strata_store::repo::data_name(&cid);
+    std::fs::remove_file(tmp.path().join("repo").join(&name)).unwrap();
+    let rep = strata_store::check::check(&repo, &Default::default()).unwrap();
+    let mut damaged = rep.damaged_snapshots.clone();
+    damaged.sort();
+    let mut all: Vec<String> = reports.iter().map(|r| r.id.clone()).collect();
+    all.sort();
+    assert_eq!(damaged, all, "{:?}", rep.errors);
+    assert!(
+        !rep.errors.iter().any(|e| e.contains("does not hold")),
+        "{:?}",
+        rep.errors
+    );
+}
