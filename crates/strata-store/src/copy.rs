@@ -244,6 +244,19 @@ pub(crate) fn rewrite_pieces(
     mut f: impl FnMut(&ChunkRef, Option<ContainerId>) -> Result<Target>,
     mut sink: impl FnMut(Node, &[ContainerId]) -> Result<()>,
 ) -> Result<()> {
+    if crate::recipe::part_ids(repo, id)?.is_empty() {
+        // A version-1 recipe is one object whose nodes are in byte order,
+        // not the path order a writer takes: sorted whole, as `put` sorts.
+        let mut r = crate::recipe::load_whole(repo, id)?;
+        r.nodes
+            .sort_by(|a, b| strata_core::format::path_cmp(&a.path, &b.path));
+        for mut n in r.nodes {
+            let mut table = NewTable::default();
+            rewrite_node(&mut n, &r.containers, &mut table, &mut f)?;
+            sink(n, &table.ids)?;
+        }
+        return Ok(());
+    }
     crate::recipe::for_each_piece_in_part(repo, id, |mut n, _, _, old| {
         let mut table = NewTable::default();
         rewrite_node(&mut n, old, &mut table, &mut f)?;

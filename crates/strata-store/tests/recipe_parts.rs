@@ -292,10 +292,14 @@ fn whole_recipes_of_version_1_still_work() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     many_files(&src, 800, 6);
+    // Byte order puts `d1-x` before `d1/…`; path order after.
+    fs::write(src.join("d1-x"), b"beside d1").unwrap();
     let repo = segment_repo(&tmp.path().join("repo"));
     let v1 = backup_paths(&repo, &[&src]).unwrap();
-    // Rewrite v1's recipe as a version-1 object.
-    let whole = repo.load_recipe(&v1.snapshot.recipe).unwrap();
+    // Rewrite v1's recipe as a version-1 object, in byte order as builds
+    // before parts wrote it.
+    let mut whole = repo.load_recipe(&v1.snapshot.recipe).unwrap();
+    whole.nodes.sort_by(|a, b| a.path.cmp(&b.path));
     let (rid, _) = repo
         .put_struct(strata_core::crypto::Kind::Recipe, "recipes", &whole)
         .unwrap();
@@ -330,10 +334,29 @@ fn whole_recipes_of_version_1_still_work() {
         }
     }
     fs::write(src.join("d1/s1/f1"), b"new").unwrap();
-    let v2 = backup_paths(&repo, &[&src]).unwrap();
+    // Without the backup's lifecycle, so that `maintain` below rewrites v1.
+    let v2 = strata_store::backup::backup(
+        &repo,
+        strata_store::backup::BackupOptions {
+            paths: vec![src.clone()],
+            series: Some("test".into()),
+            lifecycle: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(v2.reused_files, v1.snapshot.stats.files - 1);
     assert_restores(&repo, &v2.id, &src, tmp.path(), &read_tree(&src), "v2");
     assert_check_ok(&repo, true, "mixed recipe versions");
+    // maintain rewrites v1 (reverse dedup against v2, the recipe read
+    // whole and sorted into path order).
+    let m = strata_store::revdedup::maintain(&repo, &Default::default()).unwrap();
+    assert_eq!(m.converted.len(), 1, "{m:?}");
+    let s1 = repo.load_snapshot(&v1.id).unwrap();
+    assert!(s1.archival.is_some());
+    assert!(!recipe::part_ids(&repo, &s1.recipe).unwrap().is_empty());
+    assert_restores(&repo, &v1.id, &src, tmp.path(), &t1, "v1 archival");
+    assert_check_ok(&repo, true, "v1 rewritten in parts");
 }
 
 /// A file larger than a recipe piece (here ~40 000 chunks of 1 KiB) is
