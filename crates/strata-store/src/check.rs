@@ -74,10 +74,6 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
     } else {
         HashSet::new()
     };
-    // Fingerprints with at least one intact stored copy (for references
-    // moved by gc, and chunks stored twice): damage to one copy is not
-    // the loss of the chunk.
-    let mut good_fps: HashSet<Fingerprint> = HashSet::new();
     // Fingerprints with a damaged or unreadable listed copy: restore's
     // lookup by fingerprint keeps one location per fingerprint and may
     // pick that one, so a moved chunk counts as found only without them.
@@ -86,20 +82,13 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
         rep.chunks += m.chunks.len() as u64;
         if bad_containers.contains(&m.id) {
             tainted.extend(m.chunks.iter().map(|c| c.fp));
-        } else {
-            good_fps.extend(
-                m.chunks
-                    .iter()
-                    .map(|c| c.fp)
-                    .filter(|f| !bad_chunks.contains(&(m.id, *f))),
-            );
         }
     }
     let avail = Available {
         metas: &idx.metas,
         bad_containers: &bad_containers,
         bad_chunks: &bad_chunks,
-        good_fps: &good_fps,
+        good_fps: std::cell::OnceCell::new(),
         tainted: &tainted,
     };
     let referenced = check_snapshots(repo, &avail, &mut rep)?;
@@ -418,8 +407,35 @@ struct Available<'a> {
     bad_containers: &'a HashSet<ContainerId>,
     /// Stored chunks found damaged: (container, fingerprint).
     bad_chunks: &'a HashSet<(ContainerId, Fingerprint)>,
-    good_fps: &'a HashSet<Fingerprint>,
+    /// Fingerprints with at least one intact stored copy (for references
+    /// moved by gc, and chunks stored twice): damage to one copy is not
+    /// the loss of the chunk. Made the first time a reference names a
+    /// container the index does not list (rare: a set of every chunk of
+    /// the repository is not held otherwise).
+    good_fps: std::cell::OnceCell<HashSet<Fingerprint>>,
     tainted: &'a HashSet<Fingerprint>,
+}
+
+impl Available<'_> {
+    /// Whether an intact listed copy of `fp` exists.
+    fn has_good_copy(&self, fp: &Fingerprint) -> bool {
+        self.good_fps
+            .get_or_init(|| {
+                let mut good = HashSet::new();
+                for m in self.metas.values() {
+                    if !self.bad_containers.contains(&m.id) {
+                        good.extend(
+                            m.chunks
+                                .iter()
+                                .map(|c| c.fp)
+                                .filter(|f| !self.bad_chunks.contains(&(m.id, *f))),
+                        );
+                    }
+                }
+                good
+            })
+            .contains(fp)
+    }
 }
 
 /// Per snapshot id: its chunk fingerprints, and those it cannot provide —
@@ -691,7 +707,7 @@ impl RecipeFindings {
             // another copy of the chunk exists.
             let moved = meta.is_none();
             let found_elsewhere =
-                moved && avail.good_fps.contains(&c.fp) && !avail.tainted.contains(&c.fp);
+                moved && avail.has_good_copy(&c.fp) && !avail.tainted.contains(&c.fp);
             if !direct_ok && !found_elsewhere {
                 f.missing += 1;
                 f.bad.insert(c.fp);
@@ -720,5 +736,61 @@ pub fn check_ok(repo: &Repository, read_data: bool) -> Result<CheckReport> {
         Ok(r)
     } else {
         Err(StoreError::Invalid(r.errors.join("; ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_core::format::ChunkEntry;
+
+    fn meta(id: u8, fps: &[u8]) -> ContainerMeta {
+        ContainerMeta {
+            id: ContainerId([id; 16]),
+            data_len: 0,
+            created: 0,
+            stamp: None,
+            regions: Vec::new(),
+            chunks: fps
+                .iter()
+                .map(|&f| ChunkEntry {
+                    fp: Fingerprint([f; 32]),
+                    region: 0,
+                    offset: 0,
+                    len: 1,
+                })
+                .collect(),
+            segments: Vec::new(),
+        }
+    }
+
+    /// The set of fingerprints with an intact copy, made on first use:
+    /// a damaged container's chunks and damaged chunks do not count,
+    /// another intact copy does.
+    #[test]
+    fn good_copies_leave_out_damaged_containers_and_chunks() {
+        let metas: HashMap<ContainerId, ContainerMeta> =
+            [meta(1, &[1, 2, 3]), meta(2, &[3, 4]), meta(3, &[5])]
+                .into_iter()
+                .map(|m| (m.id, m))
+                .collect();
+        let bad_containers = HashSet::from([ContainerId([2; 16])]);
+        let bad_chunks = HashSet::from([(ContainerId([1; 16]), Fingerprint([2; 32]))]);
+        let tainted = HashSet::new();
+        let avail = Available {
+            metas: &metas,
+            bad_containers: &bad_containers,
+            bad_chunks: &bad_chunks,
+            good_fps: std::cell::OnceCell::new(),
+            tainted: &tainted,
+        };
+        assert!(
+            avail.good_fps.get().is_none(),
+            "not made before it is needed"
+        );
+        let good: Vec<u8> = (1..=6)
+            .filter(|&f| avail.has_good_copy(&Fingerprint([f; 32])))
+            .collect();
+        assert_eq!(good, [1, 3, 5]);
     }
 }
