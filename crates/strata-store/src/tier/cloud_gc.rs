@@ -15,7 +15,7 @@
 //! local one) → the old containers leave the index → they are deleted.
 
 use super::copy_forward::{Assemble, CopyForward, Piece};
-use crate::copy::{delete_containers, rewrite_refs, Target};
+use crate::copy::{delete_containers, rewrite_pieces, Target};
 use crate::error::{Result, StoreError};
 use crate::index::{edit_index, put_index_object, RepoIndex};
 use crate::lock;
@@ -482,15 +482,20 @@ pub fn cloud_gc(
         if !uses.iter().any(|c| drop.contains(c)) {
             continue;
         }
-        let mut r = local.load_recipe(&rid)?;
-        rewrite_refs(&mut r, |c, cid| {
-            Ok(match cid.and_then(|id| moved.get(&(id, c.region))) {
-                Some((nc, nr)) => Target::At(*nc, *nr, c.offset),
-                None => Target::Keep,
-            })
-        })?;
+        // Rewritten a part at a time (a disk image's version is never
+        // held whole).
         let mut w = recipe::RecipeWriter::new(cloud).with_mirror(local);
-        w.push_recipe(r)?;
+        rewrite_pieces(
+            local,
+            &rid,
+            |c, cid| {
+                Ok(match cid.and_then(|id| moved.get(&(id, c.region))) {
+                    Some((nc, nr)) => Target::At(*nc, *nr, c.offset),
+                    None => Target::Keep,
+                })
+            },
+            |n, table| w.push(n, |i| table.get(i as usize).copied()),
+        )?;
         let (new_rid, _) = w.finish()?;
         for (id, s) in users {
             let mut ns = s.clone();

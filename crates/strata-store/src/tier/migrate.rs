@@ -11,19 +11,22 @@
 
 use super::paths;
 use super::select::{versions, versions_any, Selection};
-use crate::copy::{copy_chunks_between, region_cache, rewrite_refs, CopySource, Target};
+use crate::copy::{
+    copy_chunks_between, region_cache, rewrite_pieces, rewrite_refs, CopySource, Target,
+};
 use crate::error::{Result, StoreError};
 use crate::index::{put_index_object, ContainerTable, ExactIndex, RepoIndex};
 use crate::lock;
 use crate::progress::Progress;
 use crate::recipe;
 use crate::repo::{now_ns, resolve_in, Repository};
-use crate::resolver::resolver_for;
+use crate::resolver::resolver_with;
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use strata_core::format::{ContainerId, Node, Recipe, RegionInfo, Snapshot, Tier};
+use strata_core::format::{ChunkRef, ContainerId, Recipe, RegionInfo, Snapshot, Tier};
+use strata_core::Fingerprint;
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct MigrateReport {
@@ -100,7 +103,27 @@ pub fn migrate(
     sel: &Selection,
     progress: &Progress,
 ) -> Result<MigrateReport> {
-    transfer(local, cloud, sel, progress, Direction::ToCloud)
+    transfer(local, cloud, sel, progress, Direction::ToCloud, COPY_BATCH)
+}
+
+/// [`migrate`] copying `batch` chunks at a time (tests: several batches
+/// of a small version).
+#[doc(hidden)]
+pub fn migrate_in_batches(
+    local: &Repository,
+    cloud: &Repository,
+    sel: &Selection,
+    progress: &Progress,
+    batch: usize,
+) -> Result<MigrateReport> {
+    transfer(
+        local,
+        cloud,
+        sel,
+        progress,
+        Direction::ToCloud,
+        batch.max(1),
+    )
 }
 
 /// Brings the versions `sel` selects back from the cloud tier `cloud` to
@@ -111,7 +134,7 @@ pub fn recall(
     sel: &Selection,
     progress: &Progress,
 ) -> Result<MigrateReport> {
-    transfer(local, cloud, sel, progress, Direction::ToActive)
+    transfer(local, cloud, sel, progress, Direction::ToActive, COPY_BATCH)
 }
 
 fn transfer(
@@ -120,6 +143,7 @@ fn transfer(
     sel: &Selection,
     progress: &Progress,
     dir: Direction,
+    batch: usize,
 ) -> Result<MigrateReport> {
     let started = std::time::Instant::now();
     let globs = sel.path_set()?;
@@ -157,6 +181,7 @@ fn transfer(
         index: &index,
         table: &table,
         regions: &regions,
+        batch,
     };
     if let Some(globs) = &globs {
         migrate_paths(
@@ -183,14 +208,19 @@ fn transfer(
     for (vid, v) in &chosen {
         if dir == Direction::ToActive && v.tier == Tier::Active {
             recall_part(local, cloud, &moved, vid, v, &mut report)?;
-        } else {
+        } else if let (Direction::ToCloud, Some(p)) = (dir, &v.cloud_part) {
+            // A version moving whole takes its cloud part along: the two
+            // trees joined in memory (only after a `--path` migration).
             let r = moved.copy(v, from.load_recipe(&v.recipe)?, &mut report)?;
-            // A version moving whole takes its cloud part along.
-            let r = match (dir, &v.cloud_part) {
-                (Direction::ToCloud, Some(p)) => paths::merge(r, local.load_recipe(&p.recipe)?)?,
-                _ => r,
-            };
-            report.recipe_bytes_sent += commit(local, cloud, dir, vid, v, r)?;
+            let r = paths::merge(r, local.load_recipe(&p.recipe)?)?;
+            report.recipe_bytes_sent += commit(local, cloud, dir, vid, v, |w| w.push_recipe(r))?;
+        } else {
+            // A part of the recipe at a time: a disk image's version of
+            // millions of chunks is never held whole.
+            moved.send_stored(v, &v.recipe, &mut report)?;
+            report.recipe_bytes_sent += commit(local, cloud, dir, vid, v, |w| {
+                moved.rewrite_stored(&v.recipe, w)
+            })?;
         }
         progress
             .bytes_done
@@ -361,6 +391,8 @@ struct Moved<'a> {
     index: &'a ExactIndex,
     table: &'a ContainerTable,
     regions: &'a dyn Fn(&ContainerId) -> Option<Arc<Vec<RegionInfo>>>,
+    /// Chunks copied at a time ([`COPY_BATCH`]).
+    batch: usize,
 }
 
 impl Moved<'_> {
@@ -368,58 +400,165 @@ impl Moved<'_> {
     /// on both sides) the destination lacks and returns it with every
     /// reference direct into the destination.
     fn copy(&self, v: &Snapshot, mut r: Recipe, report: &mut MigrateReport) -> Result<Recipe> {
-        let (from, to, index, table) = (self.from, self.to, self.index, self.table);
-        let nodes: Vec<&Node> = r.nodes.iter().collect();
-        let resolver = resolver_for(from, v, &r, &nodes)?;
-        let mut wanted = HashSet::new();
-        let mut sources = Vec::new();
+        let mut lacking = Lacking {
+            containers: r.containers.len(),
+            ..Default::default()
+        };
         for n in &r.nodes {
+            let path = n.path_str();
             for c in n.segments.iter().flat_map(|s| &s.chunks) {
-                if c.is_zero() {
-                    continue;
-                }
-                report.chunks += 1;
-                report.logical_bytes += c.len as u64;
-                if !wanted.insert(c.fp) {
-                    continue;
-                }
-                if index.lookup(&c.fp).is_some() {
-                    report.chunks_deduplicated += 1;
-                    continue;
-                }
-                let at = resolver.resolve(c, &n.path_str())?;
-                sources.push(CopySource {
-                    fp: c.fp,
-                    container: at.container,
-                    region: at.region_idx,
-                    offset: at.offset,
-                    len: c.len,
-                });
+                lacking.visit(c, &path, self.index, report);
             }
         }
-        drop(nodes);
-        let (_, metas) = copy_chunks_between(from, to, self.regions, &sources, None, None)?;
-        report.chunks_sent += sources.len() as u64;
-        report.raw_bytes_sent += sources.iter().map(|s| s.len as u64).sum::<u64>();
-        report.containers_written += metas.len() as u64;
-        report.stored_bytes_sent += metas.iter().map(|m| m.data_len).sum::<u64>();
-        report.data_bytes_sent += metas.iter().map(|m| m.data_bytes()).sum::<u64>();
-        for m in &metas {
-            index.add_chunks(table, m);
-        }
-        if !metas.is_empty() {
-            put_index_object(to, metas)?;
-        }
-        rewrite_refs(&mut r, |c, _| {
-            let loc = index.lookup(&c.fp).ok_or_else(|| {
-                StoreError::Invalid(format!(
-                    "chunk {} was not placed in the destination tier",
-                    c.fp.to_hex()
-                ))
-            })?;
-            Ok(Target::At(table.get(loc.container), loc.region, loc.offset))
-        })?;
+        self.send(v, &r.containers, lacking, report)?;
+        rewrite_refs(&mut r, |c, _| self.target(c))?;
         Ok(r)
+    }
+
+    /// [`Self::copy`] for the stored recipe `rid` of version `v`, read
+    /// from the source tier a part at a time: sends what the destination
+    /// lacks (its index then knows every chunk of the version).
+    fn send_stored(&self, v: &Snapshot, rid: &str, report: &mut MigrateReport) -> Result<()> {
+        let mut lacking = Lacking::default();
+        let table = recipe::for_each_piece_in_part(self.from, rid, |n, _, _, table| {
+            let path = n.path_str();
+            lacking.containers = table.len();
+            for c in n.segments.iter().flat_map(|s| &s.chunks) {
+                lacking.visit(c, &path, self.index, report);
+            }
+            Ok(())
+        })?;
+        self.send(v, &table, lacking, report)
+    }
+
+    /// The stored recipe `rid`, every reference pointed into the
+    /// destination (after [`Self::send_stored`]), into `w` a piece at a
+    /// time.
+    fn rewrite_stored(&self, rid: &str, w: &mut recipe::RecipeWriter) -> Result<()> {
+        rewrite_pieces(
+            self.from,
+            rid,
+            |c, _| self.target(c),
+            |n, table| w.push(n, |i| table.get(i as usize).copied()),
+        )
+    }
+
+    /// Resolves the `lacking` chunks of version `v` (references numbered
+    /// in `table`), copies them into the destination and adds them to its
+    /// index.
+    fn send(
+        &self,
+        v: &Snapshot,
+        table: &[ContainerId],
+        lacking: Lacking,
+        report: &mut MigrateReport,
+    ) -> Result<()> {
+        let Lacking {
+            refs,
+            paths,
+            mut used,
+            indirect,
+            ..
+        } = lacking;
+        used.resize(table.len().max(used.len()), false);
+        let resolver = resolver_with(self.from, v, table, &used, indirect)?;
+        // In batches, each copied and indexed before the next is
+        // resolved: what the copy holds per chunk (its source, where it
+        // went, the new containers' chunk lists) stays bounded.
+        for batch in refs.chunks(self.batch) {
+            let sources = batch
+                .iter()
+                .map(|(p, c)| {
+                    let at = resolver.resolve(c, &paths[*p as usize])?;
+                    Ok(CopySource {
+                        fp: c.fp,
+                        container: at.container,
+                        region: at.region_idx,
+                        offset: at.offset,
+                        len: c.len,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let (_, metas) =
+                copy_chunks_between(self.from, self.to, self.regions, &sources, None, None)?;
+            report.chunks_sent += sources.len() as u64;
+            report.raw_bytes_sent += sources.iter().map(|s| s.len as u64).sum::<u64>();
+            report.containers_written += metas.len() as u64;
+            report.stored_bytes_sent += metas.iter().map(|m| m.data_len).sum::<u64>();
+            report.data_bytes_sent += metas.iter().map(|m| m.data_bytes()).sum::<u64>();
+            for m in &metas {
+                self.index.add_chunks(self.table, m);
+            }
+            if !metas.is_empty() {
+                put_index_object(self.to, metas)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Where a chunk of a moving version lies in the destination.
+    fn target(&self, c: &ChunkRef) -> Result<Target> {
+        let loc = self.index.lookup(&c.fp).ok_or_else(|| {
+            StoreError::Invalid(format!(
+                "chunk {} was not placed in the destination tier",
+                c.fp.to_hex()
+            ))
+        })?;
+        Ok(Target::At(
+            self.table.get(loc.container),
+            loc.region,
+            loc.offset,
+        ))
+    }
+}
+
+/// Chunks copied to the other tier at a time (1 GiB of 4 KiB chunks):
+/// each batch is resolved, copied and indexed before the next.
+const COPY_BATCH: usize = 1 << 18;
+
+/// The chunks of a moving version the destination lacks, gathered as its
+/// recipe is read: each distinct fingerprint once, with what resolving
+/// them needs (their containers, their indirect fingerprints) and the
+/// path each came from (for errors).
+#[derive(Default)]
+struct Lacking {
+    seen: HashSet<Fingerprint>,
+    refs: Vec<(u32, ChunkRef)>,
+    paths: Vec<String>,
+    used: Vec<bool>,
+    indirect: HashSet<Fingerprint>,
+    /// The length of the container table the references index (one
+    /// past it is damage the resolver reports, not a table to grow).
+    containers: usize,
+}
+
+impl Lacking {
+    fn visit(&mut self, c: &ChunkRef, path: &str, index: &ExactIndex, report: &mut MigrateReport) {
+        if c.is_zero() {
+            return;
+        }
+        report.chunks += 1;
+        report.logical_bytes += c.len as u64;
+        if !self.seen.insert(c.fp) {
+            return;
+        }
+        if index.lookup(&c.fp).is_some() {
+            report.chunks_deduplicated += 1;
+            return;
+        }
+        if self.paths.last().is_none_or(|p| p != path) {
+            self.paths.push(path.to_string());
+        }
+        if c.is_direct() && (c.container as usize) < self.containers {
+            let i = c.container as usize;
+            if self.used.len() <= i {
+                self.used.resize(i + 1, false);
+            }
+            self.used[i] = true;
+        } else if c.is_indirect() {
+            self.indirect.insert(c.fp);
+        }
+        self.refs.push((self.paths.len() as u32 - 1, *c));
     }
 }
 
@@ -434,8 +573,7 @@ pub(crate) fn flip_to_cloud(
     index: &ExactIndex,
     table: &ContainerTable,
 ) -> Result<()> {
-    let mut r = local.load_recipe(&v.recipe)?;
-    rewrite_refs(&mut r, |c, _| {
+    let target = |c: &ChunkRef, _| {
         let loc = index.lookup(&c.fp).ok_or_else(|| {
             StoreError::Invalid(format!(
                 "chunk {} of {}@{} is not in the cloud tier",
@@ -445,24 +583,36 @@ pub(crate) fn flip_to_cloud(
             ))
         })?;
         Ok(Target::At(table.get(loc.container), loc.region, loc.offset))
-    })?;
-    // Its cloud part (already in the cloud tier) goes along.
-    let r = match &v.cloud_part {
-        Some(p) => paths::merge(r, local.load_recipe(&p.recipe)?)?,
-        None => r,
     };
-    commit(local, cloud, Direction::ToCloud, vid, v, r).map(|_| ())
+    let Some(p) = &v.cloud_part else {
+        // A part at a time.
+        return commit(local, cloud, Direction::ToCloud, vid, v, |w| {
+            rewrite_pieces(local, &v.recipe, target, |n, t| {
+                w.push(n, |i| t.get(i as usize).copied())
+            })
+        })
+        .map(|_| ());
+    };
+    let mut r = local.load_recipe(&v.recipe)?;
+    rewrite_refs(&mut r, target)?;
+    // Its cloud part (already in the cloud tier) goes along.
+    let r = paths::merge(r, local.load_recipe(&p.recipe)?)?;
+    commit(local, cloud, Direction::ToCloud, vid, v, |w| {
+        w.push_recipe(r)
+    })
+    .map(|_| ())
 }
 
-/// Writes the moved version's recipe and flips its snapshot: the commit.
-/// Returns the bytes of recipe objects the destination lacked.
+/// Writes the moved version's recipe (`fill` pushes its nodes) and flips
+/// its snapshot: the commit. Returns the bytes of recipe objects the
+/// destination lacked.
 fn commit(
     local: &Repository,
     cloud: &Repository,
     dir: Direction,
     vid: &str,
     v: &Snapshot,
-    r: Recipe,
+    fill: impl FnOnce(&mut recipe::RecipeWriter) -> Result<()>,
 ) -> Result<u64> {
     let mut nv = v.clone();
     nv.archival = None;
@@ -472,7 +622,7 @@ fn commit(
             // The same objects on both sides, the bucket's first; then the
             // bucket's namespace copy; then the flip.
             let mut w = recipe::RecipeWriter::new(cloud).with_mirror(local);
-            w.push_recipe(r)?;
+            fill(&mut w)?;
             let (rid, sent) = w.finish_primary()?;
             nv.tier = Tier::Cloud;
             nv.recipe = rid;
@@ -485,7 +635,9 @@ fn commit(
             sent
         }
         Direction::ToActive => {
-            let (rid, sent) = recipe::put(local, r)?;
+            let mut w = recipe::RecipeWriter::new(local);
+            fill(&mut w)?;
+            let (rid, sent) = w.finish()?;
             nv.tier = Tier::Active;
             nv.recipe = rid;
             // The flip; then the bucket forgets its copy.
