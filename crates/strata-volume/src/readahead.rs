@@ -284,6 +284,13 @@ impl Clusters {
 /// `WILLNEED` (often 128 KiB), so a longer run is asked for in pieces.
 const HINT_BLOCKS: u64 = 32;
 
+/// Asks for each of `hints` ([`hint`]).
+pub(crate) fn hint_all(data: &File, hints: &[(u64, u64)]) {
+    for &(from, count) in hints {
+        hint(data, from, count);
+    }
+}
+
 /// Asks the kernel to start reading `blocks` disk blocks from `dbn` of
 /// `data` into the page cache (a hint: errors are ignored), in hints of
 /// at most [`HINT_BLOCKS`].
@@ -412,7 +419,27 @@ impl Readahead {
     /// not all, asks for the rest of their clusters ([`Clusters`]). The
     /// bytes of `dst` read (a prefix; the caller reads the rest), and
     /// whether the run missed (false where that cannot be told).
+    #[cfg(test)]
     pub(crate) fn before_read(&self, data: &File, dst: &mut [u8], dbn: u64) -> (usize, bool) {
+        let mut hints = Vec::new();
+        let r = self.probe_run(data, dst, dbn, &mut hints);
+        for (from, count) in hints {
+            hint(data, from, count);
+        }
+        r
+    }
+
+    /// [`Self::before_read`], the clusters to ask for added to `hints`
+    /// instead of asked for: the caller asks for the reads it must wait
+    /// for first, so that they are not queued behind what is only
+    /// likely to be read.
+    pub(crate) fn probe_run(
+        &self,
+        data: &File,
+        dst: &mut [u8],
+        dbn: u64,
+        hints: &mut Vec<(u64, u64)>,
+    ) -> (usize, bool) {
         let n = (dst.len() / BLOCK) as u64;
         let bs = BLOCK as u64;
         let (Some(off), Some(len)) = (dbn.checked_mul(bs), n.checked_mul(bs)) else {
@@ -426,7 +453,7 @@ impl Readahead {
                     // Not here (before Linux 6.5, or refused): read from
                     // the page cache only.
                     self.step_down(Probe::Cachestat, Probe::NoWait);
-                    return self.before_read(data, dst, dbn);
+                    return self.probe_run(data, dst, dbn, hints);
                 }
             },
             Probe::NoWait => match read_cached(data, dst, off) {
@@ -445,9 +472,7 @@ impl Readahead {
             let around = if missed { c.on_miss(dbn, n) } else { [None; 2] };
             (next, around)
         };
-        for (from, count) in cluster.into_iter().chain([next]).flatten() {
-            hint(data, from, count);
-        }
+        hints.extend(cluster.into_iter().chain([next]).flatten());
         (got, missed)
     }
 
