@@ -164,7 +164,7 @@ def test_report_renders(tmp_path) -> None:
 def test_calibration_on_tiny_inputs(tmp_path) -> None:
     pytest.importorskip("strata._native")
     cal = trace.calibrate(
-        str(tmp_path), image_bytes=4 << 20, requests=30_000, entries=80_000, refs=15_000, workers=True
+        str(tmp_path), image_bytes=16 << 20, requests=30_000, entries=80_000, refs=15_000, workers=True
     )
     for k, v in cal.costs.values().items():
         assert math.isfinite(v) and v > 0, (k, v)
