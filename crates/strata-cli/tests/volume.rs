@@ -678,6 +678,15 @@ fn an_import_leaves_nothing_half_made() {
     assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
     r.json(&["volume", "create", "b", "--from", src]);
     assert!(!stale.exists());
+    // Made twice: refused before the source is read, saying what to do.
+    let run = r
+        .run(&["volume", "create", "b", "--from", "/nonexistent"])
+        .expect_code(1);
+    assert!(
+        run.stderr.contains("already exists") && run.stderr.contains("volume delete b"),
+        "{}",
+        run.stderr
+    );
     // Not a volume, but someone's directory.
     let mine = r.path.join("volumes/c");
     std::fs::create_dir_all(&mine).unwrap();

@@ -333,6 +333,13 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             from,
         } => {
             check_name(name)?;
+            // Before a source is opened or a password asked for.
+            if root.join(name).join("volume.json").exists() {
+                bail!(
+                    "volume {name} already exists: choose another name, or delete it first \
+                     (`strata volume delete {name} --yes`; its snapshots stay)"
+                );
+            }
             let source = from.as_deref().map(import::Source::open).transpose()?;
             let size = match (size, &source) {
                 (Some(s), _) => *s,
