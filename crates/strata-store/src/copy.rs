@@ -273,10 +273,21 @@ pub(crate) fn store_rewritten(
     f: impl FnMut(&ChunkRef, Option<ContainerId>) -> Result<Target>,
 ) -> Result<(String, u64)> {
     let mut w = RecipeWriter::new(repo);
+    rewrite_into(repo, id, f, &mut w)?;
+    w.finish()
+}
+
+/// [`rewrite_pieces`] of the stored recipe `id` pushed into `w` (another
+/// tier's writer, one with a mirror): the caller finishes it.
+pub(crate) fn rewrite_into(
+    repo: &Repository,
+    id: &str,
+    f: impl FnMut(&ChunkRef, Option<ContainerId>) -> Result<Target>,
+    w: &mut RecipeWriter,
+) -> Result<()> {
     rewrite_pieces(repo, id, f, |n, table| {
         w.push(n, |i| table.get(i as usize).copied())
-    })?;
-    w.finish()
+    })
 }
 
 /// Region tables of containers, read from their metadata objects once each

@@ -423,9 +423,7 @@ impl Readahead {
     pub(crate) fn before_read(&self, data: &File, dst: &mut [u8], dbn: u64) -> (usize, bool) {
         let mut hints = Vec::new();
         let r = self.probe_run(data, dst, dbn, &mut hints);
-        for (from, count) in hints {
-            hint(data, from, count);
-        }
+        hint_all(data, &hints);
         r
     }
 

@@ -15,7 +15,7 @@
 //! local one) → the old containers leave the index → they are deleted.
 
 use super::copy_forward::{Assemble, CopyForward, Piece};
-use crate::copy::{delete_containers, rewrite_pieces, Target};
+use crate::copy::{delete_containers, rewrite_into, Target};
 use crate::error::{Result, StoreError};
 use crate::index::{edit_index, put_index_object, RepoIndex};
 use crate::lock;
@@ -25,7 +25,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use strata_core::crypto::random_bytes;
 use strata_core::format::{
-    container_header, ChunkEntry, ContainerId, ContainerMeta, RegionInfo, Snapshot, Tier,
+    container_header, ChunkEntry, ChunkRef, ContainerId, ContainerMeta, RegionInfo, Snapshot, Tier,
     CONTAINER_FOOTER_LEN, CONTAINER_HEADER_LEN,
 };
 
@@ -485,17 +485,13 @@ pub fn cloud_gc(
         // Rewritten a part at a time (a disk image's version is never
         // held whole).
         let mut w = recipe::RecipeWriter::new(cloud).with_mirror(local);
-        rewrite_pieces(
-            local,
-            &rid,
-            |c, cid| {
-                Ok(match cid.and_then(|id| moved.get(&(id, c.region))) {
-                    Some((nc, nr)) => Target::At(*nc, *nr, c.offset),
-                    None => Target::Keep,
-                })
-            },
-            |n, table| w.push(n, |i| table.get(i as usize).copied()),
-        )?;
+        let remap = |c: &ChunkRef, cid: Option<ContainerId>| {
+            Ok(match cid.and_then(|id| moved.get(&(id, c.region))) {
+                Some((nc, nr)) => Target::At(*nc, *nr, c.offset),
+                None => Target::Keep,
+            })
+        };
+        rewrite_into(local, &rid, remap, &mut w)?;
         let (new_rid, _) = w.finish()?;
         for (id, s) in users {
             let mut ns = s.clone();

@@ -12,7 +12,7 @@
 use super::paths;
 use super::select::{versions, versions_any, Selection};
 use crate::copy::{
-    copy_chunks_between, region_cache, rewrite_pieces, rewrite_refs, CopySource, Target,
+    copy_chunks_between, region_cache, rewrite_into, rewrite_refs, CopySource, Target,
 };
 use crate::error::{Result, StoreError};
 use crate::index::{put_index_object, ContainerTable, ExactIndex, RepoIndex};
@@ -20,7 +20,7 @@ use crate::lock;
 use crate::progress::Progress;
 use crate::recipe;
 use crate::repo::{now_ns, resolve_in, Repository};
-use crate::resolver::resolver_with;
+use crate::resolver::{mark_needed, resolver_with};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -435,12 +435,7 @@ impl Moved<'_> {
     /// destination (after [`Self::send_stored`]), into `w` a piece at a
     /// time.
     fn rewrite_stored(&self, rid: &str, w: &mut recipe::RecipeWriter) -> Result<()> {
-        rewrite_pieces(
-            self.from,
-            rid,
-            |c, _| self.target(c),
-            |n, table| w.push(n, |i| table.get(i as usize).copied()),
-        )
+        rewrite_into(self.from, rid, |c, _| self.target(c), w)
     }
 
     /// Resolves the `lacking` chunks of version `v` (references numbered
@@ -460,7 +455,7 @@ impl Moved<'_> {
             indirect,
             ..
         } = lacking;
-        used.resize(table.len().max(used.len()), false);
+        used.resize(table.len(), false);
         let resolver = resolver_with(self.from, v, table, &used, indirect)?;
         // In batches, each copied and indexed before the next is
         // resolved: what the copy holds per chunk (its source, where it
@@ -498,18 +493,19 @@ impl Moved<'_> {
 
     /// Where a chunk of a moving version lies in the destination.
     fn target(&self, c: &ChunkRef) -> Result<Target> {
-        let loc = self.index.lookup(&c.fp).ok_or_else(|| {
+        placed(self.index, self.table, c).ok_or_else(|| {
             StoreError::Invalid(format!(
                 "chunk {} was not placed in the destination tier",
                 c.fp.to_hex()
             ))
-        })?;
-        Ok(Target::At(
-            self.table.get(loc.container),
-            loc.region,
-            loc.offset,
-        ))
+        })
     }
+}
+
+/// Where `index` (over `table`) has chunk `c`, as a rewrite's target.
+fn placed(index: &ExactIndex, table: &ContainerTable, c: &ChunkRef) -> Option<Target> {
+    let loc = index.lookup(&c.fp)?;
+    Some(Target::At(table.get(loc.container), loc.region, loc.offset))
 }
 
 /// Chunks copied to the other tier at a time (1 GiB of 4 KiB chunks):
@@ -549,15 +545,9 @@ impl Lacking {
         if self.paths.last().is_none_or(|p| p != path) {
             self.paths.push(path.to_string());
         }
-        if c.is_direct() && (c.container as usize) < self.containers {
-            let i = c.container as usize;
-            if self.used.len() <= i {
-                self.used.resize(i + 1, false);
-            }
-            self.used[i] = true;
-        } else if c.is_indirect() {
-            self.indirect.insert(c.fp);
-        }
+        // (An index past the table is damage the resolver reports.)
+        self.used.resize(self.containers, false);
+        mark_needed([c], &mut self.used, &mut self.indirect);
         self.refs.push((self.paths.len() as u32 - 1, *c));
     }
 }
@@ -574,22 +564,19 @@ pub(crate) fn flip_to_cloud(
     table: &ContainerTable,
 ) -> Result<()> {
     let target = |c: &ChunkRef, _| {
-        let loc = index.lookup(&c.fp).ok_or_else(|| {
+        placed(index, table, c).ok_or_else(|| {
             StoreError::Invalid(format!(
                 "chunk {} of {}@{} is not in the cloud tier",
                 c.fp.to_hex(),
                 v.series,
                 v.version
             ))
-        })?;
-        Ok(Target::At(table.get(loc.container), loc.region, loc.offset))
+        })
     };
     let Some(p) = &v.cloud_part else {
         // A part at a time.
         return commit(local, cloud, Direction::ToCloud, vid, v, |w| {
-            rewrite_pieces(local, &v.recipe, target, |n, t| {
-                w.push(n, |i| t.get(i as usize).copied())
-            })
+            rewrite_into(local, &v.recipe, target, w)
         })
         .map(|_| ());
     };
