@@ -50,7 +50,10 @@ impl S3Repo {
             .env("AWS_ENDPOINT_URL", &self.endpoint)
             .env("AWS_ACCESS_KEY_ID", "strata")
             .env("AWS_SECRET_ACCESS_KEY", secret)
-            .env("STRATA_PASSWORD", "s3-test");
+            .env("STRATA_PASSWORD", "s3-test")
+            // A bucket's volumes live in the user's data directory.
+            .env("XDG_DATA_HOME", self.tmp.path().join("data"))
+            .env_remove("STRATA_VOLUMES_DIR");
         c
     }
 
@@ -676,4 +679,88 @@ fn volume_snapshots_tier_to_s3() {
     }
     let c = json(&["check", "--read-data"]);
     assert_eq!(c["errors"], serde_json::json!([]), "{c}");
+}
+
+/// A bucket repository's volumes live on this host (the user's data
+/// directory, `strata/volumes/ID`): created, written through NBD while
+/// served, snapshotted into the bucket (frozen by the server) and stopped,
+/// restored from the bucket, served from it read-only. The directory is
+/// bound to its repository: another repository given it is refused.
+#[test]
+fn volumes_of_a_bucket_repository() {
+    let Some(ep) = endpoint() else { return };
+    let r = S3Repo::new(&ep, &unique("strata-vol"));
+    r.json(&INIT_ENCRYPTED);
+    let mut img = prng(5, 3 << 20);
+    img.resize(16 << 20, 0);
+    let src = r.tmp.path().join("img.raw");
+    std::fs::write(&src, &img).unwrap();
+    let c = r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+    assert_eq!(c["encrypted"], true, "{c}");
+    let root = r.tmp.path().join("data/strata/volumes");
+    let dirs: Vec<_> = std::fs::read_dir(&root).unwrap().flatten().collect();
+    assert_eq!(dirs.len(), 1);
+    let vols = dirs[0].path();
+    assert!(vols.join("v/volume.json").exists());
+    let bound: Value =
+        serde_json::from_slice(&std::fs::read(vols.join("repository.json")).unwrap()).unwrap();
+    assert!(
+        bound["id"]
+            .as_str()
+            .unwrap()
+            .starts_with(&*dirs[0].file_name().to_string_lossy()),
+        "{bound}"
+    );
+    let list = r.json(&["volume", "list"]);
+    assert_eq!(list[0]["name"], "v", "{list}");
+    if common::nbd::have("nbdcopy") {
+        // New data written through the server, snapshotted while served.
+        let s = common::nbd::serve_cmd(r.cmd_with(
+            &r.url,
+            "strata-secret",
+            &["volume", "serve", "v", "--listen", "127.0.0.1:0", "--json"],
+        ));
+        img[..1 << 20].copy_from_slice(&prng(6, 1 << 20));
+        std::fs::write(&src, &img).unwrap();
+        common::nbd::sh(Command::new("nbdcopy").arg(&src).arg(&s.url));
+        let v1 = r.json(&["volume", "snapshot", "v"]);
+        assert_eq!(v1["version"], 1, "{v1}");
+        common::nbd::stop(s);
+    } else {
+        r.json(&["volume", "snapshot", "v"]);
+    }
+    let v2 = r.json(&["volume", "snapshot", "v"]);
+    assert_eq!(v2["read_bytes"], 0, "nothing changed: {v2}");
+    for v in [1, 2] {
+        let t = r.tmp.path().join(format!("t{v}"));
+        let at = format!("volume:v@{v}");
+        r.json(&["restore", &at, "--target", t.to_str().unwrap()]);
+        assert!(
+            std::fs::read(t.join("v.img")).unwrap() == img,
+            "version {v}"
+        );
+    }
+    let c = r.json(&["check", "--read-data"]);
+    assert_eq!(c["errors"], serde_json::json!([]), "{c}");
+    // Another repository given this directory is refused, and the
+    // volume is left as it was.
+    let other = S3Repo::new(&ep, &unique("strata-vol2"));
+    other.json(&INIT_ENCRYPTED);
+    for args in [
+        vec!["volume", "list"],
+        vec!["volume", "create", "w", "--size", "1M"],
+        vec!["volume", "snapshot", "v"],
+    ] {
+        let mut a = vec!["volume", "--volumes-dir", vols.to_str().unwrap()];
+        a.extend_from_slice(&args[1..]);
+        let e = other.run(&a).expect_code(1);
+        assert!(
+            e.stderr.contains("belong to another repository"),
+            "{args:?}: {}",
+            e.stderr
+        );
+    }
+    assert!(!vols.join("w").exists());
+    let s = r.json(&["volume", "stats", "v"]);
+    assert_eq!(s["name"], "v", "{s}");
 }

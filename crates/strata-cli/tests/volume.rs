@@ -1433,3 +1433,58 @@ fn holes_are_not_read_by_an_import_or_a_copy() {
     assert!(buf.iter().all(|&x| x == 0), "a hole reads as zeros");
     r.json(&["volume", "check", "w", "--read-data"]);
 }
+
+/// `--volumes-dir` (`$STRATA_VOLUMES_DIR`) keeps a local repository's
+/// volumes elsewhere (a fast disk beside a repository on a slow one):
+/// made, listed, snapshotted into the repository and restored from it;
+/// the directory is bound to the repository, so another one is refused.
+#[test]
+fn volumes_elsewhere_than_the_repository() {
+    let r = Repo::with_init(&[], None);
+    let fast = r.dir().join("fast");
+    let src = r.scratch("disk.raw");
+    let mut img = prng(11, 2 << 20);
+    img.resize(8 << 20, 0);
+    std::fs::write(&src, &img).unwrap();
+    let with_env = |args: &[&str]| {
+        let mut c = r.cmd(&[&["--json"], args].concat());
+        c.env("STRATA_VOLUMES_DIR", &fast);
+        run_cmd(c, None).ok().json()
+    };
+    with_env(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+    assert!(fast.join("v/volume.json").exists());
+    assert!(fast.join("repository.json").exists());
+    assert!(!r.path.join("volumes/v").exists());
+    let list = with_env(&["volume", "list"]);
+    assert_eq!(list[0]["name"], "v", "{list}");
+    // Without the directory, the repository's own (none).
+    assert_eq!(r.json(&["volume", "list"]), serde_json::json!([]));
+    let e = r.run(&["volume", "snapshot", "v"]).expect_code(1);
+    assert!(e.stderr.contains("no volume"), "{}", e.stderr);
+    // The flag, after the subcommand too.
+    let s = r.json(&[
+        "volume",
+        "snapshot",
+        "v",
+        "--volumes-dir",
+        fast.to_str().unwrap(),
+    ]);
+    assert_eq!(s["series"], "volume:v", "{s}");
+    let t = r.dir().join("t");
+    r.json(&[
+        "restore",
+        "volume:v@latest",
+        "--target",
+        t.to_str().unwrap(),
+    ]);
+    assert!(std::fs::read(t.join("v.img")).unwrap() == img);
+    let other = Repo::with_init(&[], None);
+    let e = other
+        .run(&["volume", "--volumes-dir", fast.to_str().unwrap(), "list"])
+        .expect_code(1);
+    assert!(
+        e.stderr.contains("belong to another repository"),
+        "{}",
+        e.stderr
+    );
+}

@@ -103,6 +103,15 @@ pub(crate) enum Cmd {
     /// Thin, deduplicated block volumes served over NBD (iDedup's inline
     /// dedup of duplicate runs at least --threshold blocks long).
     Volume {
+        /// Where the repository's volumes live (their blocks, journals and
+        /// maps; snapshots go to the repository). Default: `volumes/` in a
+        /// local repository; for a bucket (s3://…), `strata/volumes/` and
+        /// the repository's id in the user's data directory
+        /// (`$XDG_DATA_HOME`, else `~/.local/share`). A directory on a
+        /// fast disk keeps volumes there while the repository is on
+        /// another. A directory holds the volumes of one repository.
+        #[arg(long, global = true, env = "STRATA_VOLUMES_DIR", value_name = "DIR")]
+        volumes_dir: Option<std::path::PathBuf>,
         #[command(subcommand)]
         cmd: volume::VolumeCmd,
     },
@@ -121,7 +130,7 @@ impl Cmd {
     /// Commands that serve until stopped and shut down on a signal
     /// themselves.
     pub(crate) fn handles_interrupt(&self) -> bool {
-        matches!(self, Cmd::Volume { cmd } if cmd.serves()) || matches!(self, Cmd::Mount(_))
+        matches!(self, Cmd::Volume { cmd, .. } if cmd.serves()) || matches!(self, Cmd::Mount(_))
     }
 }
 
@@ -172,7 +181,7 @@ pub(crate) fn run(cli: &Cli, out: &Out) -> Result<i32> {
         Cmd::Man(a) => completion::man(a),
         Cmd::Version => completion::version(out),
         Cmd::Tier { cmd } => tier::run(cli, out, cmd),
-        Cmd::Volume { cmd } => volume::run(cli, out, cmd),
+        Cmd::Volume { cmd, volumes_dir } => volume::run(cli, out, cmd, volumes_dir.as_deref()),
         Cmd::CopyForwardService(a) => service::run(cli.repo.as_deref(), &a.listen),
         Cmd::Repair { what } => repair::run(cli, out, what),
     }

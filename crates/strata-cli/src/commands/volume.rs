@@ -1,7 +1,8 @@
 //! `strata volume …`: thin, deduplicated block volumes kept in a local
-//! repository (`REPO/volumes/NAME/`) and served over NBD to real clients
-//! (qemu-img, nbdcopy, nbdfuse, fio, a VM's disk), with iDedup's
-//! threshold-based inline dedup.
+//! repository (`REPO/volumes/NAME/`), or on this host for a bucket or
+//! wherever `--volumes-dir` says (`root.rs`), and served over NBD to real
+//! clients (qemu-img, nbdcopy, nbdfuse, fio, a VM's disk), with iDedup's
+//! threshold-based inline dedup; their snapshots go to the repository.
 
 use crate::location;
 use crate::output::{fmt_bytes, Out};
@@ -13,7 +14,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use strata_core::chunker::ChunkerParams;
 use strata_core::size::parse_size;
-use strata_store::backend::Location;
 use strata_store::backup::patch::{ImagePatch, ReadAt};
 use strata_store::backup::BackupOptions;
 use strata_store::Repository;
@@ -184,6 +184,7 @@ pub enum VolumeCmd {
 mod at;
 mod defrag;
 mod import;
+mod root;
 
 /// The directory of volume `name`, which must exist.
 fn existing(root: &std::path::Path, name: &str) -> Result<PathBuf> {
@@ -193,22 +194,6 @@ fn existing(root: &std::path::Path, name: &str) -> Result<PathBuf> {
         bail!("no volume {name:?} (strata volume list)");
     }
     Ok(dir)
-}
-
-fn volumes_dir(cli: &crate::Cli) -> Result<PathBuf> {
-    match location::location(cli.repo.as_deref())? {
-        Location::Local(p) => {
-            if !p.join("config").exists() {
-                bail!("no repository at {} (strata init creates one)", p.display());
-            }
-            Ok(p.join("volumes"))
-        }
-        Location::S3(_) => bail!(
-            "volumes live in a local repository, not a bucket: serve the volume from a local \
-             repository and move its snapshots to the bucket with `strata tier add s3://…` and \
-             `strata tier migrate`"
-        ),
-    }
 }
 
 /// Whether the repository is encrypted (read from its config, without
@@ -306,7 +291,12 @@ impl VolumeCmd {
     }
 }
 
-pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
+pub fn run(
+    cli: &crate::Cli,
+    out: &Out,
+    cmd: &VolumeCmd,
+    volumes_dir: Option<&std::path::Path>,
+) -> Result<i32> {
     // A stored version is read from the repository itself, wherever it is
     // (a bucket too): no volumes directory.
     if let VolumeCmd::Serve {
@@ -322,7 +312,8 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
         let cache = cache_mib.saturating_mul(1 << 20);
         return serve_at(cli, out, name, (at, cache), listen, tls);
     }
-    let root = volumes_dir(cli)?;
+    let where_ = root::Root::find(cli, volumes_dir)?;
+    let root = where_.path.clone();
     match cmd {
         VolumeCmd::Create {
             name,
@@ -368,6 +359,7 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &VolumeCmd) -> Result<i32> {
             };
             let key = new_key(cli, &mut cfg)?;
             let encrypted = cfg.encryption.is_some();
+            where_.prepare()?;
             let dir = root.join(name);
             let imported = match source {
                 Some(src) => Some(import::create_filled(cli, &dir, cfg, key.as_ref(), src)?),

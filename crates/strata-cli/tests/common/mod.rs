@@ -65,6 +65,7 @@ pub fn scrub(c: &mut Command) {
         .env_remove("STRATA_PASSWORD_COMMAND")
         .env_remove("STRATA_NEW_PASSWORD")
         .env_remove("STRATA_LOG")
+        .env_remove("STRATA_VOLUMES_DIR")
         .env(
             "STRATA_CACHE_DIR",
             std::env::temp_dir().join("strata-test-cache"),
