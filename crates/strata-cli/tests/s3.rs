@@ -183,11 +183,6 @@ fn s3_mistakes_get_one_clear_line() {
         started.elapsed()
     );
     assert_eq!(e.stderr.trim().lines().count(), 1, "{}", e.stderr);
-    // A volume in a bucket: where it goes instead.
-    let e = r
-        .run(&["volume", "create", "v", "--size", "1M"])
-        .expect_code(1);
-    assert!(e.stderr.contains("strata tier add"), "{}", e.stderr);
     // A URL that is not one.
     let e = run_cmd(
         r.cmd_with("s3://x/../y", "strata-secret", &["snapshots"]),
