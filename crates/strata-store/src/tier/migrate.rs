@@ -11,11 +11,12 @@
 
 use super::paths;
 use super::select::{versions, versions_any, Selection};
+use super::wanted::{MoveIndex, Visit};
 use crate::copy::{
     copy_chunks_between, region_cache, rewrite_into, rewrite_refs, CopySource, Target,
 };
 use crate::error::{Result, StoreError};
-use crate::index::{put_index_object, ContainerTable, ExactIndex, RepoIndex};
+use crate::index::put_index_object;
 use crate::lock;
 use crate::progress::Progress;
 use crate::recipe;
@@ -83,17 +84,29 @@ enum Direction {
     ToActive,
 }
 
-/// The fingerprint index of `repo`'s pool (stamped containers belong to
-/// one archival version each and go with it: nothing new may use them).
-pub(crate) fn pool_index(repo: &Repository) -> Result<(ExactIndex, ContainerTable)> {
-    let table = ContainerTable::default();
-    let index = ExactIndex::default();
-    RepoIndex::load(repo, |m| {
-        if m.stamp.is_none() {
-            index.add_chunks(&table, m)
-        }
-    })?;
-    Ok((index, table))
+/// Where the pool of `to` has the chunks of the recipes `rids` of `from`
+/// (and only those: [`MoveIndex`]).
+pub(crate) fn index_of_moving<'a>(
+    from: &Repository,
+    to: &Repository,
+    rids: impl IntoIterator<Item = &'a str>,
+) -> Result<MoveIndex> {
+    let index = MoveIndex::default();
+    for rid in rids {
+        index.want(from, rid)?;
+    }
+    index.locate_in(to)?;
+    Ok(index)
+}
+
+/// The recipe of version `v` that moves in direction `dir`: a recall
+/// brings back a cloud version's recipe, or an active version's cloud
+/// part.
+fn moving_recipe(v: &Snapshot, dir: Direction) -> &str {
+    match (dir, &v.cloud_part) {
+        (Direction::ToActive, Some(p)) if v.tier == Tier::Active => &p.recipe,
+        _ => &v.recipe,
+    }
 }
 
 /// Moves the versions `sel` selects from `local` to its cloud tier `cloud`.
@@ -171,15 +184,14 @@ fn transfer(
         let ids: HashSet<&str> = chosen.iter().map(|(id, _)| id.as_str()).collect();
         check_chains(&all, &ids)?;
     }
-    // The destination tier's fingerprint index.
-    let (index, table) = pool_index(to)?;
+    // Where the destination has the chunks that move (only those).
+    let index = index_of_moving(from, to, chosen.iter().map(|(_, v)| moving_recipe(v, dir)))?;
     let mut report = MigrateReport::default();
     let regions = region_cache(from);
     let moved = Moved {
         from,
         to,
         index: &index,
-        table: &table,
         regions: &regions,
         batch,
     };
@@ -388,8 +400,7 @@ fn recount(v: &mut Snapshot, r: &Recipe) {
 struct Moved<'a> {
     from: &'a Repository,
     to: &'a Repository,
-    index: &'a ExactIndex,
-    table: &'a ContainerTable,
+    index: &'a MoveIndex,
     regions: &'a dyn Fn(&ContainerId) -> Option<Arc<Vec<RegionInfo>>>,
     /// Chunks copied at a time ([`COPY_BATCH`]).
     batch: usize,
@@ -402,12 +413,12 @@ impl Moved<'_> {
     fn copy(&self, v: &Snapshot, mut r: Recipe, report: &mut MigrateReport) -> Result<Recipe> {
         let mut lacking = Lacking {
             containers: r.containers.len(),
-            ..Default::default()
+            ..Lacking::new(self.index)
         };
         for n in &r.nodes {
             let path = n.path_str();
             for c in n.segments.iter().flat_map(|s| &s.chunks) {
-                lacking.visit(c, &path, self.index, report);
+                lacking.visit(c, &path, report);
             }
         }
         self.send(v, &r.containers, lacking, report)?;
@@ -419,12 +430,12 @@ impl Moved<'_> {
     /// from the source tier a part at a time: sends what the destination
     /// lacks (its index then knows every chunk of the version).
     fn send_stored(&self, v: &Snapshot, rid: &str, report: &mut MigrateReport) -> Result<()> {
-        let mut lacking = Lacking::default();
+        let mut lacking = Lacking::new(self.index);
         let table = recipe::for_each_piece_in_part(self.from, rid, |n, _, _, table| {
             let path = n.path_str();
             lacking.containers = table.len();
             for c in n.segments.iter().flat_map(|s| &s.chunks) {
-                lacking.visit(c, &path, self.index, report);
+                lacking.visit(c, &path, report);
             }
             Ok(())
         })?;
@@ -482,7 +493,7 @@ impl Moved<'_> {
             report.stored_bytes_sent += metas.iter().map(|m| m.data_len).sum::<u64>();
             report.data_bytes_sent += metas.iter().map(|m| m.data_bytes()).sum::<u64>();
             for m in &metas {
-                self.index.add_chunks(self.table, m);
+                self.index.add_chunks(m);
             }
             if !metas.is_empty() {
                 put_index_object(self.to, metas)?;
@@ -493,7 +504,7 @@ impl Moved<'_> {
 
     /// Where a chunk of a moving version lies in the destination.
     fn target(&self, c: &ChunkRef) -> Result<Target> {
-        placed(self.index, self.table, c).ok_or_else(|| {
+        placed(self.index, c).ok_or_else(|| {
             StoreError::Invalid(format!(
                 "chunk {} was not placed in the destination tier",
                 c.fp.to_hex()
@@ -502,10 +513,10 @@ impl Moved<'_> {
     }
 }
 
-/// Where `index` (over `table`) has chunk `c`, as a rewrite's target.
-fn placed(index: &ExactIndex, table: &ContainerTable, c: &ChunkRef) -> Option<Target> {
-    let loc = index.lookup(&c.fp)?;
-    Some(Target::At(table.get(loc.container), loc.region, loc.offset))
+/// Where `index` has chunk `c`, as a rewrite's target.
+fn placed(index: &MoveIndex, c: &ChunkRef) -> Option<Target> {
+    let (container, region, offset) = index.lookup(&c.fp)?;
+    Some(Target::At(container, region, offset))
 }
 
 /// Chunks copied to the other tier at a time (1 GiB of 4 KiB chunks):
@@ -513,12 +524,12 @@ fn placed(index: &ExactIndex, table: &ContainerTable, c: &ChunkRef) -> Option<Ta
 const COPY_BATCH: usize = 1 << 18;
 
 /// The chunks of a moving version the destination lacks, gathered as its
-/// recipe is read: each distinct fingerprint once, with what resolving
-/// them needs (their containers, their indirect fingerprints) and the
-/// path each came from (for errors).
-#[derive(Default)]
-struct Lacking {
-    seen: HashSet<Fingerprint>,
+/// recipe is read: each distinct fingerprint once (a round of the
+/// [`MoveIndex`]), with what resolving them needs (their containers, their
+/// indirect fingerprints) and the path each came from (for errors).
+struct Lacking<'a> {
+    index: &'a MoveIndex,
+    round: u32,
     refs: Vec<(u32, ChunkRef)>,
     paths: Vec<String>,
     used: Vec<bool>,
@@ -528,19 +539,32 @@ struct Lacking {
     containers: usize,
 }
 
-impl Lacking {
-    fn visit(&mut self, c: &ChunkRef, path: &str, index: &ExactIndex, report: &mut MigrateReport) {
+impl<'a> Lacking<'a> {
+    fn new(index: &'a MoveIndex) -> Self {
+        Lacking {
+            index,
+            round: index.next_round(),
+            refs: Vec::new(),
+            paths: Vec::new(),
+            used: Vec::new(),
+            indirect: HashSet::new(),
+            containers: 0,
+        }
+    }
+
+    fn visit(&mut self, c: &ChunkRef, path: &str, report: &mut MigrateReport) {
         if c.is_zero() {
             return;
         }
         report.chunks += 1;
         report.logical_bytes += c.len as u64;
-        if !self.seen.insert(c.fp) {
-            return;
-        }
-        if index.lookup(&c.fp).is_some() {
-            report.chunks_deduplicated += 1;
-            return;
+        match self.index.visit(&c.fp, self.round) {
+            Visit::Again => return,
+            Visit::Present => {
+                report.chunks_deduplicated += 1;
+                return;
+            }
+            Visit::Lacking => {}
         }
         if self.paths.last().is_none_or(|p| p != path) {
             self.paths.push(path.to_string());
@@ -560,11 +584,10 @@ pub(crate) fn flip_to_cloud(
     cloud: &Repository,
     vid: &str,
     v: &Snapshot,
-    index: &ExactIndex,
-    table: &ContainerTable,
+    index: &MoveIndex,
 ) -> Result<()> {
     let target = |c: &ChunkRef, _| {
-        placed(index, table, c).ok_or_else(|| {
+        placed(index, c).ok_or_else(|| {
             StoreError::Invalid(format!(
                 "chunk {} of {}@{} is not in the cloud tier",
                 c.fp.to_hex(),

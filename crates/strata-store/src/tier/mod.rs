@@ -18,6 +18,7 @@
 //! | [`seed`] | the bulk first transfer, in physical order, resumable (§5) |
 //! | [`cloud_gc`] | cleaning the cloud tier region by region, copying forward next to the store (§7) |
 //! | [`copy_forward`] | how objects are assembled without downloading them |
+//! | `wanted` | the destination's index of just the chunks that move |
 
 pub mod cloud_gc;
 pub mod copy_forward;
@@ -27,6 +28,7 @@ pub mod paths;
 pub mod phv;
 pub mod seed;
 pub mod select;
+mod wanted;
 
 use crate::backend::Backend;
 use crate::error::{Result, StoreError};

@@ -13,7 +13,7 @@
 //! selection goes on from there (a chunk of the batch in flight may be
 //! sent twice; the cloud tier's gc removes the unused copy).
 
-use super::migrate::{check_chains, flip_to_cloud, pool_index};
+use super::migrate::{check_chains, flip_to_cloud, index_of_moving};
 use super::phv::Phv;
 use super::select::{versions, versions_any, Selection};
 use crate::copy::{copy_chunks_between, region_cache, CopySource};
@@ -97,15 +97,10 @@ fn start(
             Ok(())
         })?;
     }
-    // What the cloud tier has already need not go again.
-    let (cidx, _) = pool_index(cloud)?;
-    RepoIndex::load(local, |m| {
-        for c in &m.chunks {
-            if cidx.lookup(&c.fp).is_some() {
-                phv.clear(&c.fp);
-            }
-        }
-    })?;
+    // What the cloud tier has already need not go again (looked up for
+    // the seeded versions' chunks only).
+    let there = index_of_moving(local, cloud, ids.iter().map(|(_, s)| s.recipe.as_str()))?;
+    there.for_each_present(|fp| phv.clear(fp));
     Ok(SeedState {
         versions: ids.iter().map(|(id, _)| id.clone()).collect(),
         phv,
@@ -230,7 +225,6 @@ pub fn seed(
         )));
     }
     // Every chunk is in the cloud tier: the versions flip, oldest first.
-    let (index, table) = pool_index(cloud)?;
     let mut flipped = Vec::new();
     for id in &state.versions {
         let v = match local.load_snapshot(id) {
@@ -244,8 +238,14 @@ pub fn seed(
         }
     }
     flipped.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    // Where the cloud tier has their chunks (only theirs).
+    let index = index_of_moving(
+        local,
+        cloud,
+        flipped.iter().map(|(_, _, v)| v.recipe.as_str()),
+    )?;
     for (_, id, v) in &flipped {
-        flip_to_cloud(local, cloud, id, v, &index, &table)?;
+        flip_to_cloud(local, cloud, id, v, &index)?;
     }
     local.backend().delete(SEED_STATE)?;
     report.versions = state.versions.clone();
