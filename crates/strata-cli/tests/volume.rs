@@ -1488,3 +1488,33 @@ fn volumes_elsewhere_than_the_repository() {
         e.stderr
     );
 }
+
+/// A volume that keeps disk blocks for the repository (a hold: linked
+/// snapshots read them) is neither deleted nor defragmented, and says why.
+#[test]
+fn a_volume_holding_blocks_for_the_repository_is_kept() {
+    let r = new_volume("1M");
+    let dir = r.path.join("volumes/v");
+    let holds = dir.join(strata_volume::holds::DIR);
+    std::fs::create_dir_all(&holds).unwrap();
+    std::fs::write(
+        holds.join("c0ffee.hold"),
+        strata_volume::holds::encode(&[(0, 1)]),
+    )
+    .unwrap();
+    for args in [
+        vec!["volume", "delete", "v", "--yes"],
+        vec!["volume", "defrag", "v"],
+    ] {
+        let e = r.run(&args).expect_code(1);
+        assert!(
+            e.stderr.contains("keeps disk blocks"),
+            "{args:?}: {}",
+            e.stderr
+        );
+    }
+    assert!(dir.join("volume.json").exists());
+    std::fs::remove_file(holds.join("c0ffee.hold")).unwrap();
+    r.json(&["volume", "delete", "v", "--yes"]);
+    assert!(!dir.exists());
+}

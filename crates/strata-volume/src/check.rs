@@ -37,6 +37,10 @@ pub struct CheckReport {
     /// (`volume defrag` lays it out so).
     pub blocks_after_mapped: u64,
     pub blocks_in_order: u64,
+    /// Holds of disk blocks for the repository (released ones not yet
+    /// given back included), and the blocks they name.
+    pub holds: usize,
+    pub held_blocks: u64,
     pub problems: Vec<String>,
     pub notes: Vec<String>,
 }
@@ -95,7 +99,8 @@ pub fn check(
     let end = len / BLOCK as u64;
     rep.data_file_blocks = end;
     check_journals(dir, &mut rep)?;
-    let counts = count_refs(&map, cfg.size / BLOCK as u64, end, &mut rep)?;
+    let mut counts = count_refs(&map, cfg.size / BLOCK as u64, end, &mut rep)?;
+    count_holds(dir, &mut counts, &mut rep)?;
     rep.disk_blocks_in_use = counts.iter().filter(|&&c| c != 0).count() as u64;
     compare_refs(&refs, &counts, &mut rep)?;
     if read_data {
@@ -223,6 +228,22 @@ fn count_refs(map: &File, nblocks: u64, end: u64, rep: &mut CheckReport) -> Resu
     Ok(counts)
 }
 
+/// Adds the holds' blocks to `counts`: a hold that cannot be read, or
+/// names blocks past the data file, is a problem.
+fn count_holds(dir: &Path, counts: &mut [u32], rep: &mut CheckReport) -> Result<()> {
+    let held = crate::holds::count_into(dir, counts, true)?;
+    rep.holds = held.names.len();
+    rep.held_blocks = held.blocks;
+    rep.problems.extend(held.damaged);
+    if let Some(first) = held.past.first() {
+        rep.problems.push(format!(
+            "{} held disk block(s) lie past the data file's end (first: {first})",
+            held.past.len()
+        ));
+    }
+    Ok(())
+}
+
 /// The reference counts on file against the map's.
 fn compare_refs(refs: &File, counts: &[u32], rep: &mut CheckReport) -> Result<()> {
     let on_file = read_counts(refs, counts.len() as u64)?;
@@ -238,7 +259,7 @@ fn compare_refs(refs: &File, counts: &[u32], rep: &mut CheckReport) -> Result<()
     let listed: Vec<String> = wrong
         .iter()
         .take(LIST)
-        .map(|(d, r, c)| format!("disk block {d}: {r} counted, {c} in the map"))
+        .map(|(d, r, c)| format!("disk block {d}: {r} counted, {c} in the map and holds"))
         .collect();
     let what = format!(
         "{} reference count(s) differ from the block map ({})",

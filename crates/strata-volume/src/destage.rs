@@ -437,7 +437,7 @@ impl Volume {
 /// Applies reference changes; returns the DBNs that reached zero. Runs
 /// of neighbouring DBNs (new blocks are allocated in runs) are read and
 /// written as one span.
-fn apply_refs(refs: &File, delta: &HashMap<u64, i64>) -> Result<Vec<u64>> {
+pub(crate) fn apply_refs(refs: &File, delta: &HashMap<u64, i64>) -> Result<Vec<u64>> {
     let mut freed = Vec::new();
     let mut dbns: Vec<(u64, i64)> = delta
         .iter()

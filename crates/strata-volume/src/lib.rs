@@ -8,6 +8,7 @@
 //! * [`idedup`] — the dedup-metadata cache and the sequence algorithm.
 //! * [`journal`] — the write-ahead journal's records.
 //! * [`changes`] — the segments written since the last snapshot.
+//! * [`holds`] — disk blocks kept for the repository (linked snapshots).
 //! * [`check`] — a stopped volume's files checked against one another
 //!   (and its data against its fingerprints).
 //! * [`crypt`] — encryption of a volume in an encrypted repository.
@@ -23,6 +24,7 @@ pub mod check;
 pub mod control;
 pub mod crypt;
 pub mod destage;
+pub mod holds;
 pub mod idedup;
 pub mod journal;
 pub mod nbd;

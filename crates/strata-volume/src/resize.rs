@@ -64,7 +64,7 @@ impl Volume {
             let end = data.metadata().map_err(ioe("data"))?.len() / BLOCK as u64;
             let refs = open_rw(&dir.join("refs"))?;
             let before = read_counts(&refs, end)?;
-            rebuild_refs(&map, &refs, nblocks, end)?;
+            rebuild_refs(dir, &map, &refs, nblocks, end)?;
             let after = read_counts(&refs, end)?;
             let freed: Vec<u64> = (0..end)
                 .filter(|&d| before[d as usize] != 0 && after[d as usize] == 0)

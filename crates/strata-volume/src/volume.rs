@@ -87,7 +87,7 @@ pub(crate) struct Failure {
 }
 
 impl Failure {
-    fn new(why: String, e: Option<&io::Error>) -> Failure {
+    pub(crate) fn new(why: String, e: Option<&io::Error>) -> Failure {
         // Only a full disk (or quota) is told apart: any other kind (an
         // EINVAL of a write to the data file, say) would tell the client
         // its own request was wrong.
@@ -404,6 +404,10 @@ pub(crate) struct Disk {
     /// can still be replayed.
     pub(crate) placed_since: HashMap<u64, u64>,
     pub(crate) last_checkpoint: Instant,
+    /// Released holds whose blocks were given back (their counts
+    /// subtracted) and whose files are not deleted yet: never subtracted
+    /// again ([`crate::holds`]).
+    pub(crate) released_applied: std::collections::HashSet<String>,
 }
 
 /// Live figures of a serving volume.
@@ -513,6 +517,11 @@ pub struct Volume {
     /// freeze and `close` take it to wait for writes in place under way.
     /// Taken before `disk`; a writer never waits for it holding `mem`.
     pub(crate) direct_io: std::sync::RwLock<()>,
+    /// Checkpoints pick released holds up ([`crate::holds`]): set once the
+    /// volume is marked unclean after opening, so a crash between giving
+    /// a release back and deleting its file leaves a recount to the next
+    /// open, never a second subtraction.
+    pub(crate) picks_releases: AtomicBool,
 }
 
 impl Volume {
@@ -1299,7 +1308,7 @@ impl Volume {
         let fps = open_rw(&dir.join("fps"))?;
         let end = data.metadata().map_err(ioe("data"))?.len() / BLOCK as u64;
         if !state.clean {
-            rebuild_refs(&map_file, &refs, nblocks, end)?;
+            rebuild_refs(dir, &map_file, &refs, nblocks, end)?;
         }
         let (free, cache) = scan_refs(&refs, &fps, end, &cfg, state.clean && warm_cache)?;
         let old = journal::existing(dir).map_err(ioe(dir.display().to_string()))?;
@@ -1353,6 +1362,7 @@ impl Volume {
                 uncommitted_generation: 0,
                 placed_since: HashMap::new(),
                 last_checkpoint: Instant::now(),
+                released_applied: Default::default(),
             }),
             space: Mutex::new(Space {
                 free,
@@ -1377,10 +1387,12 @@ impl Volume {
             data_dirty: AtomicBool::new(false),
             data_sync: Mutex::new(()),
             direct_io: std::sync::RwLock::new(()),
+            picks_releases: AtomicBool::new(false),
         });
         vol.replay(&old)?;
         vol.checkpoint()?;
         vol.save_state(false)?;
+        vol.picks_releases.store(true, Ordering::SeqCst);
         // Room for the live figures while there is room: on a disk that
         // then fills, they are written over it (what they were stays).
         if let Err(e) = crate::report::reserve_live(&vol.dir) {
@@ -1801,6 +1813,27 @@ impl Volume {
     /// byte ranges of `buf` that are zeros.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<Vec<(u64, u64)>> {
         self.read_range(offset, buf, true)
+    }
+
+    /// The disk blocks that hold logical blocks `first..first + n` now:
+    /// None for a block never written, trimmed or zeroed, or whose last
+    /// write is still buffered (not destaged: no disk block has it yet).
+    pub fn disk_blocks(&self, first: u64, n: usize) -> io::Result<Vec<Option<u64>>> {
+        self.check_range(first * BLOCK as u64, n as u64 * BLOCK as u64)?;
+        let srcs: Vec<Src> = {
+            let m = lock(&self.mem);
+            (0..n as u64).map(|i| Self::src(&m, first + i)).collect()
+        };
+        let map = self.map.read(first, n)?;
+        Ok(srcs
+            .iter()
+            .zip(map)
+            .map(|(s, e)| match s {
+                Src::At(d) => Some(*d),
+                Src::Disk => e.checked_sub(1),
+                Src::Mem(_) | Src::Zero => None,
+            })
+            .collect())
     }
 
     /// The volume's bytes from its start, as one stream (`volume
@@ -2321,6 +2354,9 @@ impl Volume {
         }
         let (freed, done, fps, refs, covered, entries) = {
             let mut d = lock(&self.disk);
+            if self.picks_releases.load(Ordering::SeqCst) {
+                self.pick_up_releases(&mut d);
+            }
             // The map entries of every batch destaged so far (destage
             // applies a batch under the disk lock): their data is written.
             let entries = self.map.take();
@@ -2381,6 +2417,8 @@ impl Volume {
             }
             lock(&self.unsynced).retain(|(q, _)| q != p);
         }
+        // Released holds given back: their counts are synced.
+        self.forget_given_back(&mut d);
         let k = self.direct_blocks.swap(0, Ordering::SeqCst);
         d.counters.logical_blocks_written += k;
         d.counters.physical_blocks_written += k;
@@ -2411,7 +2449,7 @@ impl Volume {
 
     /// Stops the volume (writes refused, nothing more destaged or
     /// released) after a failure that a retry could hide.
-    fn fail(&self, why: Failure) {
+    pub(crate) fn fail(&self, why: Failure) {
         let mut m = lock(&self.mem);
         m.failed.get_or_insert(why);
         self.destaged.notify_all();
@@ -2478,6 +2516,14 @@ impl Volume {
         // client wrote meanwhile) are synced before the clean mark.
         if !lock(&self.disk).uncommitted.is_empty() {
             self.checkpoint().map_err(io::Error::other)?;
+        }
+        // A release given back whose file is still there would be given
+        // back again after a clean open: the volume stays unclean instead
+        // (the next open recounts).
+        if let Some(name) = lock(&self.disk).released_applied.iter().next() {
+            return Err(io::Error::other(format!(
+                "the released hold {name} could not be deleted: the next open recounts"
+            )));
         }
         let m = lock(&self.mem);
         let _ = fs::remove_file(&m.journal.path);
@@ -2777,9 +2823,32 @@ fn neighbour_runs(v: &[u64]) -> impl Iterator<Item = (usize, usize)> + '_ {
     })
 }
 
-/// Reference counts recounted from the map (after an unclean stop).
-pub(crate) fn rebuild_refs(map: &File, refs: &File, nblocks: u64, end: u64) -> Result<()> {
+/// Reference counts recounted from the map and the holds (after an
+/// unclean stop); a released hold the recount did not count is given
+/// back already, its file deleted.
+pub(crate) fn rebuild_refs(
+    dir: &Path,
+    map: &File,
+    refs: &File,
+    nblocks: u64,
+    end: u64,
+) -> Result<()> {
     let mut counts = vec![0u32; end as usize];
+    let held = crate::holds::count_into(dir, &mut counts, false)?;
+    if let Some(why) = held.damaged.first() {
+        // Which blocks it keeps is not known: none may be freed.
+        return Err(VolumeError::Invalid(format!(
+            "{why}: the disk blocks it keeps for the repository are not known, so the \
+             volume's free space cannot be counted. Put the file back from a copy, or, once \
+             no snapshot of the repository links to the volume, delete it"
+        )));
+    }
+    if let Some(first) = held.past.first() {
+        tracing::warn!(
+            "{} held blocks lie past the end of the data file (first: {first}): not counted",
+            held.past.len()
+        );
+    }
     let step = 1 << 16;
     let mut at = 0;
     while at < nblocks {
@@ -2805,7 +2874,8 @@ pub(crate) fn rebuild_refs(map: &File, refs: &File, nblocks: u64, end: u64) -> R
     let bytes: Vec<u8> = counts.iter().flat_map(|c| c.to_le_bytes()).collect();
     refs.set_len(0).map_err(ioe("refs"))?;
     refs.write_all_at(&bytes, 0).map_err(ioe("refs"))?;
-    refs.sync_all().map_err(ioe("refs"))
+    refs.sync_all().map_err(ioe("refs"))?;
+    crate::holds::drop_uncounted_releases(dir, &held.names)
 }
 
 /// Free disk blocks from the reference counts, and the metadata cache

@@ -437,6 +437,7 @@ pub fn run(
         VolumeCmd::Copy { from, to } => copy(cli, out, &root, from, to),
         VolumeCmd::Defrag { name } => {
             let dir = existing(&root, name)?;
+            refuse_if_held(&dir, name, "defragmented (a copy takes its place)")?;
             let key = key_for_dir(cli, &dir)?;
             let d = defrag::defrag(cli, &dir, name, key.as_ref())
                 .with_context(|| format!("defragmenting volume {name}"))?;
@@ -456,6 +457,7 @@ pub fn run(
                 bail!("deleting volume {name} destroys its data: add --yes");
             }
             let lock = Volume::lock(&dir)?;
+            refuse_if_held(&dir, name, "deleted")?;
             std::fs::remove_dir_all(&dir).with_context(|| format!("deleting {}", dir.display()))?;
             drop(lock);
             // A stopped defrag's copy, and its lock file.
@@ -504,6 +506,21 @@ pub fn run(
             Ok(0)
         }
     }
+}
+
+/// Refuses to lose a volume's data file while it holds blocks for the
+/// repository (`strata_volume::holds`): snapshots read them there.
+fn refuse_if_held(dir: &std::path::Path, name: &str, what: &str) -> Result<()> {
+    let held = strata_volume::holds::held(dir)?;
+    if !held.is_empty() {
+        bail!(
+            "volume {name} keeps disk blocks for {} container(s) of the repository that \
+             snapshots read: it cannot be {what} until those snapshots are forgotten and \
+             `strata gc` has run",
+            held.len()
+        );
+    }
+    Ok(())
 }
 
 /// `volume copy`: the stopped volume `from` copied into a new volume `to`.
@@ -576,6 +593,12 @@ fn check(
         );
         if r.in_order() < 0.5 && r.blocks_after_mapped > 0 {
             t += &format!(" (`strata volume defrag {name}` lays them out in order)");
+        }
+        if r.holds > 0 {
+            t += &format!(
+                "\n{} disk blocks kept for the repository ({} holds)",
+                r.held_blocks, r.holds
+            );
         }
         if read_data {
             t += &format!(
