@@ -110,7 +110,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-BIN = os.path.join(ROOT, "target", "release")
+# (`$STRATA_BENCH_BIN`: another build's directory, to compare two builds.)
+BIN = os.environ.get("STRATA_BENCH_BIN") or os.path.join(ROOT, "target", "release")
 BLOCK = 4096
 NODE_BYTES = 96  # bytes of cache per block (strata_volume::idedup::NODE_BYTES)
 
@@ -1005,14 +1006,20 @@ def fs_image_mode(a):
             if phase == 1:
                 drop_caches()
                 t = time.perf_counter()
-                strata(repo, "volume", "snapshot", "v")
+                r1 = strata(repo, "volume", "snapshot", "v")
                 first_s = time.perf_counter() - t
     drop_caches()
     t = time.perf_counter()
     r = strata(repo, "volume", "snapshot", "v")
+    # The repository's own bytes (its volumes apart): with linked
+    # snapshots, what the volume holds is not stored a second time.
+    repo_bytes = dir_bytes(repo) - dir_bytes(os.path.join(repo, "volumes"))
     rows = [{"tool": "strata volume snapshot", "first_s": first_s,
              "second_s": time.perf_counter() - t, "read_bytes": r["read_bytes"],
-             "added_bytes": r["new_stored_bytes"], "new_chunk_bytes": r["new_raw_bytes"]}]
+             "added_bytes": r["new_stored_bytes"], "new_chunk_bytes": r["new_raw_bytes"],
+             "linked_bytes": r1.get("linked_stored_bytes", 0) + r.get("linked_stored_bytes", 0),
+             "repo_bytes": repo_bytes,
+             "volume_bytes": dir_bytes(os.path.join(repo, "volumes"))}]
     env = dict(os.environ, RESTIC_PASSWORD="bench", BORG_PASSPHRASE="",
                BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK="yes")
     target = os.path.join(a.work, "vm.img")
@@ -1029,7 +1036,7 @@ def fs_image_mode(a):
             subprocess.run(backup, check=True, capture_output=True, env=env)
             times.append((time.perf_counter() - t, dir_bytes(du) - before))
         rows.append({"tool": name, "first_s": times[0][0], "second_s": times[1][0],
-                     "read_bytes": None, "added_bytes": times[1][1]})
+                     "read_bytes": None, "added_bytes": times[1][1], "repo_bytes": dir_bytes(du)})
 
     rr = os.path.join(a.work, "restic-fs")
     peer("restic 0.14 backup", ["restic", "-r", rr, "init"],

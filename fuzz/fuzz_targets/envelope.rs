@@ -7,7 +7,7 @@
 use libfuzzer_sys::fuzz_target;
 use strata_core::crypto::{Kind, MasterKey, Sealer};
 
-const KINDS: [Kind; 15] = [
+const KINDS: [Kind; 16] = [
     Kind::Config,
     Kind::Key,
     Kind::Region,
@@ -23,6 +23,7 @@ const KINDS: [Kind; 15] = [
     Kind::RecipePart,
     Kind::TierConfig,
     Kind::TierState,
+    Kind::Link,
 ];
 
 fuzz_target!(|data: &[u8]| {

@@ -37,6 +37,16 @@ pub fn cache_base() -> Option<PathBuf> {
     }
 }
 
+/// Where the volumes of the repository at `loc` live, for reading the
+/// containers they hold for it (linked snapshots): a local repository's
+/// `volumes/`; a bucket's volumes never hold its containers.
+pub fn volumes_of(loc: &Location) -> Option<PathBuf> {
+    match loc {
+        Location::Local(p) => Some(p.join("volumes")),
+        _ => None,
+    }
+}
+
 /// The repository's location from `--repo` (or the default directory).
 pub fn location(repo: Option<&str>) -> Result<Location> {
     let loc = match repo {

@@ -151,7 +151,8 @@ pub(crate) fn open(cli: &Cli) -> Result<Repository> {
     let backend = location::backend(&loc, false)?;
     let repo = Repository::open(backend, &|| read_password(cli, false))
         .with_context(|| format!("opening repository {}", location::describe(&loc)))?
-        .with_cache(location::cache_base());
+        .with_cache(location::cache_base())
+        .with_volumes(location::volumes_of(&loc));
     Ok(repo)
 }
 

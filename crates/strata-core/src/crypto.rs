@@ -63,6 +63,9 @@ pub enum Kind {
     TierConfig = 14,
     /// A cloud-tier job's saved progress (`tier/seed`).
     TierState = 15,
+    /// A link stub (`data/ID` of a container whose regions a volume holds:
+    /// [`crate::format::LinkStub`]).
+    Link = 16,
 }
 
 /// zstd-compresses `data` with a context kept per thread: creating one

@@ -261,6 +261,38 @@ pub struct RegionInfo {
     pub raw_len: u32,
 }
 
+/// What stands in a container's data object once a volume holds its
+/// regions (linked snapshots, `docs/design-linked-snapshots.md`): the
+/// volume, and each region's plaintext as the volume's disk blocks that
+/// hold it, 4 KiB each, in order. Stored after [`LINK_MAGIC`], sealed
+/// (`Kind::Link`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkStub {
+    /// The volume's name (its directory among the repository's volumes).
+    pub volume: String,
+    /// The salt its key is derived with (an encrypted volume).
+    pub salt: Option<Vec<u8>>,
+    pub regions: Vec<LinkedRegion>,
+}
+
+/// One region of a linked container.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkedRegion {
+    /// The region's offset in the container's metadata (which region).
+    pub offset: u64,
+    /// Its plaintext's length: `blocks` × 4 KiB.
+    pub raw_len: u32,
+    /// The disk blocks holding it, in order.
+    pub blocks: Vec<u64>,
+    /// The repository's fingerprint of the whole plaintext (keyed in an
+    /// encrypted repository: it authenticates what the volume returns).
+    pub hash: Fingerprint,
+}
+
+/// The first bytes of a link stub (a data container starts with
+/// [`CONTAINER_MAGIC`]).
+pub const LINK_MAGIC: [u8; 8] = *b"STRLINK1";
+
 /// A chunk stored in a container.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkEntry {

@@ -25,6 +25,15 @@ const S3_CONNECTIONS: usize = 32;
 
 /// The backend at `url`; with `create`, a missing directory (mode 0700)
 /// or bucket is created.
+/// Where a local repository's volumes are (they may hold some of its
+/// containers: linked snapshots); none for a bucket.
+pub fn volumes_of(url: &str) -> Option<std::path::PathBuf> {
+    match Location::parse(url) {
+        Ok(Location::Local(path)) => Some(path.join("volumes")),
+        _ => None,
+    }
+}
+
 pub fn open(url: &str, s3: &S3Settings, create: bool) -> PyResult<Arc<dyn Backend>> {
     match Location::parse(url).map_err(|e| StrataError::new_err(e.to_string()))? {
         Location::Local(path) => {

@@ -115,7 +115,8 @@ impl Repository {
                 })
             })
             .py_err()?
-            .with_cache(cache_dir);
+            .with_cache(cache_dir)
+            .with_volumes(backend::volumes_of(url));
         Ok(Repository { repo, s3 })
     }
 
@@ -149,7 +150,8 @@ impl Repository {
         let repo = py
             .detach(|| strata_store::Repository::init(b, opts))
             .py_err()?
-            .with_cache(cache_dir);
+            .with_cache(cache_dir)
+            .with_volumes(backend::volumes_of(url));
         Ok(Repository { repo, s3 })
     }
 

@@ -219,7 +219,8 @@ fn check_containers(
                     .push(format!("{name}: listed in the index but missing"));
                 bad.insert(*id);
             }
-            Some(&s) if s != m.data_len => {
+            // (A linked container's data object is its link stub.)
+            Some(&s) if s != m.data_len && !linked_ok(repo, id, &name, &mut bad, rep) => {
                 rep.errors.push(format!(
                     "{name}: size {s}, index says {} (truncated?)",
                     m.data_len
@@ -251,6 +252,28 @@ fn check_containers(
         .filter(|id| !idx.metas.contains_key(id))
         .collect();
     Ok((bad, unlisted))
+}
+
+/// Whether container `id` is linked (`crate::link`); a linked one whose
+/// stub does not open, or whose volume lacks its blocks, is an error.
+fn linked_ok(
+    repo: &Repository,
+    id: &ContainerId,
+    name: &str,
+    bad: &mut HashSet<ContainerId>,
+    rep: &mut CheckReport,
+) -> bool {
+    match repo.link_of(id).and_then(|l| match l {
+        Some(l) => l.verify_reachable(name).map(|()| true),
+        None => Ok(false),
+    }) {
+        Ok(linked) => linked,
+        Err(e) => {
+            rep.errors.push(format!("{e}"));
+            bad.insert(*id);
+            true
+        }
+    }
 }
 
 /// Containers stored but in no index object: garbage an interrupted
@@ -330,6 +353,30 @@ fn read_container(
     let name = data_name(&m.id);
     let mut errs = Vec::new();
     let mut fps = HashSet::new();
+    match repo.link_of(&m.id) {
+        Ok(None) => {}
+        Ok(Some(l)) => {
+            // Its regions from the volume that holds them.
+            let plains: Vec<Option<Vec<u8>>> = m
+                .regions
+                .iter()
+                .map(|r| {
+                    regions_read.fetch_add(1, Ordering::Relaxed);
+                    bytes_read.fetch_add(r.raw_len as u64, Ordering::Relaxed);
+                    l.region(repo, &name, r)
+                        .map_err(|e| errs.push(format!("{e}")))
+                        .ok()
+                })
+                .collect();
+            verify_chunks(repo, m, &plains, &mut errs, &mut fps);
+            return (errs, fps);
+        }
+        Err(e) => {
+            errs.push(format!("{e}"));
+            fps.extend(m.chunks.iter().map(|c| c.fp));
+            return (errs, fps);
+        }
+    }
     let data = match repo.backend().get(&name) {
         Err(e) => {
             errs.push(format!("{e}"));
@@ -372,6 +419,21 @@ fn read_container(
         regions_read.fetch_add(1, Ordering::Relaxed);
         plains.push(p);
     }
+    verify_chunks(repo, m, &plains, &mut errs, &mut fps);
+    (errs, fps)
+}
+
+/// Checks every chunk of container `m` against its fingerprint in the
+/// regions opened (`plains`, None where a region would not open): the
+/// damaged ones go to `fps`.
+fn verify_chunks(
+    repo: &Repository,
+    m: &ContainerMeta,
+    plains: &[Option<Vec<u8>>],
+    errs: &mut Vec<String>,
+    fps: &mut HashSet<Fingerprint>,
+) {
+    let name = data_name(&m.id);
     let hasher = repo.hasher();
     for c in &m.chunks {
         let ok = plains
@@ -395,7 +457,6 @@ fn read_container(
             }
         }
     }
-    (errs, fps)
 }
 
 /// Stored chunks found damaged: (container, fingerprint).

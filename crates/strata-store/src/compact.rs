@@ -29,7 +29,7 @@
 //! A kill at any point leaves every snapshot restorable; what it leaves
 //! behind is unreferenced and removed by the next compaction or gc.
 
-use crate::container::{open_region, ContainerSink, ContainerWriter};
+use crate::container::{read_region, ContainerSink, ContainerWriter};
 use crate::copy::{delete_containers, store_rewritten, Target};
 use crate::error::{Result, StoreError};
 use crate::gc::{GcOptions, GcReport};
@@ -367,10 +367,7 @@ fn copy_forward(
         let info = m.regions.get(reg as usize).ok_or_else(|| {
             StoreError::Invalid(format!("{name}: chunk in a region that does not exist"))
         })?;
-        let env = repo
-            .backend()
-            .get_range(&name, info.offset, info.stored_len as u64)?;
-        plains.insert(reg, open_region(repo, &name, &env, info)?);
+        plains.insert(reg, read_region(repo, &m.id, info)?);
     }
     // Segment starting at each chunk index, when the whole segment stays
     // in the pool.

@@ -404,9 +404,13 @@ impl ContainerWriter {
     }
 }
 
-/// Reads and opens one region, checking its length.
+/// Reads and opens one region, checking its length (a linked
+/// container's from the volume that holds it: [`crate::link`]).
 pub fn read_region(repo: &Repository, id: &ContainerId, r: &RegionInfo) -> Result<Vec<u8>> {
     let name = data_name(id);
+    if let Some(l) = repo.link_of(id)? {
+        return l.region(repo, &name, r);
+    }
     let raw = repo
         .backend()
         .get_range(&name, r.offset, r.stored_len as u64)?;

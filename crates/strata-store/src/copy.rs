@@ -2,7 +2,7 @@
 //! moves every lifecycle command (maintain, forget's rebase, compaction,
 //! gc) makes with stored data.
 
-use crate::container::{open_region, ContainerSink, ContainerWriter};
+use crate::container::{read_region, ContainerSink, ContainerWriter};
 use crate::error::{Result, StoreError};
 use crate::index::{ChunkLoc, ContainerTable};
 use crate::progress::Progress;
@@ -22,7 +22,8 @@ pub(crate) fn delete_containers<'a>(
 ) -> Result<()> {
     for id in ids {
         repo.backend().delete(&meta_name(id))?;
-        repo.backend().delete(&data_name(id))?;
+        // (A linked container's blocks are given back to its volume.)
+        crate::link::delete_data(repo, id)?;
     }
     Ok(())
 }
@@ -114,10 +115,7 @@ pub(crate) fn copy_chunks_between(
                 let info = infos.get(*r as usize).ok_or_else(|| {
                     StoreError::Invalid(format!("{name}: chunk in a region that does not exist"))
                 })?;
-                let env = repo
-                    .backend()
-                    .get_range(&name, info.offset, info.stored_len as u64)?;
-                let plain = open_region(repo, &name, &env, info)?;
+                let plain = read_region(repo, cid, info)?;
                 for s in chunks {
                     if placed.contains_key(&s.fp) {
                         continue;

@@ -215,7 +215,23 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
     report.bytes_freed += stale_bytes;
     if !opts.dry_run {
         for o in &orphans {
-            repo.backend().delete(o)?;
+            match (o.starts_with("data/"), container_id_of(o)) {
+                // A linked one gives its blocks back to its volume.
+                (true, Some(id)) => crate::link::delete_data(repo, &id)?,
+                _ => repo.backend().delete(o)?,
+            }
+        }
+        // Markers of linked containers no longer there.
+        for o in repo.backend().list("links/")? {
+            let id = o
+                .name
+                .strip_prefix("links/")
+                .and_then(ContainerId::from_hex);
+            // (Their holds released first.)
+            if let Some(id) = id.filter(|id| !indexed.contains(id)) {
+                crate::link::release_by_marker(repo, &id)?;
+                repo.backend().delete(&o.name)?;
+            }
         }
         // Recipes no snapshot uses (left by interrupted commands), then
         // parts no remaining recipe uses.

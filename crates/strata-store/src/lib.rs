@@ -20,6 +20,7 @@ pub mod gc;
 pub mod index;
 pub mod keys;
 pub mod lifecycle;
+pub mod link;
 pub mod lock;
 pub mod progress;
 pub mod recipe;

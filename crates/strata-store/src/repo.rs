@@ -217,6 +217,9 @@ pub struct Repository {
     /// `None`: no cache. Set by the caller ([`Repository::with_cache`]);
     /// the library reads no environment.
     cache_base: Option<PathBuf>,
+    /// Linked containers: where the volumes are, and what was read of
+    /// them ([`crate::link`]).
+    pub(crate) links: Arc<crate::link::Links>,
 }
 
 pub fn now_ns() -> i64 {
@@ -320,6 +323,7 @@ impl Repository {
             key,
             no_cache: false,
             cache_base: None,
+            links: Default::default(),
         })
     }
 
@@ -395,6 +399,7 @@ impl Repository {
             key,
             no_cache: false,
             cache_base: None,
+            links: Default::default(),
         })
     }
 
@@ -438,6 +443,8 @@ impl Repository {
             key: self.key.clone(),
             no_cache: self.no_cache,
             cache_base: self.cache_base.clone(),
+            // (The other tier's own: a bucket has no volumes.)
+            links: Default::default(),
         }
     }
 
@@ -455,6 +462,7 @@ impl Repository {
             key: self.key.clone(),
             no_cache: true,
             cache_base: None,
+            links: Arc::new(self.links.like(true)),
         }
     }
 

@@ -24,6 +24,11 @@ pub struct RepoStats {
     pub stored_bytes: u64,
     /// Bytes of the data container objects (chunk data, headers, metadata).
     pub container_bytes: u64,
+    /// Of the chunk data, what volumes hold for the repository (linked
+    /// containers: their data objects are link stubs), not counted in
+    /// `stored_bytes` and `container_bytes`.
+    pub linked_bytes: u64,
+    pub linked_containers: u64,
     /// Bytes of everything in the repository (data + metadata).
     pub total_repo_bytes: u64,
     pub containers: u64,
@@ -101,6 +106,14 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
     st.unique_raw_bytes = idx.containers.values().map(|c| c.raw_bytes).sum();
     st.stored_bytes = idx.stored_bytes();
     st.container_bytes = idx.container_bytes();
+    for id in repo.linked_ids()?.iter() {
+        if let (Some(c), Ok(Some(l))) = (idx.containers.get(id), repo.link_of(id)) {
+            st.linked_containers += 1;
+            st.linked_bytes += c.raw_bytes;
+            st.stored_bytes = st.stored_bytes.saturating_sub(c.data_bytes());
+            st.container_bytes = st.container_bytes.saturating_sub(c.data_len) + l.stub_len;
+        }
+    }
     st.index_entries = strategy.entries();
     st.index_ram_bytes = strategy.ram_bytes();
     let snaps = repo.list_active_snapshots()?;
@@ -195,7 +208,11 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
         + b.size("config")?.unwrap_or(0);
     let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     st.dedup_ratio = ratio(st.logical_bytes, st.unique_raw_bytes);
-    st.compression_ratio = ratio(st.unique_raw_bytes, st.stored_bytes);
+    // (Over what the repository stores itself: linked data is the volume's.)
+    st.compression_ratio = ratio(
+        st.unique_raw_bytes.saturating_sub(st.linked_bytes),
+        st.stored_bytes,
+    );
     st.total_ratio = ratio(st.logical_bytes, st.total_repo_bytes);
     st.space_saving_pct = if st.logical_bytes == 0 {
         0.0

@@ -156,6 +156,26 @@ impl Xts {
     }
 }
 
+/// The cipher of a volume's data blocks alone: what its repository needs
+/// to read the blocks the volume holds for it (`crate::holds`).
+pub struct DataCipher(Xts);
+
+impl DataCipher {
+    pub fn new(key: &VolumeKey) -> DataCipher {
+        DataCipher(Xts::new(key, "strata 2026 volume data xts v1"))
+    }
+
+    /// Decrypts whole blocks read from disk blocks `dbn..` in place (a
+    /// block of zeros — a hole — stays zeros, as [`Crypt`] reads it).
+    pub fn open(&self, dbn: u64, buf: &mut [u8]) {
+        for (i, b) in buf.chunks_exact_mut(BLOCK).enumerate() {
+            if b.iter().any(|&x| x != 0) {
+                self.0.sector(dbn as u128 + i as u128, b, false);
+            }
+        }
+    }
+}
+
 /// The ciphers of an open volume.
 pub struct Crypt {
     data: Xts,

@@ -36,7 +36,7 @@ pub fn run(cli: &Cli, out: &Out, a: &StatsArgs) -> Result<i32> {
              total ratio:        {:.2}x ({:.1}% space saved)\n\
              index:              {} ({} entries, {} RAM)\n\
              pool / archival:    {} shared pool, {} stamped archival containers\n\
-             space saved:        {:.1}% by segment-level dedup, {:.1}% more by reverse dedup (before compression){}",
+             space saved:        {:.1}% by segment-level dedup, {:.1}% more by reverse dedup (before compression){}{}",
             st.snapshots,
             st.series,
             fmt_bytes(st.logical_bytes),
@@ -57,6 +57,14 @@ pub fn run(cli: &Cli, out: &Out, a: &StatsArgs) -> Result<i32> {
             fmt_bytes(st.stamped_bytes),
             st.saving_segment_pct,
             st.saving_reverse_pct,
+            match st.linked_containers {
+                0 => String::new(),
+                n => format!(
+                    "\nheld by volumes:    {} in {n} linked containers (snapshots of volumes \
+                     read them from the volumes' own blocks; not in stored)",
+                    fmt_bytes(st.linked_bytes)
+                ),
+            },
             series_table(&st.series_stats)
         )
     });

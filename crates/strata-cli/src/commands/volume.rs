@@ -100,7 +100,9 @@ pub enum VolumeCmd {
     /// Store the volume's current contents as a snapshot in the
     /// repository: series `volume:NAME`, one file `NAME.img` in fixed
     /// 4 KiB blocks (deduplicated against everything the repository holds;
-    /// holes are not read). Only the 2 MiB segments written since the
+    /// holes are not read). A stopped volume of a local repository then
+    /// keeps the blocks the snapshot stored for the repository, which
+    /// keeps a link instead of a second copy. Only the 2 MiB segments written since the
     /// last snapshot are read (everything after a crash of the server).
     /// A served volume is frozen by its server for the snapshot (a point
     /// in time; clients go on writing). `strata restore
@@ -172,6 +174,8 @@ pub enum VolumeCmd {
     /// The repository's volumes.
     List,
     /// Delete a volume and everything in it (refused while it is served).
+    /// What its snapshots read from its blocks is stored in the repository
+    /// again first, so every snapshot stays restorable.
     Delete {
         /// The volume's name (letters, digits, `-`, `_`, `.`).
         name: String,
@@ -437,7 +441,7 @@ pub fn run(
         VolumeCmd::Copy { from, to } => copy(cli, out, &root, from, to),
         VolumeCmd::Defrag { name } => {
             let dir = existing(&root, name)?;
-            refuse_if_held(&dir, name, "defragmented (a copy takes its place)")?;
+            unlink(cli, out, &dir, name, false)?;
             let key = key_for_dir(cli, &dir)?;
             let d = defrag::defrag(cli, &dir, name, key.as_ref())
                 .with_context(|| format!("defragmenting volume {name}"))?;
@@ -457,15 +461,25 @@ pub fn run(
                 bail!("deleting volume {name} destroys its data: add --yes");
             }
             let lock = Volume::lock(&dir)?;
-            refuse_if_held(&dir, name, "deleted")?;
+            let unlinked = unlink(cli, out, &dir, name, true)?;
             std::fs::remove_dir_all(&dir).with_context(|| format!("deleting {}", dir.display()))?;
             drop(lock);
             // A stopped defrag's copy, and its lock file.
             let _ = std::fs::remove_dir_all(root.join(format!(".{name}.defrag")));
             let _ = std::fs::remove_file(root.join(format!(".{name}.defrag.lock")));
-            out.result(&serde_json::json!({"deleted": name}), || {
-                format!("volume {name} deleted")
-            });
+            out.result(
+                &serde_json::json!({"deleted": name, "stored_again_bytes": unlinked}),
+                || {
+                    let mut t = format!("volume {name} deleted");
+                    if unlinked > 0 {
+                        t += &format!(
+                            " (first {} its snapshots linked to stored in the repository again)",
+                            fmt_bytes(unlinked)
+                        );
+                    }
+                    t
+                },
+            );
             Ok(0)
         }
         VolumeCmd::List => {
@@ -508,19 +522,67 @@ pub fn run(
     }
 }
 
-/// Refuses to lose a volume's data file while it holds blocks for the
-/// repository (`strata_volume::holds`): snapshots read them there.
-fn refuse_if_held(dir: &std::path::Path, name: &str, what: &str) -> Result<()> {
-    let held = strata_volume::holds::held(dir)?;
-    if !held.is_empty() {
+/// Before a volume's data file goes (delete, defrag): the containers its
+/// snapshots link to its blocks are stored in the repository again, and
+/// their holds released (`strata_store::link::unlink_volume`). Returns
+/// the bytes stored again. A container that cannot be (its blocks changed
+/// on the host) fails a defrag; a delete (`deleting`) goes on with a
+/// warning — the versions using it are damaged already.
+fn unlink(
+    cli: &crate::Cli,
+    out: &Out,
+    dir: &std::path::Path,
+    name: &str,
+    deleting: bool,
+) -> Result<u64> {
+    if strata_volume::holds::held(dir)?.is_empty() {
+        return Ok(0);
+    }
+    let repo = crate::open(cli)?;
+    let r = strata_store::link::unlink_volume(&repo, name).with_context(|| {
+        format!("storing again what snapshots of volume {name} link to its blocks")
+    })?;
+    if !r.failed.is_empty() {
         bail!(
-            "volume {name} keeps disk blocks for {} container(s) of the repository that \
-             snapshots read: it cannot be {what} until those snapshots are forgotten and \
-             `strata gc` has run",
-            held.len()
+            "{} container(s) linked to volume {name} could not be stored in the repository \
+             again, so the volume is kept as it is: {}",
+            r.failed.len(),
+            r.failed.join("; ")
         );
     }
-    Ok(())
+    if !r.damaged.is_empty() {
+        let why: Vec<&str> = r.damaged.iter().map(|(_, w)| w.as_str()).collect();
+        if !deleting {
+            bail!(
+                "{} container(s) linked to volume {name} no longer match its blocks, so the \
+                 volume is kept as it is: {}",
+                r.damaged.len(),
+                why.join("; ")
+            );
+        }
+        // Deleted all the same: what they held is gone already.
+        for (id, _) in &r.damaged {
+            strata_volume::holds::release(dir, &id.to_hex())?;
+        }
+        out.warn(&format!(
+            "{} container(s) linked to volume {name} no longer match its blocks and could not be \
+             stored again (the versions using them were damaged already; `strata check` names \
+             them): {}",
+            r.damaged.len(),
+            why.join("; ")
+        ));
+    }
+    let left = strata_volume::holds::held(dir)?;
+    if !left.is_empty() {
+        bail!(
+            "volume {name} still keeps disk blocks for {} container(s) this repository does not \
+             link (another repository's?), so it is kept. If no repository's snapshots link to \
+             it, remove {} and try again",
+            left.len(),
+            dir.join(strata_volume::holds::DIR).display()
+        );
+    }
+    Ok(r.stored_bytes)
 }
 
 /// `volume copy`: the stopped volume `from` copied into a new volume `to`.
@@ -716,8 +778,16 @@ fn snapshot(
     // The volume's changes count from this version now (or, if it was
     // not committed, from the one before, as if nothing was taken).
     let committed = res.as_ref().ok().map(|r| r.id.as_str());
+    let mut linked = None;
     let closed = match held {
         Held::Here(v, cs) => {
+            // The version's new containers handed over to the volume's
+            // own blocks (a volume of this repository, with dedup).
+            let linkable = cfg.dedup
+                && location::volumes_of(&crate::repo_location(cli)?).as_deref() == Some(root);
+            if let (true, Ok(rep)) = (linkable, &res) {
+                linked = Some(link_version(&repo, &v, name, &cfg, &rep.snapshot.recipe));
+            }
             v.snapshot_done(cs, committed);
             v.close()
         }
@@ -736,16 +806,30 @@ fn snapshot(
     let rep = res?;
     closed.with_context(|| format!("closing volume {name}"))?;
     crate::interrupt::committed(format!("snapshot {}", crate::output::short(&rep.id)));
+    let linked = match linked {
+        Some(Err(e)) => {
+            out.warn(&format!(
+                "the snapshot is stored; handing its blocks over to the volume failed (they \
+                 stay stored in the repository): {e:#}"
+            ));
+            None
+        }
+        Some(Ok(l)) => Some(l),
+        None => None,
+    };
     let s = &rep.snapshot;
     let secs = s.stats.duration_ms as f64 / 1000.0;
+    let l = linked.clone().unwrap_or_default();
     out.result(
         &serde_json::json!({"id": rep.id, "series": s.series, "version": s.version,
             "logical_bytes": s.stats.logical_bytes, "read_bytes": s.stats.read_bytes,
             "unchanged_bytes": rep.parent_bytes, "parts_taken_over_bytes": rep.carried_bytes,
             "new_raw_bytes": s.stats.new_raw_bytes,
-            "new_stored_bytes": s.stats.new_stored_bytes, "seconds": secs}),
+            "new_stored_bytes": s.stats.new_stored_bytes,
+            "linked_containers": l.containers, "linked_stored_bytes": l.stored_bytes,
+            "linked_blocks": l.blocks, "seconds": secs}),
         || {
-            format!(
+            let mut t = format!(
                 "snapshot {} saved: {}@{}\n  {} of volume {name} ({} read: what changed), {} new data, {} added to the repository, {secs:.1}s",
                 crate::output::short(&rep.id),
                 s.series,
@@ -754,10 +838,49 @@ fn snapshot(
                 fmt_bytes(s.stats.read_bytes),
                 fmt_bytes(s.stats.new_raw_bytes),
                 fmt_bytes(s.stats.new_stored_bytes),
-            )
+            );
+            if l.containers > 0 {
+                t += &format!(
+                    "\n  {} of it handed over to the volume's own blocks ({} containers): the \
+                     volume keeps them for the repository",
+                    fmt_bytes(l.stored_bytes),
+                    l.containers
+                );
+            }
+            t
         },
     );
     Ok(0)
+}
+
+/// Links the new containers of the committed version (recipe `rid`) to
+/// the blocks of the stopped volume `v` opened here, which keeps them for
+/// the repository (`strata_store::link`): the repository no longer stores
+/// a second copy of what the volume holds.
+fn link_version(
+    repo: &Repository,
+    v: &Volume,
+    name: &str,
+    cfg: &VolumeConfig,
+    rid: &str,
+) -> Result<strata_store::link::RelinkReport> {
+    let salt = cfg.encryption.as_ref().and_then(|e| e.salt_bytes());
+    let blocks = |first: u64, n: usize| {
+        v.disk_blocks(first, n)
+            .map_err(|e| strata_store::StoreError::io("read", "the volume's map", e))
+    };
+    let mut hold = |h: &str, dbns: &[u64]| {
+        v.hold(h, dbns)
+            .map_err(|e| strata_store::StoreError::Invalid(format!("volume {name}: {e}")))
+    };
+    Ok(strata_store::link::relink_version(
+        repo,
+        rid,
+        name,
+        salt.as_deref(),
+        &blocks,
+        &mut hold,
+    )?)
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);

@@ -286,21 +286,33 @@ fn restore_group(
         return Err(StoreError::Cancelled);
     }
     let name = data_name(g.cid);
-    let buf = repo.backend().get_range(&name, g.start, g.end - g.start)?;
+    // A linked container's regions are read from the volume, one by one.
+    let linked = repo.link_of(g.cid)?;
+    let buf = match &linked {
+        None => repo.backend().get_range(&name, g.start, g.end - g.start)?,
+        Some(_) => Vec::new(),
+    };
     sink.bytes_read
         .fetch_add(g.end - g.start, Ordering::Relaxed);
     for (reg, pieces) in &g.regions {
-        // Offsets come from container metadata: checked, not trusted.
-        let stored = reg
-            .offset
-            .checked_sub(g.start)
-            .and_then(|a| buf.get(a as usize..(a as usize).checked_add(reg.stored_len as usize)?))
-            .ok_or_else(|| {
-                StoreError::Invalid(format!(
-                    "{name}: a region lies outside the range read (damaged container metadata; run `strata check`)"
-                ))
-            })?;
-        let plain = open_region(repo, &name, stored, reg)?;
+        let plain = match &linked {
+            Some(l) => l.region(repo, &name, reg)?,
+            None => {
+                // Offsets come from container metadata: checked, not trusted.
+                let stored = reg
+                    .offset
+                    .checked_sub(g.start)
+                    .and_then(|a| {
+                        buf.get(a as usize..(a as usize).checked_add(reg.stored_len as usize)?)
+                    })
+                    .ok_or_else(|| {
+                        StoreError::Invalid(format!(
+                            "{name}: a region lies outside the range read (damaged container metadata; run `strata check`)"
+                        ))
+                    })?;
+                open_region(repo, &name, stored, reg)?
+            }
+        };
         sink.regions_read.fetch_add(1, Ordering::Relaxed);
         for p in pieces {
             let data = plain

@@ -106,6 +106,12 @@ pub(super) fn defrag(
         );
     }
     let old = Volume::open_to_read(dir, key).with_context(|| format!("opening volume {name}"))?;
+    // Opened (locked): no snapshot links to its blocks from here on; one
+    // that did since they were stored again is not thrown away.
+    if !strata_volume::holds::held(dir)?.is_empty() {
+        let _ = old.close();
+        bail!("a snapshot of volume {name} linked to its blocks meanwhile: run the defrag again");
+    }
     let copied = Volume::create(&tmp, cfg)
         .context("creating the copy")
         .and_then(|()| {

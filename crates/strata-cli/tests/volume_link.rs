@@ -1,0 +1,219 @@
+//! Linked snapshots (`docs/design-linked-snapshots.md`): a snapshot of a
+//! stopped volume of the repository hands its new containers over to the
+//! volume's own blocks — the repository keeps a link stub instead of a
+//! second copy, the volume holds the blocks. Every version still restores
+//! byte-exact (after the volume is overwritten too), check reads the held
+//! blocks and finds one changed on disk, copy reads through the link,
+//! forget + gc give them back, and deleting or defragmenting the volume
+//! stores what it held in the repository again first.
+
+mod common;
+use common::nbd::*;
+use common::*;
+use std::process::Command;
+
+/// 6 MiB of random data, 2 MiB of zeros, the first 2 MiB again, then
+/// zeros up to 16 MiB.
+fn image() -> Vec<u8> {
+    let mut d = prng(41, 6 << 20);
+    d.resize(8 << 20, 0);
+    let head = d[..2 << 20].to_vec();
+    d.extend_from_slice(&head);
+    d.resize(16 << 20, 0);
+    d
+}
+
+fn linked_volume(password: Option<&str>) -> (Repo, Vec<u8>) {
+    let extra: &[&str] = if password.is_some() {
+        &["--encrypt"]
+    } else {
+        &[]
+    };
+    let r = Repo::with_init(extra, password);
+    let img = image();
+    let src = r.scratch("disk.raw");
+    std::fs::write(&src, &img).unwrap();
+    r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+    (r, img)
+}
+
+fn restores(r: &Repo, at: &str, want: &[u8], what: &str) {
+    let t = r.dir().join(format!("t-{}", what.replace(' ', "-")));
+    r.json(&["restore", at, "--target", t.to_str().unwrap()]);
+    assert!(std::fs::read(t.join("v.img")).unwrap() == want, "{what}");
+    std::fs::remove_dir_all(&t).unwrap();
+}
+
+#[test]
+fn a_snapshot_hands_its_blocks_over_to_the_volume() {
+    for password in [None, Some("pw")] {
+        let (r, img) = linked_volume(password);
+        let s = r.json(&["volume", "snapshot", "v"]);
+        assert!(s["linked_containers"].as_u64().unwrap() > 0, "{s}");
+        // Nearly all it stored is now the volume's to keep.
+        let stored = s["new_stored_bytes"].as_u64().unwrap();
+        assert!(
+            s["linked_stored_bytes"].as_u64().unwrap() * 10 > stored * 9,
+            "{s}"
+        );
+        let st = r.json(&["stats"]);
+        assert!(st["linked_bytes"].as_u64().unwrap() >= 6 << 20, "{st}");
+        assert!(st["stored_bytes"].as_u64().unwrap() < 1 << 20, "{st}");
+        restores(&r, "volume:v@1", &img, "linked version");
+        let c = r.json(&["check", "--read-data"]);
+        assert_eq!(c["errors"], serde_json::json!([]), "{c}");
+        let vc = r.json(&["volume", "check", "v", "--read-data"]);
+        assert!(vc["held_blocks"].as_u64().unwrap() >= 1536, "{vc}");
+        // Nothing changed: nothing read, nothing more to link.
+        let s2 = r.json(&["volume", "snapshot", "v"]);
+        assert_eq!(s2["read_bytes"], 0, "{s2}");
+        assert_eq!(s2["linked_containers"], 0, "{s2}");
+        // Another repository gets copies, read through the link.
+        let other = r.dir().join("other");
+        let mut c = r.cmd(&["--json", "init"]);
+        c.arg("--repo").arg(&other);
+        if password.is_some() {
+            c.args(["--encrypt"]).args(FAST_KDF);
+        }
+        run_cmd(c, None).ok();
+        let mut c = r.cmd(&["copy", "--from-repo", r.path.to_str().unwrap()]);
+        c.arg("--repo").arg(&other);
+        if let Some(pw) = password {
+            c.env("STRATA_FROM_PASSWORD", pw);
+        }
+        run_cmd(c, None).ok();
+        let t = r.dir().join("t-copied");
+        let mut c = r.cmd(&["restore", "volume:v@1", "--target", t.to_str().unwrap()]);
+        c.arg("--repo").arg(&other);
+        run_cmd(c, None).ok();
+        assert!(std::fs::read(t.join("v.img")).unwrap() == img, "copied");
+        // Forgotten and collected: given back at the volume's next open.
+        let holds = r.path.join("volumes/v/holds");
+        let names = || {
+            let mut v: Vec<String> = std::fs::read_dir(&holds)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        let before = names();
+        assert!(before.iter().all(|n| n.ends_with(".hold")), "{before:?}");
+        r.json(&["forget", "volume:v@1", "volume:v@2"]);
+        r.json(&["gc"]);
+        assert!(
+            names().iter().all(|n| n.ends_with(".released")),
+            "released, not given back yet: {:?}",
+            names()
+        );
+        let vc = r.json(&["volume", "check", "v"]);
+        assert!(vc["held_blocks"].as_u64().unwrap() > 0, "{vc}");
+        // The next snapshot opens the volume (which gives them back) and,
+        // its base forgotten, reads and links everything anew.
+        let s3 = r.json(&["volume", "snapshot", "v"]);
+        assert!(s3["linked_containers"].as_u64().unwrap() > 0, "{s3}");
+        let now = names();
+        assert!(
+            now.iter()
+                .all(|n| n.ends_with(".hold") && !before.contains(n)),
+            "{now:?}"
+        );
+        // The volume deleted while a version links to it: what it held is
+        // stored in the repository again first, and the version restores.
+        let d = r.json(&["volume", "delete", "v", "--yes"]);
+        assert!(d["stored_again_bytes"].as_u64().unwrap() >= 6 << 20, "{d}");
+        let at = s3["id"].as_str().unwrap();
+        restores(&r, at, &img, "after the volume is gone");
+        let c = r.json(&["check", "--read-data"]);
+        assert_eq!(c["errors"], serde_json::json!([]), "{c}");
+        let st = r.json(&["stats"]);
+        assert_eq!(st["linked_bytes"], 0, "{st}");
+        assert!(st["stored_bytes"].as_u64().unwrap() >= 6 << 20, "{st}");
+    }
+}
+
+/// `volume defrag` replaces the data file: the versions linked to it are
+/// stored again first, and restore after.
+#[test]
+fn defrag_stores_linked_versions_again() {
+    let (r, img) = linked_volume(Some("pw"));
+    let s = r.json(&["volume", "snapshot", "v"]);
+    assert!(s["linked_containers"].as_u64().unwrap() > 0, "{s}");
+    r.json(&["volume", "defrag", "v"]);
+    restores(&r, "volume:v@1", &img, "after defrag");
+    let st = r.json(&["stats"]);
+    assert_eq!(st["linked_bytes"], 0, "{st}");
+    let vc = r.json(&["volume", "check", "v", "--read-data"]);
+    assert_eq!(vc["holds"], 0, "{vc}");
+}
+
+/// The volume overwritten after the snapshot (through the server, whose
+/// new data goes elsewhere while the old blocks are held): the linked
+/// version still restores what it was.
+#[test]
+fn a_linked_version_outlives_overwrites() {
+    if !have("nbdcopy") {
+        return;
+    }
+    let (r, img) = linked_volume(None);
+    let s = r.json(&["volume", "snapshot", "v"]);
+    assert!(s["linked_containers"].as_u64().unwrap() > 0, "{s}");
+    let srv = serve_cmd(r.cmd(&["volume", "serve", "v", "--listen", "127.0.0.1:0", "--json"]));
+    let new = prng(42, 16 << 20);
+    let src = r.scratch("new.raw");
+    std::fs::write(&src, &new).unwrap();
+    sh(Command::new("nbdcopy").arg(&src).arg(&srv.url));
+    stop(srv);
+    restores(&r, "volume:v@1", &img, "after overwrites");
+    let c = r.json(&["check", "--read-data"]);
+    assert_eq!(c["errors"], serde_json::json!([]), "{c}");
+    let s2 = r.json(&["volume", "snapshot", "v"]);
+    assert!(s2["linked_containers"].as_u64().unwrap() > 0, "{s2}");
+    restores(&r, "volume:v@2", &new, "the new version");
+    restores(&r, "volume:v@1", &img, "the old one still");
+}
+
+/// A held block changed on the host's disk: check names the container,
+/// and restore fails rather than write what the version never held.
+#[test]
+fn a_changed_held_block_is_found() {
+    let (r, _) = linked_volume(None);
+    r.json(&["volume", "snapshot", "v"]);
+    let data = r.path.join("volumes/v/data");
+    let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(b"changed", 4096 * 7 + 100).unwrap();
+    drop(f);
+    let c = r.run(&["--json", "check", "--read-data"]);
+    assert_ne!(c.code, 0);
+    let j = c.json();
+    assert!(j["errors"].to_string().contains("no longer hold"), "{j}");
+    let t = r.dir().join("t-bad");
+    let e = r
+        .run(&["restore", "volume:v@1", "--target", t.to_str().unwrap()])
+        .expect_code(1);
+    assert!(e.stderr.contains("no longer hold"), "{}", e.stderr);
+    // Deleting the volume stores the rest again and says what could not be.
+    let d = r.run(&["volume", "delete", "v", "--yes"]).ok();
+    assert!(d.stderr.contains("could not be stored"), "{}", d.stderr);
+    assert!(!r.path.join("volumes/v").exists());
+}
+
+/// A volume cut short on the host: `check` (without reading data) finds
+/// the linked containers whose blocks are gone.
+#[test]
+fn check_finds_a_volume_cut_short() {
+    let (r, _) = linked_volume(None);
+    r.json(&["volume", "snapshot", "v"]);
+    let data = r.path.join("volumes/v/data");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&data)
+        .unwrap()
+        .set_len(4096 * 10)
+        .unwrap();
+    let c = r.run(&["--json", "check"]);
+    assert_ne!(c.code, 0);
+    let j = c.json();
+    assert!(j["errors"].to_string().contains("past the end"), "{j}");
+}
