@@ -235,10 +235,10 @@ fn count_holds(dir: &Path, counts: &mut [u32], rep: &mut CheckReport) -> Result<
     rep.holds = held.names.len();
     rep.held_blocks = held.blocks;
     rep.problems.extend(held.damaged);
-    if let Some(first) = held.past.first() {
+    if let Some(first) = held.past_first {
         rep.problems.push(format!(
             "{} held disk block(s) lie past the data file's end (first: {first})",
-            held.past.len()
+            held.past
         ));
     }
     Ok(())

@@ -211,8 +211,10 @@ pub(crate) fn forget_released(dir: &Path, name: &str) -> io::Result<()> {
 pub(crate) struct Counted {
     /// The holds counted.
     pub names: HashSet<String>,
-    /// Blocks they name past the counts (damage: a data file cut short).
-    pub past: Vec<u64>,
+    /// Blocks they name past the counts (damage: a data file cut short):
+    /// the first, and how many.
+    pub past_first: Option<u64>,
+    pub past: u64,
     /// Hold files that could not be read, and why.
     pub damaged: Vec<String>,
     /// Blocks counted.
@@ -239,11 +241,16 @@ pub(crate) fn count_into(dir: &Path, counts: &mut [u32], released_too: bool) -> 
             }
         };
         for (s, l) in runs {
-            for d in s..s + l {
-                match counts.get_mut(d as usize) {
-                    Some(c) => *c += 1,
-                    None => out.past.push(d),
-                }
+            // (Bounded by the counts: a run's length comes from a file.)
+            let n = counts.len() as u64;
+            let in_range = s.min(n)..(s + l).min(n);
+            for d in in_range.clone() {
+                counts[d as usize] += 1;
+            }
+            let outside = l - (in_range.end - in_range.start);
+            if outside > 0 {
+                out.past_first.get_or_insert(s.max(n));
+                out.past += outside;
             }
             out.blocks += l;
         }
@@ -280,6 +287,11 @@ impl Volume {
             ));
         }
         let runs = runs_of(dbns.to_vec());
+        if self.closing_or_stopped() {
+            return Err(VolumeError::Invalid(
+                "the volume is closed or stopped: it takes no holds".into(),
+            ));
+        }
         // (It only grows.)
         let end = lock(&self.space).end;
         let mut d = lock(&self.disk);
@@ -306,7 +318,13 @@ impl Volume {
             .iter()
             .flat_map(|&(s, l)| (s..s + l).map(|b| (b, 1)))
             .collect();
-        if let Err(e) = crate::destage::apply_refs(&d.refs, &delta) {
+        // The counts durable too (a close in between could mark the volume
+        // clean over counts still in the page cache).
+        if let Err(e) = crate::destage::apply_refs(&d.refs, &delta).and_then(|_| {
+            d.refs
+                .sync_data()
+                .map_err(|e| VolumeError::Io("refs".into(), e))
+        }) {
             // The hold is on disk and its counts not all taken: the volume
             // stops, and the next open recounts.
             drop(d);
@@ -370,18 +388,23 @@ impl Volume {
             return;
         }
         let names: Vec<String> = d.released_applied.iter().cloned().collect();
+        let mut gone = Vec::new();
         for name in names {
             match forget_released(&self.dir, &name) {
-                Ok(()) => {
-                    d.released_applied.remove(&name);
-                }
+                Ok(()) => gone.push(name),
                 Err(e) => tracing::warn!("deleting released hold {name}: {e}"),
             }
         }
-        if let Err(e) = sync_dir(&self.dir.join(DIR)) {
-            tracing::warn!("syncing the holds directory: {e}");
-            // Not known to be gone for good: kept as given back, so the
-            // volume is not marked clean over them.
+        // Gone for good only once the directory is synced: until then they
+        // stay given back, so the volume is not marked clean over a file a
+        // power loss could bring back.
+        match sync_dir(&self.dir.join(DIR)) {
+            Ok(()) => {
+                for name in gone {
+                    d.released_applied.remove(&name);
+                }
+            }
+            Err(e) => tracing::warn!("syncing the holds directory: {e}"),
         }
     }
 }

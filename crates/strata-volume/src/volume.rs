@@ -2449,6 +2449,11 @@ impl Volume {
 
     /// Stops the volume (writes refused, nothing more destaged or
     /// released) after a failure that a retry could hide.
+    /// Whether the volume is closing (or closed) or stopped by a failure.
+    pub(crate) fn closing_or_stopped(&self) -> bool {
+        self.closed.load(Ordering::SeqCst) || lock(&self.mem).failed.is_some()
+    }
+
     pub(crate) fn fail(&self, why: Failure) {
         let mut m = lock(&self.mem);
         m.failed.get_or_insert(why);
@@ -2843,10 +2848,10 @@ pub(crate) fn rebuild_refs(
              no snapshot of the repository links to the volume, delete it"
         )));
     }
-    if let Some(first) = held.past.first() {
+    if let Some(first) = held.past_first {
         tracing::warn!(
             "{} held blocks lie past the end of the data file (first: {first}): not counted",
-            held.past.len()
+            held.past
         );
     }
     let step = 1 << 16;

@@ -242,3 +242,27 @@ fn holds_are_refused_where_they_could_not_keep_data() {
     assert!(e.contains("in place"), "{e}");
     plain.close().unwrap();
 }
+
+/// A hold file naming a huge run (well formed, its CRC right) is counted
+/// up to the data file's end and reported, not walked block by block; a
+/// closed volume takes no holds.
+#[test]
+fn a_huge_hold_is_reported_and_a_closed_volume_takes_none() {
+    let t = tempfile::tempdir().unwrap();
+    let (dir, v) = fresh(t.path(), true);
+    let h = put(&v, 0, &blocks(14, 2));
+    v.close().unwrap();
+    assert!(v.hold("late", &h).is_err(), "closed");
+    std::fs::create_dir_all(dir.join(holds::DIR)).unwrap();
+    std::fs::write(
+        dir.join(holds::DIR).join("huge.hold"),
+        holds::encode(&[(0, 1 << 40)]),
+    )
+    .unwrap();
+    let r = check(&dir, None, false, &|_, _| {}).unwrap();
+    assert!(
+        r.problems.iter().any(|p| p.contains("past the data file")),
+        "{:?}",
+        r.problems
+    );
+}

@@ -120,9 +120,13 @@ impl Root {
             id: id.clone(),
             location: loc.clone(),
         };
+        // Whole and durable: a half-written marker would lock every
+        // volume command out of the directory.
         let tmp = self.path.join(format!(".{MARKER}.tmp"));
         std::fs::write(&tmp, serde_json::to_vec_pretty(&m)?)
+            .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
             .and_then(|_| std::fs::rename(&tmp, &file))
+            .and_then(|_| std::fs::File::open(&self.path)?.sync_all())
             .with_context(|| format!("writing {}", file.display()))
     }
 }
