@@ -65,6 +65,8 @@ pub struct Linked {
     pub stub: LinkStub,
     /// The volume's directory.
     dir: PathBuf,
+    /// Its data file, opened on the first read (not per region).
+    data: std::sync::OnceLock<File>,
     cipher: Option<DataCipher>,
     by_offset: HashMap<u64, usize>,
     /// The stub's bytes (what `check` and `stats` count).
@@ -207,6 +209,7 @@ impl Repository {
         Ok(Linked {
             stub,
             dir,
+            data: std::sync::OnceLock::new(),
             cipher,
             by_offset,
             stub_len,
@@ -240,8 +243,7 @@ impl Linked {
                     r.offset, r.raw_len
                 ))
             })?;
-        let data = File::open(self.dir.join("data"))
-            .map_err(|e| StoreError::io("open", self.dir.join("data").display().to_string(), e))?;
+        let data = self.data_file()?;
         let mut out = vec![0u8; lr.raw_len as usize];
         let mut i = 0;
         while i < lr.blocks.len() {
@@ -283,6 +285,17 @@ impl Linked {
             ));
         }
         Ok(out)
+    }
+
+    /// The volume's data file.
+    fn data_file(&self) -> Result<&File> {
+        if let Some(f) = self.data.get() {
+            return Ok(f);
+        }
+        let path = self.dir.join("data");
+        let f =
+            File::open(&path).map_err(|e| StoreError::io("open", path.display().to_string(), e))?;
+        Ok(self.data.get_or_init(|| f))
     }
 
     /// Checks, without reading them, that the volume's data file has

@@ -15,7 +15,7 @@
 //!   an unclean stop counts the map and `.hold` files only, so a release
 //!   is never subtracted twice.
 
-use crate::volume::{lock, read_full_at, Disk, Failure, Result, Volume, VolumeError};
+use crate::volume::{lock, read_counts_at, Disk, Failure, Result, Volume, VolumeError};
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::io;
@@ -303,7 +303,7 @@ impl Volume {
                     s + l
                 )));
             }
-            let counts = counts_at(&d.refs, s, l)?;
+            let counts = read_counts_at(&d.refs, s, l)?;
             if let Some(k) =
                 (0..l).find(|&k| counts[k as usize] == 0 && !pending.contains(&(s + k)))
             {
@@ -407,17 +407,6 @@ impl Volume {
             Err(e) => tracing::warn!("syncing the holds directory: {e}"),
         }
     }
-}
-
-/// The reference counts of disk blocks `s..s + l`.
-fn counts_at(refs: &File, s: u64, l: u64) -> Result<Vec<u32>> {
-    let mut raw = vec![0u8; l as usize * 4];
-    let got = read_full_at(refs, &mut raw, s * 4).map_err(|e| VolumeError::Io("refs".into(), e))?;
-    raw[got..].fill(0);
-    Ok(raw
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
 }
 
 #[cfg(test)]

@@ -1170,8 +1170,13 @@ pub(crate) fn read_u64s(f: &File, first: u64, n: usize) -> io::Result<Vec<u64>> 
 /// The reference counts of the data file's first `end` blocks (a short
 /// `refs` file reads as zeros past its end).
 pub(crate) fn read_counts(refs: &File, end: u64) -> Result<Vec<u32>> {
-    let mut raw = vec![0u8; end as usize * 4];
-    let got = read_full_at(refs, &mut raw, 0).map_err(ioe("refs"))?;
+    read_counts_at(refs, 0, end)
+}
+
+/// The reference counts of disk blocks `first..first + n`.
+pub(crate) fn read_counts_at(refs: &File, first: u64, n: u64) -> Result<Vec<u32>> {
+    let mut raw = vec![0u8; n as usize * 4];
+    let got = read_full_at(refs, &mut raw, first * 4).map_err(ioe("refs"))?;
     raw[got..].fill(0);
     Ok(raw
         .chunks_exact(4)
