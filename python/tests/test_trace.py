@@ -163,11 +163,24 @@ def test_report_renders(tmp_path) -> None:
 
 def test_calibration_on_tiny_inputs(tmp_path) -> None:
     pytest.importorskip("strata._native")
-    cal = trace.calibrate(
-        str(tmp_path), image_bytes=16 << 20, requests=30_000, entries=80_000, refs=15_000, workers=True
-    )
-    for k, v in cal.costs.values().items():
-        assert math.isfinite(v) and v > 0, (k, v)
+    # A cost is clamped when the machine's load ate the difference it is
+    # measured by (CPU time is counted in ticks): one calibration in three
+    # must come out unclamped, a systematic clamp fails every time.
+    for attempt in range(3):
+        work = tmp_path / str(attempt)
+        work.mkdir()
+        cal = trace.calibrate(
+            str(work),
+            image_bytes=16 << 20,
+            requests=30_000,
+            entries=400_000,
+            refs=75_000,
+            workers=True,
+        )
+        for k, v in cal.costs.values().items():
+            assert math.isfinite(v) and v > 0, (k, v)
+        if not cal.clamped:
+            break
     assert not cal.clamped, cal.clamped
     workers = [r for r in cal.runs if r["where"] == "worker"]
     assert {r["stage"] for r in workers} == {"scan", "route", "compare", "store", "update", "finish"}
