@@ -217,3 +217,62 @@ fn check_finds_a_volume_cut_short() {
     let j = c.json();
     assert!(j["errors"].to_string().contains("past the end"), "{j}");
 }
+
+/// A served volume's snapshot is linked too: the server takes the holds
+/// over the control connection while the freeze keeps the frozen image's
+/// blocks. Clients overwrite everything afterwards (the held blocks stay
+/// as they were), a second served snapshot links the new blocks, and a
+/// release by gc while served is given back at the server's checkpoint.
+#[test]
+fn a_served_volume_s_snapshot_is_linked() {
+    if !have("nbdcopy") {
+        return;
+    }
+    for password in [None, Some("pw")] {
+        let (r, img) = linked_volume(password);
+        let srv = serve_cmd(r.cmd(&["volume", "serve", "v", "--listen", "127.0.0.1:0", "--json"]));
+        let s = r.json(&["volume", "snapshot", "v"]);
+        assert!(s["linked_containers"].as_u64().unwrap() > 0, "{s}");
+        let st = r.json(&["stats"]);
+        assert!(st["linked_bytes"].as_u64().unwrap() >= 6 << 20, "{st}");
+        let holds = r.path.join("volumes/v/holds");
+        let held = |ext: &str| {
+            std::fs::read_dir(&holds)
+                .unwrap()
+                .filter(|e| {
+                    e.as_ref()
+                        .unwrap()
+                        .file_name()
+                        .to_string_lossy()
+                        .ends_with(ext)
+                })
+                .count()
+        };
+        assert_eq!(
+            held(".hold") as u64,
+            s["linked_containers"].as_u64().unwrap()
+        );
+        // Overwritten while served: the new data goes elsewhere.
+        let new = prng(43, 16 << 20);
+        let src = r.scratch("new.raw");
+        std::fs::write(&src, &new).unwrap();
+        sh(Command::new("nbdcopy").arg(&src).arg(&srv.url));
+        restores(&r, "volume:v@1", &img, "served, overwritten");
+        let s2 = r.json(&["volume", "snapshot", "v"]);
+        assert!(s2["linked_containers"].as_u64().unwrap() > 0, "{s2}");
+        restores(&r, "volume:v@2", &new, "the second served snapshot");
+        let c = r.json(&["check", "--read-data"]);
+        assert_eq!(c["errors"], serde_json::json!([]), "{c}");
+        // The first version forgotten while served: its holds released,
+        // then given back by the server (at its checkpoint or its stop).
+        r.json(&["forget", "volume:v@1"]);
+        r.json(&["gc"]);
+        assert!(held(".released") > 0);
+        stop(srv);
+        let vc = r.json(&["volume", "check", "v", "--read-data"]);
+        assert_eq!(vc["problems"], serde_json::json!([]), "{vc}");
+        assert_eq!(held(".released"), 0, "given back at the stop");
+        assert_eq!(vc["holds"].as_u64().unwrap(), held(".hold") as u64, "{vc}");
+        restores(&r, "volume:v@2", &new, "after the release");
+    }
+}

@@ -11,6 +11,13 @@
 //! MESSAGE}`. Once the snapshot is committed the client sends `committed
 //! ID\n` (the volume's changes count from that version from then on),
 //! then closes; a freeze that ends without it gives its changes back.
+//!
+//! While the freeze holds, the client may also send `hold NAME
+//! START:LEN,…\n` (linked snapshots: the blocks a repository container
+//! links, as runs of disk blocks the frozen image names): the server
+//! takes hold NAME ([`Volume::hold`], durable) and answers `{"ok":true}`
+//! or `{"error": MESSAGE}`. The freeze is what keeps those blocks from
+//! reuse until the hold does.
 
 use crate::changes::SEGMENT_BLOCKS;
 use crate::volume::{Volume, BLOCK};
@@ -104,18 +111,101 @@ fn handle(vol: &Arc<Volume>, conn: UnixStream) {
     let _ = conn.set_read_timeout(None);
     loop {
         line.clear();
-        match rd.by_ref().take(256).read_line(&mut line) {
+        match rd.by_ref().take(MAX_LINE).read_line(&mut line) {
             Ok(0) | Err(_) => break,
+            Ok(_) if !line.ends_with('\n') => {
+                let _ = (&conn).write_all(b"{\"error\":\"request too long\"}\n");
+                break;
+            }
             Ok(_) => {
-                if let Some(id) = line.trim().strip_prefix("committed ") {
+                let l = line.trim();
+                if let Some(id) = l.strip_prefix("committed ") {
                     if valid_id(id) {
                         frozen.committed(id);
+                    }
+                } else if let Some(req) = l.strip_prefix("hold ") {
+                    let reply = match take_hold(vol, req) {
+                        Ok(()) => serde_json::json!({"ok": true}),
+                        Err(e) => serde_json::json!({"error": e}),
+                    };
+                    if (&conn).write_all(format!("{reply}\n").as_bytes()).is_err() {
+                        break;
                     }
                 }
             }
         }
     }
     drop(frozen);
+}
+
+/// The longest request line after the freeze (a hold's runs).
+const MAX_LINE: u64 = 4 << 20;
+/// The most blocks one hold may name (16 GiB).
+const MAX_HOLD_BLOCKS: u64 = 1 << 22;
+
+/// `NAME START:LEN,…` → the hold taken.
+fn take_hold(vol: &Volume, req: &str) -> Result<(), String> {
+    let (name, runs) = req.split_once(' ').unwrap_or((req, ""));
+    if !crate::holds::valid_name(name) {
+        return Err(format!("{name:?} cannot name a hold"));
+    }
+    let runs = parse_runs(runs)?;
+    let dbns: Vec<u64> = runs.iter().flat_map(|&(s, l)| s..s + l).collect();
+    vol.hold(name, &dbns).map_err(|e| e.to_string())
+}
+
+/// `START:LEN,…` as runs; at most [`MAX_HOLD_BLOCKS`] blocks in all.
+fn parse_runs(text: &str) -> Result<Vec<(u64, u64)>, String> {
+    let mut total = 0u64;
+    let mut out = Vec::new();
+    for r in text.split(',').filter(|r| !r.is_empty()) {
+        let bad = || format!("{r:?} is not a run of disk blocks (START:LEN)");
+        let (s, l) = r.split_once(':').ok_or_else(bad)?;
+        let (s, l): (u64, u64) = (s.parse().map_err(|_| bad())?, l.parse().map_err(|_| bad())?);
+        total = total.saturating_add(l);
+        if l == 0 || s.checked_add(l).is_none() || total > MAX_HOLD_BLOCKS {
+            return Err(bad());
+        }
+        out.push((s, l));
+    }
+    if out.is_empty() {
+        return Err("a hold of no blocks".into());
+    }
+    Ok(out)
+}
+
+/// Has the server holding a freeze over `conn` take hold `name` of disk
+/// blocks `dbns` (which the frozen image names), durably, before the
+/// freeze ends ([`Volume::hold`] in the serving process).
+pub fn hold_remote(conn: &UnixStream, name: &str, dbns: &[u64]) -> io::Result<()> {
+    let runs: Vec<String> = crate::holds::runs_of(dbns.to_vec())
+        .iter()
+        .map(|(s, l)| format!("{s}:{l}"))
+        .collect();
+    let req = format!("hold {name} {}\n", runs.join(","));
+    if req.len() as u64 > MAX_LINE {
+        return Err(io::Error::other("a hold of too many runs for one request"));
+    }
+    let mut c = conn;
+    c.write_all(req.as_bytes())?;
+    // (The server answers nothing else after the freeze: one line each.)
+    let mut line = String::new();
+    let mut rd = BufReader::new(conn.try_clone()?).take(64 << 10);
+    rd.read_line(&mut line)?;
+    if line.is_empty() {
+        return Err(io::Error::other(
+            "the volume's server ended before it took the hold",
+        ));
+    }
+    let v: serde_json::Value = serde_json::from_str(&line)
+        .map_err(|e| io::Error::other(format!("the volume's server answered {line:?}: {e}")))?;
+    match (v["ok"].as_bool(), v["error"].as_str()) {
+        (Some(true), _) => Ok(()),
+        (_, Some(e)) => Err(io::Error::other(format!("the volume's server: {e}"))),
+        _ => Err(io::Error::other(format!(
+            "the volume's server answered {line:?}"
+        ))),
+    }
 }
 
 /// A snapshot id as the repository names them (hex).
@@ -231,6 +321,23 @@ mod tests {
         drop(b);
         let e = still_frozen(&a).unwrap_err().to_string();
         assert!(e.contains("ended during the snapshot"), "{e}");
+    }
+
+    #[test]
+    fn hold_requests_are_parsed_strictly() {
+        assert_eq!(parse_runs("3:2,9:1").unwrap(), [(3, 2), (9, 1)]);
+        for bad in [
+            "",
+            "3",
+            "3:0",
+            "x:1",
+            "3:-1",
+            "18446744073709551615:2",
+            "0:4194305",
+            "0:4194304,9:1",
+        ] {
+            assert!(parse_runs(bad).is_err(), "{bad:?}");
+        }
     }
 
     /// A server that names anything but a frozen map of the volume's own

@@ -37,7 +37,9 @@ pub mod volume;
 
 pub use changes::ChangeSet;
 pub use crypt::{Encryption, VolumeKey};
-pub use volume::{Frozen, ImageReader, ImageSource, Threshold, Volume, VolumeConfig, VolumeError};
+pub use volume::{
+    Frozen, FrozenMap, ImageReader, ImageSource, Threshold, Volume, VolumeConfig, VolumeError,
+};
 
 impl nbd::BlockDevice for Volume {
     fn size(&self) -> u64 {

@@ -843,6 +843,42 @@ impl ImageSource {
     }
 }
 
+/// The frozen map copy of a served volume, read for the disk blocks the
+/// frozen image names (linked snapshots: the blocks a version's
+/// containers link, held by the server before the freeze ends).
+pub struct FrozenMap {
+    map: File,
+    blocks: u64,
+}
+
+impl FrozenMap {
+    /// The frozen map at `map` (from [`crate::control::freeze_remote`]) of
+    /// the volume in `dir`.
+    pub fn open(dir: &Path, map: &Path) -> Result<FrozenMap> {
+        let cfg = Volume::config(dir)?;
+        Ok(FrozenMap {
+            map: File::open(map).map_err(ioe(map.display().to_string()))?,
+            blocks: cfg.size.div_ceil(BLOCK as u64),
+        })
+    }
+
+    /// The disk blocks of logical blocks `first..first + n` in the frozen
+    /// image (None: never written, trimmed or zeroed) — as
+    /// [`Volume::disk_blocks`] of a stopped volume.
+    pub fn disk_blocks(&self, first: u64, n: usize) -> io::Result<Vec<Option<u64>>> {
+        if first.checked_add(n as u64).is_none_or(|e| e > self.blocks) {
+            return Err(io::Error::other(format!(
+                "blocks {first}..+{n} are past the volume's end ({} blocks)",
+                self.blocks
+            )));
+        }
+        Ok(read_u64s(&self.map, first, n)?
+            .into_iter()
+            .map(|e| e.checked_sub(1))
+            .collect())
+    }
+}
+
 /// Fills `out` (whole blocks from block `first`) through a frozen `map`
 /// copy from `data`; the disk runs after the first are asked for before
 /// the first is read (read side by side).

@@ -8,7 +8,7 @@ use crate::location;
 use crate::output::{fmt_bytes, Out};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Subcommand;
-use std::io::Write as _;
+use std::io::{self, Write as _};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -701,7 +701,7 @@ impl ReadAt for ImageAt {
 /// control connection).
 enum Held {
     Here(std::sync::Arc<Volume>, strata_volume::ChangeSet),
-    Server(std::os::unix::net::UnixStream),
+    Server(std::os::unix::net::UnixStream, strata_volume::FrozenMap),
 }
 
 /// `volume snapshot`: the volume's bytes, read through the volume
@@ -747,9 +747,10 @@ fn snapshot(
             // (until the backup is done with it); this end tells the
             // server the commit.
             let tell = f.conn.try_clone().context("the control connection")?;
+            let frozen_map = strata_volume::FrozenMap::open(&dir, &f.map)?;
             let src =
                 strata_volume::ImageSource::open_frozen(&dir, &f.map, Some(f.conn), key.as_ref())?;
-            (Held::Server(tell), src, f.base, f.changed)
+            (Held::Server(tell, frozen_map), src, f.base, f.changed)
         }
         Err(e) => return Err(e).with_context(|| format!("opening volume {name}")),
     };
@@ -779,29 +780,33 @@ fn snapshot(
     // not committed, from the one before, as if nothing was taken).
     let committed = res.as_ref().ok().map(|r| r.id.as_str());
     let mut linked = None;
+    // The version's new containers handed over to the volume's own blocks
+    // (a volume of this repository, with dedup).
+    let linkable =
+        cfg.dedup && location::volumes_of(&crate::repo_location(cli)?).as_deref() == Some(root);
+    let rid = res.as_ref().ok().map(|r| r.snapshot.recipe.clone());
     let closed = match held {
         Held::Here(v, cs) => {
-            // The version's new containers handed over to the volume's
-            // own blocks (a volume of this repository, with dedup).
-            let linkable = cfg.dedup
-                && location::volumes_of(&crate::repo_location(cli)?).as_deref() == Some(root);
-            if let (true, Ok(rep)) = (linkable, &res) {
-                linked = Some(link_version(&repo, &v, name, &cfg, &rep.snapshot.recipe));
+            if let (true, Some(rid)) = (linkable, &rid) {
+                let blocks = |first: u64, n: usize| v.disk_blocks(first, n);
+                let mut hold = |h: &str, dbns: &[u64]| v.hold(h, dbns).map_err(io::Error::other);
+                linked = Some(link_version(&repo, name, &cfg, rid, &blocks, &mut hold));
             }
             v.snapshot_done(cs, committed);
             v.close()
         }
-        Held::Server(conn) => match committed {
-            Some(id) => (&conn)
-                .write_all(format!("committed {id}\n").as_bytes())
-                .or_else(|e| {
-                    // The version is committed all the same; the next
-                    // snapshot reads everything.
-                    tracing::warn!("telling the volume's server the snapshot: {e}");
-                    Ok(())
-                }),
-            None => Ok(()),
-        },
+        Held::Server(conn, frozen_map) => {
+            // While the freeze holds: the frozen image's blocks, held by
+            // the server.
+            if let (true, Some(rid)) = (linkable, &rid) {
+                let blocks = |first: u64, n: usize| frozen_map.disk_blocks(first, n);
+                let mut hold =
+                    |h: &str, dbns: &[u64]| strata_volume::control::hold_remote(&conn, h, dbns);
+                linked = Some(link_version(&repo, name, &cfg, rid, &blocks, &mut hold));
+            }
+            tell_committed(&conn, committed);
+            Ok(())
+        }
     };
     let rep = res?;
     closed.with_context(|| format!("closing volume {name}"))?;
@@ -853,25 +858,39 @@ fn snapshot(
     Ok(0)
 }
 
+/// Tells the volume's server the committed version (its changes count
+/// from it on).
+fn tell_committed(conn: &std::os::unix::net::UnixStream, committed: Option<&str>) {
+    if let Some(id) = committed {
+        if let Err(e) = (&*conn).write_all(format!("committed {id}\n").as_bytes()) {
+            // The version is committed all the same; the next snapshot
+            // reads everything.
+            tracing::warn!("telling the volume's server the snapshot: {e}");
+        }
+    }
+}
+
 /// Links the new containers of the committed version (recipe `rid`) to
-/// the blocks of the stopped volume `v` opened here, which keeps them for
-/// the repository (`strata_store::link`): the repository no longer stores
-/// a second copy of what the volume holds.
+/// the blocks of volume `name`, which keeps them for the repository
+/// (`strata_store::link`): the repository no longer stores a second copy
+/// of what the volume holds. `blocks` gives the disk blocks of the image
+/// the version was made of (the stopped volume's map, or the frozen map of
+/// a served one); `hold` has the volume keep blocks (here, or by its
+/// server while the freeze holds).
 fn link_version(
     repo: &Repository,
-    v: &Volume,
     name: &str,
     cfg: &VolumeConfig,
     rid: &str,
+    blocks: &dyn Fn(u64, usize) -> io::Result<Vec<Option<u64>>>,
+    hold: &mut dyn FnMut(&str, &[u64]) -> io::Result<()>,
 ) -> Result<strata_store::link::RelinkReport> {
     let salt = cfg.encryption.as_ref().and_then(|e| e.salt_bytes());
     let blocks = |first: u64, n: usize| {
-        v.disk_blocks(first, n)
-            .map_err(|e| strata_store::StoreError::io("read", "the volume's map", e))
+        blocks(first, n).map_err(|e| strata_store::StoreError::io("read", "the volume's map", e))
     };
     let mut hold = |h: &str, dbns: &[u64]| {
-        v.hold(h, dbns)
-            .map_err(|e| strata_store::StoreError::Invalid(format!("volume {name}: {e}")))
+        hold(h, dbns).map_err(|e| strata_store::StoreError::Invalid(format!("volume {name}: {e}")))
     };
     Ok(strata_store::link::relink_version(
         repo,
