@@ -395,11 +395,15 @@ pub fn relink(
     hold: &mut dyn FnMut(&str, &[u64]) -> Result<()>,
 ) -> Result<bool> {
     let name = data_name(&m.id);
-    // Another relink (of another volume, or one that stopped half-way)
-    // got there first: left as it is.
-    if repo.backend().size(&marker_name(&m.id))?.is_some() {
-        return Ok(false);
-    }
+    // A marker already: another volume's relink got there first (left as
+    // it is), or one of this volume stopped half-way — between its marker
+    // and its stub — and is taken up again (the hold is taken once).
+    let marked = match repo.backend().get(&marker_name(&m.id)) {
+        Ok(b) if b == volume.as_bytes() => true,
+        Ok(_) => return Ok(false),
+        Err(e) if e.is_not_found() => false,
+        Err(e) => return Err(e.into()),
+    };
     let head = repo
         .backend()
         .get_range(&name, 0, LINK_MAGIC.len() as u64)?;
@@ -422,7 +426,9 @@ pub fn relink(
         .collect();
     // The marker before the hold: whatever is interrupted, deleting the
     // container releases what was held.
-    repo.backend().put(&marker_name(&m.id), volume.as_bytes())?;
+    if !marked {
+        repo.backend().put(&marker_name(&m.id), volume.as_bytes())?;
+    }
     repo.note_linked(m.id);
     hold(&m.id.to_hex(), &all)?;
     let stub = LinkStub {

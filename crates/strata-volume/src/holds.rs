@@ -292,6 +292,21 @@ impl Volume {
                 "the volume is closed or stopped: it takes no holds".into(),
             ));
         }
+        if !valid_name(name) {
+            return Err(invalid_name(name));
+        }
+        // Taken already, by a snapshot that stopped before its stub and
+        // is taken up again: the same blocks are held once (the file is
+        // written before the counts, and a volume that stopped in between
+        // recounts).
+        if let Some(have) = read(&self.dir, name, false)? {
+            return match have == runs {
+                true => Ok(()),
+                false => Err(VolumeError::Invalid(format!(
+                    "hold {name} exists already, of other blocks"
+                ))),
+            };
+        }
         // (It only grows.)
         let end = lock(&self.space).end;
         let mut d = lock(&self.disk);
