@@ -515,6 +515,10 @@ pub struct RelinkReport {
     /// Containers of the version left stored (a chunk the image does not
     /// place, one of another size, or a block that does not hold it).
     pub left_stored: u64,
+    /// Why the relink stopped before the end (a hold the volume did not
+    /// take — its server gone —, a write that failed): the containers not
+    /// linked by then stay stored.
+    pub stopped: Option<String>,
 }
 
 /// Links the containers that version recipe `rid` (an image of volume
@@ -544,7 +548,7 @@ pub fn relink_version(
     let mut pending: HashMap<ContainerId, (BlockOf, usize)> = HashMap::new();
     let mut skip: HashSet<ContainerId> = HashSet::new();
     let mut rep = RelinkReport::default();
-    crate::recipe::for_each_piece_in_part(repo, rid, |n, offset, _, table| {
+    let walked = crate::recipe::for_each_piece_in_part(repo, rid, |n, offset, _, table| {
         let chunks: Vec<_> = n.segments.iter().flat_map(|s| &s.chunks).collect();
         let Some(end) = chunks
             .iter()
@@ -608,15 +612,24 @@ pub fn relink_version(
                     rep.blocks += m.chunks.len() as u64;
                 }
                 Ok(false) => rep.left_stored += 1,
-                // (The version is stored; this container stays so.)
+                // The version is stored; this container and those after
+                // it stay so (one left half-way — its marker and maybe
+                // its hold — is taken up by the next snapshot that places
+                // it, or released when it is deleted).
                 Err(e) => {
-                    tracing::warn!("{}: stays stored: {e}", data_name(&cid));
-                    rep.left_stored += 1;
+                    rep.stopped = Some(format!("{}: {e}", data_name(&cid)));
+                    return Err(StoreError::Cancelled);
                 }
             }
         }
         Ok(())
-    })?;
+    });
+    match walked {
+        Err(StoreError::Cancelled) if rep.stopped.is_some() => {}
+        other => {
+            other?;
+        }
+    }
     rep.left_stored += pending.len() as u64;
     Ok(rep)
 }

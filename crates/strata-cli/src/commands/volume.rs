@@ -819,7 +819,17 @@ fn snapshot(
             ));
             None
         }
-        Some(Ok(l)) => Some(l),
+        Some(Ok(l)) => {
+            if let Some(why) = &l.stopped {
+                out.warn(&format!(
+                    "the snapshot is stored; handing its blocks over to the volume stopped after {} \
+                     containers (the rest stay stored in the repository; the next snapshot takes \
+                     it up): {why}",
+                    l.containers
+                ));
+            }
+            Some(l)
+        }
         None => None,
     };
     let s = &rep.snapshot;
@@ -832,7 +842,7 @@ fn snapshot(
             "new_raw_bytes": s.stats.new_raw_bytes,
             "new_stored_bytes": s.stats.new_stored_bytes,
             "linked_containers": l.containers, "linked_stored_bytes": l.stored_bytes,
-            "linked_blocks": l.blocks, "seconds": secs}),
+            "linked_blocks": l.blocks, "linking_stopped": l.stopped, "seconds": secs}),
         || {
             let mut t = format!(
                 "snapshot {} saved: {}@{}\n  {} of volume {name} ({} read: what changed), {} new data, {} added to the repository, {secs:.1}s",
