@@ -197,6 +197,10 @@ impl Backend for Cache {
         self.inner.evict(name)
     }
 
+    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::Swept> {
+        self.inner.sweep_temporaries(older_than)
+    }
+
     fn stream(&self, name: &str) -> Result<Option<Box<dyn ObjectWriter>>> {
         // Streamed objects are data containers (not cached); a cached
         // prefix is written whole, so its copy is kept.

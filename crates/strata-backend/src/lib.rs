@@ -142,8 +142,23 @@ pub trait Backend: Send + Sync {
     fn stream(&self, _name: &str) -> Result<Option<Box<dyn ObjectWriter>>> {
         Ok(None)
     }
+    /// Deletes what writers killed half-way left behind (a local
+    /// directory's temporary files), of those last changed more than
+    /// `older_than` ago; what it deleted. Only under the repository's
+    /// exclusive lock (no writer at work). Nothing by default (a bucket's
+    /// unfinished multipart uploads are its lifecycle rule's).
+    fn sweep_temporaries(&self, _older_than: std::time::Duration) -> Result<Swept> {
+        Ok(Swept::default())
+    }
     /// Where the objects are, for messages.
     fn describe(&self) -> String;
+}
+
+/// What [`Backend::sweep_temporaries`] deleted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    pub files: u64,
+    pub bytes: u64,
 }
 
 /// An object being written piece by piece. It becomes visible under its

@@ -289,6 +289,51 @@ impl Backend for LocalBackend {
         Ok(out)
     }
 
+    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::Swept> {
+        let mut swept = crate::Swept::default();
+        let now = std::time::SystemTime::now();
+        // (Links are not followed: the repository's own directories only.)
+        for ent in walkdir::WalkDir::new(&self.root).follow_links(false) {
+            let ent = ent.map_err(|e| {
+                let at = e
+                    .path()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default();
+                BackendError::io("sweep", at, e.into())
+            })?;
+            if !ent.file_type().is_file() || !ent.file_name().to_string_lossy().starts_with(".tmp-")
+            {
+                continue;
+            }
+            let Ok(meta) = ent.metadata() else {
+                continue;
+            };
+            let old = meta
+                .modified()
+                .ok()
+                .and_then(|m| now.duration_since(m).ok())
+                .is_some_and(|age| age > older_than);
+            if !old {
+                continue;
+            }
+            match fs::remove_file(ent.path()) {
+                Ok(()) => {
+                    swept.files += 1;
+                    swept.bytes += meta.len();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(BackendError::io(
+                        "sweep",
+                        ent.path().display().to_string(),
+                        e,
+                    ))
+                }
+            }
+        }
+        Ok(swept)
+    }
+
     fn delete(&self, name: &str) -> Result<()> {
         // Unlinking removes a link itself, never its target: only the
         // directories on the way must not be links.
@@ -336,6 +381,48 @@ impl Backend for LocalBackend {
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+
+    /// Temporary files a killed writer left are swept once old enough;
+    /// objects, fresh temporaries and what a link points to stay.
+    #[test]
+    fn old_temporaries_are_swept() {
+        let d = tempfile::tempdir().unwrap();
+        let b = LocalBackend::new(d.path());
+        b.put("data/ab/abcd", b"object").unwrap();
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        let stale = d.path().join("data/ab/.tmp-1-dead");
+        fs::write(&stale, vec![7u8; 1000]).unwrap();
+        File::options()
+            .write(true)
+            .open(&stale)
+            .unwrap()
+            .set_modified(hour_ago)
+            .unwrap();
+        let fresh = d.path().join("data/ab/.tmp-2-live");
+        fs::write(&fresh, b"being written").unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let far = outside.path().join(".tmp-3-far");
+        fs::write(&far, b"not ours").unwrap();
+        File::options()
+            .write(true)
+            .open(&far)
+            .unwrap()
+            .set_modified(hour_ago)
+            .unwrap();
+        symlink(outside.path(), d.path().join("data/cd")).unwrap();
+        let swept = b
+            .sweep_temporaries(std::time::Duration::from_secs(600))
+            .unwrap();
+        assert_eq!(
+            swept,
+            crate::Swept {
+                files: 1,
+                bytes: 1000
+            }
+        );
+        assert!(!stale.exists() && fresh.exists() && far.exists());
+        assert_eq!(b.get("data/ab/abcd").unwrap(), b"object");
+    }
 
     /// A repository whose `isum/` and `data/ab` are links to a directory
     /// outside it: no operation reads, lists, writes or deletes there.

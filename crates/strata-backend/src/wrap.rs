@@ -78,6 +78,9 @@ impl Backend for Retry {
     fn evict(&self, name: &str) {
         self.inner.evict(name)
     }
+    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::Swept> {
+        self.inner.sweep_temporaries(older_than)
+    }
     fn stream(&self, name: &str) -> Result<Option<Box<dyn ObjectWriter>>> {
         self.run(|b| b.stream(name))
     }
@@ -144,6 +147,9 @@ impl Backend for Limit {
     fn evict(&self, name: &str) {
         self.inner.evict(name)
     }
+    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::Swept> {
+        self.inner.sweep_temporaries(older_than)
+    }
     fn stream(&self, name: &str) -> Result<Option<Box<dyn ObjectWriter>>> {
         // A streamed object's parts are the inner backend's business.
         self.inner.stream(name)
@@ -207,6 +213,9 @@ impl Backend for Flaky {
     fn size(&self, name: &str) -> Result<Option<u64>> {
         self.check("stat", name)?;
         self.inner.size(name)
+    }
+    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::Swept> {
+        self.inner.sweep_temporaries(older_than)
     }
     fn describe(&self) -> String {
         self.inner.describe()
@@ -399,6 +408,9 @@ impl Backend for Metering {
     }
     fn evict(&self, name: &str) {
         self.inner.evict(name)
+    }
+    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::Swept> {
+        self.inner.sweep_temporaries(older_than)
     }
     fn stream(&self, name: &str) -> Result<Option<Box<dyn ObjectWriter>>> {
         Ok(self.inner.stream(name)?.map(|w| {

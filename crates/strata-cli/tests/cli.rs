@@ -2694,3 +2694,38 @@ fn full_filesystem_mid_backup() {
     drop(mnt);
     drop(repo);
 }
+
+/// gc deletes the temporary files a killed writer left in the repository
+/// once they are old enough, and only those.
+#[test]
+fn gc_deletes_what_killed_writers_left() {
+    let repo = Repo::new();
+    let src = repo.dir().join("src");
+    fs::create_dir_all(&src).unwrap();
+    write(&src.join("f"), &prng(5, 100_000));
+    repo.backup(&[&src], &[]);
+    let dir = fs::read_dir(repo.path.join("data"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let stale = dir.join(".tmp-999999-0123456789abcdef");
+    fs::write(&stale, vec![1u8; 5000]).unwrap();
+    fs::File::options()
+        .write(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(7200))
+        .unwrap();
+    let fresh = dir.join(".tmp-999998-0123456789abcdef");
+    fs::write(&fresh, b"a writer at work").unwrap();
+    let dry = repo.json(&["gc", "--dry-run"]);
+    assert_eq!(dry["temporaries_deleted"], 0, "{dry}");
+    assert!(stale.exists());
+    let v = repo.json(&["gc"]);
+    assert_eq!(v["temporaries_deleted"], 1, "{v}");
+    assert_eq!(v["temporary_bytes_deleted"], 5000, "{v}");
+    assert!(!stale.exists() && fresh.exists());
+    repo.assert_clean("after the sweep");
+}

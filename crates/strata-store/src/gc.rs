@@ -72,8 +72,17 @@ pub struct GcReport {
     pub bytes_before: u64,
     pub bytes_after: u64,
     pub bytes_freed: u64,
+    /// Temporary files writers killed half-way left (older than
+    /// [`TEMPORARY_AGE`]), deleted, and their bytes.
+    pub temporaries_deleted: u64,
+    pub temporary_bytes_deleted: u64,
     pub dry_run: bool,
 }
+
+/// How old a temporary file must be for gc to take it for a killed
+/// writer's (gc holds the exclusive lock: no writer is at work, but a
+/// clock may be off).
+pub const TEMPORARY_AGE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Runs mark-and-sweep garbage collection. A dry run is the real thing
 /// on a what-if copy of the repository ([`simulate`]): its figures are
@@ -84,7 +93,16 @@ pub fn gc(repo: &Repository, opts: &GcOptions) -> Result<GcReport> {
         return simulate(repo, opts, |_| Ok(()));
     }
     let _lock = lock::acquire(repo, true, "gc")?;
-    gc_locked(repo, opts)
+    let mut report = gc_locked(repo, opts)?;
+    match repo.backend().sweep_temporaries(TEMPORARY_AGE) {
+        Ok(swept) => {
+            report.temporaries_deleted = swept.files;
+            report.temporary_bytes_deleted = swept.bytes;
+        }
+        // (Space, not data: the collection itself is done.)
+        Err(e) => tracing::warn!("deleting leftover temporary files: {e}"),
+    }
+    Ok(report)
 }
 
 /// What gc would do after `change` (run on a what-if copy of `repo`, such

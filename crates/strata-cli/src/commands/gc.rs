@@ -46,7 +46,7 @@ pub(super) fn gc(
     let mut v = serde_json::to_value(&rep)?;
     v["seconds"] = json!(started.elapsed().as_secs_f64());
     out.result(&v, || {
-        format!(
+        let mut t = format!(
             "{}{} freed: {} containers deleted, {} rewritten into {}, {} orphans removed; {} -> {}",
             if dry_run { "(dry run) " } else { "" },
             fmt_bytes(rep.bytes_freed),
@@ -56,7 +56,15 @@ pub(super) fn gc(
             rep.orphans_deleted,
             fmt_bytes(rep.bytes_before),
             fmt_bytes(rep.bytes_after)
-        )
+        );
+        if rep.temporaries_deleted > 0 {
+            t += &format!(
+                "\n{} left by interrupted writers deleted ({} temporary files)",
+                fmt_bytes(rep.temporary_bytes_deleted),
+                rep.temporaries_deleted
+            );
+        }
+        t
     });
     Ok(0)
 }
