@@ -292,15 +292,14 @@ impl Backend for LocalBackend {
     fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::Swept> {
         let mut swept = crate::Swept::default();
         let now = std::time::SystemTime::now();
-        // (Links are not followed: the repository's own directories only.)
-        for ent in walkdir::WalkDir::new(&self.root).follow_links(false) {
-            let ent = ent.map_err(|e| {
-                let at = e
-                    .path()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default();
-                BackendError::io("sweep", at, e.into())
-            })?;
+        // Where objects are (`prefix/XX/name` at most): links not
+        // followed, no other file system (a mount inside the repository)
+        // entered, an entry that cannot be read passed over.
+        let walk = walkdir::WalkDir::new(&self.root)
+            .follow_links(false)
+            .same_file_system(true)
+            .max_depth(3);
+        for ent in walk.into_iter().filter_map(|e| e.ok()) {
             if !ent.file_type().is_file() || !ent.file_name().to_string_lossy().starts_with(".tmp-")
             {
                 continue;
@@ -322,13 +321,7 @@ impl Backend for LocalBackend {
                     swept.bytes += meta.len();
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(BackendError::io(
-                        "sweep",
-                        ent.path().display().to_string(),
-                        e,
-                    ))
-                }
+                Err(e) => tracing::warn!("{}: {e}", ent.path().display()),
             }
         }
         Ok(swept)

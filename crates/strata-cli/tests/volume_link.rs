@@ -322,8 +322,12 @@ fn links(r: &Repo) -> (usize, usize) {
     let half = names
         .iter()
         .filter(|n| {
+            use std::io::Read;
             let data = r.path.join("data").join(&n[..2]).join(n.as_str());
-            std::fs::read(&data).is_ok_and(|b| !b.starts_with(b"STRLINK1"))
+            let mut head = [0u8; 8];
+            std::fs::File::open(&data)
+                .and_then(|mut f| f.read_exact(&mut head))
+                .is_ok_and(|_| &head != b"STRLINK1")
         })
         .count();
     (names.len(), half)
@@ -452,6 +456,9 @@ fn kill_9_during_linking() {
         assert_eq!(c["errors"], serde_json::json!([]), "round {round}: {c}");
     }
     eprintln!("kills that left a new container half-linked: {half_linked}");
+    // (The kills come right after a marker shows, before its hold's
+    // syncs are done: the state the resume is for.)
+    assert!(half_linked > 0, "no kill left a container half-linked");
     let c = r.json(&["check", "--read-data"]);
     assert_eq!(c["errors"], serde_json::json!([]), "{c}");
     let vc = r.json(&["volume", "check", "v", "--read-data"]);
@@ -539,7 +546,8 @@ fn a_server_killed_while_it_takes_holds() {
         };
         let started = std::time::Instant::now();
         while links(&r).0 == before && started.elapsed().as_secs() < 60 {}
-        std::thread::sleep(std::time::Duration::from_millis(round));
+        // (0, 4, 8 ms: before the hold is taken, or after.)
+        std::thread::sleep(std::time::Duration::from_millis(4 * round));
         let mut srv = srv;
         srv.child.kill().unwrap();
         srv.child.wait().unwrap();
@@ -553,18 +561,11 @@ fn a_server_killed_while_it_takes_holds() {
             hold_files(&r, ".hold"),
             stderr.trim()
         );
-        // Committed before the links began: it stands, and says the
-        // rest stays stored.
+        // Committed before the links began: it stands.
         assert!(out.status.success(), "{stderr}");
         let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert!(
-            j["linking_stopped"].as_str().is_some() || links(&r).1 == half_before,
-            "{j}"
-        );
-        assert!(
-            links(&r).1 - half_before <= 1,
-            "one container left half-way"
-        );
+        // One container at most is left half-way: the walk stops there.
+        assert!(links(&r).1 <= half_before + 1, "{j}");
         let id = j["id"].as_str().unwrap().to_string();
         versions.push((id, cur.clone()));
         // Opened again after the kill (journal replayed, counts recounted
@@ -580,10 +581,12 @@ fn a_server_killed_while_it_takes_holds() {
     // A snapshot of the stopped volume takes up what was half-linked (of
     // the data the image still holds: the last round's).
     let half = links(&r).1;
-    assert!(half > 0);
     let s = r.json(&["volume", "snapshot", "v", "--read-all"]);
     versions.push((s["id"].as_str().unwrap().to_string(), cur.clone()));
-    assert!(links(&r).1 < half, "{s}");
+    // A container whose hold names other blocks (its data written again
+    // since: the journal replayed) stays stored, and the walk goes on.
+    assert!(s["linking_stopped"].is_null(), "{s}");
+    assert!(links(&r).1 <= half, "{s}");
     let ids: Vec<&str> = versions.iter().map(|(i, _)| i.as_str()).collect();
     let mut a = vec!["forget"];
     a.extend(&ids);

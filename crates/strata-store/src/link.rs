@@ -430,7 +430,17 @@ pub fn relink(
         repo.backend().put(&marker_name(&m.id), volume.as_bytes())?;
     }
     repo.note_linked(m.id);
-    hold(&m.id.to_hex(), &all)?;
+    if let Err(e) = hold(&m.id.to_hex(), &all) {
+        if !marked {
+            return Err(e);
+        }
+        // Taken up again, and the volume keeps this container's hold on
+        // other blocks (its data written again elsewhere since, as a
+        // replayed journal does): it stays stored, held until deleted,
+        // and the walk goes on (a server gone fails the next one).
+        tracing::debug!("{name}: stays stored: {e}");
+        return Ok(false);
+    }
     let stub = LinkStub {
         volume: volume.to_string(),
         salt: salt.map(<[u8]>::to_vec),

@@ -186,6 +186,10 @@ pub fn hold_remote(conn: &UnixStream, name: &str, dbns: &[u64]) -> io::Result<()
     if req.len() as u64 > MAX_LINE {
         return Err(io::Error::other("a hold of too many runs for one request"));
     }
+    // A server that stops answering (a hung disk) must not hold the
+    // snapshot, its repository lock and the freeze for ever.
+    conn.set_read_timeout(Some(Duration::from_secs(300)))?;
+    conn.set_write_timeout(Some(Duration::from_secs(300)))?;
     let mut c = conn;
     c.write_all(req.as_bytes())?;
     // (The server answers nothing else after the freeze: one line each.)

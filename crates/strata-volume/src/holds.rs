@@ -307,28 +307,20 @@ impl Volume {
                 ))),
             };
         }
-        // (It only grows.)
-        let end = lock(&self.space).end;
-        let mut d = lock(&self.disk);
-        let pending: HashSet<u64> = d.pending_free.iter().copied().collect();
-        for &(s, l) in &runs {
-            if s + l > end {
-                return Err(VolumeError::Invalid(format!(
-                    "blocks {s}..{} are past the end of the data file ({end} blocks)",
-                    s + l
-                )));
-            }
-            let counts = read_counts_at(&d.refs, s, l)?;
-            if let Some(k) =
-                (0..l).find(|&k| counts[k as usize] == 0 && !pending.contains(&(s + k)))
-            {
-                return Err(VolumeError::Invalid(format!(
-                    "disk block {} is free: its data may be gone",
-                    s + k
-                )));
-            }
-        }
+        // Checked, then the file written (its syncs) without the disk lock
+        // — a served volume's destage and checkpoints go on meanwhile —,
+        // then checked again and counted under it. (The blocks cannot be
+        // reused in between: a frozen image keeps them, and a stopped
+        // volume has nobody writing.)
+        self.holdable(&lock(&self.disk), &runs)?;
         write(&self.dir, name, &runs)?;
+        let mut d = lock(&self.disk);
+        if let Err(e) = self.holdable(&d, &runs) {
+            // Not counted yet: gone again (left by a crash here, a recount
+            // would count it — blocks kept, never data lost).
+            let _ = fs::remove_file(path(&self.dir, name, HELD));
+            return Err(e);
+        }
         let delta: HashMap<u64, i64> = runs
             .iter()
             .flat_map(|&(s, l)| (s..s + l).map(|b| (b, 1)))
@@ -347,6 +339,32 @@ impl Volume {
             return Err(e);
         }
         d.pending_free.retain(|b| !delta.contains_key(b));
+        Ok(())
+    }
+
+    /// Whether `runs` can be held now: each block within the data file,
+    /// and in use or freed while a frozen image keeps it.
+    fn holdable(&self, d: &Disk, runs: &[(u64, u64)]) -> Result<()> {
+        // (It only grows.)
+        let end = lock(&self.space).end;
+        let pending: HashSet<u64> = d.pending_free.iter().copied().collect();
+        for &(s, l) in runs {
+            if s + l > end {
+                return Err(VolumeError::Invalid(format!(
+                    "blocks {s}..{} are past the end of the data file ({end} blocks)",
+                    s + l
+                )));
+            }
+            let counts = read_counts_at(&d.refs, s, l)?;
+            if let Some(k) =
+                (0..l).find(|&k| counts[k as usize] == 0 && !pending.contains(&(s + k)))
+            {
+                return Err(VolumeError::Invalid(format!(
+                    "disk block {} is free: its data may be gone",
+                    s + k
+                )));
+            }
+        }
         Ok(())
     }
 

@@ -782,8 +782,12 @@ fn snapshot(
     let mut linked = None;
     // The version's new containers handed over to the volume's own blocks
     // (a volume of this repository, with dedup).
-    let linkable =
-        cfg.dedup && location::volumes_of(&crate::repo_location(cli)?).as_deref() == Some(root);
+    let linkable = cfg.dedup
+        && crate::repo_location(cli)
+            .ok()
+            .and_then(|l| location::volumes_of(&l))
+            .as_deref()
+            == Some(root);
     let rid = res.as_ref().ok().map(|r| r.snapshot.recipe.clone());
     let closed = match held {
         Held::Here(v, cs) => {
