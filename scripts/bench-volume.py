@@ -5,6 +5,7 @@
   scripts/bench-volume.py WORK --fio [--fio-size 512M] [--runtime 10]
   scripts/bench-volume.py WORK --snapshots [--snapshot-size 1G] [--snapshot-written 64M] [--repeat 3]
   scripts/bench-volume.py WORK --fs-image [--tree DIR] [--changes DIR] [--image-size 1G]
+  scripts/bench-volume.py WORK --served-link [--tree DIR] [--image-size 1G] [--repeat 3]
   scripts/bench-volume.py WORK --encryption [--enc-size 1G] [--repeat 3]
   scripts/bench-volume.py WORK --tls [--tls-size 1G] [--repeat 3]
   scripts/bench-volume.py WORK --serve-at [--at-size 1G] [--repeat 3]
@@ -52,6 +53,16 @@ non-zero blocks, a snapshot, then only the blocks that differ in the
 second (what a VM writes), and a second snapshot; restic and borg back
 up the image file, then the second image in its place. Page cache
 dropped before each backup.
+
+Served-link mode (`--served-link [--tree /usr/lib/python3] [--image-size
+1G] [--repeat 3]`): linked snapshots of a served volume. An ext4 image of
+`--tree` copied into a volume, served, snapshotted, 16 MiB written at 300
+MiB through libnbd, snapshotted again; the volume in REPO/volumes (its
+snapshots linked) against the same build with the volume under
+`--volumes-dir` (not linked: copied), rounds alternating; restic backs up
+the image, then the image with the same change. Page cache dropped
+before each; seconds, the repository's bytes (volumes apart), the
+volume's.
 
 Encryption mode (`--encryption [--enc-size 1G] [--repeat 3]`): what a
 volume in an encrypted repository (XTS-AES-256 per block) costs. One
@@ -1050,6 +1061,78 @@ def fs_image_mode(a):
     return changed_blocks, rows
 
 
+def served_link_mode(a):
+    """Snapshots of a served volume, linked (in REPO/volumes, the default)
+    against copied (the same build, the volume under --volumes-dir: not
+    linked), beside restic backing up the same image; see the module
+    docstring. Rounds alternate the two; a row per variant per round."""
+    img = os.path.join(a.work, "served.img")
+    size = size_arg(a.image_size)
+    if os.path.exists(img):
+        os.remove(img)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-d", a.tree, img, str(size // 1024) + "k"], check=True)
+    change_at, change = 300 << 20, 16 << 20
+    rows = []
+
+    def volume_run(variant):
+        repo = os.path.join(a.work, "repo-" + variant)
+        vols = os.path.join(a.work, "vols-" + variant)
+        subprocess.run(["rm", "-rf", repo, vols], check=True)
+        extra = ["--volumes-dir", vols] if variant == "copied" else []
+        strata(repo, "init")
+        strata(repo, "volume", *extra, "create", "v", "--from", img)
+        sock = os.path.join(a.work, variant + ".sock")
+        srv = Served(repo, "v", sock, extra=extra)
+        row = {"variant": variant}
+        for k in ("first", "second"):
+            if k == "second":
+                h = connect(sock, "v")
+                h.pwrite(os.urandom(change), change_at)
+                h.flush()
+                h.shutdown()
+            drop_caches()
+            t = time.perf_counter()
+            j = strata(repo, "volume", *extra, "snapshot", "v")
+            row[k + "_s"] = time.perf_counter() - t
+            row[k + "_linked_bytes"] = j["linked_stored_bytes"]
+        srv.stop()
+        row["repo_bytes"] = dir_bytes(repo) - dir_bytes(os.path.join(repo, "volumes"))
+        row["volume_bytes"] = dir_bytes(os.path.join(repo, "volumes") if not extra else vols)
+        subprocess.run(["rm", "-rf", repo, vols], check=True)
+        return row
+
+    def restic_run():
+        rr = os.path.join(a.work, "restic-served")
+        subprocess.run(["rm", "-rf", rr], check=True)
+        env = dict(os.environ, RESTIC_PASSWORD="bench")
+        subprocess.run(["restic", "-r", rr, "init"], env=env, check=True, capture_output=True)
+        row = {"variant": "restic 0.14"}
+        for k in ("first", "second"):
+            if k == "second":
+                with open(img, "r+b") as f:
+                    f.seek(change_at)
+                    f.write(os.urandom(change))
+            drop_caches()
+            t = time.perf_counter()
+            subprocess.run(["restic", "-r", rr, "backup", img], env=env, check=True, capture_output=True)
+            row[k + "_s"] = time.perf_counter() - t
+        row["repo_bytes"] = dir_bytes(rr)
+        subprocess.run(["rm", "-rf", rr], check=True)
+        return row
+
+    for r in range(a.repeat):
+        for v in (["linked", "copied"] if r % 2 == 0 else ["copied", "linked"]):
+            rows.append(volume_run(v))
+        if shutil.which("restic"):
+            rows.append(restic_run())
+            # The image as it was, for the next round.
+            subprocess.run(["mkfs.ext4", "-q", "-F", "-d", a.tree, img, str(size // 1024) + "k"],
+                           check=True)
+        print(f"round {r + 1}/{a.repeat}", file=sys.stderr)
+    os.remove(img)
+    return rows
+
+
 def dir_bytes(path):
     total = 0
     for d, _, fs in os.walk(path):
@@ -1089,6 +1172,7 @@ def main():
     ap.add_argument("--changes", default="/usr/share/doc")
     ap.add_argument("--change-files", type=int, default=300)
     ap.add_argument("--image-size", default="1G")
+    ap.add_argument("--served-link", action="store_true")
     ap.add_argument("--serve-at", action="store_true")
     ap.add_argument("--at-size", default="1G")
     ap.add_argument("--tls", action="store_true")
@@ -1108,6 +1192,18 @@ def main():
             rd = "–" if r["read_bytes"] is None else f"{r['read_bytes'] / 2**20:.0f} MiB"
             print(f"| {r['tool']} | {r['first_s']:.2f} | {r['second_s']:.2f} | {rd} | "
                   f"{r['added_bytes'] / 2**20:.1f} MiB |")
+        return
+    if a.served_link:
+        rows = served_link_mode(a)
+        json.dump(rows, open(os.path.join(a.work, "volume-served-link.json"), "w"), indent=1)
+        print("| variant | first snapshot s | second s | repository MB (volumes apart) | volume MB |")
+        print("|---|---|---|---|---|")
+        for v in dict.fromkeys(r["variant"] for r in rows):
+            rs = [r for r in rows if r["variant"] == v]
+            med = lambda k: median(r[k] for r in rs) if k in rs[0] else None
+            vol = med("volume_bytes")
+            print(f"| {v} | {med('first_s'):.2f} | {med('second_s'):.2f} | "
+                  f"{med('repo_bytes') / 1e6:.1f} | {'–' if vol is None else f'{vol / 1e6:.1f}'} |")
         return
     if a.serve_at:
         rows = serve_at_mode(a)
