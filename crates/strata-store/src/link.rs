@@ -465,7 +465,6 @@ fn linked_regions(
 ) -> Result<Option<Vec<LinkedRegion>>> {
     let data = File::open(dir.join("data"))
         .map_err(|e| StoreError::io("open", dir.join("data").display().to_string(), e))?;
-    let hasher = repo.hasher();
     let mut by_region: Vec<Vec<(u32, u32, strata_core::Fingerprint)>> =
         vec![Vec::new(); m.regions.len()];
     for c in &m.chunks {
@@ -474,44 +473,102 @@ fn linked_regions(
             None => return Ok(None),
         }
     }
-    let mut out = Vec::with_capacity(m.regions.len());
-    let mut buf = vec![0u8; BLOCK];
-    for (ri, (r, mut chunks)) in m.regions.iter().zip(by_region).enumerate() {
-        chunks.sort_unstable_by_key(|c| c.0);
-        chunks.dedup_by_key(|c| c.0);
-        let mut dbns = Vec::with_capacity(chunks.len());
-        let mut plain = Vec::with_capacity(r.raw_len as usize);
-        for (k, &(off, len, fp)) in chunks.iter().enumerate() {
-            if len as usize != BLOCK || off as usize != k * BLOCK {
-                return Ok(None);
-            }
-            let Some(&d) = blocks.get(&(ri as u32, off)) else {
-                return Ok(None);
-            };
-            let at = d.checked_mul(BLOCK as u64);
-            if at.is_none_or(|at| data.read_exact_at(&mut buf, at).is_err()) {
-                return Ok(None);
-            }
-            if let Some(c) = cipher {
-                c.open(d, &mut buf);
-            }
-            if hasher.hash(&buf) != fp {
-                return Ok(None);
-            }
-            plain.extend_from_slice(&buf);
-            dbns.push(d);
-        }
-        if plain.len() != r.raw_len as usize {
-            return Ok(None);
-        }
-        out.push(LinkedRegion {
-            offset: r.offset,
-            raw_len: r.raw_len,
-            blocks: dbns,
-            hash: hasher.hash(&plain),
-        });
+    // Regions read and checked side by side (hashing is most of a
+    // relink's time), each by whichever thread is free.
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 4)
+        .min(m.regions.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let by_region = &by_region;
+    let done: Vec<Vec<(usize, LinkedRegion)>> = std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                sc.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let ri = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if ri >= m.regions.len() || failed.load(std::sync::atomic::Ordering::Relaxed)
+                        {
+                            return mine;
+                        }
+                        let r = &m.regions[ri];
+                        match link_region(repo, &data, cipher, ri as u32, r, &by_region[ri], blocks)
+                        {
+                            Some(l) => mine.push((ri, l)),
+                            None => failed.store(true, std::sync::atomic::Ordering::Relaxed),
+                        }
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_default())
+            .collect()
+    });
+    let mut all: Vec<(usize, LinkedRegion)> = done.into_iter().flatten().collect();
+    if failed.into_inner() || all.len() != m.regions.len() {
+        return Ok(None);
     }
-    Ok(Some(out))
+    all.sort_unstable_by_key(|(ri, _)| *ri);
+    Ok(Some(all.into_iter().map(|(_, l)| l).collect()))
+}
+
+/// Region `ri` (`r`, its chunks `chunks`: offset, length, fingerprint) as
+/// the volume's blocks `blocks` places them: whole 4 KiB chunks, read
+/// (runs of neighbouring blocks at once), decrypted and each checked
+/// against its fingerprint; None where that fails.
+fn link_region(
+    repo: &Repository,
+    data: &File,
+    cipher: Option<&DataCipher>,
+    ri: u32,
+    r: &RegionInfo,
+    chunks: &[(u32, u32, strata_core::Fingerprint)],
+    blocks: &BlockOf,
+) -> Option<LinkedRegion> {
+    let mut chunks = chunks.to_vec();
+    chunks.sort_unstable_by_key(|c| c.0);
+    chunks.dedup_by_key(|c| c.0);
+    let mut dbns = Vec::with_capacity(chunks.len());
+    for (k, &(off, len, _)) in chunks.iter().enumerate() {
+        if len as usize != BLOCK || off as usize != k * BLOCK {
+            return None;
+        }
+        dbns.push(*blocks.get(&(ri, off))?);
+    }
+    if dbns.len() * BLOCK != r.raw_len as usize {
+        return None;
+    }
+    let mut plain = vec![0u8; dbns.len() * BLOCK];
+    let mut i = 0;
+    while i < dbns.len() {
+        let mut j = i + 1;
+        while j < dbns.len() && dbns[j - 1].checked_add(1) == Some(dbns[j]) {
+            j += 1;
+        }
+        let at = dbns[i].checked_mul(BLOCK as u64)?;
+        data.read_exact_at(&mut plain[i * BLOCK..j * BLOCK], at).ok()?;
+        i = j;
+    }
+    let hasher = repo.hasher();
+    for (k, (&d, &(_, _, fp))) in dbns.iter().zip(&chunks).enumerate() {
+        let b = &mut plain[k * BLOCK..(k + 1) * BLOCK];
+        if let Some(c) = cipher {
+            c.open(d, b);
+        }
+        if hasher.hash(b) != fp {
+            return None;
+        }
+    }
+    Some(LinkedRegion {
+        offset: r.offset,
+        raw_len: r.raw_len,
+        blocks: dbns,
+        hash: hasher.hash(&plain),
+    })
 }
 
 /// What [`relink_version`] did.
