@@ -100,12 +100,14 @@ pub enum VolumeCmd {
     /// Store the volume's current contents as a snapshot in the
     /// repository: series `volume:NAME`, one file `NAME.img` in fixed
     /// 4 KiB blocks (deduplicated against everything the repository holds;
-    /// holes are not read). A stopped volume of a local repository then
-    /// keeps the blocks the snapshot stored for the repository, which
-    /// keeps a link instead of a second copy. Only the 2 MiB segments written since the
-    /// last snapshot are read (everything after a crash of the server).
-    /// A served volume is frozen by its server for the snapshot (a point
-    /// in time; clients go on writing). `strata restore
+    /// holes are not read). A volume of a local repository (in its
+    /// `volumes/`, with dedup; served or stopped) then keeps the blocks
+    /// the snapshot stored for the repository, which keeps a link instead
+    /// of a second copy (one under `--volumes-dir` or of a bucket does
+    /// not: the repository stores a copy). Only the 2 MiB segments written
+    /// since the last snapshot are read (everything after a crash of the
+    /// server). A served volume is frozen by its server for the snapshot
+    /// (a point in time; clients go on writing). `strata restore
     /// volume:NAME@latest --target DIR` writes it back as a sparse image.
     Snapshot {
         /// The volume's name.
