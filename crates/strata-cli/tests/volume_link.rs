@@ -292,6 +292,35 @@ fn nbd_write(py: &str, url: &str, offset: u64, data: &[u8], scratch: &std::path:
     sh(Command::new(py).args(["-c", &script]));
 }
 
+/// The size of the volumes the kill tests write to.
+const KILL_SIZE: usize = 48 << 20;
+
+/// A repository with volume `v` of [`KILL_SIZE`] random bytes (`seed`),
+/// and those bytes.
+fn random_volume(seed: u64) -> (Repo, Vec<u8>) {
+    let r = Repo::with_init(&[], None);
+    let img = prng(seed, KILL_SIZE);
+    let src = r.scratch("disk.raw");
+    std::fs::write(&src, &img).unwrap();
+    r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+    (r, img)
+}
+
+/// Writes new random bytes (`seed`) over half `round % 2` of the volume
+/// served at `url`; `cur` follows.
+fn write_half(r: &Repo, py: &str, url: &str, round: u64, seed: u64, cur: &mut [u8]) {
+    let off = (round as usize % 2) * (KILL_SIZE / 2);
+    let new = prng(seed, KILL_SIZE / 2);
+    nbd_write(
+        py,
+        url,
+        off as u64,
+        &new,
+        &r.dir().join(format!("w{round}")),
+    );
+    cur[off..off + KILL_SIZE / 2].copy_from_slice(&new);
+}
+
 /// The names of the volume's hold files ending in `ext`.
 fn hold_files(r: &Repo, ext: &str) -> usize {
     std::fs::read_dir(r.path.join("volumes/v/holds"))
@@ -345,12 +374,7 @@ fn kill_9_during_linking() {
     let Some(py) = libnbd_python() else {
         return;
     };
-    let r = Repo::with_init(&[], None);
-    const SIZE: usize = 48 << 20;
-    let mut cur = prng(60, SIZE);
-    let src = r.scratch("disk.raw");
-    std::fs::write(&src, &cur).unwrap();
-    r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+    let (r, mut cur) = random_volume(60);
     let mut expected: std::collections::BTreeMap<String, Vec<u8>> = Default::default();
     let record = |expected: &mut std::collections::BTreeMap<String, Vec<u8>>, img: &[u8]| {
         let mut n = 0;
@@ -379,16 +403,14 @@ fn kill_9_during_linking() {
     for round in 0..ROUNDS {
         // Half the volume new, written by a client.
         let srv = serve_cmd(r.cmd(&["volume", "serve", "v", "--listen", "127.0.0.1:0", "--json"]));
-        let off = (round % 2) * (SIZE / 2);
-        let new = prng(1000 + round as u64, SIZE / 2);
-        nbd_write(
+        write_half(
+            &r,
             py,
             &srv.url,
-            off as u64,
-            &new,
-            &r.dir().join(format!("w{round}")),
+            round as u64,
+            1000 + round as u64,
+            &mut cur,
         );
-        cur[off..off + SIZE / 2].copy_from_slice(&new);
         let served = round % 2 == 1;
         let srv = match served {
             true => Some(srv),
@@ -517,25 +539,11 @@ fn a_server_killed_while_it_takes_holds() {
     let Some(py) = libnbd_python() else {
         return;
     };
-    let r = Repo::with_init(&[], None);
-    const SIZE: usize = 48 << 20;
-    let mut cur = prng(70, SIZE);
-    let src = r.scratch("disk.raw");
-    std::fs::write(&src, &cur).unwrap();
-    r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+    let (r, mut cur) = random_volume(70);
     let mut versions: Vec<(String, Vec<u8>)> = Vec::new();
     for round in 0..3u64 {
         let srv = serve_cmd(r.cmd(&["volume", "serve", "v", "--listen", "127.0.0.1:0", "--json"]));
-        let new = prng(2000 + round, SIZE / 2);
-        let off = (round as usize % 2) * (SIZE / 2);
-        nbd_write(
-            py,
-            &srv.url,
-            off as u64,
-            &new,
-            &r.dir().join(format!("w{round}")),
-        );
-        cur[off..off + SIZE / 2].copy_from_slice(&new);
+        write_half(&r, py, &srv.url, round, 2000 + round, &mut cur);
         let (before, half_before) = links(&r);
         let snap = r.cmd(&["--json", "volume", "snapshot", "v"]);
         let child = {

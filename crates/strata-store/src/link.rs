@@ -489,7 +489,8 @@ fn linked_regions(
                     let mut mine = Vec::new();
                     loop {
                         let ri = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if ri >= m.regions.len() || failed.load(std::sync::atomic::Ordering::Relaxed)
+                        if ri >= m.regions.len()
+                            || failed.load(std::sync::atomic::Ordering::Relaxed)
                         {
                             return mine;
                         }
@@ -550,7 +551,8 @@ fn link_region(
             j += 1;
         }
         let at = dbns[i].checked_mul(BLOCK as u64)?;
-        data.read_exact_at(&mut plain[i * BLOCK..j * BLOCK], at).ok()?;
+        data.read_exact_at(&mut plain[i * BLOCK..j * BLOCK], at)
+            .ok()?;
         i = j;
     }
     let hasher = repo.hasher();
