@@ -235,19 +235,7 @@ fn a_served_volume_s_snapshot_is_linked() {
         assert!(s["linked_containers"].as_u64().unwrap() > 0, "{s}");
         let st = r.json(&["stats"]);
         assert!(st["linked_bytes"].as_u64().unwrap() >= 6 << 20, "{st}");
-        let holds = r.path.join("volumes/v/holds");
-        let held = |ext: &str| {
-            std::fs::read_dir(&holds)
-                .unwrap()
-                .filter(|e| {
-                    e.as_ref()
-                        .unwrap()
-                        .file_name()
-                        .to_string_lossy()
-                        .ends_with(ext)
-                })
-                .count()
-        };
+        let held = |ext: &str| hold_files(&r, ext);
         assert_eq!(
             held(".hold") as u64,
             s["linked_containers"].as_u64().unwrap()
