@@ -322,6 +322,10 @@ impl KeyFile {
     }
 }
 
+/// The magic of a zstd skippable frame (RFC 8878 §3.1.2), which a
+/// decompressor passes over.
+const SKIPPABLE_FRAME: u32 = 0x184D_2A50;
+
 /// Seals and opens envelopes. Cheap to clone; shared by all threads.
 #[derive(Clone)]
 pub struct Sealer {
@@ -365,6 +369,47 @@ impl Sealer {
         } else {
             data
         };
+        self.seal_payload(kind, payload, flags)
+    }
+
+    /// Seals `data` compressed into exactly `len` bytes (an envelope whose
+    /// length is fixed already: a region stored again where its container
+    /// says, by a zstd that may compress it otherwise than the one that
+    /// first did): zstd at this sealer's level — failing that, at the
+    /// others — then a skippable frame filling the rest, which
+    /// decompression passes over. None when no level gives that length
+    /// or leaves room for the frame (8 bytes at least).
+    pub fn seal_padded(&self, kind: Kind, data: &[u8], len: usize) -> Result<Option<Vec<u8>>> {
+        let overhead = HEADER_LEN
+            + TAG_LEN
+            + match self.cipher {
+                Some(_) => NONCE_LEN,
+                None => 0,
+            };
+        let Some(payload_len) = len.checked_sub(overhead) else {
+            return Ok(None);
+        };
+        for level in std::iter::once(self.zstd_level).chain(1..=19) {
+            let mut c = zstd_compress(data, level)?;
+            if c.len() == payload_len {
+                return self.seal_payload(kind, &c, FLAG_ZSTD).map(Some);
+            }
+            let Some(pad) = payload_len.checked_sub(c.len() + 8) else {
+                continue;
+            };
+            let Ok(pad) = u32::try_from(pad) else {
+                return Ok(None);
+            };
+            c.extend_from_slice(&SKIPPABLE_FRAME.to_le_bytes());
+            c.extend_from_slice(&pad.to_le_bytes());
+            c.resize(payload_len, 0);
+            return self.seal_payload(kind, &c, FLAG_ZSTD).map(Some);
+        }
+        Ok(None)
+    }
+
+    /// An envelope of `payload` as it is, with `flags`.
+    fn seal_payload(&self, kind: Kind, payload: &[u8], mut flags: u8) -> Result<Vec<u8>> {
         match &self.cipher {
             Some(cipher) => {
                 flags |= FLAG_ENCRYPTED;
@@ -466,6 +511,30 @@ impl Sealer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An envelope sealed to a given length opens to the same plaintext;
+    /// one too short for any level is refused, not cut.
+    #[test]
+    fn an_envelope_sealed_to_a_length_opens_the_same() {
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251 / 7) as u8).collect();
+        let key = MasterKey::generate().unwrap();
+        for sealer in [Sealer::plain(3), Sealer::encrypted(&key, 3)] {
+            let normal = sealer.seal(Kind::Region, &data, true).unwrap();
+            for extra in [8usize, 9, 1000, 100_000] {
+                let len = normal.len() + extra;
+                let env = sealer
+                    .seal_padded(Kind::Region, &data, len)
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(env.len(), len);
+                assert_eq!(sealer.open(Kind::Region, &env).unwrap(), data, "+{extra}");
+            }
+            assert!(sealer
+                .seal_padded(Kind::Region, &data, 40)
+                .unwrap()
+                .is_none());
+        }
+    }
 
     /// A small frame that expands past the ceiling is refused, whether it
     /// says its size or not (a decompression bomb).

@@ -35,6 +35,38 @@ use strata_core::format::{
 };
 use strata_core::Fingerprint;
 
+/// [`container_tail`] of `meta` as it is (its `data_len` kept): the
+/// metadata sealed to the length that leaves, padded (see
+/// `Sealer::seal_padded`) — a container stored again by a zstd that
+/// compresses otherwise. None when it cannot be.
+pub fn container_tail_sized(
+    repo: &Repository,
+    meta: &ContainerMeta,
+    meta_offset: u64,
+) -> Result<Option<Vec<u8>>> {
+    let Some(env_len) = meta
+        .data_len
+        .checked_sub(meta_offset + CONTAINER_FOOTER_LEN as u64)
+        .and_then(|l| u32::try_from(l).ok())
+    else {
+        return Ok(None);
+    };
+    let Some(mut tail) =
+        repo.sealer()
+            .seal_padded(Kind::ContainerMeta, &encode(meta)?, env_len as usize)?
+    else {
+        return Ok(None);
+    };
+    tail.extend_from_slice(
+        &ContainerFooter {
+            meta_offset,
+            meta_len: env_len,
+        }
+        .to_bytes(),
+    );
+    Ok(Some(tail))
+}
+
 /// Seals a region (zstd, then AEAD or checksum).
 pub fn seal_region(repo: &Repository, plain: &[u8]) -> Result<Vec<u8>> {
     Ok(repo.sealer().seal(Kind::Region, plain, true)?)

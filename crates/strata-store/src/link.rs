@@ -723,7 +723,9 @@ pub struct UnlinkReport {
 /// volume is deleted or replaced): each region read through the link
 /// (checked), sealed again into a data object laid out exactly as the
 /// container's metadata says (the same regions at the same offsets: zstd
-/// and the envelope give the same lengths for the same plaintext), which
+/// and the envelope give the same lengths for the same plaintext; where
+/// another zstd does not, each region and the metadata are sealed to the
+/// length they had, padded with a frame decompression passes over), which
 /// replaces the stub; then the hold is released and the marker goes. A
 /// container whose blocks do not check out, or that would not come out
 /// the same, stays linked and held (`failed`). Holds the repository's
@@ -805,16 +807,29 @@ fn store_again(repo: &Repository, m: &ContainerMeta, l: &Linked) -> Result<()> {
     regions.sort_by_key(|r| r.offset);
     for r in regions {
         let plain = l.region(repo, &name, r)?;
-        let sealed = crate::container::seal_region(repo, &plain)?;
-        if data.len() as u64 != r.offset || sealed.len() != r.stored_len as usize {
+        let mut sealed = crate::container::seal_region(repo, &plain)?;
+        if sealed.len() != r.stored_len as usize {
+            // Another zstd compresses it otherwise: sealed to the length
+            // the container gives it, padded.
+            sealed = repo
+                .sealer()
+                .seal_padded(Kind::Region, &plain, r.stored_len as usize)?
+                .ok_or_else(|| differs("a region"))?;
+        }
+        if data.len() as u64 != r.offset {
             return Err(differs("a region"));
         }
         data.extend_from_slice(&sealed);
     }
     let mut meta = m.clone();
-    let tail = crate::container::container_tail(repo, &mut meta, data.len() as u64)?;
+    let mut tail = crate::container::container_tail(repo, &mut meta, data.len() as u64)?;
+    if meta != *m {
+        // (Another zstd: the metadata sealed to the length it had.)
+        tail = crate::container::container_tail_sized(repo, m, data.len() as u64)?
+            .ok_or_else(|| differs("its metadata"))?;
+    }
     data.extend_from_slice(&tail);
-    if meta != *m || data.len() as u64 != m.data_len {
+    if data.len() as u64 != m.data_len {
         return Err(differs("its metadata"));
     }
     repo.backend().put(&name, &data)?;
