@@ -1094,6 +1094,7 @@ def served_link_mode(a):
             t = time.perf_counter()
             j = strata(repo, "volume", *extra, "snapshot", "v")
             row[k + "_s"] = time.perf_counter() - t
+            assert j.get("linking_stopped") is None, j
             row[k + "_linked_bytes"] = j["linked_stored_bytes"]
         srv.stop()
         row["repo_bytes"] = dir_bytes(repo) - dir_bytes(os.path.join(repo, "volumes"))

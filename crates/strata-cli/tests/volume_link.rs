@@ -259,6 +259,7 @@ fn a_served_volume_s_snapshot_is_linked() {
         stop(srv);
         let vc = r.json(&["volume", "check", "v", "--read-data"]);
         assert_eq!(vc["problems"], serde_json::json!([]), "{vc}");
+        assert!(r.path.join("volumes/v/holds").is_dir());
         assert_eq!(held(".released"), 0, "given back at the stop");
         assert_eq!(vc["holds"].as_u64().unwrap(), held(".hold") as u64, "{vc}");
         restores(&r, "volume:v@2", &new, "after the release");
@@ -619,7 +620,20 @@ fn set_zstd_level(r: &Repo, level: i32) {
 /// it clean.
 #[test]
 fn a_volume_goes_even_when_zstd_compresses_otherwise() {
-    let r = Repo::with_init(&[], None);
+    // Better (level 19) in a plain repository, worse (level 1) in an
+    // encrypted one.
+    for (password, level) in [(None, 19), (Some("pw"), 1)] {
+        goes_with_another_zstd(password, level);
+    }
+}
+
+fn goes_with_another_zstd(password: Option<&str>, level: i32) {
+    let extra: &[&str] = if password.is_some() {
+        &["--encrypt"]
+    } else {
+        &[]
+    };
+    let r = Repo::with_init(extra, password);
     // Compressible data (text-like), and random data after it.
     let mut img: Vec<u8> = (0..(6u32 << 20))
         .map(|i| b"strata volume linked snapshot "[(i as usize * 7 + i as usize / 4093) % 30])
@@ -630,7 +644,7 @@ fn a_volume_goes_even_when_zstd_compresses_otherwise() {
     r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
     let s = r.json(&["volume", "snapshot", "v"]);
     assert!(s["linked_containers"].as_u64().unwrap() > 0, "{s}");
-    set_zstd_level(&r, 19);
+    set_zstd_level(&r, level);
     let d = r.json(&["volume", "delete", "v", "--yes"]);
     assert!(d["stored_again_bytes"].as_u64().unwrap() > 0, "{d}");
     restores(&r, "volume:v@1", &img, "stored again by another zstd");

@@ -533,6 +533,24 @@ mod tests {
                 .seal_padded(Kind::Region, &data, 40)
                 .unwrap()
                 .is_none());
+            // The same length as this level gives: the same envelope but
+            // its nonce; a shorter one than this level gives: another
+            // level's, padded, or none.
+            let same = sealer
+                .seal_padded(Kind::Region, &data, normal.len())
+                .unwrap()
+                .unwrap();
+            assert_eq!(same.len(), normal.len());
+            assert_eq!(sealer.open(Kind::Region, &same).unwrap(), data);
+            let best = (1..=19)
+                .map(|l| zstd_compress(&data, l).unwrap().len())
+                .min()
+                .unwrap();
+            let shorter = normal.len() - (normal.len() - best.min(normal.len())) / 2;
+            if let Some(env) = sealer.seal_padded(Kind::Region, &data, shorter).unwrap() {
+                assert_eq!(env.len(), shorter);
+                assert_eq!(sealer.open(Kind::Region, &env).unwrap(), data);
+            }
         }
     }
 
