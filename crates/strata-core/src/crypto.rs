@@ -377,8 +377,9 @@ impl Sealer {
     /// says, by a zstd that may compress it otherwise than the one that
     /// first did): zstd at this sealer's level — failing that, at the
     /// others — then a skippable frame filling the rest, which
-    /// decompression passes over. None when no level gives that length
-    /// or leaves room for the frame (8 bytes at least).
+    /// decompression passes over; or `data` as it is when that is its
+    /// length. None when no level gives that length or leaves room for
+    /// the frame (8 bytes at least).
     pub fn seal_padded(&self, kind: Kind, data: &[u8], len: usize) -> Result<Option<Vec<u8>>> {
         let overhead = HEADER_LEN
             + TAG_LEN
@@ -389,6 +390,10 @@ impl Sealer {
         let Some(payload_len) = len.checked_sub(overhead) else {
             return Ok(None);
         };
+        if data.len() == payload_len {
+            // Stored as it is (compression saved too little).
+            return self.seal_payload(kind, data, 0).map(Some);
+        }
         for level in std::iter::once(self.zstd_level).chain(1..=19) {
             let mut c = zstd_compress(data, level)?;
             if c.len() == payload_len {
