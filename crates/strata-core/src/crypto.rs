@@ -353,6 +353,17 @@ impl Sealer {
         self.cipher.is_some()
     }
 
+    /// The bytes an envelope adds to its payload: what `data` stored as it
+    /// is (uncompressed) seals to is `data.len()` plus this.
+    pub fn overhead(&self) -> usize {
+        HEADER_LEN
+            + TAG_LEN
+            + match self.cipher {
+                Some(_) => NONCE_LEN,
+                None => 0,
+            }
+    }
+
     /// Seals `data`. When `compress` is set the payload is zstd-compressed,
     /// unless that does not save at least 2 % (then it is stored raw).
     pub fn seal(&self, kind: Kind, data: &[u8], compress: bool) -> Result<Vec<u8>> {
@@ -381,13 +392,7 @@ impl Sealer {
     /// length. None when no level gives that length or leaves room for
     /// the frame (8 bytes at least).
     pub fn seal_padded(&self, kind: Kind, data: &[u8], len: usize) -> Result<Option<Vec<u8>>> {
-        let overhead = HEADER_LEN
-            + TAG_LEN
-            + match self.cipher {
-                Some(_) => NONCE_LEN,
-                None => 0,
-            };
-        let Some(payload_len) = len.checked_sub(overhead) else {
+        let Some(payload_len) = len.checked_sub(self.overhead()) else {
             return Ok(None);
         };
         if data.len() == payload_len {

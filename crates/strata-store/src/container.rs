@@ -23,6 +23,7 @@
 use crate::backend::{create_object, ObjectWriter};
 use crate::error::{Result, StoreError};
 use crate::index::{ChunkLoc, ContainerTable};
+use crate::link::{BlockWindow, LinkSink, BLOCK};
 use crate::repo::{data_name, meta_name, now_ns, Repository};
 use crate::stages::{Stage, Stages};
 use crossbeam_channel::{bounded, Receiver, Sender};
@@ -31,7 +32,8 @@ use std::sync::Arc;
 use strata_core::crypto::{random_bytes, Kind};
 use strata_core::format::{
     container_header, decode, encode, ChunkEntry, ContainerFooter, ContainerId, ContainerMeta,
-    RegionInfo, SegmentEntry, Stamp, CONTAINER_FOOTER_LEN, CONTAINER_HEADER_LEN, CONTAINER_MAGIC,
+    LinkedRegion, RegionInfo, SegmentEntry, Stamp, CONTAINER_FOOTER_LEN, CONTAINER_HEADER_LEN,
+    CONTAINER_MAGIC,
 };
 use strata_core::Fingerprint;
 
@@ -108,8 +110,17 @@ pub fn container_tail(
 /// A data container whose bytes are all written: the finisher makes it
 /// durable and writes its metadata object.
 pub struct Finished {
-    pub data: Box<dyn ObjectWriter>,
+    pub data: FinishedData,
     pub meta: ContainerMeta,
+}
+
+/// A finished container's data: written, or linked to a volume's blocks.
+pub enum FinishedData {
+    /// Its object, written (fsynced and renamed by the finisher).
+    Written(Box<dyn ObjectWriter>),
+    /// Its regions as the volume's blocks: the finisher puts its marker,
+    /// has the volume hold them, then puts its stub.
+    Linked(Arc<LinkSink>, Vec<LinkedRegion>),
 }
 
 /// What a sink wrote.
@@ -167,12 +178,18 @@ impl ContainerSink {
             let mut chunks = 0usize;
             for f in rx {
                 let t = std::time::Instant::now();
-                f.data.finish()?;
+                let data_len = match f.data {
+                    FinishedData::Written(w) => {
+                        w.finish()?;
+                        f.meta.data_len
+                    }
+                    FinishedData::Linked(sink, regions) => sink.commit(&repo, &f.meta, regions)?,
+                };
                 let env = repo
                     .sealer()
                     .seal(Kind::ContainerMeta, &encode(&f.meta)?, true)?;
                 repo.backend().put(&meta_name(&f.meta.id), &env)?;
-                let n = f.meta.data_len + env.len() as u64;
+                let n = data_len + env.len() as u64;
                 if let Some(s) = &st {
                     s.add(Stage::Sync, t, n);
                 }
@@ -225,7 +242,9 @@ impl ContainerSink {
 struct OpenContainer {
     id: ContainerId,
     cidx: u32,
-    data: Box<dyn ObjectWriter>,
+    /// Its object; None while it is being linked.
+    data: Option<Box<dyn ObjectWriter>>,
+    linking: Option<Linking>,
     regions: Vec<RegionInfo>,
     cur: Vec<u8>,
     chunks: Vec<ChunkEntry>,
@@ -249,6 +268,22 @@ pub struct ContainerWriter {
     stages: Option<Arc<Stages>>,
     /// Nanoseconds spent compressing and writing regions so far.
     io_ns: u64,
+    /// The volume a snapshot reads, whose blocks its containers link to
+    /// (`crate::link::LinkSink`), and this writer's window on its map.
+    link: Option<Arc<LinkSink>>,
+    window: BlockWindow,
+}
+
+/// A container being linked: its closed regions as the volume's blocks,
+/// the blocks of the chunks of the region being filled, and the bytes it
+/// would take stored uncompressed so far.
+struct Linking {
+    regions: Vec<LinkedRegion>,
+    cur: Vec<u64>,
+    /// A chunk of the region being filled that the volume does not place:
+    /// the container is stored after all when the region closes.
+    broken: bool,
+    len: u64,
 }
 
 impl ContainerWriter {
@@ -264,7 +299,16 @@ impl ContainerWriter {
             segment_start: None,
             stages: None,
             io_ns: 0,
+            link: None,
+            window: BlockWindow::default(),
         }
+    }
+
+    /// Containers opened from now on link to the blocks of the volume
+    /// `link` reads, where every chunk is one the volume has on disk
+    /// (see [`Self::append_at`]).
+    pub fn set_link(&mut self, link: Option<Arc<LinkSink>>) {
+        self.link = link;
     }
 
     /// Starts packing a segment of `bytes` new bytes whole: rolls over to a
@@ -318,7 +362,9 @@ impl ContainerWriter {
         self.close_region()
     }
 
-    /// Seals the current region and writes it to the container's object.
+    /// Seals the current region and writes it to the container's object
+    /// (or, while the container is linked, checks it against the volume's
+    /// blocks).
     fn close_region(&mut self) -> Result<()> {
         let Some(c) = self.open.as_mut() else {
             return Ok(());
@@ -326,6 +372,15 @@ impl ContainerWriter {
         if c.cur.is_empty() {
             return Ok(());
         }
+        if self.link_region()? {
+            return Ok(());
+        }
+        let Some(c) = self.open.as_mut() else {
+            return Ok(());
+        };
+        let Some(data) = c.data.as_mut() else {
+            return Err(StoreError::Invalid("a container without its object".into()));
+        };
         let t0 = std::time::Instant::now();
         let t = t0;
         let sealed = seal_region(&self.repo, &c.cur)?;
@@ -333,8 +388,8 @@ impl ContainerWriter {
             s.add(Stage::Compress, t, c.cur.len() as u64);
         }
         let t = std::time::Instant::now();
-        let offset = c.data.written();
-        c.data.write(&sealed)?;
+        let offset = data.written();
+        data.write(&sealed)?;
         if let Some(s) = &self.stages {
             s.add(Stage::Write, t, sealed.len() as u64);
         }
@@ -346,6 +401,54 @@ impl ContainerWriter {
         });
         c.cur.clear();
         Ok(())
+    }
+
+    /// Closes the region being filled of a container being linked, if its
+    /// chunks are blocks the volume holds: true when it was linked. Else
+    /// the container is stored after all (its regions so far read back and
+    /// written), and the region is left to be written.
+    fn link_region(&mut self) -> Result<bool> {
+        let (Some(c), Some(sink)) = (self.open.as_mut(), self.link.as_ref()) else {
+            return Ok(false);
+        };
+        let Some(l) = c.linking.as_mut() else {
+            return Ok(false);
+        };
+        let t = std::time::Instant::now();
+        if !l.broken && l.cur.len() * BLOCK == c.cur.len() && sink.holds(&l.cur, &c.cur) {
+            let stored_len = c.cur.len() + self.repo.sealer().overhead();
+            c.regions.push(RegionInfo {
+                offset: l.len,
+                stored_len: stored_len as u32,
+                raw_len: c.cur.len() as u32,
+            });
+            l.regions.push(LinkedRegion {
+                offset: l.len,
+                raw_len: c.cur.len() as u32,
+                blocks: std::mem::take(&mut l.cur),
+                hash: self.repo.hasher().hash(&c.cur),
+            });
+            l.len += stored_len as u64;
+            c.cur.clear();
+            if let Some(s) = &self.stages {
+                s.add(Stage::Write, t, 0);
+            }
+            return Ok(true);
+        }
+        // Stored after all: what was linked so far, read back and written.
+        let l = c.linking.take().expect("checked above");
+        sink.note_stored_instead();
+        let mut data = create_object(self.repo.backend(), &data_name(&c.id))?;
+        data.write(&container_header())?;
+        for (r, lr) in c.regions.iter_mut().zip(&l.regions) {
+            let sealed = seal_region(&self.repo, &sink.read_back(&self.repo, lr)?)?;
+            r.offset = data.written();
+            r.stored_len = sealed.len() as u32;
+            data.write(&sealed)?;
+        }
+        c.data = Some(data);
+        self.io_ns += t.elapsed().as_nanos() as u64;
+        Ok(false)
     }
 
     /// Where the next chunk of `len` bytes will go, rolling over to a new
@@ -361,12 +464,28 @@ impl ContainerWriter {
             let mut id = [0u8; 16];
             random_bytes(&mut id)?;
             let id = ContainerId(id);
-            let mut data = create_object(self.repo.backend(), &data_name(&id))?;
-            data.write(&container_header())?;
+            // Linked, if it can be: no object unless it is stored after all.
+            let (data, linking) = match &self.link {
+                Some(l) if l.linking() => (
+                    None,
+                    Some(Linking {
+                        regions: Vec::new(),
+                        cur: Vec::new(),
+                        broken: false,
+                        len: CONTAINER_HEADER_LEN as u64,
+                    }),
+                ),
+                _ => {
+                    let mut data = create_object(self.repo.backend(), &data_name(&id))?;
+                    data.write(&container_header())?;
+                    (Some(data), None)
+                }
+            };
             self.open = Some(OpenContainer {
                 id,
                 cidx: self.table.intern(id),
                 data,
+                linking,
                 regions: Vec::new(),
                 cur: Vec::with_capacity(self.region_size),
                 chunks: Vec::new(),
@@ -395,7 +514,24 @@ impl ContainerWriter {
 
     /// Appends a chunk at the location [`Self::next_loc`] returned.
     pub fn append(&mut self, fp: Fingerprint, data: &[u8]) {
+        self.append_at(fp, data, None)
+    }
+
+    /// [`Self::append`] of a chunk at offset `at` of the image the link
+    /// sink's volume holds (see [`Self::set_link`]): a container being
+    /// linked stays so while its chunks are blocks the volume has on disk.
+    pub fn append_at(&mut self, fp: Fingerprint, data: &[u8], at: Option<u64>) {
         let c = self.open.as_mut().expect("next_loc opens a container");
+        if let Some(l) = c.linking.as_mut() {
+            let dbn = match (&self.link, at) {
+                (Some(sink), Some(at)) => sink.disk_block(&mut self.window, at, data.len()),
+                _ => None,
+            };
+            match dbn {
+                Some(d) if !l.broken => l.cur.push(d),
+                _ => l.broken = true,
+            }
+        }
         c.chunks.push(ChunkEntry {
             fp,
             region: c.regions.len() as u32,
@@ -409,7 +545,7 @@ impl ContainerWriter {
     /// Closes the open container and hands it to the sink's finisher.
     pub fn flush(&mut self) -> Result<()> {
         self.close_region()?;
-        let Some(mut c) = self.open.take() else {
+        let Some(c) = self.open.take() else {
             return Ok(());
         };
         if c.chunks.is_empty() {
@@ -425,14 +561,23 @@ impl ContainerWriter {
             chunks: c.chunks,
             segments: c.segments,
         };
-        let tail = container_tail(&self.repo, &mut meta, c.data.written())?;
-        c.data.write(&tail)?;
-        debug_assert_eq!(c.data.written(), meta.data_len);
-        self.sink
-            .send(Finished { data: c.data, meta })
-            .map_err(|_| {
-                StoreError::Invalid("container writer stopped (see the error above)".into())
-            })
+        let data = match (c.data, c.linking, &self.link) {
+            (Some(mut data), _, _) => {
+                let tail = container_tail(&self.repo, &mut meta, data.written())?;
+                data.write(&tail)?;
+                debug_assert_eq!(data.written(), meta.data_len);
+                FinishedData::Written(data)
+            }
+            (None, Some(l), Some(sink)) => {
+                // (The metadata's length as the container stored.)
+                container_tail(&self.repo, &mut meta, l.len)?;
+                FinishedData::Linked(sink.clone(), l.regions)
+            }
+            _ => return Err(StoreError::Invalid("a container without its object".into())),
+        };
+        self.sink.send(Finished { data, meta }).map_err(|_| {
+            StoreError::Invalid("container writer stopped (see the error above)".into())
+        })
     }
 }
 

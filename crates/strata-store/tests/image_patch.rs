@@ -104,6 +104,7 @@ fn snap_holes(
                 base: base.map(str::to_string),
                 changed,
                 time_ns: 1_700_000_000_000_000_000,
+                link: None,
             }),
             series: Some("volume:vm".into()),
             chunker: Some(ChunkerParams::fixed()),
@@ -278,6 +279,7 @@ fn a_patch_needs_the_fixed_chunker() {
                 base: None,
                 changed: None,
                 time_ns: 0,
+                link: None,
             }),
             chunker: Some(ChunkerParams::cdc(8192)),
             ..Default::default()
@@ -488,6 +490,7 @@ fn an_image_beside_grouped_small_files_does_not_wait_for_them() {
                     base: None,
                     changed: None,
                     time_ns: 1,
+                    link: None,
                 }),
                 chunker: Some(ChunkerParams::fixed()),
                 lifecycle: false,

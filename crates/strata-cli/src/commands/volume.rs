@@ -703,7 +703,51 @@ impl ReadAt for ImageAt {
 /// control connection).
 enum Held {
     Here(std::sync::Arc<Volume>, strata_volume::ChangeSet),
-    Server(std::os::unix::net::UnixStream, strata_volume::FrozenMap),
+    Server(
+        Arc<std::sync::Mutex<std::os::unix::net::UnixStream>>,
+        Arc<strata_volume::FrozenMap>,
+    ),
+}
+
+impl Held {
+    /// The image's blocks and holds, for the link sink: the stopped
+    /// volume's own, or the frozen map's, held by the server over the
+    /// control connection (while the freeze holds).
+    fn link(&self) -> Result<Arc<dyn strata_store::link::VolumeLink>> {
+        Ok(match self {
+            Held::Here(v, _) => Arc::new(HereLink(v.clone())),
+            Held::Server(conn, map) => Arc::new(ServerLink(conn.clone(), map.clone())),
+        })
+    }
+}
+
+/// A volume opened here, as the link sink sees it.
+struct HereLink(Arc<Volume>);
+
+impl strata_store::link::VolumeLink for HereLink {
+    fn disk_blocks(&self, first: u64, n: usize) -> io::Result<Vec<Option<u64>>> {
+        self.0.disk_blocks(first, n)
+    }
+    fn hold(&self, name: &str, dbns: &[u64]) -> io::Result<()> {
+        self.0.hold(name, dbns).map_err(io::Error::other)
+    }
+}
+
+/// A volume frozen by its server, as the link sink sees it (one request
+/// at a time on the control connection).
+struct ServerLink(
+    Arc<std::sync::Mutex<std::os::unix::net::UnixStream>>,
+    Arc<strata_volume::FrozenMap>,
+);
+
+impl strata_store::link::VolumeLink for ServerLink {
+    fn disk_blocks(&self, first: u64, n: usize) -> io::Result<Vec<Option<u64>>> {
+        self.1.disk_blocks(first, n)
+    }
+    fn hold(&self, name: &str, dbns: &[u64]) -> io::Result<()> {
+        let conn = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        strata_volume::control::hold_remote(&conn, name, dbns)
+    }
 }
 
 /// `volume snapshot`: the volume's bytes, read through the volume
@@ -752,12 +796,41 @@ fn snapshot(
             let frozen_map = strata_volume::FrozenMap::open(&dir, &f.map)?;
             let src =
                 strata_volume::ImageSource::open_frozen(&dir, &f.map, Some(f.conn), key.as_ref())?;
-            (Held::Server(tell, frozen_map), src, f.base, f.changed)
+            (
+                Held::Server(Arc::new(std::sync::Mutex::new(tell)), Arc::new(frozen_map)),
+                src,
+                f.base,
+                f.changed,
+            )
         }
         Err(e) => return Err(e).with_context(|| format!("opening volume {name}")),
     };
     // (Of the volume as opened: a resize cannot come between.)
     let size = source.size();
+    // The version's new containers link to the volume's own blocks (a
+    // volume of this repository, with dedup): never written to the
+    // repository at all.
+    let linkable = cfg.dedup
+        && crate::repo_location(cli)
+            .ok()
+            .and_then(|l| location::volumes_of(&l))
+            .as_deref()
+            == Some(root);
+    let link = match linkable {
+        true => {
+            let salt = cfg.encryption.as_ref().and_then(|e| e.salt_bytes());
+            match strata_store::link::LinkSink::new(&repo, name, salt.as_deref(), held.link()?) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    out.warn(&format!(
+                        "the snapshot's new blocks are stored in the repository (not handed                          over to the volume): {e}"
+                    ));
+                    None
+                }
+            }
+        }
+        false => None,
+    };
     let pd = crate::progress_for(cli, "volume snapshot");
     let opts = BackupOptions {
         image: Some(ImagePatch {
@@ -768,6 +841,7 @@ fn snapshot(
             // Read everything: the version still becomes the base.
             changed: changed.filter(|_| !read_all),
             time_ns,
+            link: link.clone(),
         }),
         series: Some(format!("volume:{name}")),
         tags: tags.to_vec(),
@@ -781,74 +855,38 @@ fn snapshot(
     // The volume's changes count from this version now (or, if it was
     // not committed, from the one before, as if nothing was taken).
     let committed = res.as_ref().ok().map(|r| r.id.as_str());
-    let mut linked = None;
-    // The version's new containers handed over to the volume's own blocks
-    // (a volume of this repository, with dedup).
-    let linkable = cfg.dedup
-        && crate::repo_location(cli)
-            .ok()
-            .and_then(|l| location::volumes_of(&l))
-            .as_deref()
-            == Some(root);
-    let rid = res.as_ref().ok().map(|r| r.snapshot.recipe.clone());
     let closed = match held {
         Held::Here(v, cs) => {
-            if let (true, Some(rid)) = (linkable, &rid) {
-                let blocks = |first: u64, n: usize| v.disk_blocks(first, n);
-                let mut hold = |h: &str, dbns: &[u64]| v.hold(h, dbns).map_err(io::Error::other);
-                linked = Some(link_version(&repo, name, &cfg, rid, &blocks, &mut hold));
-            }
             v.snapshot_done(cs, committed);
             v.close()
         }
-        Held::Server(conn, frozen_map) => {
-            // While the freeze holds: the frozen image's blocks, held by
-            // the server.
-            if let (true, Some(rid)) = (linkable, &rid) {
-                let blocks = |first: u64, n: usize| frozen_map.disk_blocks(first, n);
-                let mut hold =
-                    |h: &str, dbns: &[u64]| strata_volume::control::hold_remote(&conn, h, dbns);
-                linked = Some(link_version(&repo, name, &cfg, rid, &blocks, &mut hold));
-            }
-            tell_committed(&conn, committed);
+        Held::Server(conn, _) => {
+            tell_committed(&conn.lock().unwrap_or_else(|e| e.into_inner()), committed);
             Ok(())
         }
     };
     let rep = res?;
     closed.with_context(|| format!("closing volume {name}"))?;
     crate::interrupt::committed(format!("snapshot {}", crate::output::short(&rep.id)));
-    let linked = match linked {
-        Some(Err(e)) => {
-            out.warn(&format!(
-                "the snapshot is stored; handing its blocks over to the volume failed (they \
-                 stay stored in the repository): {e:#}"
-            ));
-            None
-        }
-        Some(Ok(l)) => {
-            if let Some(why) = &l.stopped {
-                out.warn(&format!(
-                    "the snapshot is stored; handing its blocks over to the volume stopped after {} \
-                     containers (the rest stay stored in the repository; the next snapshot takes \
-                     it up): {why}",
-                    l.containers
-                ));
-            }
-            Some(l)
-        }
-        None => None,
-    };
+    let l = link.map(|l| l.counts()).unwrap_or_default();
+    if l.hold_failed > 0 {
+        out.warn(&format!(
+            "the volume did not keep the blocks of {} containers: they are stored in the \
+             repository instead (see the log)",
+            l.hold_failed
+        ));
+    }
     let s = &rep.snapshot;
     let secs = s.stats.duration_ms as f64 / 1000.0;
-    let l = linked.clone().unwrap_or_default();
     out.result(
         &serde_json::json!({"id": rep.id, "series": s.series, "version": s.version,
             "logical_bytes": s.stats.logical_bytes, "read_bytes": s.stats.read_bytes,
             "unchanged_bytes": rep.parent_bytes, "parts_taken_over_bytes": rep.carried_bytes,
             "new_raw_bytes": s.stats.new_raw_bytes,
             "new_stored_bytes": s.stats.new_stored_bytes,
-            "linked_containers": l.containers, "linked_stored_bytes": l.stored_bytes,
-            "linked_blocks": l.blocks, "linking_stopped": l.stopped, "seconds": secs}),
+            "linked_containers": l.containers, "linked_stored_bytes": l.bytes,
+            "linked_blocks": l.blocks, "stored_instead_containers": l.stored_instead,
+            "hold_failed_containers": l.hold_failed, "seconds": secs}),
         || {
             let mut t = format!(
                 "snapshot {} saved: {}@{}\n  {} of volume {name} ({} read: what changed), {} new data, {} added to the repository, {secs:.1}s",
@@ -864,7 +902,7 @@ fn snapshot(
                 t += &format!(
                     "\n  {} of it handed over to the volume's own blocks ({} containers): the \
                      volume keeps them for the repository",
-                    fmt_bytes(l.stored_bytes),
+                    fmt_bytes(l.bytes),
                     l.containers
                 );
             }
@@ -884,38 +922,6 @@ fn tell_committed(conn: &std::os::unix::net::UnixStream, committed: Option<&str>
             tracing::warn!("telling the volume's server the snapshot: {e}");
         }
     }
-}
-
-/// Links the new containers of the committed version (recipe `rid`) to
-/// the blocks of volume `name`, which keeps them for the repository
-/// (`strata_store::link`): the repository no longer stores a second copy
-/// of what the volume holds. `blocks` gives the disk blocks of the image
-/// the version was made of (the stopped volume's map, or the frozen map of
-/// a served one); `hold` has the volume keep blocks (here, or by its
-/// server while the freeze holds).
-fn link_version(
-    repo: &Repository,
-    name: &str,
-    cfg: &VolumeConfig,
-    rid: &str,
-    blocks: &dyn Fn(u64, usize) -> io::Result<Vec<Option<u64>>>,
-    hold: &mut dyn FnMut(&str, &[u64]) -> io::Result<()>,
-) -> Result<strata_store::link::RelinkReport> {
-    let salt = cfg.encryption.as_ref().and_then(|e| e.salt_bytes());
-    let blocks = |first: u64, n: usize| {
-        blocks(first, n).map_err(|e| strata_store::StoreError::io("read", "the volume's map", e))
-    };
-    let mut hold = |h: &str, dbns: &[u64]| {
-        hold(h, dbns).map_err(|e| strata_store::StoreError::Invalid(format!("volume {name}: {e}")))
-    };
-    Ok(strata_store::link::relink_version(
-        repo,
-        rid,
-        name,
-        salt.as_deref(),
-        &blocks,
-        &mut hold,
-    )?)
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);

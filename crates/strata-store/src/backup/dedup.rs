@@ -60,6 +60,9 @@ pub(crate) struct Ctx<'a> {
     /// met with the previous version's sample after the walk, it tells how
     /// much of that version this one stored again.
     pub stored_sample: Mutex<HashMap<Fingerprint, u32>>,
+    /// The volume whose blocks the new containers link to (a volume's
+    /// snapshot: [`crate::link::LinkSink`]).
+    pub link: Option<Arc<crate::link::LinkSink>>,
 }
 
 /// A chunk's fingerprint, and whether it is all zeros (never stored, so
@@ -232,6 +235,7 @@ pub(crate) struct CtxParts<'a> {
     pub progress: &'a Progress,
     pub stages: Arc<Stages>,
     pub large_file: u64,
+    pub link: Option<Arc<crate::link::LinkSink>>,
 }
 
 impl<'a> Ctx<'a> {
@@ -257,6 +261,7 @@ impl<'a> Ctx<'a> {
             similar_bytes: AtomicU64::new(0),
             large_file: p.large_file,
             stored_sample: Mutex::new(HashMap::new()),
+            link: p.link,
         }
     }
 
@@ -419,7 +424,12 @@ impl<'a> Ctx<'a> {
         let mut new_fps = Vec::new();
         let mut found = found.into_iter();
         let mut refs = Vec::with_capacity(job.chunks.len());
+        // Each chunk's offset in its file (an image whose blocks a link
+        // sink places).
+        let mut at = job.at;
         for c in &job.chunks {
+            let here = at;
+            at += c.len as u64;
             if c.zero {
                 refs.push(ChunkRef::zeros(c.len, 1));
                 continue;
@@ -435,7 +445,7 @@ impl<'a> Ctx<'a> {
                     let loc = writer.next_loc(c.len as usize)?;
                     match self.strategy.claim(&c.fp, loc) {
                         None => {
-                            writer.append(c.fp, job.bytes(c));
+                            writer.append_at(c.fp, job.bytes(c), Some(here));
                             if is_anchor(&c.fp) {
                                 self.stored_sample
                                     .lock()

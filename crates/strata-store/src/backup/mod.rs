@@ -386,7 +386,9 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         .take()
         .map(|s| stdin_entries(s, &progress))
         .transpose()?;
-    if let Some(image) = opts.image.take() {
+    let mut link = None;
+    if let Some(mut image) = opts.image.take() {
+        link = image.link.take();
         stdin = Some(image_entries(image, parent_id.as_deref(), &progress)?);
     }
     let import = opts.import.take().map(|i| {
@@ -402,6 +404,7 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         progress: &progress,
         stages: stages.clone(),
         large_file: opts.large_file,
+        link,
     });
     let mut walk_warnings = Vec::new();
     let mut reused = 0;

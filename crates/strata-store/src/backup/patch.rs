@@ -61,6 +61,10 @@ pub struct ImagePatch {
     /// recipe that did not change are the previous version's, byte for
     /// byte: not encoded, compressed or written again.
     pub time_ns: i64,
+    /// The volume the image is read from, whose blocks the new containers
+    /// link to instead of being written (`crate::link::LinkSink`); its
+    /// [`crate::link::LinkSink::counts`] say what was linked.
+    pub link: Option<std::sync::Arc<crate::link::LinkSink>>,
 }
 
 /// An unchanged segment: its chunks (fingerprints, no bytes) and where

@@ -116,7 +116,11 @@ impl Shared<'_> {
 
     fn with_writer<T>(&self, f: impl FnOnce(&mut ContainerWriter) -> T) -> T {
         let w = lock(&self.writers).pop();
-        let mut w = w.unwrap_or_else(|| self.sink.writer(self.ctx.repo, self.ctx.table.clone()));
+        let mut w = w.unwrap_or_else(|| {
+            let mut w = self.sink.writer(self.ctx.repo, self.ctx.table.clone());
+            w.set_link(self.ctx.link.clone());
+            w
+        });
         let r = f(&mut w);
         lock(&self.writers).push(w);
         r

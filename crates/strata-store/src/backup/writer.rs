@@ -106,6 +106,7 @@ impl DedupWriter {
             stages: self.stages.clone(),
             // One stream at a time, read on this thread.
             large_file: u64::MAX,
+            link: None,
         });
         let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let (writer, bufs) = &mut *g;

@@ -1,0 +1,266 @@
+//! The link sink (`docs/design-linked-snapshots.md`, step 6): a snapshot
+//! of a volume links the containers it writes as it writes them. A
+//! container whose every chunk is a 4 KiB block of the image that the
+//! volume has on disk is never compressed, sealed or written: its
+//! regions are checked against the volume's blocks (byte for byte) as
+//! they close, and the container goes to the repository as a link stub —
+//! its marker, then the volume's hold, then the stub, then its metadata,
+//! as a relink did before (stop 37). A chunk the volume does not place (a block
+//! still in its write buffer, a hole) or a block that does not hold its
+//! chunk turns the container back into an ordinary one: the regions
+//! linked so far are read back from the volume (checked against their
+//! hash), sealed and written.
+//!
+//! Its metadata says what the container would hold stored uncompressed
+//! (each region's length the plaintext's plus the envelope's), so storing
+//! it again (`volume unlink`, `volume delete`) writes it at the offsets
+//! the metadata gives without compressing.
+
+use super::{marker_name, read_blocks, BLOCK};
+use crate::error::{Result, StoreError};
+use crate::repo::{data_name, Repository};
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use strata_core::crypto::Kind;
+use strata_core::format::{encode, ContainerMeta, LinkStub, LinkedRegion, LINK_MAGIC};
+use strata_volume::crypt::DataCipher;
+use strata_volume::VolumeKey;
+
+/// The volume whose image a snapshot reads, as the link sink needs it:
+/// where each image block is on disk, and a way to have the volume hold
+/// blocks. The volume must not change meanwhile (stopped and opened by the
+/// caller, or frozen by its server).
+pub trait VolumeLink: Send + Sync {
+    /// The disk blocks of image blocks `first..first + n` (None: not on
+    /// disk — a hole, or a block still in the volume's write buffer).
+    fn disk_blocks(&self, first: u64, n: usize) -> std::io::Result<Vec<Option<u64>>>;
+    /// Has the volume keep disk blocks `dbns` under hold `name`, durably.
+    fn hold(&self, name: &str, dbns: &[u64]) -> std::io::Result<()>;
+}
+
+/// What the link sink did in one backup.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct SinkCounts {
+    /// Containers linked, the blocks the volume holds for them, and the
+    /// bytes they would have stored uncompressed.
+    pub containers: u64,
+    pub blocks: u64,
+    pub bytes: u64,
+    /// Containers begun linked and stored after all (a chunk the volume
+    /// did not place or hold), and containers whose hold the volume did
+    /// not take (stored from its blocks instead).
+    pub stored_instead: u64,
+    pub hold_failed: u64,
+}
+
+/// A backup's link to the volume it reads (see the module's text).
+pub struct LinkSink {
+    volume: String,
+    salt: Option<Vec<u8>>,
+    source: Arc<dyn VolumeLink>,
+    path: PathBuf,
+    data: File,
+    cipher: Option<DataCipher>,
+    containers: AtomicU64,
+    blocks: AtomicU64,
+    bytes: AtomicU64,
+    stored_instead: AtomicU64,
+    hold_failed: AtomicU64,
+    /// A hold the volume did not take (its server gone, say): containers
+    /// opened from then on are stored as usual, compressed.
+    given_up: std::sync::atomic::AtomicBool,
+}
+
+/// A writer's window on the image's disk blocks (asked of the volume a
+/// window at a time, not a block at a time).
+#[derive(Default)]
+pub(crate) struct BlockWindow {
+    first: u64,
+    dbns: Vec<Option<u64>>,
+}
+
+/// Image blocks asked of the volume at once.
+const WINDOW: usize = 512;
+
+impl LinkSink {
+    /// The sink for volume `volume` (its salt `salt` when encrypted) of
+    /// `repo`, whose blocks `source` places and holds.
+    pub fn new(
+        repo: &Repository,
+        volume: &str,
+        salt: Option<&[u8]>,
+        source: Arc<dyn VolumeLink>,
+    ) -> Result<Arc<LinkSink>> {
+        let dir = repo.volume_dir(&format!("volume {volume}"), volume)?;
+        let path = dir.join("data");
+        let data =
+            File::open(&path).map_err(|e| StoreError::io("open", path.display().to_string(), e))?;
+        let cipher = match salt {
+            Some(s) => Some(DataCipher::new(&VolumeKey(repo.volume_key(s).ok_or_else(
+                || StoreError::Invalid("an encrypted volume in a repository that is not".into()),
+            )?))),
+            None => None,
+        };
+        Ok(Arc::new(LinkSink {
+            volume: volume.to_string(),
+            salt: salt.map(<[u8]>::to_vec),
+            source,
+            path,
+            data,
+            cipher,
+            containers: AtomicU64::new(0),
+            blocks: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            stored_instead: AtomicU64::new(0),
+            hold_failed: AtomicU64::new(0),
+            given_up: std::sync::atomic::AtomicBool::new(false),
+        }))
+    }
+
+    /// What it did so far.
+    pub fn counts(&self) -> SinkCounts {
+        SinkCounts {
+            containers: self.containers.load(Ordering::Relaxed),
+            blocks: self.blocks.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            stored_instead: self.stored_instead.load(Ordering::Relaxed),
+            hold_failed: self.hold_failed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether containers opened now are to be linked (no hold failed
+    /// yet).
+    pub(crate) fn linking(&self) -> bool {
+        !self.given_up.load(Ordering::Relaxed)
+    }
+
+    /// The disk block of a chunk of `len` bytes at image offset `at`, if
+    /// it is one whole block the volume has on disk.
+    pub(crate) fn disk_block(&self, w: &mut BlockWindow, at: u64, len: usize) -> Option<u64> {
+        if len != BLOCK || !at.is_multiple_of(BLOCK as u64) {
+            return None;
+        }
+        let b = at / BLOCK as u64;
+        if b < w.first || b >= w.first + w.dbns.len() as u64 {
+            w.first = b;
+            // Near the image's end the window is shorter; past it, empty.
+            w.dbns = (0..=WINDOW.ilog2())
+                .map(|k| WINDOW >> k)
+                .find_map(|n| self.source.disk_blocks(b, n).ok())
+                .unwrap_or_default();
+        }
+        w.dbns.get((b - w.first) as usize).copied().flatten()
+    }
+
+    /// Whether the volume's blocks `dbns` hold `plain`, byte for byte.
+    pub(crate) fn holds(&self, dbns: &[u64], plain: &[u8]) -> bool {
+        let mut got = vec![0u8; plain.len()];
+        read_blocks(&self.data, self.cipher.as_ref(), dbns, &mut got).is_ok() && got == plain
+    }
+
+    /// A region linked earlier, read back from the volume and checked
+    /// against its hash (a container stored after all).
+    pub(crate) fn read_back(&self, repo: &Repository, lr: &LinkedRegion) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; lr.raw_len as usize];
+        read_blocks(&self.data, self.cipher.as_ref(), &lr.blocks, &mut out).map_err(|e| {
+            StoreError::io(
+                "read",
+                format!("{} (volume {})", self.path.display(), self.volume),
+                e,
+            )
+        })?;
+        if repo.hasher().hash(&out) != lr.hash {
+            return Err(StoreError::Invalid(format!(
+                "volume {}: its blocks changed while a snapshot read them (is another process \
+                 writing its data file?)",
+                self.volume
+            )));
+        }
+        Ok(out)
+    }
+
+    /// Counts a container begun linked and stored after all.
+    pub(crate) fn note_stored_instead(&self) {
+        self.stored_instead.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Puts container `meta` (its regions `regions`) into the repository
+    /// as linked: its marker, the volume's hold, then its stub. Where the
+    /// volume does not take the hold, the container is stored from the
+    /// volume's blocks instead (its marker stays: deleting it releases
+    /// whatever the volume may have taken). Returns the data object's
+    /// bytes.
+    pub(crate) fn commit(
+        &self,
+        repo: &Repository,
+        meta: &ContainerMeta,
+        regions: Vec<LinkedRegion>,
+    ) -> Result<u64> {
+        let id = meta.id;
+        let name = data_name(&id);
+        repo.backend()
+            .put(&marker_name(&id), self.volume.as_bytes())?;
+        repo.note_linked(id);
+        let all: Vec<u64> = regions
+            .iter()
+            .flat_map(|r| r.blocks.iter().copied())
+            .collect();
+        if let Err(e) = self.source.hold(&id.to_hex(), &all) {
+            tracing::warn!(
+                "{name}: volume {} did not hold its blocks ({e}): stored",
+                self.volume
+            );
+            self.hold_failed.fetch_add(1, Ordering::Relaxed);
+            self.given_up.store(true, Ordering::Relaxed);
+            let data = self.stored_form(repo, meta, &regions)?;
+            repo.backend().put(&name, &data)?;
+            return Ok(data.len() as u64);
+        }
+        let stub = LinkStub {
+            volume: self.volume.clone(),
+            salt: self.salt.clone(),
+            regions,
+        };
+        let mut bytes = LINK_MAGIC.to_vec();
+        bytes.extend(repo.sealer().seal(Kind::Link, &encode(&stub)?, true)?);
+        repo.backend().put(&name, &bytes)?;
+        self.containers.fetch_add(1, Ordering::Relaxed);
+        self.blocks.fetch_add(all.len() as u64, Ordering::Relaxed);
+        self.bytes.fetch_add(meta.data_bytes(), Ordering::Relaxed);
+        Ok(bytes.len() as u64)
+    }
+
+    /// Container `meta` as a data object, its regions read back from the
+    /// volume and sealed uncompressed at the offsets its metadata gives.
+    fn stored_form(
+        &self,
+        repo: &Repository,
+        meta: &ContainerMeta,
+        regions: &[LinkedRegion],
+    ) -> Result<Vec<u8>> {
+        let mut data = strata_core::format::container_header().to_vec();
+        for (r, lr) in meta.regions.iter().zip(regions) {
+            let sealed = repo
+                .sealer()
+                .seal(Kind::Region, &self.read_back(repo, lr)?, false)?;
+            if r.offset != data.len() as u64 || r.stored_len as usize != sealed.len() {
+                return Err(StoreError::Invalid(format!(
+                    "{}: a region sealed uncompressed would differ from its metadata",
+                    data_name(&meta.id)
+                )));
+            }
+            data.extend_from_slice(&sealed);
+        }
+        let tail = crate::container::container_tail_sized(repo, meta, data.len() as u64)?
+            .ok_or_else(|| {
+                StoreError::Invalid(format!(
+                    "{}: its metadata would differ in length",
+                    data_name(&meta.id)
+                ))
+            })?;
+        data.extend_from_slice(&tail);
+        Ok(data)
+    }
+}
