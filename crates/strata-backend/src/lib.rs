@@ -143,10 +143,10 @@ pub trait Backend: Send + Sync {
         Ok(None)
     }
     /// Deletes what writers killed half-way left behind (a local
-    /// directory's temporary files), of those last changed more than
-    /// `older_than` ago; what it deleted. Only under the repository's
-    /// exclusive lock (no writer at work). Nothing by default (a bucket's
-    /// unfinished multipart uploads are its lifecycle rule's).
+    /// directory's temporary files, a bucket's unfinished multipart
+    /// uploads), of those begun or last changed more than `older_than`
+    /// ago; what it deleted. Only under the repository's exclusive lock
+    /// (no writer at work). Nothing by default.
     fn sweep_temporaries(&self, _older_than: std::time::Duration) -> Result<Swept> {
         Ok(Swept::default())
     }

@@ -8,7 +8,10 @@
 //! first backup), `UNSIGNED-PAYLOAD` unless `?payload=signed`, ranged
 //! GETs read straight into one buffer, and `object_store`'s own retries
 //! of throttling, 5xx and dropped connections. The backend's calls are synchronous: each
-//! runs on a small Tokio runtime the backend owns.
+//! runs on a small Tokio runtime the backend owns. gc's sweep of what
+//! killed writers left aborts the multipart uploads under the prefix
+//! begun more than 10 minutes before (`ListMultipartUploads`, signed by
+//! hand as the bucket requests are; `AbortMultipartUpload`).
 
 use crate::location::S3Location;
 use crate::{
@@ -454,6 +457,35 @@ impl Backend for S3Backend {
         })))
     }
 
+    /// Aborts the multipart uploads under the backend's prefix begun
+    /// more than `older_than` ago: what writers killed half-way (a
+    /// container streamed in parts) leave in the bucket, out of sight of
+    /// listings but stored — and billed — until aborted.
+    fn sweep_temporaries(&self, older_than: Duration) -> Result<crate::Swept> {
+        use object_store::multipart::MultipartStore;
+        let mut swept = crate::Swept::default();
+        let now = jiff::Timestamp::now();
+        for u in self.multipart_uploads()? {
+            let old = u
+                .initiated
+                .parse::<jiff::Timestamp>()
+                .ok()
+                .and_then(|t| now.duration_since(t).try_into().ok())
+                .is_some_and(|age: Duration| age > older_than);
+            if !old {
+                continue;
+            }
+            let key = Key::from(u.key.as_str());
+            match self.rt.block_on(self.store.abort_multipart(&key, &u.id)) {
+                Ok(()) => swept.files += 1,
+                // (Completed or aborted meanwhile.)
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(map_err("delete", &u.key, e)),
+            }
+        }
+        Ok(swept)
+    }
+
     fn describe(&self) -> String {
         match self.loc.prefix.as_str() {
             "" => format!("s3://{}", self.loc.bucket),
@@ -602,6 +634,140 @@ pub enum CopyPart {
     Data(Vec<u8>),
 }
 
+/// A multipart upload in progress (`ListMultipartUploads`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Upload {
+    pub key: String,
+    pub id: String,
+    /// When it began (RFC 3339, as the server gives it).
+    pub initiated: String,
+}
+
+/// The text of the first `<tag>…</tag>` in `xml`, XML entities decoded.
+fn xml_text(xml: &str, tag: &str) -> Option<String> {
+    let open = format!("<{tag}>");
+    let start = xml.find(&open)? + open.len();
+    let len = xml[start..].find(&format!("</{tag}>"))?;
+    Some(
+        xml[start..start + len]
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&quot;", "\"")
+            .replace("&apos;", "'")
+            .replace("&amp;", "&"),
+    )
+}
+
+/// The uploads of one `ListMultipartUploads` answer, and the markers of the
+/// next page if it is truncated.
+fn parse_uploads(xml: &str) -> (Vec<Upload>, Option<(String, String)>) {
+    let mut out = Vec::new();
+    let mut rest = xml;
+    while let Some(i) = rest.find("<Upload>") {
+        let body = &rest[i..];
+        let end = body
+            .find("</Upload>")
+            .map_or(body.len(), |e| e + "</Upload>".len());
+        let u = &body[..end];
+        if let (Some(key), Some(id)) = (xml_text(u, "Key"), xml_text(u, "UploadId")) {
+            out.push(Upload {
+                key,
+                id,
+                initiated: xml_text(u, "Initiated").unwrap_or_default(),
+            });
+        }
+        rest = &body[end..];
+    }
+    let next = (xml_text(xml, "IsTruncated").as_deref() == Some("true"))
+        .then(|| {
+            Some((
+                xml_text(xml, "NextKeyMarker")?,
+                xml_text(xml, "NextUploadIdMarker")?,
+            ))
+        })
+        .flatten();
+    (out, next)
+}
+
+impl S3Backend {
+    /// The multipart uploads in progress under the backend's prefix, every
+    /// page of them.
+    pub fn multipart_uploads(&self) -> Result<Vec<Upload>> {
+        use object_store::signer::SignedUrlOptions;
+        let prefix = match self.loc.prefix.as_str() {
+            "" => String::new(),
+            p => format!("{}/", p.trim_end_matches('/')),
+        };
+        let bucket = self.loc.bucket.clone();
+        let fail = |kind, m: String| BackendError::new(kind, "list", &bucket, m);
+        let mut all = Vec::new();
+        let mut marker: Option<(String, String)> = None;
+        loop {
+            let mut q = vec![("uploads", String::new()), ("prefix", prefix.clone())];
+            if let Some((k, u)) = &marker {
+                q.push(("key-marker", k.clone()));
+                q.push(("upload-id-marker", u.clone()));
+            }
+            let opts = SignedUrlOptions::new().with_query(q);
+            let store = self.store.clone();
+            let proxy = self.opts.proxy_url.clone();
+            let (status, body) = self.rt.block_on(async move {
+                let url = store
+                    .signed_url_opts(
+                        http::Method::GET,
+                        &Key::from(""),
+                        Duration::from_secs(300),
+                        &opts,
+                    )
+                    .await
+                    .map_err(|e| map_err("list", "multipart uploads", e))?;
+                let mut client = reqwest::Client::builder().connect_timeout(Duration::from_secs(5));
+                if let Some(p) = &proxy {
+                    let p = reqwest::Proxy::all(p)
+                        .map_err(|e| fail(ErrorKind::Invalid, e.to_string()))?;
+                    client = client.proxy(p);
+                }
+                let client = client
+                    .build()
+                    .map_err(|e| fail(ErrorKind::Other, e.to_string()))?;
+                let r = client
+                    .get(url.as_str())
+                    .send()
+                    .await
+                    .map_err(|e| fail(ErrorKind::Transient, e.to_string()))?;
+                let status = r.status().as_u16();
+                let body = r
+                    .text()
+                    .await
+                    .map_err(|e| fail(ErrorKind::Transient, e.to_string()))?;
+                Ok::<_, BackendError>((status, body))
+            })?;
+            if !(200..300).contains(&status) {
+                let kind = match status {
+                    403 => ErrorKind::Permission,
+                    404 => ErrorKind::NotFound,
+                    500.. => ErrorKind::Transient,
+                    _ => ErrorKind::Other,
+                };
+                return Err(fail(
+                    kind,
+                    format!(
+                        "listing multipart uploads: the server answered {status} {}",
+                        s3_code(&body).unwrap_or("")
+                    ),
+                ));
+            }
+            let (page, next) = parse_uploads(&body);
+            all.extend(page.into_iter().filter(|u| u.key.starts_with(&prefix)));
+            match next {
+                // (A server that does not move on would loop for ever.)
+                Some(m) if marker.as_ref() != Some(&m) => marker = Some(m),
+                _ => return Ok(all),
+            }
+        }
+    }
+}
+
 /// S3's smallest multipart part (every part but the last).
 pub const MIN_PART: u64 = 5 << 20;
 
@@ -739,5 +905,36 @@ impl S3Backend {
             result
         });
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uploads_are_read_from_a_listing_page() {
+        let page = r#"<?xml version="1.0" encoding="UTF-8"?>
+<ListMultipartUploadsResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">
+  <Bucket>b</Bucket><KeyMarker></KeyMarker><UploadIdMarker></UploadIdMarker>
+  <NextKeyMarker>p/data/cd/x&amp;y</NextKeyMarker><NextUploadIdMarker>u2</NextUploadIdMarker>
+  <IsTruncated>true</IsTruncated>
+  <Upload><Key>p/data/ab/one</Key><UploadId>u1</UploadId>
+    <Initiator><ID>i</ID></Initiator><Initiated>2026-11-28T00:10:41.000Z</Initiated></Upload>
+  <Upload><Key>p/data/cd/x&amp;y</Key><UploadId>u2</UploadId>
+    <Initiated>2026-11-28T00:11:00Z</Initiated></Upload>
+</ListMultipartUploadsResult>"#;
+        let (ups, next) = parse_uploads(page);
+        assert_eq!(ups.len(), 2);
+        assert_eq!(ups[0].key, "p/data/ab/one");
+        assert_eq!(ups[0].id, "u1");
+        assert!(ups[0].initiated.parse::<jiff::Timestamp>().is_ok());
+        assert_eq!(ups[1].key, "p/data/cd/x&y");
+        assert_eq!(next, Some(("p/data/cd/x&y".into(), "u2".into())));
+        // The last page; an empty one.
+        let last = page.replace("<IsTruncated>true", "<IsTruncated>false");
+        assert_eq!(parse_uploads(&last).1, None);
+        let (none, next) = parse_uploads("<ListMultipartUploadsResult/>");
+        assert!(none.is_empty() && next.is_none());
     }
 }

@@ -185,3 +185,56 @@ fn s3_server_side_assembly() {
         b.delete(n).unwrap();
     }
 }
+
+/// A writer killed in the middle of a multipart upload leaves the upload
+/// in the bucket, unseen by listings; the sweep gc runs aborts those begun
+/// long enough ago, under this backend's prefix only.
+#[test]
+fn s3_sweep_aborts_unfinished_uploads() {
+    use std::time::Duration;
+    let Some(ep) = s3_endpoint() else { return };
+    let opts = || S3Options {
+        max_retries: 1,
+        part_size: strata_backend::s3::MIN_PART as usize,
+        ..Default::default()
+    };
+    let loc = |prefix: &str| S3Location::new("strata-conformance", prefix, Some(ep.clone()));
+    let b = S3Backend::open(&loc("sweep/mine"), &creds(), opts()).unwrap();
+    b.ensure_bucket().unwrap();
+    // Another repository's in the same bucket, its prefix a longer name.
+    let other = S3Backend::open(&loc("sweep/mine-too"), &creds(), opts()).unwrap();
+    // Clean slate (uploads left by an earlier run of this test).
+    b.sweep_temporaries(Duration::ZERO).unwrap();
+    other.sweep_temporaries(Duration::ZERO).unwrap();
+    let begin = |b: &S3Backend, name: &str| {
+        let mut w = b.stream(name).unwrap().unwrap();
+        // One whole part sent, the next being filled: then the process
+        // "dies" (the writer is never finished nor dropped).
+        w.write(&vec![7u8; strata_backend::s3::MIN_PART as usize + 10])
+            .unwrap();
+        std::mem::forget(w);
+    };
+    begin(&b, "data/ab/abandoned");
+    begin(&other, "data/cd/theirs");
+    let wait = std::time::Instant::now();
+    while b.multipart_uploads().unwrap().is_empty() && wait.elapsed().as_secs() < 10 {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mine = b.multipart_uploads().unwrap();
+    assert_eq!(mine.len(), 1, "{mine:?}");
+    assert!(
+        mine[0].key.ends_with("sweep/mine/data/ab/abandoned"),
+        "{mine:?}"
+    );
+    assert!(b.list("data/").unwrap().is_empty());
+    // Too fresh for an hour's age: kept.
+    let s = b.sweep_temporaries(Duration::from_secs(3600)).unwrap();
+    assert_eq!(s.files, 0);
+    assert_eq!(b.multipart_uploads().unwrap().len(), 1);
+    // Any age: aborted; the other prefix's is not touched.
+    let s = b.sweep_temporaries(Duration::ZERO).unwrap();
+    assert_eq!(s.files, 1);
+    assert!(b.multipart_uploads().unwrap().is_empty());
+    assert_eq!(other.multipart_uploads().unwrap().len(), 1);
+    assert_eq!(other.sweep_temporaries(Duration::ZERO).unwrap().files, 1);
+}
