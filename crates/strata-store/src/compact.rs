@@ -186,6 +186,14 @@ pub(crate) fn compact_pool(
             meta: m.clone(),
             holders: of,
         };
+        if let Some(these) = &opts.only {
+            match (these.contains(&m.id), live) {
+                (false, _) => {}
+                (true, 0) => drop.push(r.meta),
+                (true, _) => rewrite.push(r),
+            }
+            return;
+        }
         if live == 0 {
             drop.push(r.meta);
         } else if (raw - live) as f64 / raw as f64 > opts.threshold

@@ -34,6 +34,10 @@ pub struct GcOptions {
     pub separate: f64,
     pub dry_run: bool,
     pub progress: Arc<crate::progress::Progress>,
+    /// Compaction of these containers alone, each copied forward whatever
+    /// its fill (`volume unlink`: containers stored uncompressed come
+    /// back compressed); None: the whole pool by the thresholds.
+    pub only: Option<std::collections::HashSet<strata_core::format::ContainerId>>,
 }
 
 impl Default for GcOptions {
@@ -43,6 +47,7 @@ impl Default for GcOptions {
             separate: 1.0,
             dry_run: false,
             progress: Arc::new(Default::default()),
+            only: None,
         }
     }
 }

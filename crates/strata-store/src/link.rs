@@ -413,6 +413,14 @@ pub struct UnlinkReport {
     /// I/O error, a full disk, a region that would not seal to the same
     /// length), with why: they stay linked and held.
     pub failed: Vec<String>,
+    /// Of those stored again, containers the link sink had linked (their
+    /// metadata gives them uncompressed) whose data compresses: copied
+    /// forward into compressed containers, the recipes pointing at them
+    /// rewritten, and the bytes that freed.
+    pub recompressed: u64,
+    pub recompressed_freed_bytes: u64,
+    /// Why that copy failed, if it did (they stay stored uncompressed).
+    pub recompress_failed: Option<String>,
 }
 
 /// Stores again every container linked to volume `volume` (before the
@@ -421,11 +429,15 @@ pub struct UnlinkReport {
 /// container's metadata says (the same regions at the same offsets: zstd
 /// and the envelope give the same lengths for the same plaintext; where
 /// another zstd does not, each region and the metadata are sealed to the
-/// length they had, padded with a frame decompression passes over), which
-/// replaces the stub; then the hold is released and the marker goes. A
-/// container whose blocks do not check out, or that would not come out
-/// the same, stays linked and held (`failed`). Holds the repository's
-/// lock.
+/// length they had, padded with a frame decompression passes over; a
+/// region the link sink linked is stored uncompressed, as its metadata
+/// says), which replaces the stub; then the hold is released and the
+/// marker goes. A container whose blocks do not check out, or that would
+/// not come out the same, stays linked and held (`failed`). Then the
+/// containers stored uncompressed whose data compresses are copied
+/// forward into compressed ones (pool compaction of those alone: the
+/// recipes pointing at them rewritten, as gc does). Holds the
+/// repository's lock.
 pub fn unlink_volume(repo: &Repository, volume: &str) -> Result<UnlinkReport> {
     if repo.links.dry {
         return Err(StoreError::Invalid(
@@ -435,6 +447,7 @@ pub fn unlink_volume(repo: &Repository, volume: &str) -> Result<UnlinkReport> {
     let _lock = crate::lock::acquire(repo, true, "volume unlink")?;
     repo.forget_listed();
     let mut rep = UnlinkReport::default();
+    let mut compressible = HashSet::new();
     let ids: Vec<ContainerId> = repo.linked_ids()?.iter().copied().collect();
     for id in ids {
         let raw = match repo.backend().get(&marker_name(&id)) {
@@ -463,9 +476,12 @@ pub fn unlink_volume(repo: &Repository, volume: &str) -> Result<UnlinkReport> {
         };
         if let Some((l, m)) = meta {
             match store_again(repo, &m, &l) {
-                Ok(()) => {
+                Ok(shorter) => {
                     rep.containers += 1;
                     rep.stored_bytes += m.data_bytes();
+                    if shorter {
+                        compressible.insert(id);
+                    }
                 }
                 Err(e @ StoreError::Corrupt { .. }) => {
                     rep.damaged.push((id, e.to_string()));
@@ -486,12 +502,31 @@ pub fn unlink_volume(repo: &Repository, volume: &str) -> Result<UnlinkReport> {
         repo.backend().delete(&marker_name(&id))?;
     }
     repo.forget_listed();
+    // Stored uncompressed (as the link sink linked them): copied forward
+    // compressed, whatever their fill (all of them in one pass).
+    if !compressible.is_empty() {
+        let mut gc = crate::gc::GcReport::default();
+        let opts = crate::gc::GcOptions {
+            only: Some(compressible),
+            ..Default::default()
+        };
+        match crate::compact::compact_pool(repo, &opts, &mut gc) {
+            Ok(()) => {
+                rep.recompressed = gc.containers_rewritten;
+                rep.recompressed_freed_bytes = gc.bytes_freed;
+                rep.stored_bytes = rep.stored_bytes.saturating_sub(gc.bytes_freed);
+            }
+            Err(e) => rep.recompress_failed = Some(e.to_string()),
+        }
+    }
     Ok(rep)
 }
 
 /// Container `m`'s data object made again from its linked regions and
-/// put in place of the stub.
-fn store_again(repo: &Repository, m: &ContainerMeta, l: &Linked) -> Result<()> {
+/// put in place of the stub. Returns whether a region would compress
+/// shorter than its metadata lets it be here (one the link sink linked,
+/// which its metadata gives uncompressed).
+fn store_again(repo: &Repository, m: &ContainerMeta, l: &Linked) -> Result<bool> {
     let name = data_name(&m.id);
     let differs = |what: &str| {
         StoreError::Invalid(format!(
@@ -501,9 +536,11 @@ fn store_again(repo: &Repository, m: &ContainerMeta, l: &Linked) -> Result<()> {
     let mut data = strata_core::format::container_header().to_vec();
     let mut regions: Vec<&RegionInfo> = m.regions.iter().collect();
     regions.sort_by_key(|r| r.offset);
+    let mut shorter = false;
     for r in regions {
         let plain = l.region(repo, &name, r)?;
         let mut sealed = crate::container::seal_region(repo, &plain)?;
+        shorter |= sealed.len() < r.stored_len as usize;
         if sealed.len() != r.stored_len as usize {
             // Another zstd compresses it otherwise: sealed to the length
             // the container gives it, padded.
@@ -535,5 +572,5 @@ fn store_again(repo: &Repository, m: &ContainerMeta, l: &Linked) -> Result<()> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(&m.id);
-    Ok(())
+    Ok(shorter)
 }

@@ -317,6 +317,7 @@ pub(crate) fn maintain_locked(repo: &Repository, opts: &MaintainOptions) -> Resu
             separate: opts.separate,
             dry_run: opts.dry_run,
             progress: opts.progress.clone(),
+            only: None,
         };
         compact_pool(repo, &gc_opts, &mut report.pool)?;
         state.released_bytes = 0;

@@ -574,6 +574,12 @@ fn unlink(
             why.join("; ")
         ));
     }
+    if let Some(why) = &r.recompress_failed {
+        out.warn(&format!(
+            "the containers of volume {name}'s snapshots are stored in the repository again, \
+             uncompressed: compressing them failed ({why})"
+        ));
+    }
     let left = strata_volume::holds::held(dir)?;
     if !left.is_empty() {
         bail!(
