@@ -466,12 +466,18 @@ impl Backend for S3Backend {
         let mut swept = crate::Swept::default();
         let now = jiff::Timestamp::now();
         for u in self.multipart_uploads()? {
+            // Only a repository's streamed objects, its data containers
+            // (`data/XX/ID`): not another repository's below this prefix,
+            // nor another program's.
+            if !is_container_name(&self.name_of(&Key::from(u.key.as_str()))) {
+                continue;
+            }
             let old = u
                 .initiated
                 .parse::<jiff::Timestamp>()
                 .ok()
                 .and_then(|t| now.duration_since(t).try_into().ok())
-                .is_some_and(|age: Duration| age > older_than);
+                .is_some_and(|age: Duration| age >= older_than);
             if !old {
                 continue;
             }
@@ -632,6 +638,17 @@ pub enum CopyPart {
     },
     /// Bytes sent from here.
     Data(Vec<u8>),
+}
+
+/// Whether `name` (relative to a backend's prefix) is a data container's:
+/// `data/XX/ID`, ID 32 lowercase hex digits beginning with XX — the only
+/// objects a repository streams in parts.
+fn is_container_name(name: &str) -> bool {
+    let hex = |s: &str| s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    match name.split('/').collect::<Vec<_>>().as_slice() {
+        ["data", xx, id] => xx.len() == 2 && id.len() == 32 && hex(id) && id.starts_with(xx),
+        _ => false,
+    }
 }
 
 /// A multipart upload in progress (`ListMultipartUploads`).
@@ -936,5 +953,21 @@ mod tests {
         assert_eq!(parse_uploads(&last).1, None);
         let (none, next) = parse_uploads("<ListMultipartUploadsResult/>");
         assert!(none.is_empty() && next.is_none());
+    }
+
+    #[test]
+    fn only_data_containers_are_swept() {
+        let id = "ab0123456789abcdef0123456789abcd";
+        assert!(is_container_name(&format!("data/ab/{id}")));
+        for other in [
+            format!("data/cd/{id}"),
+            format!("x/data/ab/{id}"),
+            format!("data/ab/{id}/more"),
+            "data/ab/AB0123456789ABCDEF0123456789ABCD".into(),
+            "recipes/abc".into(),
+            "video.mp4".into(),
+        ] {
+            assert!(!is_container_name(&other), "{other}");
+        }
     }
 }

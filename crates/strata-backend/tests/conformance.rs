@@ -188,7 +188,8 @@ fn s3_server_side_assembly() {
 
 /// A writer killed in the middle of a multipart upload leaves the upload
 /// in the bucket, unseen by listings; the sweep gc runs aborts those begun
-/// long enough ago, under this backend's prefix only.
+/// long enough ago — of a data container under this backend's prefix only
+/// (not another repository's, nor another program's upload).
 #[test]
 fn s3_sweep_aborts_unfinished_uploads() {
     use std::time::Duration;
@@ -203,9 +204,6 @@ fn s3_sweep_aborts_unfinished_uploads() {
     b.ensure_bucket().unwrap();
     // Another repository's in the same bucket, its prefix a longer name.
     let other = S3Backend::open(&loc("sweep/mine-too"), &creds(), opts()).unwrap();
-    // Clean slate (uploads left by an earlier run of this test).
-    b.sweep_temporaries(Duration::ZERO).unwrap();
-    other.sweep_temporaries(Duration::ZERO).unwrap();
     let begin = |b: &S3Backend, name: &str| {
         let mut w = b.stream(name).unwrap().unwrap();
         // One whole part sent, the next being filled: then the process
@@ -214,27 +212,41 @@ fn s3_sweep_aborts_unfinished_uploads() {
             .unwrap();
         std::mem::forget(w);
     };
-    begin(&b, "data/ab/abandoned");
-    begin(&other, "data/cd/theirs");
+    const MINE: &str = "data/ab/ab0123456789abcdef0123456789abcd";
+    const THEIRS: &str = "data/cd/cd0123456789abcdef0123456789abcd";
+    // (Containers' uploads left by an earlier run of this test swept
+    // first; the other program's upload stays, as it does below.)
+    b.sweep_temporaries(Duration::ZERO).unwrap();
+    other.sweep_temporaries(Duration::ZERO).unwrap();
+    let before = b.multipart_uploads().unwrap().len();
+    begin(&b, MINE);
+    begin(&b, "videos/not-ours.mp4");
+    begin(&other, THEIRS);
     let wait = std::time::Instant::now();
-    while b.multipart_uploads().unwrap().is_empty() && wait.elapsed().as_secs() < 10 {
+    while b.multipart_uploads().unwrap().len() < before + 2 && wait.elapsed().as_secs() < 10 {
         std::thread::sleep(Duration::from_millis(50));
     }
     let mine = b.multipart_uploads().unwrap();
-    assert_eq!(mine.len(), 1, "{mine:?}");
+    assert_eq!(mine.len(), before + 2, "{mine:?}");
     assert!(
-        mine[0].key.ends_with("sweep/mine/data/ab/abandoned"),
+        mine.iter().any(|u| u.key == format!("sweep/mine/{MINE}")),
         "{mine:?}"
     );
     assert!(b.list("data/").unwrap().is_empty());
     // Too fresh for an hour's age: kept.
     let s = b.sweep_temporaries(Duration::from_secs(3600)).unwrap();
     assert_eq!(s.files, 0);
-    assert_eq!(b.multipart_uploads().unwrap().len(), 1);
-    // Any age: aborted; the other prefix's is not touched.
-    let s = b.sweep_temporaries(Duration::ZERO).unwrap();
-    assert_eq!(s.files, 1);
-    assert!(b.multipart_uploads().unwrap().is_empty());
-    assert_eq!(other.multipart_uploads().unwrap().len(), 1);
+    assert_eq!(b.multipart_uploads().unwrap().len(), before + 2);
+    // Any age: the container's aborted; the other program's upload and
+    // the other prefix's are left alone.
+    assert_eq!(b.sweep_temporaries(Duration::ZERO).unwrap().files, 1);
+    let left = b.multipart_uploads().unwrap();
+    assert_eq!(left.len(), before + 1, "{left:?}");
+    assert!(!left.iter().any(|u| u.key.ends_with(MINE)), "{left:?}");
+    assert!(other
+        .multipart_uploads()
+        .unwrap()
+        .iter()
+        .any(|u| u.key.ends_with(THEIRS)));
     assert_eq!(other.sweep_temporaries(Duration::ZERO).unwrap().files, 1);
 }

@@ -465,6 +465,11 @@ pub fn unlink_volume(repo: &Repository, volume: &str) -> Result<UnlinkReport> {
             Err(StoreError::Backend(e)) if e.is_not_found() => None,
             r => r?,
         };
+        if linked.is_none() && stored_uncompressed(repo, &id) {
+            // Stored, its marker kept (the sink's hold failed): as the
+            // sink wrote it, uncompressed.
+            compressible.insert(id);
+        }
         let meta = match linked {
             None => None,
             Some(l) => match crate::container::read_meta(repo, &id) {
@@ -520,6 +525,19 @@ pub fn unlink_volume(repo: &Repository, volume: &str) -> Result<UnlinkReport> {
         }
     }
     Ok(rep)
+}
+
+/// Whether container `id` is stored and every region of it uncompressed
+/// (its length the plaintext's plus the envelope's), as the link sink
+/// stores a container whose hold the volume did not take.
+fn stored_uncompressed(repo: &Repository, id: &ContainerId) -> bool {
+    let overhead = repo.sealer().overhead() as u64;
+    crate::container::read_meta(repo, id).is_ok_and(|m| {
+        !m.regions.is_empty()
+            && m.regions
+                .iter()
+                .all(|r| r.stored_len as u64 == r.raw_len as u64 + overhead)
+    })
 }
 
 /// Container `m`'s data object made again from its linked regions and

@@ -46,6 +46,8 @@ struct TestVolume {
     unplaced: HashSet<u64>,
     holds: Mutex<HashMap<String, Vec<u64>>>,
     holds_allowed: usize,
+    /// Holds asked for, refused ones included.
+    asked: std::sync::atomic::AtomicUsize,
 }
 
 fn dbn(b: u64) -> u64 {
@@ -64,6 +66,7 @@ impl VolumeLink for TestVolume {
     }
 
     fn hold(&self, name: &str, dbns: &[u64]) -> io::Result<()> {
+        self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut h = self.holds.lock().unwrap();
         if h.len() >= self.holds_allowed {
             return Err(io::Error::other("the volume's server is gone"));
@@ -155,6 +158,7 @@ fn volume(img: &[u8], unplaced: &[u64], holds_allowed: usize) -> Arc<TestVolume>
         unplaced: unplaced.iter().copied().collect(),
         holds: Mutex::new(HashMap::new()),
         holds_allowed,
+        asked: Default::default(),
     })
 }
 
@@ -239,9 +243,13 @@ fn a_hold_the_volume_refuses_has_the_rest_stored() {
     let tmp = tempfile::tempdir().unwrap();
     let img = image();
     let repo = setup(tmp.path(), &img);
-    let (r, c) = snapshot(&repo, &img, volume(&img, &[], 3));
+    let vol = volume(&img, &[], 3);
+    let (r, c) = snapshot(&repo, &img, vol.clone());
     assert_eq!(c.containers, 3, "{c:?}");
     assert!(c.hold_failed >= 1, "{c:?}");
+    // None asked again after the one refused (containers already being
+    // linked are stored from the volume's blocks, the next ones as usual).
+    assert_eq!(vol.asked.load(std::sync::atomic::Ordering::SeqCst), 4);
     let (stubs, stored) = data_objects(&repo_root(tmp.path()));
     assert_eq!(stubs, 3);
     assert!(stored > 10, "{stored}");

@@ -722,7 +722,11 @@ impl Held {
     fn link(&self) -> Result<Arc<dyn strata_store::link::VolumeLink>> {
         Ok(match self {
             Held::Here(v, _) => Arc::new(HereLink(v.clone())),
-            Held::Server(conn, map) => Arc::new(ServerLink(conn.clone(), map.clone())),
+            Held::Server(conn, map) => Arc::new(ServerLink(
+                conn.clone(),
+                map.clone(),
+                AtomicBool::new(false),
+            )),
         })
     }
 }
@@ -740,10 +744,12 @@ impl strata_store::link::VolumeLink for HereLink {
 }
 
 /// A volume frozen by its server, as the link sink sees it (one request
-/// at a time on the control connection).
+/// at a time on the control connection; none after one failed, since an
+/// answer that comes late would be read as the next one's).
 struct ServerLink(
     Arc<std::sync::Mutex<std::os::unix::net::UnixStream>>,
     Arc<strata_volume::FrozenMap>,
+    AtomicBool,
 );
 
 impl strata_store::link::VolumeLink for ServerLink {
@@ -752,7 +758,14 @@ impl strata_store::link::VolumeLink for ServerLink {
     }
     fn hold(&self, name: &str, dbns: &[u64]) -> io::Result<()> {
         let conn = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        strata_volume::control::hold_remote(&conn, name, dbns)
+        if self.2.load(Ordering::SeqCst) {
+            return Err(io::Error::other("an earlier hold request failed"));
+        }
+        let r = strata_volume::control::hold_remote(&conn, name, dbns);
+        if r.is_err() {
+            self.2.store(true, Ordering::SeqCst);
+        }
+        r
     }
 }
 
@@ -829,7 +842,8 @@ fn snapshot(
                 Ok(l) => Some(l),
                 Err(e) => {
                     out.warn(&format!(
-                        "the snapshot's new blocks are stored in the repository (not handed                          over to the volume): {e}"
+                        "the snapshot's new blocks are stored in the repository (not handed \
+                         over to the volume): {e}"
                     ));
                     None
                 }

@@ -207,7 +207,14 @@ impl LinkSink {
             .iter()
             .flat_map(|r| r.blocks.iter().copied())
             .collect();
-        if let Err(e) = self.source.hold(&id.to_hex(), &all) {
+        // After a hold failed, none is asked again: a served volume's
+        // control connection may be out of step (an answer that came late
+        // would be read as the next request's).
+        let held = match self.linking() {
+            true => self.source.hold(&id.to_hex(), &all),
+            false => Err(std::io::Error::other("an earlier hold failed")),
+        };
+        if let Err(e) = held {
             tracing::warn!(
                 "{name}: volume {} did not hold its blocks ({e}): stored",
                 self.volume
