@@ -9,8 +9,8 @@
 //! GETs read straight into one buffer, and `object_store`'s own retries
 //! of throttling, 5xx and dropped connections. The backend's calls are synchronous: each
 //! runs on a small Tokio runtime the backend owns. gc's sweep of what
-//! killed writers left aborts the multipart uploads under the prefix
-//! begun more than 10 minutes before (`ListMultipartUploads`, signed by
+//! killed writers left aborts the multipart uploads of data containers
+//! under the prefix begun more than 10 minutes before (`ListMultipartUploads`, signed by
 //! hand as the bucket requests are; `AbortMultipartUpload`).
 
 use crate::location::S3Location;
