@@ -101,10 +101,10 @@ pub enum VolumeCmd {
     /// repository: series `volume:NAME`, one file `NAME.img` in fixed
     /// 4 KiB blocks (deduplicated against everything the repository holds;
     /// holes are not read). A volume of a local repository (in its
-    /// `volumes/`, with dedup; served or stopped) then keeps the blocks
-    /// the snapshot stored for the repository, which keeps a link instead
-    /// of a second copy (one under `--volumes-dir` or of a bucket does
-    /// not: the repository stores a copy). Only the 2 MiB segments written
+    /// `volumes/`, with dedup; served or stopped) keeps the new blocks for
+    /// the repository, which writes a link instead of a second copy (one
+    /// under `--volumes-dir` or of a bucket does not: the repository
+    /// stores a copy). Only the 2 MiB segments written
     /// since the last snapshot are read (everything after a crash of the
     /// server). A served volume is frozen by its server for the snapshot
     /// (a point in time; clients go on writing). `strata restore
