@@ -266,6 +266,70 @@ fn a_served_volume_s_snapshot_is_linked() {
     }
 }
 
+/// Snapshots of a served volume while a client overwrites it all the time:
+/// each links what it stores to blocks the freeze keeps and the server
+/// holds, so however the volume moves on, every block each version links
+/// still holds its data — `check --read-data` reads them all, every
+/// version restores (its chunks checked), and the volume checks clean.
+#[test]
+fn a_served_snapshot_is_linked_while_clients_write() {
+    let Some(py) = libnbd_python() else {
+        return;
+    };
+    let (r, _) = random_volume(80);
+    let srv = serve_cmd(r.cmd(&["volume", "serve", "v", "--listen", "127.0.0.1:0", "--json"]));
+    let stop_file = r.dir().join("stop-writing");
+    let script = format!(
+        "import nbd, os, random\n\
+         h = nbd.NBD()\n\
+         h.connect_uri({url:?})\n\
+         n = 0\n\
+         while not os.path.exists({stop:?}):\n\
+         \x20   h.pwrite(os.urandom(1 << 20), random.randrange({mib}) << 20)\n\
+         \x20   n += 1\n\
+         \x20   if n % 8 == 0: h.flush()\n\
+         h.flush()\n\
+         h.shutdown()\n\
+         print(n)\n",
+        url = srv.url,
+        stop = stop_file.to_str().unwrap(),
+        mib = KILL_SIZE >> 20,
+    );
+    let writer = Command::new(py)
+        .args(["-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let s = r.json(&["volume", "snapshot", "v", "--read-all"]);
+        assert!(s["linked_containers"].as_u64().unwrap() > 0, "{s}");
+        assert_eq!(s["hold_failed_containers"], 0, "{s}");
+        ids.push(s["id"].as_str().unwrap().to_string());
+    }
+    std::fs::write(&stop_file, b"").unwrap();
+    let out = writer.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let writes: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    eprintln!("{writes} MiB written by the client meanwhile");
+    assert!(writes > 3, "the client wrote while the snapshots ran");
+    let c = r.json(&["check", "--read-data"]);
+    assert_eq!(c["errors"], serde_json::json!([]), "{c}");
+    for (i, id) in ids.iter().enumerate() {
+        let t = r.dir().join(format!("t-busy-{i}"));
+        r.json(&["restore", id, "--target", t.to_str().unwrap()]);
+        assert_eq!(
+            std::fs::metadata(t.join("v.img")).unwrap().len(),
+            KILL_SIZE as u64
+        );
+        std::fs::remove_dir_all(&t).unwrap();
+    }
+    stop(srv);
+    let vc = r.json(&["volume", "check", "v", "--read-data"]);
+    assert_eq!(vc["problems"], serde_json::json!([]), "{vc}");
+}
+
 /// Writes `data` at `offset` through libnbd and flushes.
 fn nbd_write(py: &str, url: &str, offset: u64, data: &[u8], scratch: &std::path::Path) {
     std::fs::write(scratch, data).unwrap();

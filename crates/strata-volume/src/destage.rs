@@ -216,6 +216,8 @@ impl Volume {
         for &f in &freed {
             d.cache.remove(f);
         }
+        // (Until the caller makes them pending: a hold may take them back.)
+        d.freeing.extend(&freed);
         drop(guard);
         Ok(freed)
     }

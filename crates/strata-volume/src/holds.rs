@@ -339,6 +339,7 @@ impl Volume {
             return Err(e);
         }
         d.pending_free.retain(|b| !delta.contains_key(b));
+        d.freeing.retain(|b| !delta.contains_key(b));
         Ok(())
     }
 
@@ -347,7 +348,7 @@ impl Volume {
     fn holdable(&self, d: &Disk, runs: &[(u64, u64)]) -> Result<()> {
         // (It only grows.)
         let end = lock(&self.space).end;
-        let pending: HashSet<u64> = d.pending_free.iter().copied().collect();
+        let pending: HashSet<u64> = d.pending_free.iter().chain(&d.freeing).copied().collect();
         for &(s, l) in runs {
             if s + l > end {
                 return Err(VolumeError::Invalid(format!(

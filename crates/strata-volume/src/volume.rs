@@ -393,6 +393,11 @@ pub(crate) struct Disk {
     /// Blocks freed since the last checkpoint (reused only after it: a
     /// map entry on disk may still point at them).
     pub(crate) pending_free: Vec<u64>,
+    /// Blocks a batch just applied freed, on their way to `pending_free`
+    /// (its caller adds them together with the batch's journal, under the
+    /// lock taken again): a hold may take them back meanwhile, as it does
+    /// blocks in `pending_free`.
+    pub(crate) freeing: std::collections::HashSet<u64>,
     /// Journal files of batches destaged since the last checkpoint, and
     /// their bytes: kept until the checkpoint makes their batches durable.
     pub(crate) uncommitted: Vec<PathBuf>,
@@ -408,6 +413,19 @@ pub(crate) struct Disk {
     /// subtracted) and whose files are not deleted yet: never subtracted
     /// again ([`crate::holds`]).
     pub(crate) released_applied: std::collections::HashSet<String>,
+}
+
+impl Disk {
+    /// Blocks a batch freed (`Volume::apply`), to be reused after the next
+    /// checkpoint — those a hold has not taken back since.
+    pub(crate) fn free_later(&mut self, freed: Vec<u64>) {
+        let Disk {
+            pending_free,
+            freeing,
+            ..
+        } = self;
+        pending_free.extend(freed.into_iter().filter(|b| freeing.remove(b)));
+    }
 }
 
 /// Live figures of a serving volume.
@@ -1398,6 +1416,7 @@ impl Volume {
                 cache,
                 counters,
                 pending_free: Vec::new(),
+                freeing: Default::default(),
                 uncommitted: Vec::new(),
                 uncommitted_bytes: 0,
                 uncommitted_generation: 0,
@@ -1484,7 +1503,7 @@ impl Volume {
             }
             let freed = self.apply(&batch)?;
             let mut d = lock(&self.disk);
-            d.pending_free.extend(freed);
+            d.free_later(freed);
             d.uncommitted.push(p.clone());
         }
         Ok(())
@@ -2772,7 +2791,7 @@ impl Volume {
                     let mut d = lock(&self.disk);
                     // Free for reuse after the checkpoint that deletes
                     // this batch's journal.
-                    d.pending_free.extend(freed);
+                    d.free_later(freed);
                     d.placed_since
                         .extend(batch.placed.keys().map(|&b| (b, generation)));
                     d.uncommitted_bytes += fs::metadata(&old_path).map(|m| m.len()).unwrap_or(0);
