@@ -82,29 +82,60 @@ pub fn container_tail(
     meta: &mut ContainerMeta,
     meta_offset: u64,
 ) -> Result<Vec<u8>> {
+    tail_within(repo, meta, meta_offset, 8)
+}
+
+/// [`container_tail`], looking for the fixed point at most `rounds` times.
+/// The data length is part of the metadata, and the metadata's own length
+/// depends on it: postcard varints make the fixed point reachable in a
+/// couple of rounds — unless compression makes the two lengths chase each
+/// other (a byte longer sealed with one length, a byte shorter with the
+/// other, for ever). Then the metadata is sealed to a length a little
+/// over the longest seen, padded with a frame decompression passes over
+/// (`Sealer::seal_padded`).
+fn tail_within(
+    repo: &Repository,
+    meta: &mut ContainerMeta,
+    meta_offset: u64,
+    rounds: usize,
+) -> Result<Vec<u8>> {
     let sealer = repo.sealer();
-    // The data length is part of the metadata, and the metadata's own length
-    // depends on it; postcard varints make the fixed point reachable in a
-    // couple of rounds.
-    let mut env;
-    loop {
-        env = sealer.seal(Kind::ContainerMeta, &encode(&*meta)?, true)?;
+    let mut longest = 0;
+    for _ in 0..rounds {
+        let env = sealer.seal(Kind::ContainerMeta, &encode(&*meta)?, true)?;
         let len = meta_offset + env.len() as u64 + CONTAINER_FOOTER_LEN as u64;
         if len == meta.data_len {
-            break;
+            let meta_len = env.len() as u32;
+            let mut tail = env;
+            tail.extend_from_slice(
+                &ContainerFooter {
+                    meta_offset,
+                    meta_len,
+                }
+                .to_bytes(),
+            );
+            return Ok(tail);
         }
+        longest = longest.max(len);
         meta.data_len = len;
     }
-    let mut tail = env;
-    let meta_len = tail.len() as u32;
-    tail.extend_from_slice(
-        &ContainerFooter {
-            meta_offset,
-            meta_len,
+    let base = match longest {
+        0 => {
+            let env = sealer.seal(Kind::ContainerMeta, &encode(&*meta)?, true)?;
+            meta_offset + env.len() as u64 + CONTAINER_FOOTER_LEN as u64
         }
-        .to_bytes(),
-    );
-    Ok(tail)
+        l => l,
+    };
+    for slack in [16, 64, 256, 4096] {
+        meta.data_len = base + slack;
+        if let Some(tail) = container_tail_sized(repo, meta, meta_offset)? {
+            return Ok(tail);
+        }
+    }
+    Err(StoreError::Invalid(format!(
+        "{}: its metadata does not seal to a fixed length",
+        data_name(&meta.id)
+    )))
 }
 
 /// A data container whose bytes are all written: the finisher makes it
@@ -700,6 +731,56 @@ mod tests {
     use crate::backend::LocalBackend;
     use crate::index::{ContainerTable, RepoIndex};
     use crate::repo::InitOptions;
+
+    /// A container whose metadata never settles on one length (forced
+    /// here: no round looks for the fixed point) is closed with its
+    /// metadata padded to a length a little over: it reads back whole,
+    /// plain and encrypted.
+    #[test]
+    fn a_tail_that_does_not_settle_is_padded() {
+        for password in [None, Some(b"pw".to_vec())] {
+            let t = tempfile::tempdir().unwrap();
+            let opts = InitOptions {
+                password,
+                kdf: strata_core::crypto::KdfCost {
+                    memory_kib: 64,
+                    iterations: 1,
+                },
+                ..Default::default()
+            };
+            let repo = Repository::init(Arc::new(LocalBackend::new(t.path())), opts).unwrap();
+            let mut meta = ContainerMeta {
+                id: ContainerId([7; 16]),
+                data_len: 0,
+                created: 1,
+                stamp: None,
+                regions: vec![RegionInfo {
+                    offset: CONTAINER_HEADER_LEN as u64,
+                    stored_len: 100,
+                    raw_len: 80,
+                }],
+                chunks: (0..50u32)
+                    .map(|i| ChunkEntry {
+                        fp: repo.hasher().hash(&i.to_le_bytes()),
+                        region: 0,
+                        offset: i,
+                        len: 1,
+                    })
+                    .collect(),
+                segments: vec![],
+            };
+            let offset = CONTAINER_HEADER_LEN as u64 + 100;
+            let mut settled = meta.clone();
+            let usual = tail_within(&repo, &mut settled, offset, 8).unwrap();
+            let tail = tail_within(&repo, &mut meta, offset, 0).unwrap();
+            assert!(tail.len() > usual.len());
+            assert_eq!(meta.data_len, offset + tail.len() as u64);
+            let mut data = container_header().to_vec();
+            data.resize(offset as usize, 0);
+            data.extend_from_slice(&tail);
+            assert_eq!(embedded_meta(&repo, &meta.id, &data).unwrap(), meta);
+        }
+    }
 
     /// A sink with index batches lists its containers in an index object
     /// each time they reach the batch, and leaves the rest to its caller:
