@@ -462,7 +462,6 @@ impl Backend for S3Backend {
     /// container streamed in parts) leave in the bucket, out of sight of
     /// listings but stored — and billed — until aborted.
     fn sweep_temporaries(&self, older_than: Duration) -> Result<crate::Swept> {
-        use object_store::multipart::MultipartStore;
         let mut swept = crate::Swept::default();
         let now = jiff::Timestamp::now();
         for u in self.multipart_uploads()? {
@@ -481,12 +480,8 @@ impl Backend for S3Backend {
             if !old {
                 continue;
             }
-            let key = Key::from(u.key.as_str());
-            match self.rt.block_on(self.store.abort_multipart(&key, &u.id)) {
-                Ok(()) => swept.files += 1,
-                // (Completed or aborted meanwhile.)
-                Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(map_err("delete", &u.key, e)),
+            if self.abort_upload(&u)? {
+                swept.files += 1;
             }
         }
         Ok(swept)
@@ -707,6 +702,18 @@ fn parse_uploads(xml: &str) -> (Vec<Upload>, Option<(String, String)>) {
 }
 
 impl S3Backend {
+    /// Aborts multipart upload `u` (from [`Self::multipart_uploads`]);
+    /// false if it was gone already (completed or aborted meanwhile).
+    pub fn abort_upload(&self, u: &Upload) -> Result<bool> {
+        use object_store::multipart::MultipartStore;
+        let key = Key::from(u.key.as_str());
+        match self.rt.block_on(self.store.abort_multipart(&key, &u.id)) {
+            Ok(()) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(map_err("delete", &u.key, e)),
+        }
+    }
+
     /// The multipart uploads in progress under the backend's prefix, every
     /// page of them.
     pub fn multipart_uploads(&self) -> Result<Vec<Upload>> {

@@ -214,8 +214,8 @@ fn s3_sweep_aborts_unfinished_uploads() {
     };
     const MINE: &str = "data/ab/ab0123456789abcdef0123456789abcd";
     const THEIRS: &str = "data/cd/cd0123456789abcdef0123456789abcd";
-    // (Containers' uploads left by an earlier run of this test swept
-    // first; the other program's upload stays, as it does below.)
+    // (Uploads left by an earlier run of this test that died half-way:
+    // swept first.)
     b.sweep_temporaries(Duration::ZERO).unwrap();
     other.sweep_temporaries(Duration::ZERO).unwrap();
     let before = b.multipart_uploads().unwrap().len();
@@ -249,4 +249,9 @@ fn s3_sweep_aborts_unfinished_uploads() {
         .iter()
         .any(|u| u.key.ends_with(THEIRS)));
     assert_eq!(other.sweep_temporaries(Duration::ZERO).unwrap().files, 1);
+    // (The other program's upload, aborted by hand.)
+    for u in b.multipart_uploads().unwrap() {
+        assert!(b.abort_upload(&u).unwrap());
+    }
+    assert!(b.multipart_uploads().unwrap().is_empty());
 }

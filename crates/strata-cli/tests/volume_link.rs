@@ -279,30 +279,51 @@ fn a_served_snapshot_is_linked_while_clients_write() {
     let (r, _) = random_volume(80);
     let srv = serve_cmd(r.cmd(&["volume", "serve", "v", "--listen", "127.0.0.1:0", "--json"]));
     let stop_file = r.dir().join("stop-writing");
+    let progress = r.dir().join("written");
+    // (At most 4 GiB in all: as fast as it can, to meet the destage's
+    // frees while holds are taken.)
     let script = format!(
         "import nbd, os, random\n\
          h = nbd.NBD()\n\
          h.connect_uri({url:?})\n\
          n = 0\n\
-         while not os.path.exists({stop:?}):\n\
+         while not os.path.exists({stop:?}) and n < 4096:\n\
          \x20   h.pwrite(os.urandom(1 << 20), random.randrange({mib}) << 20)\n\
          \x20   n += 1\n\
-         \x20   if n % 8 == 0: h.flush()\n\
+         \x20   if n % 8 == 0:\n\
+         \x20       h.flush()\n\
+         \x20       open({progress:?} + '.t', 'w').write(str(n))\n\
+         \x20       os.rename({progress:?} + '.t', {progress:?})\n\
          h.flush()\n\
          h.shutdown()\n\
          print(n)\n",
         url = srv.url,
         stop = stop_file.to_str().unwrap(),
+        progress = progress.to_str().unwrap(),
         mib = KILL_SIZE >> 20,
     );
+    let written = || -> u64 {
+        std::fs::read_to_string(&progress)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    };
     let writer = Command::new(py)
         .args(["-c", &script])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let mut ids = Vec::new();
+    let mut seen = 0;
     for _ in 0..3 {
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        // Some writes flushed since the last snapshot (something new to
+        // link), and the client still writing.
+        let t = std::time::Instant::now();
+        while written() < seen + 16 && t.elapsed().as_secs() < 60 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        seen = written();
+        assert!(seen < 4096, "the client stopped before the snapshots");
         let s = r.json(&["volume", "snapshot", "v", "--read-all"]);
         assert!(s["linked_containers"].as_u64().unwrap() > 0, "{s}");
         assert_eq!(s["hold_failed_containers"], 0, "{s}");

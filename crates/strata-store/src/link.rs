@@ -573,12 +573,13 @@ fn store_again(repo: &Repository, m: &ContainerMeta, l: &Linked) -> Result<bool>
         data.extend_from_slice(&sealed);
     }
     let mut meta = m.clone();
-    let mut tail = crate::container::container_tail(repo, &mut meta, data.len() as u64)?;
-    if meta != *m {
-        // (Another zstd: the metadata sealed to the length it had.)
-        tail = crate::container::container_tail_sized(repo, m, data.len() as u64)?
-            .ok_or_else(|| differs("its metadata"))?;
-    }
+    let tail = match crate::container::container_tail(repo, &mut meta, data.len() as u64) {
+        Ok(tail) if meta == *m => tail,
+        // (Another zstd, or one that does not settle: the metadata sealed
+        // to the length it had.)
+        _ => crate::container::container_tail_sized(repo, m, data.len() as u64)?
+            .ok_or_else(|| differs("its metadata"))?,
+    };
     data.extend_from_slice(&tail);
     if data.len() as u64 != m.data_len {
         return Err(differs("its metadata"));
