@@ -3033,6 +3033,46 @@ mod tests {
         assert_eq!(names.len(), 1, "no file left beside it");
     }
 
+    /// A hold takes back a block a batch has just freed, before the batch's
+    /// caller makes it pending (`Disk::freeing`): the window in which a
+    /// served volume's hold for a snapshot, waiting on the disk lock while
+    /// the batch was applied, saw the block as free and was refused.
+    #[test]
+    fn a_hold_takes_back_blocks_a_batch_has_just_freed() {
+        use super::{lock, Batch, Block, Threshold, Volume, VolumeConfig, BLOCK};
+        use std::sync::Arc;
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("v");
+        let cfg = VolumeConfig {
+            format: 1,
+            size: 1 << 20,
+            block_size: 4096,
+            threshold: Threshold::Fixed(4),
+            cache_bytes: 1 << 20,
+            dedup: true,
+            encryption: None,
+        };
+        Volume::create(&d, cfg).unwrap();
+        let v = Volume::open(&d).unwrap();
+        v.write_at(0, &[1u8; BLOCK], false).unwrap();
+        v.sync_all().unwrap();
+        let old = v.disk_blocks(0, 1).unwrap()[0].expect("destaged");
+        // Block 0 written again, applied as the destage thread does.
+        let mut batch = Batch::default();
+        let buf = Arc::new(vec![2u8; BLOCK]);
+        batch.put(0, Block::slices(&buf, 0, 1).next().unwrap());
+        let freed = v.apply(&batch).unwrap();
+        assert!(freed.contains(&old), "{freed:?}");
+        // (Here the destage thread lets the lock go, then takes it again.)
+        v.hold("h", &[old]).unwrap();
+        lock(&v.disk).free_later(freed);
+        assert!(
+            !lock(&v.disk).pending_free.contains(&old),
+            "held, not to be reused"
+        );
+        assert!(lock(&v.disk).freeing.is_empty());
+    }
+
     /// The freeze's copy of a map keeps its holes: a mostly empty map's
     /// copy takes about what its data does, and reads back the same.
     #[test]
