@@ -546,6 +546,27 @@ fn stored_uncompressed(repo: &Repository, id: &ContainerId) -> bool {
 /// which its metadata gives uncompressed).
 fn store_again(repo: &Repository, m: &ContainerMeta, l: &Linked) -> Result<bool> {
     let name = data_name(&m.id);
+    let (data, shorter) = stored_bytes(repo, m, |r| l.region(repo, &name, r))?;
+    repo.backend().put(&name, &data)?;
+    repo.backend().evict(&name);
+    repo.links
+        .loaded
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&m.id);
+    Ok(shorter)
+}
+
+/// Container `m`'s data object laid out exactly as its metadata says,
+/// each region's plaintext from `plain` (sealed compressed, or to the
+/// length the metadata gives it where that differs); and whether a region
+/// would compress shorter than that length.
+pub(crate) fn stored_bytes(
+    repo: &Repository,
+    m: &ContainerMeta,
+    plain: impl Fn(&RegionInfo) -> Result<Vec<u8>>,
+) -> Result<(Vec<u8>, bool)> {
+    let name = data_name(&m.id);
     let differs = |what: &str| {
         StoreError::Invalid(format!(
             "{name}: stored again, {what} would differ from its metadata; it stays linked"
@@ -556,7 +577,7 @@ fn store_again(repo: &Repository, m: &ContainerMeta, l: &Linked) -> Result<bool>
     regions.sort_by_key(|r| r.offset);
     let mut shorter = false;
     for r in regions {
-        let plain = l.region(repo, &name, r)?;
+        let plain = plain(r)?;
         let mut sealed = crate::container::seal_region(repo, &plain)?;
         shorter |= sealed.len() < r.stored_len as usize;
         if sealed.len() != r.stored_len as usize {
@@ -584,12 +605,5 @@ fn store_again(repo: &Repository, m: &ContainerMeta, l: &Linked) -> Result<bool>
     if data.len() as u64 != m.data_len {
         return Err(differs("its metadata"));
     }
-    repo.backend().put(&name, &data)?;
-    repo.backend().evict(&name);
-    repo.links
-        .loaded
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&m.id);
-    Ok(shorter)
+    Ok((data, shorter))
 }

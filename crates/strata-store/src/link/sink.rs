@@ -240,34 +240,25 @@ impl LinkSink {
     }
 
     /// Container `meta` as a data object, its regions read back from the
-    /// volume and sealed uncompressed at the offsets its metadata gives.
+    /// volume and stored at the offsets its metadata gives (uncompressed:
+    /// the lengths the sink gave them).
     fn stored_form(
         &self,
         repo: &Repository,
         meta: &ContainerMeta,
         regions: &[LinkedRegion],
     ) -> Result<Vec<u8>> {
-        let mut data = strata_core::format::container_header().to_vec();
-        for (r, lr) in meta.regions.iter().zip(regions) {
-            let sealed = repo
-                .sealer()
-                .seal(Kind::Region, &self.read_back(repo, lr)?, false)?;
-            if r.offset != data.len() as u64 || r.stored_len as usize != sealed.len() {
-                return Err(StoreError::Invalid(format!(
-                    "{}: a region sealed uncompressed would differ from its metadata",
-                    data_name(&meta.id)
-                )));
-            }
-            data.extend_from_slice(&sealed);
-        }
-        let tail = crate::container::container_tail_sized(repo, meta, data.len() as u64)?
-            .ok_or_else(|| {
-                StoreError::Invalid(format!(
-                    "{}: its metadata would differ in length",
-                    data_name(&meta.id)
-                ))
-            })?;
-        data.extend_from_slice(&tail);
-        Ok(data)
+        let plain = |r: &strata_core::format::RegionInfo| match regions
+            .iter()
+            .find(|lr| lr.offset == r.offset)
+        {
+            Some(lr) => self.read_back(repo, lr),
+            None => Err(StoreError::Invalid(format!(
+                "{}: no linked region at offset {}",
+                data_name(&meta.id),
+                r.offset
+            ))),
+        };
+        Ok(super::stored_bytes(repo, meta, plain)?.0)
     }
 }
