@@ -63,10 +63,9 @@ impl Out {
         }
     }
 
+    /// A warning, on stderr (with `--json` too: stdout stays the JSON).
     pub fn warn(&self, msg: &str) {
-        if !self.json {
-            eprintln!("warning: {msg}");
-        }
+        eprintln!("warning: {msg}");
     }
 }
 

@@ -424,20 +424,21 @@ pub struct UnlinkReport {
 }
 
 /// Stores again every container linked to volume `volume` (before the
-/// volume is deleted or replaced): each region read through the link
-/// (checked), sealed again into a data object laid out exactly as the
-/// container's metadata says (the same regions at the same offsets: zstd
-/// and the envelope give the same lengths for the same plaintext; where
-/// another zstd does not, each region and the metadata are sealed to the
-/// length they had, padded with a frame decompression passes over; a
-/// region the link sink linked is stored uncompressed, as its metadata
-/// says), which replaces the stub; then the hold is released and the
+/// volume is deleted or replaced), reading each linked region once.
+///
+/// A container the link sink linked (its metadata gives every region
+/// uncompressed) is copied forward into compressed containers, with the
+/// recipes pointing at it rewritten (pool compaction of those alone, as
+/// gc does; deleting the original releases its hold). Any other — or one
+/// the copy leaves behind — is sealed again into a data object laid out
+/// exactly as its metadata says (the same regions at the same offsets:
+/// zstd and the envelope give the same lengths for the same plaintext;
+/// where another zstd does not, each region and the metadata are sealed
+/// to the length they had, padded with a frame decompression passes
+/// over), which replaces the stub; then the hold is released and the
 /// marker goes. A container whose blocks do not check out, or that would
-/// not come out the same, stays linked and held (`failed`). Then the
-/// containers stored uncompressed whose data compresses are copied
-/// forward into compressed ones (pool compaction of those alone: the
-/// recipes pointing at them rewritten, as gc does). Holds the
-/// repository's lock.
+/// not come out the same, stays linked and held (`damaged`, `failed`).
+/// Holds the repository's lock.
 pub fn unlink_volume(repo: &Repository, volume: &str) -> Result<UnlinkReport> {
     if repo.links.dry {
         return Err(StoreError::Invalid(
@@ -448,96 +449,179 @@ pub fn unlink_volume(repo: &Repository, volume: &str) -> Result<UnlinkReport> {
     repo.forget_listed();
     let mut rep = UnlinkReport::default();
     let mut compressible = HashSet::new();
+    let mut direct: Vec<(ContainerId, u64)> = Vec::new();
     let ids: Vec<ContainerId> = repo.linked_ids()?.iter().copied().collect();
     for id in ids {
-        let raw = match repo.backend().get(&marker_name(&id)) {
-            Ok(r) => r,
-            Err(e) if e.is_not_found() => continue,
-            Err(e) => return Err(e.into()),
-        };
-        if raw != volume.as_bytes() {
-            continue;
+        match unlink_one(repo, volume, &id, true, &mut rep)? {
+            Unlinked::Copy(bytes) => direct.push((id, bytes)),
+            Unlinked::Compressible => drop(compressible.insert(id)),
+            Unlinked::Done => {}
         }
-        // (A container half deleted by an interrupted gc has nothing to
-        // store again: its hold and marker just go.)
-        let linked = match repo.link_of(&id) {
-            Err(StoreError::NotFound(_)) => None,
-            Err(StoreError::Backend(e)) if e.is_not_found() => None,
-            r => r?,
-        };
-        if linked.is_none() && stored_uncompressed(repo, &id) {
-            // Stored, its marker kept (the sink's hold failed): as the
-            // sink wrote it, uncompressed.
-            compressible.insert(id);
-        }
-        let meta = match linked {
-            None => None,
-            Some(l) => match crate::container::read_meta(repo, &id) {
-                Ok(m) => Some((l, m)),
-                Err(StoreError::NotFound(_)) => None,
-                Err(StoreError::Backend(e)) if e.is_not_found() => None,
-                Err(e) => return Err(e),
-            },
-        };
-        if let Some((l, m)) = meta {
-            match store_again(repo, &m, &l) {
-                Ok(shorter) => {
-                    rep.containers += 1;
-                    rep.stored_bytes += m.data_bytes();
-                    if shorter {
-                        compressible.insert(id);
-                    }
-                }
-                Err(e @ StoreError::Corrupt { .. }) => {
-                    rep.damaged.push((id, e.to_string()));
-                    continue;
-                }
-                Err(e) => {
-                    rep.failed.push(e.to_string());
-                    continue;
-                }
-            }
-        }
-        // Stored (again, or linked no further than its marker): the
-        // volume may let the blocks go.
-        let dir = repo.volume_dir(&data_name(&id), volume)?;
-        strata_volume::holds::release(&dir, &id.to_hex()).map_err(|e| {
-            StoreError::Invalid(format!("releasing the blocks of {}: {e}", data_name(&id)))
-        })?;
-        repo.backend().delete(&marker_name(&id))?;
     }
     repo.forget_listed();
-    // Stored uncompressed (as the link sink linked them): copied forward
+    // Linked by the sink, or stored uncompressed: copied forward
     // compressed, whatever their fill (all of them in one pass).
-    if !compressible.is_empty() {
-        let mut gc = crate::gc::GcReport::default();
-        let opts = crate::gc::GcOptions {
-            only: Some(compressible),
-            ..Default::default()
-        };
-        match crate::compact::compact_pool(repo, &opts, &mut gc) {
-            Ok(()) => {
+    let mut first: Option<String> = None;
+    if !direct.is_empty() || !compressible.is_empty() {
+        let these = compressible
+            .iter()
+            .copied()
+            .chain(direct.iter().map(|d| d.0));
+        match recompress(repo, these.collect()) {
+            Ok(gc) => {
                 rep.recompressed = gc.containers_rewritten;
                 rep.recompressed_freed_bytes = gc.bytes_freed;
-                rep.stored_bytes = rep.stored_bytes.saturating_sub(gc.bytes_freed);
+                compressible.clear();
             }
-            Err(e) => rep.recompress_failed = Some(e.to_string()),
+            Err(e) => first = Some(e.to_string()),
         }
     }
+    // What the copy left linked (it failed: a region that does not check
+    // out), stored again one by one, then copied forward once more.
+    for (id, bytes) in direct {
+        if repo.backend().size(&marker_name(&id))?.is_some() {
+            if let Unlinked::Compressible = unlink_one(repo, volume, &id, false, &mut rep)? {
+                compressible.insert(id);
+            }
+        } else {
+            rep.containers += 1;
+            rep.stored_bytes += bytes;
+        }
+    }
+    repo.forget_listed();
+    rep.stored_bytes = rep
+        .stored_bytes
+        .saturating_sub(rep.recompressed_freed_bytes);
+    if compressible.is_empty() {
+        // (Whatever the copy failed on is stored as it was, or damaged.)
+        first = None;
+    } else if first.is_some() {
+        match recompress(repo, compressible) {
+            Ok(gc) => {
+                first = None;
+                rep.recompressed += gc.containers_rewritten;
+                rep.recompressed_freed_bytes += gc.bytes_freed;
+                rep.stored_bytes = rep.stored_bytes.saturating_sub(gc.bytes_freed);
+            }
+            Err(e) => first = Some(e.to_string()),
+        }
+    }
+    rep.recompress_failed = first;
     Ok(rep)
+}
+
+/// What [`unlink_one`] made of a linked container.
+enum Unlinked {
+    /// Linked by the sink: left linked, to be copied forward (its stored
+    /// bytes, as its metadata gives them).
+    Copy(u64),
+    /// Stored (again), uncompressed, though its data may compress.
+    Compressible,
+    /// Stored again as it was, damaged, failed, or not this volume's.
+    Done,
+}
+
+/// Container `id`, if its marker names `volume`: stored again and its
+/// hold released — unless the sink linked it and `defer` (then left for
+/// the copy forward).
+fn unlink_one(
+    repo: &Repository,
+    volume: &str,
+    id: &ContainerId,
+    defer: bool,
+    rep: &mut UnlinkReport,
+) -> Result<Unlinked> {
+    let raw = match repo.backend().get(&marker_name(id)) {
+        Ok(r) => r,
+        Err(e) if e.is_not_found() => return Ok(Unlinked::Done),
+        Err(e) => return Err(e.into()),
+    };
+    if raw != volume.as_bytes() {
+        return Ok(Unlinked::Done);
+    }
+    // (A container half deleted by an interrupted gc has nothing to
+    // store again: its hold and marker just go.)
+    let linked = match repo.link_of(id) {
+        Err(StoreError::NotFound(_)) => None,
+        Err(StoreError::Backend(e)) if e.is_not_found() => None,
+        r => r?,
+    };
+    let mut done = Unlinked::Done;
+    if linked.is_none() && stored_uncompressed(repo, id) {
+        // Stored, its marker kept (the sink's hold failed): as the
+        // sink wrote it, uncompressed.
+        done = Unlinked::Compressible;
+    }
+    let meta = match linked {
+        None => None,
+        Some(l) => match crate::container::read_meta(repo, id) {
+            Ok(m) => Some((l, m)),
+            Err(StoreError::NotFound(_)) => None,
+            Err(StoreError::Backend(e)) if e.is_not_found() => None,
+            Err(e) => return Err(e),
+        },
+    };
+    if let Some((l, m)) = meta {
+        if defer && uncompressed(repo, &m) {
+            return Ok(Unlinked::Copy(m.data_bytes()));
+        }
+        match store_again(repo, &m, &l) {
+            Ok(shorter) => {
+                rep.containers += 1;
+                rep.stored_bytes += m.data_bytes();
+                if shorter {
+                    done = Unlinked::Compressible;
+                }
+            }
+            Err(e @ StoreError::Corrupt { .. }) => {
+                rep.damaged.push((*id, e.to_string()));
+                return Ok(Unlinked::Done);
+            }
+            Err(e) => {
+                rep.failed.push(e.to_string());
+                return Ok(Unlinked::Done);
+            }
+        }
+    }
+    // Stored (again, or linked no further than its marker): the volume
+    // may let the blocks go.
+    let dir = repo.volume_dir(&data_name(id), volume)?;
+    strata_volume::holds::release(&dir, &id.to_hex()).map_err(|e| {
+        StoreError::Invalid(format!("releasing the blocks of {}: {e}", data_name(id)))
+    })?;
+    repo.backend().delete(&marker_name(id))?;
+    Ok(done)
+}
+
+/// Pool compaction of containers `only`, whatever their fill: their live
+/// chunks copied forward compressed, the recipes rewritten, the originals
+/// deleted (a linked one's hold released).
+fn recompress(repo: &Repository, only: HashSet<ContainerId>) -> Result<crate::gc::GcReport> {
+    let mut gc = crate::gc::GcReport::default();
+    let opts = crate::gc::GcOptions {
+        only: Some(only),
+        ..Default::default()
+    };
+    crate::compact::compact_pool(repo, &opts, &mut gc)?;
+    Ok(gc)
 }
 
 /// Whether container `id` is stored and every region of it uncompressed
 /// (its length the plaintext's plus the envelope's), as the link sink
 /// stores a container whose hold the volume did not take.
 fn stored_uncompressed(repo: &Repository, id: &ContainerId) -> bool {
+    crate::container::read_meta(repo, id).is_ok_and(|m| uncompressed(repo, &m))
+}
+
+/// Whether container `m`'s metadata gives every region uncompressed (its
+/// length the plaintext's plus the envelope's), as the link sink lays
+/// them out.
+fn uncompressed(repo: &Repository, m: &ContainerMeta) -> bool {
     let overhead = repo.sealer().overhead() as u64;
-    crate::container::read_meta(repo, id).is_ok_and(|m| {
-        !m.regions.is_empty()
-            && m.regions
-                .iter()
-                .all(|r| r.stored_len as u64 == r.raw_len as u64 + overhead)
-    })
+    !m.regions.is_empty()
+        && m.regions
+            .iter()
+            .all(|r| r.stored_len as u64 == r.raw_len as u64 + overhead)
 }
 
 /// Container `m`'s data object made again from its linked regions and

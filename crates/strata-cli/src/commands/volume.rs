@@ -463,14 +463,21 @@ pub fn run(
                 bail!("deleting volume {name} destroys its data: add --yes");
             }
             let lock = Volume::lock(&dir)?;
-            let unlinked = unlink(cli, out, &dir, name, true)?;
+            let r = unlink(cli, out, &dir, name, true)?;
             std::fs::remove_dir_all(&dir).with_context(|| format!("deleting {}", dir.display()))?;
             drop(lock);
             // A stopped defrag's copy, and its lock file.
             let _ = std::fs::remove_dir_all(root.join(format!(".{name}.defrag")));
             let _ = std::fs::remove_file(root.join(format!(".{name}.defrag.lock")));
+            let unlinked = r.stored_bytes;
             out.result(
-                &serde_json::json!({"deleted": name, "stored_again_bytes": unlinked}),
+                &serde_json::json!({
+                    "deleted": name,
+                    "stored_again_bytes": unlinked,
+                    "stored_again_containers": r.containers,
+                    "recompressed_containers": r.recompressed,
+                    "damaged_containers": r.damaged.len(),
+                }),
                 || {
                     let mut t = format!("volume {name} deleted");
                     if unlinked > 0 {
@@ -527,7 +534,7 @@ pub fn run(
 /// Before a volume's data file goes (delete, defrag): the containers its
 /// snapshots link to its blocks are stored in the repository again, and
 /// their holds released (`strata_store::link::unlink_volume`). Returns
-/// the bytes stored again. A container that cannot be (its blocks changed
+/// what it did. A container that cannot be (its blocks changed
 /// on the host) fails a defrag; a delete (`deleting`) goes on with a
 /// warning — the versions using it are damaged already.
 fn unlink(
@@ -536,9 +543,9 @@ fn unlink(
     dir: &std::path::Path,
     name: &str,
     deleting: bool,
-) -> Result<u64> {
+) -> Result<strata_store::link::UnlinkReport> {
     if strata_volume::holds::held(dir)?.is_empty() {
-        return Ok(0);
+        return Ok(Default::default());
     }
     let repo = crate::open(cli)?;
     let r = strata_store::link::unlink_volume(&repo, name).with_context(|| {
@@ -590,7 +597,7 @@ fn unlink(
             dir.join(strata_volume::holds::DIR).display()
         );
     }
-    Ok(r.stored_bytes)
+    Ok(r)
 }
 
 /// `volume copy`: the stopped volume `from` copied into a new volume `to`.
