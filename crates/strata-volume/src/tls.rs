@@ -108,18 +108,19 @@ struct Shared {
 }
 
 impl Shared {
-    /// Sends what the TLS state has to send (records made under `tls`).
-    fn send(&self, mut tls: MutexGuard<'_, ServerConnection>) -> io::Result<()> {
-        let mut out = Vec::new();
+    /// Sends what the TLS state has to send (records made under `tls`,
+    /// in the caller's buffer `out`, kept from one call to the next).
+    fn send(&self, mut tls: MutexGuard<'_, ServerConnection>, out: &mut Vec<u8>) -> io::Result<()> {
+        out.clear();
         while tls.wants_write() {
-            tls.write_tls(&mut out)?;
+            tls.write_tls(out)?;
         }
         if out.is_empty() {
             return Ok(());
         }
         let mut net = lock(&self.net_out);
         drop(tls);
-        net.write_all(&out)?;
+        net.write_all(out)?;
         net.flush()
     }
 }
@@ -173,13 +174,13 @@ pub(crate) fn accept(mut net: Box<dyn Conn>, cfg: &TlsConfig) -> io::Result<Box<
 /// Network to the NBD side: records in, plaintext out. At the end (the
 /// client's close, or an error) the NBD side reads end of file.
 fn inbound(s: &Shared, mut net: Box<dyn Conn>, mut to_nbd: UnixStream) -> io::Result<()> {
-    let mut buf = vec![0u8; 64 << 10];
-    let mut plain = vec![0u8; 64 << 10];
+    let mut buf = vec![0u8; 256 << 10];
+    let (mut data, mut out) = (vec![0u8; 512 << 10], Vec::new());
     let result = (|| -> io::Result<()> {
         // (What came with the end of the handshake is there already.)
         let mut n = 0;
         loop {
-            let mut data = Vec::new();
+            let mut filled = 0;
             let mut closed = false;
             let mut tls = lock(&s.tls);
             let mut rest = &buf[..n];
@@ -193,17 +194,17 @@ fn inbound(s: &Shared, mut net: Box<dyn Conn>, mut to_nbd: UnixStream) -> io::Re
                 if took > 0 {
                     if let Err(e) = tls.process_new_packets() {
                         // The alert goes out, then the connection ends.
-                        s.send(tls)?;
+                        s.send(tls, &mut out)?;
                         return Err(io::Error::new(io::ErrorKind::InvalidData, e));
                     }
                 }
-                closed |= drain(&mut tls, &mut plain, &mut data)?;
+                closed |= drain(&mut tls, &mut data, &mut filled)?;
                 if rest.is_empty() || closed || took == 0 {
                     break;
                 }
             }
-            s.send(tls)?;
-            to_nbd.write_all(&data)?;
+            s.send(tls, &mut out)?;
+            to_nbd.write_all(&data[..filled])?;
             if closed {
                 return Ok(());
             }
@@ -221,13 +222,17 @@ fn inbound(s: &Shared, mut net: Box<dyn Conn>, mut to_nbd: UnixStream) -> io::Re
     result
 }
 
-/// Moves the plaintext the TLS state holds into `data`; whether the
-/// client has closed its side (`close_notify`).
-fn drain(tls: &mut ServerConnection, plain: &mut [u8], data: &mut Vec<u8>) -> io::Result<bool> {
+/// Moves the plaintext the TLS state holds into `data` after its first
+/// `filled` bytes (read into it, not through a buffer of its own; grown
+/// when short); whether the client has closed its side (`close_notify`).
+fn drain(tls: &mut ServerConnection, data: &mut Vec<u8>, filled: &mut usize) -> io::Result<bool> {
     loop {
-        match tls.reader().read(plain) {
+        if data.len() - *filled < 16 << 10 {
+            data.resize(data.len() * 2, 0);
+        }
+        match tls.reader().read(&mut data[*filled..]) {
             Ok(0) => return Ok(true),
-            Ok(k) => data.extend_from_slice(&plain[..k]),
+            Ok(k) => *filled += k,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
             Err(e) => return Err(e),
         }
@@ -238,7 +243,7 @@ fn drain(tls: &mut ServerConnection, plain: &mut [u8], data: &mut Vec<u8>) -> io
 /// (the NBD side closed) the client is told (`close_notify`) and the
 /// network connection shut.
 fn outbound(s: &Shared, mut from_nbd: UnixStream) -> io::Result<()> {
-    let mut buf = vec![0u8; 256 << 10];
+    let (mut buf, mut out) = (vec![0u8; 256 << 10], Vec::new());
     let result = (|| -> io::Result<()> {
         loop {
             let n = match from_nbd.read(&mut buf) {
@@ -249,12 +254,12 @@ fn outbound(s: &Shared, mut from_nbd: UnixStream) -> io::Result<()> {
             };
             let mut tls = lock(&s.tls);
             tls.writer().write_all(&buf[..n])?;
-            s.send(tls)?;
+            s.send(tls, &mut out)?;
         }
     })();
     let mut tls = lock(&s.tls);
     tls.send_close_notify();
-    let _ = s.send(tls);
+    let _ = s.send(tls, &mut out);
     lock(&s.net_out).shutdown();
     // (The NBD side's writes now fail rather than wait.)
     let _ = from_nbd.shutdown(std::net::Shutdown::Both);
