@@ -196,4 +196,24 @@ mod tests {
         walk(&super::Cli::command(), "", &mut missing);
         assert!(missing.is_empty(), "no description: {missing:#?}");
     }
+
+    /// A command's summary (its line in its parent's list of commands)
+    /// is short: the details go in a second paragraph, which only the
+    /// command's own `--help` shows.
+    #[test]
+    fn command_summaries_are_short() {
+        fn walk(c: &clap::Command, path: &str, long: &mut Vec<String>) {
+            let here = format!("{path} {}", c.get_name());
+            let about = c.get_about().map(|a| a.to_string()).unwrap_or_default();
+            if about.chars().count() > 110 {
+                long.push(format!("{here}: {} characters", about.chars().count()));
+            }
+            for sub in c.get_subcommands() {
+                walk(sub, &here, long);
+            }
+        }
+        let mut long = Vec::new();
+        walk(&super::Cli::command(), "", &mut long);
+        assert!(long.is_empty(), "summaries too long: {long:#?}");
+    }
 }

@@ -46,6 +46,8 @@ pub(crate) enum Cmd {
     Dump(dump::DumpArgs),
     /// Restore a snapshot into a directory.
     Restore(restore::RestoreArgs),
+    /// What changed between two snapshots.
+    ///
     /// What changed between two snapshots: added, removed, modified and
     /// metadata-only paths, with sizes (from the recipes; no data read).
     Diff(diff::DiffArgs),
@@ -53,21 +55,31 @@ pub(crate) enum Cmd {
     Find(find::FindArgs),
     /// Add, remove or set snapshots' tags.
     Tag(tag::TagArgs),
+    /// Copy snapshots from another repository into this one.
+    ///
     /// Copy snapshots from another repository into this one (deduplicated
     /// against it; already copied ones are skipped).
     Copy(copy::CopyArgs),
+    /// Browse the repository as a read-only file system (FUSE).
+    ///
     /// Browse the repository as a read-only file system (FUSE): series,
     /// versions, and each version's tree, read on demand. Runs until
     /// unmounted (`fusermount3 -u DIR`) or interrupted.
     Mount(mount::MountArgs),
+    /// Remove snapshots.
+    ///
     /// Remove snapshots. Reverse-deduplicated (archival) versions free their
     /// stamped data at once; live-form data is freed by `gc` (or `--prune`).
     Forget(forget::ForgetArgs),
     /// Free the space of data no snapshot references (mark and sweep).
     Gc(gc::GcArgs),
+    /// Show or set the lifecycle policy of a series.
+    ///
     /// Show or set the lifecycle policy of a series: how many newest versions
     /// stay live, how many (or how many days of) versions are retained.
     Policy(policy::PolicyArgs),
+    /// Lifecycle work, out of line: reverse dedup, retention, pool compaction.
+    ///
     /// Lifecycle work, out of line (RevDedup): reverse-deduplicate the
     /// versions that left their series' live window against the next
     /// version, delete versions past retention (with their stamped
@@ -87,6 +99,8 @@ pub(crate) enum Cmd {
         #[command(subcommand)]
         cmd: key::KeyCmd,
     },
+    /// Print a shell completion script.
+    ///
     /// Print a shell completion script (bash, zsh, fish, elvish,
     /// powershell): e.g. `strata completion bash > /etc/bash_completion.d/strata`.
     Completion(completion::CompletionArgs),
@@ -100,6 +114,8 @@ pub(crate) enum Cmd {
         #[command(subcommand)]
         cmd: tier::TierCmd,
     },
+    /// Thin, deduplicated block volumes served over NBD.
+    ///
     /// Thin, deduplicated block volumes served over NBD (iDedup's inline
     /// dedup of duplicate runs at least --threshold blocks long).
     Volume {
@@ -115,6 +131,8 @@ pub(crate) enum Cmd {
         #[command(subcommand)]
         cmd: volume::VolumeCmd,
     },
+    /// Run next to a cloud tier's bucket, for `tier gc --service`.
+    ///
     /// Run next to a cloud tier's bucket (--repo s3://…): assembles new
     /// objects from ranges of existing ones for `strata tier gc --service`,
     /// so cleaning the cloud tier downloads nothing.

@@ -10,6 +10,8 @@ use serde_json::json;
 pub enum RepairWhat {
     /// Rebuild the index from the containers' metadata.
     Index,
+    /// Store what damaged snapshots still hold, without their lost paths.
+    ///
     /// Store what damaged snapshots still hold: each is saved again
     /// without the paths whose data is lost, in the series
     /// `SERIES.repaired` (same time, host and paths, tag `repaired`); the

@@ -14,6 +14,8 @@ use strata_store::Repository;
 
 #[derive(Subcommand)]
 pub enum TierCmd {
+    /// Attach a bucket as this repository's cloud tier.
+    ///
     /// Attach a bucket (s3://BUCKET/PREFIX) as this repository's cloud
     /// tier: a second dedup domain that holds whole versions (created if
     /// missing; the bucket too).
@@ -25,6 +27,8 @@ pub enum TierCmd {
         #[arg(long, default_value_t = 4)]
         container_mib: u32,
     },
+    /// Bytes the active tier would free if the selected versions moved.
+    ///
     /// Bytes the active tier would free if the selected versions (or paths
     /// of them) moved to the cloud tier — or were forgotten — and `gc` ran:
     /// exact to the byte (gc is run on a what-if copy: it reads what gc
@@ -37,16 +41,22 @@ pub enum TierCmd {
         #[arg(long)]
         fast: bool,
     },
+    /// Move the selected versions (or paths of them) to the cloud tier.
+    ///
     /// Move the selected versions to the cloud tier: only chunks the bucket
     /// lacks are sent; `gc` then frees what only they held locally. With
     /// `--path`, only the matching files move and the rest of each version
     /// stays active (`snapshots` shows it as active+cloud; restore reads
     /// both).
     Migrate(SelArgs),
+    /// Bring the selected versions back from the cloud tier.
+    ///
     /// Bring the selected versions back from the cloud tier (whole versions,
     /// and the cloud parts of active versions): only chunks the active tier
     /// lacks are read from the bucket.
     Recall(SelArgs),
+    /// The bulk first transfer of many versions to an empty cloud tier.
+    ///
     /// The bulk first transfer of many versions (an empty cloud tier):
     /// reads the active tier in physical order, each chunk once; resumable
     /// — run it again after an interruption.
@@ -57,6 +67,8 @@ pub enum TierCmd {
         #[arg(long)]
         restart: bool,
     },
+    /// Clean the cloud tier without downloading it.
+    ///
     /// Clean the cloud tier without downloading it: containers with dead
     /// regions are deleted or copied forward region by region next to the
     /// store (the cleaning efficiency region granularity loses is reported).
@@ -80,6 +92,8 @@ pub enum TierCmd {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Disaster recovery: rebuild a lost local repository from its cloud tier.
+    ///
     /// Disaster recovery: rebuild a lost local repository (at --repo, which
     /// must not exist yet) from its cloud tier alone; its versions are then
     /// listed and restorable again. Needs the repository's password.

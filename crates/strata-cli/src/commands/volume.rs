@@ -23,6 +23,8 @@ use strata_volume::{Encryption, Threshold, Volume, VolumeConfig, VolumeKey};
 #[derive(Subcommand)]
 pub enum VolumeCmd {
     /// Create a thin block volume (nothing is allocated until written).
+    ///
+    /// Create a thin block volume (nothing is allocated until written).
     /// In an encrypted repository the volume is encrypted too (its blocks,
     /// journal and fingerprints; XTS-AES-256 as LUKS, the key from the
     /// repository's): `create`, `serve` and `snapshot` ask for the
@@ -57,6 +59,8 @@ pub enum VolumeCmd {
         #[arg(long, value_name = "FILE")]
         from: Option<PathBuf>,
     },
+    /// Serve a volume over NBD until SIGTERM or Ctrl-C.
+    ///
     /// Serve a volume over NBD until SIGTERM or Ctrl-C (then everything
     /// acknowledged is destaged and the volume closed cleanly).
     Serve {
@@ -91,12 +95,16 @@ pub enum VolumeCmd {
         #[arg(long, value_name = "MIB", requires = "at", default_value_t = 64)]
         cache_mib: usize,
     },
+    /// A volume's dedup ratio, cache hit rate, fragmentation and latency.
+    ///
     /// Dedup ratio, cache hit rate, duplicate sequence lengths, read
     /// fragmentation, latency percentiles (from the last serve).
     Stats {
         /// The volume's name.
         name: String,
     },
+    /// Store the volume's current contents as a snapshot (a version in the repository).
+    ///
     /// Store the volume's current contents as a snapshot in the
     /// repository: series `volume:NAME`, one file `NAME.img` in fixed
     /// 4 KiB blocks (deduplicated against everything the repository holds;
@@ -121,6 +129,8 @@ pub enum VolumeCmd {
         #[arg(long)]
         read_all: bool,
     },
+    /// Check a stopped volume's files against one another, changing nothing.
+    ///
     /// Check a stopped volume's files against one another without
     /// changing them: the block map names only blocks the data file has,
     /// the reference counts agree with it, the journals read. Exit code 1
@@ -135,6 +145,8 @@ pub enum VolumeCmd {
         #[arg(long)]
         read_data: bool,
     },
+    /// Change a stopped volume's size.
+    ///
     /// Change a stopped volume's size: larger (the new blocks read as
     /// zeros; nothing is allocated) or, with `--shrink`, smaller (what lies
     /// past the new end is dropped and its space freed). Clients see the
@@ -150,6 +162,8 @@ pub enum VolumeCmd {
         #[arg(long)]
         shrink: bool,
     },
+    /// Write a stopped volume again in its own block order (fewer, larger disk reads).
+    ///
     /// Write a stopped volume again in its own block order: after many
     /// overwrites a volume with dedup lies in pieces across its data file
     /// (a log), and reads of a stretch of it become many small disk reads.
@@ -162,6 +176,8 @@ pub enum VolumeCmd {
         /// The volume's name.
         name: String,
     },
+    /// Copy a stopped volume into a new one.
+    ///
     /// Copy a stopped volume into a new one (a template for several VMs,
     /// or a copy to try something on): the same size and settings, its
     /// own key in an encrypted repository, deduplicated as it is written,
@@ -175,6 +191,8 @@ pub enum VolumeCmd {
     },
     /// The repository's volumes.
     List,
+    /// Delete a volume (its snapshots stay restorable).
+    ///
     /// Delete a volume and everything in it (refused while it is served).
     /// What its snapshots read from its blocks is stored in the repository
     /// again first, so every snapshot stays restorable.
