@@ -786,3 +786,101 @@ fn a_damaged_container_does_not_keep_the_rest_uncompressed() {
     assert_eq!(st["linked_containers"], 1, "{st}");
     assert!(st["stored_bytes"].as_u64().unwrap() < 1 << 20, "{st}");
 }
+
+/// A volume of text-like blocks (each its own) and random ones, snapshotted
+/// (linked): the repository and the image.
+fn linked_mixed_volume(seed: u64) -> (Repo, Vec<u8>) {
+    let r = Repo::with_init(&[], None);
+    let mut img: Vec<u8> = (0..(24u32 << 20))
+        .map(|i| b"strata volume delete, killed "[(i as usize * 3) % 29])
+        .collect();
+    for (n, b) in img.chunks_mut(4096).enumerate() {
+        b[..12].copy_from_slice(format!("{n:>12}").as_bytes());
+    }
+    img.extend(prng(seed, 24 << 20));
+    let src = r.scratch("disk.raw");
+    std::fs::write(&src, &img).unwrap();
+    r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
+    let s = r.json(&["volume", "snapshot", "v"]);
+    assert!(s["linked_containers"].as_u64().unwrap() > 1, "{s}");
+    (r, img)
+}
+
+/// kill -9 of `volume delete` at points spread over its run (storing the
+/// linked containers again, copying them forward, deleting the volume's
+/// files): as soon as the copy's first container shows, as soon as the
+/// first marker goes, or after a share of a full run's time. The version
+/// restores byte-exact after the kill, a second `volume delete` finishes
+/// the job, and then the version still restores, check reads it clean,
+/// nothing is linked any more and the data is stored compressed.
+#[test]
+fn kill_9_during_volume_delete() {
+    // A full run's time.
+    let (r, _) = linked_mixed_volume(70);
+    let t = std::time::Instant::now();
+    r.json(&["volume", "delete", "v", "--yes"]);
+    let base = t.elapsed().as_millis() as u64;
+    let data_objects = |r: &Repo| {
+        walkdir::WalkDir::new(r.path.join("data"))
+            .into_iter()
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                e.file_type().is_file() && !e.file_name().to_string_lossy().starts_with('.')
+            })
+            .count()
+    };
+    const ROUNDS: u64 = 6;
+    let mut midway = 0;
+    for round in 0..ROUNDS {
+        let (r, img) = linked_mixed_volume(71 + round);
+        let (objects, markers) = (data_objects(&r), links(&r).0);
+        let mut c = r.cmd(&["volume", "delete", "v", "--yes"]);
+        c.stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let started = std::time::Instant::now();
+        let mut child = c.spawn().unwrap();
+        let how = match round % 3 {
+            0 => loop {
+                if data_objects(&r) > objects || started.elapsed().as_secs() > 20 {
+                    break format!("a new container ({} ms in)", started.elapsed().as_millis());
+                }
+            },
+            1 => loop {
+                if links(&r).0 < markers || started.elapsed().as_secs() > 20 {
+                    break format!("a marker gone ({} ms in)", started.elapsed().as_millis());
+                }
+            },
+            _ => {
+                let delay = base * (round + 1) / (ROUNDS + 1);
+                std::thread::sleep(std::time::Duration::from_millis(delay));
+                format!("after {delay} of {base} ms")
+            }
+        };
+        let _ = child.kill();
+        child.wait().unwrap();
+        let how = format!("killed {how}");
+        let there = r.path.join("volumes/v").exists();
+        midway += (there && links(&r).0 < markers) as u32;
+        restores(&r, "volume:v@1", &img, "before the rerun");
+        let c = r.json(&["check"]);
+        assert_eq!(c["errors"], serde_json::json!([]), "{how}: {c}");
+        if there {
+            r.json(&["volume", "delete", "v", "--yes"]);
+        }
+        assert!(!r.path.join("volumes/v").exists(), "{how}");
+        restores(&r, "volume:v@1", &img, "after");
+        r.json(&["gc"]);
+        let c = r.json(&["check", "--read-data"]);
+        assert_eq!(c["errors"], serde_json::json!([]), "{how}: {c}");
+        let st = r.json(&["stats"]);
+        assert_eq!(st["linked_bytes"], 0, "{how}: {st}");
+        // Compressed: the 24 MiB of text-like data to little.
+        assert!(
+            st["stored_bytes"].as_u64().unwrap() < 26 << 20,
+            "{how}: {st}"
+        );
+    }
+    // Some kills landed between the first container given back and the
+    // volume's deletion.
+    assert!(midway > 0, "no kill landed midway");
+}
