@@ -199,7 +199,7 @@ mod tests {
 
     /// A command's summary (its line in its parent's list of commands)
     /// is short: the details go in a second paragraph, which only the
-    /// command's own `--help` shows.
+    /// command's own `--help` shows, and which does not repeat it.
     #[test]
     fn command_summaries_are_short() {
         fn walk(c: &clap::Command, path: &str, long: &mut Vec<String>) {
@@ -207,6 +207,15 @@ mod tests {
             let about = c.get_about().map(|a| a.to_string()).unwrap_or_default();
             if about.chars().count() > 110 {
                 long.push(format!("{here}: {} characters", about.chars().count()));
+            }
+            // The details go on from the summary, not say it again.
+            let details = c
+                .get_long_about()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            let start: String = about.chars().take(24).collect();
+            if details.split("\n\n").skip(1).any(|p| p.starts_with(&start)) {
+                long.push(format!("{here}: its details repeat its summary"));
             }
             for sub in c.get_subcommands() {
                 walk(sub, &here, long);

@@ -476,8 +476,10 @@ pub fn unlink_volume(repo: &Repository, volume: &str) -> Result<UnlinkReport> {
             Err(e) => first = Some(e.to_string()),
         }
     }
-    // What the copy left linked (it failed: a region that does not check
-    // out), stored again one by one, then copied forward once more.
+    // What the copy left linked (it failed — a region that does not check
+    // out — or passed it over), stored again one by one, then copied
+    // forward once more.
+    let (damaged, failed) = (rep.damaged.len(), rep.failed.len());
     for (id, bytes) in direct {
         if repo.backend().size(&marker_name(&id))?.is_some() {
             if let Unlinked::Compressible = unlink_one(repo, volume, &id, false, &mut rep)? {
@@ -492,13 +494,14 @@ pub fn unlink_volume(repo: &Repository, volume: &str) -> Result<UnlinkReport> {
     rep.stored_bytes = rep
         .stored_bytes
         .saturating_sub(rep.recompressed_freed_bytes);
-    if compressible.is_empty() {
-        // (Whatever the copy failed on is stored as it was, or damaged.)
+    // The first copy's failure is told unless what it failed on is named
+    // already (damaged, or failed to store again).
+    if rep.damaged.len() > damaged || rep.failed.len() > failed {
         first = None;
-    } else if first.is_some() {
+    }
+    if !compressible.is_empty() {
         match recompress(repo, compressible) {
             Ok(gc) => {
-                first = None;
                 rep.recompressed += gc.containers_rewritten;
                 rep.recompressed_freed_bytes += gc.bytes_freed;
                 rep.stored_bytes = rep.stored_bytes.saturating_sub(gc.bytes_freed);

@@ -120,8 +120,12 @@ impl Shared {
         }
         let mut net = lock(&self.net_out);
         drop(tls);
-        net.write_all(out)?;
-        net.flush()
+        let sent = net.write_all(out).and_then(|_| net.flush());
+        // (A long reply's records are not kept for the connection's life.)
+        if out.capacity() > 4 << 20 {
+            *out = Vec::new();
+        }
+        sent
     }
 }
 

@@ -48,8 +48,8 @@ pub(crate) enum Cmd {
     Restore(restore::RestoreArgs),
     /// What changed between two snapshots.
     ///
-    /// What changed between two snapshots: added, removed, modified and
-    /// metadata-only paths, with sizes (from the recipes; no data read).
+    /// Added, removed, modified and metadata-only paths, with sizes (from the
+    /// recipes; no data read).
     Diff(diff::DiffArgs),
     /// Which snapshots hold paths matching a pattern.
     Find(find::FindArgs),
@@ -57,33 +57,31 @@ pub(crate) enum Cmd {
     Tag(tag::TagArgs),
     /// Copy snapshots from another repository into this one.
     ///
-    /// Copy snapshots from another repository into this one (deduplicated
-    /// against it; already copied ones are skipped).
+    /// Deduplicated against this one; snapshots copied already are skipped.
     Copy(copy::CopyArgs),
     /// Browse the repository as a read-only file system (FUSE).
     ///
-    /// Browse the repository as a read-only file system (FUSE): series,
-    /// versions, and each version's tree, read on demand. Runs until
+    /// Series, versions, and each version's tree, read on demand. Runs until
     /// unmounted (`fusermount3 -u DIR`) or interrupted.
     Mount(mount::MountArgs),
     /// Remove snapshots.
     ///
-    /// Remove snapshots. Reverse-deduplicated (archival) versions free their
-    /// stamped data at once; live-form data is freed by `gc` (or `--prune`).
+    /// Reverse-deduplicated (archival) versions free their stamped data at
+    /// once; live-form data is freed by `gc` (or `--prune`).
     Forget(forget::ForgetArgs),
     /// Free the space of data no snapshot references (mark and sweep).
     Gc(gc::GcArgs),
     /// Show or set the lifecycle policy of a series.
     ///
-    /// Show or set the lifecycle policy of a series: how many newest versions
-    /// stay live, how many (or how many days of) versions are retained.
+    /// How many newest versions stay live, how many (or how many days of)
+    /// versions are retained.
     Policy(policy::PolicyArgs),
     /// Lifecycle work, out of line: reverse dedup, retention, pool compaction.
     ///
-    /// Lifecycle work, out of line (RevDedup): reverse-deduplicate the
-    /// versions that left their series' live window against the next
-    /// version, delete versions past retention (with their stamped
-    /// containers, no scan), and compact the shared pool. Resumable.
+    /// RevDedup: reverse-deduplicate the versions that left their series' live
+    /// window against the next version, delete versions past retention (with
+    /// their stamped containers, no scan), and compact the shared pool.
+    /// Resumable.
     Maintain(maintain::MaintainArgs),
     /// Repository statistics: sizes, dedup and compression ratios, and per
     /// series the lifecycle figures.
@@ -101,8 +99,8 @@ pub(crate) enum Cmd {
     },
     /// Print a shell completion script.
     ///
-    /// Print a shell completion script (bash, zsh, fish, elvish,
-    /// powershell): e.g. `strata completion bash > /etc/bash_completion.d/strata`.
+    /// bash, zsh, fish, elvish or powershell: e.g. `strata completion bash >
+    /// /etc/bash_completion.d/strata`.
     Completion(completion::CompletionArgs),
     /// Print the man page (or write all pages with --dir).
     Man(completion::ManArgs),
@@ -116,8 +114,8 @@ pub(crate) enum Cmd {
     },
     /// Thin, deduplicated block volumes served over NBD.
     ///
-    /// Thin, deduplicated block volumes served over NBD (iDedup's inline
-    /// dedup of duplicate runs at least --threshold blocks long).
+    /// iDedup's inline dedup: only runs of at least --threshold duplicate
+    /// blocks are deduplicated, so sequential reads stay sequential.
     Volume {
         /// Where the repository's volumes live (their blocks, journals and
         /// maps; snapshots go to the repository). Default: `volumes/` in a
@@ -133,9 +131,9 @@ pub(crate) enum Cmd {
     },
     /// Run next to a cloud tier's bucket, for `tier gc --service`.
     ///
-    /// Run next to a cloud tier's bucket (--repo s3://…): assembles new
-    /// objects from ranges of existing ones for `strata tier gc --service`,
-    /// so cleaning the cloud tier downloads nothing.
+    /// With --repo s3://…: assembles new objects from ranges of existing ones
+    /// for `strata tier gc --service`, so cleaning the cloud tier downloads
+    /// nothing.
     CopyForwardService(service::ServiceArgs),
     /// Rebuild derived structures.
     Repair {

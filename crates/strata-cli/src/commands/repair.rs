@@ -12,12 +12,11 @@ pub enum RepairWhat {
     Index,
     /// Store what damaged snapshots still hold, without their lost paths.
     ///
-    /// Store what damaged snapshots still hold: each is saved again
-    /// without the paths whose data is lost, in the series
-    /// `SERIES.repaired` (same time, host and paths, tag `repaired`); the
-    /// lost paths are listed. Refused while the index needs `strata repair
-    /// index`; snapshots with data in the cloud tier are left alone; a
-    /// second run stores nothing twice.
+    /// Each is saved again without the paths whose data is lost, in the series
+    /// `SERIES.repaired` (same time, host and paths, tag `repaired`); the lost
+    /// paths are listed. Refused while the index needs `strata repair index`;
+    /// snapshots with data in the cloud tier are left alone; a second run
+    /// stores nothing twice.
     Snapshots(SnapshotsArgs),
 }
 

@@ -16,9 +16,8 @@ use strata_store::Repository;
 pub enum TierCmd {
     /// Attach a bucket as this repository's cloud tier.
     ///
-    /// Attach a bucket (s3://BUCKET/PREFIX) as this repository's cloud
-    /// tier: a second dedup domain that holds whole versions (created if
-    /// missing; the bucket too).
+    /// The bucket (s3://BUCKET/PREFIX) becomes a second dedup domain that holds
+    /// whole versions (created if missing; the bucket too).
     Add {
         /// The bucket and prefix: s3://BUCKET/PREFIX[?endpoint=URL&region=R].
         url: String,
@@ -29,10 +28,9 @@ pub enum TierCmd {
     },
     /// Bytes the active tier would free if the selected versions moved.
     ///
-    /// Bytes the active tier would free if the selected versions (or paths
-    /// of them) moved to the cloud tier — or were forgotten — and `gc` ran:
-    /// exact to the byte (gc is run on a what-if copy: it reads what gc
-    /// would copy forward and writes nothing).
+    /// If the selected versions (or paths of them) moved to the cloud tier — or
+    /// were forgotten — and `gc` ran: exact to the byte (gc is run on a what-if
+    /// copy: it reads what gc would copy forward and writes nothing).
     Estimate {
         #[command(flatten)]
         sel: SelArgs,
@@ -43,23 +41,20 @@ pub enum TierCmd {
     },
     /// Move the selected versions (or paths of them) to the cloud tier.
     ///
-    /// Move the selected versions to the cloud tier: only chunks the bucket
-    /// lacks are sent; `gc` then frees what only they held locally. With
-    /// `--path`, only the matching files move and the rest of each version
-    /// stays active (`snapshots` shows it as active+cloud; restore reads
-    /// both).
+    /// Only chunks the bucket lacks are sent; `gc` then frees what only they
+    /// held locally. With `--path`, only the matching files move and the rest
+    /// of each version stays active (`snapshots` shows it as active+cloud;
+    /// restore reads both).
     Migrate(SelArgs),
     /// Bring the selected versions back from the cloud tier.
     ///
-    /// Bring the selected versions back from the cloud tier (whole versions,
-    /// and the cloud parts of active versions): only chunks the active tier
-    /// lacks are read from the bucket.
+    /// Whole versions, and the cloud parts of active versions: only chunks the
+    /// active tier lacks are read from the bucket.
     Recall(SelArgs),
     /// The bulk first transfer of many versions to an empty cloud tier.
     ///
-    /// The bulk first transfer of many versions (an empty cloud tier):
-    /// reads the active tier in physical order, each chunk once; resumable
-    /// — run it again after an interruption.
+    /// Reads the active tier in physical order, each chunk once; resumable —
+    /// run it again after an interruption.
     Seed {
         #[command(flatten)]
         sel: SelArgs,
@@ -69,9 +64,9 @@ pub enum TierCmd {
     },
     /// Clean the cloud tier without downloading it.
     ///
-    /// Clean the cloud tier without downloading it: containers with dead
-    /// regions are deleted or copied forward region by region next to the
-    /// store (the cleaning efficiency region granularity loses is reported).
+    /// Containers with dead regions are deleted or copied forward region by
+    /// region next to the store (the cleaning efficiency region granularity
+    /// loses is reported).
     Gc {
         /// A `strata copy-forward-service` running next to the bucket.
         #[arg(long, value_name = "URL", conflicts_with_all = ["download", "s3_copy"])]
@@ -94,9 +89,9 @@ pub enum TierCmd {
     },
     /// Disaster recovery: rebuild a lost local repository from its cloud tier.
     ///
-    /// Disaster recovery: rebuild a lost local repository (at --repo, which
-    /// must not exist yet) from its cloud tier alone; its versions are then
-    /// listed and restorable again. Needs the repository's password.
+    /// The repository (at --repo, which must not exist yet) is rebuilt from its
+    /// cloud tier alone; its versions are then listed and restorable again.
+    /// Needs the repository's password.
     DrRebuild {
         /// The cloud tier: s3://BUCKET/PREFIX.
         #[arg(long)]

@@ -24,11 +24,10 @@ use strata_volume::{Encryption, Threshold, Volume, VolumeConfig, VolumeKey};
 pub enum VolumeCmd {
     /// Create a thin block volume (nothing is allocated until written).
     ///
-    /// Create a thin block volume (nothing is allocated until written).
     /// In an encrypted repository the volume is encrypted too (its blocks,
     /// journal and fingerprints; XTS-AES-256 as LUKS, the key from the
-    /// repository's): `create`, `serve` and `snapshot` ask for the
-    /// repository's password.
+    /// repository's): `create`, `serve` and `snapshot` ask for the repository's
+    /// password.
     Create {
         /// The volume's name (letters, digits, `-`, `_`, `.`).
         name: String,
@@ -61,8 +60,7 @@ pub enum VolumeCmd {
     },
     /// Serve a volume over NBD until SIGTERM or Ctrl-C.
     ///
-    /// Serve a volume over NBD until SIGTERM or Ctrl-C (then everything
-    /// acknowledged is destaged and the volume closed cleanly).
+    /// Then everything acknowledged is destaged and the volume closed cleanly.
     Serve {
         /// The volume's name (letters, digits, `-`, `_`, `.`).
         name: String,
@@ -105,17 +103,15 @@ pub enum VolumeCmd {
     },
     /// Store the volume's current contents as a snapshot (a version in the repository).
     ///
-    /// Store the volume's current contents as a snapshot in the
-    /// repository: series `volume:NAME`, one file `NAME.img` in fixed
-    /// 4 KiB blocks (deduplicated against everything the repository holds;
-    /// holes are not read). A volume of a local repository (in its
-    /// `volumes/`, with dedup; served or stopped) keeps the new blocks for
-    /// the repository, which writes a link instead of a second copy (one
-    /// under `--volumes-dir` or of a bucket does not: the repository
-    /// stores a copy). Only the 2 MiB segments written
-    /// since the last snapshot are read (everything after a crash of the
-    /// server). A served volume is frozen by its server for the snapshot
-    /// (a point in time; clients go on writing). `strata restore
+    /// Series `volume:NAME`, one file `NAME.img` in fixed 4 KiB blocks
+    /// (deduplicated against everything the repository holds; holes are not
+    /// read). A volume of a local repository (in its `volumes/`, with dedup;
+    /// served or stopped) keeps the new blocks for the repository, which writes
+    /// a link instead of a second copy (one under `--volumes-dir` or of a
+    /// bucket does not: the repository stores a copy). Only the 2 MiB segments
+    /// written since the last snapshot are read (everything after a crash of
+    /// the server). A served volume is frozen by its server for the snapshot (a
+    /// point in time; clients go on writing). `strata restore
     /// volume:NAME@latest --target DIR` writes it back as a sparse image.
     Snapshot {
         /// The volume's name.
@@ -131,10 +127,8 @@ pub enum VolumeCmd {
     },
     /// Check a stopped volume's files against one another, changing nothing.
     ///
-    /// Check a stopped volume's files against one another without
-    /// changing them: the block map names only blocks the data file has,
-    /// the reference counts agree with it, the journals read. Exit code 1
-    /// if something is wrong.
+    /// The block map names only blocks the data file has, the reference counts
+    /// agree with it, the journals read. Exit code 1 if something is wrong.
     Check {
         /// The volume's name.
         name: String,
@@ -147,11 +141,10 @@ pub enum VolumeCmd {
     },
     /// Change a stopped volume's size.
     ///
-    /// Change a stopped volume's size: larger (the new blocks read as
-    /// zeros; nothing is allocated) or, with `--shrink`, smaller (what lies
-    /// past the new end is dropped and its space freed). Clients see the
-    /// new size when they connect again; the next snapshot reads
-    /// everything.
+    /// Larger (the new blocks read as zeros; nothing is allocated) or, with
+    /// `--shrink`, smaller (what lies past the new end is dropped and its space
+    /// freed). Clients see the new size when they connect again; the next
+    /// snapshot reads everything.
     Resize {
         /// The volume's name.
         name: String,
@@ -164,25 +157,23 @@ pub enum VolumeCmd {
     },
     /// Write a stopped volume again in its own block order (fewer, larger disk reads).
     ///
-    /// Write a stopped volume again in its own block order: after many
-    /// overwrites a volume with dedup lies in pieces across its data file
-    /// (a log), and reads of a stretch of it become many small disk reads.
+    /// After many overwrites a volume with dedup lies in pieces across its data
+    /// file (a log), and reads of a stretch of it become many small disk reads.
     /// The volume is checked first (with dedup: every block against its
-    /// fingerprint); the copy is deduplicated again, has the same settings
-    /// and key, and takes the volume's place in one step; the volume is
-    /// locked until then. Needs free space for the copy. The statistics
-    /// are the copy's.
+    /// fingerprint); the copy is deduplicated again, has the same settings and
+    /// key, and takes the volume's place in one step; the volume is locked
+    /// until then. Needs free space for the copy. The statistics are the
+    /// copy's.
     Defrag {
         /// The volume's name.
         name: String,
     },
     /// Copy a stopped volume into a new one.
     ///
-    /// Copy a stopped volume into a new one (a template for several VMs,
-    /// or a copy to try something on): the same size and settings, its
-    /// own key in an encrypted repository, deduplicated as it is written,
-    /// blocks of zeros left unwritten (and 1 MiB stretches never written
-    /// not even read). The new volume is there only once whole.
+    /// A template for several VMs, or a copy to try something on: the same size
+    /// and settings, its own key in an encrypted repository, deduplicated as it
+    /// is written, blocks of zeros left unwritten (and 1 MiB stretches never
+    /// written not even read). The new volume is there only once whole.
     Copy {
         /// The volume to copy.
         from: String,
@@ -193,9 +184,9 @@ pub enum VolumeCmd {
     List,
     /// Delete a volume (its snapshots stay restorable).
     ///
-    /// Delete a volume and everything in it (refused while it is served).
-    /// What its snapshots read from its blocks is stored in the repository
-    /// again first, so every snapshot stays restorable.
+    /// Refused while it is served. What its snapshots read from its blocks is
+    /// stored in the repository again first, so every snapshot stays
+    /// restorable.
     Delete {
         /// The volume's name (letters, digits, `-`, `_`, `.`).
         name: String,
@@ -211,6 +202,24 @@ mod import;
 mod root;
 
 /// The directory of volume `name`, which must exist.
+/// Where `volume delete` moves volume `name` before removing its files:
+/// `.NAME.deleting`. What killed deletes left there (of any volume) is
+/// removed first.
+fn deleting(root: &std::path::Path, name: &str) -> Result<PathBuf> {
+    for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if n.starts_with('.') && n.ends_with(".deleting") {
+            // (Another delete may be removing it right now.)
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    let gone = root.join(format!(".{name}.deleting"));
+    if gone.exists() {
+        bail!("{} could not be removed: remove it by hand", gone.display());
+    }
+    Ok(gone)
+}
+
 fn existing(root: &std::path::Path, name: &str) -> Result<PathBuf> {
     check_name(name)?;
     let dir = root.join(name);
@@ -348,6 +357,8 @@ pub fn run(
             from,
         } => {
             check_name(name)?;
+            // (A volume of this name a killed delete left half removed.)
+            deleting(&root, name)?;
             // Before a source is opened or a password asked for.
             if root.join(name).join("volume.json").exists() {
                 bail!(
@@ -482,8 +493,13 @@ pub fn run(
             }
             let lock = Volume::lock(&dir)?;
             let r = unlink(cli, out, &dir, name, true)?;
-            std::fs::remove_dir_all(&dir).with_context(|| format!("deleting {}", dir.display()))?;
+            // Gone in one step (a kill while its files are removed leaves
+            // no half volume under its name), then removed.
+            let gone = deleting(&root, name)?;
+            std::fs::rename(&dir, &gone).with_context(|| format!("deleting {}", dir.display()))?;
             drop(lock);
+            std::fs::remove_dir_all(&gone)
+                .with_context(|| format!("deleting {}", gone.display()))?;
             // A stopped defrag's copy, and its lock file.
             let _ = std::fs::remove_dir_all(root.join(format!(".{name}.defrag")));
             let _ = std::fs::remove_file(root.join(format!(".{name}.defrag.lock")));
