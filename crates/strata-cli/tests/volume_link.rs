@@ -751,14 +751,8 @@ fn goes_with_another_zstd(password: Option<&str>, level: i32) {
 /// compressing failed.
 #[test]
 fn a_damaged_container_does_not_keep_the_rest_uncompressed() {
-    let r = Repo::with_init(&[], None);
-    // Text-like blocks, each one of its own (its number at its start).
-    let mut img: Vec<u8> = (0..(12u32 << 20))
-        .map(|i| b"strata linked, damaged, compressed "[(i as usize * 5) % 35])
-        .collect();
-    for (n, b) in img.chunks_mut(4096).enumerate() {
-        b[..12].copy_from_slice(format!("{n:>12}").as_bytes());
-    }
+    let r = Repo::with_init(&["--container-mib", "2"], None);
+    let img = text_blocks(12 << 20, b"strata linked, damaged, compressed ");
     let src = r.scratch("disk.raw");
     std::fs::write(&src, &img).unwrap();
     r.json(&["volume", "create", "v", "--from", src.to_str().unwrap()]);
@@ -790,13 +784,8 @@ fn a_damaged_container_does_not_keep_the_rest_uncompressed() {
 /// A volume of text-like blocks (each its own) and random ones, snapshotted
 /// (linked): the repository and the image.
 fn linked_mixed_volume(seed: u64) -> (Repo, Vec<u8>) {
-    let r = Repo::with_init(&[], None);
-    let mut img: Vec<u8> = (0..(24u32 << 20))
-        .map(|i| b"strata volume delete, killed "[(i as usize * 3) % 29])
-        .collect();
-    for (n, b) in img.chunks_mut(4096).enumerate() {
-        b[..12].copy_from_slice(format!("{n:>12}").as_bytes());
-    }
+    let r = Repo::with_init(&["--container-mib", "4"], None);
+    let mut img = text_blocks(24 << 20, b"strata volume delete, killed ");
     img.extend(prng(seed, 24 << 20));
     let src = r.scratch("disk.raw");
     std::fs::write(&src, &img).unwrap();
@@ -892,4 +881,14 @@ fn kill_9_during_volume_delete() {
     // Some kills landed after the copy began and before the volume's
     // deletion.
     assert!(midway > 0, "no kill landed midway");
+}
+
+/// `len` bytes of text-like 4 KiB blocks (`words` repeated, strided),
+/// each one of its own: its number at its start.
+fn text_blocks(len: usize, words: &[u8]) -> Vec<u8> {
+    let mut img: Vec<u8> = (0..len).map(|i| words[(i * 5) % words.len()]).collect();
+    for (n, b) in img.chunks_mut(4096).enumerate() {
+        b[..12].copy_from_slice(format!("{n:>12}").as_bytes());
+    }
+    img
 }
