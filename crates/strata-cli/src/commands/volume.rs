@@ -202,22 +202,15 @@ mod import;
 mod root;
 
 /// The directory of volume `name`, which must exist.
-/// Where `volume delete` moves volume `name` before removing its files:
-/// `.NAME.deleting`. What killed deletes left there (of any volume) is
-/// removed first.
-fn deleting(root: &std::path::Path, name: &str) -> Result<PathBuf> {
+/// Removes what killed `volume delete`s left (`.NAME.deleting`, of any
+/// volume), as far as it can: another delete may be removing it now.
+fn sweep_deleted(root: &std::path::Path) {
     for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
         if n.starts_with('.') && n.ends_with(".deleting") {
-            // (Another delete may be removing it right now.)
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
-    let gone = root.join(format!(".{name}.deleting"));
-    if gone.exists() {
-        bail!("{} could not be removed: remove it by hand", gone.display());
-    }
-    Ok(gone)
 }
 
 fn existing(root: &std::path::Path, name: &str) -> Result<PathBuf> {
@@ -357,8 +350,8 @@ pub fn run(
             from,
         } => {
             check_name(name)?;
-            // (A volume of this name a killed delete left half removed.)
-            deleting(&root, name)?;
+            // (What killed deletes left half removed.)
+            sweep_deleted(&root);
             // Before a source is opened or a password asked for.
             if root.join(name).join("volume.json").exists() {
                 bail!(
@@ -495,8 +488,15 @@ pub fn run(
             let r = unlink(cli, out, &dir, name, true)?;
             // Gone in one step (a kill while its files are removed leaves
             // no half volume under its name), then removed.
-            let gone = deleting(&root, name)?;
-            std::fs::rename(&dir, &gone).with_context(|| format!("deleting {}", dir.display()))?;
+            sweep_deleted(&root);
+            let gone = root.join(format!(".{name}.deleting"));
+            std::fs::rename(&dir, &gone).with_context(|| {
+                format!(
+                    "moving {} to {} to delete it",
+                    dir.display(),
+                    gone.display()
+                )
+            })?;
             drop(lock);
             std::fs::remove_dir_all(&gone)
                 .with_context(|| format!("deleting {}", gone.display()))?;
