@@ -442,9 +442,9 @@ fn links(r: &Repo) -> (usize, usize) {
 /// volume, which the killed process had open, and of a served one, whose
 /// server takes the holds), at points spread over the end of its run:
 /// every version committed restores byte-exact, the repository and the
-/// volume check clean, and once the versions are forgotten gc releases
-/// every hold — those of containers a killed snapshot left half-linked
-/// (its marker and maybe its hold, no stub, never committed) included.
+/// volume check clean, the next snapshot releases what the killed one
+/// left linked (its marker and maybe its hold, no stub, never committed),
+/// and once the versions are forgotten gc releases every hold.
 #[test]
 fn kill_9_during_linking() {
     let Some(py) = libnbd_python() else {
@@ -474,7 +474,7 @@ fn kill_9_during_linking() {
         .subsec_nanos() as u64;
     let jitter = prng(seed, 64);
     const ROUNDS: usize = 8;
-    let mut half_linked = 0;
+    let (mut half_linked, mut released) = (0, 0);
     let mut links_after = links(&r);
     for round in 0..ROUNDS {
         // Half the volume new, written by a client.
@@ -539,12 +539,18 @@ fn kill_9_during_linking() {
             hold_files(&r, ".hold")
         );
         assert!(committed <= 1);
-        // The next snapshot goes on from whatever the kill left.
+        // The next snapshot goes on from whatever the kill left, and
+        // first releases what it left linked (no version's; nothing had
+        // indexed it yet).
         let s = r.json(&["volume", "snapshot", "v"]);
         assert_eq!(record(&mut expected, &cur), 1, "{s}");
-        // (What the kill left is no version's: its holds stay until gc.)
+        released += s["released_leftover_containers"].as_u64().unwrap();
         links_after = links(&r);
         eprintln!("  then: {s}, half-linked {}", links_after.1);
+        assert_eq!(
+            links_after.1, 0,
+            "round {round}: a half-linked container is left"
+        );
         if let Some(srv) = srv {
             stop(srv);
         }
@@ -557,6 +563,7 @@ fn kill_9_during_linking() {
     // (The kills come right after a marker shows, before its hold's
     // syncs are done: the state gc must clean up.)
     assert!(half_linked > 0, "no kill left a container half-linked");
+    assert!(released > 0, "no snapshot released what a kill left");
     let c = r.json(&["check", "--read-data"]);
     assert_eq!(c["errors"], serde_json::json!([]), "{c}");
     let vc = r.json(&["volume", "check", "v", "--read-data"]);

@@ -399,6 +399,46 @@ fn read_blocks(
     Ok(())
 }
 
+/// Releases what killed snapshots of volume `volume` left linked: each
+/// container its marker names that no index lists (a snapshot's
+/// containers are indexed as it commits, or every 256 Ki chunks) —
+/// its hold released, its stub or data, metadata and marker deleted, as
+/// gc does for any container no index lists. Only under the repository's
+/// exclusive lock, so no backup is writing containers it has not indexed
+/// yet: when another command holds a lock, nothing is done (`None`).
+/// Returns the containers released. (What a killed snapshot had indexed
+/// already waits for gc.)
+pub fn sweep_unindexed(repo: &Repository, volume: &str) -> Result<Option<u64>> {
+    if repo.links.dry {
+        return Ok(Some(0));
+    }
+    let _lock = match crate::lock::acquire(repo, true, "volume snapshot (leftovers)") {
+        Ok(l) => l,
+        Err(StoreError::Locked { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    repo.forget_listed();
+    let ids: Vec<ContainerId> = repo.linked_ids()?.iter().copied().collect();
+    if ids.is_empty() {
+        return Ok(Some(0));
+    }
+    let indexed = crate::index::RepoIndex::load_summaries(repo)?.containers;
+    let mut released = 0;
+    for id in ids.into_iter().filter(|id| !indexed.contains_key(id)) {
+        match repo.backend().get(&marker_name(&id)) {
+            Ok(raw) if raw == volume.as_bytes() => {}
+            Ok(_) => continue,
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(e.into()),
+        }
+        repo.backend().delete(&crate::repo::meta_name(&id))?;
+        delete_data(repo, &id)?;
+        released += 1;
+    }
+    repo.forget_listed();
+    Ok(Some(released))
+}
+
 /// What [`unlink_volume`] did.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct UnlinkReport {

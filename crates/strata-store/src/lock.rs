@@ -62,7 +62,8 @@ fn now_s() -> i64 {
     now_ns() / 1_000_000_000
 }
 
-fn pid_alive(pid: u32) -> bool {
+/// Whether process `pid` of this host is still there.
+pub fn pid_alive(pid: u32) -> bool {
     // SAFETY: kill with signal 0 only checks for existence/permission.
     let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)

@@ -199,6 +199,7 @@ pub enum VolumeCmd {
 mod at;
 mod defrag;
 mod import;
+mod leftovers;
 mod root;
 
 /// The directory of volume `name`, which must exist.
@@ -500,9 +501,11 @@ pub fn run(
             drop(lock);
             std::fs::remove_dir_all(&gone)
                 .with_context(|| format!("deleting {}", gone.display()))?;
-            // A stopped defrag's copy, and its lock file.
+            // A stopped defrag's copy, and its lock file; killed
+            // snapshots' records.
             let _ = std::fs::remove_dir_all(root.join(format!(".{name}.defrag")));
             let _ = std::fs::remove_file(root.join(format!(".{name}.defrag.lock")));
+            leftovers::forget(&root, name);
             let unlinked = r.stored_bytes;
             out.result(
                 &serde_json::json!({
@@ -876,6 +879,14 @@ fn snapshot(
             .and_then(|l| location::volumes_of(&l))
             .as_deref()
             == Some(root);
+    // What killed snapshots of the volume left linked is released first.
+    let (running, leftovers) = match linkable {
+        true => {
+            let (r, n) = leftovers::start(root, name, &repo)?;
+            (Some(r), n)
+        }
+        false => (None, 0),
+    };
     let link = match linkable {
         true => {
             let salt = cfg.encryption.as_ref().and_then(|e| e.salt_bytes());
@@ -926,6 +937,7 @@ fn snapshot(
             Ok(())
         }
     };
+    drop(running);
     let rep = res?;
     closed.with_context(|| format!("closing volume {name}"))?;
     crate::interrupt::committed(format!("snapshot {}", crate::output::short(&rep.id)));
@@ -947,7 +959,8 @@ fn snapshot(
             "new_stored_bytes": s.stats.new_stored_bytes,
             "linked_containers": l.containers, "linked_stored_bytes": l.bytes,
             "linked_blocks": l.blocks, "stored_instead_containers": l.stored_instead,
-            "hold_failed_containers": l.hold_failed, "seconds": secs}),
+            "hold_failed_containers": l.hold_failed,
+            "released_leftover_containers": leftovers, "seconds": secs}),
         || {
             let mut t = format!(
                 "snapshot {} saved: {}@{}\n  {} of volume {name} ({} read: what changed), {} new data, {} added to the repository, {secs:.1}s",
