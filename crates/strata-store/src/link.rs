@@ -403,9 +403,11 @@ fn read_blocks(
 /// container its marker names that no index lists (a snapshot's
 /// containers are indexed as it commits, or every 256 Ki chunks) —
 /// its hold released, its stub or data, metadata and marker deleted, as
-/// gc does for any container no index lists. Only under the repository's
-/// exclusive lock, so no backup is writing containers it has not indexed
-/// yet: when another command holds a lock, nothing is done (`None`).
+/// gc does for any container no index lists, and as gc refused when a
+/// version needs chunks only such a container holds. Only under the
+/// repository's exclusive lock, so no backup is writing containers it has
+/// not indexed yet: when another command holds a lock, nothing is done
+/// (`None`). The caller makes sure no other snapshot of the volume runs.
 /// Returns the containers released. (What a killed snapshot had indexed
 /// already waits for gc.)
 pub fn sweep_unindexed(repo: &Repository, volume: &str) -> Result<Option<u64>> {
@@ -423,20 +425,25 @@ pub fn sweep_unindexed(repo: &Repository, volume: &str) -> Result<Option<u64>> {
         return Ok(Some(0));
     }
     let indexed = crate::index::RepoIndex::load_summaries(repo)?.containers;
-    let mut released = 0;
+    let mut candidates = Vec::new();
     for id in ids.into_iter().filter(|id| !indexed.contains_key(id)) {
         match repo.backend().get(&marker_name(&id)) {
-            Ok(raw) if raw == volume.as_bytes() => {}
+            Ok(raw) if raw == volume.as_bytes() => candidates.push(id),
             Ok(_) => continue,
             Err(e) if e.is_not_found() => continue,
             Err(e) => return Err(e.into()),
         }
-        repo.backend().delete(&crate::repo::meta_name(&id))?;
-        delete_data(repo, &id)?;
-        released += 1;
+    }
+    // As gc: none goes while a version needs chunks only it holds (an
+    // index object lost or damaged: `strata repair index` first).
+    let names: Vec<String> = candidates.iter().map(data_name).collect();
+    crate::gc::refuse_needed_orphans(repo, &names)?;
+    for id in &candidates {
+        repo.backend().delete(&crate::repo::meta_name(id))?;
+        delete_data(repo, id)?;
     }
     repo.forget_listed();
-    Ok(Some(released))
+    Ok(Some(candidates.len() as u64))
 }
 
 /// What [`unlink_volume`] did.

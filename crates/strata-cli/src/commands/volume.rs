@@ -202,18 +202,23 @@ mod import;
 mod leftovers;
 mod root;
 
-/// The directory of volume `name`, which must exist.
-/// Removes what killed `volume delete`s left (`.NAME.deleting`, of any
-/// volume), as far as it can: another delete may be removing it now.
+/// Removes what killed `volume delete`s left (`.NAME.deleting-PID-N`, of
+/// any volume, whose process is gone), as far as it can.
 fn sweep_deleted(root: &std::path::Path) {
     for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
-        if n.starts_with('.') && n.ends_with(".deleting") {
+        let Some((_, rest)) = n.split_once(".deleting-").filter(|_| n.starts_with('.')) else {
+            continue;
+        };
+        // (One whose delete still runs is its own to remove.)
+        let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        if pid.is_none_or(|p| p == std::process::id() || !strata_store::lock::pid_alive(p)) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
 }
 
+/// The directory of volume `name`, which must exist.
 fn existing(root: &std::path::Path, name: &str) -> Result<PathBuf> {
     check_name(name)?;
     let dir = root.join(name);
@@ -490,7 +495,13 @@ pub fn run(
             // Gone in one step (a kill while its files are removed leaves
             // no half volume under its name), then removed.
             sweep_deleted(&root);
-            let gone = root.join(format!(".{name}.deleting"));
+            let gone = root.join(format!(
+                ".{name}.deleting-{}-{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_nanos())
+            ));
             std::fs::rename(&dir, &gone).with_context(|| {
                 format!(
                     "moving {} to {} to delete it",
@@ -498,14 +509,19 @@ pub fn run(
                     gone.display()
                 )
             })?;
-            drop(lock);
-            std::fs::remove_dir_all(&gone)
-                .with_context(|| format!("deleting {}", gone.display()))?;
             // A stopped defrag's copy, and its lock file; killed
-            // snapshots' records.
+            // snapshots' records (before a new volume of the name can be).
             let _ = std::fs::remove_dir_all(root.join(format!(".{name}.defrag")));
             let _ = std::fs::remove_file(root.join(format!(".{name}.defrag.lock")));
             leftovers::forget(&root, name);
+            drop(lock);
+            if let Err(e) = std::fs::remove_dir_all(&gone) {
+                out.warn(&format!(
+                    "volume {name} is deleted, but removing its files ({}) failed: {e}; \
+                     the next `strata volume delete` or `create` tries again",
+                    gone.display()
+                ));
+            }
             let unlinked = r.stored_bytes;
             out.result(
                 &serde_json::json!({
@@ -882,7 +898,7 @@ fn snapshot(
     // What killed snapshots of the volume left linked is released first.
     let (running, leftovers) = match linkable {
         true => {
-            let (r, n) = leftovers::start(root, name, &repo)?;
+            let (r, n) = leftovers::start(out, root, name, &repo)?;
             (Some(r), n)
         }
         false => (None, 0),
@@ -937,7 +953,12 @@ fn snapshot(
             Ok(())
         }
     };
-    drop(running);
+    // (A failed snapshot's record stays: the next one releases what it
+    // linked.)
+    match (&res, running) {
+        (Err(_), Some(r)) => r.keep(),
+        (_, r) => drop(r),
+    }
     let rep = res?;
     closed.with_context(|| format!("closing volume {name}"))?;
     crate::interrupt::committed(format!("snapshot {}", crate::output::short(&rep.id)));

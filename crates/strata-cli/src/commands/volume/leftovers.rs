@@ -1,81 +1,125 @@
 //! What a killed `volume snapshot` leaves linked: containers no version
 //! references, whose blocks the volume keeps held. Each linking snapshot
 //! records itself beside the volume (`.NAME.snapshot-PID`: its host and
-//! pid) and removes the record when it ends; a record whose process on
-//! this host is gone tells the next snapshot of the volume to release
+//! pid) and removes the record when it ends well; a record whose process
+//! on this host is gone tells the next snapshot of the volume to release
 //! what no index lists (`strata_store::link::sweep_unindexed`) before it
-//! begins, instead of leaving it to gc.
+//! begins, instead of leaving it to gc — unless another snapshot of the
+//! volume may be running (a record of a live process, or of another
+//! host): the sweep would take its containers, not yet indexed, for
+//! leftovers.
 
+use crate::output::Out;
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use strata_store::Repository;
 
-/// This snapshot's record; removed when dropped.
-pub(super) struct Running(PathBuf);
+/// This snapshot's record: removed when dropped, unless kept.
+pub(super) struct Running(Option<PathBuf>);
+
+impl Running {
+    /// Leaves the record in place (the snapshot failed: what it linked
+    /// is released by the next one).
+    pub(super) fn keep(mut self) {
+        self.0 = None;
+    }
+}
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        if let Some(p) = &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
     }
+}
+
+/// The records of snapshots of volume `name`.
+fn records(root: &Path, name: &str) -> Vec<PathBuf> {
+    let prefix = format!(".{name}.snapshot-");
+    std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with(&prefix) && !n.ends_with(".tmp")
+        })
+        .map(|e| e.path())
+        .collect()
 }
 
 /// Removes every record of a snapshot of volume `name` (deleted).
 pub(super) fn forget(root: &Path, name: &str) {
-    let prefix = format!(".{name}.snapshot-");
-    for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
-        if e.file_name().to_string_lossy().starts_with(&prefix) {
-            let _ = std::fs::remove_file(e.path());
-        }
+    for p in records(root, name) {
+        let _ = std::fs::remove_file(p);
     }
 }
 
-/// Records of snapshots of volume `name` whose process on this host is
-/// gone.
-fn stale_records(root: &Path, name: &str) -> Vec<PathBuf> {
-    let prefix = format!(".{name}.snapshot-");
+/// The records of snapshots of volume `name` whose process is gone, or
+/// None when another snapshot of it may be running (a record of a live
+/// process on this host, or of another host).
+fn stale_records(root: &Path, name: &str) -> Option<Vec<PathBuf>> {
     let host = strata_store::lock::hostname();
     let mut stale = Vec::new();
-    for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
-        if !e.file_name().to_string_lossy().starts_with(&prefix) {
-            continue;
-        }
-        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+    for p in records(root, name) {
+        let text = std::fs::read_to_string(&p).unwrap_or_default();
         let mut lines = text.lines();
-        let (h, pid) = (lines.next(), lines.next().and_then(|p| p.parse().ok()));
-        // (A record another host wrote, or one cut short, says nothing.)
-        if let (Some(h), Some(pid)) = (h, pid) {
-            if h == host && !strata_store::lock::pid_alive(pid) {
-                stale.push(e.path());
+        let (h, pid) = (
+            lines.next(),
+            lines.next().and_then(|p| p.parse::<u32>().ok()),
+        );
+        match (h, pid) {
+            // (A pid of this process's own is an earlier one's: gone.)
+            (Some(h), Some(pid))
+                if h == host
+                    && (pid == std::process::id() || !strata_store::lock::pid_alive(pid)) =>
+            {
+                stale.push(p)
             }
+            // A record cut short (written whole by a rename: garbage)
+            // says nothing.
+            (Some(_), Some(_)) => return None,
+            _ => {}
         }
     }
-    stale
+    Some(stale)
 }
 
 /// Before a linking snapshot of volume `name`: what killed ones left is
-/// released (when the repository's exclusive lock can be had now; else
-/// it waits for the next snapshot, or gc), and this one recorded.
+/// released (when no other snapshot of it may be running and the
+/// repository's exclusive lock can be had now; else it waits for the
+/// next snapshot, or gc; a failure is a warning), and this one recorded.
 /// Returns the record and the containers released.
-pub(super) fn start(root: &Path, name: &str, repo: &Repository) -> Result<(Running, u64)> {
-    let stale = stale_records(root, name);
+pub(super) fn start(
+    out: &Out,
+    root: &Path,
+    name: &str,
+    repo: &Repository,
+) -> Result<(Running, u64)> {
     let mut released = 0;
-    if !stale.is_empty() {
-        let swept = strata_store::link::sweep_unindexed(repo, name).with_context(|| {
-            format!("releasing what a killed snapshot of volume {name} left linked")
-        })?;
-        if let Some(n) = swept {
-            released = n;
-            for p in &stale {
-                let _ = std::fs::remove_file(p);
+    if let Some(stale) = stale_records(root, name).filter(|s| !s.is_empty()) {
+        match strata_store::link::sweep_unindexed(repo, name) {
+            Ok(Some(n)) => {
+                released = n;
+                for p in &stale {
+                    let _ = std::fs::remove_file(p);
+                }
             }
+            Ok(None) => {}
+            Err(e) => out.warn(&format!(
+                "what a killed snapshot of volume {name} left linked stays until gc: {e}"
+            )),
         }
     }
     let me = root.join(format!(".{name}.snapshot-{}", std::process::id()));
+    let tmp = root.join(format!(".{name}.snapshot-{}.tmp", std::process::id()));
     let text = format!(
         "{}\n{}\n",
         strata_store::lock::hostname(),
         std::process::id()
     );
-    std::fs::write(&me, text).with_context(|| format!("writing {}", me.display()))?;
-    Ok((Running(me), released))
+    std::fs::write(&tmp, text)
+        .and_then(|_| std::fs::rename(&tmp, &me))
+        .with_context(|| format!("writing {}", me.display()))?;
+    Ok((Running(Some(me)), released))
 }
