@@ -929,7 +929,9 @@ fn a_sweep_leaves_what_a_version_or_a_running_snapshot_may_need() {
     let (r, img) = linked_volume(None);
     r.json(&["volume", "snapshot", "v"]);
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
-    let live = r.path.join("volumes/.v.snapshot-live");
+    let live = r
+        .path
+        .join(format!("volumes/.v.snapshot-{}", std::process::id()));
     for (round, seed) in [(0, 90), (1, 91)] {
         // New data, then a snapshot killed as it links it.
         let srv = serve_cmd(r.cmd(&["volume", "serve", "v", "--listen", "127.0.0.1:0", "--json"]));
@@ -951,6 +953,12 @@ fn a_sweep_leaves_what_a_version_or_a_running_snapshot_may_need() {
         assert!(
             links(&r).0 > before,
             "round {round}: no marker before the kill"
+        );
+        // (Its record stays: the kill came before its end.)
+        let record = r.path.join(format!("volumes/.v.snapshot-{}", child.id()));
+        assert!(
+            record.exists(),
+            "round {round}: the killed snapshot's record"
         );
         if round == 0 {
             // A live process's record: nothing is released.

@@ -18,7 +18,7 @@ use strata_store::backup::patch::{ImagePatch, ReadAt};
 use strata_store::backup::BackupOptions;
 use strata_store::Repository;
 use strata_volume::nbd::{Export, Listen, Server};
-use strata_volume::{Encryption, Threshold, Volume, VolumeConfig, VolumeKey};
+use strata_volume::{Encryption, Volume, VolumeConfig, VolumeKey};
 
 #[derive(Subcommand)]
 pub enum VolumeCmd {
@@ -28,36 +28,7 @@ pub enum VolumeCmd {
     /// journal and fingerprints; XTS-AES-256 as LUKS, the key from the
     /// repository's): `create`, `serve` and `snapshot` ask for the repository's
     /// password.
-    Create {
-        /// The volume's name (letters, digits, `-`, `_`, `.`).
-        name: String,
-        /// Size the clients see (e.g. 100G; a multiple of 4 KiB). With
-        /// `--from FILE`, the file's size (rounded up to 4 KiB) unless
-        /// given.
-        #[arg(long, value_parser = parse_size, required_unless_present = "from")]
-        size: Option<u64>,
-        /// Deduplicate only runs of at least this many duplicate 4 KiB
-        /// blocks (so sequential reads stay sequential), or `auto`: the
-        /// median read size seen, 1–8.
-        #[arg(long, default_value = "4")]
-        threshold: Threshold,
-        /// Memory for the dedup metadata (fingerprints of recently written
-        /// blocks); more finds more duplicates.
-        #[arg(long, value_parser = parse_size, default_value = "256M")]
-        cache: u64,
-        /// Write every block anew (the baseline to compare dedup against).
-        #[arg(long)]
-        no_dedup: bool,
-        /// Fill the new volume from a raw disk image (a file, a block
-        /// device, or `-` for standard input with `--size`): its blocks
-        /// of zeros are left unwritten (thin), the rest deduplicated as a
-        /// client's writes; a sparse file's holes are not even read. A
-        /// volume's snapshot comes back as a volume with `strata dump
-        /// volume:NAME@latest NAME.img | strata volume create NAME2 --size
-        /// SIZE --from -`.
-        #[arg(long, value_name = "FILE")]
-        from: Option<PathBuf>,
-    },
+    Create(create::CreateArgs),
     /// Serve a volume over NBD until SIGTERM or Ctrl-C.
     ///
     /// Then everything acknowledged is destaged and the volume closed cleanly.
@@ -197,22 +168,31 @@ pub enum VolumeCmd {
 }
 
 mod at;
+mod create;
 mod defrag;
 mod import;
 mod leftovers;
 mod root;
 
 /// Removes what killed `volume delete`s left (`.NAME.deleting-PID-N`, of
-/// any volume, whose process is gone), as far as it can.
+/// any volume, whose process is gone), as far as it can. (Nothing else
+/// has that shape: a volume named `a.deleting-1-2` has a defrag copy
+/// `.a.deleting-1-2.defrag`, which does not end in digits.)
 fn sweep_deleted(root: &std::path::Path) {
     for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
-        let Some((_, rest)) = n.split_once(".deleting-").filter(|_| n.starts_with('.')) else {
+        let Some((_, rest)) = n.rsplit_once(".deleting-").filter(|_| n.starts_with('.')) else {
+            continue;
+        };
+        let Some((pid, nanos)) = rest.split_once('-') else {
+            continue;
+        };
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        let Some(pid) = pid.parse::<u32>().ok().filter(|_| digits(nanos)) else {
             continue;
         };
         // (One whose delete still runs is its own to remove.)
-        let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
-        if pid.is_none_or(|p| p == std::process::id() || !strata_store::lock::pid_alive(p)) {
+        if pid == std::process::id() || !strata_store::lock::pid_alive(pid) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
@@ -347,101 +327,7 @@ pub fn run(
     let where_ = root::Root::find(cli, volumes_dir)?;
     let root = where_.path.clone();
     match cmd {
-        VolumeCmd::Create {
-            name,
-            size,
-            threshold,
-            cache,
-            no_dedup,
-            from,
-        } => {
-            check_name(name)?;
-            // (What killed deletes left half removed.)
-            sweep_deleted(&root);
-            // Before a source is opened or a password asked for.
-            if root.join(name).join("volume.json").exists() {
-                bail!(
-                    "volume {name} already exists: choose another name, or delete it first \
-                     (`strata volume delete {name} --yes`; its snapshots stay)"
-                );
-            }
-            let source = from.as_deref().map(import::Source::open).transpose()?;
-            let size = match (size, &source) {
-                (Some(s), _) => *s,
-                (None, Some(src)) => src.size_hint().ok_or_else(|| {
-                    anyhow!("--from {}: its size is not known: give --size", src.name)
-                })?,
-                (None, None) => bail!("--size is required"),
-            };
-            if let Some(need) = source.as_ref().and_then(|s| s.size_hint()) {
-                if need > size {
-                    bail!(
-                        "{} is larger than the volume ({size} bytes): give a larger --size",
-                        source.as_ref().map(|s| s.name.as_str()).unwrap_or_default()
-                    );
-                }
-            }
-            let size = &size;
-            let mut cfg = VolumeConfig {
-                format: 1,
-                size: *size,
-                block_size: 4096,
-                threshold: *threshold,
-                cache_bytes: *cache,
-                dedup: !no_dedup,
-                encryption: None,
-            };
-            let key = new_key(cli, &mut cfg)?;
-            let encrypted = cfg.encryption.is_some();
-            where_.prepare()?;
-            let dir = root.join(name);
-            let imported = match source {
-                Some(src) => Some(import::create_filled(cli, &dir, cfg, key.as_ref(), src)?),
-                None => {
-                    Volume::create(&dir, cfg)?;
-                    None
-                }
-            };
-            let mut j = serde_json::json!({"volume": name, "size": size, "dedup": !no_dedup, "encrypted": encrypted});
-            if let Some(i) = &imported {
-                j["imported_bytes"] = i.size.into();
-                j["read_bytes"] = i.read.into();
-                j["written_bytes"] = i.written.into();
-                // A stream says nothing of its length: one that ended
-                // before the volume's size may have been cut short.
-                if from.as_deref() == Some(std::path::Path::new("-")) && i.size < *size {
-                    out.warn(&format!(
-                        "standard input ended after {} of the volume's {}: the rest reads as \
-                         zeros. If the stream was cut short (a failed `strata dump`; \
-                         `set -o pipefail` makes a shell say so), delete the volume and import \
-                         again",
-                        fmt_bytes(i.size),
-                        fmt_bytes(*size)
-                    ));
-                }
-            }
-            out.result(&j, || {
-                let mut t = format!(
-                    "volume {name} created ({}{})",
-                    fmt_bytes(*size),
-                    if encrypted { ", encrypted" } else { "" }
-                );
-                if let Some(i) = &imported {
-                    let holes = match i.read < i.size {
-                        true => format!(" ({} read, the rest holes)", fmt_bytes(i.read)),
-                        false => String::new(),
-                    };
-                    t += &format!(
-                        "\nfilled from {}: {}{holes}, {} not zeros",
-                        i.name,
-                        fmt_bytes(i.size),
-                        fmt_bytes(i.written)
-                    );
-                }
-                t
-            });
-            Ok(0)
-        }
+        VolumeCmd::Create(a) => create::create(cli, out, &where_, a),
         VolumeCmd::Serve {
             name,
             listen,
@@ -485,65 +371,7 @@ pub fn run(
             out.result(&v, || stats_text(&r));
             Ok(0)
         }
-        VolumeCmd::Delete { name, yes } => {
-            let dir = existing(&root, name)?;
-            if !yes {
-                bail!("deleting volume {name} destroys its data: add --yes");
-            }
-            let lock = Volume::lock(&dir)?;
-            let r = unlink(cli, out, &dir, name, true)?;
-            // Gone in one step (a kill while its files are removed leaves
-            // no half volume under its name), then removed.
-            sweep_deleted(&root);
-            let gone = root.join(format!(
-                ".{name}.deleting-{}-{}",
-                std::process::id(),
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.subsec_nanos())
-            ));
-            std::fs::rename(&dir, &gone).with_context(|| {
-                format!(
-                    "moving {} to {} to delete it",
-                    dir.display(),
-                    gone.display()
-                )
-            })?;
-            // A stopped defrag's copy, and its lock file; killed
-            // snapshots' records (before a new volume of the name can be).
-            let _ = std::fs::remove_dir_all(root.join(format!(".{name}.defrag")));
-            let _ = std::fs::remove_file(root.join(format!(".{name}.defrag.lock")));
-            leftovers::forget(&root, name);
-            drop(lock);
-            if let Err(e) = std::fs::remove_dir_all(&gone) {
-                out.warn(&format!(
-                    "volume {name} is deleted, but removing its files ({}) failed: {e}; \
-                     the next `strata volume delete` or `create` tries again",
-                    gone.display()
-                ));
-            }
-            let unlinked = r.stored_bytes;
-            out.result(
-                &serde_json::json!({
-                    "deleted": name,
-                    "stored_again_bytes": unlinked,
-                    "stored_again_containers": r.containers,
-                    "recompressed_containers": r.recompressed,
-                    "damaged_containers": r.damaged.len(),
-                }),
-                || {
-                    let mut t = format!("volume {name} deleted");
-                    if unlinked > 0 {
-                        t += &format!(
-                            " (first {} its snapshots linked to stored in the repository again)",
-                            fmt_bytes(unlinked)
-                        );
-                    }
-                    t
-                },
-            );
-            Ok(0)
-        }
+        VolumeCmd::Delete { name, yes } => delete(cli, out, &root, name, *yes),
         VolumeCmd::List => {
             let mut names = Vec::new();
             if let Ok(rd) = std::fs::read_dir(&root) {
@@ -582,6 +410,75 @@ pub fn run(
             Ok(0)
         }
     }
+}
+
+/// `volume delete`: what the volume's snapshots link to its blocks stored
+/// in the repository again, then its directory moved aside in one step
+/// and removed.
+fn delete(
+    cli: &crate::Cli,
+    out: &Out,
+    root: &std::path::Path,
+    name: &str,
+    yes: bool,
+) -> Result<i32> {
+    let dir = existing(root, name)?;
+    if !yes {
+        bail!("deleting volume {name} destroys its data: add --yes");
+    }
+    let lock = Volume::lock(&dir)?;
+    let r = unlink(cli, out, &dir, name, true)?;
+    // Gone in one step (a kill while its files are removed leaves
+    // no half volume under its name), then removed.
+    sweep_deleted(root);
+    let gone = root.join(format!(
+        ".{name}.deleting-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+    ));
+    std::fs::rename(&dir, &gone).with_context(|| {
+        format!(
+            "moving {} to {} to delete it",
+            dir.display(),
+            gone.display()
+        )
+    })?;
+    // A stopped defrag's copy, and its lock file; killed
+    // snapshots' records (before a new volume of the name can be).
+    let _ = std::fs::remove_dir_all(root.join(format!(".{name}.defrag")));
+    let _ = std::fs::remove_file(root.join(format!(".{name}.defrag.lock")));
+    leftovers::forget(root, name);
+    drop(lock);
+    if let Err(e) = std::fs::remove_dir_all(&gone) {
+        out.warn(&format!(
+            "volume {name} is deleted, but removing its files ({}) failed: {e}; \
+             the next `strata volume delete` or `create` tries again",
+            gone.display()
+        ));
+    }
+    let unlinked = r.stored_bytes;
+    out.result(
+        &serde_json::json!({
+            "deleted": name,
+            "stored_again_bytes": unlinked,
+            "stored_again_containers": r.containers,
+            "recompressed_containers": r.recompressed,
+            "damaged_containers": r.damaged.len(),
+        }),
+        || {
+            let mut t = format!("volume {name} deleted");
+            if unlinked > 0 {
+                t += &format!(
+                    " (first {} its snapshots linked to stored in the repository again)",
+                    fmt_bytes(unlinked)
+                );
+            }
+            t
+        },
+    );
+    Ok(0)
 }
 
 /// Before a volume's data file goes (delete, defrag): the containers its
@@ -970,6 +867,19 @@ fn snapshot(
             l.hold_failed
         ));
     }
+    snapshot_result(out, name, &rep, &l, leftovers);
+    Ok(0)
+}
+
+/// `volume snapshot`'s result: the version, what was read and added,
+/// what was linked.
+fn snapshot_result(
+    out: &Out,
+    name: &str,
+    rep: &strata_store::backup::BackupReport,
+    l: &strata_store::link::SinkCounts,
+    leftovers: u64,
+) {
     let s = &rep.snapshot;
     let secs = s.stats.duration_ms as f64 / 1000.0;
     out.result(
@@ -1004,7 +914,6 @@ fn snapshot(
             t
         },
     );
-    Ok(0)
 }
 
 /// Tells the volume's server the committed version (its changes count
@@ -1301,4 +1210,35 @@ fn stats_text(r: &strata_volume::report::VolumeReport) -> String {
         r.live.writes
     );
     t
+}
+
+#[cfg(test)]
+mod tests {
+    /// Only a killed delete's leftover is swept: `.NAME.deleting-PID-N`
+    /// of a process that is gone — not one whose delete still runs, nor a
+    /// volume's defrag copy or import whose name holds `.deleting-`.
+    #[test]
+    fn only_a_killed_delete_s_leftover_is_swept() {
+        let root = tempfile::tempdir().unwrap();
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        gone.wait().unwrap();
+        let dead = gone.id();
+        let names = [
+            (format!(".v.deleting-{dead}-17"), false),
+            (format!(".v.deleting-{}-17", std::process::id()), false),
+            // pid 1 runs.
+            (".w.deleting-1-17".to_string(), true),
+            (".a.deleting-x.defrag".to_string(), true),
+            (format!(".a.deleting-{dead}-2.defrag"), true),
+            (format!(".a.deleting-{dead}-2.import"), true),
+            (format!("a.deleting-{dead}-2"), true),
+        ];
+        for (n, _) in &names {
+            std::fs::create_dir_all(root.path().join(n).join("sub")).unwrap();
+        }
+        super::sweep_deleted(root.path());
+        for (n, kept) in &names {
+            assert_eq!(root.path().join(n).exists(), *kept, "{n}");
+        }
+    }
 }

@@ -33,24 +33,35 @@ impl Drop for Running {
     }
 }
 
-/// The records of snapshots of volume `name`.
-fn records(root: &Path, name: &str) -> Vec<PathBuf> {
+/// The records of snapshots of volume `name` (`.NAME.snapshot-PID`; with
+/// `tmp`, also those a kill left half written, `.NAME.snapshot-PID.tmp`).
+/// The pid must be all digits: volume `a.snapshot-1`'s records are not
+/// volume `a`'s.
+fn records(root: &Path, name: &str, tmp: bool) -> Vec<PathBuf> {
     let prefix = format!(".{name}.snapshot-");
+    let ours = |n: &str| {
+        let Some(rest) = n.strip_prefix(&prefix) else {
+            return false;
+        };
+        let pid = match rest.strip_suffix(".tmp") {
+            Some(p) if tmp => p,
+            Some(_) => return false,
+            None => rest,
+        };
+        !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())
+    };
     std::fs::read_dir(root)
         .into_iter()
         .flatten()
         .flatten()
-        .filter(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            n.starts_with(&prefix) && !n.ends_with(".tmp")
-        })
+        .filter(|e| ours(&e.file_name().to_string_lossy()))
         .map(|e| e.path())
         .collect()
 }
 
 /// Removes every record of a snapshot of volume `name` (deleted).
 pub(super) fn forget(root: &Path, name: &str) {
-    for p in records(root, name) {
+    for p in records(root, name, true) {
         let _ = std::fs::remove_file(p);
     }
 }
@@ -61,7 +72,7 @@ pub(super) fn forget(root: &Path, name: &str) {
 fn stale_records(root: &Path, name: &str) -> Option<Vec<PathBuf>> {
     let host = strata_store::lock::hostname();
     let mut stale = Vec::new();
-    for p in records(root, name) {
+    for p in records(root, name, false) {
         let text = std::fs::read_to_string(&p).unwrap_or_default();
         let mut lines = text.lines();
         let (h, pid) = (
@@ -122,4 +133,38 @@ pub(super) fn start(
         .and_then(|_| std::fs::rename(&tmp, &me))
         .with_context(|| format!("writing {}", me.display()))?;
     Ok((Running(Some(me)), released))
+}
+
+#[cfg(test)]
+mod tests {
+    /// A volume's records are its own (`.NAME.snapshot-DIGITS`), not those
+    /// of a volume whose name begins like them; half-written ones only
+    /// when asked for.
+    #[test]
+    fn records_are_the_volume_s_own() {
+        let root = tempfile::tempdir().unwrap();
+        for n in [
+            ".a.snapshot-12",
+            ".a.snapshot-13.tmp",
+            ".a.snapshot-1.snapshot-14",
+            ".a.snapshot-x",
+            ".a.snapshot-",
+            ".b.snapshot-12",
+        ] {
+            std::fs::write(root.path().join(n), "h\n1\n").unwrap();
+        }
+        let names = |tmp| {
+            let mut v: Vec<String> = super::records(root.path(), "a", tmp)
+                .iter()
+                .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(false), [".a.snapshot-12"]);
+        assert_eq!(names(true), [".a.snapshot-12", ".a.snapshot-13.tmp"]);
+        super::forget(root.path(), "a");
+        assert!(root.path().join(".a.snapshot-1.snapshot-14").exists());
+        assert!(!root.path().join(".a.snapshot-13.tmp").exists());
+    }
 }
