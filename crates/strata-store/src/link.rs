@@ -427,11 +427,8 @@ pub fn sweep_unindexed(repo: &Repository, volume: &str) -> Result<Option<u64>> {
     let indexed = crate::index::RepoIndex::load_summaries(repo)?.containers;
     let mut candidates = Vec::new();
     for id in ids.into_iter().filter(|id| !indexed.contains_key(id)) {
-        match repo.backend().get(&marker_name(&id)) {
-            Ok(raw) if raw == volume.as_bytes() => candidates.push(id),
-            Ok(_) => continue,
-            Err(e) if e.is_not_found() => continue,
-            Err(e) => return Err(e.into()),
+        if marked_for(repo, &id, volume)? {
+            candidates.push(id);
         }
     }
     // As gc: none goes while a version needs chunks only it holds (an
@@ -444,6 +441,15 @@ pub fn sweep_unindexed(repo: &Repository, volume: &str) -> Result<Option<u64>> {
     }
     repo.forget_listed();
     Ok(Some(candidates.len() as u64))
+}
+
+/// Whether container `id` has a marker, and it names volume `volume`.
+fn marked_for(repo: &Repository, id: &ContainerId, volume: &str) -> Result<bool> {
+    match repo.backend().get(&marker_name(id)) {
+        Ok(raw) => Ok(raw == volume.as_bytes()),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// What [`unlink_volume`] did.
@@ -514,12 +520,8 @@ pub fn unlink_volume(repo: &Repository, volume: &str) -> Result<UnlinkReport> {
             .iter()
             .copied()
             .chain(direct.iter().map(|d| d.0));
-        match recompress(repo, these.collect()) {
-            Ok(gc) => {
-                rep.recompressed = gc.containers_rewritten;
-                rep.recompressed_freed_bytes = gc.bytes_freed;
-                compressible.clear();
-            }
+        match recompress(repo, these.collect(), &mut rep) {
+            Ok(()) => compressible.clear(),
             Err(e) => first = Some(e.to_string()),
         }
     }
@@ -538,25 +540,20 @@ pub fn unlink_volume(repo: &Repository, volume: &str) -> Result<UnlinkReport> {
         }
     }
     repo.forget_listed();
-    rep.stored_bytes = rep
-        .stored_bytes
-        .saturating_sub(rep.recompressed_freed_bytes);
     // The first copy's failure is told unless what it failed on is named
     // already (damaged, or failed to store again).
     if rep.damaged.len() > damaged || rep.failed.len() > failed {
         first = None;
     }
     if !compressible.is_empty() {
-        match recompress(repo, compressible) {
-            Ok(gc) => {
-                rep.recompressed += gc.containers_rewritten;
-                rep.recompressed_freed_bytes += gc.bytes_freed;
-                rep.stored_bytes = rep.stored_bytes.saturating_sub(gc.bytes_freed);
-            }
-            Err(e) => first = Some(e.to_string()),
+        if let Err(e) = recompress(repo, compressible, &mut rep) {
+            first = Some(e.to_string());
         }
     }
     rep.recompress_failed = first;
+    rep.stored_bytes = rep
+        .stored_bytes
+        .saturating_sub(rep.recompressed_freed_bytes);
     Ok(rep)
 }
 
@@ -581,12 +578,7 @@ fn unlink_one(
     defer: bool,
     rep: &mut UnlinkReport,
 ) -> Result<Unlinked> {
-    let raw = match repo.backend().get(&marker_name(id)) {
-        Ok(r) => r,
-        Err(e) if e.is_not_found() => return Ok(Unlinked::Done),
-        Err(e) => return Err(e.into()),
-    };
-    if raw != volume.as_bytes() {
+    if !marked_for(repo, id, volume)? {
         return Ok(Unlinked::Done);
     }
     // (A container half deleted by an interrupted gc has nothing to
@@ -645,15 +637,17 @@ fn unlink_one(
 
 /// Pool compaction of containers `only`, whatever their fill: their live
 /// chunks copied forward compressed, the recipes rewritten, the originals
-/// deleted (a linked one's hold released).
-fn recompress(repo: &Repository, only: HashSet<ContainerId>) -> Result<crate::gc::GcReport> {
+/// deleted (a linked one's hold released); counted in `rep`.
+fn recompress(repo: &Repository, only: HashSet<ContainerId>, rep: &mut UnlinkReport) -> Result<()> {
     let mut gc = crate::gc::GcReport::default();
     let opts = crate::gc::GcOptions {
         only: Some(only),
         ..Default::default()
     };
     crate::compact::compact_pool(repo, &opts, &mut gc)?;
-    Ok(gc)
+    rep.recompressed += gc.containers_rewritten;
+    rep.recompressed_freed_bytes += gc.bytes_freed;
+    Ok(())
 }
 
 /// Whether container `id` is stored and every region of it uncompressed

@@ -192,7 +192,7 @@ fn sweep_deleted(root: &std::path::Path) {
             continue;
         };
         // (One whose delete still runs is its own to remove.)
-        if pid == std::process::id() || !strata_store::lock::pid_alive(pid) {
+        if leftovers::gone(pid) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }

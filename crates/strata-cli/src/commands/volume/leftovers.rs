@@ -59,6 +59,12 @@ fn records(root: &Path, name: &str, tmp: bool) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Whether the process of this host that wrote `pid` in a name or record
+/// is gone (one with this process's own pid is an earlier one's).
+pub(super) fn gone(pid: u32) -> bool {
+    pid == std::process::id() || !strata_store::lock::pid_alive(pid)
+}
+
 /// Removes every record of a snapshot of volume `name` (deleted).
 pub(super) fn forget(root: &Path, name: &str) {
     for p in records(root, name, true) {
@@ -80,13 +86,7 @@ fn stale_records(root: &Path, name: &str) -> Option<Vec<PathBuf>> {
             lines.next().and_then(|p| p.parse::<u32>().ok()),
         );
         match (h, pid) {
-            // (A pid of this process's own is an earlier one's: gone.)
-            (Some(h), Some(pid))
-                if h == host
-                    && (pid == std::process::id() || !strata_store::lock::pid_alive(pid)) =>
-            {
-                stale.push(p)
-            }
+            (Some(h), Some(pid)) if h == host && gone(pid) => stale.push(p),
             // A record cut short (written whole by a rename: garbage)
             // says nothing.
             (Some(_), Some(_)) => return None,
