@@ -108,8 +108,15 @@ fn stored_versions_are_served_read_only() {
     stop(live);
     // Refused: no such version; a snapshot of another series.
     let refused = |at: &str| r.run(&at_args(at)).expect_code(1).stderr;
-    let e = refused("9");
-    assert!(e.contains("no snapshot \"9\" of volume v"), "{e}");
+    // (Digits past any version number are tried as an id prefix: an id
+    // of 12 digits must serve, one no id has is no snapshot.)
+    for at in ["9", "460925553221"] {
+        let e = refused(at);
+        assert!(
+            e.contains(&format!("no snapshot {at:?} of volume v")),
+            "{e}"
+        );
+    }
     let e = refused(&other);
     assert!(e.contains("not of volume v"), "{e}");
     // A region cache is for a stored version only.

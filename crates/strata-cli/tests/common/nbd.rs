@@ -50,9 +50,17 @@ pub fn serve_cmd(mut c: Command) -> Served {
             break v;
         }
     };
+    let (Some(url), Some(addr)) = (v["url"].as_str(), v["listening"].as_str()) else {
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        panic!(
+            "serve did not start: {doc}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
     Served {
-        url: v["url"].as_str().unwrap().to_string(),
-        addr: v["listening"].as_str().unwrap().to_string(),
+        url: url.to_string(),
+        addr: addr.to_string(),
         child,
     }
 }
