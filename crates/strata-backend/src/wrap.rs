@@ -276,6 +276,12 @@ mod tests {
             fn put(&self, _: &str, _: &[u8]) -> Result<()> {
                 let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
                 self.peak.fetch_max(n, Ordering::SeqCst);
+                // Held until three are in at once (however late the
+                // others start on a loaded machine), then a little more.
+                let t = std::time::Instant::now();
+                while self.peak.load(Ordering::SeqCst) < 3 && t.elapsed().as_secs() < 10 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 std::thread::sleep(Duration::from_millis(5));
                 self.now.fetch_sub(1, Ordering::SeqCst);
                 Ok(())

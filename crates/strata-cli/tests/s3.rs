@@ -454,26 +454,33 @@ fn tier_gc_through_the_copy_forward_service() {
     let e = run(&["tier", "gc"]).expect_code(1);
     assert!(e.stderr.contains("--service"), "{}", e.stderr);
 
-    // The service, with the bucket's credentials only.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
+    // The service, with the bucket's credentials only, on a port it picks
+    // (one probed here and let go could be taken before it binds).
     let mut svc = r
         .cmd_with(
             &r.url,
             "strata-secret",
-            &["copy-forward-service", "--listen", &listen],
+            &["copy-forward-service", "--listen", "127.0.0.1:0"],
         )
         .env_remove("STRATA_PASSWORD")
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    wait_until(std::time::Duration::from_secs(20), "the service", || {
-        std::net::TcpStream::connect(&listen).is_ok()
-    });
+    let listen = {
+        use std::io::BufRead;
+        let mut err = std::io::BufReader::new(svc.stderr.take().unwrap());
+        let mut line = String::new();
+        err.read_line(&mut line).unwrap();
+        let addr = line
+            .trim()
+            .rsplit_once("listening on http://")
+            .unwrap_or_else(|| panic!("the service did not start: {line:?}"))
+            .1
+            .to_string();
+        // (The rest of what it says is drained, never let fill the pipe.)
+        std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+        addr
+    };
     let g = json(&[
         "tier",
         "gc",

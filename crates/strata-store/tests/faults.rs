@@ -707,8 +707,14 @@ fn lock_leases_expire_and_are_refreshed() {
     let g = lock::acquire_with_lease(&repo, false, "backup", std::time::Duration::from_secs(3))
         .unwrap();
     let first = lock::list_locks(&repo).unwrap()[0].1.expires;
-    std::thread::sleep(std::time::Duration::from_millis(2500));
-    let later = lock::list_locks(&repo).unwrap()[0].1.expires;
+    // (Refreshed every second: looked at until it is, or for 30 s on a
+    // machine slow enough to delay the refresher.)
+    let t = std::time::Instant::now();
+    let mut later = first;
+    while later <= first && t.elapsed().as_secs() < 30 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        later = lock::list_locks(&repo).unwrap()[0].1.expires;
+    }
     assert!(later > first, "refreshed: {first} -> {later}");
     drop(g);
     assert!(lock::list_locks(&repo).unwrap().is_empty());

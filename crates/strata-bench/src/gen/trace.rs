@@ -559,8 +559,8 @@ mod tests {
             rate / 1e6
         );
         assert!(n > 1_000_000);
-        // Debug builds are far slower than release; the release goal is ≥ 10 M/s.
-        assert!(rate > 300_000.0, "{rate:.0} records/s");
+        // (No rate asserted here: a debug build on a shared machine says
+        // little. The release goal, ≥ 10 M/s, is `trace_rate_release`'s.)
     }
 
     /// `cargo test --release -p strata-bench -- --ignored trace_rate` checks the goal.
