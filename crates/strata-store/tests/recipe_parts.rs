@@ -45,12 +45,19 @@ fn segment_repo(dir: &Path) -> Repository {
 #[test]
 fn trees_are_written_in_parts_that_versions_share() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    many_files(&src, 6000, 1);
-    let repo = segment_repo(&tmp.path().join("repo"));
-    let v1 = backup_paths(&repo, &[&src]).unwrap();
-    let p1 = parts_of(&repo, &v1.id);
-    assert!(p1.len() >= 4, "6000 files in {} parts", p1.len());
+    // (Cuts follow the paths, the temporary directory's name among them:
+    // about one name in 1 000 gives fewer than four parts. Another name
+    // is tried then.)
+    let (src, repo, v1, p1) = (0..4)
+        .find_map(|i| {
+            let src = tmp.path().join(format!("src{i}"));
+            many_files(&src, 6000, 1);
+            let repo = segment_repo(&tmp.path().join(format!("repo{i}")));
+            let v1 = backup_paths(&repo, &[&src]).unwrap();
+            let p1 = parts_of(&repo, &v1.id);
+            (p1.len() >= 4).then_some((src, repo, v1, p1))
+        })
+        .expect("6000 files in four parts or more");
     // The recipe is in path order, whole, in its parts.
     let whole = repo.load_recipe(&v1.snapshot.recipe).unwrap();
     assert!(whole
@@ -249,20 +256,22 @@ fn a_stream_and_paths_in_one_backup() {
 #[test]
 fn a_damaged_previous_version_is_read_around() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    many_files(&src, 3000, 5);
-    // Parts are cut where the repository's keyed hash of a path says, so
-    // their number differs from one repository to the next: one in a few
-    // hundred cuts none at all, and the damaged part would then be the
-    // first (and only) one, with nothing before it to reuse.
-    let (repo, v1, parts) = (0..8)
+    // Parts are cut where the repository's hash of a path says, and a
+    // repository without encryption hashes the same everywhere, so the
+    // number of parts follows the paths, the temporary directory's name
+    // among them: about one name in 50 gives fewer than three parts, and
+    // the damaged part would then be the first, with nothing before it to
+    // reuse. Each try backs up a tree of another name.
+    let (src, repo, v1, parts) = (0..8)
         .find_map(|i| {
+            let src = tmp.path().join(format!("src{i}"));
+            many_files(&src, 3000, 5);
             let repo = segment_repo(&tmp.path().join(format!("repo{i}")));
             let v1 = backup_paths(&repo, &[&src]).unwrap();
             let parts = parts_of(&repo, &v1.id);
-            (parts.len() >= 3).then_some((repo, v1, parts))
+            (parts.len() >= 3).then_some((src, repo, v1, parts))
         })
-        .expect("a repository whose recipe has three parts or more");
+        .expect("a tree whose recipe has three parts or more");
     let victim = recipe::part_name(&parts[parts.len() / 2]);
     let mut bytes = repo.backend().get(&victim).unwrap();
     let mid = bytes.len() / 2;
