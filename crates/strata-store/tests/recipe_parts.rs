@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::fs;
 use std::path::Path;
 use strata_core::format::{path_cmp, RecipeObject};
-use strata_store::backup::{backup, BackupOptions, FlowLimits, StdinSource};
+use strata_store::backup::{backup, BackupOptions, BackupReport, FlowLimits, StdinSource};
 use strata_store::{recipe, Repository};
 
 /// `n` small files spread over nested directories, with names whose byte
@@ -42,22 +42,36 @@ fn segment_repo(dir: &Path) -> Repository {
     Repository::init(local(dir), o).unwrap()
 }
 
+/// A tree of `n` files (`seed`) under `dir` backed up to a segment
+/// repository beside it whose recipe has `min_parts` parts or more: the
+/// tree, the repository, the version and its parts. Parts are cut where
+/// a hash of the path says, and a repository without encryption hashes
+/// the same everywhere, so the number of parts follows the paths — the
+/// temporary directory's random name among them (3000 files give fewer
+/// than three parts about once in 50 names, 6000 fewer than four about
+/// once in 1000). Each try backs up a tree of another name.
+fn tree_in_parts(
+    dir: &Path,
+    n: usize,
+    seed: u64,
+    min_parts: usize,
+) -> (std::path::PathBuf, Repository, BackupReport, Vec<String>) {
+    (0..8)
+        .find_map(|i| {
+            let src = dir.join(format!("src{i}"));
+            many_files(&src, n, seed);
+            let repo = segment_repo(&dir.join(format!("repo{i}")));
+            let v1 = backup_paths(&repo, &[&src]).unwrap();
+            let parts = parts_of(&repo, &v1.id);
+            (parts.len() >= min_parts).then_some((src, repo, v1, parts))
+        })
+        .unwrap_or_else(|| panic!("no tree of {n} files in {min_parts} parts or more"))
+}
+
 #[test]
 fn trees_are_written_in_parts_that_versions_share() {
     let tmp = tempfile::tempdir().unwrap();
-    // (Cuts follow the paths, the temporary directory's name among them:
-    // about one name in 1 000 gives fewer than four parts. Another name
-    // is tried then.)
-    let (src, repo, v1, p1) = (0..4)
-        .find_map(|i| {
-            let src = tmp.path().join(format!("src{i}"));
-            many_files(&src, 6000, 1);
-            let repo = segment_repo(&tmp.path().join(format!("repo{i}")));
-            let v1 = backup_paths(&repo, &[&src]).unwrap();
-            let p1 = parts_of(&repo, &v1.id);
-            (p1.len() >= 4).then_some((src, repo, v1, p1))
-        })
-        .expect("6000 files in four parts or more");
+    let (src, repo, v1, p1) = tree_in_parts(tmp.path(), 6000, 1, 4);
     // The recipe is in path order, whole, in its parts.
     let whole = repo.load_recipe(&v1.snapshot.recipe).unwrap();
     assert!(whole
@@ -256,22 +270,9 @@ fn a_stream_and_paths_in_one_backup() {
 #[test]
 fn a_damaged_previous_version_is_read_around() {
     let tmp = tempfile::tempdir().unwrap();
-    // Parts are cut where the repository's hash of a path says, and a
-    // repository without encryption hashes the same everywhere, so the
-    // number of parts follows the paths, the temporary directory's name
-    // among them: about one name in 50 gives fewer than three parts, and
-    // the damaged part would then be the first, with nothing before it to
-    // reuse. Each try backs up a tree of another name.
-    let (src, repo, v1, parts) = (0..8)
-        .find_map(|i| {
-            let src = tmp.path().join(format!("src{i}"));
-            many_files(&src, 3000, 5);
-            let repo = segment_repo(&tmp.path().join(format!("repo{i}")));
-            let v1 = backup_paths(&repo, &[&src]).unwrap();
-            let parts = parts_of(&repo, &v1.id);
-            (parts.len() >= 3).then_some((src, repo, v1, parts))
-        })
-        .expect("a tree whose recipe has three parts or more");
+    // (Three parts or more: with fewer the damaged part would be the
+    // first, with nothing before it to reuse.)
+    let (src, repo, v1, parts) = tree_in_parts(tmp.path(), 3000, 5, 3);
     let victim = recipe::part_name(&parts[parts.len() / 2]);
     let mut bytes = repo.backend().get(&victim).unwrap();
     let mid = bytes.len() / 2;
