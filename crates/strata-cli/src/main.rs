@@ -152,7 +152,7 @@ pub(crate) fn open(cli: &Cli) -> Result<Repository> {
     let repo = Repository::open(backend, &|| read_password(cli, false))
         .with_context(|| format!("opening repository {}", location::describe(&loc)))?
         .with_cache(location::cache_base())
-        .with_volumes(location::volumes_of(&loc));
+        .with_volumes(strata_link::DirVolumes::of(location::volumes_of(&loc)));
     Ok(repo)
 }
 

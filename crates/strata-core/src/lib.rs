@@ -19,5 +19,10 @@ pub mod fingerprint;
 pub mod format;
 pub mod size;
 
+/// The block of a volume, of the images Strata serves and snapshots, and
+/// of a linked container's regions: 4 KiB, the page and file-system block
+/// of the hosts. Defined here once; every crate takes it from here.
+pub const BLOCK_SIZE: usize = 4096;
+
 pub use error::{CoreError, Result};
 pub use fingerprint::{Fingerprint, Hasher};

@@ -16,17 +16,14 @@
 //! it again (`volume unlink`, `volume delete`) writes it at the offsets
 //! the metadata gives without compressing.
 
-use super::{marker_name, read_blocks, BLOCK};
-use crate::error::{Result, StoreError};
-use crate::repo::{data_name, Repository};
-use std::fs::File;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use strata_core::crypto::Kind;
 use strata_core::format::{encode, ContainerMeta, LinkStub, LinkedRegion, LINK_MAGIC};
-use strata_volume::crypt::DataCipher;
-use strata_volume::VolumeKey;
+use strata_store::container::Linker;
+use strata_store::link::{marker_name, stored_bytes, HeldBlocks};
+use strata_store::repo::{data_name, Repository};
+use strata_store::{Result, StoreError};
 
 /// The volume whose image a snapshot reads, as the link sink needs it:
 /// where each image block is on disk, and a way to have the volume hold
@@ -60,9 +57,8 @@ pub struct LinkSink {
     volume: String,
     salt: Option<Vec<u8>>,
     source: Arc<dyn VolumeLink>,
-    path: PathBuf,
-    data: File,
-    cipher: Option<DataCipher>,
+    /// The volume's blocks, read to check and read back regions.
+    data: Arc<dyn HeldBlocks>,
     containers: AtomicU64,
     blocks: AtomicU64,
     bytes: AtomicU64,
@@ -73,17 +69,6 @@ pub struct LinkSink {
     given_up: std::sync::atomic::AtomicBool,
 }
 
-/// A writer's window on the image's disk blocks (asked of the volume a
-/// window at a time, not a block at a time).
-#[derive(Default)]
-pub(crate) struct BlockWindow {
-    first: u64,
-    dbns: Vec<Option<u64>>,
-}
-
-/// Image blocks asked of the volume at once.
-const WINDOW: usize = 512;
-
 impl LinkSink {
     /// The sink for volume `volume` (its salt `salt` when encrypted) of
     /// `repo`, whose blocks `source` places and holds.
@@ -93,23 +78,23 @@ impl LinkSink {
         salt: Option<&[u8]>,
         source: Arc<dyn VolumeLink>,
     ) -> Result<Arc<LinkSink>> {
-        let dir = repo.volume_dir(&format!("volume {volume}"), volume)?;
-        let path = dir.join("data");
-        let data =
-            File::open(&path).map_err(|e| StoreError::io("open", path.display().to_string(), e))?;
-        let cipher = match salt {
-            Some(s) => Some(DataCipher::new(&VolumeKey(repo.volume_key(s).ok_or_else(
-                || StoreError::Invalid("an encrypted volume in a repository that is not".into()),
-            )?))),
+        let key = match salt {
+            Some(s) => Some(repo.volume_key(s).ok_or_else(|| {
+                StoreError::Invalid("an encrypted volume in a repository that is not".into())
+            })?),
             None => None,
         };
+        let data = repo
+            .volumes(&format!("volume {volume}"), volume)?
+            .blocks(volume, key);
+        // Opened now: a volume without its data file links nothing.
+        data.data_len()
+            .map_err(|e| StoreError::io("open", data.describe(), e))?;
         Ok(Arc::new(LinkSink {
             volume: volume.to_string(),
             salt: salt.map(<[u8]>::to_vec),
             source,
-            path,
             data,
-            cipher,
             containers: AtomicU64::new(0),
             blocks: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -130,44 +115,55 @@ impl LinkSink {
         }
     }
 
+    /// Container `meta` as a data object, its regions read back from the
+    /// volume and stored at the offsets its metadata gives (uncompressed:
+    /// the lengths the sink gave them).
+    fn stored_form(
+        &self,
+        repo: &Repository,
+        meta: &ContainerMeta,
+        regions: &[LinkedRegion],
+    ) -> Result<Vec<u8>> {
+        let plain = |r: &strata_core::format::RegionInfo| match regions
+            .iter()
+            .find(|lr| lr.offset == r.offset)
+        {
+            Some(lr) => self.read_back(repo, lr),
+            None => Err(StoreError::Invalid(format!(
+                "{}: no linked region at offset {}",
+                data_name(&meta.id),
+                r.offset
+            ))),
+        };
+        Ok(stored_bytes(repo, meta, plain)?.0)
+    }
+}
+
+impl Linker for LinkSink {
     /// Whether containers opened now are to be linked (no hold failed
     /// yet).
-    pub(crate) fn linking(&self) -> bool {
+    fn linking(&self) -> bool {
         !self.given_up.load(Ordering::Relaxed)
     }
 
-    /// The disk block of a chunk of `len` bytes at image offset `at`, if
-    /// it is one whole block the volume has on disk.
-    pub(crate) fn disk_block(&self, w: &mut BlockWindow, at: u64, len: usize) -> Option<u64> {
-        if len != BLOCK || !at.is_multiple_of(BLOCK as u64) {
-            return None;
-        }
-        let b = at / BLOCK as u64;
-        if b < w.first || b >= w.first + w.dbns.len() as u64 {
-            w.first = b;
-            // Near the image's end the window is shorter; past it, empty.
-            w.dbns = (0..=WINDOW.ilog2())
-                .map(|k| WINDOW >> k)
-                .find_map(|n| self.source.disk_blocks(b, n).ok())
-                .unwrap_or_default();
-        }
-        w.dbns.get((b - w.first) as usize).copied().flatten()
+    fn disk_blocks(&self, first: u64, n: usize) -> std::io::Result<Vec<Option<u64>>> {
+        self.source.disk_blocks(first, n)
     }
 
     /// Whether the volume's blocks `dbns` hold `plain`, byte for byte.
-    pub(crate) fn holds(&self, dbns: &[u64], plain: &[u8]) -> bool {
+    fn holds(&self, dbns: &[u64], plain: &[u8]) -> bool {
         let mut got = vec![0u8; plain.len()];
-        read_blocks(&self.data, self.cipher.as_ref(), dbns, &mut got).is_ok() && got == plain
+        self.data.read(dbns, &mut got).is_ok() && got == plain
     }
 
     /// A region linked earlier, read back from the volume and checked
     /// against its hash (a container stored after all).
-    pub(crate) fn read_back(&self, repo: &Repository, lr: &LinkedRegion) -> Result<Vec<u8>> {
+    fn read_back(&self, repo: &Repository, lr: &LinkedRegion) -> Result<Vec<u8>> {
         let mut out = vec![0u8; lr.raw_len as usize];
-        read_blocks(&self.data, self.cipher.as_ref(), &lr.blocks, &mut out).map_err(|e| {
+        self.data.read(&lr.blocks, &mut out).map_err(|e| {
             StoreError::io(
                 "read",
-                format!("{} (volume {})", self.path.display(), self.volume),
+                format!("{} (volume {})", self.data.describe(), self.volume),
                 e,
             )
         })?;
@@ -182,7 +178,7 @@ impl LinkSink {
     }
 
     /// Counts a container begun linked and stored after all.
-    pub(crate) fn note_stored_instead(&self) {
+    fn note_stored_instead(&self) {
         self.stored_instead.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -192,7 +188,7 @@ impl LinkSink {
     /// volume's blocks instead (its marker stays: deleting it releases
     /// whatever the volume may have taken). Returns the data object's
     /// bytes.
-    pub(crate) fn commit(
+    fn commit(
         &self,
         repo: &Repository,
         meta: &ContainerMeta,
@@ -237,28 +233,5 @@ impl LinkSink {
         self.blocks.fetch_add(all.len() as u64, Ordering::Relaxed);
         self.bytes.fetch_add(meta.data_bytes(), Ordering::Relaxed);
         Ok(bytes.len() as u64)
-    }
-
-    /// Container `meta` as a data object, its regions read back from the
-    /// volume and stored at the offsets its metadata gives (uncompressed:
-    /// the lengths the sink gave them).
-    fn stored_form(
-        &self,
-        repo: &Repository,
-        meta: &ContainerMeta,
-        regions: &[LinkedRegion],
-    ) -> Result<Vec<u8>> {
-        let plain = |r: &strata_core::format::RegionInfo| match regions
-            .iter()
-            .find(|lr| lr.offset == r.offset)
-        {
-            Some(lr) => self.read_back(repo, lr),
-            None => Err(StoreError::Invalid(format!(
-                "{}: no linked region at offset {}",
-                data_name(&meta.id),
-                r.offset
-            ))),
-        };
-        Ok(super::stored_bytes(repo, meta, plain)?.0)
     }
 }

@@ -1,4 +1,4 @@
-//! The link sink (`link/sink.rs`): a backup of a volume's image links the
+//! The link sink (`src/sink.rs`): a backup of a volume's image links the
 //! containers it writes to the volume's disk blocks instead of writing
 //! them. Here the volume is a data file laid out in another order than
 //! the image, and its map and holds are the test's: every container whose
@@ -8,6 +8,8 @@
 //! — and every version restores byte-exact and checks clean. (The real
 //! volume, stopped and served, is `strata-cli/tests/volume_link.rs`.)
 
+// The store's test helpers (small repositories, a deterministic RNG).
+#[path = "../../strata-store/tests/common/mod.rs"]
 mod common;
 
 use common::*;
@@ -16,12 +18,11 @@ use std::io;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use strata_core::chunker::ChunkerParams;
+use strata_core::BLOCK_SIZE as BLOCK;
+use strata_link::{DirVolumes, LinkSink, SinkCounts, VolumeLink};
 use strata_store::backup::patch::{ImagePatch, ReadAt};
 use strata_store::backup::{backup, BackupOptions, BackupReport};
-use strata_store::link::{LinkSink, SinkCounts, VolumeLink};
 use strata_store::Repository;
-
-const BLOCK: usize = 4096;
 
 /// The image, read from memory.
 struct Image(Arc<Vec<u8>>);
@@ -108,7 +109,7 @@ fn snapshot(repo: &Repository, img: &[u8], vol: Arc<TestVolume>) -> (BackupRepor
                 base: None,
                 changed: None,
                 time_ns: 1,
-                link: Some(sink.clone()),
+                link: Some(sink.clone() as Arc<dyn strata_store::container::Linker>),
             }),
             series: Some("volume:v".into()),
             chunker: Some(ChunkerParams::fixed()),
@@ -147,7 +148,7 @@ fn data_objects(root: &Path) -> (usize, usize) {
 /// A repository (small containers) with volume `v` beside it.
 fn setup(tmp: &Path, img: &[u8]) -> Repository {
     let root = tmp.join("repo");
-    let repo = init_repo(&root, false).with_volumes(Some(root.join("volumes")));
+    let repo = init_repo(&root, false).with_volumes(Some(DirVolumes::at(&root.join("volumes"))));
     write_volume(&root.join("volumes/v"), img);
     repo
 }

@@ -116,7 +116,7 @@ impl Repository {
             })
             .py_err()?
             .with_cache(cache_dir)
-            .with_volumes(backend::volumes_of(url));
+            .with_volumes(strata_link::DirVolumes::of(backend::volumes_of(url)));
         Ok(Repository { repo, s3 })
     }
 
@@ -151,7 +151,7 @@ impl Repository {
             .detach(|| strata_store::Repository::init(b, opts))
             .py_err()?
             .with_cache(cache_dir)
-            .with_volumes(backend::volumes_of(url));
+            .with_volumes(strata_link::DirVolumes::of(backend::volumes_of(url)));
         Ok(Repository { repo, s3 })
     }
 

@@ -151,11 +151,7 @@ struct Rewrite {
 /// whole, so segment dedup keeps finding them; single-holder chunks go to
 /// the holder's stamped containers); the recipes pointing at moved chunks
 /// are rewritten.
-pub(crate) fn compact_pool(
-    repo: &Repository,
-    opts: &GcOptions,
-    report: &mut GcReport,
-) -> Result<()> {
+pub fn compact_pool(repo: &Repository, opts: &GcOptions, report: &mut GcReport) -> Result<()> {
     let snaps = repo.list_active_snapshots()?;
     let holders = Holders::collect(repo, &snaps)?;
     report.live_chunks += holders.marks.values().map(|m| m.len() as u64).sum::<u64>();

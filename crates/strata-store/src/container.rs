@@ -23,7 +23,6 @@
 use crate::backend::{create_object, ObjectWriter};
 use crate::error::{Result, StoreError};
 use crate::index::{ChunkLoc, ContainerTable};
-use crate::link::{BlockWindow, LinkSink, BLOCK};
 use crate::repo::{data_name, meta_name, now_ns, Repository};
 use crate::stages::{Stage, Stages};
 use crossbeam_channel::{bounded, Receiver, Sender};
@@ -36,6 +35,68 @@ use strata_core::format::{
     CONTAINER_MAGIC,
 };
 use strata_core::Fingerprint;
+use strata_core::BLOCK_SIZE as BLOCK;
+
+/// Where a container writer can link a container instead of storing it:
+/// the blocks of a volume whose image a snapshot reads (the link sink of
+/// `strata-link`). A container stays linked while each of its chunks is
+/// one whole block the target has; each region is checked against the
+/// target's blocks as it closes; one that is not turns the container back
+/// into an ordinary one (its linked regions read back and written).
+pub trait Linker: Send + Sync {
+    /// Whether containers opened now are to be linked.
+    fn linking(&self) -> bool;
+    /// The disk blocks of image blocks `first..first + n` (None: not
+    /// there — a hole, or a block still in the volume's write buffer).
+    fn disk_blocks(&self, first: u64, n: usize) -> std::io::Result<Vec<Option<u64>>>;
+    /// Whether disk blocks `dbns` hold `plain`, byte for byte.
+    fn holds(&self, dbns: &[u64], plain: &[u8]) -> bool;
+    /// A region linked earlier, read back and checked against its hash (a
+    /// container stored after all).
+    fn read_back(&self, repo: &Repository, lr: &LinkedRegion) -> Result<Vec<u8>>;
+    /// Counts a container begun linked and stored after all.
+    fn note_stored_instead(&self);
+    /// Puts container `meta` (its regions `regions`) into the repository
+    /// as linked; returns its data object's bytes. Runs on the sink's
+    /// finisher thread.
+    fn commit(
+        &self,
+        repo: &Repository,
+        meta: &ContainerMeta,
+        regions: Vec<LinkedRegion>,
+    ) -> Result<u64>;
+}
+
+/// A writer's window on the image's disk blocks (asked of the [`Linker`]
+/// a window at a time, not a block at a time).
+#[derive(Default)]
+struct BlockWindow {
+    first: u64,
+    dbns: Vec<Option<u64>>,
+}
+
+/// Image blocks asked of the linker at once.
+const WINDOW: usize = 512;
+
+impl BlockWindow {
+    /// The disk block of a chunk of `len` bytes at image offset `at`, if
+    /// it is one whole block the linker's target has on disk.
+    fn disk_block(&mut self, link: &dyn Linker, at: u64, len: usize) -> Option<u64> {
+        if len != BLOCK || !at.is_multiple_of(BLOCK as u64) {
+            return None;
+        }
+        let b = at / BLOCK as u64;
+        if b < self.first || b >= self.first + self.dbns.len() as u64 {
+            self.first = b;
+            // Near the image's end the window is shorter; past it, empty.
+            self.dbns = (0..=WINDOW.ilog2())
+                .map(|k| WINDOW >> k)
+                .find_map(|n| link.disk_blocks(b, n).ok())
+                .unwrap_or_default();
+        }
+        self.dbns.get((b - self.first) as usize).copied().flatten()
+    }
+}
 
 /// [`container_tail`] of `meta` as it is (its `data_len` kept): the
 /// metadata sealed to the length that leaves, padded (see
@@ -151,7 +212,7 @@ pub enum FinishedData {
     Written(Box<dyn ObjectWriter>),
     /// Its regions as the volume's blocks: the finisher puts its marker,
     /// has the volume hold them, then puts its stub.
-    Linked(Arc<LinkSink>, Vec<LinkedRegion>),
+    Linked(Arc<dyn Linker>, Vec<LinkedRegion>),
 }
 
 /// What a sink wrote.
@@ -300,8 +361,8 @@ pub struct ContainerWriter {
     /// Nanoseconds spent compressing and writing regions so far.
     io_ns: u64,
     /// The volume a snapshot reads, whose blocks its containers link to
-    /// (`crate::link::LinkSink`), and this writer's window on its map.
-    link: Option<Arc<LinkSink>>,
+    /// ([`Linker`]), and this writer's window on its map.
+    link: Option<Arc<dyn Linker>>,
     window: BlockWindow,
 }
 
@@ -338,7 +399,7 @@ impl ContainerWriter {
     /// Containers opened from now on link to the blocks of the volume
     /// `link` reads, where every chunk is one the volume has on disk
     /// (see [`Self::append_at`]).
-    pub fn set_link(&mut self, link: Option<Arc<LinkSink>>) {
+    pub fn set_link(&mut self, link: Option<Arc<dyn Linker>>) {
         self.link = link;
     }
 
@@ -555,7 +616,7 @@ impl ContainerWriter {
         let c = self.open.as_mut().expect("next_loc opens a container");
         if let Some(l) = c.linking.as_mut() {
             let dbn = match (&self.link, at) {
-                (Some(sink), Some(at)) => sink.disk_block(&mut self.window, at, data.len()),
+                (Some(sink), Some(at)) => self.window.disk_block(&**sink, at, data.len()),
                 _ => None,
             };
             match dbn {

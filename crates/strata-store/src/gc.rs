@@ -137,7 +137,7 @@ pub fn simulate(
 /// deleting it would lose data, so gc stops and says to run
 /// `strata repair index`. Costs nothing unless a snapshot references an
 /// unlisted container.
-pub(crate) fn refuse_needed_orphans(repo: &Repository, orphans: &[String]) -> Result<()> {
+pub fn refuse_needed_orphans(repo: &Repository, orphans: &[String]) -> Result<()> {
     let orphan_ids: HashSet<ContainerId> =
         orphans.iter().filter_map(|n| container_id_of(n)).collect();
     if orphan_ids.is_empty() {

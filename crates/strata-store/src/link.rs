@@ -10,32 +10,49 @@
 //! blocks read from the volume's data file, decrypted, joined, and checked
 //! against the region's fingerprint.
 //!
-//! A volume's snapshot links the containers it writes as it writes them
-//! (`link/sink.rs`: each region checked against the volume's blocks, the
-//! volume holding them before the stub is put); [`delete_data`] releases
-//! the hold before the stub goes (gc, compaction, forget), and
-//! [`unlink_volume`] stores a volume's linked containers again.
-
-mod sink;
-pub(crate) use sink::BlockWindow;
-pub use sink::{LinkSink, SinkCounts, VolumeLink};
+//! The store reads no volume itself: the caller gives the repository
+//! handle its [`Volumes`] (`Repository::with_volumes`; the `strata-link`
+//! crate has them for a local repository's `volumes/`), through which a
+//! linked container's blocks are read and its hold released. A volume's
+//! snapshot links the containers it writes as it writes them (the link
+//! sink in `strata-link`, through the container writer's
+//! `container::Linker`); [`delete_data`] releases the hold before the stub
+//! goes (gc, compaction, forget).
 
 use crate::error::{Result, StoreError};
 use crate::repo::{data_name, Repository};
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use strata_core::crypto::Kind;
 use strata_core::format::{
     decode, ContainerId, ContainerMeta, LinkStub, RegionInfo, CONTAINER_MAGIC, LINK_MAGIC,
 };
-use strata_volume::crypt::DataCipher;
-use strata_volume::VolumeKey;
+use strata_core::BLOCK_SIZE as BLOCK;
 
-/// A volume block.
-pub const BLOCK: usize = 4096;
+/// The volumes of a repository, as its linked containers need them: the
+/// blocks a volume holds read, and a hold released. Given by the caller
+/// (the store depends on no volume code).
+pub trait Volumes: Send + Sync {
+    /// Volume `volume`'s disk blocks, decrypted with `key` where the volume
+    /// is encrypted. Opening costs nothing: its data file is opened on the
+    /// first read.
+    fn blocks(&self, volume: &str, key: Option<[u8; 32]>) -> Arc<dyn HeldBlocks>;
+    /// Releases hold `hold` of volume `volume` (the volume gives the
+    /// blocks back at its next checkpoint).
+    fn release(&self, volume: &str, hold: &str) -> std::result::Result<(), String>;
+}
+
+/// A volume's disk blocks, as a linked container reads them.
+pub trait HeldBlocks: Send + Sync {
+    /// Fills `out` (`dbns.len()` whole blocks) with the plaintext of disk
+    /// blocks `dbns`.
+    fn read(&self, dbns: &[u64], out: &mut [u8]) -> std::io::Result<()>;
+    /// The length of the volume's data file in bytes (read without
+    /// opening the blocks: `check` without `--read-data`).
+    fn data_len(&self) -> std::io::Result<u64>;
+    /// Where they are, for messages (the data file's path).
+    fn describe(&self) -> String;
+}
 
 /// The marker of linked container `id`.
 pub fn marker_name(id: &ContainerId) -> String {
@@ -47,8 +64,8 @@ pub fn marker_name(id: &ContainerId) -> String {
 /// once), and the stubs read so far.
 #[derive(Default)]
 pub(crate) struct Links {
-    /// `REPO/volumes` of a local repository; None where no volume can be.
-    pub volumes: Option<PathBuf>,
+    /// A local repository's volumes; None where no volume can be.
+    pub volumes: Option<Arc<dyn Volumes>>,
     /// A what-if handle: holds are never released.
     pub dry: bool,
     listed: Mutex<Option<Arc<HashSet<ContainerId>>>>,
@@ -69,17 +86,16 @@ impl Links {
 /// A linked container, its stub read: reads its regions from the volume.
 pub struct Linked {
     pub stub: LinkStub,
-    /// The volume's directory.
-    dir: PathBuf,
-    /// Its data file, opened on the first read (not per region).
-    data: std::sync::OnceLock<File>,
-    cipher: Option<DataCipher>,
+    /// The volume's blocks.
+    blocks: Arc<dyn HeldBlocks>,
     by_offset: HashMap<u64, usize>,
     /// The stub's bytes (what `check` and `stats` count).
     pub stub_len: u64,
 }
 
-fn valid_volume_name(name: &str) -> bool {
+/// Whether `name` can be a volume's name (a stub or marker that names
+/// anything else is damaged).
+pub fn valid_volume_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && !name.starts_with('.')
@@ -90,16 +106,16 @@ fn valid_volume_name(name: &str) -> bool {
 
 impl Repository {
     /// Forgets the list of linked containers (read again on next use).
-    fn forget_listed(&self) {
+    pub fn forget_listed(&self) {
         *self.links.listed.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    /// Where this repository's volumes are (`REPO/volumes` of a local
-    /// repository): needed to read linked containers and release their
+    /// This repository's volumes (those of a local repository, in its
+    /// `volumes/`): needed to read linked containers and release their
     /// holds. The library reads no environment: the caller says.
-    pub fn with_volumes(mut self, dir: Option<PathBuf>) -> Self {
+    pub fn with_volumes(mut self, volumes: Option<Arc<dyn Volumes>>) -> Self {
         self.links = Arc::new(Links {
-            volumes: dir,
+            volumes,
             dry: self.links.dry,
             ..Default::default()
         });
@@ -107,7 +123,7 @@ impl Repository {
     }
 
     /// The containers marked linked (`links/`), listed once per handle.
-    pub(crate) fn linked_ids(&self) -> Result<Arc<HashSet<ContainerId>>> {
+    pub fn linked_ids(&self) -> Result<Arc<HashSet<ContainerId>>> {
         let mut l = self.links.listed.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = &*l {
             return Ok(s.clone());
@@ -126,7 +142,7 @@ impl Repository {
 
     /// Notes that container `id` is marked linked now (this handle wrote
     /// its marker).
-    fn note_linked(&self, id: ContainerId) {
+    pub fn note_linked(&self, id: ContainerId) {
         let mut l = self.links.listed.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(set) = l.as_mut() {
             Arc::make_mut(set).insert(id);
@@ -194,18 +210,15 @@ impl Repository {
     }
 
     fn linked(&self, name: &str, stub: LinkStub, stub_len: u64) -> Result<Linked> {
-        let dir = self.volume_dir(name, &stub.volume)?;
-        let cipher = match &stub.salt {
+        let key = match &stub.salt {
             None => None,
-            Some(salt) => {
-                let key = self.volume_key(salt).ok_or_else(|| {
-                    StoreError::Invalid(format!(
-                        "{name}: links to an encrypted volume, and the repository is not encrypted"
-                    ))
-                })?;
-                Some(DataCipher::new(&VolumeKey(key)))
-            }
+            Some(salt) => Some(self.volume_key(salt).ok_or_else(|| {
+                StoreError::Invalid(format!(
+                    "{name}: links to an encrypted volume, and the repository is not encrypted"
+                ))
+            })?),
         };
+        let blocks = self.volumes(name, &stub.volume)?.blocks(&stub.volume, key);
         let by_offset = stub
             .regions
             .iter()
@@ -214,23 +227,35 @@ impl Repository {
             .collect();
         Ok(Linked {
             stub,
-            dir,
-            data: std::sync::OnceLock::new(),
-            cipher,
+            blocks,
             by_offset,
             stub_len,
         })
     }
 
-    /// The directory of volume `volume`, which container `name` links to.
-    fn volume_dir(&self, name: &str, volume: &str) -> Result<PathBuf> {
-        let root = self.links.volumes.as_ref().ok_or_else(|| {
+    /// This repository's volumes, of which `name` needs volume `volume`
+    /// (an error where they are not reachable from here).
+    pub fn volumes(&self, name: &str, volume: &str) -> Result<&Arc<dyn Volumes>> {
+        self.links.volumes.as_ref().ok_or_else(|| {
             StoreError::Invalid(format!(
                 "{name} links to blocks of volume {volume}, and this repository's volumes are not \
                  reachable from here (a local repository's are in its `volumes/`)"
             ))
-        })?;
-        Ok(root.join(volume))
+        })
+    }
+
+    /// Whether this is a what-if handle (holds are never released).
+    pub fn is_dry(&self) -> bool {
+        self.links.dry
+    }
+
+    /// Forgets the stub read of container `id` (its data object replaced).
+    pub fn forget_link(&self, id: &ContainerId) {
+        self.links
+            .loaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
     }
 }
 
@@ -249,15 +274,11 @@ impl Linked {
                     r.offset, r.raw_len
                 ))
             })?;
-        let data = self.data_file()?;
         let mut out = vec![0u8; lr.raw_len as usize];
-        read_blocks(data, self.cipher.as_ref(), &lr.blocks, &mut out).map_err(|e| {
+        self.blocks.read(&lr.blocks, &mut out).map_err(|e| {
             StoreError::io(
                 "read",
-                format!(
-                    "{} (held blocks of {name})",
-                    self.dir.join("data").display()
-                ),
+                format!("{} (held blocks of {name})", self.blocks.describe()),
                 e,
             )
         })?;
@@ -275,30 +296,16 @@ impl Linked {
         Ok(out)
     }
 
-    /// The volume's data file.
-    fn data_file(&self) -> Result<&File> {
-        if let Some(f) = self.data.get() {
-            return Ok(f);
-        }
-        let path = self.dir.join("data");
-        let f =
-            File::open(&path).map_err(|e| StoreError::io("open", path.display().to_string(), e))?;
-        Ok(self.data.get_or_init(|| f))
-    }
-
     /// Checks, without reading them, that the volume's data file has
     /// every block the stub names (`check` without `--read-data`).
     pub fn verify_reachable(&self, name: &str) -> Result<()> {
-        let data = self.dir.join("data");
-        let len = std::fs::metadata(&data)
-            .map_err(|e| {
-                StoreError::io(
-                    "open",
-                    format!("{} (held blocks of {name})", data.display()),
-                    e,
-                )
-            })?
-            .len();
+        let len = self.blocks.data_len().map_err(|e| {
+            StoreError::io(
+                "open",
+                format!("{} (held blocks of {name})", self.blocks.describe()),
+                e,
+            )
+        })?;
         match self.blocks().max() {
             Some(b) if b.saturating_add(1).saturating_mul(BLOCK as u64) > len => {
                 Err(StoreError::Invalid(format!(
@@ -322,7 +329,7 @@ impl Linked {
 /// Deletes container `id`'s data object: a linked one's hold is released
 /// first (the volume gives its blocks back at its next checkpoint), and
 /// its marker goes last.
-pub(crate) fn delete_data(repo: &Repository, id: &ContainerId) -> Result<()> {
+pub fn delete_data(repo: &Repository, id: &ContainerId) -> Result<()> {
     // The marker names the volume: its hold is released even when
     // linking stopped before the stub was put. (Looked
     // up, not taken from the list: another process may have linked it
@@ -330,18 +337,14 @@ pub(crate) fn delete_data(repo: &Repository, id: &ContainerId) -> Result<()> {
     release_by_marker(repo, id)?;
     repo.backend().delete(&data_name(id))?;
     repo.backend().delete(&marker_name(id))?;
-    repo.links
-        .loaded
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(id);
+    repo.forget_link(id);
     Ok(())
 }
 
 /// Releases the hold of container `id` in the volume its marker names
 /// (nothing without a marker, or on a what-if handle). Returns whether
 /// there was a marker.
-pub(crate) fn release_by_marker(repo: &Repository, id: &ContainerId) -> Result<bool> {
+pub fn release_by_marker(repo: &Repository, id: &ContainerId) -> Result<bool> {
     let raw = match repo.backend().get(&marker_name(id)) {
         Ok(r) => r,
         Err(e) if e.is_not_found() => return Ok(false),
@@ -357,339 +360,22 @@ pub(crate) fn release_by_marker(repo: &Repository, id: &ContainerId) -> Result<b
             marker_name(id)
         )));
     }
-    let dir = repo.volume_dir(&data_name(id), &volume)?;
-    strata_volume::holds::release(&dir, &id.to_hex()).map_err(|e| {
-        StoreError::Invalid(format!("releasing the blocks of {}: {e}", data_name(id)))
-    })?;
+    release(repo, id, &volume)?;
     Ok(true)
 }
 
-/// Fills `out` (`dbns.len()` blocks) with the plaintext of the volume's
-/// disk blocks `dbns` from its data file `data` (runs of neighbours read
-/// at once), decrypted with `cipher` when the volume is encrypted.
-fn read_blocks(
-    data: &File,
-    cipher: Option<&DataCipher>,
-    dbns: &[u64],
-    out: &mut [u8],
-) -> std::io::Result<()> {
-    if out.len() != dbns.len() * BLOCK {
-        return Err(std::io::Error::other("a read of whole blocks"));
-    }
-    let mut i = 0;
-    while i < dbns.len() {
-        let mut j = i + 1;
-        while j < dbns.len() && dbns[j - 1].checked_add(1) == Some(dbns[j]) {
-            j += 1;
-        }
-        let at = dbns[i].checked_mul(BLOCK as u64).ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("no block {} in a volume", dbns[i]),
-            )
-        })?;
-        data.read_exact_at(&mut out[i * BLOCK..j * BLOCK], at)?;
-        i = j;
-    }
-    if let Some(c) = cipher {
-        for (k, &d) in dbns.iter().enumerate() {
-            c.open(d, &mut out[k * BLOCK..(k + 1) * BLOCK]);
-        }
-    }
-    Ok(())
-}
-
-/// Releases what killed snapshots of volume `volume` left linked: each
-/// container its marker names that no index lists (a snapshot's
-/// containers are indexed as it commits, or every 256 Ki chunks) —
-/// its hold released, its stub or data, metadata and marker deleted, as
-/// gc does for any container no index lists, and as gc refused when a
-/// version needs chunks only such a container holds. Only under the
-/// repository's exclusive lock, so no backup is writing containers it has
-/// not indexed yet: when another command holds a lock, nothing is done
-/// (`None`). The caller makes sure no other snapshot of the volume runs.
-/// Returns the containers released. (What a killed snapshot had indexed
-/// already waits for gc.)
-pub fn sweep_unindexed(repo: &Repository, volume: &str) -> Result<Option<u64>> {
-    if repo.links.dry {
-        return Ok(Some(0));
-    }
-    let _lock = match crate::lock::acquire(repo, true, "volume snapshot (leftovers)") {
-        Ok(l) => l,
-        Err(StoreError::Locked { .. }) => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    repo.forget_listed();
-    let ids: Vec<ContainerId> = repo.linked_ids()?.iter().copied().collect();
-    if ids.is_empty() {
-        return Ok(Some(0));
-    }
-    let indexed = crate::index::RepoIndex::load_summaries(repo)?.containers;
-    let mut candidates = Vec::new();
-    for id in ids.into_iter().filter(|id| !indexed.contains_key(id)) {
-        if marked_for(repo, &id, volume)? {
-            candidates.push(id);
-        }
-    }
-    // As gc: none goes while a version needs chunks only it holds (an
-    // index object lost or damaged: `strata repair index` first).
-    let names: Vec<String> = candidates.iter().map(data_name).collect();
-    crate::gc::refuse_needed_orphans(repo, &names)?;
-    for id in &candidates {
-        repo.backend().delete(&crate::repo::meta_name(id))?;
-        delete_data(repo, id)?;
-    }
-    repo.forget_listed();
-    Ok(Some(candidates.len() as u64))
-}
-
-/// Whether container `id` has a marker, and it names volume `volume`.
-fn marked_for(repo: &Repository, id: &ContainerId, volume: &str) -> Result<bool> {
-    match repo.backend().get(&marker_name(id)) {
-        Ok(raw) => Ok(raw == volume.as_bytes()),
-        Err(e) if e.is_not_found() => Ok(false),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// What [`unlink_volume`] did.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct UnlinkReport {
-    /// Containers stored again in the repository, and their bytes.
-    pub containers: u64,
-    pub stored_bytes: u64,
-    /// Containers whose blocks no longer hold what they held (changed on
-    /// the host): their versions are damaged already. They stay linked and
-    /// held.
-    pub damaged: Vec<(ContainerId, String)>,
-    /// Containers that could not be stored again for another reason (an
-    /// I/O error, a full disk, a region that would not seal to the same
-    /// length), with why: they stay linked and held.
-    pub failed: Vec<String>,
-    /// Of those stored again, containers the link sink had linked (their
-    /// metadata gives them uncompressed) whose data compresses: copied
-    /// forward into compressed containers, the recipes pointing at them
-    /// rewritten, and the bytes that freed.
-    pub recompressed: u64,
-    pub recompressed_freed_bytes: u64,
-    /// Why that copy failed, if it did (they stay stored uncompressed).
-    pub recompress_failed: Option<String>,
-}
-
-/// Stores again every container linked to volume `volume` (before the
-/// volume is deleted or replaced), reading each linked region once.
-///
-/// A container the link sink linked (its metadata gives every region
-/// uncompressed) is copied forward into compressed containers, with the
-/// recipes pointing at it rewritten (pool compaction of those alone, as
-/// gc does; deleting the original releases its hold). Any other — or one
-/// the copy leaves behind — is sealed again into a data object laid out
-/// exactly as its metadata says (the same regions at the same offsets:
-/// zstd and the envelope give the same lengths for the same plaintext;
-/// where another zstd does not, each region and the metadata are sealed
-/// to the length they had, padded with a frame decompression passes
-/// over), which replaces the stub; then the hold is released and the
-/// marker goes. A container whose blocks do not check out, or that would
-/// not come out the same, stays linked and held (`damaged`, `failed`).
-/// Holds the repository's lock.
-pub fn unlink_volume(repo: &Repository, volume: &str) -> Result<UnlinkReport> {
-    if repo.links.dry {
-        return Err(StoreError::Invalid(
-            "a what-if handle stores nothing again".into(),
-        ));
-    }
-    let _lock = crate::lock::acquire(repo, true, "volume unlink")?;
-    repo.forget_listed();
-    let mut rep = UnlinkReport::default();
-    let mut compressible = HashSet::new();
-    let mut direct: Vec<(ContainerId, u64)> = Vec::new();
-    let ids: Vec<ContainerId> = repo.linked_ids()?.iter().copied().collect();
-    for id in ids {
-        match unlink_one(repo, volume, &id, true, &mut rep)? {
-            Unlinked::Copy(bytes) => direct.push((id, bytes)),
-            Unlinked::Compressible => drop(compressible.insert(id)),
-            Unlinked::Done => {}
-        }
-    }
-    repo.forget_listed();
-    // Linked by the sink, or stored uncompressed: copied forward
-    // compressed, whatever their fill (all of them in one pass).
-    let mut first: Option<String> = None;
-    if !direct.is_empty() || !compressible.is_empty() {
-        let these = compressible
-            .iter()
-            .copied()
-            .chain(direct.iter().map(|d| d.0));
-        match recompress(repo, these.collect(), &mut rep) {
-            Ok(()) => compressible.clear(),
-            Err(e) => first = Some(e.to_string()),
-        }
-    }
-    // What the copy left linked (it failed — a region that does not check
-    // out — or passed it over), stored again one by one, then copied
-    // forward once more.
-    let (damaged, failed) = (rep.damaged.len(), rep.failed.len());
-    for (id, bytes) in direct {
-        if repo.backend().size(&marker_name(&id))?.is_some() {
-            if let Unlinked::Compressible = unlink_one(repo, volume, &id, false, &mut rep)? {
-                compressible.insert(id);
-            }
-        } else {
-            rep.containers += 1;
-            rep.stored_bytes += bytes;
-        }
-    }
-    repo.forget_listed();
-    // The first copy's failure is told unless what it failed on is named
-    // already (damaged, or failed to store again).
-    if rep.damaged.len() > damaged || rep.failed.len() > failed {
-        first = None;
-    }
-    if !compressible.is_empty() {
-        if let Err(e) = recompress(repo, compressible, &mut rep) {
-            first = Some(e.to_string());
-        }
-    }
-    rep.recompress_failed = first;
-    rep.stored_bytes = rep
-        .stored_bytes
-        .saturating_sub(rep.recompressed_freed_bytes);
-    Ok(rep)
-}
-
-/// What [`unlink_one`] made of a linked container.
-enum Unlinked {
-    /// Linked by the sink: left linked, to be copied forward (its stored
-    /// bytes, as its metadata gives them).
-    Copy(u64),
-    /// Stored (again), uncompressed, though its data may compress.
-    Compressible,
-    /// Stored again as it was, damaged, failed, or not this volume's.
-    Done,
-}
-
-/// Container `id`, if its marker names `volume`: stored again and its
-/// hold released — unless the sink linked it and `defer` (then left for
-/// the copy forward).
-fn unlink_one(
-    repo: &Repository,
-    volume: &str,
-    id: &ContainerId,
-    defer: bool,
-    rep: &mut UnlinkReport,
-) -> Result<Unlinked> {
-    if !marked_for(repo, id, volume)? {
-        return Ok(Unlinked::Done);
-    }
-    // (A container half deleted by an interrupted gc has nothing to
-    // store again: its hold and marker just go.)
-    let linked = match repo.link_of(id) {
-        Err(StoreError::NotFound(_)) => None,
-        Err(StoreError::Backend(e)) if e.is_not_found() => None,
-        r => r?,
-    };
-    let mut done = Unlinked::Done;
-    if linked.is_none() && stored_uncompressed(repo, id) {
-        // Stored, its marker kept (the sink's hold failed): as the
-        // sink wrote it, uncompressed.
-        done = Unlinked::Compressible;
-    }
-    let meta = match linked {
-        None => None,
-        Some(l) => match crate::container::read_meta(repo, id) {
-            Ok(m) => Some((l, m)),
-            Err(StoreError::NotFound(_)) => None,
-            Err(StoreError::Backend(e)) if e.is_not_found() => None,
-            Err(e) => return Err(e),
-        },
-    };
-    if let Some((l, m)) = meta {
-        if defer && uncompressed(repo, &m) {
-            return Ok(Unlinked::Copy(m.data_bytes()));
-        }
-        match store_again(repo, &m, &l) {
-            Ok(shorter) => {
-                rep.containers += 1;
-                rep.stored_bytes += m.data_bytes();
-                if shorter {
-                    done = Unlinked::Compressible;
-                }
-            }
-            Err(e @ StoreError::Corrupt { .. }) => {
-                rep.damaged.push((*id, e.to_string()));
-                return Ok(Unlinked::Done);
-            }
-            Err(e) => {
-                rep.failed.push(e.to_string());
-                return Ok(Unlinked::Done);
-            }
-        }
-    }
-    // Stored (again, or linked no further than its marker): the volume
-    // may let the blocks go.
-    let dir = repo.volume_dir(&data_name(id), volume)?;
-    strata_volume::holds::release(&dir, &id.to_hex()).map_err(|e| {
-        StoreError::Invalid(format!("releasing the blocks of {}: {e}", data_name(id)))
-    })?;
-    repo.backend().delete(&marker_name(id))?;
-    Ok(done)
-}
-
-/// Pool compaction of containers `only`, whatever their fill: their live
-/// chunks copied forward compressed, the recipes rewritten, the originals
-/// deleted (a linked one's hold released); counted in `rep`.
-fn recompress(repo: &Repository, only: HashSet<ContainerId>, rep: &mut UnlinkReport) -> Result<()> {
-    let mut gc = crate::gc::GcReport::default();
-    let opts = crate::gc::GcOptions {
-        only: Some(only),
-        ..Default::default()
-    };
-    crate::compact::compact_pool(repo, &opts, &mut gc)?;
-    rep.recompressed += gc.containers_rewritten;
-    rep.recompressed_freed_bytes += gc.bytes_freed;
-    Ok(())
-}
-
-/// Whether container `id` is stored and every region of it uncompressed
-/// (its length the plaintext's plus the envelope's), as the link sink
-/// stores a container whose hold the volume did not take.
-fn stored_uncompressed(repo: &Repository, id: &ContainerId) -> bool {
-    crate::container::read_meta(repo, id).is_ok_and(|m| uncompressed(repo, &m))
-}
-
-/// Whether container `m`'s metadata gives every region uncompressed (its
-/// length the plaintext's plus the envelope's), as the link sink lays
-/// them out.
-fn uncompressed(repo: &Repository, m: &ContainerMeta) -> bool {
-    let overhead = repo.sealer().overhead() as u64;
-    !m.regions.is_empty()
-        && m.regions
-            .iter()
-            .all(|r| r.stored_len as u64 == r.raw_len as u64 + overhead)
-}
-
-/// Container `m`'s data object made again from its linked regions and
-/// put in place of the stub. Returns whether a region would compress
-/// shorter than its metadata lets it be here (one the link sink linked,
-/// which its metadata gives uncompressed).
-fn store_again(repo: &Repository, m: &ContainerMeta, l: &Linked) -> Result<bool> {
-    let name = data_name(&m.id);
-    let (data, shorter) = stored_bytes(repo, m, |r| l.region(repo, &name, r))?;
-    repo.backend().put(&name, &data)?;
-    repo.backend().evict(&name);
-    repo.links
-        .loaded
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&m.id);
-    Ok(shorter)
+/// Releases volume `volume`'s hold of container `id`.
+pub fn release(repo: &Repository, id: &ContainerId, volume: &str) -> Result<()> {
+    repo.volumes(&data_name(id), volume)?
+        .release(volume, &id.to_hex())
+        .map_err(|e| StoreError::Invalid(format!("releasing the blocks of {}: {e}", data_name(id))))
 }
 
 /// Container `m`'s data object laid out exactly as its metadata says,
 /// each region's plaintext from `plain` (sealed compressed, or to the
 /// length the metadata gives it where that differs); and whether a region
 /// would compress shorter than that length.
-pub(crate) fn stored_bytes(
+pub fn stored_bytes(
     repo: &Repository,
     m: &ContainerMeta,
     plain: impl Fn(&RegionInfo) -> Result<Vec<u8>>,

@@ -49,7 +49,7 @@ fn open_source(a: &CopyArgs) -> Result<Repository> {
     Ok(Repository::open(backend, &|| pw.read(false))
         .with_context(|| format!("opening the source repository {}", location::describe(&loc)))?
         .with_cache(location::cache_base())
-        .with_volumes(location::volumes_of(&loc)))
+        .with_volumes(strata_link::DirVolumes::of(location::volumes_of(&loc))))
 }
 
 pub fn run(cli: &Cli, out: &Out, a: &CopyArgs) -> Result<i32> {

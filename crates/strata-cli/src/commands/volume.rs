@@ -483,7 +483,7 @@ fn delete(
 
 /// Before a volume's data file goes (delete, defrag): the containers its
 /// snapshots link to its blocks are stored in the repository again, and
-/// their holds released (`strata_store::link::unlink_volume`). Returns
+/// their holds released (`strata_link::unlink_volume`). Returns
 /// what it did. A container that cannot be (its blocks changed
 /// on the host) fails a defrag; a delete (`deleting`) goes on with a
 /// warning — the versions using it are damaged already.
@@ -493,12 +493,12 @@ fn unlink(
     dir: &std::path::Path,
     name: &str,
     deleting: bool,
-) -> Result<strata_store::link::UnlinkReport> {
+) -> Result<strata_link::UnlinkReport> {
     if strata_volume::holds::held(dir)?.is_empty() {
         return Ok(Default::default());
     }
     let repo = crate::open(cli)?;
-    let r = strata_store::link::unlink_volume(&repo, name).with_context(|| {
+    let r = strata_link::unlink_volume(&repo, name).with_context(|| {
         format!("storing again what snapshots of volume {name} link to its blocks")
     })?;
     if !r.failed.is_empty() {
@@ -676,7 +676,7 @@ impl Held {
     /// The image's blocks and holds, for the link sink: the stopped
     /// volume's own, or the frozen map's, held by the server over the
     /// control connection (while the freeze holds).
-    fn link(&self) -> Result<Arc<dyn strata_store::link::VolumeLink>> {
+    fn link(&self) -> Result<Arc<dyn strata_link::VolumeLink>> {
         Ok(match self {
             Held::Here(v, _) => Arc::new(HereLink(v.clone())),
             Held::Server(conn, map) => Arc::new(ServerLink(
@@ -691,7 +691,7 @@ impl Held {
 /// A volume opened here, as the link sink sees it.
 struct HereLink(Arc<Volume>);
 
-impl strata_store::link::VolumeLink for HereLink {
+impl strata_link::VolumeLink for HereLink {
     fn disk_blocks(&self, first: u64, n: usize) -> io::Result<Vec<Option<u64>>> {
         self.0.disk_blocks(first, n)
     }
@@ -709,7 +709,7 @@ struct ServerLink(
     AtomicBool,
 );
 
-impl strata_store::link::VolumeLink for ServerLink {
+impl strata_link::VolumeLink for ServerLink {
     fn disk_blocks(&self, first: u64, n: usize) -> io::Result<Vec<Option<u64>>> {
         self.1.disk_blocks(first, n)
     }
@@ -803,7 +803,7 @@ fn snapshot(
     let link = match linkable {
         true => {
             let salt = cfg.encryption.as_ref().and_then(|e| e.salt_bytes());
-            match strata_store::link::LinkSink::new(&repo, name, salt.as_deref(), held.link()?) {
+            match strata_link::LinkSink::new(&repo, name, salt.as_deref(), held.link()?) {
                 Ok(l) => Some(l),
                 Err(e) => {
                     out.warn(&format!(
@@ -826,7 +826,9 @@ fn snapshot(
             // Read everything: the version still becomes the base.
             changed: changed.filter(|_| !read_all),
             time_ns,
-            link: link.clone(),
+            link: link
+                .clone()
+                .map(|l| l as Arc<dyn strata_store::container::Linker>),
         }),
         series: Some(format!("volume:{name}")),
         tags: tags.to_vec(),
@@ -877,7 +879,7 @@ fn snapshot_result(
     out: &Out,
     name: &str,
     rep: &strata_store::backup::BackupReport,
-    l: &strata_store::link::SinkCounts,
+    l: &strata_link::SinkCounts,
     leftovers: u64,
 ) {
     let s = &rep.snapshot;

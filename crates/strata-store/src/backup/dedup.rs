@@ -61,8 +61,8 @@ pub(crate) struct Ctx<'a> {
     /// much of that version this one stored again.
     pub stored_sample: Mutex<HashMap<Fingerprint, u32>>,
     /// The volume whose blocks the new containers link to (a volume's
-    /// snapshot: [`crate::link::LinkSink`]).
-    pub link: Option<Arc<crate::link::LinkSink>>,
+    /// snapshot: the link sink, a [`crate::container::Linker`]).
+    pub link: Option<Arc<dyn crate::container::Linker>>,
 }
 
 /// A chunk's fingerprint, and whether it is all zeros (never stored, so
@@ -235,7 +235,7 @@ pub(crate) struct CtxParts<'a> {
     pub progress: &'a Progress,
     pub stages: Arc<Stages>,
     pub large_file: u64,
-    pub link: Option<Arc<crate::link::LinkSink>>,
+    pub link: Option<Arc<dyn crate::container::Linker>>,
 }
 
 impl<'a> Ctx<'a> {

@@ -62,9 +62,9 @@ pub struct ImagePatch {
     /// byte: not encoded, compressed or written again.
     pub time_ns: i64,
     /// The volume the image is read from, whose blocks the new containers
-    /// link to instead of being written (`crate::link::LinkSink`); its
-    /// [`crate::link::LinkSink::counts`] say what was linked.
-    pub link: Option<std::sync::Arc<crate::link::LinkSink>>,
+    /// link to instead of being written (a [`crate::container::Linker`]:
+    /// the link sink of `strata-link`, which counts what was linked).
+    pub link: Option<std::sync::Arc<dyn crate::container::Linker>>,
 }
 
 /// An unchanged segment: its chunks (fingerprints, no bytes) and where

@@ -3,7 +3,7 @@
 //! records itself beside the volume (`.NAME.snapshot-PID`: its host and
 //! pid) and removes the record when it ends well; a record whose process
 //! on this host is gone tells the next snapshot of the volume to release
-//! what no index lists (`strata_store::link::sweep_unindexed`) before it
+//! what no index lists (`strata_link::sweep_unindexed`) before it
 //! begins, instead of leaving it to gc — unless another snapshot of the
 //! volume may be running (a record of a live process, or of another
 //! host): the sweep would take its containers, not yet indexed, for
@@ -109,7 +109,7 @@ pub(super) fn start(
 ) -> Result<(Running, u64)> {
     let mut released = 0;
     if let Some(stale) = stale_records(root, name).filter(|s| !s.is_empty()) {
-        match strata_store::link::sweep_unindexed(repo, name) {
+        match strata_link::sweep_unindexed(repo, name) {
             Ok(Some(n)) => {
                 released = n;
                 for p in &stale {
