@@ -51,7 +51,7 @@ fn on_interrupt(json: bool) {
     eprintln!("{msg}");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let _ = tx.send(strata_store::lock::release_held());
+        let _ = tx.send(strata_store::repo::lock::release_held());
     });
     let released = rx.recv_timeout(RELEASE_WAIT).ok();
     if released.is_none() {

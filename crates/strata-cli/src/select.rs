@@ -5,7 +5,7 @@
 use clap::Args;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
-use strata_store::snapshots::SnapshotFilter;
+use strata_store::repo::snapshots::SnapshotFilter;
 
 #[derive(Args, Clone, Default)]
 pub struct FilterArgs {

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use strata_core::format::{ContainerId, ContainerMeta};
-use strata_store::link::{delete_data, marker_name, release, stored_bytes, Linked};
+use strata_store::repo::links::{delete_data, marker_name, release, stored_bytes, Linked};
 use strata_store::repo::{data_name, meta_name, Repository};
 use strata_store::{Result, StoreError};
 
@@ -22,7 +22,7 @@ pub fn sweep_unindexed(repo: &Repository, volume: &str) -> Result<Option<u64>> {
     if repo.is_dry() {
         return Ok(Some(0));
     }
-    let _lock = match strata_store::lock::acquire(repo, true, "volume snapshot (leftovers)") {
+    let _lock = match strata_store::repo::lock::acquire(repo, true, "volume snapshot (leftovers)") {
         Ok(l) => l,
         Err(StoreError::Locked { .. }) => return Ok(None),
         Err(e) => return Err(e),
@@ -32,7 +32,7 @@ pub fn sweep_unindexed(repo: &Repository, volume: &str) -> Result<Option<u64>> {
     if ids.is_empty() {
         return Ok(Some(0));
     }
-    let indexed = strata_store::index::RepoIndex::load_summaries(repo)?.containers;
+    let indexed = strata_store::repo::index::RepoIndex::load_summaries(repo)?.containers;
     let mut candidates = Vec::new();
     for id in ids.into_iter().filter(|id| !indexed.contains_key(id)) {
         if marked_for(repo, &id, volume)? {
@@ -42,7 +42,7 @@ pub fn sweep_unindexed(repo: &Repository, volume: &str) -> Result<Option<u64>> {
     // As gc: none goes while a version needs chunks only it holds (an
     // index object lost or damaged: `strata repair index` first).
     let names: Vec<String> = candidates.iter().map(data_name).collect();
-    strata_store::gc::refuse_needed_orphans(repo, &names)?;
+    strata_store::ops::gc::refuse_needed_orphans(repo, &names)?;
     for id in &candidates {
         repo.backend().delete(&meta_name(id))?;
         delete_data(repo, id)?;
@@ -106,7 +106,7 @@ pub fn unlink_volume(repo: &Repository, volume: &str) -> Result<UnlinkReport> {
             "a what-if handle stores nothing again".into(),
         ));
     }
-    let _lock = strata_store::lock::acquire(repo, true, "volume unlink")?;
+    let _lock = strata_store::repo::lock::acquire(repo, true, "volume unlink")?;
     repo.forget_listed();
     let mut rep = UnlinkReport::default();
     let mut compressible = HashSet::new();
@@ -204,7 +204,7 @@ fn unlink_one(
     }
     let meta = match linked {
         None => None,
-        Some(l) => match strata_store::container::read_meta(repo, id) {
+        Some(l) => match strata_store::repo::container::read_meta(repo, id) {
             Ok(m) => Some((l, m)),
             Err(StoreError::NotFound(_)) => None,
             Err(StoreError::Backend(e)) if e.is_not_found() => None,
@@ -244,12 +244,12 @@ fn unlink_one(
 /// chunks copied forward compressed, the recipes rewritten, the originals
 /// deleted (a linked one's hold released); counted in `rep`.
 fn recompress(repo: &Repository, only: HashSet<ContainerId>, rep: &mut UnlinkReport) -> Result<()> {
-    let mut gc = strata_store::gc::GcReport::default();
-    let opts = strata_store::gc::GcOptions {
+    let mut gc = strata_store::ops::gc::GcReport::default();
+    let opts = strata_store::ops::gc::GcOptions {
         only: Some(only),
         ..Default::default()
     };
-    strata_store::compact::compact_pool(repo, &opts, &mut gc)?;
+    strata_store::ops::compact::compact_pool(repo, &opts, &mut gc)?;
     rep.recompressed += gc.containers_rewritten;
     rep.recompressed_freed_bytes += gc.bytes_freed;
     Ok(())
@@ -259,7 +259,7 @@ fn recompress(repo: &Repository, only: HashSet<ContainerId>, rep: &mut UnlinkRep
 /// (its length the plaintext's plus the envelope's), as the link sink
 /// stores a container whose hold the volume did not take.
 fn stored_uncompressed(repo: &Repository, id: &ContainerId) -> bool {
-    strata_store::container::read_meta(repo, id).is_ok_and(|m| uncompressed(repo, &m))
+    strata_store::repo::container::read_meta(repo, id).is_ok_and(|m| uncompressed(repo, &m))
 }
 
 /// Whether container `m`'s metadata gives every region uncompressed (its

@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use strata_core::BLOCK_SIZE as BLOCK;
-use strata_store::link::{HeldBlocks, Volumes};
+use strata_store::repo::links::{HeldBlocks, Volumes};
 use strata_volume::crypt::DataCipher;
 use strata_volume::VolumeKey;
 

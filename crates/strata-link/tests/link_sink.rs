@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use strata_core::chunker::ChunkerParams;
 use strata_core::BLOCK_SIZE as BLOCK;
 use strata_link::{DirVolumes, LinkSink, SinkCounts, VolumeLink};
-use strata_store::backup::patch::{ImagePatch, ReadAt};
-use strata_store::backup::{backup, BackupOptions, BackupReport};
+use strata_store::ops::backup::patch::{ImagePatch, ReadAt};
+use strata_store::ops::backup::{backup, BackupOptions, BackupReport};
 use strata_store::Repository;
 
 /// The image, read from memory.
@@ -109,7 +109,7 @@ fn snapshot(repo: &Repository, img: &[u8], vol: Arc<TestVolume>) -> (BackupRepor
                 base: None,
                 changed: None,
                 time_ns: 1,
-                link: Some(sink.clone() as Arc<dyn strata_store::container::Linker>),
+                link: Some(sink.clone() as Arc<dyn strata_store::repo::container::Linker>),
             }),
             series: Some("volume:v".into()),
             chunker: Some(ChunkerParams::fixed()),
@@ -125,7 +125,7 @@ fn restored(repo: &Repository, r: &BackupReport) -> Vec<u8> {
     let recipe = repo.load_recipe(&r.snapshot.recipe).unwrap();
     let node = recipe.nodes.iter().find(|n| n.path == b"v.img").unwrap();
     let mut out = Vec::new();
-    strata_store::restore::dump(repo, &r.snapshot, &recipe, node, &mut out).unwrap();
+    strata_store::ops::restore::dump(repo, &r.snapshot, &recipe, node, &mut out).unwrap();
     out
 }
 

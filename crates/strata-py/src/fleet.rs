@@ -60,7 +60,7 @@ pub fn fleet_stage(
 /// a thread renews its lease meanwhile.
 #[pyclass(module = "strata._native")]
 pub struct Lock {
-    guard: Mutex<Option<strata_store::lock::LockGuard>>,
+    guard: Mutex<Option<strata_store::repo::lock::LockGuard>>,
 }
 
 #[pymethods]
@@ -77,7 +77,7 @@ impl Lock {
     ) -> PyResult<Lock> {
         let r = repo.inner().clone();
         let g = py
-            .detach(|| strata_store::lock::acquire(&r, exclusive, operation))
+            .detach(|| strata_store::repo::lock::acquire(&r, exclusive, operation))
             .py_err()?;
         Ok(Lock {
             guard: Mutex::new(Some(g)),

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::io::Read;
 use std::sync::Arc;
-use strata_store::fsread::{open_stored, RegionCache, DEFAULT_REGION_CACHE_BYTES};
+use strata_store::engine::fsread::{open_stored, RegionCache, DEFAULT_REGION_CACHE_BYTES};
 
 /// A Python object with `read(n) -> bytes`, read by the store's backup
 /// thread (which takes the GIL for each read).
@@ -51,7 +51,7 @@ impl Read for PyStream {
 /// Random access to one file of a snapshot.
 #[pyclass(frozen, module = "strata._native")]
 pub struct FileReader {
-    inner: strata_store::fsread::FileReader,
+    inner: strata_store::engine::fsread::FileReader,
     size: u64,
 }
 

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use strata_core::chunker::ChunkerParams;
 use strata_core::crypto::KdfCost;
 use strata_core::format::{Snapshot, Tier};
-use strata_store::backup::{BackupOptions, StdinSource};
+use strata_store::ops::backup::{BackupOptions, StdinSource};
+use strata_store::ops::restore::{Overwrite, RestoreOptions, RestoreReport};
 use strata_store::progress::Progress;
-use strata_store::restore::{Overwrite, RestoreOptions, RestoreReport};
 use strata_store::{InitOptions, StoreError};
 
 /// An open repository (thread-safe; share it between threads freely).
@@ -218,7 +218,7 @@ impl Repository {
         }
         let repo = self.repo.clone();
         let rep = detached(py, progress, move || {
-            strata_store::backup::backup(&repo, opts)
+            strata_store::ops::backup::backup(&repo, opts)
         })?;
         let s = &rep.snapshot;
         let mut v = snapshot_json(&rep.id, s);
@@ -285,11 +285,11 @@ impl Repository {
             let n = sources.len();
             for (i, (data, part)) in sources.into_iter().enumerate() {
                 opts.dir_metadata = i + 1 == n;
-                let recipe = strata_store::restore::RecipeSource::Stored {
+                let recipe = strata_store::ops::restore::RecipeSource::Stored {
                     repo: &repo,
                     id: &part.recipe,
                 };
-                let x = strata_store::restore::restore_from(&data, &part, recipe, &opts)?;
+                let x = strata_store::ops::restore::restore_from(&data, &part, recipe, &opts)?;
                 total.add(x, i + 1 == n);
             }
             Ok(total)
@@ -319,7 +319,7 @@ impl Repository {
             })
             .py_err()?;
         let rep = py
-            .detach(|| strata_store::forget::forget(&repo, &ids))
+            .detach(|| strata_store::ops::forget::forget(&repo, &ids))
             .py_err()?;
         serde_json::to_string(&rep).map_err(|e| StrataError::new_err(e.to_string()))
     }
@@ -330,13 +330,15 @@ impl Repository {
     #[pyo3(signature = (threshold=0.2))]
     fn gc(&self, py: Python<'_>, threshold: f64) -> PyResult<String> {
         let progress = Arc::new(Progress::default());
-        let opts = strata_store::gc::GcOptions {
+        let opts = strata_store::ops::gc::GcOptions {
             threshold,
             progress: progress.clone(),
             ..Default::default()
         };
         let repo = self.repo.clone();
-        let rep = detached(py, progress, move || strata_store::gc::gc(&repo, &opts))?;
+        let rep = detached(py, progress, move || {
+            strata_store::ops::gc::gc(&repo, &opts)
+        })?;
         serde_json::to_string(&rep).map_err(|e| StrataError::new_err(e.to_string()))
     }
 
@@ -344,7 +346,7 @@ impl Repository {
     /// stored once).
     fn stats(&self, py: Python<'_>) -> PyResult<String> {
         let st = py
-            .detach(|| strata_store::stats::stats(&self.repo))
+            .detach(|| strata_store::ops::stats::stats(&self.repo))
             .py_err()?;
         let mut v = serde_json::to_value(&st).map_err(|e| StrataError::new_err(e.to_string()))?;
         v["unique_bytes"] = st.unique_raw_bytes.into();

@@ -1,43 +1,31 @@
-//! Strata repository layer: backends, containers, index strategies and the
-//! operations on a repository — backup, restore, forget, gc, check, stats.
+//! The Strata store: a repository and the operations on it, in floors —
+//! each imports only from its own floor or below.
 //!
-//! Implements DESIGN.md "Principles" (repository is the truth, commit by
-//! atomic switch), the container/recipe "Data flow", the `exact` and
-//! `segment` index strategies, the RevDedup lifecycle (`revdedup`) and
-//! mark-and-sweep GC. See `docs/architecture.md` for the map.
+//! * ground: [`error`], [`backend`] (the storage backends, re-exported),
+//!   [`progress`], [`stages`].
+//! * [`repo`] — the repository: its objects and their names, config, key
+//!   slots, locks, snapshots, recipes, containers, index objects, linked
+//!   containers, lifecycle policies.
+//! * [`engine`] — the dedup engine: index strategies, the container
+//!   writer, the recipe resolver, chunk copying, random-access reads.
+//! * [`ops`] — the operations: backup, restore, forget, gc, compact,
+//!   check, repair, stats, diff, copy between repositories.
+//! * subsystems: [`revdedup`] (the RevDedup lifecycle: windows, reverse
+//!   dedup, cheap deletion), [`tier`] (the cloud tier), [`fleet`] (the
+//!   per-host stages of fleet-wide batch dedup).
+//!
+//! `docs/design.md` tells how they fit together.
 
 pub mod backend;
-pub mod backup;
-pub mod check;
-pub mod compact;
-pub mod container;
-pub mod copy;
+pub mod engine;
 pub mod error;
 pub mod fleet;
-pub mod forget;
-pub mod fsread;
-pub mod gc;
-pub mod index;
-pub mod keys;
-pub mod lifecycle;
-pub mod link;
-pub mod lock;
+pub mod ops;
 pub mod progress;
-pub mod recipe;
-pub mod repair;
 pub mod repo;
-pub mod repo_copy;
-pub mod resolver;
-pub mod restore;
-pub mod retention;
 pub mod revdedup;
-pub mod similarity;
-pub mod skeleton;
-pub mod snapshots;
 pub mod stages;
-pub mod stats;
 pub mod tier;
-pub mod treediff;
 
 pub use backend::{Backend, LocalBackend};
 pub use error::{Result, StoreError};

@@ -15,7 +15,7 @@
 //!    restore); the others stay *direct*, where they are;
 //! 3. the new recipe and the snapshot object that points at it are
 //!    committed (the atomic switch);
-//! 4. the pool is compacted ([`crate::compact`]): chunk locations that no
+//! 4. the pool is compacted ([`crate::ops::compact`]): chunk locations that no
 //!    version references any more are removed — whole containers dropped,
 //!    partly dead ones copied forward with their live segments kept whole,
 //!    and chunks one archival version alone holds moved into containers
@@ -34,16 +34,18 @@
 //! replaced leaves it in live form; a kill during compaction leaves
 //! duplicates the next run removes.
 
-use crate::compact::compact_pool;
-use crate::copy::{delete_containers, rewrite_pieces, Target};
+use crate::engine::copy::{delete_containers, rewrite_pieces, Target};
 use crate::error::{Result, StoreError};
-use crate::forget::count_ref;
-use crate::gc::{GcOptions, GcReport};
-use crate::index::{edit_index, RepoIndex};
-use crate::lifecycle::{list_policies, load_state, store_state, version_states, VersionState};
-use crate::lock;
+use crate::ops::compact::compact_pool;
+use crate::ops::forget::count_ref;
+use crate::ops::gc::{GcOptions, GcReport};
 use crate::progress::Progress;
-use crate::recipe::RecipeWriter;
+use crate::repo::index::{edit_index, RepoIndex};
+use crate::repo::lifecycle::{
+    list_policies, load_state, store_state, version_states, VersionState,
+};
+use crate::repo::lock;
+use crate::repo::recipe::RecipeWriter;
 use crate::repo::{now_ns, Repository};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -283,7 +285,7 @@ pub(crate) fn maintain_locked(repo: &Repository, opts: &MaintainOptions) -> Resu
         .sum();
     report.expired = expired.iter().map(|(id, _)| id.clone()).collect();
     if !report.expired.is_empty() && !opts.dry_run {
-        let f = crate::forget::forget_locked(repo, &report.expired)?;
+        let f = crate::ops::forget::forget_locked(repo, &report.expired)?;
         report.rebased = f.rebased;
         report.stamped_containers_deleted = f.stamped_containers_deleted;
         report.stamped_bytes_freed = f.stamped_bytes_freed;
@@ -470,7 +472,7 @@ pub(crate) fn convert(
     // version, direct or indirect (both mean the next version holds it),
     // with where it is when direct.
     let mut next_fps: HashMap<Fingerprint, Option<(ContainerId, u32, u32)>> = HashMap::new();
-    crate::recipe::for_each_segment(repo, next, |sg, table| {
+    crate::repo::recipe::for_each_segment(repo, next, |sg, table| {
         for c in sg.chunks.iter().filter(|c| !c.is_zero()) {
             let at = table
                 .get(c.container as usize)
@@ -535,7 +537,7 @@ pub(crate) fn convert(
     // The atomic switch: from here on the version is archival.
     repo.replace_snapshot(vid, &nv)?;
     if old_recipe != nv.recipe && recipe_users.get(old_recipe.as_str()).copied() == Some(1) {
-        crate::recipe::delete_unused(repo, [&old_recipe])?;
+        crate::repo::recipe::delete_unused(repo, [&old_recipe])?;
     }
     out.seconds = started.elapsed().as_secs_f64();
     Ok(out)

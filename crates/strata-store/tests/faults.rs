@@ -12,14 +12,14 @@ use std::sync::Arc;
 use strata_core::crypto::{Kind, Sealer};
 use strata_core::format::{decode, encode, encode_lock, LockInfo, RepoConfig, REPO_FORMAT_VERSION};
 use strata_core::CoreError;
-use strata_store::backup::{backup, BackupOptions, BackupReport};
-use strata_store::check::{check, CheckOptions, CheckReport};
-use strata_store::forget::forget;
-use strata_store::gc::{gc, GcOptions};
-use strata_store::index::RepoIndex;
-use strata_store::lock;
+use strata_store::ops::backup::{backup, BackupOptions, BackupReport};
+use strata_store::ops::check::{check, CheckOptions, CheckReport};
+use strata_store::ops::forget::forget;
+use strata_store::ops::gc::{gc, GcOptions};
+use strata_store::ops::restore::{restore, RestoreOptions};
 use strata_store::repo::data_name;
-use strata_store::restore::{restore, RestoreOptions};
+use strata_store::repo::index::RepoIndex;
+use strata_store::repo::lock;
 use strata_store::{Backend, LocalBackend, Repository, Result, StoreError};
 
 // ---------------------------------------------------------------------------
@@ -285,7 +285,7 @@ fn half_dead_repo(env: &Env, fb: &Arc<FaultBackend>) -> (Repository, Vec<Version
     (repo, versions)
 }
 
-fn gc0(repo: &Repository) -> Result<strata_store::gc::GcReport> {
+fn gc0(repo: &Repository) -> Result<strata_store::ops::gc::GcReport> {
     gc(
         repo,
         &GcOptions {
@@ -359,7 +359,7 @@ fn corrupted_read_is_reported(encrypted: bool) {
     let v = env.version(&repo);
     let recipe = repo.load_recipe(&v.recipe).unwrap();
     let victim = recipe.containers[0];
-    let meta = strata_store::container::read_meta(&repo, &victim).unwrap();
+    let meta = strata_store::repo::container::read_meta(&repo, &victim).unwrap();
     let region = meta.regions[meta.regions.len() / 2];
     let name = data_name(&victim);
 
@@ -394,7 +394,7 @@ fn corrupted_read_is_reported(encrypted: bool) {
         })
         .expect("a file with a chunk in the corrupted region");
     let snap = bad.load_snapshot(&v.id).unwrap();
-    let e = strata_store::restore::dump(&bad, &snap, &recipe, node, &mut std::io::sink())
+    let e = strata_store::ops::restore::dump(&bad, &snap, &recipe, node, &mut std::io::sink())
         .expect_err("dump of a corrupted region succeeded");
     assert!(e.to_string().contains(&victim.to_hex()), "{e}");
 
@@ -571,7 +571,10 @@ fn locks_exclude_conflicting_commands() {
         "forget under gc",
     );
     expect_locked(check(&repo, &CheckOptions::default()), "check under gc");
-    expect_locked(strata_store::gc::repair_index(&repo), "repair under gc");
+    expect_locked(
+        strata_store::ops::gc::repair_index(&repo),
+        "repair under gc",
+    );
     expect_locked(
         lock::acquire(&repo, false, "backup"),
         "shared under exclusive",
@@ -1153,7 +1156,7 @@ fn index_summaries_mirror_index_objects() {
         let sums = object_names(b.as_ref(), "isum/");
         let want: Vec<String> = index
             .iter()
-            .map(|n| strata_store::index::summary_name(n))
+            .map(|n| strata_store::repo::index::summary_name(n))
             .collect();
         assert_eq!(sums, want, "{what}: one summary per index object");
         let full = RepoIndex::load(&repo, |_| {}).unwrap();
@@ -1179,7 +1182,7 @@ fn index_summaries_mirror_index_objects() {
     )
     .unwrap();
     agree("after gc");
-    strata_store::gc::repair_index(&repo).unwrap();
+    strata_store::ops::gc::repair_index(&repo).unwrap();
     agree("after repair index");
     env.assert_versions(&repo, &versions, "end");
     let rep = check_report(&repo, true);
@@ -1258,7 +1261,7 @@ fn damaged_summary_falls_back_and_is_repaired() {
         "check must name {sum}: {:?}",
         rep.errors
     );
-    strata_store::gc::repair_index(&repo).unwrap();
+    strata_store::ops::gc::repair_index(&repo).unwrap();
     let rep = check_report(&repo, true);
     assert!(rep.ok() && rep.warnings.is_empty(), "{rep:?}");
     env.assert_versions(&repo, &versions, "after repair");

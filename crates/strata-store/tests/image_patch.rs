@@ -11,8 +11,8 @@ use common::*;
 use std::io;
 use std::sync::{Arc, Mutex};
 use strata_core::chunker::ChunkerParams;
-use strata_store::backup::patch::{ImagePatch, ReadAt, PATCH_SEGMENT};
-use strata_store::backup::{backup, BackupOptions, BackupReport};
+use strata_store::ops::backup::patch::{ImagePatch, ReadAt, PATCH_SEGMENT};
+use strata_store::ops::backup::{backup, BackupOptions, BackupReport};
 use strata_store::Repository;
 
 const SEG: usize = PATCH_SEGMENT as usize;
@@ -124,7 +124,7 @@ fn restored(repo: &Repository, r: &BackupReport) -> Vec<u8> {
         .find(|n| n.path == b"vm.img")
         .expect("the image is in the tree");
     let mut out = Vec::new();
-    strata_store::restore::dump(repo, &r.snapshot, &recipe, node, &mut out).unwrap();
+    strata_store::ops::restore::dump(repo, &r.snapshot, &recipe, node, &mut out).unwrap();
     out
 }
 
@@ -295,7 +295,7 @@ fn a_patch_needs_the_fixed_chunker() {
 /// a version of an unchanged image has the same recipe as the one before.
 #[test]
 fn an_image_of_several_pieces_is_patched_a_piece_at_a_time() {
-    use strata_store::backup::patch::PATCH_PIECE;
+    use strata_store::ops::backup::patch::PATCH_PIECE;
     let tmp = tempfile::tempdir().unwrap();
     let repo = Repository::init(local(&tmp.path().join("repo")), small_init(false)).unwrap();
     let piece = PATCH_PIECE as usize;
@@ -331,10 +331,10 @@ fn an_image_of_several_pieces_is_patched_a_piece_at_a_time() {
     // diff of the stored versions (content hashed across the pieces, a
     // part at a time) says what diff of the whole recipes says: the image
     // changed from 1 to 2, not from 2 to 3.
-    use strata_store::treediff::{diff, diff_snapshots, Change};
+    use strata_store::ops::treediff::{diff, diff_snapshots, Change};
     let whole = |s: &strata_core::format::Snapshot| repo.load_recipe(&s.recipe).unwrap();
     let (d12, _) = diff_snapshots(&repo, &r1.snapshot, &r2.snapshot).unwrap();
-    let img_change = |d: &[strata_store::treediff::DiffEntry]| {
+    let img_change = |d: &[strata_store::ops::treediff::DiffEntry]| {
         d.iter()
             .find(|e| e.path == b"vm.img")
             .map(|e| (e.change, e.what.clone()))
@@ -359,7 +359,7 @@ fn an_image_of_several_pieces_is_patched_a_piece_at_a_time() {
 /// image comes back whole, and `verify_from` finds it so — and finds a
 /// changed byte where it is, and a cut file; `open_stored` reads it too.
 fn restore_stored_in_small_plans(repo: &Repository, r: &BackupReport, img: &[u8]) {
-    use strata_store::restore::{restore_from, verify_from, RecipeSource, RestoreOptions};
+    use strata_store::ops::restore::{restore_from, verify_from, RecipeSource, RestoreOptions};
     let t = tempfile::tempdir().unwrap();
     let target = t.path().join("r");
     let source = RecipeSource::Stored {
@@ -388,8 +388,8 @@ fn restore_stored_in_small_plans(repo: &Repository, r: &BackupReport, img: &[u8]
     assert_eq!((v.files, v.mismatches.len()), (1, 0), "{:?}", v.mismatches);
     // Opened for random access from the parts: the same bytes, held as
     // runs (zeros, and each region's consecutive chunks).
-    let cache = std::sync::Arc::new(strata_store::fsread::RegionCache::new(1 << 20));
-    let f = strata_store::fsread::open_stored(
+    let cache = std::sync::Arc::new(strata_store::engine::fsread::RegionCache::new(1 << 20));
+    let f = strata_store::engine::fsread::open_stored(
         repo,
         repo,
         &r.snapshot,
@@ -407,7 +407,7 @@ fn restore_stored_in_small_plans(repo: &Repository, r: &BackupReport, img: &[u8]
     );
     // Held as its skeleton: the image's pieces, read from their parts,
     // are its chunks.
-    let sk = strata_store::skeleton::Skeleton::load(repo, &r.snapshot.recipe).unwrap();
+    let sk = strata_store::repo::skeleton::Skeleton::load(repo, &r.snapshot.recipe).unwrap();
     let whole = repo.load_recipe(&r.snapshot.recipe).unwrap();
     let i = whole
         .nodes
@@ -453,7 +453,7 @@ fn restore_stored_in_small_plans(repo: &Repository, r: &BackupReport, img: &[u8]
     );
 }
 
-const PATCH_PIECE_BYTES: usize = strata_store::backup::patch::PATCH_PIECE as usize;
+const PATCH_PIECE_BYTES: usize = strata_store::ops::backup::patch::PATCH_PIECE as usize;
 
 /// An image backed up beside a tree whose small files wait to be looked
 /// up together (`silo` groups them): the image's pieces do not wait for
@@ -513,7 +513,7 @@ fn an_image_beside_grouped_small_files_does_not_wait_for_them() {
 /// patch reads only the changed segments that are not holes.
 #[test]
 fn segments_known_to_be_zeros_are_not_read() {
-    use strata_store::backup::patch::PATCH_PIECE;
+    use strata_store::ops::backup::patch::PATCH_PIECE;
     let tmp = tempfile::tempdir().unwrap();
     let repo = Repository::init(local(&tmp.path().join("repo")), small_init(false)).unwrap();
     let piece = PATCH_PIECE as usize;
@@ -585,7 +585,7 @@ fn segments_known_to_be_zeros_are_not_read() {
 #[test]
 fn unchanged_pieces_are_taken_over_unread() {
     use strata_core::format::RecipeObject;
-    use strata_store::backup::patch::PATCH_PIECE;
+    use strata_store::ops::backup::patch::PATCH_PIECE;
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("repo");
     let repo = Repository::init(local(&root), small_init(false)).unwrap();
@@ -594,7 +594,7 @@ fn unchanged_pieces_are_taken_over_unread() {
     let n = img.len().div_ceil(SEG);
     let r1 = snap(&repo, &img, None, None, None).0.unwrap();
     let RecipeObject::Index(idx) =
-        strata_store::recipe::load_object(&repo, &r1.snapshot.recipe).unwrap()
+        strata_store::repo::recipe::load_object(&repo, &r1.snapshot.recipe).unwrap()
     else {
         panic!("a recipe of parts");
     };
@@ -622,7 +622,7 @@ fn unchanged_pieces_are_taken_over_unread() {
         .iter()
         .find(|x| x.piece.as_ref().is_some_and(|pc| pc.offset == p))
         .unwrap();
-    let path = root.join(strata_store::recipe::part_name(&second.id));
+    let path = root.join(strata_store::repo::recipe::part_name(&second.id));
     let saved = std::fs::read(&path).unwrap();
     std::fs::write(&path, vec![0x5a; saved.len()]).unwrap();
     img[3 * piece + 100] ^= 1;
@@ -715,11 +715,11 @@ fn zeros_are_recorded_as_runs() {
         .find(|c| c.is_zero())
         .unwrap();
     run.offset = 1 << 30;
-    let (rid, _) = strata_store::recipe::put(&repo, recipe).unwrap();
+    let (rid, _) = strata_store::repo::recipe::put(&repo, recipe).unwrap();
     let mut odd = r2.snapshot.clone();
     odd.recipe = rid;
     repo.replace_snapshot(&r2.id, &odd).unwrap();
-    let rep = strata_store::check::check_ok(&repo, true).unwrap();
+    let rep = strata_store::ops::check::check_ok(&repo, true).unwrap();
     assert!(
         rep.warnings
             .iter()
@@ -753,8 +753,8 @@ fn zeros_are_recorded_as_runs() {
 /// pieces, and `check` reads everything back.
 #[test]
 fn an_image_in_pieces_goes_through_the_lifecycle() {
-    use strata_store::forget::forget;
-    use strata_store::gc::{gc, GcOptions};
+    use strata_store::ops::forget::forget;
+    use strata_store::ops::gc::{gc, GcOptions};
     use strata_store::revdedup::{maintain, MaintainOptions};
     let tmp = tempfile::tempdir().unwrap();
     let repo = Repository::init(local(&tmp.path().join("repo")), small_init(false)).unwrap();
@@ -806,7 +806,7 @@ fn an_image_in_pieces_goes_through_the_lifecycle() {
         );
     }
     let stored = || {
-        strata_store::index::RepoIndex::load_summaries(&repo)
+        strata_store::repo::index::RepoIndex::load_summaries(&repo)
             .unwrap()
             .stored_bytes()
     };
@@ -819,7 +819,7 @@ fn an_image_in_pieces_goes_through_the_lifecycle() {
         Some(ids[2].as_str())
     );
     assert!(
-        strata_store::recipe::part_ids(&repo, &oldest.recipe)
+        strata_store::repo::recipe::part_ids(&repo, &oldest.recipe)
             .unwrap()
             .len()
             > 1,
@@ -847,7 +847,7 @@ fn an_image_in_pieces_goes_through_the_lifecycle() {
 /// Three versions of an image of two pieces and a segment, each changing a
 /// segment in the first, the second and the last piece.
 fn three_versions_in_pieces(repo: &Repository) -> (Vec<BackupReport>, Vec<Vec<u8>>) {
-    use strata_store::backup::patch::PATCH_PIECE;
+    use strata_store::ops::backup::patch::PATCH_PIECE;
     let piece = PATCH_PIECE as usize;
     let mut img = random_bytes(11, 2 * piece + SEG);
     let n = img.len().div_ceil(SEG);
@@ -894,7 +894,7 @@ fn check_follows_a_chain_of_image_versions() {
     let cid = recipe.containers[c.container as usize];
     let name = strata_store::repo::data_name(&cid);
     std::fs::remove_file(tmp.path().join("repo").join(&name)).unwrap();
-    let rep = strata_store::check::check(&repo, &Default::default()).unwrap();
+    let rep = strata_store::ops::check::check(&repo, &Default::default()).unwrap();
     let mut damaged = rep.damaged_snapshots.clone();
     damaged.sort();
     let mut all: Vec<String> = reports.iter().map(|r| r.id.clone()).collect();
@@ -914,7 +914,7 @@ fn dumped_from(names: &Repository, data: &Repository, id: &str) -> Vec<u8> {
     let recipe = names.load_recipe(&s.recipe).unwrap();
     let node = recipe.nodes.iter().find(|n| n.path == b"vm.img").unwrap();
     let mut out = Vec::new();
-    strata_store::restore::dump(data, &s, &recipe, node, &mut out).unwrap();
+    strata_store::ops::restore::dump(data, &s, &recipe, node, &mut out).unwrap();
     out
 }
 
@@ -928,7 +928,7 @@ fn dumped_from(names: &Repository, data: &Repository, id: &str) -> Vec<u8> {
 #[test]
 fn an_image_in_pieces_moves_to_the_cloud_and_back() {
     use strata_core::format::Tier;
-    use strata_store::gc::{gc, GcOptions};
+    use strata_store::ops::gc::{gc, GcOptions};
     use strata_store::progress::Progress;
     use strata_store::tier::cloud_gc::{cloud_gc, CloudGcOptions};
     use strata_store::tier::migrate::recall;
@@ -947,7 +947,10 @@ fn an_image_in_pieces_moves_to_the_cloud_and_back() {
     };
     let in_pieces = |r: &Repository, id: &str| {
         let s = repo.load_snapshot(id).unwrap();
-        strata_store::recipe::part_ids(r, &s.recipe).unwrap().len() > 1
+        strata_store::repo::recipe::part_ids(r, &s.recipe)
+            .unwrap()
+            .len()
+            > 1
     };
     // In batches of 5 000 chunks: each copied and indexed before the next.
     let m = strata_store::tier::migrate::migrate_in_batches(
@@ -964,7 +967,7 @@ fn an_image_in_pieces_moves_to_the_cloud_and_back() {
         m.chunks_sent > image_chunks && m.chunks_deduplicated > 0,
         "{m:?}"
     );
-    let cloud_index = strata_store::index::RepoIndex::load_summaries(&cloud).unwrap();
+    let cloud_index = strata_store::repo::index::RepoIndex::load_summaries(&cloud).unwrap();
     assert!(
         cloud_index.containers.len() as u64 == m.containers_written && m.chunks_sent > 5 * 5_000,
         "{m:?}"

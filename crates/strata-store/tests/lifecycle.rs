@@ -15,12 +15,12 @@ use proptest::prelude::*;
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
-use strata_store::backup::{backup, BackupOptions};
-use strata_store::compact::mark_live;
-use strata_store::forget::forget;
-use strata_store::gc::{gc, GcOptions};
-use strata_store::index::RepoIndex;
-use strata_store::lifecycle::{set_policy, Policy};
+use strata_store::ops::backup::{backup, BackupOptions};
+use strata_store::ops::compact::mark_live;
+use strata_store::ops::forget::forget;
+use strata_store::ops::gc::{gc, GcOptions};
+use strata_store::repo::index::RepoIndex;
+use strata_store::repo::lifecycle::{set_policy, Policy};
 use strata_store::revdedup::{maintain, AfterBackup, MaintainOptions};
 use strata_store::Repository;
 
@@ -545,7 +545,7 @@ fn run(steps: &[Step], encrypted: bool) {
                 w.fb.faults().mutations_left = Some(*k);
                 let r = maintain(&w.repo, &MaintainOptions::default());
                 w.fb.heal();
-                strata_store::lock::unlock(&w.repo, true).unwrap();
+                strata_store::repo::lock::unlock(&w.repo, true).unwrap();
                 w.reconcile(&what);
                 if r.is_ok() {
                     w.verify(&what);
@@ -557,7 +557,7 @@ fn run(steps: &[Step], encrypted: bool) {
                 w.fb.faults().mutations_left = Some(*k);
                 let r = gc(&w.repo, &GcOptions::default());
                 w.fb.heal();
-                strata_store::lock::unlock(&w.repo, true).unwrap();
+                strata_store::repo::lock::unlock(&w.repo, true).unwrap();
                 if r.is_ok() {
                     w.verify(&what);
                     w.assert_collected(&what);

@@ -13,11 +13,11 @@ use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use strata_core::chunker::ChunkerParams;
-use strata_store::backup::{backup, BackupOptions};
-use strata_store::compact::mark_live;
-use strata_store::forget::forget;
-use strata_store::gc::{gc, repair_index, GcOptions};
-use strata_store::index::RepoIndex;
+use strata_store::ops::backup::{backup, BackupOptions};
+use strata_store::ops::compact::mark_live;
+use strata_store::ops::forget::forget;
+use strata_store::ops::gc::{gc, repair_index, GcOptions};
+use strata_store::repo::index::RepoIndex;
 use strata_store::Repository;
 
 const DIRS: &[&str] = &["", "d1", "d1/d2", "d3"];
@@ -562,7 +562,7 @@ fn run_case(c: &Case) {
                     assert!(locks.is_empty(), "{what}: locks left: {locks:?}");
                 } else {
                     // The dead process' lock stays behind; remove it.
-                    strata_store::lock::unlock(&repo, true).unwrap();
+                    strata_store::repo::lock::unlock(&repo, true).unwrap();
                 }
                 // With enough room (or a late crash) the backup commits.
                 if let Ok(r) = r {
@@ -605,7 +605,7 @@ fn run_case(c: &Case) {
                 );
                 fb.heal();
                 fb.faults().atomic_container_delete = false;
-                strata_store::lock::unlock(&repo, true).unwrap();
+                strata_store::repo::lock::unlock(&repo, true).unwrap();
                 if r.is_ok() {
                     assert_gc_invariant(&repo, *threshold, &what);
                 }

@@ -11,8 +11,8 @@ use std::collections::HashSet;
 use std::fs;
 use std::path::Path;
 use strata_core::format::{path_cmp, RecipeObject};
-use strata_store::backup::{backup, BackupOptions, BackupReport, FlowLimits, StdinSource};
-use strata_store::{recipe, Repository};
+use strata_store::ops::backup::{backup, BackupOptions, BackupReport, FlowLimits, StdinSource};
+use strata_store::{repo::recipe, Repository};
 
 /// `n` small files spread over nested directories, with names whose byte
 /// order differs from the tree order (`a.txt` vs `a/`).
@@ -131,8 +131,8 @@ fn trees_are_written_in_parts_that_versions_share() {
     assert_restores(&repo, &v2.id, &src, tmp.path(), &t2, "v2");
 
     // Forget v1 and gc: exactly v2's parts remain.
-    strata_store::forget::forget(&repo, std::slice::from_ref(&v1.id)).unwrap();
-    strata_store::gc::gc(&repo, &Default::default()).unwrap();
+    strata_store::ops::forget::forget(&repo, std::slice::from_ref(&v1.id)).unwrap();
+    strata_store::ops::gc::gc(&repo, &Default::default()).unwrap();
     let left: HashSet<String> = object_names(repo.backend().as_ref(), "parts/")
         .into_iter()
         .map(|n| n.trim_start_matches("parts/").to_string())
@@ -156,7 +156,7 @@ fn gc_removes_parts_no_recipe_uses() {
     repo.backend()
         .put(&recipe::part_name(&stray), b"left over")
         .unwrap();
-    let r = strata_store::gc::gc(&repo, &Default::default()).unwrap();
+    let r = strata_store::ops::gc::gc(&repo, &Default::default()).unwrap();
     assert_eq!(r.parts_deleted, 1);
     assert!(repo
         .backend()
@@ -257,7 +257,7 @@ fn a_stream_and_paths_in_one_backup() {
         .find(|n| n.path == name.as_bytes())
         .expect("the stream is in the tree");
     let mut out = Vec::new();
-    strata_store::restore::dump(&repo, &r.snapshot, &recipe, node, &mut out).unwrap();
+    strata_store::ops::restore::dump(&repo, &r.snapshot, &recipe, node, &mut out).unwrap();
     assert!(out == data, "the stream reads back");
     let mut tree = read_tree(&src);
     tree.files.insert("d3/zz.sql".into(), data);
@@ -332,7 +332,7 @@ fn whole_recipes_of_version_1_still_work() {
     let t1 = read_tree(&src);
     assert_restores(&repo, &v1.id, &src, tmp.path(), &t1, "v1 whole");
     // Held as a skeleton, its files' chunks come from the one object.
-    let sk = strata_store::skeleton::Skeleton::load(&repo, &rid).unwrap();
+    let sk = strata_store::repo::skeleton::Skeleton::load(&repo, &rid).unwrap();
     for (i, n) in whole.nodes.iter().enumerate().step_by(37) {
         let mut got = Vec::new();
         sk.chunks_of(&repo, i, |c| got.push(*c)).unwrap();
@@ -340,9 +340,11 @@ fn whole_recipes_of_version_1_still_work() {
         assert!(got == want, "{}", n.path_str());
         if n.kind == strata_core::format::NodeKind::File {
             // Found and read from the one object.
-            let cache = std::sync::Arc::new(strata_store::fsread::RegionCache::new(1 << 20));
+            let cache =
+                std::sync::Arc::new(strata_store::engine::fsread::RegionCache::new(1 << 20));
             let s1 = repo.load_snapshot(&v1.id).unwrap();
-            let f = strata_store::fsread::open_stored(&repo, &repo, &s1, &rid, &n.path, cache);
+            let f =
+                strata_store::engine::fsread::open_stored(&repo, &repo, &s1, &rid, &n.path, cache);
             let f = f.unwrap().expect("in the version");
             let disk = fs::read(format!("/{}", n.path_str())).unwrap();
             assert!(
@@ -354,9 +356,9 @@ fn whole_recipes_of_version_1_still_work() {
     }
     fs::write(src.join("d1/s1/f1"), b"new").unwrap();
     // Without the backup's lifecycle, so that `maintain` below rewrites v1.
-    let v2 = strata_store::backup::backup(
+    let v2 = strata_store::ops::backup::backup(
         &repo,
-        strata_store::backup::BackupOptions {
+        strata_store::ops::backup::BackupOptions {
             paths: vec![src.clone()],
             series: Some("test".into()),
             lifecycle: false,
@@ -440,7 +442,7 @@ fn a_large_file_is_stored_in_pieces_and_reused() {
     for name in object_names(repo.backend().as_ref(), "data/") {
         repo.backend().delete(&name).unwrap();
     }
-    let r = strata_store::check::check(&repo, &Default::default()).unwrap();
+    let r = strata_store::ops::check::check(&repo, &Default::default()).unwrap();
     let mut paths = r.damaged_paths.get(&v3.id).cloned().unwrap_or_default();
     paths.sort();
     let big_paths = paths.iter().filter(|p| p.ends_with("d/big")).count();

@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use strata_core::crypto::Kind;
 use strata_core::format::{Archival, Node, NodeKind, Recipe, Snapshot, INDIRECT_CHUNK};
-use strata_store::restore::{restore, RestoreOptions};
+use strata_store::ops::restore::{restore, RestoreOptions};
 use strata_store::{Repository, StoreError};
 
 struct Fixture {
@@ -457,7 +457,7 @@ fn bad_utf8_and_duplicate_ids() {
         matches!(&e, StoreError::Corrupt { name, .. } if name.contains(&id)),
         "{e:?}"
     );
-    let rep = strata_store::check::check(&fx.repo, &Default::default()).unwrap();
+    let rep = strata_store::ops::check::check(&fx.repo, &Default::default()).unwrap();
     assert!(
         rep.errors.iter().any(|e| e.contains(&id)),
         "{:?}",
@@ -471,14 +471,14 @@ fn bad_utf8_and_duplicate_ids() {
 
     // The index lists a container twice (in one object and in a second).
     let cid = fx.recipe.containers[0];
-    let meta = strata_store::container::read_meta(&fx.repo, &cid).unwrap();
+    let meta = strata_store::repo::container::read_meta(&fx.repo, &cid).unwrap();
     let twice = strata_core::format::IndexObject {
         containers: vec![meta.clone(), meta],
     };
     fx.repo.put_struct(Kind::Index, "index", &twice).unwrap();
-    let rep = strata_store::check::check(
+    let rep = strata_store::ops::check::check(
         &fx.repo,
-        &strata_store::check::CheckOptions {
+        &strata_store::ops::check::CheckOptions {
             read_data: true,
             ..Default::default()
         },

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use std::sync::Arc;
-use strata_store::fsread::{open_stored, RegionCache};
+use strata_store::engine::fsread::{open_stored, RegionCache};
 
 #[test]
 fn files_open_from_stored_parts() {
@@ -41,7 +41,7 @@ fn files_open_from_stored_parts() {
     let f = open("a").unwrap().unwrap();
     assert!(f.read_at(123_456, 1000).unwrap() == content[123_456..124_456]);
     // One of the two names is a hard link to the other: both read it.
-    let tree = strata_store::recipe::load_skeleton(&repo, &s.recipe).unwrap();
+    let tree = strata_store::repo::recipe::load_skeleton(&repo, &s.recipe).unwrap();
     let kind = strata_core::format::NodeKind::Hardlink;
     assert!(tree.nodes.iter().any(|n| n.kind == kind));
     assert!(whole("b") == content);
@@ -55,8 +55,8 @@ fn files_open_from_stored_parts() {
 /// table), and a reader of the skeleton reads the files' bytes.
 #[test]
 fn a_skeleton_reads_each_file_from_its_parts() {
-    use strata_store::fsread::SnapshotReader;
-    use strata_store::skeleton::Skeleton;
+    use strata_store::engine::fsread::SnapshotReader;
+    use strata_store::repo::skeleton::Skeleton;
     let tmp = tempfile::tempdir().unwrap();
     let repo = init_repo(&tmp.path().join("repo"), false);
     let src = tmp.path().join("src");
@@ -72,7 +72,7 @@ fn a_skeleton_reads_each_file_from_its_parts() {
             std::fs::write(dir.join(format!("f{f:03}")), rng.bytes(len)).unwrap();
         }
         let r = backup_paths(&repo, &[&src]).unwrap();
-        let parts = strata_store::recipe::part_ids(&repo, &r.snapshot.recipe).unwrap();
+        let parts = strata_store::repo::recipe::part_ids(&repo, &r.snapshot.recipe).unwrap();
         round += 1;
         if parts.len() > 1 || round == 10 {
             assert!(parts.len() > 1, "{} parts", parts.len());

@@ -10,10 +10,10 @@ use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 use strata_core::format::Tier;
-use strata_store::backup::BackupReport;
-use strata_store::gc::{gc, GcOptions};
-use strata_store::index::RepoIndex;
+use strata_store::ops::backup::BackupReport;
+use strata_store::ops::gc::{gc, GcOptions};
 use strata_store::progress::Progress;
+use strata_store::repo::index::RepoIndex;
 use strata_store::tier::estimate::estimate;
 use strata_store::tier::migrate::migrate;
 use strata_store::tier::select::Selection;
@@ -52,9 +52,9 @@ fn history_with(src: &Path, repo: &Repository, lifecycle: bool) -> Vec<(BackupRe
         if v == 2 {
             fs::remove_file(src.join("new0")).unwrap();
         }
-        let r = strata_store::backup::backup(
+        let r = strata_store::ops::backup::backup(
             repo,
-            strata_store::backup::BackupOptions {
+            strata_store::ops::backup::BackupOptions {
                 paths: vec![src.to_path_buf()],
                 series: Some("test".into()),
                 lifecycle,
@@ -81,11 +81,11 @@ fn assert_restores_from(
     let s = namespace.load_snapshot(id).unwrap();
     let recipe = namespace.load_recipe(&s.recipe).unwrap();
     let target = tempfile::tempdir_in(scratch).unwrap();
-    strata_store::restore::restore(
+    strata_store::ops::restore::restore(
         data,
         &s,
         &recipe,
-        &strata_store::restore::RestoreOptions::new(target.path()),
+        &strata_store::ops::restore::RestoreOptions::new(target.path()),
     )
     .unwrap_or_else(|e| panic!("{what}: {e}"));
     let got = read_tree(&restored_path(target.path(), src));
@@ -95,9 +95,9 @@ fn assert_restores_from(
 /// Reverse dedup makes every version of `series` but the newest point
 /// into its next one.
 fn reverse_dedup_all_but_newest(repo: &Repository, series: &str) {
-    strata_store::lifecycle::set_policy(
+    strata_store::repo::lifecycle::set_policy(
         repo,
-        &strata_store::lifecycle::Policy {
+        &strata_store::repo::lifecycle::Policy {
             series: series.to_string(),
             live: 1,
             retain: None,
@@ -247,8 +247,8 @@ fn a_migration_killed_half_way_loses_nothing() {
         faulty.faults().mutations_left = Some(budget);
         let r = migrate(&repo, &cloud, &sel(&ids), &Progress::default());
         faulty.heal();
-        strata_store::lock::unlock(&repo, true).unwrap();
-        strata_store::lock::unlock(&cloud, true).unwrap();
+        strata_store::repo::lock::unlock(&repo, true).unwrap();
+        strata_store::repo::lock::unlock(&cloud, true).unwrap();
         if r.is_ok() {
             break;
         }
@@ -460,8 +460,8 @@ fn seeding_resumes_after_kills() {
         faulty.faults().mutations_left = Some(budget);
         let r = seed(&repo, &cloud, &sel(&ids), &Progress::default());
         faulty.heal();
-        strata_store::lock::unlock(&repo, true).unwrap();
-        strata_store::lock::unlock(&cloud, true).unwrap();
+        strata_store::repo::lock::unlock(&repo, true).unwrap();
+        strata_store::repo::lock::unlock(&cloud, true).unwrap();
         match r {
             Ok(r) => {
                 done = Some(r);
@@ -534,9 +534,9 @@ fn restore_whole(
     let n = parts.len();
     for (i, (data, part)) in parts.into_iter().enumerate() {
         let recipe = repo.load_recipe(&part.recipe).unwrap();
-        let mut opts = strata_store::restore::RestoreOptions::new(target.path());
+        let mut opts = strata_store::ops::restore::RestoreOptions::new(target.path());
         opts.dir_metadata = i + 1 == n;
-        strata_store::restore::restore(data, &part, &recipe, &opts).unwrap();
+        strata_store::ops::restore::restore(data, &part, &recipe, &opts).unwrap();
     }
     target
 }
@@ -680,7 +680,7 @@ fn paths_move_to_the_cloud_and_back() {
     assert_eq!((s2.tier, s2.cloud_part.is_some()), (Tier::Active, false));
     // Forgotten locally only (as the lifecycle's expiry does, or a forget
     // killed before the bucket's part went): the cloud gc drops the part.
-    strata_store::forget::forget(&repo, &[ids[2].to_string()]).unwrap();
+    strata_store::ops::forget::forget(&repo, &[ids[2].to_string()]).unwrap();
     gc(&repo, &GcOptions::default()).unwrap();
     let g = strata_store::tier::cloud_gc::cloud_gc(
         &repo,

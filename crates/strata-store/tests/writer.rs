@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use strata_core::chunker::ChunkerParams;
 use strata_core::format::{Node, NodeKind, Recipe, Snapshot};
-use strata_store::backup::{DedupWriter, StoredStream};
+use strata_store::ops::backup::{DedupWriter, StoredStream};
 use strata_store::{Repository, StoreError};
 
 fn node_of(s: &StoredStream) -> Node {
@@ -41,7 +41,7 @@ fn read_back(repo: &Repository, s: &StoredStream) -> Vec<u8> {
         cloud_part: None,
     };
     let mut out = Vec::new();
-    strata_store::restore::dump(repo, &snapshot, &recipe, &node, &mut out).unwrap();
+    strata_store::ops::restore::dump(repo, &snapshot, &recipe, &node, &mut out).unwrap();
     out
 }
 
@@ -62,7 +62,7 @@ fn streams_dedup_and_read_back() {
         let sb = w.write(&mut &a[..]).unwrap();
         let sc = w.write(&mut &c[..]).unwrap();
         // While it is open, no gc can sweep what it wrote.
-        let g = strata_store::gc::gc(&repo, &Default::default());
+        let g = strata_store::ops::gc::gc(&repo, &Default::default());
         assert!(
             matches!(g, Err(StoreError::Locked { .. })),
             "{index}: {g:?}"

@@ -1,6 +1,6 @@
 //! Which parts of a volume were written since its last snapshot, so that
 //! `strata volume snapshot` reads only those (the repository takes the
-//! rest from that snapshot: `strata_store::backup::patch`).
+//! rest from that snapshot: `strata_store::ops::backup::patch`).
 //!
 //! The unit is the fixed chunker's segment, 2 MiB ([`SEGMENT_BLOCKS`]
 //! blocks). Every write and zero range marks its segments under the

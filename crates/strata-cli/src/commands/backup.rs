@@ -10,7 +10,7 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use strata_core::chunker::ChunkerParams;
 use strata_store::backend::Location;
-use strata_store::backup::{BackupOptions, StdinSource};
+use strata_store::ops::backup::{BackupOptions, StdinSource};
 
 #[derive(Clone, Copy, ValueEnum)]
 enum ChunkerArg {
@@ -179,7 +179,7 @@ pub fn run(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
             name: a.stdin_name.clone(),
         });
     }
-    let res = strata_store::backup::backup(&repo, opts);
+    let res = strata_store::ops::backup::backup(&repo, opts);
     pd.finish();
     let mut rep = res?;
     if !a.dry_run {

@@ -17,11 +17,11 @@ pub fn run(cli: &Cli, out: &Out, a: &CheckArgs) -> Result<i32> {
     let read_data = &a.read_data;
     let repo = open(cli)?;
     let pd = progress_for(cli, "check");
-    let opts = strata_store::check::CheckOptions {
+    let opts = strata_store::ops::check::CheckOptions {
         read_data: *read_data,
         progress: pd.progress.clone(),
     };
-    let res = strata_store::check::check(&repo, &opts);
+    let res = strata_store::ops::check::check(&repo, &opts);
     pd.finish();
     let rep = res?;
     for w in &rep.warnings {

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
 use std::path::PathBuf;
-use strata_store::repo_copy::{already_copied, copy_version, out_of_order, CopyOptions};
+use strata_store::ops::repo_copy::{already_copied, copy_version, out_of_order, CopyOptions};
 use strata_store::Repository;
 
 #[derive(Args)]
@@ -60,13 +60,13 @@ pub fn run(cli: &Cli, out: &Out, a: &CopyArgs) -> Result<i32> {
     }
     let (all, _) = src.list_snapshots_tolerant()?;
     let f = a.filter.filter();
-    let host = strata_store::lock::hostname();
+    let host = strata_store::repo::lock::hostname();
     let mut chosen: Vec<(String, strata_core::format::Snapshot)> = if a.snapshots.is_empty() {
         all.iter().filter(|(_, s)| f.matches(s)).cloned().collect()
     } else {
         a.snapshots
             .iter()
-            .map(|spec| strata_store::snapshots::resolve(&all, spec, &f, &host))
+            .map(|spec| strata_store::repo::snapshots::resolve(&all, spec, &f, &host))
             .collect::<Result<_, _>>()?
     };
     // Oldest first, so each version deduplicates against the one before.

@@ -7,7 +7,7 @@ use crate::{open, Cli};
 use anyhow::Result;
 use clap::Args;
 use serde_json::json;
-use strata_store::treediff::{diff_snapshots, Change};
+use strata_store::ops::treediff::{diff_snapshots, Change};
 
 #[derive(Args)]
 pub struct DiffArgs {

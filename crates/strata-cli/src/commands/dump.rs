@@ -9,7 +9,7 @@ use clap::Args;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
-use strata_store::fsread::{find_stored, RegionCache};
+use strata_store::engine::fsread::{find_stored, RegionCache};
 
 #[derive(Args)]
 pub struct DumpArgs {

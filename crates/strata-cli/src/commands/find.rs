@@ -6,7 +6,7 @@ use crate::{open, Cli};
 use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
-use strata_store::treediff::{find_in, Matcher};
+use strata_store::ops::treediff::{find_in, Matcher};
 
 #[derive(Args)]
 pub struct FindArgs {
@@ -36,10 +36,10 @@ pub fn run(cli: &Cli, out: &Out, a: &FindArgs) -> Result<i32> {
     let snaps: Vec<_> = if a.snapshots.is_empty() {
         all.iter().filter(|(_, s)| f.matches(s)).cloned().collect()
     } else {
-        let host = strata_store::lock::hostname();
+        let host = strata_store::repo::lock::hostname();
         a.snapshots
             .iter()
-            .map(|spec| strata_store::snapshots::resolve(&all, spec, &f, &host))
+            .map(|spec| strata_store::repo::snapshots::resolve(&all, spec, &f, &host))
             .collect::<Result<_, _>>()?
     };
     let mut hits = Vec::new();

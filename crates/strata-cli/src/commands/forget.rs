@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
 use strata_core::format::{Snapshot, Tier};
-use strata_store::retention::{self, KeepCount, KeepPolicy, KeepWithin};
+use strata_store::ops::retention::{self, KeepCount, KeepPolicy, KeepWithin};
 
 #[derive(Args)]
 #[command(
@@ -90,11 +90,11 @@ fn chosen(
             match damaged.iter().find(|(id, _)| id == s) {
                 Some((id, _)) => ids.push(id.clone()),
                 None => ids.push(
-                    strata_store::snapshots::resolve(
+                    strata_store::repo::snapshots::resolve(
                         all,
                         s,
                         &a.filter.filter(),
-                        &strata_store::lock::hostname(),
+                        &strata_store::repo::lock::hostname(),
                     )?
                     .0,
                 ),
@@ -166,7 +166,7 @@ pub fn run(cli: &Cli, out: &Out, a: &ForgetArgs) -> Result<i32> {
     let mut rep = if ids.is_empty() {
         Default::default()
     } else {
-        strata_store::forget::forget(&repo, &ids)?
+        strata_store::ops::forget::forget(&repo, &ids)?
     };
     if let Some(c) = &part_tier {
         cloud_forgotten += strata_store::tier::forget_cloud_parts(c, &parts)?;

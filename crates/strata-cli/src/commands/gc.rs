@@ -33,14 +33,14 @@ pub(super) fn gc(
         bail!("--threshold must be between 0 and 1");
     }
     let pd = progress_for(cli, "gc");
-    let opts = strata_store::gc::GcOptions {
+    let opts = strata_store::ops::gc::GcOptions {
         threshold,
         dry_run,
         progress: pd.progress.clone(),
         ..Default::default()
     };
     let started = std::time::Instant::now();
-    let res = strata_store::gc::gc(repo, &opts);
+    let res = strata_store::ops::gc::gc(repo, &opts);
     pd.finish();
     let rep = res?;
     let mut v = serde_json::to_value(&rep)?;

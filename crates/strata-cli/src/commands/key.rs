@@ -10,7 +10,7 @@ use anyhow::Result;
 use clap::Subcommand;
 use serde_json::json;
 use std::path::PathBuf;
-use strata_store::{keys, Repository};
+use strata_store::{repo::keys, Repository};
 
 #[derive(Subcommand)]
 pub enum KeyCmd {

@@ -27,7 +27,7 @@ pub fn run(cli: &Cli, out: &Out, a: &LsArgs) -> Result<i32> {
     let (_, s) = repo.resolve_snapshot_in(&a.snapshot, &a.filter.filter())?;
     let r = strata_store::tier::paths::whole_skeleton(&repo, &s)?;
     let inc: Vec<Vec<u8>> = a.paths.iter().map(|p| p.as_bytes().to_vec()).collect();
-    let unmatched = strata_store::restore::unmatched(&r, &inc);
+    let unmatched = strata_store::ops::restore::unmatched(&r, &inc);
     if !unmatched.is_empty() {
         bail!(
             "nothing in snapshot {} matches {} (paths start at the snapshot's root: see `strata ls {}`)",
@@ -36,8 +36,12 @@ pub fn run(cli: &Cli, out: &Out, a: &LsArgs) -> Result<i32> {
             a.snapshot
         );
     }
-    let under =
-        |n: &Node| inc.is_empty() || inc.iter().any(|p| strata_store::restore::under(&n.path, p));
+    let under = |n: &Node| {
+        inc.is_empty()
+            || inc
+                .iter()
+                .any(|p| strata_store::ops::restore::under(&n.path, p))
+    };
     let nodes: Vec<&Node> = r.nodes.iter().filter(|n| under(n)).collect();
     // A hard link shows its file's size (the node itself records none).
     let sizes: HashMap<&[u8], u64> = r

@@ -21,7 +21,7 @@
 //! first time something below it is looked at (its recipe read a part at
 //! a time and held without chunks — [`Skeleton`] —, one child map); its
 //! resolver the first time one of its files is opened
-//! ([`strata_store::fsread::SnapshotReader`]), and a file's chunks are
+//! ([`strata_store::engine::fsread::SnapshotReader`]), and a file's chunks are
 //! read from the parts holding it when it is opened (only its chunk runs
 //! kept while it is open: a 100 GiB image in a tree costs its runs, not
 //! 2.5 GB of references); reads go through one
@@ -56,9 +56,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use strata_core::format::{Node, NodeKind, Snapshot, Tier};
-use strata_store::fsread::{FileReader, RegionCache, SnapshotReader};
-use strata_store::restore::safe_rel;
-use strata_store::skeleton::Skeleton;
+use strata_store::engine::fsread::{FileReader, RegionCache, SnapshotReader};
+use strata_store::ops::restore::safe_rel;
+use strata_store::repo::skeleton::Skeleton;
 use strata_store::Repository;
 
 /// Arguments of `strata mount`.
@@ -1305,7 +1305,7 @@ pub fn run(repo: Repository, out: &crate::output::Out, a: &MountArgs) -> Result<
         Ok(_) => bail!("{} is not a directory", a.mountpoint.display()),
         Err(e) => bail!("mount point {}: {e}", a.mountpoint.display()),
     };
-    let _lock = strata_store::lock::acquire(&repo, false, "mount")?;
+    let _lock = strata_store::repo::lock::acquire(&repo, false, "mount")?;
     let (snapshots, damaged) = repo.list_snapshots_tolerant()?;
     for (id, e) in &damaged {
         out.warn(&format!("snapshot {id} left out: {e}"));

@@ -31,7 +31,7 @@ pub fn run(cli: &Cli, out: &Out, a: &PolicyArgs) -> Result<i32> {
         retain_days,
         retain_all,
     } = a;
-    use strata_store::lifecycle::{list_policies, policy_of, set_policy};
+    use strata_store::repo::lifecycle::{list_policies, policy_of, set_policy};
     let repo = open(cli)?;
     let mut policies = list_policies(&repo)?;
     let changing = live.is_some() || retain.is_some() || retain_days.is_some() || *retain_all;

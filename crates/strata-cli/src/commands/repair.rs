@@ -39,7 +39,7 @@ pub fn run(cli: &Cli, out: &Out, what: &RepairWhat) -> Result<i32> {
     match what {
         RepairWhat::Index => {
             let repo = open(cli)?;
-            let (n, problems) = strata_store::gc::repair_index(&repo)?;
+            let (n, problems) = strata_store::ops::gc::repair_index(&repo)?;
             for p in &problems {
                 out.warn(p);
             }
@@ -57,14 +57,14 @@ pub fn run(cli: &Cli, out: &Out, what: &RepairWhat) -> Result<i32> {
 fn snapshots(cli: &Cli, out: &Out, a: &SnapshotsArgs) -> Result<i32> {
     let repo = open(cli)?;
     let pd = progress_for(cli, "repair");
-    let opts = strata_store::repair::RepairOptions {
+    let opts = strata_store::ops::repair::RepairOptions {
         read_data: a.read_data,
         forget: a.forget,
         dry_run: a.dry_run,
         threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
         progress: pd.progress.clone(),
     };
-    let res = strata_store::repair::repair_snapshots(&repo, &opts);
+    let res = strata_store::ops::repair::repair_snapshots(&repo, &opts);
     pd.finish();
     let rep = res?;
     let mut lossy = false;
@@ -82,7 +82,7 @@ fn snapshots(cli: &Cli, out: &Out, a: &SnapshotsArgs) -> Result<i32> {
     Ok(if lossy { 3 } else { 0 })
 }
 
-fn repair_text(rep: &strata_store::repair::RepairReport) -> String {
+fn repair_text(rep: &strata_store::ops::repair::RepairReport) -> String {
     if rep.snapshots.is_empty() {
         return "no damaged snapshots".into();
     }

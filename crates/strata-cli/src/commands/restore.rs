@@ -12,7 +12,7 @@ use serde_json::json;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use strata_store::restore::{Overwrite, RecipeSource, RestoreOptions, RestoreReport};
+use strata_store::ops::restore::{Overwrite, RecipeSource, RestoreOptions, RestoreReport};
 
 #[derive(Args)]
 pub struct RestoreArgs {
@@ -77,7 +77,7 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
     let (id, s) = repo.resolve_snapshot_in(&a.snapshot, &a.filter.filter())?;
     let (include, exclude) = (path_bytes(&a.include), path_bytes(&a.exclude));
     let whole = strata_store::tier::paths::whole_skeleton(&repo, &s)?;
-    let unmatched = strata_store::restore::unmatched(&whole, &include);
+    let unmatched = strata_store::ops::restore::unmatched(&whole, &include);
     if !unmatched.is_empty() {
         bail!(
             "nothing in snapshot {} matches {} (paths as `strata ls {}` shows them)",
@@ -122,7 +122,7 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
             repo: &repo,
             id: &part.recipe,
         };
-        match strata_store::restore::restore_from(&data, &part, recipe, &opts) {
+        match strata_store::ops::restore::restore_from(&data, &part, recipe, &opts) {
             Ok(x) => rep.add(x, i + 1 == n),
             Err(e) => {
                 res = Err(e);
@@ -202,14 +202,14 @@ fn verify(
     repo: &strata_store::Repository,
     s: &strata_core::format::Snapshot,
     opts: &RestoreOptions,
-) -> Result<strata_store::restore::VerifyReport> {
-    let mut total = strata_store::restore::VerifyReport::default();
+) -> Result<strata_store::ops::restore::VerifyReport> {
+    let mut total = strata_store::ops::restore::VerifyReport::default();
     for (_, part) in tier::sources(repo, s)? {
         let recipe = RecipeSource::Stored {
             repo,
             id: &part.recipe,
         };
-        let v = strata_store::restore::verify_from(repo, recipe, opts)?;
+        let v = strata_store::ops::restore::verify_from(repo, recipe, opts)?;
         total.files += v.files;
         total.bytes += v.bytes;
         total.mismatches.extend(v.mismatches);
@@ -245,7 +245,7 @@ fn dry_run(
 ) -> Result<i32> {
     // The nodes restore would write (a hard link whose first name is left
     // out becomes a file).
-    let nodes = strata_store::restore::select_nodes(whole, include, exclude);
+    let nodes = strata_store::ops::restore::select_nodes(whole, include, exclude);
     let files = nodes
         .iter()
         .filter(|n| n.kind == strata_core::format::NodeKind::File)

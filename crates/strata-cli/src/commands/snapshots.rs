@@ -23,9 +23,12 @@ pub fn run(cli: &Cli, out: &Out, a: &SnapshotsArgs) -> Result<i32> {
             "snapshot {id} cannot be read ({e}); `strata forget {id}` drops it"
         ));
     }
-    let policies = strata_store::lifecycle::list_policies(&repo)?;
-    let states =
-        strata_store::lifecycle::display_states(&all, &policies, strata_store::repo::now_ns());
+    let policies = strata_store::repo::lifecycle::list_policies(&repo)?;
+    let states = strata_store::repo::lifecycle::display_states(
+        &all,
+        &policies,
+        strata_store::repo::now_ns(),
+    );
     let state = |id: &str| states.get(id).cloned().unwrap_or_default();
     let list: Vec<_> = all.iter().filter(|(_, s)| filter.matches(s)).collect();
     if out.json {

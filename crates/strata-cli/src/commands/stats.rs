@@ -19,7 +19,7 @@ pub fn run(cli: &Cli, out: &Out, a: &StatsArgs) -> Result<i32> {
     if a.index {
         return index_stats(out, &repo);
     }
-    let st = strata_store::stats::stats(&repo)?;
+    let st = strata_store::ops::stats::stats(&repo)?;
     let mut v = serde_json::to_value(&st)?;
     // The plaintext bytes the repository stores once: what dedup leaves
     // (the fleet compares this across hosts and with one host).
@@ -72,8 +72,8 @@ pub fn run(cli: &Cli, out: &Out, a: &StatsArgs) -> Result<i32> {
 }
 
 fn index_stats(out: &Out, repo: &strata_store::Repository) -> Result<i32> {
-    let table = Arc::new(strata_store::index::ContainerTable::default());
-    let (strategy, idx) = strata_store::index::build_strategy(repo, &table)?;
+    let table = Arc::new(strata_store::repo::index::ContainerTable::default());
+    let (strategy, idx) = strata_store::repo::index::build_strategy(repo, &table)?;
     let v = json!({"index_strategy": repo.config().index, "index_entries": strategy.entries(),
                    "index_ram_bytes": strategy.ram_bytes(), "containers": idx.containers.len()});
     out.result(&v, || {
@@ -88,7 +88,7 @@ fn index_stats(out: &Out, repo: &strata_store::Repository) -> Result<i32> {
     Ok(0)
 }
 
-fn series_table(list: &[strata_store::stats::SeriesStats]) -> String {
+fn series_table(list: &[strata_store::ops::stats::SeriesStats]) -> String {
     if list.is_empty() {
         return String::new();
     }

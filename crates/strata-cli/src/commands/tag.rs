@@ -38,7 +38,7 @@ pub fn run(cli: &Cli, out: &Out, a: &TagArgs) -> Result<i32> {
     ids.dedup();
     let set: Vec<String> = a.set.iter().filter(|t| !t.is_empty()).cloned().collect();
     let set = (!a.set.is_empty()).then_some(set.as_slice());
-    let done = strata_store::snapshots::retag(&repo, &ids, set, &a.add, &a.remove)?;
+    let done = strata_store::repo::snapshots::retag(&repo, &ids, set, &a.add, &a.remove)?;
     // A version (or part of one) in the cloud tier: the bucket's copy of
     // its snapshot is what disaster recovery reads; it gets the tags too.
     let in_cloud: Vec<String> = all
@@ -48,7 +48,7 @@ pub fn run(cli: &Cli, out: &Out, a: &TagArgs) -> Result<i32> {
         .collect();
     if !in_cloud.is_empty() {
         let res = super::tier::cloud(&repo).and_then(|c| {
-            strata_store::snapshots::retag(&c, &in_cloud, set, &a.add, &a.remove)
+            strata_store::repo::snapshots::retag(&c, &in_cloud, set, &a.add, &a.remove)
                 .map_err(Into::into)
         });
         if let Err(e) = res {

@@ -168,7 +168,7 @@ fn prices() -> [(&'static str, f64); 4] {
 fn with_cost(mut v: serde_json::Value, cloud: &Repository) -> Result<serde_json::Value> {
     let [(_, gb_month), (_, put), (_, get), (_, egress)] = prices();
     let m = CLOUD_METER.get().map(|m| m.read()).unwrap_or_default();
-    let stored = strata_store::index::RepoIndex::load_summaries(cloud)?.stored_bytes();
+    let stored = strata_store::repo::index::RepoIndex::load_summaries(cloud)?.stored_bytes();
     let gb = |b: u64| b as f64 / 1e9;
     // S3's server-side copy requests (tier gc --s3-copy) are PUT-class.
     let copies = v["server_side_copy_requests"].as_u64().unwrap_or(0);

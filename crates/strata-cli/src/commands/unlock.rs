@@ -16,7 +16,7 @@ pub struct UnlockArgs {
 pub fn run(cli: &Cli, out: &Out, a: &UnlockArgs) -> Result<i32> {
     let all = &a.all;
     let repo = open(cli)?;
-    let removed = strata_store::lock::unlock(&repo, *all)?;
+    let removed = strata_store::repo::lock::unlock(&repo, *all)?;
     out.result(&json!({ "removed": removed }), || {
         format!("removed {} locks", removed.len())
     });

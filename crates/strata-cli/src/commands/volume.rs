@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use strata_core::chunker::ChunkerParams;
 use strata_core::size::parse_size;
-use strata_store::backup::patch::{ImagePatch, ReadAt};
-use strata_store::backup::BackupOptions;
+use strata_store::ops::backup::patch::{ImagePatch, ReadAt};
+use strata_store::ops::backup::BackupOptions;
 use strata_store::Repository;
 use strata_volume::nbd::{Export, Listen, Server};
 use strata_volume::{Encryption, Volume, VolumeConfig, VolumeKey};
@@ -828,7 +828,7 @@ fn snapshot(
             time_ns,
             link: link
                 .clone()
-                .map(|l| l as Arc<dyn strata_store::container::Linker>),
+                .map(|l| l as Arc<dyn strata_store::repo::container::Linker>),
         }),
         series: Some(format!("volume:{name}")),
         tags: tags.to_vec(),
@@ -837,7 +837,7 @@ fn snapshot(
         lifecycle: false,
         ..Default::default()
     };
-    let res = strata_store::backup::backup(&repo, opts);
+    let res = strata_store::ops::backup::backup(&repo, opts);
     pd.finish();
     // The volume's changes count from this version now (or, if it was
     // not committed, from the one before, as if nothing was taken).
@@ -878,7 +878,7 @@ fn snapshot(
 fn snapshot_result(
     out: &Out,
     name: &str,
-    rep: &strata_store::backup::BackupReport,
+    rep: &strata_store::ops::backup::BackupReport,
     l: &strata_link::SinkCounts,
     leftovers: u64,
 ) {

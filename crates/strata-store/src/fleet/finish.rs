@@ -99,10 +99,10 @@ fn clean_segment(
 }
 
 /// The image's recipe as it is built: pieces of its node (at most
-/// [`crate::recipe::PIECE_CHUNKS`] chunks, as the writer would cut a
+/// [`crate::repo::recipe::PIECE_CHUNKS`] chunks, as the writer would cut a
 /// whole node) go to the writer as they fill.
 struct ImageRecipe<'r> {
-    writer: crate::recipe::RecipeWriter<'r>,
+    writer: crate::repo::recipe::RecipeWriter<'r>,
     head: Node,
     piece: Vec<SegmentRef>,
     chunks: usize,
@@ -115,7 +115,7 @@ impl ImageRecipe<'_> {
         self.size += s.len();
         self.chunks += s.chunk_count() as usize;
         self.piece.push(s);
-        if self.chunks >= crate::recipe::PIECE_CHUNKS {
+        if self.chunks >= crate::repo::recipe::PIECE_CHUNKS {
             self.flush(table)?;
         }
         Ok(())
@@ -175,7 +175,7 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
     let mut out = ImageRecipe {
         // Parts of 1 MiB: what this stage holds of the recipe it writes,
         // and of the previous version's when the next job reads it.
-        writer: crate::recipe::RecipeWriter::new(repo).with_part_bytes(1 << 20),
+        writer: crate::repo::recipe::RecipeWriter::new(repo).with_part_bytes(1 << 20),
         head: image_node(&vm.image, size)?,
         piece: Vec::new(),
         chunks: 0,
@@ -223,7 +223,7 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
                 let data = &mut block[..len as usize];
                 img.read_exact_at(data, at)
                     .map_err(|e| io("read", &src, e))?;
-                let (f, zero) = crate::backup::dedup::chunk_fp(hasher, data);
+                let (f, zero) = crate::ops::backup::dedup::chunk_fp(hasher, data);
                 fp = f;
                 match zero {
                     true => Loc::default(),
@@ -277,7 +277,7 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
         tier: Default::default(),
         cloud_part: None,
     };
-    let id = crate::backup::commit::commit_snapshot(repo, &mut snapshot)?;
+    let id = crate::ops::backup::commit::commit_snapshot(repo, &mut snapshot)?;
     Ok(
         json!({"vm": vm.vm, "name": vm.name, "snapshot": id, "version": snapshot.version,
               "logical_bytes": size, "new_blocks": stored_blocks, "new_raw_bytes": stored_raw}),

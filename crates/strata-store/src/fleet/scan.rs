@@ -36,7 +36,7 @@ pub(crate) fn parent_of(all: &[(String, Snapshot)], name: &str) -> Option<(Strin
 /// chunk list (a 40 GB image has ten million): only a part, and the
 /// segment being used.
 pub(crate) struct ImageSegments<'r> {
-    parts: crate::recipe::Parts<'r>,
+    parts: crate::repo::recipe::Parts<'r>,
     /// The rest of the current part, its table, and the image's first
     /// piece (metadata only) to recognise its further pieces by.
     nodes: VecDeque<Node>,
@@ -51,7 +51,7 @@ pub(crate) struct ImageSegments<'r> {
 impl<'r> ImageSegments<'r> {
     /// The image of snapshot `s`; `None` if its recipe holds no file.
     pub fn open(repo: &'r Repository, s: &Snapshot) -> Result<Option<Self>> {
-        let mut parts = crate::recipe::Parts::open(repo, &s.recipe)?;
+        let mut parts = crate::repo::recipe::Parts::open(repo, &s.recipe)?;
         while let Some(part) = parts.next_part()? {
             let mut nodes: VecDeque<Node> = part.nodes.into();
             while let Some(mut n) = nodes.pop_front() {
@@ -91,13 +91,13 @@ impl<'r> ImageSegments<'r> {
                 continue;
             }
             match self.nodes.pop_front() {
-                Some(n) if crate::recipe::continues(&self.head, &n) => {
+                Some(n) if crate::repo::recipe::continues(&self.head, &n) => {
                     self.segments = n.segments.into();
                 }
                 _ => {
                     // The image ends here: nothing after it is read.
                     self.nodes.clear();
-                    self.parts = crate::recipe::Parts::empty(self.parts.repo());
+                    self.parts = crate::repo::recipe::Parts::empty(self.parts.repo());
                     return Ok(None);
                 }
             }
@@ -263,7 +263,7 @@ fn scan_vm(
         read += len as u64;
         let chunks: Vec<(Fingerprint, bool)> = buf[..len]
             .chunks(BLOCK)
-            .map(|c| crate::backup::dedup::chunk_fp(hasher, c))
+            .map(|c| crate::ops::backup::dedup::chunk_fp(hasher, c))
             .collect();
         let seg_fp = hasher.hash_fingerprints(chunks.iter().map(|c| &c.0));
         if same_len && prev[i].0 == seg_fp {

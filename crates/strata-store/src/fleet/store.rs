@@ -8,9 +8,9 @@ use super::{
     u32_at, HostDir, Kind, Loc, Shape, StageArgs, VmArgs, ANSWER_LEN, BLOCK, ENTRY_LEN, SEGMENT,
     SLOT_LEN,
 };
-use crate::container::{ContainerSink, ContainerWriter};
 use crate::error::{Result, StoreError};
-use crate::index::ContainerTable;
+use crate::repo::container::{ContainerSink, ContainerWriter};
+use crate::repo::index::ContainerTable;
 use crate::repo::Repository;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -245,7 +245,7 @@ impl BlockStore {
         flushed?;
         let mut n = written.stored_bytes;
         if !written.metas.is_empty() {
-            n += crate::index::put_index_object(&self.repo, written.metas)?.1;
+            n += crate::repo::index::put_index_object(&self.repo, written.metas)?.1;
         }
         Ok(n)
     }
@@ -344,7 +344,7 @@ fn store_vm(
                 continue;
             }
             let s = slot_at(&mut slots, first, slot)?;
-            let (fp, zero) = crate::backup::dedup::chunk_fp(hasher, data);
+            let (fp, zero) = crate::ops::backup::dedup::chunk_fp(hasher, data);
             let kind = Kind::from_u32(u32_at(s, 32))?;
             if fp.0 != s[..32] || zero {
                 // The image changed since stage 1a (no reflink copy): the

@@ -37,7 +37,7 @@ pub fn mark(repo: &Repository, a: &StageArgs) -> Result<Value> {
         for (_, s) in all.iter().filter(|(_, s)| s.series == vm.name) {
             snapshots += 1;
             // A part at a time: an image's chunk list is never whole here.
-            crate::recipe::for_each_part(repo, &s.recipe, |part| {
+            crate::repo::recipe::for_each_part(repo, &s.recipe, |part| {
                 for seg in part.nodes.iter().flat_map(|n| &n.segments) {
                     if !seen.insert(seg.fp) {
                         continue;

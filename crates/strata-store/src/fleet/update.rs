@@ -178,7 +178,7 @@ fn rebuild(
     let mut ids: Vec<_> = live.iter().copied().collect();
     ids.sort();
     for id in ids {
-        let m = match crate::container::read_meta(repo, &id) {
+        let m = match crate::repo::container::read_meta(repo, &id) {
             Ok(m) => m,
             // A container without readable metadata is left out: its
             // chunks are stored again if met (never a wrong reference).

@@ -15,11 +15,11 @@
 //! local one) → the old containers leave the index → they are deleted.
 
 use super::copy_forward::{Assemble, CopyForward, Piece};
-use crate::copy::{delete_containers, rewrite_into, Target};
+use crate::engine::copy::{delete_containers, rewrite_into, Target};
 use crate::error::{Result, StoreError};
-use crate::index::{edit_index, put_index_object, RepoIndex};
-use crate::lock;
-use crate::recipe;
+use crate::repo::index::{edit_index, put_index_object, RepoIndex};
+use crate::repo::lock;
+use crate::repo::recipe;
 use crate::repo::{data_name, meta_name, now_ns, Repository};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -439,7 +439,7 @@ pub fn cloud_gc(
     // New containers, assembled next to the store, then their metadata.
     let mut new_metas = Vec::new();
     for mut p in plans {
-        let tail = crate::container::container_tail(cloud, &mut p.meta, p.len)?;
+        let tail = crate::repo::container::container_tail(cloud, &mut p.meta, p.len)?;
         let meta_env = tail[..tail.len() - CONTAINER_FOOTER_LEN].to_vec();
         p.pieces.push(Piece::Literal(tail));
         let a = Assemble {

@@ -14,15 +14,15 @@
 //!   what it copies forward and leaves containers below its threshold
 //!   alone, so no metadata sum can predict it to the byte; instead gc
 //!   itself runs on a what-if copy of the repository in which the
-//!   selection has moved ([`crate::gc::simulate`]): it reads the
+//!   selection has moved ([`crate::ops::gc::simulate`]): it reads the
 //!   containers gc would copy forward and writes nothing.
 
 use super::phv::Phv;
 use super::select::{versions, Selection};
 use crate::error::Result;
-use crate::gc::{simulate, GcOptions};
-use crate::index::RepoIndex;
-use crate::recipe;
+use crate::ops::gc::{simulate, GcOptions};
+use crate::repo::index::RepoIndex;
+use crate::repo::recipe;
 use crate::repo::Repository;
 use globset::GlobSet;
 use serde::Serialize;
@@ -101,7 +101,7 @@ pub(super) fn in_paths(paths: &Option<GlobSet>, n: &Node) -> bool {
 /// Estimates what moving `sel` (active versions) would free; `exact` adds
 /// the gc simulation (whole versions only).
 pub fn estimate(repo: &Repository, sel: &Selection, exact: bool) -> Result<Estimate> {
-    let _lock = crate::lock::acquire(repo, false, "tier estimate")?;
+    let _lock = crate::repo::lock::acquire(repo, false, "tier estimate")?;
     let started = std::time::Instant::now();
     let chosen = versions(repo, sel, Tier::Active)?;
     let paths = sel.path_set()?;

@@ -12,16 +12,16 @@
 use super::paths;
 use super::select::{versions, versions_any, Selection};
 use super::wanted::{MoveIndex, Visit};
-use crate::copy::{
+use crate::engine::copy::{
     copy_chunks_between, region_cache, rewrite_into, rewrite_refs, CopySource, Target,
 };
+use crate::engine::resolver::{mark_needed, resolver_with};
 use crate::error::{Result, StoreError};
-use crate::index::put_index_object;
-use crate::lock;
 use crate::progress::Progress;
-use crate::recipe;
+use crate::repo::index::put_index_object;
+use crate::repo::lock;
+use crate::repo::recipe;
 use crate::repo::{now_ns, resolve_in, Repository};
-use crate::resolver::{mark_needed, resolver_with};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -390,8 +390,8 @@ fn recount(v: &mut Snapshot, r: &Recipe) {
             a.indirect_chunks,
             a.indirect_bytes,
         ) = (0, 0, 0, 0);
-        for c in crate::resolver::recipe_refs(r) {
-            crate::forget::count_ref(a, c);
+        for c in crate::engine::resolver::recipe_refs(r) {
+            crate::ops::forget::count_ref(a, c);
         }
     }
 }

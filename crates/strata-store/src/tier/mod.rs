@@ -119,7 +119,7 @@ fn create_cloud(
     if lc.encrypted {
         // The same key, wrapped by the same password: the bucket opens
         // alone (disaster recovery) with the repository's password.
-        crate::keys::sync_slots(local.backend(), &backend)?;
+        crate::repo::keys::sync_slots(local.backend(), &backend)?;
     }
     let cloud = local.sibling(backend.clone(), config.clone());
     write_tier_config(
@@ -177,8 +177,8 @@ pub fn open_cloud_in(local: &Repository, backend: Arc<dyn Backend>) -> Result<Re
 /// snapshot object, then recipes neither side uses any more. Their data
 /// in the bucket is freed by the cloud tier's gc. Returns how many.
 pub fn forget_cloud(local: &Repository, cloud: &Repository, ids: &[String]) -> Result<u64> {
-    let _l = crate::lock::acquire(local, true, "forget")?;
-    let _c = crate::lock::acquire(cloud, true, "forget")?;
+    let _l = crate::repo::lock::acquire(local, true, "forget")?;
+    let _c = crate::repo::lock::acquire(cloud, true, "forget")?;
     let mut recipes = Vec::new();
     for id in ids {
         let s = local.load_snapshot(id)?;
@@ -191,8 +191,8 @@ pub fn forget_cloud(local: &Repository, cloud: &Repository, ids: &[String]) -> R
         local.backend().delete(&format!("snapshots/{id}"))?;
         recipes.push(s.recipe);
     }
-    crate::recipe::delete_unused(cloud, &recipes)?;
-    crate::recipe::delete_unused(local, &recipes)?;
+    crate::repo::recipe::delete_unused(cloud, &recipes)?;
+    crate::repo::recipe::delete_unused(local, &recipes)?;
     Ok(ids.len() as u64)
 }
 
@@ -202,11 +202,11 @@ pub fn forget_cloud(local: &Repository, cloud: &Repository, ids: &[String]) -> R
 /// loses nothing, and a crash between the two leaves an orphan that the
 /// cloud tier's gc drops. Returns how many parts went.
 pub fn forget_cloud_parts(cloud: &Repository, parts: &[(String, String)]) -> Result<u64> {
-    let _c = crate::lock::acquire(cloud, true, "forget")?;
+    let _c = crate::repo::lock::acquire(cloud, true, "forget")?;
     for (id, _) in parts {
         cloud.backend().delete(&format!("snapshots/{id}"))?;
     }
-    crate::recipe::delete_unused(cloud, parts.iter().map(|(_, r)| r))?;
+    crate::repo::recipe::delete_unused(cloud, parts.iter().map(|(_, r)| r))?;
     Ok(parts.len() as u64)
 }
 
@@ -255,7 +255,7 @@ pub fn dr_rebuild(
         ..cc.clone()
     };
     if cc.encrypted {
-        crate::keys::sync_slots(cloud.backend(), &local)?;
+        crate::repo::keys::sync_slots(cloud.backend(), &local)?;
     }
     let repo = cloud.sibling(local.clone(), config.clone());
     let mut out = Rebuilt {
@@ -264,8 +264,8 @@ pub fn dr_rebuild(
     };
     // The namespace: recipes (parts first) before the snapshots naming them.
     for (id, s) in cloud.list_snapshots()? {
-        for p in crate::recipe::part_ids(cloud, &s.recipe)? {
-            let name = crate::recipe::part_name(&p);
+        for p in crate::repo::recipe::part_ids(cloud, &s.recipe)? {
+            let name = crate::repo::recipe::part_name(&p);
             if local.size(&name)?.is_none() {
                 local.put(&name, &cloud.backend().get(&name)?)?;
                 out.parts += 1;

@@ -16,10 +16,10 @@
 //! the way out (select its paths too, or move whole versions).
 
 use super::estimate::in_paths;
-use crate::copy::{rewrite_refs, Target};
+use crate::engine::copy::{rewrite_refs, Target};
+use crate::engine::resolver::recipe_refs;
 use crate::error::{Result, StoreError};
 use crate::repo::Repository;
-use crate::resolver::recipe_refs;
 use globset::GlobSet;
 use std::collections::{HashMap, HashSet};
 use strata_core::format::{path_cmp, NodeKind, Recipe, Snapshot, Tier};
@@ -151,13 +151,13 @@ pub fn whole_recipe(repo: &Repository, s: &Snapshot) -> Result<Recipe> {
     }
 }
 
-/// [`whole_recipe`] without chunks ([`crate::recipe::load_skeleton`]):
+/// [`whole_recipe`] without chunks ([`crate::repo::recipe::load_skeleton`]):
 /// the version's tree for listing and selecting, in memory that does not
 /// grow with the size of its files.
 pub fn whole_skeleton(repo: &Repository, s: &Snapshot) -> Result<Recipe> {
-    let r = crate::recipe::load_skeleton(repo, &s.recipe)?;
+    let r = crate::repo::recipe::load_skeleton(repo, &s.recipe)?;
     match part_snapshot(s) {
-        Some(p) => merge(r, crate::recipe::load_skeleton(repo, &p.recipe)?),
+        Some(p) => merge(r, crate::repo::recipe::load_skeleton(repo, &p.recipe)?),
         None => Ok(r),
     }
 }

@@ -16,12 +16,12 @@
 use super::migrate::{check_chains, flip_to_cloud, index_of_moving};
 use super::phv::Phv;
 use super::select::{versions, versions_any, Selection};
-use crate::copy::{copy_chunks_between, region_cache, CopySource};
+use crate::engine::copy::{copy_chunks_between, region_cache, CopySource};
 use crate::error::{Result, StoreError};
-use crate::index::{put_index_object, RepoIndex};
-use crate::lock;
 use crate::progress::Progress;
-use crate::recipe;
+use crate::repo::index::{put_index_object, RepoIndex};
+use crate::repo::lock;
+use crate::repo::recipe;
 use crate::repo::{data_name, Repository};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};

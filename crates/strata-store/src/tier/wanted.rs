@@ -14,8 +14,8 @@
 //! one entry in all.
 
 use crate::error::Result;
-use crate::index::{ChunkLoc, ContainerTable, RepoIndex};
-use crate::recipe;
+use crate::repo::index::{ChunkLoc, ContainerTable, RepoIndex};
+use crate::repo::recipe;
 use crate::repo::Repository;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};

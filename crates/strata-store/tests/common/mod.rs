@@ -11,8 +11,8 @@ use std::sync::Mutex;
 use strata_core::chunker::ChunkerParams;
 use strata_core::crypto::KdfCost;
 use strata_store::backend::{BackendError, ObjectInfo, Result as BResult};
-use strata_store::backup::{backup, BackupOptions, BackupReport};
-use strata_store::restore::{restore_from, RecipeSource, RestoreOptions};
+use strata_store::ops::backup::{backup, BackupOptions, BackupReport};
+use strata_store::ops::restore::{restore_from, RecipeSource, RestoreOptions};
 use strata_store::{Backend, InitOptions, LocalBackend, Repository, Result};
 
 pub const PASSWORD: &[u8] = b"pw";
@@ -246,9 +246,9 @@ pub fn assert_restores(
 
 /// Runs `check` (optionally reading all data) and panics unless it is ok.
 pub fn assert_check_ok(repo: &Repository, read_data: bool, what: &str) {
-    let r = strata_store::check::check(
+    let r = strata_store::ops::check::check(
         repo,
-        &strata_store::check::CheckOptions {
+        &strata_store::ops::check::CheckOptions {
             read_data,
             ..Default::default()
         },

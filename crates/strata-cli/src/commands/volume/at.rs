@@ -10,7 +10,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use strata_core::format::Snapshot;
-use strata_store::fsread::{find_stored, FileReader, RegionCache};
+use strata_store::engine::fsread::{find_stored, FileReader, RegionCache};
 use strata_store::StoreError;
 use strata_volume::nbd::BlockDevice;
 
@@ -133,12 +133,12 @@ pub(super) struct Opened {
     pub image: Arc<StoredImage>,
     pub id: String,
     pub snapshot: Snapshot,
-    pub _lock: strata_store::lock::LockGuard,
+    pub _lock: strata_store::repo::lock::LockGuard,
 }
 
 pub(super) fn open(cli: &crate::Cli, name: &str, at: &str, cache_bytes: usize) -> Result<Opened> {
     let repo = crate::open(cli)?;
-    let lock = strata_store::lock::acquire(&repo, false, "volume serve --at")?;
+    let lock = strata_store::repo::lock::acquire(&repo, false, "volume serve --at")?;
     let (id, s) = find(&repo, name, at)?;
     let want = format!("{name}.img");
     let cache = Arc::new(RegionCache::new(cache_bytes));

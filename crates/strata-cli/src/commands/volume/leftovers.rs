@@ -62,7 +62,7 @@ fn records(root: &Path, name: &str, tmp: bool) -> Vec<PathBuf> {
 /// Whether the process of this host that wrote `pid` in a name or record
 /// is gone (one with this process's own pid is an earlier one's).
 pub(super) fn gone(pid: u32) -> bool {
-    pid == std::process::id() || !strata_store::lock::pid_alive(pid)
+    pid == std::process::id() || !strata_store::repo::lock::pid_alive(pid)
 }
 
 /// Removes every record of a snapshot of volume `name` (deleted).
@@ -76,7 +76,7 @@ pub(super) fn forget(root: &Path, name: &str) {
 /// None when another snapshot of it may be running (a record of a live
 /// process on this host, or of another host).
 fn stale_records(root: &Path, name: &str) -> Option<Vec<PathBuf>> {
-    let host = strata_store::lock::hostname();
+    let host = strata_store::repo::lock::hostname();
     let mut stale = Vec::new();
     for p in records(root, name, false) {
         let text = std::fs::read_to_string(&p).unwrap_or_default();
@@ -126,7 +126,7 @@ pub(super) fn start(
     let tmp = root.join(format!(".{name}.snapshot-{}.tmp", std::process::id()));
     let text = format!(
         "{}\n{}\n",
-        strata_store::lock::hostname(),
+        strata_store::repo::lock::hostname(),
         std::process::id()
     );
     std::fs::write(&tmp, text)

@@ -1,0 +1,791 @@
+//! Restore and dump (DESIGN.md "Data flow", restore line).
+//!
+//! Restore resolves every chunk reference of the selected entries to a
+//! (container, region) pair, builds a read plan ordered by container and
+//! region, reads each needed region once per plan (adjacent regions are
+//! coalesced into one ranged read, the next read is hinted) and writes
+//! the pieces with positional writes, several reads in parallel. A stored
+//! recipe is read a part at a time and a plan is read when it is full
+//! (`RestoreOptions::plan_pieces`), so memory holds the tree's metadata,
+//! not its chunk lists. All-zero chunks are never read: files are created sparse at
+//! their full size and zero chunks stay holes.
+//!
+//! Safety: every path in a recipe is checked (relative, no `.`/`..`/empty
+//! components); parent directories must be real directories (never
+//! symlinks) and files are opened with `O_NOFOLLOW`; symlinks are created
+//! last, so nothing restore writes can pass through one. A malicious
+//! repository therefore cannot make restore write outside its target.
+
+mod plan;
+mod source;
+mod verify;
+
+pub use crate::engine::resolver::{recipe_refs, resolver_for, Resolved, Resolver, MAX_CHAIN};
+use crate::error::{Result, StoreError};
+use crate::progress::Progress;
+use crate::repo::Repository;
+pub use plan::PLAN_PIECES;
+pub use source::RecipeSource;
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::ffi::CString;
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use strata_core::format::{Node, NodeKind, Recipe, Snapshot};
+pub use verify::{verify, verify_from, VerifyReport};
+
+/// Checks a recipe path and turns it into a relative path.
+pub fn safe_rel(path: &[u8]) -> Result<PathBuf> {
+    let bad = || StoreError::UnsafePath(String::from_utf8_lossy(path).into_owned());
+    if path.is_empty() || path[0] == b'/' || path.contains(&0) {
+        return Err(bad());
+    }
+    let mut out = PathBuf::new();
+    for comp in path.split(|&b| b == b'/') {
+        if comp.is_empty() || comp == b"." || comp == b".." {
+            return Err(bad());
+        }
+        out.push(std::ffi::OsStr::from_bytes(comp));
+    }
+    Ok(out)
+}
+
+/// Checks that every ancestor of a path below the restore root is a real
+/// directory (never a symlink), remembering verified directories so each
+/// is checked once per restore.
+struct ParentCheck<'a> {
+    root: &'a Path,
+    verified: std::collections::HashSet<PathBuf>,
+}
+
+impl<'a> ParentCheck<'a> {
+    fn new(root: &'a Path) -> Self {
+        ParentCheck {
+            root,
+            verified: Default::default(),
+        }
+    }
+
+    fn check(&mut self, rel: &Path) -> Result<()> {
+        let Some(parent) = rel.parent() else {
+            return Ok(());
+        };
+        if parent.as_os_str().is_empty() || self.verified.contains(parent) {
+            return Ok(());
+        }
+        let mut sofar = PathBuf::new();
+        for c in parent.components() {
+            sofar.push(c);
+            if self.verified.contains(&sofar) {
+                continue;
+            }
+            let p = self.root.join(&sofar);
+            match fs::symlink_metadata(&p) {
+                Ok(m) if m.file_type().is_dir() => {
+                    self.verified.insert(sofar.clone());
+                }
+                Ok(_) => return Err(StoreError::UnsafePath(rel.display().to_string())),
+                Err(e) => return Err(StoreError::io("check", p.display().to_string(), e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What restore does with a name that already exists in the target
+/// (restic's `--overwrite`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Overwrite {
+    /// Replace it.
+    Always,
+    /// Replace it unless it already is the same kind with the same size
+    /// and modification time (a symlink: the same target).
+    IfChanged,
+    /// Replace it only when the snapshot's version is newer.
+    IfNewer,
+    /// Leave it as it is.
+    Never,
+}
+
+#[derive(Clone, Debug)]
+pub struct RestoreOptions {
+    pub target: PathBuf,
+    /// Restore only these paths (and what is below them).
+    pub include: Vec<Vec<u8>>,
+    /// Leave out these paths (and what is below them).
+    pub exclude: Vec<Vec<u8>>,
+    /// What to do with files that already exist in the target.
+    pub overwrite: Overwrite,
+    /// Restore ownership (default: when running as root).
+    pub owner: bool,
+    pub progress: Arc<Progress>,
+    /// Reads in flight at once (0: one per core). Reads from a remote
+    /// store wait on the network, so more than the cores keep them busy.
+    pub readers: usize,
+    /// Set directories' metadata (mode, times) at the end. Off for the
+    /// first of two passes into one tree (a version's cloud part): a
+    /// read-only directory would refuse the second pass's files.
+    pub dir_metadata: bool,
+    /// Most pieces (a region's chunks going to one place in one file) a
+    /// read plan holds before it is read: what bounds restore's memory
+    /// ([`PLAN_PIECES`], at most about 40 MB). A region two plans use is
+    /// read twice.
+    pub plan_pieces: usize,
+}
+
+impl RestoreOptions {
+    pub fn new(target: impl Into<PathBuf>) -> Self {
+        RestoreOptions {
+            target: target.into(),
+            include: vec![],
+            exclude: vec![],
+            overwrite: Overwrite::Always,
+            // SAFETY: geteuid cannot fail.
+            owner: unsafe { libc::geteuid() } == 0,
+            progress: Arc::new(Progress::default()),
+            readers: 0,
+            dir_metadata: true,
+            plan_pieces: PLAN_PIECES,
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct RestoreReport {
+    pub files: u64,
+    pub dirs: u64,
+    pub bytes: u64,
+    pub containers_read: u64,
+    pub regions_read: u64,
+    pub bytes_read: u64,
+    /// Newer versions followed to resolve indirect references.
+    pub chain_hops: u32,
+    /// Read plans gone through: more than one when the chunks to restore
+    /// do not fit one (`RestoreOptions::plan_pieces`).
+    pub plans: u64,
+    /// Names left as they were in the target (`Overwrite`).
+    pub skipped: u64,
+    pub warnings: Vec<String>,
+}
+
+impl RestoreReport {
+    /// Adds the restore of one part of a version (its cloud part, then its
+    /// active part) to the total; the parts share their directories, which
+    /// count once (the `last` pass's).
+    pub fn add(&mut self, r: RestoreReport, last: bool) {
+        self.files += r.files;
+        if last {
+            self.dirs = r.dirs;
+        }
+        self.bytes += r.bytes;
+        self.containers_read += r.containers_read;
+        self.regions_read += r.regions_read;
+        self.bytes_read += r.bytes_read;
+        self.chain_hops += r.chain_hops;
+        self.plans += r.plans;
+        self.skipped += r.skipped;
+        self.warnings.extend(r.warnings);
+    }
+}
+
+/// Whether the name `full` already holds something `policy` says to keep
+/// instead of restoring `n` there. Directories are merged, never kept or
+/// replaced (`never` and `if-newer` keep their metadata too).
+fn keep_existing(full: &Path, n: &Node, policy: Overwrite) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = fs::symlink_metadata(full) else {
+        return false;
+    };
+    match policy {
+        Overwrite::Always => false,
+        Overwrite::Never => true,
+        Overwrite::IfNewer => {
+            let have = m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128;
+            have >= n.mtime_ns as i128
+        }
+        Overwrite::IfChanged => match n.kind {
+            NodeKind::File => {
+                let have = m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128;
+                m.is_file() && m.len() == n.size && have == n.mtime_ns as i128
+            }
+            NodeKind::Symlink => fs::read_link(full)
+                .map(|t| t.as_os_str().as_bytes() == n.target.as_deref().unwrap_or_default())
+                .unwrap_or(false),
+            _ => false,
+        },
+    }
+}
+
+/// Removes what is at `full` unless it is a directory (restore replaces
+/// a name; it never deletes a tree). Never follows a symlink.
+fn remove_non_dir(full: &Path) {
+    if fs::symlink_metadata(full).is_ok_and(|m| !m.is_dir()) {
+        let _ = fs::remove_file(full);
+    }
+}
+
+/// `pattern` without a leading or trailing `/` (paths in a recipe are
+/// relative to the snapshot root).
+fn trim_slashes(mut p: &[u8]) -> &[u8] {
+    while let [b'/', rest @ ..] = p {
+        p = rest;
+    }
+    while let [rest @ .., b'/'] = p {
+        p = rest;
+    }
+    p
+}
+
+/// Whether `path` (a recipe node's) is `pattern` or below it, as `ls`,
+/// `restore --include/--exclude` and `dump` take paths (a leading and a
+/// trailing `/` ignored; an empty pattern is the root). Bytes, so names
+/// that are not UTF-8 can be selected.
+pub fn under(path: &[u8], pattern: &[u8]) -> bool {
+    let p = trim_slashes(pattern);
+    p.is_empty() || (path.starts_with(p) && (path.len() == p.len() || path[p.len()] == b'/'))
+}
+
+/// True when `path` is selected by the include list (or is an ancestor
+/// directory of a selected path).
+pub fn selected(path: &[u8], include: &[Vec<u8>]) -> bool {
+    include.is_empty()
+        || include.iter().any(|inc| {
+            let inc = trim_slashes(inc);
+            under(path, inc) || (inc.starts_with(path) && inc.get(path.len()) == Some(&b'/'))
+        })
+}
+
+/// True when `path` is an excluded path or below one.
+pub fn excluded(path: &[u8], exclude: &[Vec<u8>]) -> bool {
+    exclude
+        .iter()
+        .any(|e| !trim_slashes(e).is_empty() && under(path, e))
+}
+
+/// The patterns that select nothing in `recipe` (a typo would otherwise
+/// print or restore nothing and succeed).
+pub fn unmatched<'a>(recipe: &Recipe, patterns: &'a [Vec<u8>]) -> Vec<&'a [u8]> {
+    patterns
+        .iter()
+        .filter(|p| !recipe.nodes.iter().any(|n| under(&n.path, p)))
+        .map(Vec::as_slice)
+        .collect()
+}
+
+fn cstr(p: &Path) -> Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| StoreError::UnsafePath(p.display().to_string()))
+}
+
+fn set_times(p: &Path, mtime_ns: i64) -> std::io::Result<()> {
+    let ts = libc::timespec {
+        tv_sec: mtime_ns.div_euclid(1_000_000_000) as libc::time_t,
+        tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
+    };
+    let times = [ts, ts];
+    let c = CString::new(p.as_os_str().as_bytes())?;
+    // SAFETY: valid C string and a two-element timespec array.
+    let r = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The nodes an include list selects. A hard link whose first name is not
+/// selected becomes a regular file with that name's content (the first such
+/// link of a group); the group's other selected links point at it.
+pub fn select_nodes<'a>(
+    recipe: &'a Recipe,
+    include: &[Vec<u8>],
+    exclude: &[Vec<u8>],
+) -> Vec<Cow<'a, Node>> {
+    select_entries(recipe, include, exclude)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect()
+}
+
+/// [`select_nodes`], each node with the recipe path whose chunks are its
+/// content: its own, or for a hard link restored as a file, its first
+/// name's.
+fn select_entries<'a>(
+    recipe: &'a Recipe,
+    include: &[Vec<u8>],
+    exclude: &[Vec<u8>],
+) -> Vec<(Cow<'a, Node>, &'a [u8])> {
+    let all_selected = include.is_empty() && exclude.is_empty();
+    let selected = |p: &[u8], include: &[Vec<u8>]| selected(p, include) && !excluded(p, exclude);
+    let by_path: HashMap<&[u8], &Node> = if all_selected {
+        HashMap::new()
+    } else {
+        recipe
+            .nodes
+            .iter()
+            .map(|n| (n.path.as_slice(), n))
+            .collect()
+    };
+    let mut moved: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    let mut out = Vec::new();
+    for n in recipe.nodes.iter().filter(|n| selected(&n.path, include)) {
+        let target = n.target.as_deref().unwrap_or_default();
+        if all_selected || n.kind != NodeKind::Hardlink || selected(target, include) {
+            out.push((Cow::Borrowed(n), n.path.as_slice()));
+        } else if let Some(first) = moved.get(target) {
+            let mut link = n.clone();
+            link.target = Some(first.clone());
+            out.push((Cow::Owned(link), n.path.as_slice()));
+        } else if let Some(orig) = by_path.get(target).filter(|o| o.kind == NodeKind::File) {
+            let mut file = (*orig).clone();
+            file.path = n.path.clone();
+            moved.insert(target.to_vec(), n.path.clone());
+            out.push((Cow::Owned(file), orig.path.as_slice()));
+        } else {
+            out.push((Cow::Borrowed(n), n.path.as_slice()));
+        }
+    }
+    out
+}
+
+fn set_xattr(p: &Path, name: &[u8], value: &[u8]) -> std::io::Result<()> {
+    let c = CString::new(p.as_os_str().as_bytes())?;
+    let n = CString::new(name)?;
+    // SAFETY: valid C strings and a value buffer of the given length.
+    let r = unsafe {
+        libc::lsetxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr() as *const libc::c_void,
+            value.len(),
+            0,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Restores the version `snapshot` whose recipe is `recipe` (in memory)
+/// into `opts.target`; see [`restore_from`].
+pub fn restore(
+    repo: &Repository,
+    snapshot: &Snapshot,
+    recipe: &Recipe,
+    opts: &RestoreOptions,
+) -> Result<RestoreReport> {
+    restore_from(repo, snapshot, RecipeSource::Memory(recipe), opts)
+}
+
+/// Restores the version `snapshot` into `opts.target`, its data read from
+/// `repo` and its recipe from `source` — for a stored recipe, a part at a
+/// time: the tree's metadata is held, never its whole chunk list, and the
+/// data is read a plan of bounded size at a time (`opts.plan_pieces`).
+/// Directories first, then files created sparse at their size and filled,
+/// then hard links and special files, symlinks, and metadata last.
+pub fn restore_from(
+    repo: &Repository,
+    snapshot: &Snapshot,
+    source: RecipeSource,
+    opts: &RestoreOptions,
+) -> Result<RestoreReport> {
+    let root = &opts.target;
+    fs::create_dir_all(root)
+        .map_err(|e| StoreError::io("create", root.display().to_string(), e))?;
+    let skeleton = source.skeleton()?;
+    let selection = select_entries(&skeleton, &opts.include, &opts.exclude);
+    let mut run = Run::new(opts, &selection)?;
+    run.make_dirs()?;
+    let (files, content) = run.make_files()?;
+    let sink = plan::Sink::new(&files, &opts.progress, opts.readers);
+    let content: HashMap<&[u8], u32> = content.into_iter().collect();
+    run.report.chain_hops = plan::fill(
+        repo,
+        snapshot,
+        source,
+        &skeleton.containers,
+        &content,
+        &sink,
+        opts.plan_pieces.max(1),
+    )?;
+    run.report.plans = sink.plans.load(Ordering::Relaxed);
+    run.report.containers_read = sink.containers_read();
+    run.report.regions_read = sink.regions_read.load(Ordering::Relaxed);
+    run.report.bytes_read = sink.bytes_read.load(Ordering::Relaxed);
+    // Hardlinks, special files, then symlinks (last: nothing is written
+    // through them).
+    run.make_links_and_specials()?;
+    run.make_symlinks()?;
+    run.report.skipped = run.kept.len() as u64;
+    run.set_metadata();
+    Ok(run.report)
+}
+
+/// One restore's state as it goes through its steps.
+struct Run<'s> {
+    opts: &'s RestoreOptions,
+    nodes: Vec<&'s Node>,
+    /// Where each node's content comes from (see [`select_entries`]).
+    content: Vec<&'s [u8]>,
+    rels: Vec<PathBuf>,
+    /// Node indices in path order (parents first).
+    order: Vec<usize>,
+    parents: ParentCheck<'s>,
+    /// Directories this restore created (`never` and `if-newer` leave the
+    /// metadata of existing ones alone).
+    created_dirs: HashSet<usize>,
+    /// Names left as they were (`Overwrite`).
+    kept: HashSet<usize>,
+    report: RestoreReport,
+}
+
+impl<'s> Run<'s> {
+    fn new(opts: &'s RestoreOptions, selection: &'s [(Cow<'s, Node>, &'s [u8])]) -> Result<Self> {
+        let nodes: Vec<&Node> = selection.iter().map(|(n, _)| &**n).collect();
+        let rels = nodes
+            .iter()
+            .map(|n| safe_rel(&n.path))
+            .collect::<Result<Vec<_>>>()?;
+        let progress = &opts.progress;
+        let total: u64 = nodes.iter().map(|n| n.size).sum();
+        progress.bytes_total.store(total, Ordering::Relaxed);
+        progress.files_total.store(
+            nodes.iter().filter(|n| n.kind == NodeKind::File).count() as u64,
+            Ordering::Relaxed,
+        );
+        progress.totals_known.store(true, Ordering::Relaxed);
+        let mut order: Vec<usize> = (0..nodes.len()).collect();
+        order.sort_by(|&a, &b| nodes[a].path.cmp(&nodes[b].path));
+        Ok(Run {
+            opts,
+            content: selection.iter().map(|(_, c)| *c).collect(),
+            nodes,
+            rels,
+            order,
+            parents: ParentCheck::new(&opts.target),
+            created_dirs: HashSet::new(),
+            kept: HashSet::new(),
+            report: RestoreReport::default(),
+        })
+    }
+
+    fn full(&self, i: usize) -> PathBuf {
+        self.opts.target.join(&self.rels[i])
+    }
+
+    /// Directories, parents first; existing ones are merged.
+    fn make_dirs(&mut self) -> Result<()> {
+        for k in 0..self.order.len() {
+            let i = self.order[k];
+            if self.nodes[i].kind != NodeKind::Dir {
+                continue;
+            }
+            self.parents.check(&self.rels[i])?;
+            let full = self.full(i);
+            match fs::create_dir(&full) {
+                Ok(()) => {
+                    self.created_dirs.insert(i);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let m = fs::symlink_metadata(&full)
+                        .map_err(|e| StoreError::io("stat", full.display().to_string(), e))?;
+                    if !m.is_dir() {
+                        return Err(StoreError::Invalid(format!(
+                            "{} exists in the target and is not a directory (the snapshot has a directory there)",
+                            full.display()
+                        )));
+                    }
+                }
+                Err(e) => {
+                    return Err(StoreError::io(
+                        "create directory",
+                        full.display().to_string(),
+                        e,
+                    ))
+                }
+            }
+            self.report.dirs += 1;
+        }
+        Ok(())
+    }
+
+    /// Files, created new at their full size (sparse): the restored files
+    /// (full path, recipe path), and for each the recipe path whose
+    /// chunks fill it with its index.
+    #[allow(clippy::type_complexity)]
+    fn make_files(&mut self) -> Result<(Vec<(PathBuf, String)>, Vec<(&'s [u8], u32)>)> {
+        let mut files = Vec::new();
+        let mut content = Vec::new();
+        for k in 0..self.order.len() {
+            let i = self.order[k];
+            let n = self.nodes[i];
+            if n.kind != NodeKind::File {
+                continue;
+            }
+            self.parents.check(&self.rels[i])?;
+            let full = self.full(i);
+            if keep_existing(&full, n, self.opts.overwrite) {
+                self.kept.insert(i);
+                self.opts
+                    .progress
+                    .bytes_done
+                    .fetch_add(n.size, Ordering::Relaxed);
+                continue;
+            }
+            // A name is replaced, never written through: an existing file
+            // may be a hard link to something outside the target, a
+            // symlink, or a FIFO. It goes first; the file is then created
+            // new.
+            remove_non_dir(&full);
+            let f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&full)
+                .map_err(|e| StoreError::io("create", full.display().to_string(), e))?;
+            f.set_len(n.size)
+                .map_err(|e| StoreError::io("write", full.display().to_string(), e))?;
+            content.push((self.content[i], files.len() as u32));
+            files.push((full, n.path_str()));
+            self.report.files += 1;
+            self.report.bytes += n.size;
+        }
+        Ok((files, content))
+    }
+
+    /// Hard links and special files.
+    fn make_links_and_specials(&mut self) -> Result<()> {
+        for k in 0..self.order.len() {
+            let i = self.order[k];
+            let n = self.nodes[i];
+            let full = self.full(i);
+            if !matches!(
+                n.kind,
+                NodeKind::Dir | NodeKind::File | NodeKind::Symlink | NodeKind::Socket
+            ) {
+                if keep_existing(&full, n, self.opts.overwrite) {
+                    self.kept.insert(i);
+                    continue;
+                }
+                if n.kind != NodeKind::Hardlink {
+                    remove_non_dir(&full);
+                }
+            }
+            match n.kind {
+                NodeKind::Hardlink => {
+                    let first = n.target.as_deref().map(safe_rel).transpose()?;
+                    match first {
+                        Some(first) => {
+                            self.parents.check(&self.rels[i])?;
+                            // The source too: a symlink already in the target
+                            // must not lead the link to a file outside it.
+                            self.parents.check(&first)?;
+                            let first = self.opts.target.join(first);
+                            if fs::symlink_metadata(&first).is_ok_and(|m| !m.is_file()) {
+                                return Err(StoreError::UnsafePath(format!(
+                                    "{}: hard link to something that is not a restored file",
+                                    full.display()
+                                )));
+                            }
+                            let _ = fs::remove_file(&full);
+                            if let Err(e) = fs::hard_link(&first, &full) {
+                                self.report.warnings.push(format!(
+                                    "{}: cannot create hard link: {e}",
+                                    full.display()
+                                ));
+                            }
+                        }
+                        _ => self
+                            .report
+                            .warnings
+                            .push(format!("{}: hard link target not restored", full.display())),
+                    }
+                }
+                NodeKind::Fifo | NodeKind::CharDevice | NodeKind::BlockDevice => {
+                    self.parents.check(&self.rels[i])?;
+                    let c = cstr(&full)?;
+                    // SAFETY: valid C string; mknod only creates a node.
+                    let r = unsafe {
+                        libc::mknod(c.as_ptr(), n.mode as libc::mode_t, n.rdev as libc::dev_t)
+                    };
+                    if r != 0 {
+                        self.report.warnings.push(format!(
+                            "{}: cannot create special file: {}",
+                            full.display(),
+                            std::io::Error::last_os_error()
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Symlinks, last of all names: nothing restore writes passes
+    /// through one.
+    fn make_symlinks(&mut self) -> Result<()> {
+        for k in 0..self.order.len() {
+            let i = self.order[k];
+            let n = self.nodes[i];
+            if n.kind != NodeKind::Symlink {
+                continue;
+            }
+            self.parents.check(&self.rels[i])?;
+            let full = self.full(i);
+            if keep_existing(&full, n, self.opts.overwrite) {
+                self.kept.insert(i);
+                continue;
+            }
+            remove_non_dir(&full);
+            let target = std::ffi::OsStr::from_bytes(n.target.as_deref().unwrap_or_default());
+            if let Err(e) = std::os::unix::fs::symlink(target, &full) {
+                self.report
+                    .warnings
+                    .push(format!("{}: cannot create symlink: {e}", full.display()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Owner, extended attributes, mode and times, deepest first so
+    /// directory times stick.
+    fn set_metadata(&mut self) {
+        // Metadata, deepest first so directory times stick.
+        for k in (0..self.order.len()).rev() {
+            let i = self.order[k];
+            let n = self.nodes[i];
+            if matches!(n.kind, NodeKind::Hardlink | NodeKind::Socket)
+                || (n.kind == NodeKind::Dir
+                    && (!self.opts.dir_metadata
+                        || (matches!(self.opts.overwrite, Overwrite::Never | Overwrite::IfNewer)
+                            && !self.created_dirs.contains(&i))))
+                || self.kept.contains(&i)
+            {
+                continue;
+            }
+            let full = self.full(i);
+            // Only touch what restore created as this node: a name that is
+            // something else (say, a symlink a malicious recipe put where a
+            // special file failed to be created) is left alone, so chmod can
+            // never reach through a link.
+            let kind_matches = fs::symlink_metadata(&full)
+                .map(|m| {
+                    use std::os::unix::fs::FileTypeExt;
+                    let t = m.file_type();
+                    match n.kind {
+                        NodeKind::Dir => t.is_dir(),
+                        NodeKind::File => t.is_file(),
+                        NodeKind::Symlink => t.is_symlink(),
+                        NodeKind::Fifo => t.is_fifo(),
+                        NodeKind::CharDevice => t.is_char_device(),
+                        NodeKind::BlockDevice => t.is_block_device(),
+                        NodeKind::Hardlink | NodeKind::Socket => false,
+                    }
+                })
+                .unwrap_or(false);
+            if !kind_matches {
+                continue;
+            }
+            if self.opts.owner {
+                if let Err(e) = std::os::unix::fs::lchown(&full, Some(n.uid), Some(n.gid)) {
+                    self.report
+                        .warnings
+                        .push(format!("{}: cannot restore owner: {e}", full.display()));
+                }
+            }
+            for (name, value) in &n.xattrs {
+                if let Err(e) = set_xattr(&full, name, value) {
+                    self.report.warnings.push(format!(
+                        "{}: cannot restore extended attribute {}: {e}",
+                        full.display(),
+                        String::from_utf8_lossy(name)
+                    ));
+                }
+            }
+            if n.kind != NodeKind::Symlink {
+                use std::os::unix::fs::PermissionsExt;
+                if let Err(e) =
+                    fs::set_permissions(&full, fs::Permissions::from_mode(n.mode & 0o7777))
+                {
+                    self.report.warnings.push(format!(
+                        "{}: cannot restore permissions: {e}",
+                        full.display()
+                    ));
+                }
+            }
+            if let Err(e) = set_times(&full, n.mtime_ns) {
+                self.report
+                    .warnings
+                    .push(format!("{}: cannot restore times: {e}", full.display()));
+            }
+        }
+    }
+}
+
+/// Writes one file's content to `out` in order (`node`, of `recipe`).
+pub fn dump(
+    repo: &Repository,
+    snapshot: &Snapshot,
+    recipe: &Recipe,
+    node: &Node,
+    out: &mut dyn Write,
+) -> Result<u64> {
+    let resolver = Arc::new(resolver_for(repo, snapshot, recipe, &[node])?);
+    let cache = Arc::new(crate::engine::fsread::RegionCache::new(0));
+    crate::engine::fsread::FileReader::new(repo, node, resolver, cache).copy_to(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsafe_paths_rejected() {
+        for bad in [
+            &b"../x"[..],
+            b"/etc/passwd",
+            b"a/../../b",
+            b"a//b",
+            b"",
+            b"./a",
+            b"a/.",
+            b"a\0b",
+        ] {
+            assert!(safe_rel(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(safe_rel(b"a/b c/d").unwrap(), PathBuf::from("a/b c/d"));
+    }
+
+    #[test]
+    fn include_selection() {
+        let inc = vec![b"/home/u/proj/".to_vec()];
+        assert!(selected(b"home", &inc));
+        assert!(selected(b"home/u/proj", &inc));
+        assert!(selected(b"home/u/proj/a", &inc));
+        assert!(!selected(b"home/u/projx", &inc));
+        assert!(!selected(b"home/v", &inc));
+        let ex = vec![b"home/u/proj/a".to_vec()];
+        assert!(excluded(b"home/u/proj/a/b", &ex));
+        assert!(!excluded(b"home/u/proj/ab", &ex));
+        assert!(!excluded(b"home/u/proj", &ex));
+        assert!(!excluded(b"x", &[b"/".to_vec()]));
+        // Names that are not UTF-8 select as bytes.
+        assert!(under(b"d/n\xff/f", b"/d/n\xff"));
+        assert!(!under(b"d/n\xfe", b"/d/n\xff"));
+    }
+}

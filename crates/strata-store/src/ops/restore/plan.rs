@@ -1,0 +1,435 @@
+//! The read plan: which regions of which containers to read, and where
+//! in which restored files their chunks go. Regions are read once per
+//! plan, container by container in physical order, neighbouring regions
+//! in one ranged read, several reads in flight. A plan is read when it
+//! holds so many pieces ([`PLAN_PIECES`] unless the options say
+//! otherwise), so restore's memory does not grow with
+//! the size of what it restores.
+
+use super::source::RecipeSource;
+use crate::engine::resolver::{mark_needed, resolver_with, Resolver};
+use crate::error::{Result, StoreError};
+use crate::progress::Progress;
+use crate::repo::container::open_region;
+use crate::repo::{data_name, Repository};
+use rayon::prelude::*;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use strata_core::format::{ContainerId, Node, NodeKind, RegionInfo, Snapshot};
+
+/// Pieces a plan holds before it is read: 24 bytes each when regions
+/// fill several, about 160 when each region has its own (its entry and
+/// list), so at most about 40 MB. A disk image stored in order takes one
+/// piece per region: a plan then covers well over 16 GiB of it.
+pub const PLAN_PIECES: usize = 1 << 18;
+
+/// The regions to read from one container, each with the pieces it fills.
+type RegionPlan = BTreeMap<u32, (RegionInfo, Vec<Piece>)>;
+
+struct Piece {
+    file: u32,
+    file_off: u64,
+    reg_off: u32,
+    len: u32,
+}
+
+/// Adds `p` to a region's pieces, as part of the last one when it goes on
+/// from it in both the region and the file (a disk image's chunks, stored
+/// in the order of the image: one piece per region run instead of one
+/// per 4 KiB chunk, in memory and in writes).
+/// Returns whether `p` became a piece of its own.
+fn add_piece(pieces: &mut Vec<Piece>, p: Piece) -> bool {
+    if let Some(last) = pieces.last_mut() {
+        let joins = last.file == p.file
+            && last.file_off + last.len as u64 == p.file_off
+            && last.reg_off.checked_add(last.len) == Some(p.reg_off);
+        if let (true, Some(len)) = (joins, last.len.checked_add(p.len)) {
+            last.len = len;
+            return false;
+        }
+    }
+    pieces.push(p);
+    true
+}
+
+/// Where restored pieces go, and what reading them counted.
+pub(super) struct Sink<'a> {
+    /// Restored files (full path, recipe path) by index.
+    pub files: &'a [(PathBuf, String)],
+    pub progress: &'a Progress,
+    /// The readers' own pool (`None`: rayon's, one per core).
+    pool: Option<rayon::ThreadPool>,
+    pub plans: AtomicU64,
+    /// Containers read from (in any plan).
+    containers: Mutex<HashSet<ContainerId>>,
+    pub regions_read: AtomicU64,
+    pub bytes_read: AtomicU64,
+}
+
+impl<'a> Sink<'a> {
+    /// A sink for `files`, `readers` reads in flight at once (0: one per
+    /// core).
+    pub fn new(files: &'a [(PathBuf, String)], progress: &'a Progress, readers: usize) -> Self {
+        Sink {
+            files,
+            progress,
+            pool: match readers {
+                0 => None,
+                n => rayon::ThreadPoolBuilder::new().num_threads(n).build().ok(),
+            },
+            plans: AtomicU64::new(0),
+            containers: Mutex::new(HashSet::new()),
+            regions_read: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+        }
+    }
+
+    /// Containers read from, each counted once however many plans used it.
+    pub fn containers_read(&self) -> u64 {
+        self.containers.lock().map_or(0, |c| c.len() as u64)
+    }
+}
+
+/// A read plan being built: container → region → pieces.
+#[derive(Default)]
+struct Plan {
+    regions: BTreeMap<ContainerId, RegionPlan>,
+    pieces: usize,
+    /// Bytes of zero chunks added (never read: the files are sparse).
+    zero_bytes: u64,
+}
+
+impl Plan {
+    /// Adds the chunks of `n`, a piece of file `fi` that begins at `off`
+    /// in it (`path`: the file's, for errors).
+    fn add_node(
+        &mut self,
+        resolver: &Resolver,
+        n: &Node,
+        fi: u32,
+        mut off: u64,
+        path: &str,
+    ) -> Result<()> {
+        for c in n.segments.iter().flat_map(|s| &s.chunks) {
+            if c.is_zero() {
+                self.zero_bytes += c.len as u64;
+            } else {
+                let r = resolver.resolve(c, path)?;
+                let pieces = &mut self
+                    .regions
+                    .entry(r.container)
+                    .or_default()
+                    .entry(r.region_idx)
+                    .or_insert_with(|| (r.region, Vec::new()))
+                    .1;
+                let piece = Piece {
+                    file: fi,
+                    file_off: off,
+                    reg_off: r.offset,
+                    len: c.len,
+                };
+                self.pieces += add_piece(pieces, piece) as usize;
+            }
+            off = off.saturating_add(c.len as u64);
+        }
+        Ok(())
+    }
+
+    /// Reads what the plan holds into the files and empties it.
+    fn read(&mut self, repo: &Repository, sink: &Sink) -> Result<()> {
+        let plan: Vec<(ContainerId, RegionPlan)> =
+            std::mem::take(&mut self.regions).into_iter().collect();
+        let zeros = std::mem::take(&mut self.zero_bytes);
+        sink.progress.bytes_done.fetch_add(zeros, Ordering::Relaxed);
+        self.pieces = 0;
+        if plan.is_empty() {
+            return Ok(());
+        }
+        sink.plans.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut seen) = sink.containers.lock() {
+            seen.extend(plan.iter().map(|(c, _)| *c));
+        }
+        read_plan(repo, &plan, sink)
+    }
+}
+
+/// Fills the restored files with their chunks, reading the recipe twice
+/// a piece at a time: once for the containers and indirect references
+/// the files need (one resolver for the whole restore), then to plan and
+/// read, a plan of at most `max_pieces` pieces at a time. `content`
+/// maps the recipe path whose chunks a file takes (its own, or for a hard
+/// link restored as a file, its first name's) to its index in
+/// `sink.files`; `containers` is the table the source numbers references
+/// in. Returns the newer versions followed for indirect references.
+pub(super) fn fill(
+    repo: &Repository,
+    snapshot: &Snapshot,
+    source: RecipeSource,
+    containers: &[ContainerId],
+    content: &HashMap<&[u8], u32>,
+    sink: &Sink,
+    max_pieces: usize,
+) -> Result<u32> {
+    if content.is_empty() {
+        return Ok(0);
+    }
+    let wanted = |n: &Node| match n.kind {
+        NodeKind::File => content.get(n.path.as_slice()).copied(),
+        _ => None,
+    };
+    let mut used = vec![false; containers.len()];
+    let mut indirect = HashSet::new();
+    source.for_each_piece(|n, _| {
+        if wanted(n).is_some() {
+            let chunks = n.segments.iter().flat_map(|s| &s.chunks);
+            mark_needed(chunks, &mut used, &mut indirect);
+        }
+        Ok(())
+    })?;
+    let resolver = resolver_with(repo, snapshot, containers, &used, indirect)?;
+    let mut plan = Plan::default();
+    source.for_each_piece(|n, off| {
+        let Some(fi) = wanted(n) else {
+            return Ok(());
+        };
+        let path = sink.files.get(fi as usize).map_or("", |f| f.1.as_str());
+        plan.add_node(&resolver, n, fi, off, path)?;
+        if plan.pieces >= max_pieces {
+            plan.read(repo, sink)?;
+        }
+        Ok(())
+    })?;
+    plan.read(repo, sink)?;
+    Ok(resolver.chain_hops)
+}
+
+/// One ranged read: neighbouring regions of one container.
+struct ReadGroup<'p> {
+    cid: &'p ContainerId,
+    regions: Vec<&'p (RegionInfo, Vec<Piece>)>,
+    start: u64,
+    end: u64,
+}
+
+/// Regions closer than this are read together (the gap is read and
+/// dropped).
+const MAX_READ_GAP: u64 = 64 << 10;
+/// Longest single read. Readers take reads, not containers, so even a
+/// restore of a few containers has several reads in flight and decodes
+/// one while the next downloads; from a bucket this is ≤ 128 GETs per GB
+/// read.
+const MAX_READ: u64 = 8 << 20;
+
+/// The plan's reads, container by container in physical order.
+fn read_groups(plan: &[(ContainerId, RegionPlan)]) -> Vec<ReadGroup<'_>> {
+    let mut out = Vec::new();
+    for (cid, regions) in plan {
+        let regs: Vec<&(RegionInfo, Vec<Piece>)> = regions.values().collect();
+        let mut i = 0;
+        while i < regs.len() {
+            let start = regs[i].0.offset;
+            let end_of = |k: usize| regs[k].0.offset + regs[k].0.stored_len as u64;
+            let mut j = i;
+            while j + 1 < regs.len()
+                && regs[j + 1].0.offset.saturating_sub(end_of(j)) <= MAX_READ_GAP
+                && end_of(j + 1).saturating_sub(start) <= MAX_READ
+            {
+                j += 1;
+            }
+            out.push(ReadGroup {
+                cid,
+                regions: regs[i..=j].to_vec(),
+                start,
+                end: end_of(j),
+            });
+            i = j + 1;
+        }
+    }
+    out
+}
+
+/// Reads every region of the plan once and writes its pieces, `readers`
+/// reads at once (0: one per core), each hinting the read two ahead.
+fn read_plan(repo: &Repository, plan: &[(ContainerId, RegionPlan)], sink: &Sink) -> Result<()> {
+    let groups = read_groups(plan);
+    let backend = repo.backend();
+    let read_all = || {
+        groups.par_iter().enumerate().try_for_each_init(
+            HashMap::<u32, File>::new,
+            |open, (gi, g)| -> Result<()> {
+                if let Some(next) = groups.get(gi + 2) {
+                    backend.will_need(&data_name(next.cid), next.start, next.end - next.start);
+                }
+                restore_group(repo, g, sink, open)
+            },
+        )
+    };
+    match &sink.pool {
+        Some(p) => p.install(read_all),
+        None => read_all(),
+    }
+}
+
+/// One read: its regions opened and their pieces written into the files
+/// (`open` keeps this reader's open files, at most 128).
+fn restore_group(
+    repo: &Repository,
+    g: &ReadGroup,
+    sink: &Sink,
+    open: &mut HashMap<u32, File>,
+) -> Result<()> {
+    if sink.progress.is_cancelled() {
+        return Err(StoreError::Cancelled);
+    }
+    let name = data_name(g.cid);
+    // A linked container's regions are read from the volume, one by one.
+    let linked = repo.link_of(g.cid)?;
+    let buf = match &linked {
+        None => repo.backend().get_range(&name, g.start, g.end - g.start)?,
+        Some(_) => Vec::new(),
+    };
+    sink.bytes_read
+        .fetch_add(g.end - g.start, Ordering::Relaxed);
+    for (reg, pieces) in &g.regions {
+        let plain = match &linked {
+            Some(l) => l.region(repo, &name, reg)?,
+            None => {
+                // Offsets come from container metadata: checked, not trusted.
+                let stored = reg
+                    .offset
+                    .checked_sub(g.start)
+                    .and_then(|a| {
+                        buf.get(a as usize..(a as usize).checked_add(reg.stored_len as usize)?)
+                    })
+                    .ok_or_else(|| {
+                        StoreError::Invalid(format!(
+                            "{name}: a region lies outside the range read (damaged container metadata; run `strata check`)"
+                        ))
+                    })?;
+                open_region(repo, &name, stored, reg)?
+            }
+        };
+        sink.regions_read.fetch_add(1, Ordering::Relaxed);
+        for p in pieces {
+            let data = plain
+                .get(p.reg_off as usize..p.reg_off as usize + p.len as usize)
+                .ok_or_else(|| StoreError::Invalid(format!("{name}: chunk outside its region")))?;
+            if open.len() > 128 && !open.contains_key(&p.file) {
+                open.clear();
+            }
+            let path = &sink.files[p.file as usize].0;
+            let f = match open.entry(p.file) {
+                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => v.insert(
+                    OpenOptions::new()
+                        .write(true)
+                        .custom_flags(libc::O_NOFOLLOW)
+                        .open(path)
+                        .map_err(|e| StoreError::io("open", path.display().to_string(), e))?,
+                ),
+            };
+            f.write_all_at(data, p.file_off)
+                .map_err(|e| StoreError::io("write", path.display().to_string(), e))?;
+            sink.progress
+                .bytes_done
+                .fetch_add(p.len as u64, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Chunks that go on from one another in the region and in the file
+    /// are one piece; a gap in either, or another file, starts a new one.
+    #[test]
+    fn consecutive_chunks_are_one_piece() {
+        let p = |file, file_off, reg_off, len| Piece {
+            file,
+            file_off,
+            reg_off,
+            len,
+        };
+        let mut v = Vec::new();
+        for (i, q) in [
+            p(0, 0, 0, 4096),
+            p(0, 4096, 4096, 4096),
+            p(0, 8192, 8192, 100),
+            p(0, 16384, 8292, 4096),      // a gap in the file
+            p(0, 20480, 20000, 10),       // a gap in the region
+            p(1, 20490, 20010, 10),       // another file
+            p(1, 20500, 20020, u32::MAX), // too long to join
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            add_piece(&mut v, q);
+            assert!(v.len() <= i + 1);
+        }
+        let got: Vec<_> = v
+            .iter()
+            .map(|q| (q.file, q.file_off, q.reg_off, q.len))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, 0, 0, 8292),
+                (0, 16384, 8292, 4096),
+                (0, 20480, 20000, 10),
+                (1, 20490, 20010, 10),
+                (1, 20500, 20020, u32::MAX),
+            ]
+        );
+    }
+
+    /// Reads cover every region once, in order, never longer than
+    /// `MAX_READ` (unless one region is), never across a gap wider than
+    /// `MAX_READ_GAP`, never across containers.
+    #[test]
+    fn reads_are_bounded_and_cover_the_plan() {
+        let region = |offset: u64, len: u32| {
+            let info = RegionInfo {
+                offset,
+                stored_len: len,
+                raw_len: len,
+            };
+            (info, Vec::new())
+        };
+        let mut plan = Vec::new();
+        for c in 0..2u8 {
+            let mut regions = RegionPlan::new();
+            let mut off = 0u64;
+            for r in 0..40u32 {
+                // 1 MiB regions, a wide gap every 7th, one 12 MiB region.
+                let len = if r == 20 { 12 << 20 } else { 1 << 20 };
+                if r % 7 == 6 {
+                    off += MAX_READ_GAP + 1;
+                }
+                regions.insert(r, region(off, len));
+                off += len as u64;
+            }
+            plan.push((ContainerId([c; 16]), regions));
+        }
+        let groups = read_groups(&plan);
+        let mut seen = 0;
+        for g in &groups {
+            assert!(g.end - g.start <= MAX_READ || g.regions.len() == 1);
+            let mut prev_end = g.start;
+            for (r, _) in &g.regions {
+                assert!(r.offset >= prev_end && r.offset - prev_end <= MAX_READ_GAP);
+                prev_end = r.offset + r.stored_len as u64;
+            }
+            assert_eq!(prev_end, g.end);
+            seen += g.regions.len();
+        }
+        assert_eq!(seen, 80);
+        assert!(groups.len() > 2 * 40 / 8, "{} reads", groups.len());
+        assert!(groups.iter().any(|g| g.end - g.start == 12 << 20));
+    }
+}
