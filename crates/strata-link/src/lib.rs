@@ -6,7 +6,7 @@
 //!   reads linked containers and releases their holds
 //!   ([`strata_store::repo::links::Volumes`]).
 //! * [`sink`] — the link sink: a volume's snapshot links the containers it
-//!   writes to the volume's blocks ([`strata_store::repo::container::Linker`]).
+//!   writes to the volume's blocks ([`strata_store::engine::writer::Linker`]).
 //! * [`unlink`] — a volume's linked containers stored again (before it is
 //!   deleted or defragmented), and a killed snapshot's leftovers released.
 

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use strata_core::crypto::Kind;
 use strata_core::format::{encode, ContainerMeta, LinkStub, LinkedRegion, LINK_MAGIC};
-use strata_store::repo::container::Linker;
+use strata_store::engine::writer::Linker;
 use strata_store::repo::links::{marker_name, stored_bytes, HeldBlocks};
 use strata_store::repo::{data_name, Repository};
 use strata_store::{Result, StoreError};

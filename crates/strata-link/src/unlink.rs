@@ -249,7 +249,7 @@ fn recompress(repo: &Repository, only: HashSet<ContainerId>, rep: &mut UnlinkRep
         only: Some(only),
         ..Default::default()
     };
-    strata_store::ops::compact::compact_pool(repo, &opts, &mut gc)?;
+    strata_store::ops::gc::compact::compact_pool(repo, &opts, &mut gc)?;
     rep.recompressed += gc.containers_rewritten;
     rep.recompressed_freed_bytes += gc.bytes_freed;
     Ok(())

@@ -109,7 +109,7 @@ fn snapshot(repo: &Repository, img: &[u8], vol: Arc<TestVolume>) -> (BackupRepor
                 base: None,
                 changed: None,
                 time_ns: 1,
-                link: Some(sink.clone() as Arc<dyn strata_store::repo::container::Linker>),
+                link: Some(sink.clone() as Arc<dyn strata_store::engine::writer::Linker>),
             }),
             series: Some("volume:v".into()),
             chunker: Some(ChunkerParams::fixed()),

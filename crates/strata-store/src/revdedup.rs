@@ -15,7 +15,7 @@
 //!    restore); the others stay *direct*, where they are;
 //! 3. the new recipe and the snapshot object that points at it are
 //!    committed (the atomic switch);
-//! 4. the pool is compacted ([`crate::ops::compact`]): chunk locations that no
+//! 4. the pool is compacted ([`crate::ops::gc::compact`]): chunk locations that no
 //!    version references any more are removed — whole containers dropped,
 //!    partly dead ones copied forward with their live segments kept whole,
 //!    and chunks one archival version alone holds moved into containers
@@ -36,8 +36,8 @@
 
 use crate::engine::copy::{delete_containers, rewrite_pieces, Target};
 use crate::error::{Result, StoreError};
-use crate::ops::compact::compact_pool;
 use crate::ops::forget::count_ref;
+use crate::ops::gc::compact::compact_pool;
 use crate::ops::gc::{GcOptions, GcReport};
 use crate::progress::Progress;
 use crate::repo::index::{edit_index, RepoIndex};

@@ -72,8 +72,8 @@ pub fn run(cli: &Cli, out: &Out, a: &StatsArgs) -> Result<i32> {
 }
 
 fn index_stats(out: &Out, repo: &strata_store::Repository) -> Result<i32> {
-    let table = Arc::new(strata_store::repo::index::ContainerTable::default());
-    let (strategy, idx) = strata_store::repo::index::build_strategy(repo, &table)?;
+    let table = Arc::new(strata_store::engine::index::ContainerTable::default());
+    let (strategy, idx) = strata_store::engine::index::build_strategy(repo, &table)?;
     let v = json!({"index_strategy": repo.config().index, "index_entries": strategy.entries(),
                    "index_ram_bytes": strategy.ram_bytes(), "containers": idx.containers.len()});
     out.result(&v, || {

@@ -828,7 +828,7 @@ fn snapshot(
             time_ns,
             link: link
                 .clone()
-                .map(|l| l as Arc<dyn strata_store::repo::container::Linker>),
+                .map(|l| l as Arc<dyn strata_store::engine::writer::Linker>),
         }),
         series: Some(format!("volume:{name}")),
         tags: tags.to_vec(),

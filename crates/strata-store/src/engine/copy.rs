@@ -2,10 +2,11 @@
 //! moves every lifecycle command (maintain, forget's rebase, compaction,
 //! gc) makes with stored data.
 
+use crate::engine::index::{ChunkLoc, ContainerTable};
+use crate::engine::writer::{ContainerSink, ContainerWriter};
 use crate::error::{Result, StoreError};
 use crate::progress::Progress;
-use crate::repo::container::{read_region, ContainerSink, ContainerWriter};
-use crate::repo::index::{ChunkLoc, ContainerTable};
+use crate::repo::container::read_region;
 use crate::repo::recipe::RecipeWriter;
 use crate::repo::{data_name, meta_name, Repository};
 use std::collections::{BTreeMap, HashMap};

@@ -5,5 +5,7 @@
 
 pub mod copy;
 pub mod fsread;
+pub mod index;
 pub mod resolver;
 pub mod similarity;
+pub mod writer;

@@ -5,9 +5,10 @@
 //! versions, and, should a container be missing, through the full index by
 //! fingerprint. Restore, dump and check use it.
 
+use crate::engine::index::{ContainerTable, ExactIndex};
 use crate::error::{Result, StoreError};
 use crate::repo::container::read_meta;
-use crate::repo::index::{ContainerTable, ExactIndex, RepoIndex};
+use crate::repo::index::RepoIndex;
 use crate::repo::{data_name, Repository};
 use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};

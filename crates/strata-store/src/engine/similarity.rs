@@ -20,8 +20,8 @@
 //! after gc moved chunks, a stale location is a miss, never a dangling
 //! reference.
 
+use crate::engine::index::{ChunkLoc, ContainerTable, IndexStrategy};
 use crate::error::{Result, StoreError};
-use crate::repo::index::{ChunkLoc, ContainerTable, IndexStrategy};
 use crate::repo::{now_ns, IndexSpec, Repository};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -316,8 +316,8 @@ impl IndexStrategy for SiloStrategy {
         table.intern(meta.id);
     }
 
-    fn learns(&self) -> crate::repo::index::Learns {
-        crate::repo::index::Learns::Containers
+    fn learns(&self) -> crate::engine::index::Learns {
+        crate::engine::index::Learns::Containers
     }
 }
 
@@ -446,7 +446,7 @@ impl IndexStrategy for BinningStrategy {
         table.intern(meta.id);
     }
 
-    fn learns(&self) -> crate::repo::index::Learns {
-        crate::repo::index::Learns::Containers
+    fn learns(&self) -> crate::engine::index::Learns {
+        crate::engine::index::Learns::Containers
     }
 }

@@ -8,9 +8,9 @@ use super::{
     u32_at, HostDir, Kind, Loc, Shape, StageArgs, VmArgs, ANSWER_LEN, BLOCK, ENTRY_LEN, SEGMENT,
     SLOT_LEN,
 };
+use crate::engine::index::ContainerTable;
+use crate::engine::writer::{ContainerSink, ContainerWriter};
 use crate::error::{Result, StoreError};
-use crate::repo::container::{ContainerSink, ContainerWriter};
-use crate::repo::index::ContainerTable;
 use crate::repo::Repository;
 use serde_json::{json, Value};
 use std::collections::HashMap;

@@ -3,7 +3,6 @@
 
 pub mod backup;
 pub mod check;
-pub mod compact;
 pub mod forget;
 pub mod gc;
 pub mod repair;

@@ -3,8 +3,9 @@
 //! (versions per window, space saved by segment-level and by reverse
 //! dedup as in its Figure 4, length of indirect-reference chains).
 
+use crate::engine::index::{build_strategy, ContainerTable};
 use crate::error::Result;
-use crate::repo::index::{build_strategy, ContainerTable, RepoIndex};
+use crate::repo::index::RepoIndex;
 use crate::repo::lifecycle::{list_policies, version_states, VersionState};
 use crate::repo::{now_ns, Repository};
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -13,8 +13,9 @@
 //! (each entry remembers the last round that visited it), so a chunk costs
 //! one entry in all.
 
+use crate::engine::index::{ChunkLoc, ContainerTable};
 use crate::error::Result;
-use crate::repo::index::{ChunkLoc, ContainerTable, RepoIndex};
+use crate::repo::index::RepoIndex;
 use crate::repo::recipe;
 use crate::repo::Repository;
 use std::collections::HashMap;

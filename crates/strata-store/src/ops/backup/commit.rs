@@ -3,8 +3,8 @@
 //! crash at any earlier point leaves only unreferenced objects that `gc`
 //! removes.
 
+use crate::engine::index::ContainerTable;
 use crate::error::{Result, StoreError};
-use crate::repo::index::ContainerTable;
 use crate::repo::Repository;
 use std::collections::HashMap;
 use strata_core::format::{ContainerId, SegmentRef, Snapshot};

@@ -8,10 +8,10 @@
 
 use super::parent::{is_anchor, ParentFile};
 use super::walk::{Job, Source};
+use crate::engine::index::{ChunkLoc, ContainerTable, IndexStrategy};
+use crate::engine::writer::ContainerWriter;
 use crate::error::{Result, StoreError};
 use crate::progress::Progress;
-use crate::repo::container::ContainerWriter;
-use crate::repo::index::{ChunkLoc, ContainerTable, IndexStrategy};
 use crate::repo::Repository;
 use crate::stages::{Stage, Stages};
 use std::collections::HashMap;
@@ -61,8 +61,8 @@ pub(crate) struct Ctx<'a> {
     /// much of that version this one stored again.
     pub stored_sample: Mutex<HashMap<Fingerprint, u32>>,
     /// The volume whose blocks the new containers link to (a volume's
-    /// snapshot: the link sink, a [`crate::repo::container::Linker`]).
-    pub link: Option<Arc<dyn crate::repo::container::Linker>>,
+    /// snapshot: the link sink, a [`crate::engine::writer::Linker`]).
+    pub link: Option<Arc<dyn crate::engine::writer::Linker>>,
 }
 
 /// A chunk's fingerprint, and whether it is all zeros (never stored, so
@@ -235,7 +235,7 @@ pub(crate) struct CtxParts<'a> {
     pub progress: &'a Progress,
     pub stages: Arc<Stages>,
     pub large_file: u64,
-    pub link: Option<Arc<dyn crate::repo::container::Linker>>,
+    pub link: Option<Arc<dyn crate::engine::writer::Linker>>,
 }
 
 impl<'a> Ctx<'a> {

@@ -27,8 +27,9 @@ pub use flow::FlowLimits;
 pub use walk::{read_xattrs, Excludes};
 pub use writer::{Committed, DedupWriter, StoredStream};
 
+use crate::engine::index::{build_strategy, ContainerTable};
 use crate::error::{Result, StoreError};
-use crate::repo::index::{build_strategy, ContainerTable, RepoIndex};
+use crate::repo::index::RepoIndex;
 use crate::repo::lock;
 use crate::repo::{now_ns, Repository};
 use crate::stages::{Stage, StageReport, Stages};
@@ -197,7 +198,7 @@ fn load_parent<'a>(
     chunker: ChunkerParams,
     index: &RepoIndex,
     table: &'a ContainerTable,
-    strategy: &'a dyn crate::repo::index::IndexStrategy,
+    strategy: &'a dyn crate::engine::index::IndexStrategy,
 ) -> Result<(Option<String>, Parent<'a>)> {
     let (snapshots, _) = repo.list_snapshots_tolerant()?;
     let Some((id, ps)) = snapshots

@@ -15,8 +15,9 @@
 
 use super::dedup::SegmentJob;
 use super::patch::{CleanSegment, PATCH_SEGMENT};
+use crate::engine::index::{ChunkLoc, ContainerTable, IndexStrategy};
 use crate::error::Result;
-use crate::repo::index::{ChunkLoc, ContainerTable, IndexStrategy, RepoIndex};
+use crate::repo::index::RepoIndex;
 use crate::repo::recipe;
 use crate::repo::Repository;
 use std::cmp::Ordering;

@@ -16,7 +16,7 @@
 
 use super::dedup::{Ctx, SegmentJob};
 use super::pipeline::Block;
-use crate::repo::index::ChunkLoc;
+use crate::engine::index::ChunkLoc;
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::Ordering;
@@ -62,9 +62,9 @@ pub struct ImagePatch {
     /// byte: not encoded, compressed or written again.
     pub time_ns: i64,
     /// The volume the image is read from, whose blocks the new containers
-    /// link to instead of being written (a [`crate::repo::container::Linker`]:
+    /// link to instead of being written (a [`crate::engine::writer::Linker`]:
     /// the link sink of `strata-link`, which counts what was linked).
-    pub link: Option<std::sync::Arc<dyn crate::repo::container::Linker>>,
+    pub link: Option<std::sync::Arc<dyn crate::engine::writer::Linker>>,
 }
 
 /// An unchanged segment: its chunks (fingerprints, no bytes) and where

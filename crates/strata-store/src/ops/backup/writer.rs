@@ -4,10 +4,10 @@
 //! worker storing a VM's dirty segments.
 
 use super::dedup::{Ctx, CtxParts, WorkerBuffers};
+use crate::engine::index::{build_strategy, ContainerTable, IndexStrategy};
+use crate::engine::writer::{ContainerSink, ContainerWriter};
 use crate::error::{Result, StoreError};
 use crate::progress::Progress;
-use crate::repo::container::{ContainerSink, ContainerWriter};
-use crate::repo::index::{build_strategy, ContainerTable, IndexStrategy};
 use crate::repo::lock::{self, LockGuard};
 use crate::repo::Repository;
 use crate::stages::Stages;

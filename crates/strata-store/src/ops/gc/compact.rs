@@ -29,11 +29,13 @@
 //! A kill at any point leaves every snapshot restorable; what it leaves
 //! behind is unreferenced and removed by the next compaction or gc.
 
+use super::options::{GcOptions, GcReport};
 use crate::engine::copy::{delete_containers, store_rewritten, Target};
+use crate::engine::index::{ChunkLoc, ContainerTable};
+use crate::engine::writer::{ContainerSink, ContainerWriter};
 use crate::error::{Result, StoreError};
-use crate::ops::gc::{GcOptions, GcReport};
-use crate::repo::container::{read_region, ContainerSink, ContainerWriter};
-use crate::repo::index::{edit_index, ChunkLoc, ContainerTable, RepoIndex};
+use crate::repo::container::read_region;
+use crate::repo::index::{edit_index, RepoIndex};
 use crate::repo::{data_name, Repository};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
