@@ -60,7 +60,7 @@ impl Repository {
     /// it) each holds: the cloud tier's part first, as the CLI restores.
     fn sources(&self, s: &Snapshot) -> PyResult<Vec<(strata_store::Repository, Snapshot)>> {
         let mut out = Vec::new();
-        if let Some(p) = strata_store::tier::paths::part_snapshot(s) {
+        if let Some(p) = strata_store::repo::tiers::part_snapshot(s) {
             out.push((self.cloud()?, p));
         }
         let data = match s.tier {

@@ -34,7 +34,7 @@
 //! replaced leaves it in live form; a kill during compaction leaves
 //! duplicates the next run removes.
 
-use crate::engine::copy::{delete_containers, rewrite_pieces, Target};
+use crate::engine::copy::delete_containers;
 use crate::error::{Result, StoreError};
 use crate::ops::forget::count_ref;
 use crate::ops::gc::compact::compact_pool;
@@ -45,6 +45,7 @@ use crate::repo::lifecycle::{
     list_policies, load_state, store_state, version_states, VersionState,
 };
 use crate::repo::lock;
+use crate::repo::recipe::refs::{rewrite_pieces, Target};
 use crate::repo::recipe::RecipeWriter;
 use crate::repo::{now_ns, Repository};
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -526,7 +526,7 @@ fn restore_whole(
     let s = repo.load_snapshot(id).unwrap();
     let target = tempfile::tempdir_in(scratch).unwrap();
     // The cloud part first, its directories' metadata left to the rest.
-    let mut parts: Vec<_> = strata_store::tier::paths::part_snapshot(&s)
+    let mut parts: Vec<_> = strata_store::repo::tiers::part_snapshot(&s)
         .map(|p| (cloud, p))
         .into_iter()
         .collect();
@@ -645,7 +645,7 @@ fn paths_move_to_the_cloud_and_back() {
         assert_eq!(s.cloud_part.is_some(), i < 3, "v{}", i + 1);
         assert_restore_whole(&repo, &cloud, &r.id, &src, tree, &format!("v{}", i + 1));
         // The listing shows the whole tree.
-        let whole = strata_store::tier::paths::whole_recipe(&repo, &s).unwrap();
+        let whole = strata_store::repo::tiers::whole_recipe(&repo, &s).unwrap();
         let local = repo.load_recipe(&s.recipe).unwrap();
         if i < 3 {
             assert!(local.nodes.iter().all(|n| !n.path_str().contains("/d0/")));

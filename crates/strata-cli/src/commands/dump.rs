@@ -32,7 +32,7 @@ pub fn run(cli: &Cli, a: &DumpArgs) -> Result<i32> {
     // The active part first, then the cloud part (where moved files are);
     // the recipe read a part at a time, only the file's chunk runs kept.
     let mut parts = vec![s.clone()];
-    parts.extend(strata_store::tier::paths::part_snapshot(&s));
+    parts.extend(strata_store::repo::tiers::part_snapshot(&s));
     for (i, part) in parts.into_iter().enumerate() {
         let Some(found) = find_stored(&repo, &part.recipe, want)? else {
             continue;

@@ -45,7 +45,7 @@ pub fn run(cli: &Cli, out: &Out, a: &FindArgs) -> Result<i32> {
     let mut hits = Vec::new();
     let mut unreadable = 0;
     for (id, s) in &snaps {
-        match strata_store::tier::paths::whole_skeleton(&repo, s) {
+        match strata_store::repo::tiers::whole_skeleton(&repo, s) {
             Ok(r) => hits.extend(find_in(id, s, &r, &m)),
             Err(e) => {
                 unreadable += 1;

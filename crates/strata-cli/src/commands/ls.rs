@@ -25,7 +25,7 @@ pub struct LsArgs {
 pub fn run(cli: &Cli, out: &Out, a: &LsArgs) -> Result<i32> {
     let repo = open(cli)?;
     let (_, s) = repo.resolve_snapshot_in(&a.snapshot, &a.filter.filter())?;
-    let r = strata_store::tier::paths::whole_skeleton(&repo, &s)?;
+    let r = strata_store::repo::tiers::whole_skeleton(&repo, &s)?;
     let inc: Vec<Vec<u8>> = a.paths.iter().map(|p| p.as_bytes().to_vec()).collect();
     let unmatched = strata_store::ops::restore::unmatched(&r, &inc);
     if !unmatched.is_empty() {

@@ -518,7 +518,7 @@ impl StrataFs {
             Ok(())
         };
         add(e.snap.clone(), e.snap.tier == Tier::Cloud)?;
-        if let Some(p) = strata_store::tier::paths::part_snapshot(&e.snap) {
+        if let Some(p) = strata_store::repo::tiers::part_snapshot(&e.snap) {
             add(p, true)?;
         }
         let (nodes, skipped) = build_tree(&parts);

@@ -76,7 +76,7 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
     let repo = open(cli)?;
     let (id, s) = repo.resolve_snapshot_in(&a.snapshot, &a.filter.filter())?;
     let (include, exclude) = (path_bytes(&a.include), path_bytes(&a.exclude));
-    let whole = strata_store::tier::paths::whole_skeleton(&repo, &s)?;
+    let whole = strata_store::repo::tiers::whole_skeleton(&repo, &s)?;
     let unmatched = strata_store::ops::restore::unmatched(&whole, &include);
     if !unmatched.is_empty() {
         bail!(

@@ -211,7 +211,7 @@ pub fn tier_name(s: &Snapshot) -> &'static str {
 /// `repo`, which keeps a copy of every recipe.
 pub fn sources(repo: &Repository, s: &Snapshot) -> Result<Vec<(Repository, Snapshot)>> {
     let mut out = Vec::new();
-    if let Some(p) = strata_store::tier::paths::part_snapshot(s) {
+    if let Some(p) = strata_store::repo::tiers::part_snapshot(s) {
         out.push((cloud(repo)?, p));
     }
     out.push((data_repo(repo, s)?, s.clone()));

@@ -6,12 +6,11 @@
 //! Survivors whose indirect references lead through a removed version are
 //! *rebased* first.
 
-use crate::engine::copy::{
-    copy_chunks, delete_containers, region_cache, rewrite_pieces, CopySource, Target,
-};
+use crate::engine::copy::{copy_chunks, delete_containers, region_cache, CopySource};
 use crate::error::{Result, StoreError};
 use crate::repo::index::{edit_index, RepoIndex};
 use crate::repo::lock;
+use crate::repo::recipe::refs::{rewrite_pieces, Target};
 use crate::repo::recipe::RecipeWriter;
 use crate::repo::Repository;
 use std::collections::{HashMap, HashSet};

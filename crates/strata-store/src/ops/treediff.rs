@@ -63,8 +63,8 @@
 //! `*`, `*.txt` and the like. Several patterns match what any of them does.
 
 use crate::error::{Result, StoreError};
+use crate::repo::tiers::whole_skeleton;
 use crate::repo::Repository;
-use crate::tier::paths::whole_skeleton;
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Serialize, Serializer};
 use std::borrow::Cow;
@@ -492,13 +492,13 @@ pub fn diff_snapshots(
 /// its recipes read a part at a time.
 fn hashed_tree(repo: &Repository, s: &Snapshot) -> Result<(Recipe, ContentHashes)> {
     let (tree, mut hashes) = hashed_skeleton(repo, &s.recipe)?;
-    match crate::tier::paths::part_snapshot(s) {
+    match crate::repo::tiers::part_snapshot(s) {
         Some(p) => {
             let (cloud, cloud_hashes) = hashed_skeleton(repo, &p.recipe)?;
             for (path, h) in cloud_hashes {
                 hashes.entry(path).or_insert(h);
             }
-            Ok((crate::tier::paths::merge(tree, cloud)?, hashes))
+            Ok((crate::repo::tiers::merge(tree, cloud)?, hashes))
         }
         None => Ok((tree, hashes)),
     }

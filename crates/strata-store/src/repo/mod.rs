@@ -30,6 +30,7 @@ pub mod lock;
 pub mod recipe;
 pub mod skeleton;
 pub mod snapshots;
+pub mod tiers;
 
 use crate::backend::Backend;
 use crate::error::{Result, StoreError};

@@ -15,11 +15,12 @@
 //! local one) → the old containers leave the index → they are deleted.
 
 use super::copy_forward::{Assemble, CopyForward, Piece};
-use crate::engine::copy::{delete_containers, rewrite_into, Target};
+use crate::engine::copy::delete_containers;
 use crate::error::{Result, StoreError};
 use crate::repo::index::{edit_index, put_index_object, RepoIndex};
 use crate::repo::lock;
 use crate::repo::recipe;
+use crate::repo::recipe::refs::{rewrite_into, Target};
 use crate::repo::{data_name, meta_name, now_ns, Repository};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -297,7 +298,7 @@ pub fn cloud_gc(
     // bucket's copy is brought in line should a crash have left it
     // behind).
     for (id, s) in &local_all {
-        if let Some(p) = super::paths::part_snapshot(s) {
+        if let Some(p) = crate::repo::tiers::part_snapshot(s) {
             if !opts.dry_run && cloud.load_snapshot(id).ok().as_ref() != Some(&p) {
                 cloud.replace_snapshot(id, &p)?;
             }

@@ -17,6 +17,7 @@
 //!   selection has moved ([`crate::ops::gc::simulate`]): it reads the
 //!   containers gc would copy forward and writes nothing.
 
+use super::paths::in_paths;
 use super::phv::Phv;
 use super::select::{versions, Selection};
 use crate::error::Result;
@@ -24,7 +25,6 @@ use crate::ops::gc::{simulate, GcOptions};
 use crate::repo::index::RepoIndex;
 use crate::repo::recipe;
 use crate::repo::Repository;
-use globset::GlobSet;
 use serde::Serialize;
 use std::collections::HashSet;
 use strata_core::format::{Node, Snapshot, Tier};
@@ -87,14 +87,6 @@ fn each_fp(
             }
         }
         Ok(())
-    })
-}
-
-pub(super) fn in_paths(paths: &Option<GlobSet>, n: &Node) -> bool {
-    paths.as_ref().is_none_or(|g| {
-        let mut p = b"/".to_vec();
-        p.extend_from_slice(&n.path);
-        g.is_match(String::from_utf8_lossy(&p).as_ref())
     })
 }
 
@@ -184,7 +176,7 @@ pub fn estimate(repo: &Repository, sel: &Selection, exact: bool) -> Result<Estim
         }
     }
     let refused = match &paths {
-        None => super::migrate::check_chains(&repo.list_snapshots()?, &ids).err(),
+        None => super::select::check_chains(&repo.list_snapshots()?, &ids).err(),
         Some(_) => super::paths::check_chains(repo, &rests).err(),
     };
     e.not_exact_because = if !exact {

@@ -10,17 +10,16 @@
 //! cloud, and the active tier's `gc` frees what only it held.
 
 use super::paths;
-use super::select::{versions, versions_any, Selection};
+use super::select::{check_chains, versions, versions_any, Selection};
 use super::wanted::{MoveIndex, Visit};
-use crate::engine::copy::{
-    copy_chunks_between, region_cache, rewrite_into, rewrite_refs, CopySource, Target,
-};
+use crate::engine::copy::{copy_chunks_between, region_cache, CopySource};
 use crate::engine::resolver::{mark_needed, resolver_with};
 use crate::error::{Result, StoreError};
 use crate::progress::Progress;
 use crate::repo::index::put_index_object;
 use crate::repo::lock;
 use crate::repo::recipe;
+use crate::repo::recipe::refs::{rewrite_into, rewrite_refs, Target};
 use crate::repo::{now_ns, resolve_in, Repository};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
@@ -51,28 +50,6 @@ pub struct MigrateReport {
     /// Files moved with `--path` (or whose cloud part was recalled).
     pub files: u64,
     pub seconds: f64,
-}
-
-/// Refuses a selection that would leave an active version whose indirect
-/// references lead into a migrated one (tiers never share chunks).
-pub(crate) fn check_chains(all: &[(String, Snapshot)], chosen: &HashSet<&str>) -> Result<()> {
-    for (id, s) in all {
-        if chosen.contains(id.as_str()) || s.tier != Tier::Active {
-            continue;
-        }
-        let next = s.archival.as_ref().and_then(|a| a.next.as_deref());
-        if let Some(n) = next.filter(|n| chosen.contains(n)) {
-            return Err(StoreError::Invalid(format!(
-                "{}@{} ({}) keeps chunks in {} (its next version) and would lose them: \
-                 select it too (older versions of a series move first), or forget it",
-                s.series,
-                s.version,
-                &id[..8.min(id.len())],
-                &n[..8.min(n.len())]
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// Which way a version moves.
@@ -224,7 +201,7 @@ fn transfer(
             // A version moving whole takes its cloud part along: the two
             // trees joined in memory (only after a `--path` migration).
             let r = moved.copy(v, from.load_recipe(&v.recipe)?, &mut report)?;
-            let r = paths::merge(r, local.load_recipe(&p.recipe)?)?;
+            let r = crate::repo::tiers::merge(r, local.load_recipe(&p.recipe)?)?;
             report.recipe_bytes_sent += commit(local, cloud, dir, vid, v, |w| w.push_recipe(r))?;
         } else {
             // A part of the recipe at a time: a disk image's version of
@@ -304,7 +281,7 @@ fn migrate_paths(
         let part = moved.copy(v, s.part, report)?;
         let mut cp = v.cloud_part.clone().unwrap_or_default();
         let part = match &v.cloud_part {
-            Some(old) => paths::merge(local.load_recipe(&old.recipe)?, part)?,
+            Some(old) => crate::repo::tiers::merge(local.load_recipe(&old.recipe)?, part)?,
             None => part,
         };
         for p in patterns {
@@ -364,7 +341,7 @@ fn recall_part(
     let mut cv = v.clone();
     cv.archival = None;
     let back = moved.copy(&cv, cloud.load_recipe(&part.recipe)?, report)?;
-    let joined = paths::merge(local.load_recipe(&v.recipe)?, back)?;
+    let joined = crate::repo::tiers::merge(local.load_recipe(&v.recipe)?, back)?;
     let mut nv = v.clone();
     recount(&mut nv, &joined);
     nv.cloud_part = None;
@@ -606,7 +583,7 @@ pub(crate) fn flip_to_cloud(
     let mut r = local.load_recipe(&v.recipe)?;
     rewrite_refs(&mut r, target)?;
     // Its cloud part (already in the cloud tier) goes along.
-    let r = paths::merge(r, local.load_recipe(&p.recipe)?)?;
+    let r = crate::repo::tiers::merge(r, local.load_recipe(&p.recipe)?)?;
     commit(local, cloud, Direction::ToCloud, vid, v, |w| {
         w.push_recipe(r)
     })

@@ -15,14 +15,13 @@
 //! be, and a move that would break one is refused with the version and
 //! the way out (select its paths too, or move whole versions).
 
-use super::estimate::in_paths;
-use crate::engine::copy::{rewrite_refs, Target};
 use crate::engine::resolver::recipe_refs;
 use crate::error::{Result, StoreError};
+use crate::repo::recipe::refs::{rewrite_refs, Target};
 use crate::repo::Repository;
 use globset::GlobSet;
 use std::collections::{HashMap, HashSet};
-use strata_core::format::{path_cmp, NodeKind, Recipe, Snapshot, Tier};
+use strata_core::format::{Node, NodeKind, Recipe, Snapshot, Tier};
 use strata_core::Fingerprint;
 
 /// A version's recipe cut in two.
@@ -94,72 +93,6 @@ pub(crate) fn split(recipe: &Recipe, globs: &GlobSet) -> Result<Option<Split>> {
         files,
         logical_bytes,
     }))
-}
-
-/// Joins two recipes of one version (an active part and a cloud part, or
-/// two cloud parts) into one: nodes in path order, a directory both hold
-/// taken from `a`.
-pub fn merge(a: Recipe, b: Recipe) -> Result<Recipe> {
-    let off = a.containers.len() as u32;
-    let mut containers = a.containers;
-    containers.extend(b.containers);
-    let mut bn = b.nodes;
-    for c in bn
-        .iter_mut()
-        .flat_map(|n| n.segments.iter_mut().flat_map(|s| s.chunks.iter_mut()))
-    {
-        if c.is_direct() {
-            c.container = c.container.checked_add(off).ok_or_else(|| {
-                StoreError::Invalid("a recipe's container table overflows".into())
-            })?;
-        }
-    }
-    let mut nodes = Vec::with_capacity(a.nodes.len() + bn.len());
-    let mut bi = bn.into_iter().peekable();
-    for n in a.nodes {
-        while let Some(m) = bi.next_if(|m| path_cmp(&m.path, &n.path).is_lt()) {
-            nodes.push(m);
-        }
-        bi.next_if(|m| m.path == n.path);
-        nodes.push(n);
-    }
-    nodes.extend(bi);
-    let mut r = Recipe { containers, nodes };
-    rewrite_refs(&mut r, |_, _| Ok(Target::Keep))?;
-    Ok(r)
-}
-
-/// An active version's cloud part, as the bucket's snapshot object has it
-/// (what restore reads from the cloud tier after the active recipe).
-pub fn part_snapshot(s: &Snapshot) -> Option<Snapshot> {
-    let p = s.cloud_part.as_ref().filter(|_| s.tier == Tier::Active)?;
-    let mut c = s.clone();
-    c.tier = Tier::Cloud;
-    c.recipe = p.recipe.clone();
-    c.archival = None;
-    Some(c)
-}
-
-/// A version's whole tree as one recipe, for listing (its references mix
-/// two tiers' containers and are not for reading): the recipe and its
-/// cloud part's, both from `repo` (which keeps a copy of every recipe).
-pub fn whole_recipe(repo: &Repository, s: &Snapshot) -> Result<Recipe> {
-    let r = repo.load_recipe(&s.recipe)?;
-    match part_snapshot(s) {
-        Some(p) => merge(r, repo.load_recipe(&p.recipe)?),
-        None => Ok(r),
-    }
-}
-
-/// [`whole_recipe`] without chunks ([`crate::repo::recipe::load_skeleton`]):
-/// the version's tree for listing and selecting, in memory that does not
-/// grow with the size of its files.
-pub fn whole_skeleton(repo: &Repository, s: &Snapshot) -> Result<Recipe> {
-    let r = crate::repo::recipe::load_skeleton(repo, &s.recipe)?;
-    match part_snapshot(s) {
-        Some(p) => merge(r, crate::repo::recipe::load_skeleton(repo, &p.recipe)?),
-        None => Ok(r),
-    }
 }
 
 /// Fingerprints of a recipe: all of them, and those referenced directly.
@@ -266,6 +199,15 @@ pub(crate) fn check_chains(repo: &Repository, splits: &HashMap<String, Recipe>) 
     Ok(())
 }
 
+/// Whether node `n` is among `paths` (all nodes without them).
+pub(crate) fn in_paths(paths: &Option<GlobSet>, n: &Node) -> bool {
+    paths.as_ref().is_none_or(|g| {
+        let mut p = b"/".to_vec();
+        p.extend_from_slice(&n.path);
+        g.is_match(String::from_utf8_lossy(&p).as_ref())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,7 +276,7 @@ mod tests {
         // Each keeps only its own containers.
         assert_eq!(s.rest.containers, vec![ContainerId([1; 16])]);
         assert_eq!(s.part.containers.len(), 2);
-        let back = merge(s.rest, s.part).unwrap();
+        let back = crate::repo::tiers::merge(s.rest, s.part).unwrap();
         assert_eq!(paths(&back), paths(&r));
         for (a, b) in back.nodes.iter().zip(&r.nodes) {
             let refs = |n: &Node, t: &[ContainerId]| -> Vec<ContainerId> {

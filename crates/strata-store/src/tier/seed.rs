@@ -13,8 +13,9 @@
 //! selection goes on from there (a chunk of the batch in flight may be
 //! sent twice; the cloud tier's gc removes the unused copy).
 
-use super::migrate::{check_chains, flip_to_cloud, index_of_moving};
+use super::migrate::{flip_to_cloud, index_of_moving};
 use super::phv::Phv;
+use super::select::check_chains;
 use super::select::{versions, versions_any, Selection};
 use crate::engine::copy::{copy_chunks_between, region_cache, CopySource};
 use crate::error::{Result, StoreError};

@@ -7,6 +7,7 @@ use crate::error::{Result, StoreError};
 use crate::repo::{now_ns, resolve_in, Repository};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use std::collections::BTreeMap;
+use std::collections::HashSet;
 use strata_core::format::{Snapshot, Tier};
 
 #[derive(Clone, Debug, Default)]
@@ -113,4 +114,26 @@ fn select(
     let mut v: Vec<(String, Snapshot)> = out.into_iter().collect();
     v.sort_by(|a, b| (a.1.time_ns, &a.0).cmp(&(b.1.time_ns, &b.0)));
     Ok(v)
+}
+
+/// Refuses a selection that would leave an active version whose indirect
+/// references lead into a migrated one (tiers never share chunks).
+pub(crate) fn check_chains(all: &[(String, Snapshot)], chosen: &HashSet<&str>) -> Result<()> {
+    for (id, s) in all {
+        if chosen.contains(id.as_str()) || s.tier != Tier::Active {
+            continue;
+        }
+        let next = s.archival.as_ref().and_then(|a| a.next.as_deref());
+        if let Some(n) = next.filter(|n| chosen.contains(n)) {
+            return Err(StoreError::Invalid(format!(
+                "{}@{} ({}) keeps chunks in {} (its next version) and would lose them: \
+                 select it too (older versions of a series move first), or forget it",
+                s.series,
+                s.version,
+                &id[..8.min(id.len())],
+                &n[..8.min(n.len())]
+            )));
+        }
+    }
+    Ok(())
 }

@@ -145,7 +145,7 @@ pub(super) fn open(cli: &crate::Cli, name: &str, at: &str, cache_bytes: usize) -
     // The active part first, then the cloud part (where moved files are);
     // the recipe read a part at a time, only the image's chunk runs kept.
     let mut parts = vec![s.clone()];
-    parts.extend(strata_store::tier::paths::part_snapshot(&s));
+    parts.extend(strata_store::repo::tiers::part_snapshot(&s));
     for (i, part) in parts.into_iter().enumerate() {
         let cannot = || {
             format!(

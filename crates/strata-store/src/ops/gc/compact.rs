@@ -30,12 +30,13 @@
 //! behind is unreferenced and removed by the next compaction or gc.
 
 use super::options::{GcOptions, GcReport};
-use crate::engine::copy::{delete_containers, store_rewritten, Target};
+use crate::engine::copy::delete_containers;
 use crate::engine::index::{ChunkLoc, ContainerTable};
 use crate::engine::writer::{ContainerSink, ContainerWriter};
 use crate::error::{Result, StoreError};
 use crate::repo::container::read_region;
 use crate::repo::index::{edit_index, RepoIndex};
+use crate::repo::recipe::refs::{store_rewritten, Target};
 use crate::repo::{data_name, Repository};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
