@@ -21,6 +21,7 @@ macro_rules! println {
 
 mod commands;
 mod interrupt;
+mod lifecycle;
 mod location;
 mod output;
 mod password;
@@ -157,10 +158,12 @@ pub(crate) fn open(cli: &Cli) -> Result<Repository> {
 }
 
 pub(crate) fn progress_for(cli: &Cli, what: &str) -> ProgressDisplay {
-    ProgressDisplay::start(
-        what,
-        !cli.quiet && !cli.json && std::io::stderr().is_terminal(),
-    )
+    ProgressDisplay::start(what, progress_shown(cli))
+}
+
+/// Whether progress is drawn (on a terminal, unless `--quiet` or `--json`).
+pub(crate) fn progress_shown(cli: &Cli) -> bool {
+    !cli.quiet && !cli.json && std::io::stderr().is_terminal()
 }
 
 #[cfg(test)]

@@ -120,7 +120,11 @@ pub struct ProgressDisplay {
 
 impl ProgressDisplay {
     pub fn start(what: &str, enabled: bool) -> Self {
-        let progress = Arc::new(Progress::default());
+        Self::watch(what, enabled, Arc::new(Progress::default()))
+    }
+
+    /// A display of `progress`, counters a command was given beforehand.
+    pub fn watch(what: &str, enabled: bool, progress: Arc<Progress>) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let handle = enabled.then(|| {
             let (p, s, what) = (progress.clone(), stop.clone(), what.to_string());

@@ -113,7 +113,6 @@ fn snapshot(repo: &Repository, img: &[u8], vol: Arc<TestVolume>) -> (BackupRepor
             }),
             series: Some("volume:v".into()),
             chunker: Some(ChunkerParams::fixed()),
-            lifecycle: false,
             ..Default::default()
         },
     )

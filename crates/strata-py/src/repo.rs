@@ -203,7 +203,6 @@ impl Repository {
             tags,
             chunker,
             excludes,
-            lifecycle,
             progress: progress.clone(),
             ..Default::default()
         };
@@ -217,8 +216,12 @@ impl Repository {
             });
         }
         let repo = self.repo.clone();
+        let after = match lifecycle {
+            true => strata_store::revdedup::After::Lifecycle,
+            false => strata_store::revdedup::After::Nothing,
+        };
         let rep = detached(py, progress, move || {
-            strata_store::ops::backup::backup(&repo, opts)
+            strata_store::revdedup::backup(&repo, opts, after, &mut |_| {}).map(|b| b.report)
         })?;
         let s = &rep.snapshot;
         let mut v = snapshot_json(&rep.id, s);

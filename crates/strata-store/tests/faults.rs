@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::backup_with_lifecycle as backup;
 use common::*;
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use strata_core::crypto::{Kind, Sealer};
 use strata_core::format::{decode, encode, encode_lock, LockInfo, RepoConfig, REPO_FORMAT_VERSION};
 use strata_core::CoreError;
-use strata_store::ops::backup::{backup, BackupOptions, BackupReport};
+use strata_store::ops::backup::{BackupOptions, BackupReport};
 use strata_store::ops::check::{check, CheckOptions, CheckReport};
 use strata_store::ops::forget::forget;
 use strata_store::ops::gc::{gc, GcOptions};
@@ -1206,12 +1207,11 @@ fn similarity_backups_read_summaries_not_chunk_entries() {
         fb.faults().gets.clear();
         // The backup alone (the lifecycle after it reads summaries).
         let tree = env.tree();
-        let r = backup(
+        let r = strata_store::ops::backup::backup(
             &repo,
             BackupOptions {
                 paths: vec![env.src.clone()],
                 series: Some("faults".into()),
-                lifecycle: false,
                 ..Default::default()
             },
         )

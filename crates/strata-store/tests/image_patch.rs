@@ -7,12 +7,13 @@
 
 mod common;
 
+use common::backup_with_lifecycle as backup;
 use common::*;
 use std::io;
 use std::sync::{Arc, Mutex};
 use strata_core::chunker::ChunkerParams;
 use strata_store::ops::backup::patch::{ImagePatch, ReadAt, PATCH_SEGMENT};
-use strata_store::ops::backup::{backup, BackupOptions, BackupReport};
+use strata_store::ops::backup::{BackupOptions, BackupReport};
 use strata_store::Repository;
 
 const SEG: usize = PATCH_SEGMENT as usize;
@@ -89,7 +90,7 @@ fn snap_holes(
     knows_holes: bool,
 ) -> (strata_store::error::Result<BackupReport>, Vec<(u64, usize)>) {
     let reads = Arc::new(Mutex::new(Vec::new()));
-    let r = backup(
+    let r = strata_store::ops::backup::backup(
         repo,
         BackupOptions {
             image: Some(ImagePatch {
@@ -108,7 +109,6 @@ fn snap_holes(
             }),
             series: Some("volume:vm".into()),
             chunker: Some(ChunkerParams::fixed()),
-            lifecycle: false,
             ..Default::default()
         },
     );
@@ -474,7 +474,7 @@ fn an_image_beside_grouped_small_files_does_not_wait_for_them() {
     let repo2 = repo.clone();
     let img2 = img.clone();
     std::thread::spawn(move || {
-        let r = backup(
+        let r = strata_store::ops::backup::backup(
             &repo2,
             BackupOptions {
                 paths: vec![tree],
@@ -493,7 +493,6 @@ fn an_image_beside_grouped_small_files_does_not_wait_for_them() {
                     link: None,
                 }),
                 chunker: Some(ChunkerParams::fixed()),
-                lifecycle: false,
                 ..Default::default()
             },
         );

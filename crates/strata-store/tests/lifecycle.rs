@@ -15,13 +15,13 @@ use proptest::prelude::*;
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
-use strata_store::ops::backup::{backup, BackupOptions};
+use strata_store::ops::backup::BackupOptions;
 use strata_store::ops::forget::forget;
 use strata_store::ops::gc::compact::mark_live;
 use strata_store::ops::gc::{gc, GcOptions};
 use strata_store::repo::index::RepoIndex;
 use strata_store::repo::lifecycle::{set_policy, Policy};
-use strata_store::revdedup::{maintain, AfterBackup, MaintainOptions};
+use strata_store::revdedup::{backup, maintain, After, AfterBackup, MaintainOptions};
 use strata_store::Repository;
 
 const SERIES: usize = 3;
@@ -247,13 +247,16 @@ impl World {
         let src = &self.sources[s];
         self.backups += 1;
         let lifecycle = self.backups.is_multiple_of(2);
-        let r = backup(
+        let after = match lifecycle {
+            true => After::Lifecycle,
+            false => After::Nothing,
+        };
+        let b = backup(
             &self.repo,
             BackupOptions {
                 paths: vec![src.dir.clone()],
                 series: Some(series_name(s)),
                 threads: 2,
-                lifecycle,
                 // Every third backup reads every file through the block
                 // pipeline that large files take.
                 large_file: if self.backups.is_multiple_of(3) {
@@ -263,18 +266,21 @@ impl World {
                 },
                 ..Default::default()
             },
+            after,
+            &mut |_| {},
         )
         .unwrap_or_else(|e| panic!("{what}: backup failed: {e}"));
+        let r = &b.report;
         assert!(r.warnings.is_empty(), "{what}: {:?}", r.warnings);
         self.versions.insert(
-            r.id,
+            r.id.clone(),
             Version {
                 series: s,
                 number: r.snapshot.version,
                 tree: src.tree(),
             },
         );
-        match &r.lifecycle {
+        match &b.lifecycle {
             None => assert!(!lifecycle),
             Some((AfterBackup::Done(_), _)) => {
                 // It expires exactly what the policies say (the step's
@@ -749,6 +755,8 @@ fn shared_file_leaving_one_series_does_not_grow_the_repository() {
                 paths: paths.iter().map(|p| p.to_path_buf()).collect(),
                 ..Default::default()
             },
+            After::Lifecycle,
+            &mut |_| {},
         )
         .unwrap()
     };

@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::backup_with_lifecycle as backup;
 use common::*;
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -13,7 +14,7 @@ use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use strata_core::chunker::ChunkerParams;
-use strata_store::ops::backup::{backup, BackupOptions};
+use strata_store::ops::backup::BackupOptions;
 use strata_store::ops::forget::forget;
 use strata_store::ops::gc::compact::mark_live;
 use strata_store::ops::gc::{gc, repair_index, GcOptions};

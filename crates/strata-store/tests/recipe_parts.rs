@@ -6,12 +6,13 @@
 
 mod common;
 
+use common::backup_with_lifecycle as backup;
 use common::*;
 use std::collections::HashSet;
 use std::fs;
 use std::path::Path;
 use strata_core::format::{path_cmp, RecipeObject};
-use strata_store::ops::backup::{backup, BackupOptions, BackupReport, FlowLimits, StdinSource};
+use strata_store::ops::backup::{BackupOptions, BackupReport, FlowLimits, StdinSource};
 use strata_store::{repo::recipe, Repository};
 
 /// `n` small files spread over nested directories, with names whose byte
@@ -361,7 +362,6 @@ fn whole_recipes_of_version_1_still_work() {
         strata_store::ops::backup::BackupOptions {
             paths: vec![src.clone()],
             series: Some("test".into()),
-            lifecycle: false,
             ..Default::default()
         },
     )

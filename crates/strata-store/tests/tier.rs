@@ -52,16 +52,21 @@ fn history_with(src: &Path, repo: &Repository, lifecycle: bool) -> Vec<(BackupRe
         if v == 2 {
             fs::remove_file(src.join("new0")).unwrap();
         }
-        let r = strata_store::ops::backup::backup(
+        let r = strata_store::revdedup::backup(
             repo,
             strata_store::ops::backup::BackupOptions {
                 paths: vec![src.to_path_buf()],
                 series: Some("test".into()),
-                lifecycle,
                 ..Default::default()
             },
+            match lifecycle {
+                true => strata_store::revdedup::After::Lifecycle,
+                false => strata_store::revdedup::After::Nothing,
+            },
+            &mut |_| {},
         )
-        .unwrap();
+        .unwrap()
+        .report;
         out.push((r, read_tree(src)));
     }
     out

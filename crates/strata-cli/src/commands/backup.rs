@@ -1,7 +1,7 @@
 //! `strata backup`: a new version of a series from files, directories or
 //! standard input; then the incremental lifecycle.
 
-use super::maintain::{maintain_text, run_maintain};
+use crate::lifecycle::{lifecycle_text, maintain_options, maintain_progress, maintain_text};
 use crate::output::{fmt_bytes, Out};
 use crate::{open, progress_for, repo_location, Cli};
 use anyhow::{bail, Context, Result};
@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use strata_core::chunker::ChunkerParams;
 use strata_store::backend::Location;
 use strata_store::ops::backup::{BackupOptions, StdinSource};
+use strata_store::revdedup::{After, BackedUp};
 
 #[derive(Clone, Copy, ValueEnum)]
 enum ChunkerArg {
@@ -85,39 +86,6 @@ fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// One line on what the lifecycle after a backup did.
-fn lifecycle_text(l: &strata_store::revdedup::AfterBackup, secs: f64) -> String {
-    use strata_store::revdedup::AfterBackup;
-    match l {
-        AfterBackup::Done(m) => {
-            let mut parts = Vec::new();
-            for c in &m.converted {
-                parts.push(format!(
-                    "{}@{} reverse-deduplicated ({} now indirect)",
-                    c.series,
-                    c.version,
-                    fmt_bytes(c.indirect_bytes)
-                ));
-            }
-            if !m.expired.is_empty() {
-                parts.push(format!("{} versions expired", m.expired.len()));
-            }
-            if m.compacted {
-                parts.push(format!(
-                    "pool compacted ({} freed)",
-                    fmt_bytes(m.bytes_before.saturating_sub(m.bytes_after))
-                ));
-            }
-            if parts.is_empty() {
-                parts.push("nothing to do".into());
-            }
-            format!("  lifecycle: {} ({secs:.1}s)", parts.join("; "))
-        }
-        AfterBackup::Skipped { reason } => format!("  lifecycle skipped: {reason}"),
-        AfterBackup::Failed { error } => format!("  lifecycle failed: {error}"),
-    }
-}
-
 /// Lines of a list file: blank lines and `#` comments skipped.
 fn list_file(f: &Path, what: &str) -> Result<Vec<String>> {
     let text = std::fs::read_to_string(f)
@@ -167,7 +135,6 @@ pub fn run(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
         },
         // Run below, once the commit is noted (an interruption during the
         // lifecycle must not say that nothing was committed).
-        lifecycle: false,
         ..Default::default()
     };
     if let Some(t) = a.threads {
@@ -179,29 +146,46 @@ pub fn run(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
             name: a.stdin_name.clone(),
         });
     }
-    let res = strata_store::ops::backup::backup(&repo, opts);
-    pd.finish();
-    let mut rep = res?;
-    if !a.dry_run {
-        crate::interrupt::committed(format!("snapshot {}", crate::output::short(&rep.id)));
+    // After the commit: the incremental lifecycle, or (`--maintain`) a
+    // whole `maintain` run whose report joins the backup's output.
+    let after = match (a.dry_run, a.maintain, a.no_lifecycle) {
+        (true, _, _) | (_, false, true) => After::Nothing,
+        (false, true, _) => After::Maintain(maintain_options((0.2, 0.5), false)?),
+        (false, false, false) => After::Lifecycle,
+    };
+    let maintaining = match &after {
+        After::Maintain(o) => Some(o.progress.clone()),
+        _ => None,
+    };
+    let mut pd = Some(pd);
+    let mut md = None;
+    let res = strata_store::revdedup::backup(&repo, opts, after, &mut |rep| {
+        if let Some(pd) = pd.take() {
+            pd.finish();
+        }
+        if !a.dry_run {
+            crate::interrupt::committed(format!("snapshot {}", crate::output::short(&rep.id)));
+        }
+        if let Some(p) = &maintaining {
+            md = Some(maintain_progress(cli, p.clone()));
+        }
+    });
+    if let Some(pd) = pd {
+        pd.finish();
     }
-    if !a.no_lifecycle && !a.maintain && !a.dry_run {
-        let t = std::time::Instant::now();
-        let l = strata_store::revdedup::after_backup(&repo, rep.reverse_hint.clone());
-        rep.lifecycle = Some((l, t.elapsed().as_secs_f64()));
+    if let Some(md) = md {
+        md.finish();
     }
+    let BackedUp {
+        report: rep,
+        lifecycle,
+        maintained,
+    } = res?;
     for w in &rep.warnings {
         out.warn(w);
     }
     let s = &rep.snapshot;
     let secs = s.stats.duration_ms as f64 / 1000.0;
-    // `--maintain`: the lifecycle runs once the backup is committed (and
-    // its shared lock released); its report joins the backup's output.
-    let maintained = if a.maintain && !a.dry_run {
-        Some(run_maintain(cli, &repo, (0.2, 0.5), false)?)
-    } else {
-        None
-    };
     let mut v = json!({"id": rep.id, "short_id": crate::output::short(&rep.id), "series": s.series, "version": s.version,
                 "files": s.stats.files, "dirs": s.stats.dirs, "logical_bytes": s.stats.logical_bytes,
                 "read_bytes": s.stats.read_bytes, "new_chunks": s.stats.new_chunks,
@@ -214,7 +198,7 @@ pub fn run(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
         v["maintain"] = serde_json::to_value(m)?;
         v["maintain"]["seconds"] = json!(msecs);
     }
-    if let Some((l, lsecs)) = &rep.lifecycle {
+    if let Some((l, lsecs)) = &lifecycle {
         v["lifecycle"] = serde_json::to_value(l)?;
         v["lifecycle"]["seconds"] = json!(lsecs);
         if let strata_store::revdedup::AfterBackup::Failed { error } = l {
@@ -242,7 +226,7 @@ pub fn run(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
                 secs,
                 fmt_bytes((s.stats.logical_bytes as f64 / secs.max(1e-3)) as u64)
             );
-            let mut text = match &rep.lifecycle {
+            let mut text = match &lifecycle {
                 Some((l, lsecs)) => format!("{text}\n{}", lifecycle_text(l, *lsecs)),
                 None => text,
             };

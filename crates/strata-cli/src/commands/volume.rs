@@ -834,7 +834,6 @@ fn snapshot(
         tags: tags.to_vec(),
         chunker: Some(ChunkerParams::fixed()),
         progress: pd.progress.clone(),
-        lifecycle: false,
         ..Default::default()
     };
     let res = strata_store::ops::backup::backup(&repo, opts);

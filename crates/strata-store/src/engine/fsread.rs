@@ -745,7 +745,7 @@ impl FileReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::backup::{backup, BackupOptions};
+    use crate::ops::backup::BackupOptions;
     use crate::{InitOptions, LocalBackend};
     use std::path::Path;
     use strata_core::chunker::ChunkerParams;
@@ -798,7 +798,10 @@ mod tests {
             series: Some("t".into()),
             ..Default::default()
         };
-        backup(repo, opts).unwrap().id
+        crate::revdedup::backup(repo, opts, crate::revdedup::After::Lifecycle, &mut |_| {})
+            .unwrap()
+            .report
+            .id
     }
 
     /// The files of the test tree: empty, small, and 3 MB of random bytes

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use strata_core::chunker::ChunkerParams;
 use strata_core::crypto::KdfCost;
 use strata_store::backend::{BackendError, ObjectInfo, Result as BResult};
-use strata_store::ops::backup::{backup, BackupOptions, BackupReport};
+use strata_store::ops::backup::{BackupOptions, BackupReport};
 use strata_store::ops::restore::{restore_from, RecipeSource, RestoreOptions};
 use strata_store::{Backend, InitOptions, LocalBackend, Repository, Result};
 
@@ -196,8 +196,21 @@ pub fn restored_path(target: &Path, src: &Path) -> PathBuf {
     target.join(src.strip_prefix("/").unwrap_or(src))
 }
 
+/// A backup and the incremental lifecycle after it, as `strata backup`
+/// runs them.
+pub fn backup_with_lifecycle(repo: &Repository, opts: BackupOptions) -> Result<BackupReport> {
+    strata_store::revdedup::backup(
+        repo,
+        opts,
+        strata_store::revdedup::After::Lifecycle,
+        &mut |_| {},
+    )
+    .map(|b| b.report)
+}
+
+/// Backs `paths` up as series `test`, the lifecycle after it.
 pub fn backup_paths(repo: &Repository, paths: &[&Path]) -> Result<BackupReport> {
-    backup(
+    backup_with_lifecycle(
         repo,
         BackupOptions {
             paths: paths.iter().map(|p| p.to_path_buf()).collect(),

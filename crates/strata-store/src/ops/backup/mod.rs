@@ -85,10 +85,6 @@ pub struct BackupOptions {
     pub exclude_if_present: Vec<String>,
     /// Do not cross into other file systems below a root.
     pub one_file_system: bool,
-    /// Run the incremental lifecycle once the snapshot is committed
-    /// ([`crate::revdedup::after_backup`]): reverse dedup of the version
-    /// that left the live window, expiry, compaction once it pays.
-    pub lifecycle: bool,
     /// Files at least this large (and streams) are cut into blocks whose
     /// fingerprinting, lookups, packing and compression spread over every
     /// worker; smaller files are one worker's task each.
@@ -116,10 +112,41 @@ impl Default for BackupOptions {
             exclude_paths: vec![],
             exclude_if_present: vec![],
             one_file_system: false,
-            lifecycle: true,
             large_file: pipeline::LARGE,
             limits: FlowLimits::default(),
         }
+    }
+}
+
+/// What a backup tells the lifecycle about the version before it.
+///
+/// A backup already deduplicates each changed file against its previous
+/// version chunk by chunk, so reverse-deduplicating that version against
+/// the new one frees space only where the new version stored again what
+/// the old one holds elsewhere (moved or renamed content). The backup
+/// estimates that from a 1-in-64 sample of the old version's fingerprints;
+/// when it is negligible, the lifecycle marks the old version archival
+/// without rewriting its recipe (all references stay direct), which costs
+/// one small object instead of loading and rewriting two recipes.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ReverseHint {
+    /// The version that leaves the live window.
+    pub previous: String,
+    /// The new version.
+    pub next: String,
+    /// Non-zero chunk references of `previous` and their bytes.
+    pub direct_chunks: u64,
+    pub direct_bytes: u64,
+    /// Estimated bytes of new chunks the new version stored that
+    /// `previous` also holds.
+    pub stored_again_bytes: u64,
+}
+
+impl ReverseHint {
+    /// Whether reverse dedup of `previous` would free next to nothing:
+    /// less than 1 % of its bytes.
+    pub fn negligible(&self) -> bool {
+        self.stored_again_bytes.saturating_mul(100) < self.direct_bytes.max(1)
     }
 }
 
@@ -138,13 +165,11 @@ pub struct BackupReport {
     pub carried_bytes: u64,
     /// Bytes of new segments found in similar stored segments (`segment`).
     pub similar_bytes: u64,
-    /// The lifecycle run after the commit, and its seconds.
-    pub lifecycle: Option<(crate::revdedup::AfterBackup, f64)>,
     /// Busy time and bytes of each pipeline stage, per worker.
     pub stages: Vec<StageReport>,
     /// What the lifecycle needs to know of the previous version: how much
     /// reverse-deduplicating it against this one could free.
-    pub reverse_hint: Option<crate::revdedup::ReverseHint>,
+    pub reverse_hint: Option<ReverseHint>,
     /// Worker threads used.
     pub threads: usize,
 }
@@ -300,22 +325,9 @@ fn import_entries(
         .collect()
 }
 
-/// Runs a backup and commits a new version, then (unless
-/// [`BackupOptions::lifecycle`] is off) the incremental lifecycle.
-pub fn backup(repo: &Repository, opts: BackupOptions) -> Result<BackupReport> {
-    let lifecycle = opts.lifecycle;
-    // Everything the backup held (index, previous recipe, its lock) is
-    // released before the lifecycle runs.
-    let mut report = backup_and_commit(repo, opts)?;
-    if lifecycle {
-        let t = std::time::Instant::now();
-        let r = crate::revdedup::after_backup(repo, report.reverse_hint.clone());
-        report.lifecycle = Some((r, t.elapsed().as_secs_f64()));
-    }
-    Ok(report)
-}
-
-fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport> {
+/// Runs a backup and commits a new version. (The RevDedup lifecycle that
+/// follows it, out of line: `crate::revdedup::backup`.)
+pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport> {
     let started = std::time::Instant::now();
     let lock = lock::acquire(repo, false, "backup")?;
     let chunker = opts.chunker.unwrap_or(repo.config().chunker);
@@ -501,10 +513,9 @@ fn backup_and_commit(repo: &Repository, mut opts: BackupOptions) -> Result<Backu
         parent_bytes: ctx.parent_bytes.load(Ordering::Relaxed) + carried,
         carried_bytes: carried,
         similar_bytes: ctx.similar_bytes.load(Ordering::Relaxed),
-        lifecycle: None,
         stages: stages.report(started.elapsed().as_secs_f64()),
         threads,
-        reverse_hint: parent_id.map(|previous| crate::revdedup::ReverseHint {
+        reverse_hint: parent_id.map(|previous| ReverseHint {
             previous,
             next: id.clone(),
             direct_chunks: parent.direct_chunks,

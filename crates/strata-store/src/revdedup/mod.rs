@@ -34,8 +34,13 @@
 //! replaced leaves it in live form; a kill during compaction leaves
 //! duplicates the next run removes.
 
+mod backup;
+
+pub use backup::{backup, After, BackedUp};
+
 use crate::engine::copy::delete_containers;
 use crate::error::{Result, StoreError};
+use crate::ops::backup::ReverseHint;
 use crate::ops::forget::count_ref;
 use crate::ops::gc::compact::compact_pool;
 use crate::ops::gc::{GcOptions, GcReport};
@@ -171,38 +176,6 @@ pub struct MaintainReport {
     pub seconds_convert: f64,
     pub seconds_compact: f64,
     pub dry_run: bool,
-}
-
-/// What a backup tells the lifecycle about the version before it.
-///
-/// A backup already deduplicates each changed file against its previous
-/// version chunk by chunk, so reverse-deduplicating that version against
-/// the new one frees space only where the new version stored again what
-/// the old one holds elsewhere (moved or renamed content). The backup
-/// estimates that from a 1-in-64 sample of the old version's fingerprints;
-/// when it is negligible, the lifecycle marks the old version archival
-/// without rewriting its recipe (all references stay direct), which costs
-/// one small object instead of loading and rewriting two recipes.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct ReverseHint {
-    /// The version that leaves the live window.
-    pub previous: String,
-    /// The new version.
-    pub next: String,
-    /// Non-zero chunk references of `previous` and their bytes.
-    pub direct_chunks: u64,
-    pub direct_bytes: u64,
-    /// Estimated bytes of new chunks the new version stored that
-    /// `previous` also holds.
-    pub stored_again_bytes: u64,
-}
-
-impl ReverseHint {
-    /// Whether reverse dedup of `previous` would free next to nothing:
-    /// less than 1 % of its bytes.
-    pub fn negligible(&self) -> bool {
-        self.stored_again_bytes.saturating_mul(100) < self.direct_bytes.max(1)
-    }
 }
 
 /// What the lifecycle run after a backup did.
