@@ -1,4 +1,4 @@
-//! Storage backends (DESIGN.md "Principles": the repository is the truth).
+//! Storage backends (docs/design.md "Principles": the repository is the truth).
 //!
 //! A backend stores immutable named objects with object-store semantics:
 //! put a whole object, get it (or a byte range), list by prefix, delete. No

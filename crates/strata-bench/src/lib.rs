@@ -1,4 +1,4 @@
-//! Strata's benchmark harness (DESIGN.md "Principles" 4: measure everything
+//! Strata's benchmark harness (docs/design.md "Principles" 4: measure everything
 //! the papers measure).
 //!
 //! * [`gen`] — deterministic workload generators modelled on the papers'

@@ -1,4 +1,4 @@
-//! Chunking (DESIGN.md "Chunking"; RevDedup §2.2.2, Parallel VM §3).
+//! Chunking (docs/design.md "Chunking"; RevDedup §2.2.2, Parallel VM §3).
 //!
 //! One pass over the input yields both dedup units:
 //! * **chunks** — content-defined with FastCDC (normalised, level 1; min =

@@ -1,4 +1,4 @@
-//! Keys and the sealed envelope (DESIGN.md "Principles": every stored byte
+//! Keys and the sealed envelope (docs/design.md "Principles": every stored byte
 //! is authenticated).
 //!
 //! Every object and every compression region is stored as an *envelope*:

@@ -1,4 +1,4 @@
-//! Fingerprints: BLAKE3-256 of a chunk's plaintext (DESIGN.md "Vocabulary").
+//! Fingerprints: BLAKE3-256 of a chunk's plaintext (docs/design.md "Vocabulary").
 //!
 //! Encrypted repositories key the hash with a key derived from the master key
 //! so that fingerprints stored next to ciphertext reveal nothing about
@@ -80,7 +80,7 @@ impl Hasher {
 }
 
 /// True when every byte of `data` is zero. Such chunks are never stored:
-/// restore leaves a hole (DESIGN.md "Chunking").
+/// restore leaves a hole (docs/design.md "Chunking").
 pub fn is_zero(data: &[u8]) -> bool {
     // Compare in 16-byte strides; the compiler vectorises this well.
     // SAFETY: every bit pattern is a valid u128, and align_to only hands out

@@ -1,4 +1,4 @@
-//! Versioned on-disk structures (DESIGN.md "Vocabulary", "Data flow").
+//! Versioned on-disk structures (docs/design.md "Vocabulary", "Data flow").
 //!
 //! Every structure is encoded as one format-version byte followed by its
 //! postcard encoding, and the result is stored inside a sealed envelope
@@ -597,7 +597,7 @@ pub const ZERO_CHUNK: u32 = u32::MAX;
 pub const INDIRECT_CHUNK: u32 = u32::MAX - 1;
 
 /// Reference to one chunk from a recipe. `container` indexes the recipe's
-/// container table (a *direct* reference, DESIGN.md "recipe"), or is
+/// container table (a *direct* reference, docs/design.md "recipe"), or is
 /// [`ZERO_CHUNK`] or [`INDIRECT_CHUNK`]. Commands that move chunks (gc,
 /// maintain) rewrite the recipes that point at them; should a container be
 /// missing anyway, restore falls back to the index by fingerprint.

@@ -1,13 +1,13 @@
 //! Strata core: the pieces every other crate shares.
 //!
 //! * [`chunker`] — content-defined (FastCDC) and fixed-size chunking with
-//!   segments cut on chunk boundaries in the same pass (DESIGN.md "Chunking").
+//!   segments cut on chunk boundaries in the same pass (docs/design.md "Chunking").
 //! * [`fingerprint`] — BLAKE3-256 fingerprints, keyed when the repository is
-//!   encrypted (DESIGN.md "Vocabulary").
+//!   encrypted (docs/design.md "Vocabulary").
 //! * [`crypto`] — master keys wrapped by Argon2id, and the sealed *envelope*
 //!   that every stored byte goes through (checksum or AEAD tag).
 //! * [`format`] — the versioned on-disk structures: container metadata,
-//!   recipes, snapshots, index objects (DESIGN.md "Vocabulary", "Data flow").
+//!   recipes, snapshots, index objects (docs/design.md "Vocabulary", "Data flow").
 //!
 //! The byte-level layout of every structure is documented in
 //! `docs/architecture.md`; the constants here are the source of truth.

@@ -1,5 +1,5 @@
 //! Extreme Binning (Bhagwat et al., MASCOTS 2009), the similarity-only
-//! baseline SiLo is compared with (SiLo §4; DESIGN.md "Index strategies":
+//! baseline SiLo is compared with (SiLo §4; docs/design.md "Index strategies":
 //! `binning`).
 //!
 //! Every file is represented by its minimum chunk key. The *primary

@@ -1,4 +1,4 @@
-//! The exact baseline over fingerprint streams (DESIGN.md "Index
+//! The exact baseline over fingerprint streams (docs/design.md "Index
 //! strategies": `exact`; SiLo §4 compares with ChunkStash, an exact
 //! index): every chunk key → location in one RAM hash map. Finds every
 //! duplicate; its RAM grows with the number of unique chunks.

@@ -1,4 +1,4 @@
-//! Index strategies that work on fingerprint streams alone (DESIGN.md
+//! Index strategies that work on fingerprint streams alone (docs/design.md
 //! "Index strategies"): SiLo's similarity + locality index ([`silo`], SiLo
 //! §3), the Extreme Binning baseline it is compared with ([`binning`]), and
 //! a plain exact map ([`exact`]). They know nothing about containers: each

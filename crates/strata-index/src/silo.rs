@@ -1,6 +1,6 @@
 //! SiLo (Xia et al., "SiLo: A Similarity-Locality based Near-Exact
 //! Deduplication Scheme with Low RAM Overhead and High Throughput", USENIX
-//! ATC 2011, §3; DESIGN.md "Index strategies": `silo`).
+//! ATC 2011, §3; docs/design.md "Index strategies": `silo`).
 //!
 //! - A *segment* (~2 MiB of consecutive chunks; small files of one
 //!   directory grouped, large files split — the caller cuts them) is

@@ -1,4 +1,4 @@
-//! Deduplicated block volumes served over NBD (DESIGN.md "Volume",
+//! Deduplicated block volumes served over NBD (docs/design.md "Volume",
 //! iDedup §3–§5).
 //!
 //! * [`nbd`] — the NBD server (fixed newstyle, structured replies).

@@ -1,4 +1,4 @@
-//! The recipe resolver (DESIGN.md "Data flow", restore: "resolve refs
+//! The recipe resolver (docs/design.md "Data flow", restore: "resolve refs
 //! (follow indirect chains)"): where to read each chunk a recipe
 //! references — direct references through the recipe's container table,
 //! indirect ones (RevDedup §2.4.1) through the series' chain of newer

@@ -1,4 +1,4 @@
-//! The `silo` and `binning` index strategies of a repository (DESIGN.md
+//! The `silo` and `binning` index strategies of a repository (docs/design.md
 //! "Index strategies"; SiLo §3, Extreme Binning): the `strata-index`
 //! cores, with their on-disk parts stored as repository objects.
 //!

@@ -1,4 +1,4 @@
-//! Forgetting versions (DESIGN.md "Lifecycle": expiry by stamp).
+//! Forgetting versions (docs/design.md "Lifecycle": expiry by stamp).
 //!
 //! A removed archival version's stamped containers go at once, found by
 //! their stamp without scanning anything; what removed versions referenced

@@ -1,4 +1,4 @@
-//! Data containers (DESIGN.md "Vocabulary": container, compression region).
+//! Data containers (docs/design.md "Vocabulary": container, compression region).
 //!
 //! A data container object is laid out as
 //!

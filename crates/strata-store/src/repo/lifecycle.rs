@@ -1,4 +1,4 @@
-//! Per-series lifecycle policy (DESIGN.md "Vocabulary": live / archival /
+//! Per-series lifecycle policy (docs/design.md "Vocabulary": live / archival /
 //! retention window; RevDedup §2.2.1).
 //!
 //! The newest `live` versions of a series are *live* (segment-level dedup

@@ -1,5 +1,5 @@
 //! The repository: configuration, keys, typed object access and snapshot
-//! lookup (DESIGN.md "Principles", "Vocabulary").
+//! lookup (docs/design.md "Principles", "Vocabulary").
 //!
 //! Object names:
 //!

@@ -1,4 +1,4 @@
-//! The RevDedup lifecycle (DESIGN.md "Lifecycle"; RevDedup §2.4, §2.5):
+//! The RevDedup lifecycle (docs/design.md "Lifecycle"; RevDedup §2.4, §2.5):
 //! out-of-line reverse deduplication of versions that left the live
 //! window, and expiry of versions past retention.
 //!

@@ -1,4 +1,4 @@
-//! The cloud tier (Data Domain Cloud Tier, DESIGN.md "Cloud tier"): a
+//! The cloud tier (Data Domain Cloud Tier, docs/design.md "Cloud tier"): a
 //! second deduplication domain in a bucket, attached to a local repository
 //! (the active tier). It is a Strata repository of its own — config, a
 //! copy of the key, containers, index objects, and the recipes and

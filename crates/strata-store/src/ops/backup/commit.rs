@@ -1,37 +1,11 @@
 //! The commit stage of a backup: index object → recipe → snapshot object.
-//! The snapshot write is the atomic switch (DESIGN.md "Principles" 2): a
+//! The snapshot write is the atomic switch: a
 //! crash at any earlier point leaves only unreferenced objects that `gc`
 //! removes.
 
-use crate::engine::index::ContainerTable;
 use crate::error::{Result, StoreError};
 use crate::repo::Repository;
-use std::collections::HashMap;
-use strata_core::format::{ContainerId, SegmentRef, Snapshot};
-
-/// Renumbers the direct references of `segments`, which hold indexes into
-/// `table`, into a container table of their own listing only the
-/// containers used, and returns that table.
-pub(crate) fn localise<'a>(
-    segments: impl Iterator<Item = &'a mut SegmentRef>,
-    table: &ContainerTable,
-) -> Vec<ContainerId> {
-    let mut local: HashMap<u32, u32> = HashMap::new();
-    let mut containers = Vec::new();
-    for s in segments {
-        for c in &mut s.chunks {
-            if c.is_zero() {
-                continue;
-            }
-            let g = c.container;
-            c.container = *local.entry(g).or_insert_with(|| {
-                containers.push(table.get(g));
-                containers.len() as u32 - 1
-            });
-        }
-    }
-    containers
-}
+use strata_core::format::Snapshot;
 
 /// Writes the snapshot object — the commit point — with the next free
 /// version number of its series. Two backups of one series may run at once

@@ -1,5 +1,5 @@
 //! Backup: walk → chunk → fingerprint → index → pack → commit
-//! (DESIGN.md "Data flow").
+//! (docs/design.md "Data flow").
 //!
 //! The walk runs on the calling thread and records every entry's metadata.
 //! Files whose size, mtime, ctime and inode match the series' previous
@@ -20,12 +20,10 @@ mod parent;
 pub mod patch;
 mod pipeline;
 mod walk;
-mod writer;
 
 pub use crate::progress::Progress;
 pub use flow::FlowLimits;
 pub use walk::{read_xattrs, Excludes};
-pub use writer::{Committed, DedupWriter, StoredStream};
 
 use crate::engine::index::{build_strategy, ContainerTable};
 use crate::error::{Result, StoreError};

@@ -1,4 +1,4 @@
-//! Mark-and-sweep garbage collection (DESIGN.md "Lifecycle": "mark-and-sweep
+//! Mark-and-sweep garbage collection (docs/design.md "Lifecycle": "mark-and-sweep
 //! GC remains for what stamps cannot cover") and index repair.
 //!
 //! Data lives in two domains. The *pool* holds every chunk some version

@@ -1,4 +1,4 @@
-//! Restore and dump (DESIGN.md "Data flow", restore line).
+//! Restore and dump (docs/design.md "Data flow", restore line).
 //!
 //! Restore resolves every chunk reference of the selected entries to a
 //! (container, region) pair, builds a read plan ordered by container and

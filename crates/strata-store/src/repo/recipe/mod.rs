@@ -1,4 +1,4 @@
-//! Recipes in parts (DESIGN.md "Vocabulary": recipe).
+//! Recipes in parts (docs/design.md "Vocabulary": recipe).
 //!
 //! A version's recipe is a `recipes/HASH` object holding a
 //! [`RecipeIndex`]: the list of its parts and the union of their container
