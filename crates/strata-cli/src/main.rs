@@ -157,6 +157,19 @@ pub(crate) fn open(cli: &Cli) -> Result<Repository> {
     Ok(repo)
 }
 
+/// `repo` and its cloud tier (opened on first use, its requests metered
+/// for the tier commands' cost).
+pub(crate) fn tiers(repo: &Repository) -> strata_store::tier::Tiers {
+    let open = |url: &str| -> strata_store::Result<std::sync::Arc<dyn strata_store::Backend>> {
+        let loc = location::location(Some(url))
+            .map_err(|e| strata_store::StoreError::Invalid(format!("{e:#}")))?;
+        let meter = location::CLOUD_METER.get_or_init(Default::default).clone();
+        location::metered_backend(&loc, false, meter)
+            .map_err(|e| strata_store::StoreError::Invalid(format!("{e:#}")))
+    };
+    strata_store::tier::Tiers::new(repo, std::sync::Arc::new(open))
+}
+
 pub(crate) fn progress_for(cli: &Cli, what: &str) -> ProgressDisplay {
     ProgressDisplay::start(what, progress_shown(cli))
 }

@@ -59,29 +59,13 @@ impl Repository {
     /// The repositories holding `s`'s data, with the snapshot (or part of
     /// it) each holds: the cloud tier's part first, as the CLI restores.
     fn sources(&self, s: &Snapshot) -> PyResult<Vec<(strata_store::Repository, Snapshot)>> {
-        let mut out = Vec::new();
-        if let Some(p) = strata_store::repo::tiers::part_snapshot(s) {
-            out.push((self.cloud()?, p));
-        }
-        let data = match s.tier {
-            Tier::Active => self.repo.clone(),
-            Tier::Cloud => self.cloud()?,
+        let s3 = self.s3.clone();
+        let open = move |url: &str| {
+            backend::open(url, &s3, false).map_err(|e| StoreError::Invalid(e.to_string()))
         };
-        out.push((data, s.clone()));
-        Ok(out)
-    }
-
-    /// The cloud tier, opened with this repository's S3 settings.
-    fn cloud(&self) -> PyResult<strata_store::Repository> {
-        let c = strata_store::tier::attached(&self.repo)
-            .py_err()?
-            .ok_or_else(|| {
-                StrataError::new_err(
-                    "the snapshot is in a cloud tier this repository does not have",
-                )
-            })?;
-        let b = backend::open(&c.peer_url, &self.s3, false)?;
-        strata_store::tier::open_cloud_in(&self.repo, b).py_err()
+        strata_store::tier::Tiers::new(&self.repo, Arc::new(open))
+            .sources(s)
+            .py_err()
     }
 
     pub fn inner(&self) -> &strata_store::Repository {

@@ -1,6 +1,5 @@
 //! `strata forget`: remove snapshots (both tiers).
 
-use super::tier;
 use crate::output::{fmt_bytes, fmt_time, Out};
 use crate::select::FilterArgs;
 use crate::{open, Cli};
@@ -149,7 +148,7 @@ pub fn run(cli: &Cli, out: &Out, a: &ForgetArgs) -> Result<i32> {
         .partition(|id| all.iter().any(|(i, s)| i == id && s.tier == Tier::Cloud));
     let mut cloud_forgotten = 0;
     if !cloud_ids.is_empty() {
-        let c = tier::cloud(&repo)?;
+        let c = crate::tiers(&repo).cloud()?;
         cloud_forgotten = strata_store::tier::forget_cloud(&repo, &c, &cloud_ids)?;
     }
     // Active versions some of whose files are in the cloud tier:
@@ -161,7 +160,7 @@ pub fn run(cli: &Cli, out: &Out, a: &ForgetArgs) -> Result<i32> {
         .collect();
     let part_tier = match parts.is_empty() {
         true => None,
-        false => Some(tier::cloud(&repo)?),
+        false => Some(crate::tiers(&repo).cloud()?),
     };
     let mut rep = if ids.is_empty() {
         Default::default()

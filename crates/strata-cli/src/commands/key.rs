@@ -90,7 +90,7 @@ pub fn run(cli: &Cli, out: &Out, cmd: &KeyCmd) -> Result<i32> {
 fn sync_cloud(out: &Out, repo: &Repository) {
     let res = (|| -> Result<()> {
         if strata_store::tier::attached(repo)?.is_some() {
-            let cloud = super::tier::cloud(repo)?;
+            let cloud = crate::tiers(repo).cloud()?;
             keys::sync_slots(repo.backend(), cloud.backend())?;
         }
         Ok(())

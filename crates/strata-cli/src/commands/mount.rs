@@ -492,7 +492,7 @@ impl StrataFs {
         if let Some(c) = &*g {
             return Ok(c.clone());
         }
-        let c = super::tier::cloud(&self.repo)?;
+        let c = crate::tiers(&self.repo).cloud()?;
         *g = Some(c.clone());
         Ok(c)
     }

@@ -2,7 +2,6 @@
 //! for a version some of whose files moved to the cloud tier (`tier
 //! migrate --path`), from both.
 
-use super::tier;
 use crate::output::{fmt_bytes, Out};
 use crate::select::{path_bytes, show_path, FilterArgs};
 use crate::{open, progress_for, Cli};
@@ -109,7 +108,7 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut rep = RestoreReport::default();
     let mut res = Ok(());
-    let sources = tier::sources(&repo, &s)?;
+    let sources = crate::tiers(&repo).sources(&s)?;
     let n = sources.len();
     for (i, (data, part)) in sources.into_iter().enumerate() {
         opts.dir_metadata = i + 1 == n;
@@ -149,7 +148,7 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
     let mut v = json!({"snapshot": id, "target": target, "files": rep.files, "dirs": rep.dirs, "bytes": rep.bytes,
             "seconds": secs, "containers_read": rep.containers_read, "regions_read": rep.regions_read,
             "bytes_read": rep.bytes_read, "chain_hops": rep.chain_hops, "skipped": rep.skipped,
-            "tier": tier::tier_name(&s), "warnings": rep.warnings});
+            "tier": strata_store::tier::tier_name(&s), "warnings": rep.warnings});
     if let Some(ver) = &verified {
         v["verify"] = serde_json::to_value(ver)?;
     }
@@ -204,7 +203,7 @@ fn verify(
     opts: &RestoreOptions,
 ) -> Result<strata_store::ops::restore::VerifyReport> {
     let mut total = strata_store::ops::restore::VerifyReport::default();
-    for (_, part) in tier::sources(repo, s)? {
+    for (_, part) in crate::tiers(repo).sources(s)? {
         let recipe = RecipeSource::Stored {
             repo,
             id: &part.recipe,

@@ -1,6 +1,5 @@
 //! `strata snapshots`: the versions, their lifecycle state and tier.
 
-use super::tier;
 use crate::output::{fmt_bytes, fmt_time, json_time, Out};
 use crate::select::FilterArgs;
 use crate::{open, Cli};
@@ -42,7 +41,7 @@ pub fn run(cli: &Cli, out: &Out, a: &SnapshotsArgs) -> Result<i32> {
                        "duration_ms": s.stats.duration_ms, "state": state(id),
                        "reverse_deduplicated": s.archival.is_some(),
                        "archival": s.archival,
-                       "tier": tier::tier_name(s), "cloud_part": s.cloud_part})
+                       "tier": strata_store::tier::tier_name(s), "cloud_part": s.cloud_part})
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -61,7 +60,7 @@ pub fn run(cli: &Cli, out: &Out, a: &SnapshotsArgs) -> Result<i32> {
                 fmt_bytes(s.stats.logical_bytes),
                 fmt_bytes(s.stats.new_stored_bytes),
                 state(id),
-                tier::tier_name(s),
+                strata_store::tier::tier_name(s),
                 s.tags.join(",")
             );
         }

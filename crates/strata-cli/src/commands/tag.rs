@@ -47,9 +47,8 @@ pub fn run(cli: &Cli, out: &Out, a: &TagArgs) -> Result<i32> {
         .map(|(i, _)| i.clone())
         .collect();
     if !in_cloud.is_empty() {
-        let res = super::tier::cloud(&repo).and_then(|c| {
+        let res = crate::tiers(&repo).cloud().and_then(|c| {
             strata_store::repo::snapshots::retag(&c, &in_cloud, set, &a.add, &a.remove)
-                .map_err(Into::into)
         });
         if let Err(e) = res {
             out.warn(&format!(

@@ -7,7 +7,6 @@ use crate::output::{fmt_bytes, Out};
 use anyhow::{anyhow, Result};
 use clap::{Args, Subcommand};
 use serde_json::json;
-use strata_core::format::{Snapshot, Tier};
 use strata_store::backend::Location;
 use strata_store::tier::select::Selection;
 use strata_store::Repository;
@@ -132,17 +131,6 @@ impl SelArgs {
 
 use crate::location::CLOUD_METER;
 
-/// The cloud tier attached to `repo`, opened.
-pub fn cloud(repo: &Repository) -> Result<Repository> {
-    let c = strata_store::tier::attached(repo)?.ok_or_else(|| {
-        anyhow!("this repository has no cloud tier: `strata tier add s3://BUCKET/PREFIX`")
-    })?;
-    let loc = location::location(Some(&c.peer_url))?;
-    let meter = CLOUD_METER.get_or_init(Default::default).clone();
-    let backend = location::metered_backend(&loc, false, meter)?;
-    Ok(strata_store::tier::open_cloud_in(repo, backend)?)
-}
-
 /// Object-store prices (US dollars), from `STRATA_PRICE_GB_MONTH`,
 /// `STRATA_PRICE_PUT_PER_1000` (PUT, COPY, LIST), `STRATA_PRICE_GET_PER_1000`
 /// (GET, HEAD) and `STRATA_PRICE_EGRESS_GB`; S3 Standard's list prices by
@@ -189,50 +177,6 @@ fn with_cost(mut v: serde_json::Value, cloud: &Repository) -> Result<serde_json:
         );
     }
     Ok(v)
-}
-
-/// Where a version is, as `snapshots` shows it: "active+cloud" when some
-/// of its files moved (`tier migrate --path`), "cloud-part" for the moved
-/// files alone (what a bucket holds of such a version).
-pub fn tier_name(s: &Snapshot) -> &'static str {
-    match (s.tier, s.cloud_part.is_some()) {
-        (Tier::Active, false) => "active",
-        (Tier::Active, true) => "active+cloud",
-        (Tier::Cloud, false) => "cloud",
-        (Tier::Cloud, true) => "cloud-part",
-    }
-}
-
-/// Where `s`'s data is, in the order restore reads it into one tree: for a
-/// version some of whose files moved, first the cloud tier with the
-/// version as the bucket holds it (just those files); then the repository
-/// holding its recipe (`repo` or its cloud tier) with `s` — last, since it
-/// holds every directory and sets their metadata. Recipes load from
-/// `repo`, which keeps a copy of every recipe.
-pub fn sources(repo: &Repository, s: &Snapshot) -> Result<Vec<(Repository, Snapshot)>> {
-    let mut out = Vec::new();
-    if let Some(p) = strata_store::repo::tiers::part_snapshot(s) {
-        out.push((cloud(repo)?, p));
-    }
-    out.push((data_repo(repo, s)?, s.clone()));
-    Ok(out)
-}
-
-/// The repository holding the data of a version's recipe: its active
-/// part's, or its cloud part's (`cloud_part`).
-pub fn part_data(repo: &Repository, part: &Snapshot, cloud_part: bool) -> Result<Repository> {
-    match cloud_part {
-        false => data_repo(repo, part),
-        true => cloud(repo),
-    }
-}
-
-/// The repository holding `s`'s data: `repo`, or its cloud tier.
-pub fn data_repo(repo: &Repository, s: &Snapshot) -> Result<Repository> {
-    match s.tier {
-        Tier::Active => Ok(repo.clone()),
-        Tier::Cloud => cloud(repo),
-    }
 }
 
 pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
@@ -303,7 +247,7 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
         }
         TierCmd::Migrate(a) | TierCmd::Recall(a) => {
             let to_cloud = matches!(cmd, TierCmd::Migrate(_));
-            let c = cloud(&repo)?;
+            let c = crate::tiers(&repo).cloud()?;
             let pd = crate::progress_for(cli, if to_cloud { "migrate" } else { "recall" });
             let r = if to_cloud {
                 strata_store::tier::migrate::migrate(&repo, &c, &a.selection(), &pd.progress)
@@ -340,7 +284,7 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
             threshold,
             dry_run,
         } => {
-            let c = cloud(&repo)?;
+            let c = crate::tiers(&repo).cloud()?;
             let copier: Box<dyn strata_store::tier::copy_forward::CopyForward> =
                 match (service, download) {
                     (Some(url), _) => {
@@ -405,7 +349,7 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
                     return Ok(0);
                 }
             }
-            let c = cloud(&repo)?;
+            let c = crate::tiers(&repo).cloud()?;
             let pd = crate::progress_for(cli, "seed");
             let r = strata_store::tier::seed::seed(&repo, &c, &sel.selection(), &pd.progress);
             pd.finish();

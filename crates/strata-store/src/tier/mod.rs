@@ -16,6 +16,7 @@
 //! | [`migrate`] | versions to the cloud tier, deduplicated against it (§6.1), and back (recall, §6.2) |
 //! | [`paths`] | paths within versions: cutting a version in an active and a cloud part, and joining them |
 //! | [`seed`] | the bulk first transfer, in physical order, resumable (§5) |
+//! | [`sources`] | where a version's data is: the repository, its cloud tier, or both |
 //! | [`cloud_gc`] | cleaning the cloud tier region by region, copying forward next to the store (§7) |
 //! | [`copy_forward`] | how objects are assembled without downloading them |
 //! | `wanted` | the destination's index of just the chunks that move |
@@ -28,7 +29,10 @@ pub mod paths;
 pub mod phv;
 pub mod seed;
 pub mod select;
+pub mod sources;
 mod wanted;
+
+pub use sources::{tier_name, Tiers};
 
 use crate::backend::Backend;
 use crate::error::{Result, StoreError};

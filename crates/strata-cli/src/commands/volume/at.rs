@@ -4,7 +4,6 @@
 //! file is fished out of it, without restoring the image first. The
 //! volume itself is not opened: it may be served meanwhile, or gone.
 
-use super::super::tier;
 use anyhow::{anyhow, bail, Context, Result};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -158,7 +157,7 @@ pub(super) fn open(cli: &crate::Cli, name: &str, at: &str, cache_bytes: usize) -
             continue;
         };
         // (The cloud tier is opened only for an image moved there.)
-        let data = tier::part_data(&repo, &part, i > 0)?;
+        let data = crate::tiers(&repo).part_data(&part, i > 0)?;
         let file = found
             .open(&data, &part, cache.clone())
             .with_context(cannot)?;

@@ -1,0 +1,101 @@
+//! Where a version's data is: the repository itself (the active tier), its
+//! cloud tier, or both — a version some of whose files moved (`tier
+//! migrate --path`) has its cloud part in the bucket. Every reader of a
+//! version (restore, dump, mount, copy, a stored volume served) asks here.
+
+use crate::backend::Backend;
+use crate::error::{Result, StoreError};
+use crate::repo::tiers::part_snapshot;
+use crate::repo::Repository;
+use std::sync::{Arc, Mutex};
+use strata_core::format::{Snapshot, Tier};
+
+/// How the caller opens the backend at a URL (the cloud tier's bucket):
+/// with its credentials, its request meter. The library reads no
+/// environment.
+pub type OpenBackend = dyn Fn(&str) -> Result<Arc<dyn Backend>> + Send + Sync;
+
+/// A repository and its cloud tier, opened on first use.
+#[derive(Clone)]
+pub struct Tiers {
+    active: Repository,
+    open: Arc<OpenBackend>,
+    cloud: Arc<Mutex<Option<Repository>>>,
+}
+
+impl Tiers {
+    /// `repo`'s tiers; `open` opens the cloud tier's bucket when needed.
+    pub fn new(repo: &Repository, open: Arc<OpenBackend>) -> Tiers {
+        Tiers {
+            active: repo.clone(),
+            open,
+            cloud: Arc::default(),
+        }
+    }
+
+    /// The repository (the active tier).
+    pub fn active(&self) -> &Repository {
+        &self.active
+    }
+
+    /// The cloud tier attached to the repository, opened.
+    pub fn cloud(&self) -> Result<Repository> {
+        let mut c = self.cloud.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = &*c {
+            return Ok(c.clone());
+        }
+        let at = super::attached(&self.active)?.ok_or_else(|| {
+            StoreError::Invalid(
+                "this repository has no cloud tier: `strata tier add s3://BUCKET/PREFIX`".into(),
+            )
+        })?;
+        let opened = super::open_cloud_in(&self.active, (self.open)(&at.peer_url)?)?;
+        *c = Some(opened.clone());
+        Ok(opened)
+    }
+
+    /// Where `s`'s data is, in the order a restore reads it into one tree:
+    /// for a version some of whose files moved, first the cloud tier with
+    /// the version as the bucket holds it (just those files); then the
+    /// repository holding its recipe with `s` — last, since it holds every
+    /// directory and sets their metadata. (Recipes load from the
+    /// repository, which keeps a copy of every recipe.)
+    pub fn sources(&self, s: &Snapshot) -> Result<Vec<(Repository, Snapshot)>> {
+        let mut out = Vec::new();
+        if let Some(p) = part_snapshot(s) {
+            out.push((self.cloud()?, p));
+        }
+        out.push((self.data_repo(s)?, s.clone()));
+        Ok(out)
+    }
+
+    /// The repository holding the data of a version's recipe: its active
+    /// part's, or its cloud part's (`cloud_part`).
+    pub fn part_data(&self, part: &Snapshot, cloud_part: bool) -> Result<Repository> {
+        match cloud_part {
+            false => self.data_repo(part),
+            true => self.cloud(),
+        }
+    }
+
+    /// The repository holding `s`'s data: the repository, or its cloud
+    /// tier.
+    pub fn data_repo(&self, s: &Snapshot) -> Result<Repository> {
+        match s.tier {
+            Tier::Active => Ok(self.active.clone()),
+            Tier::Cloud => self.cloud(),
+        }
+    }
+}
+
+/// Where a version is, as `snapshots` shows it: "active+cloud" when some
+/// of its files moved (`tier migrate --path`), "cloud-part" for the moved
+/// files alone (what a bucket holds of such a version).
+pub fn tier_name(s: &Snapshot) -> &'static str {
+    match (s.tier, s.cloud_part.is_some()) {
+        (Tier::Active, false) => "active",
+        (Tier::Active, true) => "active+cloud",
+        (Tier::Cloud, false) => "cloud",
+        (Tier::Cloud, true) => "cloud-part",
+    }
+}
