@@ -1,20 +1,22 @@
-//! `strata volume serve NAME --at SNAPSHOT`: a stored version of a
-//! volume served read-only over NBD straight from the repository (or its
-//! cloud tier) — instant recovery: a VM boots from yesterday's disk, or a
-//! file is fished out of it, without restoring the image first. The
-//! volume itself is not opened: it may be served meanwhile, or gone.
+//! A stored version of a volume as a read-only block device, read
+//! straight from the repository (or its cloud tier): `strata volume serve
+//! NAME --at SNAPSHOT` serves it over NBD — instant recovery: a VM boots
+//! from yesterday's disk, or a file is fished out of it, without
+//! restoring the image first. The volume itself is not opened: it may be
+//! served meanwhile, or gone.
 
-use anyhow::{anyhow, bail, Context, Result};
+use crate::error::{Context as _, LinkError, Result};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use strata_core::format::Snapshot;
 use strata_store::engine::fsread::{find_stored, FileReader, RegionCache};
+use strata_store::tier::Tiers;
 use strata_store::StoreError;
 use strata_volume::nbd::BlockDevice;
 
 /// A version's image file, read through the repository: reads only.
-pub(super) struct StoredImage {
+pub struct StoredImage {
     file: FileReader,
     size: u64,
     /// Reads that failed (the first few are logged, then every 1000th).
@@ -111,34 +113,39 @@ fn find(repo: &strata_store::Repository, name: &str, at: &str) -> Result<(String
             Err(StoreError::NoSnapshot(_)) => {
                 // A snapshot of something else, named by its id?
                 if let Ok((id, s)) = strata_store::repo::resolve_in(&all, spec) {
-                    bail!(
+                    return Err(LinkError::Invalid(format!(
                         "snapshot {} is of {:?}, not of volume {name} (series {series})",
-                        crate::output::short(&id),
+                        short(&id),
                         s.series
-                    );
+                    )));
                 }
-                bail!("no snapshot {at:?} of volume {name} (see `strata snapshots --series {series}`)")
+                return Err(LinkError::Invalid(format!(
+                    "no snapshot {at:?} of volume {name} (see `strata snapshots --series {series}`)"
+                )));
             }
             Err(e) => return Err(e.into()),
         }
     }
-    bail!("no snapshot {at:?} of volume {name}")
+    Err(LinkError::Invalid(format!(
+        "no snapshot {at:?} of volume {name}"
+    )))
 }
 
 /// The image of volume `name` in the snapshot `at` names, opened for
 /// reads, and the repository's shared lock (held while it is served, so
 /// that gc, forget and tier moves wait rather than take its data away).
-pub(super) struct Opened {
+pub struct Opened {
     pub image: Arc<StoredImage>,
     pub id: String,
     pub snapshot: Snapshot,
     pub _lock: strata_store::repo::lock::LockGuard,
 }
 
-pub(super) fn open(cli: &crate::Cli, name: &str, at: &str, cache_bytes: usize) -> Result<Opened> {
-    let repo = crate::open(cli)?;
-    let lock = strata_store::repo::lock::acquire(&repo, false, "volume serve --at")?;
-    let (id, s) = find(&repo, name, at)?;
+pub fn open(tiers: &Tiers, name: &str, at: &str, cache_bytes: usize) -> Result<Opened> {
+    crate::dir::check_name(name)?;
+    let repo = tiers.active();
+    let lock = strata_store::repo::lock::acquire(repo, false, "volume serve --at")?;
+    let (id, s) = find(repo, name, at)?;
     let want = format!("{name}.img");
     let cache = Arc::new(RegionCache::new(cache_bytes));
     // The active part first, then the cloud part (where moved files are);
@@ -146,18 +153,13 @@ pub(super) fn open(cli: &crate::Cli, name: &str, at: &str, cache_bytes: usize) -
     let mut parts = vec![s.clone()];
     parts.extend(strata_store::repo::tiers::part_snapshot(&s));
     for (i, part) in parts.into_iter().enumerate() {
-        let cannot = || {
-            format!(
-                "cannot serve {want} of snapshot {}",
-                crate::output::short(&id)
-            )
-        };
-        let Some(found) = find_stored(&repo, &part.recipe, want.as_bytes()).with_context(cannot)?
+        let cannot = || format!("cannot serve {want} of snapshot {}", short(&id));
+        let Some(found) = find_stored(repo, &part.recipe, want.as_bytes()).with_context(cannot)?
         else {
             continue;
         };
         // (The cloud tier is opened only for an image moved there.)
-        let data = crate::tiers(&repo).part_data(&part, i > 0)?;
+        let data = tiers.part_data(&part, i > 0)?;
         let file = found
             .open(&data, &part, cache.clone())
             .with_context(cannot)?;
@@ -174,8 +176,13 @@ pub(super) fn open(cli: &crate::Cli, name: &str, at: &str, cache_bytes: usize) -
             _lock: lock,
         });
     }
-    Err(anyhow!(
+    Err(LinkError::Invalid(format!(
         "snapshot {} has no image {want} (not a volume snapshot?)",
-        crate::output::short(&id)
-    ))
+        short(&id)
+    )))
+}
+
+/// The first 8 characters of an id, as messages show it.
+fn short(id: &str) -> &str {
+    id.get(..8).unwrap_or(id)
 }

@@ -3,24 +3,23 @@
 //! records itself beside the volume (`.NAME.snapshot-PID`: its host and
 //! pid) and removes the record when it ends well; a record whose process
 //! on this host is gone tells the next snapshot of the volume to release
-//! what no index lists (`strata_link::sweep_unindexed`) before it
+//! what no index lists ([`crate::sweep_unindexed`]) before it
 //! begins, instead of leaving it to gc — unless another snapshot of the
 //! volume may be running (a record of a live process, or of another
 //! host): the sweep would take its containers, not yet indexed, for
 //! leftovers.
 
-use crate::output::Out;
-use anyhow::{Context, Result};
+use crate::error::{LinkError, Result};
 use std::path::{Path, PathBuf};
 use strata_store::Repository;
 
 /// This snapshot's record: removed when dropped, unless kept.
-pub(super) struct Running(Option<PathBuf>);
+pub struct Running(Option<PathBuf>);
 
 impl Running {
     /// Leaves the record in place (the snapshot failed: what it linked
     /// is released by the next one).
-    pub(super) fn keep(mut self) {
+    pub fn keep(mut self) {
         self.0 = None;
     }
 }
@@ -61,12 +60,12 @@ fn records(root: &Path, name: &str, tmp: bool) -> Vec<PathBuf> {
 
 /// Whether the process of this host that wrote `pid` in a name or record
 /// is gone (one with this process's own pid is an earlier one's).
-pub(super) fn gone(pid: u32) -> bool {
+pub fn gone(pid: u32) -> bool {
     pid == std::process::id() || !strata_store::repo::lock::pid_alive(pid)
 }
 
 /// Removes every record of a snapshot of volume `name` (deleted).
-pub(super) fn forget(root: &Path, name: &str) {
+pub fn forget(root: &Path, name: &str) {
     for p in records(root, name, true) {
         let _ = std::fs::remove_file(p);
     }
@@ -101,15 +100,15 @@ fn stale_records(root: &Path, name: &str) -> Option<Vec<PathBuf>> {
 /// repository's exclusive lock can be had now; else it waits for the
 /// next snapshot, or gc; a failure is a warning), and this one recorded.
 /// Returns the record and the containers released.
-pub(super) fn start(
-    out: &Out,
+pub fn start(
+    warn: &mut Vec<String>,
     root: &Path,
     name: &str,
     repo: &Repository,
 ) -> Result<(Running, u64)> {
     let mut released = 0;
     if let Some(stale) = stale_records(root, name).filter(|s| !s.is_empty()) {
-        match strata_link::sweep_unindexed(repo, name) {
+        match crate::unlink::sweep_unindexed(repo, name) {
             Ok(Some(n)) => {
                 released = n;
                 for p in &stale {
@@ -117,7 +116,7 @@ pub(super) fn start(
                 }
             }
             Ok(None) => {}
-            Err(e) => out.warn(&format!(
+            Err(e) => warn.push(format!(
                 "what a killed snapshot of volume {name} left linked stays until gc: {e}"
             )),
         }
@@ -131,7 +130,7 @@ pub(super) fn start(
     );
     std::fs::write(&tmp, text)
         .and_then(|_| std::fs::rename(&tmp, &me))
-        .with_context(|| format!("writing {}", me.display()))?;
+        .map_err(LinkError::io(format!("writing {}", me.display())))?;
     Ok((Running(Some(me)), released))
 }
 

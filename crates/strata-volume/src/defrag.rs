@@ -1,5 +1,4 @@
-//! `strata volume defrag`: a stopped volume written again in its own
-//! block order.
+//! Defrag: a stopped volume written again in its own block order.
 //!
 //! A volume with dedup is a log: overwrites go to new disk blocks, so
 //! after many of them a stretch of the volume lies in pieces across the
@@ -19,16 +18,14 @@
 //! segments and keeps the recipe's unchanged pieces. The statistics are
 //! the copy's.
 
-use super::import::{fill, Source};
-use crate::output::fmt_bytes;
-use anyhow::{bail, Context, Result};
+use crate::import::{fill, Progress, Source};
+use crate::volume::{Result, Volume, VolumeError};
+use crate::VolumeKey;
 use std::fs::File;
 use std::path::Path;
-use std::sync::atomic::Ordering;
-use strata_volume::{Volume, VolumeKey};
 
 /// What a defrag did.
-pub(super) struct Defragged {
+pub struct Defragged {
     /// Disk blocks in use, and the data file's bytes on the host's disk,
     /// before and after.
     pub blocks: (u64, u64),
@@ -39,92 +36,65 @@ pub(super) struct Defragged {
     pub seconds: f64,
 }
 
-impl Defragged {
-    pub fn json(&self, name: &str) -> serde_json::Value {
-        serde_json::json!({
-            "volume": name,
-            "blocks_in_use_before": self.blocks.0,
-            "blocks_in_use": self.blocks.1,
-            "allocated_bytes_before": self.allocated.0,
-            "allocated_bytes": self.allocated.1,
-            "in_order_before": self.in_order.0,
-            "in_order": self.in_order.1,
-            "seconds": self.seconds,
-        })
-    }
-
-    pub fn text(&self, name: &str) -> String {
-        format!(
-            "volume {name} defragmented in {:.1} s: {:.1} % of the blocks follow the block before them on disk (were {:.1} %), {} disk blocks in use (were {}), {} on the host's disk (was {})",
-            self.seconds,
-            self.in_order.1 * 100.0,
-            self.in_order.0 * 100.0,
-            self.blocks.1,
-            self.blocks.0,
-            fmt_bytes(self.allocated.1),
-            fmt_bytes(self.allocated.0)
-        )
-    }
-}
-
-/// Defragments the stopped volume in `dir`.
-pub(super) fn defrag(
-    cli: &crate::Cli,
+/// Defragments the stopped volume in `dir` (named `name`): `check` and
+/// `copy` are told how far the check and the copy got.
+pub fn defrag(
     dir: &Path,
     name: &str,
     key: Option<&VolumeKey>,
+    (check, copy): (Progress<'_>, Progress<'_>),
 ) -> Result<Defragged> {
     let t = std::time::Instant::now();
-    let before = strata_volume::report::report(dir, name)?;
+    let before = crate::report::report(dir, name)?;
     let cfg = Volume::config(dir)?;
     let root = dir
         .parent()
-        .context("the volume's directory has no parent")?;
+        .ok_or_else(|| VolumeError::Invalid("the volume's directory has no parent".into()))?;
     // One defrag of a volume at a time, to its end (a second one would
     // remove the first one's copy).
     let _own = flock(&root.join(format!(".{name}.defrag.lock")))
-        .with_context(|| format!("a defrag of volume {name} is under way"))?;
+        .map_err(|e| e.context(format!("a defrag of volume {name} is under way")))?;
     can_exchange(root, name)?;
     let tmp = dir.with_file_name(format!(".{name}.defrag"));
     if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)
-            .with_context(|| format!("removing a stopped defrag ({})", tmp.display()))?;
+        std::fs::remove_dir_all(&tmp).map_err(VolumeError::io(format!(
+            "removing a stopped defrag ({})",
+            tmp.display()
+        )))?;
     }
     // With dedup, every block against its fingerprint (a volume without
     // keeps none: its map and counts only).
-    let progress = crate::progress_for(cli, "check");
-    let p = progress.progress.clone();
-    let rep = strata_volume::check::check(dir, key, cfg.dedup, &|done, total| {
-        p.bytes_total.store(total, Ordering::Relaxed);
-        p.bytes_done.store(done, Ordering::Relaxed);
-    });
-    progress.finish();
-    let rep = rep.with_context(|| format!("checking volume {name}"))?;
+    let rep = crate::check::check(dir, key, cfg.dedup, check)
+        .map_err(|e| e.context(format!("checking volume {name}")))?;
     if !rep.ok() {
-        bail!(
+        return Err(VolumeError::Invalid(format!(
             "volume {name} has problems, which a copy would hide: see `strata volume check {name} --read-data`"
-        );
+        )));
     }
-    let old = Volume::open_to_read(dir, key).with_context(|| format!("opening volume {name}"))?;
+    let old =
+        Volume::open_to_read(dir, key).map_err(|e| e.context(format!("opening volume {name}")))?;
     // Opened (locked): no snapshot links to its blocks from here on; one
     // that did since they were stored again is not thrown away.
-    if !strata_volume::holds::held(dir)?.is_empty() {
+    if !crate::holds::held(dir)?.is_empty() {
         let _ = old.close();
-        bail!("a snapshot of volume {name} linked to its blocks meanwhile: run the defrag again");
+        return Err(VolumeError::Invalid(format!(
+            "a snapshot of volume {name} linked to its blocks meanwhile: run the defrag again"
+        )));
     }
     let copied = Volume::create(&tmp, cfg)
-        .context("creating the copy")
+        .map_err(|e| e.context("creating the copy"))
         .and_then(|()| {
             let src = Source::volume(format!("volume {name}"), old.image_reader(), old.size());
-            fill(cli, &tmp, key, src, "defrag")
+            fill(&tmp, key, src, copy)
         });
     // Closed, but still locked: no server opens it before the swap.
     let held = old
         .close_keeping_lock()
-        .with_context(|| format!("closing volume {name}"));
+        .map_err(VolumeError::io(format!("closing volume {name}")));
     let swapped = copied.and(held).and_then(|held| {
-        let r = carry_over(dir, &tmp)
-            .and_then(|()| exchange(dir, &tmp).context("swapping the volume and its copy"));
+        let r = carry_over(dir, &tmp).and_then(|()| {
+            exchange(dir, &tmp).map_err(VolumeError::io("swapping the volume and its copy"))
+        });
         drop(held);
         r
     });
@@ -136,12 +106,14 @@ pub(super) fn defrag(
     // The swap made durable; `tmp` holds the volume as it was.
     File::open(root)
         .and_then(|d| d.sync_all())
-        .context("syncing the volumes' directory")?;
-    std::fs::remove_dir_all(&tmp)
-        .with_context(|| format!("removing the volume as it was ({})", tmp.display()))?;
-    let after = strata_volume::report::report(dir, name)?;
-    let laid = strata_volume::check::check(dir, None, false, &|_, _| {})
-        .with_context(|| format!("reading volume {name}'s new map"))?;
+        .map_err(VolumeError::io("syncing the volumes' directory"))?;
+    std::fs::remove_dir_all(&tmp).map_err(VolumeError::io(format!(
+        "removing the volume as it was ({})",
+        tmp.display()
+    )))?;
+    let after = crate::report::report(dir, name)?;
+    let laid = crate::check::check(dir, None, false, &|_, _| {})
+        .map_err(|e| e.context(format!("reading volume {name}'s new map")))?;
     Ok(Defragged {
         in_order: (rep.in_order(), laid.in_order()),
         blocks: (before.physical_blocks_in_use, after.physical_blocks_in_use),
@@ -161,21 +133,22 @@ fn carry_over(dir: &Path, tmp: &Path) -> Result<()> {
     let changes = dir.join("changes.json");
     let copy_changes = tmp.join("changes.json");
     if changes.exists() {
-        std::fs::copy(&changes, &copy_changes).context("copying changes.json")?;
+        std::fs::copy(&changes, &copy_changes).map_err(VolumeError::io("copying changes.json"))?;
         File::open(&copy_changes)
             .and_then(|f| f.sync_all())
-            .context("syncing changes.json")?;
+            .map_err(VolumeError::io("syncing changes.json"))?;
     } else if copy_changes.exists() {
-        std::fs::remove_file(&copy_changes).context("removing the copy's changes.json")?;
+        std::fs::remove_file(&copy_changes)
+            .map_err(VolumeError::io("removing the copy's changes.json"))?;
     }
     let mtime = std::fs::metadata(dir.join("volume.json"))
         .and_then(|m| m.modified())
-        .context("reading volume.json's time")?;
+        .map_err(VolumeError::io("reading volume.json's time"))?;
     File::options()
         .write(true)
         .open(tmp.join("volume.json"))
         .and_then(|f| f.set_modified(mtime))
-        .context("setting the copy's volume.json time")?;
+        .map_err(VolumeError::io("setting the copy's volume.json time"))?;
     Ok(())
 }
 
@@ -188,10 +161,13 @@ fn flock(path: &Path) -> Result<File> {
         .truncate(false)
         .write(true)
         .open(path)
-        .with_context(|| format!("opening {}", path.display()))?;
+        .map_err(VolumeError::io(format!("opening {}", path.display())))?;
     // SAFETY: flock on a descriptor we own.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(std::io::Error::last_os_error().into());
+        return Err(VolumeError::Io(
+            path.display().to_string(),
+            std::io::Error::last_os_error(),
+        ));
     }
     Ok(f)
 }
@@ -205,16 +181,14 @@ fn can_exchange(root: &Path, name: &str) -> Result<()> {
     );
     for p in [&a, &b] {
         let _ = std::fs::remove_dir(p);
-        std::fs::create_dir(p).with_context(|| format!("making {}", p.display()))?;
+        std::fs::create_dir(p).map_err(VolumeError::io(format!("making {}", p.display())))?;
     }
     let r = exchange(&a, &b);
     let _ = (std::fs::remove_dir(&a), std::fs::remove_dir(&b));
-    r.with_context(|| {
-        format!(
-            "the file system of {} cannot swap two directories in one step (renameat2 with RENAME_EXCHANGE), which defrag needs",
-            root.display()
-        )
-    })
+    r.map_err(VolumeError::io(format!(
+        "the file system of {} cannot swap two directories in one step (renameat2 with RENAME_EXCHANGE), which defrag needs",
+        root.display()
+    )))
 }
 
 /// Swaps two directories in one step.

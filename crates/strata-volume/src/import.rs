@@ -1,22 +1,23 @@
-//! `strata volume create --from`: a raw disk image (a file, a block
-//! device or standard input) copied into the new volume through its write
-//! path — deduplicated as a client's writes are, blocks of zeros left
-//! unwritten (the volume stays thin) — and made durable before the
-//! command returns.
+//! A raw disk image (a file, a block device, standard input, or another
+//! volume's image) copied into a new volume through its write path —
+//! deduplicated as a client's writes are, blocks of zeros left unwritten
+//! (the volume stays thin) — and made durable before it returns
+//! (`volume create --from`, `volume copy`, and defrag's copy).
 
-use anyhow::{bail, Context, Result};
+use crate::volume::{Result, Volume, VolumeConfig, VolumeError, BLOCK};
+use crate::VolumeKey;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
-use std::sync::atomic::Ordering;
-use strata_volume::{Volume, VolumeConfig, VolumeKey};
 
-const BLOCK: usize = 4096;
+/// How far a copy got: bytes done, of the image's bytes (0 when not
+/// known).
+pub type Progress<'a> = &'a dyn Fn(u64, u64);
 /// Bytes read and written at a time.
 const CHUNK: usize = 1 << 20;
 
 /// Where the image comes from.
-pub(super) struct Source {
+pub struct Source {
     pub name: String,
     input: Input,
     /// Bytes, when known (not for standard input).
@@ -30,12 +31,12 @@ enum Input {
     /// A regular file: its holes (`SEEK_DATA`) are passed over unread.
     File(File),
     /// A volume's image: its unwritten blocks are passed over unread.
-    Volume(strata_volume::ImageReader),
+    Volume(crate::ImageReader),
 }
 
 impl Source {
     /// The image of a volume, `size` bytes.
-    pub fn volume(name: String, reader: strata_volume::ImageReader, size: u64) -> Source {
+    pub fn volume(name: String, reader: crate::ImageReader, size: u64) -> Source {
         Source {
             name,
             input: Input::Volume(reader),
@@ -43,6 +44,7 @@ impl Source {
         }
     }
 
+    /// The image at `path` (`-`: standard input).
     pub fn open(path: &Path) -> Result<Source> {
         if path == Path::new("-") {
             return Ok(Source {
@@ -52,10 +54,14 @@ impl Source {
             });
         }
         let name = path.display().to_string();
-        let mut f = File::open(path).with_context(|| format!("opening {name}"))?;
-        let meta = f.metadata().with_context(|| format!("reading {name}"))?;
+        let mut f = File::open(path).map_err(VolumeError::io(format!("opening {name}")))?;
+        let meta = f
+            .metadata()
+            .map_err(VolumeError::io(format!("reading {name}")))?;
         if meta.is_dir() {
-            bail!("{name} is a directory, not a disk image");
+            return Err(VolumeError::Invalid(format!(
+                "{name} is a directory, not a disk image"
+            )));
         }
         if meta.is_file() {
             return Ok(Source {
@@ -67,7 +73,8 @@ impl Source {
         // A block device's size is where its end is (a pipe has none).
         let size = match f.seek(SeekFrom::End(0)) {
             Ok(n) => {
-                f.rewind().with_context(|| format!("reading {name}"))?;
+                f.rewind()
+                    .map_err(VolumeError::io(format!("reading {name}")))?;
                 Some(n).filter(|&n| n > 0)
             }
             Err(_) => None,
@@ -91,7 +98,7 @@ impl Source {
         let size = self.size.unwrap_or(u64::MAX);
         match &mut self.input {
             Input::Stream(_) => Ok(at),
-            Input::File(f) => Ok(match strata_volume::volume::next_data(f, at)? {
+            Input::File(f) => Ok(match crate::volume::next_data(f, at)? {
                 Some(d) => (d / BLOCK as u64 * BLOCK as u64).max(at),
                 None => size.max(at),
             }),
@@ -127,7 +134,7 @@ impl Source {
 }
 
 /// What an import did.
-pub(super) struct Imported {
+pub struct Imported {
     pub name: String,
     /// Bytes of the image.
     pub size: u64,
@@ -142,31 +149,41 @@ pub(super) struct Imported {
 /// and filled as `.NAME.import` beside it and renamed when closed: an
 /// import that fails or is stopped (Ctrl-C, kill) leaves no volume `NAME`
 /// (what it leaves is removed by the next import of `NAME`).
-pub(super) fn create_filled(
-    cli: &crate::Cli,
+pub fn create_filled(
     dir: &Path,
     cfg: VolumeConfig,
     key: Option<&VolumeKey>,
     src: Source,
+    progress: Progress<'_>,
 ) -> Result<Imported> {
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     if dir.join("volume.json").exists() {
-        bail!("a volume {name} exists already (strata volume list)");
+        return Err(VolumeError::Invalid(format!(
+            "a volume {name} exists already (strata volume list)"
+        )));
     }
     let tmp = dir.with_file_name(format!(".{name}.import"));
     if tmp.exists() {
         // Held while another import of the name runs.
-        drop(Volume::lock(&tmp).with_context(|| format!("an import of {name} is under way"))?);
-        std::fs::remove_dir_all(&tmp)
-            .with_context(|| format!("removing a stopped import ({})", tmp.display()))?;
+        drop(
+            Volume::lock(&tmp)
+                .map_err(|e| e.context(format!("an import of {name} is under way")))?,
+        );
+        std::fs::remove_dir_all(&tmp).map_err(VolumeError::io(format!(
+            "removing a stopped import ({})",
+            tmp.display()
+        )))?;
     }
     Volume::create(&tmp, cfg)?;
-    let filled = fill(cli, &tmp, key, src, "import").and_then(|i| {
-        std::fs::rename(&tmp, dir)
-            .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
+    let filled = fill(&tmp, key, src, progress).and_then(|i| {
+        std::fs::rename(&tmp, dir).map_err(VolumeError::io(format!(
+            "renaming {} to {}",
+            tmp.display(),
+            dir.display()
+        )))?;
         Ok(i)
     });
     if filled.is_err() {
@@ -176,68 +193,65 @@ pub(super) fn create_filled(
 }
 
 /// Copies `src` into the (new, empty) volume in `dir` and closes it.
-pub(super) fn fill(
-    cli: &crate::Cli,
+pub fn fill(
     dir: &Path,
     key: Option<&VolumeKey>,
     mut src: Source,
-    label: &str,
+    progress: Progress<'_>,
 ) -> Result<Imported> {
-    let vol = Volume::open_keyed(dir, key).context("opening the new volume")?;
+    let vol = Volume::open_keyed(dir, key).map_err(|e| e.context("opening the new volume"))?;
     let size = vol.size();
-    let progress = crate::progress_for(cli, label);
-    progress
-        .progress
-        .bytes_total
-        .store(src.size.unwrap_or(0), Ordering::Relaxed);
+    let total = src.size.unwrap_or(0);
+    progress(0, total);
     let mut buf = vec![0u8; CHUNK];
     let (mut at, mut written, mut read) = (0u64, 0u64, 0u64);
     let copied = (|| -> Result<()> {
         if let Some(s) = src.size.filter(|&s| s > size) {
-            bail!(
+            return Err(VolumeError::Invalid(format!(
                 "{} ({s} bytes) is larger than the volume ({size} bytes): give a larger --size",
                 src.name
-            );
+            )));
         }
         loop {
-            at = src
-                .next_data(at)
-                .with_context(|| format!("reading {} at byte {at}", src.name))?;
-            progress.progress.bytes_done.store(at, Ordering::Relaxed);
+            at = src.next_data(at).map_err(VolumeError::io(format!(
+                "reading {} at byte {at}",
+                src.name
+            )))?;
+            progress(at, total);
             if src.size.is_some_and(|s| at >= s) {
                 return Ok(());
             }
-            let n = src
-                .read_at(at, &mut buf)
-                .with_context(|| format!("reading {} at byte {at}", src.name))?;
+            let n = src.read_at(at, &mut buf).map_err(VolumeError::io(format!(
+                "reading {} at byte {at}",
+                src.name
+            )))?;
             if n == 0 {
                 return Ok(());
             }
             read += n as u64;
             if at + n as u64 > size {
-                bail!(
+                return Err(VolumeError::Invalid(format!(
                     "{} is larger than the volume ({size} bytes): give a larger --size",
                     src.name
-                );
+                )));
             }
             // (Short only at the end: the last block is padded with zeros.)
             let whole = n.div_ceil(BLOCK) * BLOCK;
             buf[n..whole].fill(0);
             for (i, j) in data_runs(&buf[..whole]) {
                 vol.write_at(at + (i * BLOCK) as u64, &buf[i * BLOCK..j * BLOCK], false)
-                    .with_context(|| format!("writing the volume at byte {at}"))?;
+                    .map_err(VolumeError::io(format!("writing the volume at byte {at}")))?;
                 written += ((j - i) * BLOCK) as u64;
             }
             at += n as u64;
-            progress.progress.bytes_done.store(at, Ordering::Relaxed);
+            progress(at, total);
             if n < CHUNK {
                 return Ok(());
             }
         }
     })();
     // Destaged and synced (or, after an error, closed all the same).
-    let closed = vol.close().context("closing the volume");
-    progress.finish();
+    let closed = vol.close().map_err(VolumeError::io("closing the volume"));
     copied?;
     closed?;
     Ok(Imported {

@@ -11,6 +11,9 @@
 //! * [`holds`] — disk blocks kept for the repository (linked snapshots).
 //! * [`check`] — a stopped volume's files checked against one another
 //!   (and its data against its fingerprints).
+//! * [`import`] — a raw image (or another volume's) copied into a new
+//!   volume through its write path; [`defrag`] — a stopped volume
+//!   written again in its own block order.
 //! * [`crypt`] — encryption of a volume in an encrypted repository.
 //! * `blockmap` — the block map, its new entries held until their data
 //!   is synced.
@@ -23,9 +26,11 @@ pub mod changes;
 pub mod check;
 pub mod control;
 pub mod crypt;
+pub mod defrag;
 pub mod destage;
 pub mod holds;
 pub mod idedup;
+pub mod import;
 pub mod journal;
 pub mod nbd;
 mod readahead;

@@ -77,6 +77,23 @@ pub enum VolumeError {
 
 pub(crate) type Result<T> = std::result::Result<T, VolumeError>;
 
+impl VolumeError {
+    /// This error said in the light of `what` ("what: the error"); an
+    /// I/O error stays one (a full disk is still told apart).
+    pub fn context(self, what: impl std::fmt::Display) -> VolumeError {
+        match self {
+            VolumeError::Io(c, e) => VolumeError::Io(format!("{what}: {c}"), e),
+            VolumeError::Invalid(m) => VolumeError::Invalid(format!("{what}: {m}")),
+        }
+    }
+
+    /// An I/O error of `what`.
+    pub fn io(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> VolumeError {
+        let what = what.to_string();
+        move |e| VolumeError::Io(what, e)
+    }
+}
+
 /// Why a volume stopped taking writes, and the kind of error that made
 /// it (a full disk is told apart: clients get ENOSPC, and the CLI says to
 /// free space).

@@ -1,11 +1,13 @@
 //! `volume create`: a thin volume, empty or filled from a raw image.
 
-use super::{check_name, import, new_key, root, sweep_deleted};
+use super::{link_err, progress_fn, Access};
 use crate::output::{fmt_bytes, Out};
-use anyhow::{anyhow, bail, Result};
+use anyhow::Result;
 use std::path::PathBuf;
 use strata_core::size::parse_size;
-use strata_volume::{Threshold, Volume, VolumeConfig};
+use strata_link::manage::NewVolume;
+use strata_link::VolumesDir;
+use strata_volume::Threshold;
 
 #[derive(clap::Args)]
 pub struct CreateArgs {
@@ -39,94 +41,52 @@ pub struct CreateArgs {
     pub from: Option<PathBuf>,
 }
 
-/// Creates volume `a.name` in the volumes directory `where_`.
+/// Creates volume `a.name` in the volumes directory `root`.
 pub(super) fn create(
     cli: &crate::Cli,
     out: &Out,
-    where_: &root::Root,
+    root: &VolumesDir,
     a: &CreateArgs,
 ) -> Result<i32> {
-    let CreateArgs {
-        name,
-        size,
-        threshold,
-        cache,
-        no_dedup,
-        from,
-    } = a;
-    let root = &where_.path;
-    check_name(name)?;
-    // (What killed deletes left half removed.)
-    sweep_deleted(root);
-    // Before a source is opened or a password asked for.
-    if root.join(name).join("volume.json").exists() {
-        bail!(
-            "volume {name} already exists: choose another name, or delete it first \
-             (`strata volume delete {name} --yes`; its snapshots stay)"
-        );
-    }
-    let source = from.as_deref().map(import::Source::open).transpose()?;
-    let size = match (size, &source) {
-        (Some(s), _) => *s,
-        (None, Some(src)) => src
-            .size_hint()
-            .ok_or_else(|| anyhow!("--from {}: its size is not known: give --size", src.name))?,
-        (None, None) => bail!("--size is required"),
+    let (name, from) = (&a.name, &a.from);
+    let v = NewVolume {
+        name: name.clone(),
+        size: a.size,
+        threshold: a.threshold,
+        cache_bytes: a.cache,
+        dedup: !a.no_dedup,
+        from: from.clone(),
     };
-    if let Some(need) = source.as_ref().and_then(|s| s.size_hint()) {
-        if need > size {
-            bail!(
-                "{} is larger than the volume ({size} bytes): give a larger --size",
-                source.as_ref().map(|s| s.name.as_str()).unwrap_or_default()
-            );
-        }
-    }
-    let size = &size;
-    let mut cfg = VolumeConfig {
-        format: 1,
-        size: *size,
-        block_size: 4096,
-        threshold: *threshold,
-        cache_bytes: *cache,
-        dedup: !no_dedup,
-        encryption: None,
-    };
-    let key = new_key(cli, &mut cfg)?;
-    let encrypted = cfg.encryption.is_some();
-    where_.prepare()?;
-    let dir = root.join(name);
-    let imported = match source {
-        Some(src) => Some(import::create_filled(cli, &dir, cfg, key.as_ref(), src)?),
-        None => {
-            Volume::create(&dir, cfg)?;
-            None
-        }
-    };
-    let mut j = serde_json::json!({"volume": name, "size": size, "dedup": !no_dedup, "encrypted": encrypted});
-    if let Some(i) = &imported {
+    let pd = crate::progress_for(cli, "import");
+    let r = strata_link::manage::create(&Access(cli), root, &v, &progress_fn(&pd.progress));
+    pd.finish();
+    let c = r.map_err(link_err)?;
+    let (size, encrypted) = (c.size, c.encrypted);
+    let mut j = serde_json::json!({"volume": name, "size": size, "dedup": !a.no_dedup, "encrypted": encrypted});
+    if let Some(i) = &c.imported {
         j["imported_bytes"] = i.size.into();
         j["read_bytes"] = i.read.into();
         j["written_bytes"] = i.written.into();
         // A stream says nothing of its length: one that ended
         // before the volume's size may have been cut short.
-        if from.as_deref() == Some(std::path::Path::new("-")) && i.size < *size {
+        if from.as_deref() == Some(std::path::Path::new("-")) && i.size < size {
             out.warn(&format!(
                 "standard input ended after {} of the volume's {}: the rest reads as \
                  zeros. If the stream was cut short (a failed `strata dump`; \
                  `set -o pipefail` makes a shell say so), delete the volume and import \
                  again",
                 fmt_bytes(i.size),
-                fmt_bytes(*size)
+                fmt_bytes(size)
             ));
         }
     }
     out.result(&j, || {
         let mut t = format!(
             "volume {name} created ({}{})",
-            fmt_bytes(*size),
+            fmt_bytes(size),
             if encrypted { ", encrypted" } else { "" }
         );
-        if let Some(i) = &imported {
+        if let Some(i) = &c.imported {
             let holes = match i.read < i.size {
                 true => format!(" ({} read, the rest holes)", fmt_bytes(i.read)),
                 false => String::new(),
