@@ -1,0 +1,264 @@
+//! Data containers: their ids, metadata (regions, chunk entries, whole
+//! segments, stamp), summaries, the link stub of a linked container, and
+//! the fixed binary frame around the metadata section.
+
+use super::STRUCT_VERSION;
+use crate::error::{CoreError, Result};
+use crate::fingerprint::Fingerprint;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Identity of a data container (random, never reused).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ContainerId(pub [u8; 16]);
+
+impl ContainerId {
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    pub fn from_hex(s: &str) -> Option<Self> {
+        let v = hex::decode(s).ok()?;
+        Some(ContainerId(v.try_into().ok()?))
+    }
+}
+
+impl fmt::Debug for ContainerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "C({})", self.to_hex())
+    }
+}
+
+impl fmt::Display for ContainerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// A compression region inside a data container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionInfo {
+    /// Byte offset of the region's envelope in the data object.
+    pub offset: u64,
+    /// Length of the envelope.
+    pub stored_len: u32,
+    /// Length of the plaintext (sum of its chunks).
+    pub raw_len: u32,
+}
+
+/// What stands in a container's data object once a volume holds its
+/// regions (linked snapshots, `docs/design-linked-snapshots.md`): the
+/// volume, and each region's plaintext as the volume's disk blocks that
+/// hold it, 4 KiB each, in order. Stored after [`LINK_MAGIC`], sealed
+/// (`Kind::Link`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkStub {
+    /// The volume's name (its directory among the repository's volumes).
+    pub volume: String,
+    /// The salt its key is derived with (an encrypted volume).
+    pub salt: Option<Vec<u8>>,
+    pub regions: Vec<LinkedRegion>,
+}
+
+/// One region of a linked container.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkedRegion {
+    /// The region's offset in the container's metadata (which region).
+    pub offset: u64,
+    /// Its plaintext's length: `blocks` × 4 KiB.
+    pub raw_len: u32,
+    /// The disk blocks holding it, in order.
+    pub blocks: Vec<u64>,
+    /// The repository's fingerprint of the whole plaintext (keyed in an
+    /// encrypted repository: it authenticates what the volume returns).
+    pub hash: Fingerprint,
+}
+
+/// The first bytes of a link stub (a data container starts with
+/// [`CONTAINER_MAGIC`]).
+pub const LINK_MAGIC: [u8; 8] = *b"STRLINK1";
+
+/// A chunk stored in a container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkEntry {
+    pub fp: Fingerprint,
+    pub region: u32,
+    /// Offset inside the region's plaintext.
+    pub offset: u32,
+    pub len: u32,
+}
+
+/// A segment stored whole in a container (segment-level dedup, RevDedup
+/// §2.3): its fingerprint and its run of chunk entries. Zero chunks of the
+/// segment are not stored and so not counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentEntry {
+    pub fp: Fingerprint,
+    pub first_chunk: u32,
+    pub chunks: u32,
+}
+
+/// Owner of a stamped container (RevDedup §2.5). Only the owner version
+/// references the container directly (older versions reach it through
+/// indirect references), and versions of a series expire oldest first, so
+/// the container can be deleted with its owner without scanning anything.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Stamp {
+    /// Snapshot id of the owner version.
+    pub owner: String,
+    /// Creation time of the owner version (ns since the epoch).
+    pub time_ns: i64,
+}
+
+/// The metadata section of a data container; also stored on its own as the
+/// container's metadata object so index, GC and check never read data.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerMeta {
+    pub id: ContainerId,
+    /// Total length of the data object.
+    pub data_len: u64,
+    /// Creation time, seconds since the epoch.
+    pub created: i64,
+    /// Lifecycle stamp (RevDedup §2.5): the archival version whose direct
+    /// chunks this container holds; `None` for the shared pool.
+    pub stamp: Option<Stamp>,
+    pub regions: Vec<RegionInfo>,
+    pub chunks: Vec<ChunkEntry>,
+    /// Segments stored whole in this container, in order.
+    pub segments: Vec<SegmentEntry>,
+}
+
+impl ContainerMeta {
+    pub fn raw_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.len as u64).sum()
+    }
+
+    /// Bytes of its compression regions: the chunk data as stored,
+    /// without the container's header and metadata.
+    pub fn data_bytes(&self) -> u64 {
+        self.regions.iter().map(|r| r.stored_len as u64).sum()
+    }
+
+    /// Everything about the container but its chunk and segment entries.
+    pub fn summary(&self) -> ContainerSummary {
+        ContainerSummary {
+            id: self.id,
+            data_len: self.data_len,
+            created: self.created,
+            stamp: self.stamp.clone(),
+            chunks: self.chunks.len() as u32,
+            raw_bytes: self.raw_bytes(),
+            regions: self.regions.clone(),
+        }
+    }
+}
+
+/// A container without its chunk entries: what lifecycle bookkeeping,
+/// space accounting and the similarity strategies (which keep their own
+/// chunk locations) need to know. About 1/200 of a [`ContainerMeta`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerSummary {
+    pub id: ContainerId,
+    pub data_len: u64,
+    pub created: i64,
+    pub stamp: Option<Stamp>,
+    /// Number of chunk entries.
+    pub chunks: u32,
+    /// Plaintext bytes of all chunks.
+    pub raw_bytes: u64,
+    pub regions: Vec<RegionInfo>,
+}
+
+impl ContainerSummary {
+    /// Bytes of its compression regions (see [`ContainerMeta::data_bytes`]).
+    pub fn data_bytes(&self) -> u64 {
+        self.regions.iter().map(|r| r.stored_len as u64).sum()
+    }
+}
+
+/// A segment stored whole in a container, as an index summary carries
+/// it: what the `segment` index strategy learns of it, so that a backup
+/// reads summaries instead of every chunk entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentSummary {
+    pub entry: SegmentEntry,
+    /// The least and the greatest chunk fingerprint of its run (two
+    /// min-hashes under opposite orders); none when the run does not lie
+    /// within the container's chunk entries.
+    pub reps: Option<[Fingerprint; 2]>,
+}
+
+impl SegmentSummary {
+    /// The representatives of a run of chunk fingerprints: its least and
+    /// its greatest.
+    pub fn representatives(fps: impl IntoIterator<Item = Fingerprint>) -> Option<[Fingerprint; 2]> {
+        fps.into_iter().fold(None, |acc, fp| match acc {
+            None => Some([fp, fp]),
+            Some([lo, hi]) => Some([lo.min(fp), hi.max(fp)]),
+        })
+    }
+}
+
+impl ContainerMeta {
+    /// Its whole segments with their representatives.
+    pub fn segment_summaries(&self) -> Vec<SegmentSummary> {
+        self.segments
+            .iter()
+            .map(|s| {
+                let run = self.chunks.get(
+                    s.first_chunk as usize
+                        ..(s.first_chunk as usize).saturating_add(s.chunks as usize),
+                );
+                SegmentSummary {
+                    entry: *s,
+                    reps: run.and_then(|r| SegmentSummary::representatives(r.iter().map(|e| e.fp))),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Magic at the start of every data container.
+pub const CONTAINER_MAGIC: [u8; 4] = *b"STRC";
+/// Magic closing the footer of every data container.
+pub const FOOTER_MAGIC: [u8; 4] = *b"STRF";
+pub const CONTAINER_HEADER_LEN: usize = 8;
+pub const CONTAINER_FOOTER_LEN: usize = 16;
+
+/// The 8-byte header of a data container: magic, format version, 3 reserved.
+pub fn container_header() -> [u8; CONTAINER_HEADER_LEN] {
+    let mut h = [0u8; CONTAINER_HEADER_LEN];
+    h[..4].copy_from_slice(&CONTAINER_MAGIC);
+    h[4] = STRUCT_VERSION;
+    h
+}
+
+/// The 16-byte footer of a data container: where its metadata section is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContainerFooter {
+    pub meta_offset: u64,
+    pub meta_len: u32,
+}
+
+impl ContainerFooter {
+    pub fn to_bytes(self) -> [u8; CONTAINER_FOOTER_LEN] {
+        let mut b = [0u8; CONTAINER_FOOTER_LEN];
+        b[..8].copy_from_slice(&self.meta_offset.to_le_bytes());
+        b[8..12].copy_from_slice(&self.meta_len.to_le_bytes());
+        b[12..].copy_from_slice(&FOOTER_MAGIC);
+        b
+    }
+
+    pub fn parse(b: &[u8]) -> Result<Self> {
+        if b.len() != CONTAINER_FOOTER_LEN {
+            return Err(CoreError::Truncated("container footer"));
+        }
+        if b[12..] != FOOTER_MAGIC {
+            return Err(CoreError::BadMagic("container footer"));
+        }
+        Ok(ContainerFooter {
+            meta_offset: u64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
+            meta_len: u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
+        })
+    }
+}
