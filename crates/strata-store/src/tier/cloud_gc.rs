@@ -287,6 +287,51 @@ pub fn cloud_gc(
         copier: copier.describe(),
         ..Default::default()
     };
+    let (all, cloud_versions) = versions(local, cloud, opts.dry_run, &mut rep)?;
+    let live = mark(local, &all)?;
+    let mut metas: Vec<ContainerMeta> = Vec::new();
+    let idx = RepoIndex::load(cloud, |m| metas.push(m.clone()))?;
+    metas.sort_by_key(|m| (m.created, m.id));
+    rep.containers_before = metas.len() as u64;
+    rep.bytes_before = idx.stored_bytes();
+    let target = cloud.config().container_size as u64;
+    let mut planned = plan(&metas, &live, copier, (opts.threshold, target), &mut rep)?;
+    let lost = rep.dead_bytes_kept + rep.dead_bytes_copied;
+    let dead_all = rep.dead_bytes_freed + lost;
+    rep.efficiency_loss = if dead_all == 0 {
+        0.0
+    } else {
+        lost as f64 / dead_all as f64
+    };
+    if opts.dry_run || planned.drop.is_empty() {
+        rep.bytes_after = rep.bytes_before;
+        rep.seconds = started.elapsed().as_secs_f64();
+        return Ok(rep);
+    }
+    assemble(cloud, copier, std::mem::take(&mut planned.plans), &mut rep)?;
+    repoint(local, cloud, &all, &cloud_versions, &planned, &mut rep)?;
+    // The old containers leave the index, then the bucket.
+    edit_index(cloud, &idx, &planned.drop, vec![])?;
+    rep.containers_deleted = planned.drop.len() as u64;
+    delete_containers(cloud, planned.drop.iter())?;
+    rep.bytes_after = RepoIndex::load_summaries(cloud)?.stored_bytes();
+    rep.seconds = started.elapsed().as_secs_f64();
+    Ok(rep)
+}
+
+/// Versions, with their ids.
+type Versions = Vec<(String, Snapshot)>;
+
+/// Every version whose data is in the cloud tier — the versions there, the
+/// cloud parts of active ones, and what the bucket lists beyond them —
+/// and, apart, the versions wholly there. A cloud part no local version
+/// claims (an interrupted move's) is dropped.
+fn versions(
+    local: &Repository,
+    cloud: &Repository,
+    dry_run: bool,
+    rep: &mut CloudGcReport,
+) -> Result<(Versions, Versions)> {
     let local_all = local.list_snapshots()?;
     let cloud_versions: Vec<(String, Snapshot)> = local_all
         .iter()
@@ -299,7 +344,7 @@ pub fn cloud_gc(
     // behind).
     for (id, s) in &local_all {
         if let Some(p) = crate::repo::tiers::part_snapshot(s) {
-            if !opts.dry_run && cloud.load_snapshot(id).ok().as_ref() != Some(&p) {
+            if !dry_run && cloud.load_snapshot(id).ok().as_ref() != Some(&p) {
                 cloud.replace_snapshot(id, &p)?;
             }
             all.push((id.clone(), p));
@@ -314,7 +359,7 @@ pub fn cloud_gc(
             continue;
         }
         if s.cloud_part.is_some() {
-            if !opts.dry_run {
+            if !dry_run {
                 cloud.backend().delete(&format!("snapshots/{id}"))?;
             }
             orphans.push(s.recipe);
@@ -323,23 +368,39 @@ pub fn cloud_gc(
         all.push((id, s));
     }
     rep.orphan_parts_dropped = orphans.len() as u64;
-    if !opts.dry_run {
+    if !dry_run {
         recipe::delete_unused(cloud, &orphans)?;
         recipe::delete_unused(local, &orphans)?;
     }
-    let live = mark(local, &all)?;
+    Ok((all, cloud_versions))
+}
 
-    let mut metas: Vec<ContainerMeta> = Vec::new();
-    let idx = RepoIndex::load(cloud, |m| metas.push(m.clone()))?;
-    metas.sort_by_key(|m| (m.created, m.id));
-    rep.containers_before = metas.len() as u64;
-    rep.bytes_before = idx.stored_bytes();
-    let target = cloud.config().container_size as u64;
-    let mut drop: HashSet<ContainerId> = HashSet::new();
-    let mut plans: Vec<Plan> = Vec::new();
-    let mut moved: HashMap<(ContainerId, u32), (ContainerId, u32)> = HashMap::new();
+/// What cleaning will do: the containers that go, the new ones, and where
+/// each live region of a copied one lands.
+struct Planned {
+    drop: HashSet<ContainerId>,
+    plans: Vec<Plan>,
+    moved: HashMap<(ContainerId, u32), (ContainerId, u32)>,
+}
+
+/// Plans the cleaning of containers `metas` (oldest first): one all dead
+/// goes, one dead beyond `threshold` has its live regions copied forward
+/// into new containers of about `target` bytes (or, for a copier with a
+/// minimum part size, byte ranges of it).
+fn plan(
+    metas: &[ContainerMeta],
+    live: &Live,
+    copier: &dyn CopyForward,
+    (threshold, target): (f64, u64),
+    rep: &mut CloudGcReport,
+) -> Result<Planned> {
+    let mut p = Planned {
+        drop: HashSet::new(),
+        plans: Vec::new(),
+        moved: HashMap::new(),
+    };
     let created = now_ns();
-    for m in &metas {
+    for m in metas {
         let lm = live.get(&m.id);
         let region_live = |r: usize| lm.is_some_and(|x| x.contains_key(&(r as u32)));
         let total: u64 = m.regions.iter().map(|r| r.stored_len as u64).sum();
@@ -347,97 +408,111 @@ pub fn cloud_gc(
             .filter(|&r| !region_live(r))
             .map(|r| m.regions[r].stored_len as u64)
             .sum();
-        // Dead chunks inside live regions: what region granularity keeps.
-        for (r, info) in m
-            .regions
-            .iter()
-            .enumerate()
-            .filter(|(r, _)| region_live(*r))
-        {
-            let offs = &lm.map(|x| &x[&(r as u32)]);
-            let dead_raw: u64 = m
-                .chunks
-                .iter()
-                .filter(|c| c.region as usize == r && !offs.is_some_and(|o| o.contains(&c.offset)))
-                .map(|c| c.len as u64)
-                .sum();
-            rep.dead_bytes_kept += info.stored_len as u64 * dead_raw / (info.raw_len.max(1) as u64);
-        }
+        rep.dead_bytes_kept += dead_in_live_regions(m, lm);
         if dead == total {
-            drop.insert(m.id);
+            p.drop.insert(m.id);
             rep.dead_bytes_freed += total;
             continue;
         }
-        if (dead as f64) <= opts.threshold * total as f64 {
+        if (dead as f64) <= threshold * total as f64 {
             continue;
         }
-        let min = copier.min_part();
-        if min > 0 {
-            // Byte ranges of at least `min` (S3's part size), the first from
-            // the start (the header); the dead bytes they must take along
-            // stay, unlisted.
-            let live: Vec<bool> = (0..m.regions.len()).map(region_live).collect();
-            // Into the open plan (its header came with its first range),
-            // or a new one whose first range starts at 0.
-            let open = plans
-                .last()
-                .is_some_and(|p| p.from_ranges && p.len + total <= target);
-            let Some(ranges) = ranges_for(m, &live, min, !open) else {
-                rep.containers_too_small += 1;
-                continue;
-            };
-            if !open {
-                let mut p = Plan::new(created)?;
-                p.pieces.clear();
-                p.len = 0;
-                p.from_ranges = true;
-                plans.push(p);
-            }
-            let copied: u64 = ranges.iter().map(|r| r.1 - r.0).sum();
-            let kept: u64 = (0..m.regions.len())
-                .filter(|&r| live[r])
-                .map(|r| m.regions[r].stored_len as u64)
-                .sum();
-            let header = if open { 0 } else { CONTAINER_HEADER_LEN as u64 };
-            rep.containers_copied_forward += 1;
-            rep.dead_bytes_freed += total.saturating_sub(copied.saturating_sub(header));
-            rep.dead_bytes_copied += copied.saturating_sub(kept + header);
-            drop.insert(m.id);
-            if let Some(p) = plans.last_mut() {
-                p.add_ranges(m, &ranges, &live, &mut moved);
-            }
+        let live: Vec<bool> = (0..m.regions.len()).map(region_live).collect();
+        if copier.min_part() > 0 {
+            plan_ranges(&mut p, m, &live, (copier.min_part(), target, created), rep)?;
             continue;
         }
         rep.containers_copied_forward += 1;
         rep.dead_bytes_freed += dead;
-        drop.insert(m.id);
-        for r in (0..m.regions.len()).filter(|&r| region_live(r)) {
-            let fits = plans
+        p.drop.insert(m.id);
+        for r in (0..m.regions.len()).filter(|&r| live[r]) {
+            let fits = p
+                .plans
                 .last()
-                .is_some_and(|p| p.len + m.regions[r].stored_len as u64 <= target);
+                .is_some_and(|q| q.len + m.regions[r].stored_len as u64 <= target);
             if !fits {
-                plans.push(Plan::new(created)?);
+                p.plans.push(Plan::new(created)?);
             }
-            if let Some(p) = plans.last_mut() {
-                let at = p.push(m, r as u32);
-                moved.insert((m.id, r as u32), (p.id, at));
+            if let Some(q) = p.plans.last_mut() {
+                let at = q.push(m, r as u32);
+                p.moved.insert((m.id, r as u32), (q.id, at));
             }
         }
     }
-    let lost = rep.dead_bytes_kept + rep.dead_bytes_copied;
-    let dead_all = rep.dead_bytes_freed + lost;
-    rep.efficiency_loss = if dead_all == 0 {
-        0.0
-    } else {
-        lost as f64 / dead_all as f64
-    };
-    if opts.dry_run || drop.is_empty() {
-        rep.bytes_after = rep.bytes_before;
-        rep.seconds = started.elapsed().as_secs_f64();
-        return Ok(rep);
-    }
+    Ok(p)
+}
 
-    // New containers, assembled next to the store, then their metadata.
+/// Bytes of dead chunks inside the live regions of container `m` (`lm`:
+/// its live chunks by region): what region granularity keeps.
+fn dead_in_live_regions(m: &ContainerMeta, lm: Option<&HashMap<u32, HashSet<u32>>>) -> u64 {
+    let mut kept = 0;
+    for (r, info) in m.regions.iter().enumerate() {
+        let Some(offs) = lm.and_then(|x| x.get(&(r as u32))) else {
+            continue;
+        };
+        let dead_raw: u64 = m
+            .chunks
+            .iter()
+            .filter(|c| c.region as usize == r && !offs.contains(&c.offset))
+            .map(|c| c.len as u64)
+            .sum();
+        kept += info.stored_len as u64 * dead_raw / (info.raw_len.max(1) as u64);
+    }
+    kept
+}
+
+/// Plans container `m` (its regions `live` or not) copied forward as byte
+/// ranges of at least `min` (S3's part size), the first from the start
+/// (the header); the dead bytes they must take along stay, unlisted.
+fn plan_ranges(
+    p: &mut Planned,
+    m: &ContainerMeta,
+    live: &[bool],
+    (min, target, created): (u64, u64, i64),
+    rep: &mut CloudGcReport,
+) -> Result<()> {
+    let total: u64 = m.regions.iter().map(|r| r.stored_len as u64).sum();
+    // Into the open plan (its header came with its first range), or a new
+    // one whose first range starts at 0.
+    let open = p
+        .plans
+        .last()
+        .is_some_and(|q| q.from_ranges && q.len + total <= target);
+    let Some(ranges) = ranges_for(m, live, min, !open) else {
+        rep.containers_too_small += 1;
+        return Ok(());
+    };
+    if !open {
+        let mut q = Plan::new(created)?;
+        q.pieces.clear();
+        q.len = 0;
+        q.from_ranges = true;
+        p.plans.push(q);
+    }
+    let copied: u64 = ranges.iter().map(|r| r.1 - r.0).sum();
+    let kept: u64 = (0..m.regions.len())
+        .filter(|&r| live[r])
+        .map(|r| m.regions[r].stored_len as u64)
+        .sum();
+    let header = if open { 0 } else { CONTAINER_HEADER_LEN as u64 };
+    rep.containers_copied_forward += 1;
+    rep.dead_bytes_freed += total.saturating_sub(copied.saturating_sub(header));
+    rep.dead_bytes_copied += copied.saturating_sub(kept + header);
+    p.drop.insert(m.id);
+    if let Some(q) = p.plans.last_mut() {
+        q.add_ranges(m, &ranges, live, &mut p.moved);
+    }
+    Ok(())
+}
+
+/// The new containers, assembled next to the store, then their metadata
+/// and an index object listing them.
+fn assemble(
+    cloud: &Repository,
+    copier: &dyn CopyForward,
+    plans: Vec<Plan>,
+    rep: &mut CloudGcReport,
+) -> Result<()> {
     let mut new_metas = Vec::new();
     for mut p in plans {
         let tail = crate::repo::container::container_tail(cloud, &mut p.meta, p.len)?;
@@ -469,10 +544,23 @@ pub fn cloud_gc(
     if !new_metas.is_empty() {
         put_index_object(cloud, new_metas)?;
     }
+    Ok(())
+}
 
-    // Point the versions at the copies.
+/// Points the versions `all` (`cloud_versions` of them wholly in the
+/// cloud tier) that use containers that go at the copies: their recipes
+/// rewritten a part at a time (a disk image's version is never held
+/// whole).
+fn repoint(
+    local: &Repository,
+    cloud: &Repository,
+    all: &[(String, Snapshot)],
+    cloud_versions: &[(String, Snapshot)],
+    planned: &Planned,
+    rep: &mut CloudGcReport,
+) -> Result<()> {
     let mut by_recipe: BTreeMap<String, Vec<(String, Snapshot)>> = BTreeMap::new();
-    for (id, s) in &all {
+    for (id, s) in all {
         by_recipe
             .entry(s.recipe.clone())
             .or_default()
@@ -480,17 +568,17 @@ pub fn cloud_gc(
     }
     for (rid, users) in by_recipe {
         let uses = recipe::containers(local, &rid)?;
-        if !uses.iter().any(|c| drop.contains(c)) {
+        if !uses.iter().any(|c| planned.drop.contains(c)) {
             continue;
         }
-        // Rewritten a part at a time (a disk image's version is never
-        // held whole).
         let mut w = recipe::RecipeWriter::new(cloud).with_mirror(local);
         let remap = |c: &ChunkRef, cid: Option<ContainerId>| {
-            Ok(match cid.and_then(|id| moved.get(&(id, c.region))) {
-                Some((nc, nr)) => Target::At(*nc, *nr, c.offset),
-                None => Target::Keep,
-            })
+            Ok(
+                match cid.and_then(|id| planned.moved.get(&(id, c.region))) {
+                    Some((nc, nr)) => Target::At(*nc, *nr, c.offset),
+                    None => Target::Keep,
+                },
+            )
         };
         rewrite_into(local, &rid, remap, &mut w)?;
         let (new_rid, _) = w.finish()?;
@@ -513,13 +601,7 @@ pub fn cloud_gc(
         }
         rep.recipes_rewritten += 1;
     }
-    // The old containers leave the index, then the bucket.
-    edit_index(cloud, &idx, &drop, vec![])?;
-    rep.containers_deleted = drop.len() as u64;
-    delete_containers(cloud, drop.iter())?;
-    rep.bytes_after = RepoIndex::load_summaries(cloud)?.stored_bytes();
-    rep.seconds = started.elapsed().as_secs_f64();
-    Ok(rep)
+    Ok(())
 }
 
 /// Points an active version's cloud part at its rewritten recipe.

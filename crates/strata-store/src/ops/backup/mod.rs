@@ -323,16 +323,10 @@ fn import_entries(
         .collect()
 }
 
-/// Runs a backup and commits a new version. (The RevDedup lifecycle that
-/// follows it, out of line: `crate::revdedup::backup`.)
-pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport> {
-    let started = std::time::Instant::now();
-    let lock = lock::acquire(repo, false, "backup")?;
-    let chunker = opts.chunker.unwrap_or(repo.config().chunker);
-    chunker.validate()?;
-    let paths = normalise_paths(&opts.paths)?;
-    // A path given that does not exist is a mistake, not an empty backup
-    // (one that vanishes during the walk stays a warning).
+/// Refuses what cannot be backed up: a root that does not exist (one
+/// that vanishes during the walk stays a warning), nothing at all, or
+/// sources that do not go together.
+fn check_request(opts: &BackupOptions, paths: &[PathBuf], chunker: ChunkerParams) -> Result<()> {
     let missing: Vec<String> = paths
         .iter()
         .filter(|p| {
@@ -347,27 +341,73 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
             missing.join(", ")
         )));
     }
+    let refuse = |why: &str| Err(StoreError::Invalid(why.into()));
     if opts.image.is_some() && (opts.stdin.is_some() || opts.import.is_some()) {
-        return Err(StoreError::Invalid(
-            "an image is backed up without --stdin or an import".into(),
-        ));
+        return refuse("an image is backed up without --stdin or an import");
     }
     if opts.image.is_some() && chunker != ChunkerParams::fixed() {
-        return Err(StoreError::Invalid(
-            "an image of which only changes are read needs the fixed chunker".into(),
-        ));
+        return refuse("an image of which only changes are read needs the fixed chunker");
     }
     if paths.is_empty() && opts.stdin.is_none() && opts.import.is_none() && opts.image.is_none() {
-        return Err(StoreError::Invalid(
-            "nothing to back up: give paths or --stdin".into(),
-        ));
+        return refuse("nothing to back up: give paths or --stdin");
     }
     if opts.import.is_some() && (opts.series.is_none() || !paths.is_empty() || opts.stdin.is_some())
     {
-        return Err(StoreError::Invalid(
-            "an imported tree is stored alone, in a named series".into(),
-        ));
+        return refuse("an imported tree is stored alone, in a named series");
     }
+    Ok(())
+}
+
+/// Where an imported tree's version says it was made: time, host, paths.
+type ImportedFrom = (i64, String, Vec<String>);
+
+/// The entries that are not walked — a stream, an image (and the volume
+/// its new containers link to), an imported tree — taken out of `opts`.
+type Synthetic = (
+    Option<Vec<(Node, Option<Source>)>>,
+    Option<Arc<dyn crate::engine::writer::Linker>>,
+    Option<ImportedFrom>,
+);
+
+fn synthetic_entries(
+    opts: &mut BackupOptions,
+    parent: Option<&str>,
+    progress: &Progress,
+) -> Result<Synthetic> {
+    let mut entries = opts
+        .stdin
+        .take()
+        .map(|s| stdin_entries(s, progress))
+        .transpose()?;
+    let mut link = None;
+    if let Some(mut image) = opts.image.take() {
+        link = image.link.take();
+        entries = Some(image_entries(image, parent, progress)?);
+    }
+    let import = opts.import.take().map(|i| {
+        entries = Some(import_entries(i.entries, progress));
+        (i.time_ns, i.host, i.paths)
+    });
+    Ok((entries, link, import))
+}
+
+/// What the walk found besides what it fed the pipeline.
+#[derive(Default)]
+struct Walked {
+    warnings: Vec<String>,
+    reused: u64,
+    carried: u64,
+}
+
+/// Runs a backup and commits a new version. (The RevDedup lifecycle that
+/// follows it, out of line: `crate::revdedup::backup`.)
+pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport> {
+    let started = std::time::Instant::now();
+    let lock = lock::acquire(repo, false, "backup")?;
+    let chunker = opts.chunker.unwrap_or(repo.config().chunker);
+    chunker.validate()?;
+    let paths = normalise_paths(&opts.paths)?;
+    check_request(&opts, &paths, chunker)?;
     let excludes =
         Excludes::new(&opts.excludes, &opts.exclude_paths)?.if_present(&opts.exclude_if_present)?;
     let series = opts.series.clone().unwrap_or_else(|| {
@@ -392,21 +432,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     )?;
     drop(repo_index);
     let progress = opts.progress.clone();
-    let mut stdin = opts
-        .stdin
-        .take()
-        .map(|s| stdin_entries(s, &progress))
-        .transpose()?;
-    let mut link = None;
-    if let Some(mut image) = opts.image.take() {
-        link = image.link.take();
-        stdin = Some(image_entries(image, parent_id.as_deref(), &progress)?);
-    }
-    let import = opts.import.take().map(|i| {
-        let (time, host, paths) = (i.time_ns, i.host, i.paths);
-        stdin = Some(import_entries(i.entries, &progress));
-        (time, host, paths)
-    });
+    let (synthetic, link, import) = synthetic_entries(&mut opts, parent_id.as_deref(), &progress)?;
     let ctx = Ctx::new(CtxParts {
         repo,
         strategy: strategy.as_ref(),
@@ -417,9 +443,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         large_file: opts.large_file,
         link,
     });
-    let mut walk_warnings = Vec::new();
-    let mut reused = 0;
-    let mut carried = 0;
+    let mut walked = Walked::default();
     let run = pipeline::run(
         &ctx,
         threads,
@@ -429,15 +453,17 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
             let walk_started = std::time::Instant::now();
             let mut walker = Walker::new(feed, &mut parent, opts.force_read, &progress, &excludes);
             walker.one_file_system = opts.one_file_system;
-            walker.add_synthetic(stdin.unwrap_or_default());
+            walker.add_synthetic(synthetic.unwrap_or_default());
             let r = paths
                 .iter()
                 .try_for_each(|p| walker.walk_root(p))
                 .and_then(|_| walker.finish());
             progress.totals_known.store(true, Ordering::Relaxed);
-            walk_warnings = std::mem::take(&mut walker.warnings);
-            reused = walker.reused;
-            carried = walker.carried_bytes;
+            walked = Walked {
+                warnings: std::mem::take(&mut walker.warnings),
+                reused: walker.reused,
+                carried: walker.carried_bytes,
+            };
             drop(walker);
             // Busy time: not the waits for workers to make room.
             let busy = walk_started.elapsed().saturating_sub(feed.waited);
@@ -445,7 +471,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
             r
         },
     )?;
-    let mut warnings = walk_warnings;
+    let mut warnings = std::mem::take(&mut walked.warnings);
     warnings.extend(run.warnings);
     // An imported tree is all or nothing: a file that could not be read
     // would be missing from a copy that counts as done.
@@ -456,15 +482,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
             warnings.join("; ")
         )));
     }
-    let written = run.written;
-
-    // Commit: index object → recipe (its last part and index) → snapshot.
     let commit_started = std::time::Instant::now();
-    let mut stored = written.stored_bytes;
-    if !written.metas.is_empty() {
-        let (_, n) = crate::repo::index::put_index_object(repo, written.metas)?;
-        stored += n;
-    }
     let stats = SnapshotStats {
         files: run.counts.files,
         dirs: run.counts.dirs,
@@ -476,8 +494,6 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         duration_ms: 0,
         warnings: warnings.len() as u64,
     };
-    let (recipe_id, rn) = run.recipe.finish()?;
-    stored += rn;
     let mut snapshot = Snapshot {
         series,
         // Assigned at commit.
@@ -486,7 +502,8 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         host: lock::hostname(),
         paths: paths.iter().map(|p| p.display().to_string()).collect(),
         tags: opts.tags.clone(),
-        recipe: recipe_id,
+        // Set at commit.
+        recipe: String::new(),
         parent: parent_id.clone(),
         chunker,
         stats,
@@ -497,9 +514,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     if let Some((time, host, paths)) = import {
         (snapshot.time_ns, snapshot.host, snapshot.paths) = (time, host, paths);
     }
-    snapshot.stats.new_stored_bytes = stored;
-    snapshot.stats.duration_ms = started.elapsed().as_millis() as u64;
-    let id = commit::commit_snapshot(repo, &mut snapshot)?;
+    let id = commit(repo, run.written, run.recipe, &mut snapshot, started)?;
     drop(lock);
     stages.add(Stage::Commit, commit_started, 0);
     Ok(BackupReport {
@@ -507,9 +522,9 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         snapshot,
         warnings,
         index_ram_bytes: strategy.ram_bytes(),
-        reused_files: reused,
-        parent_bytes: ctx.parent_bytes.load(Ordering::Relaxed) + carried,
-        carried_bytes: carried,
+        reused_files: walked.reused,
+        parent_bytes: ctx.parent_bytes.load(Ordering::Relaxed) + walked.carried,
+        carried_bytes: walked.carried,
         similar_bytes: ctx.similar_bytes.load(Ordering::Relaxed),
         stages: stages.report(started.elapsed().as_secs_f64()),
         threads,
@@ -524,4 +539,26 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
                 * 64,
         }),
     })
+}
+
+/// Commits `snapshot`: the containers written and not yet indexed go into
+/// an index object, then the recipe's last part and index, then the
+/// snapshot object (the atomic switch). Returns its id.
+fn commit(
+    repo: &Repository,
+    written: crate::engine::writer::SinkResult,
+    recipe: crate::repo::recipe::RecipeWriter<'_>,
+    snapshot: &mut Snapshot,
+    started: std::time::Instant,
+) -> Result<String> {
+    let mut stored = written.stored_bytes;
+    if !written.metas.is_empty() {
+        let (_, n) = crate::repo::index::put_index_object(repo, written.metas)?;
+        stored += n;
+    }
+    let (recipe_id, rn) = recipe.finish()?;
+    snapshot.recipe = recipe_id;
+    snapshot.stats.new_stored_bytes = stored + rn;
+    snapshot.stats.duration_ms = started.elapsed().as_millis() as u64;
+    commit::commit_snapshot(repo, snapshot)
 }
