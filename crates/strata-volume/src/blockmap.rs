@@ -19,7 +19,7 @@
 //! writing them, so a lookup never sees a block's place in the file
 //! without its pending entry on top while the two differ.
 
-use crate::volume::read_u64s;
+use crate::files::read_u64s;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;

@@ -18,7 +18,8 @@
 //! snapshot reads everything. A snapshot that is not committed gives its
 //! set back; one that is makes its version the base the set counts from.
 
-use crate::volume::{read_json, write_json, Result, VolumeError};
+use crate::error::{Result, VolumeError};
+use crate::files::{read_json, write_json};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 

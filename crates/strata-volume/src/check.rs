@@ -7,12 +7,13 @@
 //! fingerprint of each — compared with its fingerprint: a block changed
 //! on the host's disk is found, with the logical blocks that read it.
 
+use crate::config::{read_state, BLOCK};
 use crate::crypt::Crypt;
+use crate::error::{Result, VolumeError};
+use crate::files::{read_counts, read_full_at, read_u64s};
 use crate::idedup::Fp;
 use crate::journal;
-use crate::volume::{
-    read_counts, read_full_at, read_state, read_u64s, Result, Volume, VolumeError, BLOCK,
-};
+use crate::state::Volume;
 use crate::VolumeKey;
 use serde::Serialize;
 use std::fs::File;

@@ -20,7 +20,8 @@
 //! reuse until the hold does.
 
 use crate::changes::SEGMENT_BLOCKS;
-use crate::volume::{Volume, BLOCK};
+use crate::config::BLOCK;
+use crate::state::Volume;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};

@@ -24,8 +24,8 @@
 //! blocks share a disk block: that two places hold the same 4 KiB), and
 //! the sizes and counters in `volume.json` and `state.json`.
 
+use crate::config::BLOCK;
 use crate::idedup::Fp;
-use crate::volume::BLOCK;
 use aes::cipher::generic_array::GenericArray;
 use aes::cipher::{BlockDecrypt, BlockEncrypt, KeyInit};
 use aes::Aes256;

@@ -18,8 +18,9 @@
 //! segments and keeps the recipe's unchanged pieces. The statistics are
 //! the copy's.
 
+use crate::error::{Result, VolumeError};
 use crate::import::{fill, Progress, Source};
-use crate::volume::{Result, Volume, VolumeError};
+use crate::state::Volume;
 use crate::VolumeKey;
 use std::fs::File;
 use std::path::Path;

@@ -4,8 +4,10 @@
 //! by extent (runs of consecutive blocks), in the order each extent was
 //! first written.
 
+use crate::config::{BLOCK, EXTENT_BLOCKS};
+use crate::error::VolumeError;
 use crate::idedup::Fp;
-use crate::volume::{Batch, Block, Disk, Space, Volume, VolumeError, BLOCK, EXTENT_BLOCKS};
+use crate::state::{Batch, Block, Disk, Space, Volume};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -147,7 +149,7 @@ impl Volume {
         // Writes in place still under way finish first (new ones go
         // through the journal until this batch is applied).
         let _no_direct = self.direct_io.write().unwrap_or_else(|e| e.into_inner());
-        let mut guard = crate::volume::lock(&self.disk);
+        let mut guard = crate::state::lock(&self.disk);
         let d = &mut *guard;
         let mut ch = Changes::default();
         for (&s, &e) in &batch.zeros.0 {
@@ -364,7 +366,7 @@ impl Volume {
                 j += 1;
             }
             let k = (j - i) as u64;
-            let at = alloc(&mut crate::volume::lock(&self.space), k);
+            let at = alloc(&mut crate::state::lock(&self.space), k);
             let mut fbuf = Vec::with_capacity((j - i) * 16);
             for x in i..j {
                 let dbn = at + (x - i) as u64;
@@ -455,7 +457,7 @@ pub(crate) fn apply_refs(refs: &File, delta: &HashMap<u64, i64>) -> Result<Vec<u
         }
         let (lo, hi) = (dbns[i].0, dbns[j - 1].0);
         let mut raw = vec![0u8; ((hi - lo + 1) * 4) as usize];
-        let got = crate::volume::read_full_at(refs, &mut raw, lo * 4).map_err(io("refs"))?;
+        let got = crate::files::read_full_at(refs, &mut raw, lo * 4).map_err(io("refs"))?;
         raw[got..].fill(0);
         for &(dbn, dv) in &dbns[i..j] {
             let at = ((dbn - lo) * 4) as usize;

@@ -15,7 +15,9 @@
 //!   an unclean stop counts the map and `.hold` files only, so a release
 //!   is never subtracted twice.
 
-use crate::volume::{lock, read_counts_at, Disk, Failure, Result, Volume, VolumeError};
+use crate::error::{Failure, Result, VolumeError};
+use crate::files::read_counts_at;
+use crate::state::{lock, Disk, Volume};
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::io;

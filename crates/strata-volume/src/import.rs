@@ -4,7 +4,9 @@
 //! (the volume stays thin) — and made durable before it returns
 //! (`volume create --from`, `volume copy`, and defrag's copy).
 
-use crate::volume::{Result, Volume, VolumeConfig, VolumeError, BLOCK};
+use crate::config::{VolumeConfig, BLOCK};
+use crate::error::{Result, VolumeError};
+use crate::state::Volume;
 use crate::VolumeKey;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -98,7 +100,7 @@ impl Source {
         let size = self.size.unwrap_or(u64::MAX);
         match &mut self.input {
             Input::Stream(_) => Ok(at),
-            Input::File(f) => Ok(match crate::volume::next_data(f, at)? {
+            Input::File(f) => Ok(match crate::files::next_data(f, at)? {
                 Some(d) => (d / BLOCK as u64 * BLOCK as u64).max(at),
                 None => size.max(at),
             }),

@@ -24,10 +24,13 @@
 mod blockmap;
 pub mod changes;
 pub mod check;
+pub mod config;
 pub mod control;
 pub mod crypt;
 pub mod defrag;
 pub mod destage;
+pub mod error;
+pub mod files;
 pub mod holds;
 pub mod idedup;
 pub mod import;
@@ -36,15 +39,17 @@ pub mod nbd;
 mod readahead;
 pub mod report;
 mod resize;
+pub mod state;
 pub mod stats;
 pub mod tls;
 pub mod volume;
 
 pub use changes::ChangeSet;
+pub use config::{Threshold, VolumeConfig};
 pub use crypt::{Encryption, VolumeKey};
-pub use volume::{
-    Frozen, FrozenMap, ImageReader, ImageSource, Threshold, Volume, VolumeConfig, VolumeError,
-};
+pub use error::VolumeError;
+pub use state::Volume;
+pub use volume::{Frozen, FrozenMap, ImageReader, ImageSource};
 
 impl nbd::BlockDevice for Volume {
     fn size(&self) -> u64 {

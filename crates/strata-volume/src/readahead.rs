@@ -45,7 +45,8 @@
 //! than without clusters). Where neither works, there are no clusters.
 
 use crate::blockmap::BlockMap;
-use crate::volume::{lock, BLOCK};
+use crate::config::BLOCK;
+use crate::state::lock;
 use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -631,7 +632,7 @@ fn hint(data: &File, dbn: u64, blocks: u64) -> bool {
 /// Asks for the disk blocks of map entries `dbns`, one hint per run of
 /// neighbouring disk blocks.
 pub(crate) fn prefetch(dbns: &[u64], data: &File) {
-    for (i, j, dbn) in crate::volume::disk_runs(dbns, |_| true) {
+    for (i, j, dbn) in crate::state::disk_runs(dbns, |_| true) {
         will_need(data, dbn, (j - i) as u64);
     }
 }
@@ -745,7 +746,7 @@ mod tests {
             misses += usize::from(missed);
             assert!(had <= buf.len());
             let at = dbn as usize * BLOCK;
-            let got = crate::volume::read_full_at(&f, &mut buf[had..], (at + had) as u64).unwrap();
+            let got = crate::files::read_full_at(&f, &mut buf[had..], (at + had) as u64).unwrap();
             assert_eq!(had + got, n * BLOCK);
             assert_eq!(buf, bytes[at..at + n * BLOCK], "blocks {dbn}+{n}");
         }

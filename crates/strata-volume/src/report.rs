@@ -2,9 +2,11 @@
 //! files (counters, reference counts) and from what the serving process
 //! last wrote (`live.json`: latency, cache, fragmentation).
 
+use crate::config::{VolumeConfig, BLOCK};
+use crate::error::VolumeError;
 use crate::idedup::NODE_BYTES;
+use crate::state::{lock, Volume};
 use crate::stats::Histogram;
-use crate::volume::{lock, Volume, VolumeConfig, VolumeError, BLOCK};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -116,7 +118,7 @@ impl Volume {
         };
         drop(d);
         let _one = lock(&l.saving);
-        crate::volume::write_json_in_place(&self.dir.join("live.json"), &live, 0)
+        crate::files::write_json_in_place(&self.dir.join("live.json"), &live, 0)
     }
 }
 
@@ -124,15 +126,15 @@ impl Volume {
 /// (see `volume::write_json_in_place`), keeping what it says.
 pub(crate) fn reserve_live(dir: &Path) -> Result<(), VolumeError> {
     let p = dir.join("live.json");
-    let live: Live = crate::volume::read_json_shared(&p).unwrap_or_default();
-    crate::volume::write_json_in_place(&p, &live, crate::volume::LIVE_RESERVE)
+    let live: Live = crate::files::read_json_shared(&p).unwrap_or_default();
+    crate::files::write_json_in_place(&p, &live, crate::config::LIVE_RESERVE)
 }
 
 /// The report of the volume in `dir` (served or not).
 pub fn report(dir: &Path, name: &str) -> Result<VolumeReport, VolumeError> {
     let cfg: VolumeConfig = Volume::config(dir)?;
-    let state = crate::volume::read_state(dir)?;
-    let live: Live = crate::volume::read_json_shared(&dir.join("live.json")).unwrap_or_default();
+    let state = crate::config::read_state(dir)?;
+    let live: Live = crate::files::read_json_shared(&dir.join("live.json")).unwrap_or_default();
     let c = state.counters;
     let refs = std::fs::read(dir.join("refs")).map_err(|e| VolumeError::Io("refs".into(), e))?;
     let in_use = refs
@@ -160,8 +162,8 @@ pub fn report(dir: &Path, name: &str) -> Result<VolumeReport, VolumeError> {
         name: name.to_string(),
         size: cfg.size,
         threshold: match cfg.threshold {
-            crate::volume::Threshold::Fixed(n) => n.to_string(),
-            crate::volume::Threshold::Auto => "auto".into(),
+            crate::config::Threshold::Fixed(n) => n.to_string(),
+            crate::config::Threshold::Auto => "auto".into(),
         },
         threshold_used: live.threshold_used,
         cache_bytes: cfg.cache_bytes,

@@ -3,10 +3,11 @@
 //! past the new end dropped, their disk blocks freed and given back to
 //! the host).
 
-use crate::volume::{
-    check_size, ioe, open_rw, punch_holes, read_counts, read_state, rebuild_refs, write_json,
-    Result, State, Volume, VolumeError, BLOCK,
-};
+use crate::config::{check_size, read_state, State, BLOCK};
+use crate::error::{ioe, Result, VolumeError};
+use crate::files::{open_rw, punch_holes, read_counts, write_json};
+use crate::state::Volume;
+use crate::volume::open::rebuild_refs;
 use std::fs::{self, File};
 use std::path::Path;
 
