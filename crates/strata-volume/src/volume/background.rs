@@ -287,155 +287,14 @@ impl Volume {
     }
 
     pub(crate) fn destage_loop(self: Arc<Self>) {
-        let mut many_recent;
         loop {
-            let (batch, old_path, generation, old_file) = {
-                let mut m = lock(&self.mem);
-                if m.failed.is_some() {
-                    // A failed checkpoint: nothing more is destaged.
-                    self.destaged.notify_all();
-                    return;
-                }
-                // At most a second's writes wait in the buffer.
-                let deadline = Instant::now() + Duration::from_secs(1);
-                while !m.stop && !m.urgent && m.buf.bytes < DESTAGE_AT {
-                    let now = Instant::now();
-                    if now >= deadline && !m.buf.is_empty() {
-                        break;
-                    }
-                    let wait = deadline
-                        .saturating_duration_since(now)
-                        .max(Duration::from_millis(50));
-                    m = self
-                        .kick
-                        .wait_timeout(m, wait)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
-                }
-                m.urgent = false;
-                if m.buf.is_empty() {
-                    if m.stop {
-                        return;
-                    }
-                    continue;
-                }
-                // A batch destaged in part could not be taken back: one
-                // that may not fit waits for space (writes of data are
-                // refused meanwhile), and the volume goes on once there is.
-                if let Some(need) = self.short_of_space(&m) {
-                    let full = io::Error::from_raw_os_error(libc::ENOSPC);
-                    if m.stop {
-                        // (The close that asked sees it and keeps the
-                        // journal: see `close_keeping_lock`.)
-                        m.failed = Some(Failure::new(
-                            format!(
-                                "no room on the disk for the last writes ({need} bytes): {full}"
-                            ),
-                            Some(&full),
-                        ));
-                        self.destaged.notify_all();
-                        drop(m);
-                        self.live.waiting_for_space.store(0, Ordering::Relaxed);
-                        let _ = self.save_live();
-                        return;
-                    }
-                    let first = m.full.is_none();
-                    m.full = Some(need);
-                    // Looked at again after the pause, not a second later.
-                    m.urgent = true;
-                    self.destaged.notify_all();
-                    drop(m);
-                    if first {
-                        tracing::warn!(
-                            "the disk holding the volume is full ({need} bytes needed to destage): \
-                             writes are refused with ENOSPC until space is freed"
-                        );
-                    }
-                    // Told again at every look (written over its own bytes:
-                    // it needs no free block), so that `volume stats` says
-                    // why, and goes on counting reads, while the pause lasts.
-                    self.live.waiting_for_space.store(need, Ordering::Relaxed);
-                    if let Err(e) = self.save_live() {
-                        tracing::debug!("live figures not saved: {e}");
-                    }
-                    std::thread::sleep(SPACE_RETRY);
-                    continue;
-                }
-                if m.full.take().is_some() {
-                    tracing::info!("space freed on the disk holding the volume: writes resume");
-                    self.live.waiting_for_space.store(0, Ordering::Relaxed);
-                }
-                let next = m.journal.generation + 1;
-                let fresh = match Journal::create(&self.dir, next) {
-                    Ok(j) => j,
-                    Err(e) => {
-                        m.failed = Some(Failure::new(
-                            format!("cannot start journal {next}: {e}"),
-                            Some(&e),
-                        ));
-                        self.destaged.notify_all();
-                        return;
-                    }
-                };
-                let old = std::mem::replace(&mut m.journal, fresh);
-                let batch = Arc::new(std::mem::take(&mut m.buf));
-                m.destaging = Some(batch.clone());
-                m.prev_journal = old.file().try_clone().ok().map(Arc::new);
-                let f = m.prev_journal.clone();
-                many_recent = m.recent.len() >= RECENT_MAX;
-                (batch, old.path.clone(), old.generation, f)
+            let taken = match self.take_batch() {
+                Taken::Stop => return,
+                Taken::Again => continue,
+                Taken::Batch(t) => t,
             };
-            // A batch that will overwrite in place blocks an older placed
-            // record names checkpoints what was destaged before it first:
-            // a power loss could keep the new data without the batch's
-            // record, and the replay would then find the placed block's
-            // checksum changed and read it as zeros. After the checkpoint
-            // no journal names them (and the blocks of those batches go
-            // straight to disk from then on). Syncing this batch's journal
-            // instead would do, but for every batch of the next seconds
-            // (random writes after a sequential one: 0.5x). (Other batches
-            // are not synced before destage: their data, written back
-            // before their records, is redone or dropped by the replay; their
-            // map entries reach the map file only with the checkpoint that
-            // synced their data, see `blockmap`.)
-            let must_checkpoint = (!batch.blocks.is_empty()
-                && self.holds.load(Ordering::SeqCst) == 0
-                && {
-                    let d = lock(&self.disk);
-                    batch.blocks.keys().any(|b| d.placed_since.contains_key(b))
-                })
-                // Pending map entries stay bounded when checkpoints fall
-                // behind (a slow sync).
-                || self.map.pending() >= 2 * CHECKPOINT_ENTRIES;
-            let synced = match must_checkpoint {
-                true => self.checkpoint(),
-                false => Ok(()),
-            };
-            let r = synced.and_then(|_| self.apply(&batch)).map(|freed| {
-                // FLUSH syncs this journal until a checkpoint has synced
-                // what the batch wrote (before `prev_journal` is cleared).
-                if let Some(f) = old_file {
-                    lock(&self.unsynced).push((old_path.clone(), f));
-                }
-                let due = {
-                    let mut d = lock(&self.disk);
-                    // Free for reuse after the checkpoint that deletes
-                    // this batch's journal.
-                    d.free_later(freed);
-                    d.placed_since
-                        .extend(batch.placed.keys().map(|&b| (b, generation)));
-                    d.uncommitted_bytes += fs::metadata(&old_path).map(|m| m.len()).unwrap_or(0);
-                    d.uncommitted.push(old_path.clone());
-                    d.uncommitted_generation = generation;
-                    d.uncommitted_bytes >= CHECKPOINT_BYTES
-                        || self.map.pending() >= CHECKPOINT_ENTRIES
-                        || d.last_checkpoint.elapsed() >= CHECKPOINT_EVERY
-                        || many_recent
-                };
-                if due {
-                    self.checkpoint_in_background();
-                }
-            });
+            let generation = taken.generation;
+            let r = self.destage_batch(taken);
             let _ = self.save_live();
             let mut m = lock(&self.mem);
             if let Err(e) = r {
@@ -457,6 +316,171 @@ impl Volume {
         }
     }
 
+    /// Waits for a batch to destage (a second's writes at most, or a full
+    /// buffer, or a flush) and takes it, with its journal: a new journal
+    /// takes new writes meanwhile.
+    fn take_batch(&self) -> Taken {
+        let mut m = lock(&self.mem);
+        if m.failed.is_some() {
+            // A failed checkpoint: nothing more is destaged.
+            self.destaged.notify_all();
+            return Taken::Stop;
+        }
+        // At most a second's writes wait in the buffer.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while !m.stop && !m.urgent && m.buf.bytes < DESTAGE_AT {
+            let now = Instant::now();
+            if now >= deadline && !m.buf.is_empty() {
+                break;
+            }
+            let wait = deadline
+                .saturating_duration_since(now)
+                .max(Duration::from_millis(50));
+            m = self
+                .kick
+                .wait_timeout(m, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        m.urgent = false;
+        if m.buf.is_empty() {
+            return match m.stop {
+                true => Taken::Stop,
+                false => Taken::Again,
+            };
+        }
+        // A batch destaged in part could not be taken back: one that may
+        // not fit waits for space (writes of data are refused meanwhile),
+        // and the volume goes on once there is.
+        if let Some(need) = self.short_of_space(&m) {
+            return self.wait_for_space(m, need);
+        }
+        if m.full.take().is_some() {
+            tracing::info!("space freed on the disk holding the volume: writes resume");
+            self.live.waiting_for_space.store(0, Ordering::Relaxed);
+        }
+        let next = m.journal.generation + 1;
+        let fresh = match Journal::create(&self.dir, next) {
+            Ok(j) => j,
+            Err(e) => {
+                m.failed = Some(Failure::new(
+                    format!("cannot start journal {next}: {e}"),
+                    Some(&e),
+                ));
+                self.destaged.notify_all();
+                return Taken::Stop;
+            }
+        };
+        let old = std::mem::replace(&mut m.journal, fresh);
+        let batch = Arc::new(std::mem::take(&mut m.buf));
+        m.destaging = Some(batch.clone());
+        m.prev_journal = old.file().try_clone().ok().map(Arc::new);
+        Taken::Batch(TakenBatch {
+            batch,
+            old_path: old.path.clone(),
+            generation: old.generation,
+            old_file: m.prev_journal.clone(),
+            many_recent: m.recent.len() >= RECENT_MAX,
+        })
+    }
+
+    /// The disk lacks `need` bytes for the batch: writes are refused with
+    /// ENOSPC and the loop looks again after a pause — or, closing, the
+    /// volume fails (the close keeps the journal: see
+    /// `close_keeping_lock`).
+    fn wait_for_space(&self, mut m: std::sync::MutexGuard<'_, Mem>, need: u64) -> Taken {
+        let full = io::Error::from_raw_os_error(libc::ENOSPC);
+        if m.stop {
+            m.failed = Some(Failure::new(
+                format!("no room on the disk for the last writes ({need} bytes): {full}"),
+                Some(&full),
+            ));
+            self.destaged.notify_all();
+            drop(m);
+            self.live.waiting_for_space.store(0, Ordering::Relaxed);
+            let _ = self.save_live();
+            return Taken::Stop;
+        }
+        let first = m.full.is_none();
+        m.full = Some(need);
+        // Looked at again after the pause, not a second later.
+        m.urgent = true;
+        self.destaged.notify_all();
+        drop(m);
+        if first {
+            tracing::warn!(
+                "the disk holding the volume is full ({need} bytes needed to destage): \
+                 writes are refused with ENOSPC until space is freed"
+            );
+        }
+        // Told again at every look (written over its own bytes: it needs
+        // no free block), so that `volume stats` says why, and goes on
+        // counting reads, while the pause lasts.
+        self.live.waiting_for_space.store(need, Ordering::Relaxed);
+        if let Err(e) = self.save_live() {
+            tracing::debug!("live figures not saved: {e}");
+        }
+        std::thread::sleep(SPACE_RETRY);
+        Taken::Again
+    }
+
+    /// Whether `batch` must wait for a checkpoint before it is destaged.
+    ///
+    /// A batch that will overwrite in place blocks an older placed record
+    /// names checkpoints what was destaged before it first: a power loss
+    /// could keep the new data without the batch's record, and the replay
+    /// would then find the placed block's checksum changed and read it as
+    /// zeros. After the checkpoint no journal names them (and the blocks of
+    /// those batches go straight to disk from then on). Syncing this
+    /// batch's journal instead would do, but for every batch of the next
+    /// seconds (random writes after a sequential one: 0.5x). (Other batches
+    /// are not synced before destage: their data, written back before
+    /// their records, is redone or dropped by the replay; their map entries
+    /// reach the map file only with the checkpoint that synced their data,
+    /// see `blockmap`.) Pending map entries stay bounded too when
+    /// checkpoints fall behind (a slow sync).
+    fn must_checkpoint(&self, batch: &Batch) -> bool {
+        (!batch.blocks.is_empty() && self.holds.load(Ordering::SeqCst) == 0 && {
+            let d = lock(&self.disk);
+            batch.blocks.keys().any(|b| d.placed_since.contains_key(b))
+        }) || self.map.pending() >= 2 * CHECKPOINT_ENTRIES
+    }
+
+    /// Destages a batch taken: applied to the map and counts (after a
+    /// checkpoint where it must wait for one), its journal kept until a
+    /// checkpoint syncs what it wrote, and a checkpoint started when one
+    /// is due.
+    fn destage_batch(self: &Arc<Self>, t: TakenBatch) -> Result<()> {
+        if self.must_checkpoint(&t.batch) {
+            self.checkpoint()?;
+        }
+        let freed = self.apply(&t.batch)?;
+        // FLUSH syncs this journal until a checkpoint has synced what the
+        // batch wrote (before `prev_journal` is cleared).
+        if let Some(f) = t.old_file {
+            lock(&self.unsynced).push((t.old_path.clone(), f));
+        }
+        let due = {
+            let mut d = lock(&self.disk);
+            // Free for reuse after the checkpoint that deletes this batch's
+            // journal.
+            d.free_later(freed);
+            d.placed_since
+                .extend(t.batch.placed.keys().map(|&b| (b, t.generation)));
+            d.uncommitted_bytes += fs::metadata(&t.old_path).map(|m| m.len()).unwrap_or(0);
+            d.uncommitted.push(t.old_path.clone());
+            d.uncommitted_generation = t.generation;
+            d.uncommitted_bytes >= CHECKPOINT_BYTES
+                || self.map.pending() >= CHECKPOINT_ENTRIES
+                || d.last_checkpoint.elapsed() >= CHECKPOINT_EVERY
+                || t.many_recent
+        };
+        if due {
+            self.checkpoint_in_background();
+        }
+        Ok(())
+    }
+
     /// The threshold in force: fixed, or (auto) the median size in blocks
     /// of the last [`RECENT_READS`] reads, 1..=8 (4 before any read):
     /// sequential reads raise it (dedup only long runs, reads stay on few
@@ -470,4 +494,23 @@ impl Volume {
                 .map_or(4, |m| m.clamp(1, 8)),
         }
     }
+}
+
+/// What the destage loop takes next.
+enum Taken {
+    /// The volume stops (or failed).
+    Stop,
+    /// Nothing to destage yet; look again.
+    Again,
+    Batch(TakenBatch),
+}
+
+/// A batch taken for destage, and its journal.
+struct TakenBatch {
+    batch: Arc<Batch>,
+    old_path: std::path::PathBuf,
+    generation: u64,
+    old_file: Option<Arc<File>>,
+    /// Many blocks wait to be written in place: a checkpoint is due.
+    many_recent: bool,
 }
