@@ -14,7 +14,7 @@ use strata_core::chunker::ChunkerParams;
 use strata_core::crypto::KdfCost;
 use strata_core::format::{Snapshot, Tier};
 use strata_store::ops::backup::{BackupOptions, StdinSource};
-use strata_store::ops::restore::{Overwrite, RestoreOptions, RestoreReport};
+use strata_store::ops::restore::{Overwrite, RestoreOptions};
 use strata_store::progress::Progress;
 use strata_store::{InitOptions, StoreError};
 
@@ -56,16 +56,20 @@ pub fn snapshot_json(id: &str, s: &Snapshot) -> serde_json::Value {
 }
 
 impl Repository {
-    /// The repositories holding `s`'s data, with the snapshot (or part of
-    /// it) each holds: the cloud tier's part first, as the CLI restores.
-    fn sources(&self, s: &Snapshot) -> PyResult<Vec<(strata_store::Repository, Snapshot)>> {
+    /// The repository and its cloud tier (opened with this repository's
+    /// S3 settings on first use).
+    fn tiers(&self) -> strata_store::tier::Tiers {
         let s3 = self.s3.clone();
         let open = move |url: &str| {
             backend::open(url, &s3, false).map_err(|e| StoreError::Invalid(e.to_string()))
         };
         strata_store::tier::Tiers::new(&self.repo, Arc::new(open))
-            .sources(s)
-            .py_err()
+    }
+
+    /// The repositories holding `s`'s data, with the snapshot (or part of
+    /// it) each holds: the cloud tier's part first, as the CLI restores.
+    fn sources(&self, s: &Snapshot) -> PyResult<Vec<(strata_store::Repository, Snapshot)>> {
+        self.tiers().sources(s).py_err()
     }
 
     pub fn inner(&self) -> &strata_store::Repository {
@@ -265,22 +269,8 @@ impl Repository {
         };
         let progress = Arc::new(Progress::default());
         opts.progress = progress.clone();
-        let sources = self.sources(&s)?;
-        let repo = self.repo.clone();
-        let rep = detached(py, progress, move || {
-            let mut total = RestoreReport::default();
-            let n = sources.len();
-            for (i, (data, part)) in sources.into_iter().enumerate() {
-                opts.dir_metadata = i + 1 == n;
-                let recipe = strata_store::ops::restore::RecipeSource::Stored {
-                    repo: &repo,
-                    id: &part.recipe,
-                };
-                let x = strata_store::ops::restore::restore_from(&data, &part, recipe, &opts)?;
-                total.add(x, i + 1 == n);
-            }
-            Ok(total)
-        })?;
+        let tiers = self.tiers();
+        let rep = detached(py, progress, move || tiers.restore(&s, &mut opts, None))?;
         let mut v = serde_json::to_value(&rep).map_err(|e| StrataError::new_err(e.to_string()))?;
         v["snapshot"] = id.into();
         v["target"] = target.display().to_string().into();

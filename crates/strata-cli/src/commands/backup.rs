@@ -12,6 +12,7 @@ use strata_core::chunker::ChunkerParams;
 use strata_store::backend::Location;
 use strata_store::ops::backup::{BackupOptions, StdinSource};
 use strata_store::revdedup::{After, BackedUp};
+use strata_store::Repository;
 
 #[derive(Clone, Copy, ValueEnum)]
 enum ChunkerArg {
@@ -98,7 +99,8 @@ fn list_file(f: &Path, what: &str) -> Result<Vec<String>> {
         .collect())
 }
 
-pub fn run(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
+/// The paths and excludes `a` gives (its list files read).
+fn paths_and_excludes(a: &BackupArgs) -> Result<(Vec<PathBuf>, Vec<String>)> {
     let mut paths = a.paths.clone();
     for f in &a.files_from {
         paths.extend(list_file(f, "--files-from")?.into_iter().map(PathBuf::from));
@@ -110,11 +112,17 @@ pub fn run(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
     if paths.is_empty() && !a.stdin {
         bail!("nothing to back up: give one or more paths, --files-from, or --stdin");
     }
-    let repo = match a.dry_run {
-        true => open(cli)?.dry_run(),
-        false => open(cli)?,
-    };
-    let pd = progress_for(cli, "backup");
+    Ok((paths, excludes))
+}
+
+/// The backup `a` asks for, of `paths` but `excludes` (never the
+/// repository itself).
+fn options(
+    cli: &Cli,
+    a: &BackupArgs,
+    repo: &Repository,
+    (paths, excludes): (Vec<PathBuf>, Vec<String>),
+) -> Result<BackupOptions> {
     let mut opts = BackupOptions {
         paths,
         exclude_if_present: a.exclude_if_present.clone(),
@@ -126,15 +134,12 @@ pub fn run(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
             ChunkerArg::Cdc => repo.config().chunker,
             ChunkerArg::Fixed => ChunkerParams::fixed(),
         }),
-        progress: pd.progress.clone(),
         excludes,
         // Never back the repository up into itself.
         exclude_paths: match repo_location(cli)? {
             Location::Local(p) => std::fs::canonicalize(p).into_iter().collect(),
             Location::S3(_) => vec![],
         },
-        // Run below, once the commit is noted (an interruption during the
-        // lifecycle must not say that nothing was committed).
         ..Default::default()
     };
     if let Some(t) = a.threads {
@@ -146,8 +151,23 @@ pub fn run(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
             name: a.stdin_name.clone(),
         });
     }
-    // After the commit: the incremental lifecycle, or (`--maintain`) a
-    // whole `maintain` run whose report joins the backup's output.
+    Ok(opts)
+}
+
+pub fn run(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
+    // (Before a password is asked for.)
+    let sources = paths_and_excludes(a)?;
+    let repo = match a.dry_run {
+        true => open(cli)?.dry_run(),
+        false => open(cli)?,
+    };
+    let mut opts = options(cli, a, &repo, sources)?;
+    let pd = progress_for(cli, "backup");
+    opts.progress = pd.progress.clone();
+    // After the commit (once it is noted: an interruption during the
+    // lifecycle must not say that nothing was committed): the incremental
+    // lifecycle, or (`--maintain`) a whole `maintain` run whose report
+    // joins the backup's output.
     let after = match (a.dry_run, a.maintain, a.no_lifecycle) {
         (true, _, _) | (_, false, true) => After::Nothing,
         (false, true, _) => After::Maintain(maintain_options((0.2, 0.5), false)?),
@@ -176,81 +196,17 @@ pub fn run(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
     if let Some(md) = md {
         md.finish();
     }
-    let BackedUp {
-        report: rep,
-        lifecycle,
-        maintained,
-    } = res?;
-    for w in &rep.warnings {
+    let done = res?;
+    for w in &done.report.warnings {
         out.warn(w);
     }
-    let s = &rep.snapshot;
-    let secs = s.stats.duration_ms as f64 / 1000.0;
-    let mut v = json!({"id": rep.id, "short_id": crate::output::short(&rep.id), "series": s.series, "version": s.version,
-                "files": s.stats.files, "dirs": s.stats.dirs, "logical_bytes": s.stats.logical_bytes,
-                "read_bytes": s.stats.read_bytes, "new_chunks": s.stats.new_chunks,
-                "new_raw_bytes": s.stats.new_raw_bytes, "new_stored_bytes": s.stats.new_stored_bytes,
-                "reused_files": rep.reused_files, "seconds": secs, "index_ram_bytes": rep.index_ram_bytes,
-                "warnings": rep.warnings, "threads": rep.threads, "stages": rep.stages,
-                "parent_bytes": rep.parent_bytes, "similar_bytes": rep.similar_bytes,
-                "peak_rss_bytes": peak_rss_bytes(), "dry_run": a.dry_run});
-    if let Some((m, msecs)) = &maintained {
-        v["maintain"] = serde_json::to_value(m)?;
-        v["maintain"]["seconds"] = json!(msecs);
+    if let Some((strata_store::revdedup::AfterBackup::Failed { error }, _)) = &done.lifecycle {
+        out.warn(&format!("the lifecycle after the backup failed (the backup is committed): {error}; run `strata maintain`"));
     }
-    if let Some((l, lsecs)) = &lifecycle {
-        v["lifecycle"] = serde_json::to_value(l)?;
-        v["lifecycle"]["seconds"] = json!(lsecs);
-        if let strata_store::revdedup::AfterBackup::Failed { error } = l {
-            out.warn(&format!("the lifecycle after the backup failed (the backup is committed): {error}; run `strata maintain`"));
-        }
-    }
-    out.result(
-        &v,
-        || {
-            let text = format!(
-                "{}snapshot {} {}: {}@{}\n  {} files ({} unchanged), {} dirs, {} logical, {} read\n  {} new chunks, {} new data, {} added to the repository\n  {:.1}s ({}/s)",
-                if a.dry_run { "(dry run) " } else { "" },
-                crate::output::short(&rep.id),
-                if a.dry_run { "would be saved" } else { "saved" },
-                s.series,
-                s.version,
-                s.stats.files,
-                rep.reused_files,
-                s.stats.dirs,
-                fmt_bytes(s.stats.logical_bytes),
-                fmt_bytes(s.stats.read_bytes),
-                s.stats.new_chunks,
-                fmt_bytes(s.stats.new_raw_bytes),
-                fmt_bytes(s.stats.new_stored_bytes),
-                secs,
-                fmt_bytes((s.stats.logical_bytes as f64 / secs.max(1e-3)) as u64)
-            );
-            let mut text = match &lifecycle {
-                Some((l, lsecs)) => format!("{text}\n{}", lifecycle_text(l, *lsecs)),
-                None => text,
-            };
-            if cli.verbose > 0 {
-                text += &format!("\n  stages ({} workers; busy seconds, busy/wall):", rep.threads);
-                for st in &rep.stages {
-                    text += &format!(
-                        "\n    {:<9} {:>7.2}s {:>5.2}  {}",
-                        serde_json::to_value(st.stage)
-                            .ok()
-                            .and_then(|v| v.as_str().map(String::from))
-                            .unwrap_or_default(),
-                        st.busy_seconds,
-                        st.busy_of_wall,
-                        fmt_bytes(st.bytes)
-                    );
-                }
-            }
-            match &maintained {
-                Some((m, msecs)) => format!("{text}\n{}", maintain_text(m, *msecs)),
-                None => text,
-            }
-        },
-    );
+    out.result(&result_json(&done, a.dry_run)?, || {
+        result_text(&done, a.dry_run, cli.verbose > 0)
+    });
+    let rep = &done.report;
     let code = if rep.warnings.is_empty() {
         0
     } else {
@@ -263,4 +219,79 @@ pub fn run(cli: &Cli, out: &Out, a: &BackupArgs) -> Result<i32> {
         3
     };
     Ok(code)
+}
+
+/// `backup --json`'s result.
+fn result_json(done: &BackedUp, dry_run: bool) -> Result<serde_json::Value> {
+    let rep = &done.report;
+    let s = &rep.snapshot;
+    let secs = s.stats.duration_ms as f64 / 1000.0;
+    let mut v = json!({"id": rep.id, "short_id": crate::output::short(&rep.id), "series": s.series, "version": s.version,
+                "files": s.stats.files, "dirs": s.stats.dirs, "logical_bytes": s.stats.logical_bytes,
+                "read_bytes": s.stats.read_bytes, "new_chunks": s.stats.new_chunks,
+                "new_raw_bytes": s.stats.new_raw_bytes, "new_stored_bytes": s.stats.new_stored_bytes,
+                "reused_files": rep.reused_files, "seconds": secs, "index_ram_bytes": rep.index_ram_bytes,
+                "warnings": rep.warnings, "threads": rep.threads, "stages": rep.stages,
+                "parent_bytes": rep.parent_bytes, "similar_bytes": rep.similar_bytes,
+                "peak_rss_bytes": peak_rss_bytes(), "dry_run": dry_run});
+    if let Some((m, msecs)) = &done.maintained {
+        v["maintain"] = serde_json::to_value(m)?;
+        v["maintain"]["seconds"] = json!(msecs);
+    }
+    if let Some((l, lsecs)) = &done.lifecycle {
+        v["lifecycle"] = serde_json::to_value(l)?;
+        v["lifecycle"]["seconds"] = json!(lsecs);
+    }
+    Ok(v)
+}
+
+/// `backup`'s result as text (`stages`: the pipeline's stages too).
+fn result_text(done: &BackedUp, dry_run: bool, stages: bool) -> String {
+    let rep = &done.report;
+    let s = &rep.snapshot;
+    let secs = s.stats.duration_ms as f64 / 1000.0;
+    let text = format!(
+        "{}snapshot {} {}: {}@{}\n  {} files ({} unchanged), {} dirs, {} logical, {} read\n  {} new chunks, {} new data, {} added to the repository\n  {:.1}s ({}/s)",
+        if dry_run { "(dry run) " } else { "" },
+        crate::output::short(&rep.id),
+        if dry_run { "would be saved" } else { "saved" },
+        s.series,
+        s.version,
+        s.stats.files,
+        rep.reused_files,
+        s.stats.dirs,
+        fmt_bytes(s.stats.logical_bytes),
+        fmt_bytes(s.stats.read_bytes),
+        s.stats.new_chunks,
+        fmt_bytes(s.stats.new_raw_bytes),
+        fmt_bytes(s.stats.new_stored_bytes),
+        secs,
+        fmt_bytes((s.stats.logical_bytes as f64 / secs.max(1e-3)) as u64)
+    );
+    let mut text = match &done.lifecycle {
+        Some((l, lsecs)) => format!("{text}\n{}", lifecycle_text(l, *lsecs)),
+        None => text,
+    };
+    if stages {
+        text += &format!(
+            "\n  stages ({} workers; busy seconds, busy/wall):",
+            rep.threads
+        );
+        for st in &rep.stages {
+            text += &format!(
+                "\n    {:<9} {:>7.2}s {:>5.2}  {}",
+                serde_json::to_value(st.stage)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default(),
+                st.busy_seconds,
+                st.busy_of_wall,
+                fmt_bytes(st.bytes)
+            );
+        }
+    }
+    match &done.maintained {
+        Some((m, msecs)) => format!("{text}\n{}", maintain_text(m, *msecs)),
+        None => text,
+    }
 }

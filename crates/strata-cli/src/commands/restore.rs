@@ -11,7 +11,7 @@ use serde_json::json;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use strata_store::ops::restore::{Overwrite, RecipeSource, RestoreOptions, RestoreReport};
+use strata_store::ops::restore::{Overwrite, RestoreOptions};
 
 #[derive(Args)]
 pub struct RestoreArgs {
@@ -105,35 +105,13 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
     let pd = progress_for(cli, "restore");
     opts.progress = pd.progress.clone();
     let started = std::time::Instant::now();
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let mut rep = RestoreReport::default();
-    let mut res = Ok(());
-    let sources = crate::tiers(&repo).sources(&s)?;
-    let n = sources.len();
-    for (i, (data, part)) in sources.into_iter().enumerate() {
-        opts.dir_metadata = i + 1 == n;
-        opts.readers = readers.unwrap_or(if data.backend().describe().starts_with("s3://") {
-            (2 * cores).max(4)
-        } else {
-            0
-        });
-        let recipe = RecipeSource::Stored {
-            repo: &repo,
-            id: &part.recipe,
-        };
-        match strata_store::ops::restore::restore_from(&data, &part, recipe, &opts) {
-            Ok(x) => rep.add(x, i + 1 == n),
-            Err(e) => {
-                res = Err(e);
-                break;
-            }
-        }
-    }
+    let tiers = crate::tiers(&repo);
+    let res = tiers.restore(&s, &mut opts, readers);
     pd.finish();
-    res?;
+    let rep = res?;
     let secs = started.elapsed().as_secs_f64();
     let verified = match a.verify {
-        true => Some(verify(&repo, &s, &opts)?),
+        true => Some(tiers.verify(&s, &opts)?),
         false => None,
     };
     for w in rep.warnings.iter().take(WARNINGS_SHOWN) {
@@ -193,27 +171,6 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
         }
     }
     Ok(0)
-}
-
-/// Reads the restored files back against the snapshot's fingerprints,
-/// part by part.
-fn verify(
-    repo: &strata_store::Repository,
-    s: &strata_core::format::Snapshot,
-    opts: &RestoreOptions,
-) -> Result<strata_store::ops::restore::VerifyReport> {
-    let mut total = strata_store::ops::restore::VerifyReport::default();
-    for (_, part) in crate::tiers(repo).sources(s)? {
-        let recipe = RecipeSource::Stored {
-            repo,
-            id: &part.recipe,
-        };
-        let v = strata_store::ops::restore::verify_from(repo, recipe, opts)?;
-        total.files += v.files;
-        total.bytes += v.bytes;
-        total.mismatches.extend(v.mismatches);
-    }
-    Ok(total)
 }
 
 /// Without `--overwrite`, restore goes into a new or empty directory only:

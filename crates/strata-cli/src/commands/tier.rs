@@ -185,98 +185,10 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
     }
     let repo = crate::open(cli)?;
     match cmd {
-        TierCmd::Add { url, container_mib } => {
-            let loc = location::location(Some(url))?;
-            if !matches!(loc, Location::S3(_)) {
-                return Err(anyhow!("a cloud tier is a bucket: s3://BUCKET/PREFIX"));
-            }
-            let backend = location::backend(&loc, true)?;
-            let c = strata_store::tier::attach_with(
-                &repo,
-                backend,
-                url,
-                container_mib.clamp(&1, &1024) << 20,
-            )?;
-            out.result(
-                &json!({"cloud_tier": url, "id": c.config().id,
-                        "container_size": c.config().container_size}),
-                || {
-                    format!(
-                        "cloud tier {} attached ({})",
-                        url,
-                        crate::output::short(&c.config().id)
-                    )
-                },
-            );
-        }
-        TierCmd::Estimate { sel, fast } => {
-            let e = strata_store::tier::estimate::estimate(&repo, &sel.selection(), !fast)?;
-            out.result(&serde_json::to_value(&e)?, || {
-                let how = if e.exact {
-                    format!(
-                        "exactly, by the next gc: {} containers deleted, {} copied forward",
-                        e.gc_containers_deleted, e.gc_containers_rewritten
-                    )
-                } else {
-                    format!(
-                        "the selection's own chunks, if gc cleaned every one; not exact: {}",
-                        e.not_exact_because.as_deref().unwrap_or("-")
-                    )
-                };
-                format!(
-                    "{} versions: {} freed on the active tier ({how})\n\
-                     selection's own chunks: {} stored ({} in {} whole containers, {} in whole \
-                     regions), {} uncompressed\n\
-                     {} fingerprints, {} of perfect-hash vector, {:.1}s",
-                    e.versions.len(),
-                    if e.freed_bytes < 0 {
-                        format!("-{}", fmt_bytes(e.freed_bytes.unsigned_abs()))
-                    } else {
-                        fmt_bytes(e.freed_bytes as u64)
-                    },
-                    fmt_bytes(e.selection_bytes),
-                    fmt_bytes(e.freed_container_bytes),
-                    e.freed_containers,
-                    fmt_bytes(e.freed_region_bytes),
-                    fmt_bytes(e.freed_raw_bytes),
-                    e.fingerprints,
-                    fmt_bytes(e.phv_bytes),
-                    e.seconds
-                )
-            });
-        }
-        TierCmd::Migrate(a) | TierCmd::Recall(a) => {
-            let to_cloud = matches!(cmd, TierCmd::Migrate(_));
-            let c = crate::tiers(&repo).cloud()?;
-            let pd = crate::progress_for(cli, if to_cloud { "migrate" } else { "recall" });
-            let r = if to_cloud {
-                strata_store::tier::migrate::migrate(&repo, &c, &a.selection(), &pd.progress)
-            } else {
-                strata_store::tier::migrate::recall(&repo, &c, &a.selection(), &pd.progress)
-            };
-            pd.finish();
-            let r = r?;
-            out.result(&with_cost(serde_json::to_value(&r)?, &c)?, || {
-                let files = if a.path.is_empty() {
-                    String::new()
-                } else {
-                    format!("{} files of ", r.files)
-                };
-                format!(
-                    "{files}{} versions moved to the {} tier: {} logical, {} new chunks copied ({} stored, \
-                     {} containers), {} already there; {:.1}s.{}",
-                    r.versions.len(),
-                    if to_cloud { "cloud" } else { "active" },
-                    fmt_bytes(r.logical_bytes),
-                    r.chunks_sent,
-                    fmt_bytes(r.stored_bytes_sent),
-                    r.containers_written,
-                    r.chunks_deduplicated,
-                    r.seconds,
-                    if to_cloud { " `strata gc` frees the local copies." } else { "" }
-                )
-            });
-        }
+        TierCmd::Add { url, container_mib } => add(out, &repo, url, *container_mib),
+        TierCmd::Estimate { sel, fast } => estimate(out, &repo, sel, *fast),
+        TierCmd::Migrate(a) => moves(cli, out, &repo, a, true),
+        TierCmd::Recall(a) => moves(cli, out, &repo, a, false),
         TierCmd::Gc {
             service,
             s3_copy,
@@ -285,90 +197,217 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
             dry_run,
         } => {
             let c = crate::tiers(&repo).cloud()?;
-            let copier: Box<dyn strata_store::tier::copy_forward::CopyForward> =
-                match (service, download) {
-                    (Some(url), _) => {
-                        Box::new(strata_store::tier::copy_forward::Service::new(url)?)
-                    }
-                    (None, _) if *s3_copy => {
-                        let url = strata_store::tier::attached(&repo)?
-                            .map(|t| t.peer_url)
-                            .unwrap_or_default();
-                        let b = location::s3_backend(&location::location(Some(&url))?)?;
-                        Box::new(strata_store::tier::copy_forward::S3Copy(
-                            std::sync::Arc::new(b),
-                        ))
-                    }
-                    (None, true) => Box::new(strata_store::tier::copy_forward::Download(
-                        c.backend().clone(),
-                    )),
-                    (None, false) if *dry_run => Box::new(
-                        strata_store::tier::copy_forward::Download(c.backend().clone()),
-                    ),
-                    (None, false) => {
-                        return Err(anyhow!(
-                        "say how to copy forward: --service URL (a `strata copy-forward-service` \
-                             next to the bucket), --s3-copy (S3 server-side copy, containers over \
-                             5 MiB) — neither downloads — or --download (reads the live data here)"
-                    ))
-                    }
-                };
+            let how = (service.as_deref(), *s3_copy, *download, *dry_run);
+            let copier = copier(&repo, &c, how)?;
             let opts = strata_store::tier::cloud_gc::CloudGcOptions {
                 threshold: *threshold,
                 dry_run: *dry_run,
             };
-            let r = strata_store::tier::cloud_gc::cloud_gc(&repo, &c, copier.as_ref(), &opts)?;
-            out.result(&with_cost(serde_json::to_value(&r)?, &c)?, || {
-                format!(
-                    "cloud tier: {} freed ({} containers deleted, {} copied forward into {}); \
-                     {} of dead chunks kept in live regions ({:.1} % efficiency lost); \
-                     {} copied next to the store, {} downloaded here; {:.1}s",
-                    fmt_bytes(r.dead_bytes_freed),
-                    r.containers_deleted,
-                    r.containers_copied_forward,
-                    r.containers_written,
-                    fmt_bytes(r.dead_bytes_kept),
-                    r.efficiency_loss * 100.0,
-                    fmt_bytes(r.bytes_copied),
-                    fmt_bytes(r.bytes_downloaded),
-                    r.seconds
-                )
-            });
+            gc(out, &repo, &c, copier.as_ref(), &opts)
         }
-        TierCmd::Seed { sel, restart } => {
-            if *restart {
-                let had = strata_store::tier::seed::restart(&repo)?;
-                out.result(&json!({ "dropped": had }), || {
-                    if had {
-                        "the interrupted seed was dropped".into()
-                    } else {
-                        "no seed was in progress".into()
-                    }
-                });
-                if sel.snapshots.is_empty() && sel.series.is_empty() && sel.older_than.is_none() {
-                    return Ok(0);
-                }
-            }
-            let c = crate::tiers(&repo).cloud()?;
-            let pd = crate::progress_for(cli, "seed");
-            let r = strata_store::tier::seed::seed(&repo, &c, &sel.selection(), &pd.progress);
-            pd.finish();
-            let r = r?;
-            out.result(&with_cost(serde_json::to_value(&r)?, &c)?, || {
-                format!(
-                    "{} versions seeded into the cloud tier{}: {} containers read in physical order, \
-                     {} chunks sent ({} stored); {:.1}s. `strata gc` frees the local copies.",
-                    r.versions.len(),
-                    if r.resumed { " (resumed)" } else { "" },
-                    r.containers_read,
-                    r.chunks_sent,
-                    fmt_bytes(r.stored_bytes_sent),
-                    r.seconds
-                )
-            });
-        }
+        TierCmd::Seed { sel, restart } => seed(cli, out, &repo, sel, *restart),
         TierCmd::DrRebuild { .. } => unreachable!("handled above"),
     }
+}
+
+/// `tier add`: attaches a bucket as the cloud tier.
+fn add(out: &Out, repo: &Repository, url: &str, container_mib: u32) -> Result<i32> {
+    let loc = location::location(Some(url))?;
+    if !matches!(loc, Location::S3(_)) {
+        return Err(anyhow!("a cloud tier is a bucket: s3://BUCKET/PREFIX"));
+    }
+    let backend = location::backend(&loc, true)?;
+    let c =
+        strata_store::tier::attach_with(repo, backend, url, container_mib.clamp(1, 1024) << 20)?;
+    out.result(
+        &json!({"cloud_tier": url, "id": c.config().id,
+                "container_size": c.config().container_size}),
+        || {
+            format!(
+                "cloud tier {} attached ({})",
+                url,
+                crate::output::short(&c.config().id)
+            )
+        },
+    );
+    Ok(0)
+}
+
+/// `tier estimate`: what moving the selection would free here.
+fn estimate(out: &Out, repo: &Repository, sel: &SelArgs, fast: bool) -> Result<i32> {
+    let e = strata_store::tier::estimate::estimate(repo, &sel.selection(), !fast)?;
+    out.result(&serde_json::to_value(&e)?, || {
+        let how = if e.exact {
+            format!(
+                "exactly, by the next gc: {} containers deleted, {} copied forward",
+                e.gc_containers_deleted, e.gc_containers_rewritten
+            )
+        } else {
+            format!(
+                "the selection's own chunks, if gc cleaned every one; not exact: {}",
+                e.not_exact_because.as_deref().unwrap_or("-")
+            )
+        };
+        format!(
+            "{} versions: {} freed on the active tier ({how})\n\
+             selection's own chunks: {} stored ({} in {} whole containers, {} in whole \
+             regions), {} uncompressed\n\
+             {} fingerprints, {} of perfect-hash vector, {:.1}s",
+            e.versions.len(),
+            if e.freed_bytes < 0 {
+                format!("-{}", fmt_bytes(e.freed_bytes.unsigned_abs()))
+            } else {
+                fmt_bytes(e.freed_bytes as u64)
+            },
+            fmt_bytes(e.selection_bytes),
+            fmt_bytes(e.freed_container_bytes),
+            e.freed_containers,
+            fmt_bytes(e.freed_region_bytes),
+            fmt_bytes(e.freed_raw_bytes),
+            e.fingerprints,
+            fmt_bytes(e.phv_bytes),
+            e.seconds
+        )
+    });
+    Ok(0)
+}
+
+/// `tier migrate` (`to_cloud`) and `tier recall`.
+fn moves(
+    cli: &crate::Cli,
+    out: &Out,
+    repo: &Repository,
+    a: &SelArgs,
+    to_cloud: bool,
+) -> Result<i32> {
+    let c = crate::tiers(repo).cloud()?;
+    let pd = crate::progress_for(cli, if to_cloud { "migrate" } else { "recall" });
+    let r = if to_cloud {
+        strata_store::tier::migrate::migrate(repo, &c, &a.selection(), &pd.progress)
+    } else {
+        strata_store::tier::migrate::recall(repo, &c, &a.selection(), &pd.progress)
+    };
+    pd.finish();
+    let r = r?;
+    out.result(&with_cost(serde_json::to_value(&r)?, &c)?, || {
+        let files = if a.path.is_empty() {
+            String::new()
+        } else {
+            format!("{} files of ", r.files)
+        };
+        format!(
+            "{files}{} versions moved to the {} tier: {} logical, {} new chunks copied ({} stored, \
+             {} containers), {} already there; {:.1}s.{}",
+            r.versions.len(),
+            if to_cloud { "cloud" } else { "active" },
+            fmt_bytes(r.logical_bytes),
+            r.chunks_sent,
+            fmt_bytes(r.stored_bytes_sent),
+            r.containers_written,
+            r.chunks_deduplicated,
+            r.seconds,
+            if to_cloud { " `strata gc` frees the local copies." } else { "" }
+        )
+    });
+    Ok(0)
+}
+
+/// How `tier gc` copies live data forward: next to the bucket (a
+/// service, or S3's server-side copy), or through this host.
+fn copier(
+    repo: &Repository,
+    c: &Repository,
+    (service, s3_copy, download, dry_run): (Option<&str>, bool, bool, bool),
+) -> Result<Box<dyn strata_store::tier::copy_forward::CopyForward>> {
+    use strata_store::tier::copy_forward::{Download, S3Copy, Service};
+    Ok(match (service, download) {
+        (Some(url), _) => Box::new(Service::new(url)?),
+        (None, _) if s3_copy => {
+            let url = strata_store::tier::attached(repo)?
+                .map(|t| t.peer_url)
+                .unwrap_or_default();
+            let b = location::s3_backend(&location::location(Some(&url))?)?;
+            Box::new(S3Copy(std::sync::Arc::new(b)))
+        }
+        (None, true) => Box::new(Download(c.backend().clone())),
+        (None, false) if dry_run => Box::new(Download(c.backend().clone())),
+        (None, false) => {
+            return Err(anyhow!(
+                "say how to copy forward: --service URL (a `strata copy-forward-service` \
+                 next to the bucket), --s3-copy (S3 server-side copy, containers over \
+                 5 MiB) — neither downloads — or --download (reads the live data here)"
+            ))
+        }
+    })
+}
+
+/// `tier gc`: cleans the cloud tier.
+fn gc(
+    out: &Out,
+    repo: &Repository,
+    c: &Repository,
+    copier: &dyn strata_store::tier::copy_forward::CopyForward,
+    opts: &strata_store::tier::cloud_gc::CloudGcOptions,
+) -> Result<i32> {
+    let r = strata_store::tier::cloud_gc::cloud_gc(repo, c, copier, opts)?;
+    out.result(&with_cost(serde_json::to_value(&r)?, c)?, || {
+        format!(
+            "cloud tier: {} freed ({} containers deleted, {} copied forward into {}); \
+             {} of dead chunks kept in live regions ({:.1} % efficiency lost); \
+             {} copied next to the store, {} downloaded here; {:.1}s",
+            fmt_bytes(r.dead_bytes_freed),
+            r.containers_deleted,
+            r.containers_copied_forward,
+            r.containers_written,
+            fmt_bytes(r.dead_bytes_kept),
+            r.efficiency_loss * 100.0,
+            fmt_bytes(r.bytes_copied),
+            fmt_bytes(r.bytes_downloaded),
+            r.seconds
+        )
+    });
+    Ok(0)
+}
+
+/// `tier seed`: the bulk first transfer (or, `restart`, dropping an
+/// interrupted one first).
+fn seed(
+    cli: &crate::Cli,
+    out: &Out,
+    repo: &Repository,
+    sel: &SelArgs,
+    restart: bool,
+) -> Result<i32> {
+    if restart {
+        let had = strata_store::tier::seed::restart(repo)?;
+        out.result(&json!({ "dropped": had }), || {
+            if had {
+                "the interrupted seed was dropped".into()
+            } else {
+                "no seed was in progress".into()
+            }
+        });
+        if sel.snapshots.is_empty() && sel.series.is_empty() && sel.older_than.is_none() {
+            return Ok(0);
+        }
+    }
+    let c = crate::tiers(repo).cloud()?;
+    let pd = crate::progress_for(cli, "seed");
+    let r = strata_store::tier::seed::seed(repo, &c, &sel.selection(), &pd.progress);
+    pd.finish();
+    let r = r?;
+    out.result(&with_cost(serde_json::to_value(&r)?, &c)?, || {
+        format!(
+            "{} versions seeded into the cloud tier{}: {} containers read in physical order, \
+             {} chunks sent ({} stored); {:.1}s. `strata gc` frees the local copies.",
+            r.versions.len(),
+            if r.resumed { " (resumed)" } else { "" },
+            r.containers_read,
+            r.chunks_sent,
+            fmt_bytes(r.stored_bytes_sent),
+            r.seconds
+        )
+    });
     Ok(0)
 }
 

@@ -247,7 +247,6 @@ pub fn run(
         return serve::serve_at(cli, out, name, (at, cache), listen, tls);
     }
     let root = root::find(cli, volumes_dir)?;
-    let access = Access(cli);
     match cmd {
         VolumeCmd::Create(a) => create::create(cli, out, &root, a),
         VolumeCmd::Serve {
@@ -265,22 +264,7 @@ pub fn run(
             tag,
             read_all,
         } => snapshot(cli, out, &root, name, tag, *read_all),
-        VolumeCmd::Check { name, read_data } => {
-            let pd = crate::progress_for(cli, "check");
-            let r = strata_link::manage::check(
-                &access,
-                &root,
-                name,
-                *read_data,
-                &progress_fn(&pd.progress),
-            );
-            pd.finish();
-            let r = r.map_err(link_err)?;
-            out.result(&serde_json::to_value(&r)?, || {
-                text::check_text(name, &r, *read_data)
-            });
-            Ok(if r.ok() { 0 } else { 1 })
-        }
+        VolumeCmd::Check { name, read_data } => check(cli, out, &root, name, *read_data),
         VolumeCmd::Resize { name, size, shrink } => {
             let dir = root.existing(name).map_err(link_err)?;
             let old = Volume::resize(&dir, *size, *shrink)
@@ -291,41 +275,8 @@ pub fn run(
             );
             Ok(0)
         }
-        VolumeCmd::Copy { from, to } => {
-            let pd = crate::progress_for(cli, "import");
-            let r =
-                strata_link::manage::copy(&access, &root, (from, to), &progress_fn(&pd.progress));
-            pd.finish();
-            let c = r.map_err(link_err)?;
-            out.result(
-                &serde_json::json!({"volume": to, "from": from, "size": c.size,
-                    "read_bytes": c.read, "written_bytes": c.written}),
-                || {
-                    format!(
-                        "volume {to} copied from {from}: {} ({} read, the rest never written; {} not zeros)",
-                        fmt_bytes(c.size),
-                        fmt_bytes(c.read),
-                        fmt_bytes(c.written)
-                    )
-                },
-            );
-            Ok(0)
-        }
-        VolumeCmd::Defrag { name } => {
-            let mut warnings = Vec::new();
-            // (The check, then the copy.)
-            let pd = crate::progress_for(cli, "defrag");
-            let p = pd.progress.clone();
-            let p = progress_fn(&p);
-            let d = strata_link::manage::defrag(&access, &root, name, &mut warnings, (&p, &p));
-            pd.finish();
-            for w in &warnings {
-                out.warn(w);
-            }
-            let d = d.map_err(link_err)?;
-            out.result(&text::defrag_json(name, &d), || text::defrag_text(name, &d));
-            Ok(0)
-        }
+        VolumeCmd::Copy { from, to } => copy(cli, out, &root, from, to),
+        VolumeCmd::Defrag { name } => defrag(cli, out, &root, name),
         VolumeCmd::Stats { name } => {
             let dir = root.existing(name).map_err(link_err)?;
             let r = strata_volume::report::report(&dir, name)?;
@@ -333,25 +284,90 @@ pub fn run(
             out.result(&v, || text::stats_text(&r));
             Ok(0)
         }
-        VolumeCmd::Delete { name, yes } => {
-            root.existing(name).map_err(link_err)?;
-            if !yes {
-                bail!("deleting volume {name} destroys its data: add --yes");
-            }
-            let d = strata_link::delete::delete(&access, &root, name);
-            let d = d.map_err(link_err)?;
-            for w in &d.warnings {
-                out.warn(w);
-            }
-            text::deleted(out, name, &d.unlinked);
-            Ok(0)
-        }
+        VolumeCmd::Delete { name, yes } => delete(cli, out, &root, name, *yes),
         VolumeCmd::List => {
             let names = root.list();
             out.result(&serde_json::to_value(&names)?, || text::list_text(&names));
             Ok(0)
         }
     }
+}
+
+/// `volume check`.
+fn check(
+    cli: &crate::Cli,
+    out: &Out,
+    root: &VolumesDir,
+    name: &str,
+    read_data: bool,
+) -> Result<i32> {
+    let pd = crate::progress_for(cli, "check");
+    let r = strata_link::manage::check(
+        &Access(cli),
+        root,
+        name,
+        read_data,
+        &progress_fn(&pd.progress),
+    );
+    pd.finish();
+    let r = r.map_err(link_err)?;
+    out.result(&serde_json::to_value(&r)?, || {
+        text::check_text(name, &r, read_data)
+    });
+    Ok(if r.ok() { 0 } else { 1 })
+}
+
+/// `volume copy`.
+fn copy(cli: &crate::Cli, out: &Out, root: &VolumesDir, from: &str, to: &str) -> Result<i32> {
+    let pd = crate::progress_for(cli, "import");
+    let r = strata_link::manage::copy(&Access(cli), root, (from, to), &progress_fn(&pd.progress));
+    pd.finish();
+    let c = r.map_err(link_err)?;
+    out.result(
+        &serde_json::json!({"volume": to, "from": from, "size": c.size,
+            "read_bytes": c.read, "written_bytes": c.written}),
+        || {
+            format!(
+                "volume {to} copied from {from}: {} ({} read, the rest never written; {} not zeros)",
+                fmt_bytes(c.size),
+                fmt_bytes(c.read),
+                fmt_bytes(c.written)
+            )
+        },
+    );
+    Ok(0)
+}
+
+/// `volume defrag`.
+fn defrag(cli: &crate::Cli, out: &Out, root: &VolumesDir, name: &str) -> Result<i32> {
+    let mut warnings = Vec::new();
+    // (The check, then the copy.)
+    let pd = crate::progress_for(cli, "defrag");
+    let p = pd.progress.clone();
+    let p = progress_fn(&p);
+    let d = strata_link::manage::defrag(&Access(cli), root, name, &mut warnings, (&p, &p));
+    pd.finish();
+    for w in &warnings {
+        out.warn(w);
+    }
+    let d = d.map_err(link_err)?;
+    out.result(&text::defrag_json(name, &d), || text::defrag_text(name, &d));
+    Ok(0)
+}
+
+/// `volume delete`.
+fn delete(cli: &crate::Cli, out: &Out, root: &VolumesDir, name: &str, yes: bool) -> Result<i32> {
+    root.existing(name).map_err(link_err)?;
+    if !yes {
+        bail!("deleting volume {name} destroys its data: add --yes");
+    }
+    let d = strata_link::delete::delete(&Access(cli), root, name);
+    let d = d.map_err(link_err)?;
+    for w in &d.warnings {
+        out.warn(w);
+    }
+    text::deleted(out, name, &d.unlinked);
+    Ok(0)
 }
 
 /// `volume snapshot`: the volume's current contents as a version of

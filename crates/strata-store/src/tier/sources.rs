@@ -5,6 +5,9 @@
 
 use crate::backend::Backend;
 use crate::error::{Result, StoreError};
+use crate::ops::restore::{
+    restore_from, verify_from, RecipeSource, RestoreOptions, RestoreReport, VerifyReport,
+};
 use crate::repo::tiers::part_snapshot;
 use crate::repo::Repository;
 use std::sync::{Arc, Mutex};
@@ -85,6 +88,55 @@ impl Tiers {
             Tier::Active => Ok(self.active.clone()),
             Tier::Cloud => self.cloud(),
         }
+    }
+}
+
+impl Tiers {
+    /// Restores version `s` from wherever its data is ([`Self::sources`]:
+    /// the files in the cloud tier first; the directories' metadata set
+    /// last). `readers`: reads in flight, or (None) as many as suit each
+    /// source — a bucket wants many, a local disk the default.
+    pub fn restore(
+        &self,
+        s: &Snapshot,
+        opts: &mut RestoreOptions,
+        readers: Option<usize>,
+    ) -> Result<RestoreReport> {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let mut rep = RestoreReport::default();
+        let sources = self.sources(s)?;
+        let n = sources.len();
+        for (i, (data, part)) in sources.into_iter().enumerate() {
+            opts.dir_metadata = i + 1 == n;
+            opts.readers =
+                readers.unwrap_or(match data.backend().describe().starts_with("s3://") {
+                    true => (2 * cores).max(4),
+                    false => 0,
+                });
+            let recipe = RecipeSource::Stored {
+                repo: &self.active,
+                id: &part.recipe,
+            };
+            rep.add(restore_from(&data, &part, recipe, opts)?, i + 1 == n);
+        }
+        Ok(rep)
+    }
+
+    /// Reads the files of version `s` restored with `opts` back against
+    /// its fingerprints, a recipe (active part, cloud part) at a time.
+    pub fn verify(&self, s: &Snapshot, opts: &RestoreOptions) -> Result<VerifyReport> {
+        let mut total = VerifyReport::default();
+        for (_, part) in self.sources(s)? {
+            let recipe = RecipeSource::Stored {
+                repo: &self.active,
+                id: &part.recipe,
+            };
+            let v = verify_from(&self.active, recipe, opts)?;
+            total.files += v.files;
+            total.bytes += v.bytes;
+            total.mismatches.extend(v.mismatches);
+        }
+        Ok(total)
     }
 }
 
