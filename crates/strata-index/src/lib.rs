@@ -16,6 +16,7 @@ pub mod exact;
 pub mod frozen;
 pub mod silo;
 pub mod store;
+pub mod strategy;
 
 pub use store::{AsyncStore, BlockStore, DirStore, MemStore, StoreStats};
 

@@ -20,7 +20,7 @@
 //! after gc moved chunks, a stale location is a miss, never a dangling
 //! reference.
 
-use crate::engine::index::{ChunkLoc, ContainerTable, IndexStrategy};
+use crate::engine::index::{ChunkLoc, ContainerTable};
 use crate::error::{Result, StoreError};
 use crate::repo::{now_ns, IndexSpec, Repository};
 use serde::{Deserialize, Serialize};
@@ -245,7 +245,7 @@ impl SiloStrategy {
     }
 }
 
-impl IndexStrategy for SiloStrategy {
+impl strata_index::strategy::IndexStrategy<StoreError> for SiloStrategy {
     fn name(&self) -> &'static str {
         "silo"
     }
@@ -353,7 +353,7 @@ impl BinningStrategy {
     }
 }
 
-impl IndexStrategy for BinningStrategy {
+impl strata_index::strategy::IndexStrategy<StoreError> for BinningStrategy {
     fn name(&self) -> &'static str {
         "binning"
     }
