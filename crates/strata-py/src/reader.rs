@@ -3,11 +3,11 @@
 //! ([`FileReader`], which python/strata wraps in an `io.RawIOBase`).
 
 use crate::errors::IntoPy;
-use crate::repo::Repository;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::io::Read;
 use std::sync::Arc;
+use strata_core::format::Snapshot;
 use strata_store::engine::fsread::{open_stored, RegionCache, DEFAULT_REGION_CACHE_BYTES};
 
 /// A Python object with `read(n) -> bytes`, read by the store's backup
@@ -56,17 +56,22 @@ pub struct FileReader {
 }
 
 impl FileReader {
-    /// The reader of `path` in snapshot `spec` (a hard link reads its
-    /// first name's content).
-    pub fn open(repo: &Repository, spec: &str, path: &str) -> PyResult<FileReader> {
+    /// The reader of `path` in snapshot `spec` of `repo` (a hard link
+    /// reads its first name's content), its data in `sources` (the cloud
+    /// tier's part first, as restore reads them).
+    pub fn open(
+        repo: &strata_store::Repository,
+        sources: Vec<(strata_store::Repository, Snapshot)>,
+        spec: &str,
+        path: &str,
+    ) -> PyResult<FileReader> {
         let want = path.trim_start_matches('/').as_bytes();
-        let (_, sources) = repo.snapshot_sources(spec)?;
         // The active part first, then the cloud part (where moved files are).
         for (data, part) in sources.into_iter().rev() {
             // (64 MiB of decoded regions, as `strata mount` keeps; the
             // recipe read a part at a time, only the file's chunks kept.)
             let cache = Arc::new(RegionCache::new(DEFAULT_REGION_CACHE_BYTES));
-            let found = open_stored(repo.inner(), &data, &part, &part.recipe, want, cache);
+            let found = open_stored(repo, &data, &part, &part.recipe, want, cache);
             if let Some(inner) = found.py_err()? {
                 let size = inner.size();
                 return Ok(FileReader { inner, size });

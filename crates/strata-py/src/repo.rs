@@ -279,7 +279,10 @@ impl Repository {
 
     /// A reader of the file `path` of snapshot `spec`.
     fn open_file(&self, py: Python<'_>, spec: &str, path: &str) -> PyResult<FileReader> {
-        py.detach(|| FileReader::open(self, spec, path))
+        py.detach(|| {
+            let (_, sources) = self.snapshot_sources(spec)?;
+            FileReader::open(&self.repo, sources, spec, path)
+        })
     }
 
     /// Removes the snapshots `specs` name (ids, prefixes, SERIES@VERSION);
@@ -333,7 +336,7 @@ impl Repository {
 
 impl Repository {
     /// For the reader: the snapshot's sources.
-    pub fn snapshot_sources(
+    fn snapshot_sources(
         &self,
         spec: &str,
     ) -> PyResult<(String, Vec<(strata_store::Repository, Snapshot)>)> {

@@ -211,6 +211,27 @@ fn write_zeros(file: &File, first: u64, entries: &[u64]) -> io::Result<()> {
     Ok(())
 }
 
+/// Map entries (DBN + 1; 0: none) in runs naming neighbouring disk
+/// blocks, one I/O each: (first index, end index, first DBN). Zero
+/// entries, and those for which `mapped` is false, are in no run.
+pub(crate) fn disk_runs(map: &[u64], mapped: impl Fn(usize) -> bool) -> Vec<(usize, usize, u64)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < map.len() {
+        if map[i] == 0 || !mapped(i) {
+            i += 1;
+            continue;
+        }
+        let mut j = i + 1;
+        while j < map.len() && mapped(j) && map[j - 1].checked_add(1) == Some(map[j]) {
+            j += 1;
+        }
+        out.push((i, j, map[i] - 1));
+        i = j;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Duration;
 
-pub const BLOCK: usize = 4096;
+/// The volume's block: strata-core's [`strata_core::BLOCK_SIZE`].
+pub const BLOCK: usize = strata_core::BLOCK_SIZE;
 pub(crate) const FORMAT: u32 = 1;
 /// The format of an encrypted volume: builds before encryption refuse it
 /// (they would read its blocks as plain and write plain ones among them).
@@ -106,6 +107,3 @@ pub const EXTENTS_MAX: u64 = 256 << 20;
 /// Blocks of the write buffer [`Volume::extents`] looks at under one hold
 /// of its lock.
 pub(crate) const EXTENTS_LOCKED: usize = 4096;
-
-/// The least room `live.json` is given (it is rewritten in place).
-pub(crate) const LIVE_RESERVE: usize = 64 << 10;

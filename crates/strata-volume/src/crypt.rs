@@ -24,12 +24,12 @@
 //! blocks share a disk block: that two places hold the same 4 KiB), and
 //! the sizes and counters in `volume.json` and `state.json`.
 
-use crate::config::BLOCK;
 use crate::idedup::Fp;
 use aes::cipher::generic_array::GenericArray;
 use aes::cipher::{BlockDecrypt, BlockEncrypt, KeyInit};
 use aes::Aes256;
 use serde::{Deserialize, Serialize};
+use strata_core::BLOCK_SIZE as BLOCK;
 use zeroize::Zeroize;
 
 /// A volume's key (32 bytes), handed in by whoever opens the volume (the

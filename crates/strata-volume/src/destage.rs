@@ -149,7 +149,7 @@ impl Volume {
         // Writes in place still under way finish first (new ones go
         // through the journal until this batch is applied).
         let _no_direct = self.direct_io.write().unwrap_or_else(|e| e.into_inner());
-        let mut guard = crate::state::lock(&self.disk);
+        let mut guard = crate::mutex::lock(&self.disk);
         let d = &mut *guard;
         let mut ch = Changes::default();
         for (&s, &e) in &batch.zeros.0 {
@@ -366,7 +366,7 @@ impl Volume {
                 j += 1;
             }
             let k = (j - i) as u64;
-            let at = alloc(&mut crate::state::lock(&self.space), k);
+            let at = alloc(&mut crate::mutex::lock(&self.space), k);
             let mut fbuf = Vec::with_capacity((j - i) * 16);
             for x in i..j {
                 let dbn = at + (x - i) as u64;

@@ -1,7 +1,6 @@
 //! The volume's files: JSON written whole or in place (with readers
 //! taking turns), arrays of numbers, sparse copies, holes punched.
 
-use crate::config::{BLOCK, LIVE_RESERVE};
 use crate::error::{ioe, Result, VolumeError};
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
@@ -9,6 +8,10 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use strata_core::BLOCK_SIZE as BLOCK;
+
+/// The least room `live.json` is given (it is rewritten in place).
+pub(crate) const LIVE_RESERVE: usize = 64 << 10;
 
 /// Copies `src` to `dst`: a reflink (instant, whatever the size) where the
 /// file system has them (XFS, Btrfs), else a copy of its data, its holes

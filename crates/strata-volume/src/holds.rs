@@ -17,7 +17,8 @@
 
 use crate::error::{Failure, Result, VolumeError};
 use crate::files::read_counts_at;
-use crate::state::{lock, Disk, Volume};
+use crate::mutex::lock;
+use crate::state::{Disk, Volume};
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::io;

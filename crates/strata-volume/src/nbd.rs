@@ -19,9 +19,10 @@
 //! only; a request outside the device or longer than [`MAX_REQUEST`] gets
 //! an error reply.
 
+use crate::conn::Conn;
 use crate::tls::TlsConfig;
 use std::io::{self, BufReader, BufWriter, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -178,36 +179,6 @@ impl Listen {
 pub struct Server {
     stop: Arc<AtomicBool>,
     addr: String,
-}
-
-/// A connection's stream (TCP, Unix, or the plaintext side of TLS).
-pub(crate) trait Conn: Read + Write + Send + 'static {
-    fn try_clone_box(&self) -> io::Result<Box<dyn Conn>>;
-    fn set_timeout(&self, d: Option<Duration>) -> io::Result<()>;
-    /// Ends both directions (a thread blocked reading it returns).
-    fn shutdown(&self);
-}
-impl Conn for TcpStream {
-    fn try_clone_box(&self) -> io::Result<Box<dyn Conn>> {
-        Ok(Box::new(self.try_clone()?))
-    }
-    fn set_timeout(&self, d: Option<Duration>) -> io::Result<()> {
-        self.set_read_timeout(d)
-    }
-    fn shutdown(&self) {
-        let _ = TcpStream::shutdown(self, std::net::Shutdown::Both);
-    }
-}
-impl Conn for UnixStream {
-    fn try_clone_box(&self) -> io::Result<Box<dyn Conn>> {
-        Ok(Box::new(self.try_clone()?))
-    }
-    fn set_timeout(&self, d: Option<Duration>) -> io::Result<()> {
-        self.set_read_timeout(d)
-    }
-    fn shutdown(&self) {
-        let _ = UnixStream::shutdown(self, std::net::Shutdown::Both);
-    }
 }
 
 impl Server {

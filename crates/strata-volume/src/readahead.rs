@@ -46,7 +46,7 @@
 
 use crate::blockmap::BlockMap;
 use crate::config::BLOCK;
-use crate::state::lock;
+use crate::mutex::lock;
 use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -632,7 +632,7 @@ fn hint(data: &File, dbn: u64, blocks: u64) -> bool {
 /// Asks for the disk blocks of map entries `dbns`, one hint per run of
 /// neighbouring disk blocks.
 pub(crate) fn prefetch(dbns: &[u64], data: &File) {
-    for (i, j, dbn) in crate::state::disk_runs(dbns, |_| true) {
+    for (i, j, dbn) in crate::blockmap::disk_runs(dbns, |_| true) {
         will_need(data, dbn, (j - i) as u64);
     }
 }

@@ -5,7 +5,8 @@
 use crate::config::{VolumeConfig, BLOCK};
 use crate::error::VolumeError;
 use crate::idedup::NODE_BYTES;
-use crate::state::{lock, Volume};
+use crate::mutex::lock;
+use crate::state::Volume;
 use crate::stats::Histogram;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -127,7 +128,7 @@ impl Volume {
 pub(crate) fn reserve_live(dir: &Path) -> Result<(), VolumeError> {
     let p = dir.join("live.json");
     let live: Live = crate::files::read_json_shared(&p).unwrap_or_default();
-    crate::files::write_json_in_place(&p, &live, crate::config::LIVE_RESERVE)
+    crate::files::write_json_in_place(&p, &live, crate::files::LIVE_RESERVE)
 }
 
 /// The report of the volume in `dir` (served or not).

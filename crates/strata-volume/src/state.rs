@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 /// A journal record's header, and the bytes to append when they are not
@@ -384,29 +384,4 @@ pub struct Volume {
     /// a release back and deleting its file leaves a recount to the next
     /// open, never a second subtraction.
     pub(crate) picks_releases: AtomicBool,
-}
-
-/// Map entries (DBN + 1; 0: none) in runs naming neighbouring disk
-/// blocks, one I/O each: (first index, end index, first DBN). Zero
-/// entries, and those for which `mapped` is false, are in no run.
-pub(crate) fn disk_runs(map: &[u64], mapped: impl Fn(usize) -> bool) -> Vec<(usize, usize, u64)> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < map.len() {
-        if map[i] == 0 || !mapped(i) {
-            i += 1;
-            continue;
-        }
-        let mut j = i + 1;
-        while j < map.len() && mapped(j) && map[j - 1].checked_add(1) == Some(map[j]) {
-            j += 1;
-        }
-        out.push((i, j, map[i] - 1));
-        i = j;
-    }
-    out
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

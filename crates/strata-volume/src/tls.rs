@@ -9,7 +9,7 @@
 //! side sees one end of a socket pair — a plain stream it can clone
 //! for its reader and its workers, as it does a TCP connection.
 
-use crate::nbd::Conn;
+use crate::conn::Conn;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;

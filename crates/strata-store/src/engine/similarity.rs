@@ -20,7 +20,6 @@
 //! after gc moved chunks, a stale location is a miss, never a dangling
 //! reference.
 
-use crate::engine::index::{ChunkLoc, ContainerTable};
 use crate::error::{Result, StoreError};
 use crate::repo::{now_ns, IndexSpec, Repository};
 use serde::{Deserialize, Serialize};
@@ -31,6 +30,7 @@ use strata_core::format::{ContainerId, ContainerMeta};
 use strata_core::Fingerprint;
 use strata_index::binning::{Binning, Ticket};
 use strata_index::silo::{Silo, SiloConfig};
+use strata_index::strategy::{ChunkLoc, ContainerTable, Learns};
 use strata_index::{AsyncStore, BlockStore, IndexError, PosLoc, StoreStats};
 
 /// Index data stored as sealed repository objects under a prefix.
@@ -316,8 +316,8 @@ impl strata_index::strategy::IndexStrategy<StoreError> for SiloStrategy {
         table.intern(meta.id);
     }
 
-    fn learns(&self) -> crate::engine::index::Learns {
-        crate::engine::index::Learns::Containers
+    fn learns(&self) -> Learns {
+        Learns::Containers
     }
 }
 
@@ -446,7 +446,7 @@ impl strata_index::strategy::IndexStrategy<StoreError> for BinningStrategy {
         table.intern(meta.id);
     }
 
-    fn learns(&self) -> crate::engine::index::Learns {
-        crate::engine::index::Learns::Containers
+    fn learns(&self) -> Learns {
+        Learns::Containers
     }
 }

@@ -5,6 +5,7 @@ use crate::config::*;
 use crate::error::*;
 use crate::files::*;
 use crate::journal::Journal;
+use crate::mutex::lock;
 use crate::state::*;
 use std::fs::{self, File};
 use std::io;

@@ -1,11 +1,13 @@
 //! A volume's image as a snapshot reads it: the volume frozen by its
 //! server, its frozen map, and readers of the image at any offset.
 
+use crate::blockmap::disk_runs;
 use crate::changes::ChangeSet;
 use crate::config::*;
 use crate::crypt::{Crypt, VolumeKey};
 use crate::error::*;
 use crate::files::*;
+use crate::mutex::lock;
 use crate::readahead::{prefetch, will_need};
 use crate::state::*;
 use std::fs::{self, File};

@@ -9,6 +9,7 @@ use crate::error::*;
 use crate::files::*;
 use crate::idedup::{Fp, MetaCache};
 use crate::journal::{self, Journal, Record};
+use crate::mutex::lock;
 use crate::readahead::Readahead;
 use crate::state::*;
 use crate::stats::{Histogram, Persistent};

@@ -2,9 +2,11 @@
 //! disk blocks read at once, decrypted, and read ahead.
 
 use super::image::{ImageReader, ImageSource};
+use crate::blockmap::disk_runs;
 use crate::config::*;
 use crate::files::*;
 use crate::journal::{self};
+use crate::mutex::lock;
 use crate::readahead::will_need;
 use crate::state::*;
 use std::io;

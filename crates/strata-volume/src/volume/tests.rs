@@ -1,10 +1,12 @@
 //! Unit tests of the volume: live figures, holds, map copies, a full
 //! disk, the auto threshold.
 
-use crate::config::{Threshold, VolumeConfig, BLOCK, LIVE_RESERVE};
+use crate::config::{Threshold, VolumeConfig, BLOCK};
 use crate::error::{Failure, VolumeError};
+use crate::files::LIVE_RESERVE;
 use crate::files::{clone_or_copy, copy_sparse, read_json, read_json_shared, write_json_in_place};
-use crate::state::{lock, Batch, Block, RecentReads, Volume, RECENT_READS};
+use crate::mutex::lock;
+use crate::state::{Batch, Block, RecentReads, Volume, RECENT_READS};
 use std::io;
 
 /// `live.json` is written over its own bytes once it has room (the

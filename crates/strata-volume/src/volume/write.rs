@@ -5,6 +5,7 @@ use crate::config::*;
 use crate::error::*;
 use crate::files::*;
 use crate::journal::{self, Record};
+use crate::mutex::lock;
 use crate::state::*;
 use std::fs::File;
 use std::io;
