@@ -223,7 +223,7 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
                 let data = &mut block[..len as usize];
                 img.read_exact_at(data, at)
                     .map_err(|e| io("read", &src, e))?;
-                let (f, zero) = crate::ops::backup::dedup::chunk_fp(hasher, data);
+                let (f, zero) = crate::ops::backup::job::chunk_fp(hasher, data);
                 fp = f;
                 match zero {
                     true => Loc::default(),

@@ -263,7 +263,7 @@ fn scan_vm(
         read += len as u64;
         let chunks: Vec<(Fingerprint, bool)> = buf[..len]
             .chunks(BLOCK)
-            .map(|c| crate::ops::backup::dedup::chunk_fp(hasher, c))
+            .map(|c| crate::ops::backup::job::chunk_fp(hasher, c))
             .collect();
         let seg_fp = hasher.hash_fingerprints(chunks.iter().map(|c| &c.0));
         if same_len && prev[i].0 == seg_fp {

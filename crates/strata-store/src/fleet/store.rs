@@ -344,7 +344,7 @@ fn store_vm(
                 continue;
             }
             let s = slot_at(&mut slots, first, slot)?;
-            let (fp, zero) = crate::ops::backup::dedup::chunk_fp(hasher, data);
+            let (fp, zero) = crate::ops::backup::job::chunk_fp(hasher, data);
             let kind = Kind::from_u32(u32_at(s, 32))?;
             if fp.0 != s[..32] || zero {
                 // The image changed since stage 1a (no reflink copy): the

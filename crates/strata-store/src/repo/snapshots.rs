@@ -177,7 +177,7 @@ fn latest(
 /// replaced in place under an exclusive lock, so ids stay the same.
 /// Returns each snapshot's new tags.
 pub fn retag(
-    repo: &crate::Repository,
+    repo: &crate::repo::Repository,
     ids: &[String],
     set: Option<&[String]>,
     add: &[String],

@@ -6,24 +6,21 @@
 //! streams are cut into blocks and segments by [`super::pipeline`], which
 //! calls [`Ctx::store_segment`] from every worker.
 
+use super::job::{chunk_fp, Ctx, PendingChunk, SegmentJob, KNOWN};
 use super::parent::{is_anchor, ParentFile};
 use super::walk::{Job, Source};
-use crate::engine::index::{ChunkLoc, ContainerTable, IndexStrategy};
+use crate::engine::index::{ChunkLoc, IndexStrategy};
 use crate::engine::writer::ContainerWriter;
 use crate::error::{Result, StoreError};
-use crate::progress::Progress;
-use crate::repo::Repository;
 use crate::stages::{Stage, Stages};
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
-use strata_core::chunker::{ChunkStream, ChunkerParams, Segmenter};
-use strata_core::fingerprint::is_zero;
+use strata_core::chunker::{ChunkStream, Segmenter};
 use strata_core::format::{ChunkRef, Node, SegmentRef};
 use strata_core::Fingerprint;
 
@@ -35,149 +32,6 @@ pub(crate) enum Outcome {
         warning: Option<String>,
     },
     Failed(String),
-}
-
-/// Per-backup state shared by the workers.
-pub(crate) struct Ctx<'a> {
-    pub repo: &'a Repository,
-    pub strategy: &'a dyn IndexStrategy,
-    pub table: Arc<ContainerTable>,
-    pub chunker: ChunkerParams,
-    pub progress: &'a Progress,
-    pub stages: Arc<Stages>,
-    pub abort: AtomicBool,
-    pub new_chunks: AtomicU64,
-    pub new_raw: AtomicU64,
-    pub read_bytes: AtomicU64,
-    /// Bytes found in the previous version of their file.
-    pub parent_bytes: AtomicU64,
-    /// Bytes found in a similar stored segment.
-    pub similar_bytes: AtomicU64,
-    /// Files at least this large (and streams) go through the block
-    /// pipeline that spreads one file over every worker.
-    pub large_file: u64,
-    /// The new chunks stored, 1 in 64 by fingerprint (with their lengths):
-    /// met with the previous version's sample after the walk, it tells how
-    /// much of that version this one stored again.
-    pub stored_sample: Mutex<HashMap<Fingerprint, u32>>,
-    /// The volume whose blocks the new containers link to (a volume's
-    /// snapshot: the link sink, a [`crate::engine::writer::Linker`]).
-    pub link: Option<Arc<dyn crate::engine::writer::Linker>>,
-}
-
-/// A chunk's fingerprint, and whether it is all zeros (never stored, so
-/// not hashed).
-pub(crate) fn chunk_fp(hasher: &strata_core::Hasher, chunk: &[u8]) -> (Fingerprint, bool) {
-    if is_zero(chunk) {
-        (Fingerprint::ZERO, true)
-    } else {
-        (hasher.hash(chunk), false)
-    }
-}
-
-/// One chunk of a segment being formed: its bytes are `len` bytes at
-/// `start` of the segment's own data (`block` = [`OWN`]) or of one of the
-/// blocks it shares (all-zero chunks have none).
-#[derive(Clone, Copy)]
-pub(crate) struct PendingChunk {
-    pub fp: Fingerprint,
-    pub block: u32,
-    pub start: usize,
-    pub len: u32,
-    pub zero: bool,
-}
-
-/// [`PendingChunk::block`] of bytes held in the segment's own data.
-const OWN: u32 = u32::MAX;
-/// [`PendingChunk::block`] of a chunk without bytes: the previous
-/// version's, whose location is known (a patch's unchanged segment).
-const KNOWN: u32 = u32::MAX - 1;
-
-/// A segment ready to be looked up and stored: its chunks, their bytes
-/// (copied into `data`, or shared with the blocks a large file was read
-/// in), and its offset in the file.
-#[derive(Default)]
-pub(crate) struct SegmentJob {
-    pub chunks: Vec<PendingChunk>,
-    pub data: Vec<u8>,
-    pub blocks: Vec<Arc<Vec<u8>>>,
-    pub at: u64,
-}
-
-impl SegmentJob {
-    /// Adds a chunk, copying its bytes.
-    pub fn push(&mut self, fp: Fingerprint, zero: bool, chunk: &[u8]) {
-        self.chunks.push(PendingChunk {
-            fp,
-            block: OWN,
-            start: self.data.len(),
-            len: chunk.len() as u32,
-            zero,
-        });
-        if !zero {
-            self.data.extend_from_slice(chunk);
-        }
-    }
-
-    /// Adds a chunk of the previous version without its bytes: only for a
-    /// chunk whose location goes with it (or a zero one).
-    pub fn push_known(&mut self, fp: Fingerprint, zero: bool, len: u32) {
-        self.chunks.push(PendingChunk {
-            fp,
-            block: KNOWN,
-            start: 0,
-            len,
-            zero,
-        });
-    }
-
-    /// Adds a chunk whose bytes stay in `block` at `start`.
-    pub fn push_shared(
-        &mut self,
-        fp: Fingerprint,
-        zero: bool,
-        block: &Arc<Vec<u8>>,
-        start: usize,
-        len: u32,
-    ) {
-        if !self.blocks.last().is_some_and(|b| Arc::ptr_eq(b, block)) {
-            self.blocks.push(block.clone());
-        }
-        self.chunks.push(PendingChunk {
-            fp,
-            block: self.blocks.len() as u32 - 1,
-            start,
-            len,
-            zero,
-        });
-    }
-
-    /// The bytes of a (non-zero) chunk.
-    fn bytes(&self, c: &PendingChunk) -> &[u8] {
-        let buf = match c.block {
-            OWN => &self.data,
-            b => &self.blocks[b as usize][..],
-        };
-        &buf[c.start..c.start + c.len as usize]
-    }
-
-    /// Plaintext bytes, zero chunks included.
-    pub fn len(&self) -> u64 {
-        self.chunks.iter().map(|c| c.len as u64).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.chunks.is_empty()
-    }
-
-    /// The fingerprints of its non-zero chunks.
-    fn fps(&self) -> Vec<Fingerprint> {
-        self.chunks
-            .iter()
-            .filter(|c| !c.zero)
-            .map(|c| c.fp)
-            .collect()
-    }
 }
 
 /// What storing a segment's chunks did: every chunk's reference, and the
@@ -226,45 +80,7 @@ impl<R: Read> Read for TimedRead<R> {
     }
 }
 
-/// What a [`Ctx`] works with; its counters start at zero.
-pub(crate) struct CtxParts<'a> {
-    pub repo: &'a Repository,
-    pub strategy: &'a dyn IndexStrategy,
-    pub table: Arc<ContainerTable>,
-    pub chunker: ChunkerParams,
-    pub progress: &'a Progress,
-    pub stages: Arc<Stages>,
-    pub large_file: u64,
-    pub link: Option<Arc<dyn crate::engine::writer::Linker>>,
-}
-
 impl<'a> Ctx<'a> {
-    /// Whether the backup must stop: a worker failed, or the caller
-    /// cancelled it.
-    pub fn aborted(&self) -> bool {
-        self.abort.load(Ordering::Relaxed) || self.progress.is_cancelled()
-    }
-
-    pub fn new(p: CtxParts<'a>) -> Self {
-        Ctx {
-            repo: p.repo,
-            strategy: p.strategy,
-            table: p.table,
-            chunker: p.chunker,
-            progress: p.progress,
-            stages: p.stages,
-            abort: AtomicBool::new(false),
-            new_chunks: AtomicU64::new(0),
-            new_raw: AtomicU64::new(0),
-            read_bytes: AtomicU64::new(0),
-            parent_bytes: AtomicU64::new(0),
-            similar_bytes: AtomicU64::new(0),
-            large_file: p.large_file,
-            stored_sample: Mutex::new(HashMap::new()),
-            link: p.link,
-        }
-    }
-
     /// Looks up the chunks of `job` in the previous version of its file.
     pub fn parent_lookup(
         &self,

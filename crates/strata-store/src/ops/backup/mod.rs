@@ -16,6 +16,7 @@
 pub(crate) mod commit;
 pub(crate) mod dedup;
 mod flow;
+pub(crate) mod job;
 mod parent;
 pub mod patch;
 mod pipeline;
@@ -31,7 +32,7 @@ use crate::repo::index::RepoIndex;
 use crate::repo::lock;
 use crate::repo::{now_ns, Repository};
 use crate::stages::{Stage, StageReport, Stages};
-use dedup::{Ctx, CtxParts};
+use job::{Ctx, CtxParts};
 use parent::Parent;
 use std::io::Read;
 use std::path::PathBuf;

@@ -13,8 +13,8 @@
 //! whole file's chunks (1 in 64, by fingerprint) finds the place again
 //! after an insertion or deletion larger than the window.
 
-use super::dedup::SegmentJob;
-use super::patch::{CleanSegment, PATCH_SEGMENT};
+use super::job::SegmentJob;
+use super::job::{CleanSegment, PATCH_SEGMENT};
 use crate::engine::index::{ChunkLoc, ContainerTable, IndexStrategy};
 use crate::error::Result;
 use crate::repo::index::RepoIndex;
@@ -386,7 +386,7 @@ impl<'a> Parent<'a> {
     }
 
     /// The previous version's file at `path` a piece at a time (a patched
-    /// image: see [`super::patch::PATCH_PIECE`]): its first piece (what
+    /// image: see [`super::job::PATCH_PIECE`]): its first piece (what
     /// comes before `path` is passed over), then — `after` the piece
     /// before — the next one; `None` past the last piece, or when a part
     /// cannot be read. Nothing is joined: one piece's chunks at a time.

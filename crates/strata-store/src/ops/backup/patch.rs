@@ -14,19 +14,14 @@
 //! read. If the series' newest version is not the one the changes are
 //! counted from, everything is read.
 
-use super::dedup::{Ctx, SegmentJob};
-use super::pipeline::Block;
-use crate::engine::index::ChunkLoc;
+use super::job::{Block, CleanSegment, PATCH_CHUNK};
+use super::job::{Ctx, SegmentJob};
+pub use super::job::{PATCH_PIECE, PATCH_SEGMENT};
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// The unit of change: the fixed chunker's segment (2 MiB).
-pub const PATCH_SEGMENT: u64 = 2 << 20;
-/// The fixed chunker's chunk (4 KiB).
-pub(crate) const PATCH_CHUNK: u64 = 4096;
 
 /// Bytes of a stream read at any offset.
 pub trait ReadAt: Send {
@@ -67,10 +62,6 @@ pub struct ImagePatch {
     pub link: Option<std::sync::Arc<dyn crate::engine::writer::Linker>>,
 }
 
-/// An unchanged segment: its chunks (fingerprints, no bytes) and where
-/// each non-zero one is.
-pub(crate) type CleanSegment = (SegmentJob, Vec<Option<ChunkLoc>>);
-
 /// The image's bytes, shared by the jobs of its pieces (one read at a
 /// time).
 #[derive(Clone)]
@@ -91,13 +82,6 @@ impl ReadAt for SharedImage {
             .unwritten(offset, len)
     }
 }
-
-/// The bytes of one piece of a patched image: the recipe writer's piece
-/// ([`crate::repo::recipe::PIECE_CHUNKS`] chunks of 4 KiB, 64 MiB). An image is
-/// backed up a piece at a time, each piece a job of its own (its node a
-/// piece of the image's), so that neither its previous version nor its
-/// new one is ever held whole.
-pub const PATCH_PIECE: u64 = crate::repo::recipe::PIECE_CHUNKS as u64 * PATCH_CHUNK;
 
 /// A patch as the pipeline reads it: the image, or a piece of it
 /// (`at..end`).

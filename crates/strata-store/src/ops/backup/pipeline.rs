@@ -20,12 +20,12 @@
 //! more than [`AHEAD_PER_WORKER`] bytes per worker of that file are read
 //! but not yet stored, so memory stays bounded whatever the file's size.
 
-use super::dedup::{
-    changed_warning, chunk_fp, open_source, Ctx, Outcome, SegmentJob, TimedRead, WorkerBuffers,
-};
+use super::dedup::{changed_warning, open_source, Outcome, TimedRead, WorkerBuffers};
 use super::flow::{Feeder, Flow, FlowLimits, RecipeItem, TreeCounts, Unit};
+use super::job::Block;
+use super::job::{chunk_fp, Ctx, SegmentJob};
 use super::parent::ParentFile;
-use super::patch::{CleanSegment, PatchSource};
+use super::patch::PatchSource;
 use super::walk::{Job, Source};
 use crate::engine::index::ChunkLoc;
 use crate::engine::writer::{ContainerSink, ContainerWriter, SinkResult};
@@ -44,7 +44,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use strata_core::chunker::{ChunkStream, Segmenter};
 use strata_core::format::{Node, SegmentRef};
-use strata_core::Fingerprint;
 
 /// Files at least this large, and streams, go through the block pipeline
 /// by default ([`super::BackupOptions::large_file`]).
@@ -350,39 +349,6 @@ fn is_large(job: &Job, large: u64) -> bool {
     match job.source {
         Source::Stream(_) | Source::Patch(_) => true,
         Source::Path(_) => job.node.size >= large,
-    }
-}
-
-/// A run of chunks read from a large file, in file order. Its segments
-/// share its bytes until they are stored.
-pub(crate) struct Block {
-    idx: u64,
-    /// File offset of its first chunk.
-    offset: u64,
-    /// Bytes of the file it covers.
-    pub span: u64,
-    pub data: Arc<Vec<u8>>,
-    /// (start in `data`, length) of each chunk.
-    pub chunks: Vec<(usize, u32)>,
-    hashed: Vec<(Fingerprint, bool)>,
-    /// A whole segment taken from the previous version unread (a patch).
-    pub known: Option<CleanSegment>,
-    /// Set on the last block: end of file, or the read error that ended it.
-    pub end: Option<std::result::Result<(), String>>,
-}
-
-impl Block {
-    pub(crate) fn empty(idx: u64, offset: u64) -> Block {
-        Block {
-            idx,
-            offset,
-            span: 0,
-            data: Arc::default(),
-            chunks: Vec::new(),
-            hashed: Vec::new(),
-            known: None,
-            end: None,
-        }
     }
 }
 

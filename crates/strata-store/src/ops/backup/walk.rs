@@ -10,8 +10,9 @@
 //! alongside), excludes are `globset` patterns, extended attributes (ACLs
 //! among them) come from `xattr`.
 
+use super::job::{PATCH_PIECE, PATCH_SEGMENT};
 use super::parent::{CarriedPart, Parent, ParentFile, PrevNode};
-use super::patch::{PatchSource, SharedImage, PATCH_PIECE, PATCH_SEGMENT};
+use super::patch::{PatchSource, SharedImage};
 use crate::error::{Result, StoreError};
 use crate::progress::Progress;
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
