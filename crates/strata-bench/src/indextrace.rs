@@ -127,6 +127,161 @@ fn key(fp: &[u8; 32]) -> [u8; 16] {
     fp[..16].try_into().expect("16 bytes")
 }
 
+/// A strategy's index, with the content-defined cutter and the buffered
+/// unit (segment or file) of the strategies that deduplicate a unit at a
+/// time.
+enum Index {
+    None,
+    Exact(ExactMap<[u8; 16], ()>),
+    Silo(Box<Silo<[u8; 16], ()>>, Cutter, Vec<([u8; 16], u32)>),
+    Binning(Box<Binning<[u8; 16], ()>>, Cutter, Vec<([u8; 16], u32)>),
+}
+
+impl Index {
+    /// The index `strategy` names, with its on-disk parts in `store`.
+    fn new(strategy: &str, run: &TraceRun, store: &Arc<dyn BlockStore>) -> Result<Self> {
+        let avg_chunk = 8192;
+        Ok(match strategy {
+            "none" => Index::None,
+            "exact" => Index::Exact(ExactMap::default()),
+            "silo" => Index::Silo(
+                Box::new(Silo::new(
+                    SiloConfig {
+                        block_bytes: run.block_bytes,
+                        cache_blocks: run.cache_blocks,
+                        reps: 1,
+                        gc_blocks: true,
+                        record_duplicate_segments: run.record_duplicate_segments,
+                    },
+                    store.clone(),
+                    "blk-",
+                )),
+                Cutter::new(run.segment_bytes, avg_chunk),
+                Vec::new(),
+            ),
+            "binning" => Index::Binning(
+                Box::new(Binning::new(store.clone(), "bin-", false)),
+                Cutter::new(run.file_bytes, avg_chunk),
+                Vec::new(),
+            ),
+            other => bail!("unknown strategy {other:?}: exact, silo, binning (or none)"),
+        })
+    }
+
+    /// Takes the next chunk of the stream; returns the duplicate bytes
+    /// found (the chunk's, or those of the unit it completes).
+    fn push(&mut self, fp: &[u8; 32], len: u32) -> Result<u64> {
+        match self {
+            Index::None => {}
+            Index::Exact(m) => {
+                if m.claim(key(fp), ()).is_some() {
+                    return Ok(len as u64);
+                }
+            }
+            Index::Silo(silo, cut, unit) => {
+                unit.push((key(fp), len));
+                if cut.push(fp, len) {
+                    return silo_unit(silo, unit);
+                }
+            }
+            Index::Binning(b, cut, unit) => {
+                unit.push((key(fp), len));
+                if cut.push(fp, len) {
+                    return bin_unit(b, unit);
+                }
+            }
+        }
+        Ok(0)
+    }
+
+    /// Ends a version, which ends a stream: its last unit is complete (and
+    /// SiLo persists what a repository would after a backup); returns the
+    /// duplicate bytes of that unit.
+    fn end_version(&mut self) -> Result<u64> {
+        let mut dup = 0;
+        match self {
+            Index::Silo(silo, cut, unit) => {
+                if !unit.is_empty() {
+                    dup += silo_unit(silo, unit)?;
+                }
+                cut.acc = 0;
+                silo.flush()?;
+                // What a repository would persist after each backup.
+                let _ = silo.take_changes();
+            }
+            Index::Binning(b, cut, unit) => {
+                if !unit.is_empty() {
+                    dup += bin_unit(b, unit)?;
+                }
+                cut.acc = 0;
+            }
+            _ => {}
+        }
+        Ok(dup)
+    }
+
+    /// Index RAM now (all of it, and the part that grows with the data),
+    /// and the number of entries.
+    fn ram(&self) -> (u64, u64, u64) {
+        match self {
+            Index::None => (0, 0, 0),
+            Index::Exact(m) => (m.ram_bytes(), m.ram_bytes(), m.entries()),
+            Index::Silo(silo, _, _) => (silo.ram_bytes(), silo.sht_ram_bytes(), silo.entries()),
+            Index::Binning(b, _, _) => (b.ram_bytes(), b.ram_bytes(), b.entries()),
+        }
+    }
+
+    /// Strategy-specific counters (SiLo and binning stats).
+    fn detail(&self) -> Result<serde_json::Value> {
+        Ok(match self {
+            Index::Silo(silo, _, _) => serde_json::to_value(&silo.stats)?,
+            Index::Binning(b, _, _) => serde_json::to_value(&b.stats)?,
+            _ => serde_json::Value::Null,
+        })
+    }
+}
+
+/// Deduplicates one buffered unit; returns its duplicate bytes.
+fn silo_unit(silo: &mut Silo<[u8; 16], ()>, unit: &mut Vec<([u8; 16], u32)>) -> Result<u64> {
+    let keys: Vec<[u8; 16]> = unit.iter().map(|(k, _)| *k).collect();
+    let found = silo.lookup(&keys)?;
+    let mut dup = 0;
+    let mut chunks = Vec::with_capacity(unit.len());
+    let mut bytes = 0;
+    let mut new = 0;
+    for ((k, len), f) in unit.iter().zip(&found) {
+        bytes += *len as u64;
+        // Within the unit, a repeat is found through the write buffer.
+        if f.is_some() || silo.claim(*k, ()).is_some() {
+            dup += *len as u64;
+        } else {
+            new += 1;
+        }
+        chunks.push((*k, ()));
+    }
+    silo.add_segment(&chunks, bytes, new)?;
+    unit.clear();
+    Ok(dup)
+}
+
+/// Deduplicates one buffered unit (a "file") through Extreme Binning;
+/// returns its duplicate bytes.
+fn bin_unit(b: &mut Binning<[u8; 16], ()>, unit: &mut Vec<([u8; 16], u32)>) -> Result<u64> {
+    let keys: Vec<[u8; 16]> = unit.iter().map(|(k, _)| *k).collect();
+    let (found, ticket) = b.lookup_file(&keys)?;
+    let mut seen = std::collections::HashSet::new();
+    let mut dup = 0;
+    for ((k, len), f) in unit.iter().zip(&found) {
+        if f.is_some() || !seen.insert(*k) {
+            dup += *len as u64;
+        }
+    }
+    let chunks: Vec<([u8; 16], ())> = keys.iter().map(|k| (*k, ())).collect();
+    b.add_file(ticket, &chunks)?;
+    unit.clear();
+    Ok(dup)
+}
+
 /// Runs one strategy over the whole trace in this process.
 pub fn run_strategy(run: &TraceRun, strategy: &str, work: &Path) -> Result<StrategyResult> {
     let store_dir = work.join(format!("store-{strategy}"));
@@ -140,132 +295,10 @@ pub fn run_strategy(run: &TraceRun, strategy: &str, work: &Path) -> Result<Strat
         strategy: strategy.to_string(),
         ..Default::default()
     };
-    let avg_chunk = 8192;
-    enum S {
-        None,
-        Exact(ExactMap<[u8; 16], ()>),
-        Silo(Box<Silo<[u8; 16], ()>>, Cutter, Vec<([u8; 16], u32)>),
-        Binning(Box<Binning<[u8; 16], ()>>, Cutter, Vec<([u8; 16], u32)>),
-    }
-    let mut s = match strategy {
-        "none" => S::None,
-        "exact" => S::Exact(ExactMap::default()),
-        "silo" => S::Silo(
-            Box::new(Silo::new(
-                SiloConfig {
-                    block_bytes: run.block_bytes,
-                    cache_blocks: run.cache_blocks,
-                    reps: 1,
-                    gc_blocks: true,
-                    record_duplicate_segments: run.record_duplicate_segments,
-                },
-                store.clone(),
-                "blk-",
-            )),
-            Cutter::new(run.segment_bytes, avg_chunk),
-            Vec::new(),
-        ),
-        "binning" => S::Binning(
-            Box::new(Binning::new(store.clone(), "bin-", false)),
-            Cutter::new(run.file_bytes, avg_chunk),
-            Vec::new(),
-        ),
-        other => bail!("unknown strategy {other:?}: exact, silo, binning (or none)"),
-    };
-    // Deduplicates one buffered unit; returns its duplicate bytes.
-    fn silo_unit(silo: &mut Silo<[u8; 16], ()>, unit: &mut Vec<([u8; 16], u32)>) -> Result<u64> {
-        let keys: Vec<[u8; 16]> = unit.iter().map(|(k, _)| *k).collect();
-        let found = silo.lookup(&keys)?;
-        let mut dup = 0;
-        let mut chunks = Vec::with_capacity(unit.len());
-        let mut bytes = 0;
-        let mut new = 0;
-        for ((k, len), f) in unit.iter().zip(&found) {
-            bytes += *len as u64;
-            // Within the unit, a repeat is found through the write buffer.
-            if f.is_some() || silo.claim(*k, ()).is_some() {
-                dup += *len as u64;
-            } else {
-                new += 1;
-            }
-            chunks.push((*k, ()));
-        }
-        silo.add_segment(&chunks, bytes, new)?;
-        unit.clear();
-        Ok(dup)
-    }
-    fn bin_unit(b: &mut Binning<[u8; 16], ()>, unit: &mut Vec<([u8; 16], u32)>) -> Result<u64> {
-        let keys: Vec<[u8; 16]> = unit.iter().map(|(k, _)| *k).collect();
-        let (found, ticket) = b.lookup_file(&keys)?;
-        let mut seen = std::collections::HashSet::new();
-        let mut dup = 0;
-        for ((k, len), f) in unit.iter().zip(&found) {
-            if f.is_some() || !seen.insert(*k) {
-                dup += *len as u64;
-            }
-        }
-        let chunks: Vec<([u8; 16], ())> = keys.iter().map(|k| (*k, ())).collect();
-        b.add_file(ticket, &chunks)?;
-        unit.clear();
-        Ok(dup)
-    }
+    let mut index = Index::new(strategy, run, &store)?;
     let started = Instant::now();
     loop {
-        let t = Instant::now();
-        let mut v = VersionFigures {
-            version: trace.version() + 1,
-            ..Default::default()
-        };
-        for r in trace.records() {
-            v.logical_bytes += r.len as u64;
-            v.chunks += 1;
-            match &mut s {
-                S::None => {}
-                S::Exact(m) => {
-                    if m.claim(key(&r.fp), ()).is_some() {
-                        v.dup_bytes += r.len as u64;
-                    }
-                }
-                S::Silo(silo, cut, unit) => {
-                    unit.push((key(&r.fp), r.len));
-                    if cut.push(&r.fp, r.len) {
-                        v.dup_bytes += silo_unit(silo, unit)?;
-                    }
-                }
-                S::Binning(b, cut, unit) => {
-                    unit.push((key(&r.fp), r.len));
-                    if cut.push(&r.fp, r.len) {
-                        v.dup_bytes += bin_unit(b, unit)?;
-                    }
-                }
-            }
-        }
-        // A version ends a stream: its last unit is complete.
-        match &mut s {
-            S::Silo(silo, cut, unit) => {
-                if !unit.is_empty() {
-                    v.dup_bytes += silo_unit(silo, unit)?;
-                }
-                cut.acc = 0;
-                silo.flush()?;
-                // What a repository would persist after each backup.
-                let _ = silo.take_changes();
-            }
-            S::Binning(b, cut, unit) => {
-                if !unit.is_empty() {
-                    v.dup_bytes += bin_unit(b, unit)?;
-                }
-                cut.acc = 0;
-            }
-            _ => {}
-        }
-        v.seconds = t.elapsed().as_secs_f64();
-        (v.ram_bytes, v.growing_ram_bytes, v.entries) = match &s {
-            S::None => (0, 0, 0),
-            S::Exact(m) => (m.ram_bytes(), m.ram_bytes(), m.entries()),
-            S::Silo(silo, _, _) => (silo.ram_bytes(), silo.sht_ram_bytes(), silo.entries()),
-            S::Binning(b, _, _) => (b.ram_bytes(), b.ram_bytes(), b.entries()),
-        };
+        let v = run_version(&trace, &mut index)?;
         eprintln!(
             "{strategy:>8} v{:<3} {:>9.1} GB  dup {:>6.2} %  RAM {:>10}  {:>7.1} s",
             v.version,
@@ -281,6 +314,40 @@ pub fn run_strategy(run: &TraceRun, strategy: &str, work: &Path) -> Result<Strat
     }
     async_store.finish()?;
     res.seconds = started.elapsed().as_secs_f64();
+    add_up_versions(&mut res);
+    let st = store.stats();
+    res.store_reads = StoreStats::get(&st.reads);
+    res.store_read_bytes = StoreStats::get(&st.read_bytes);
+    res.store_writes = StoreStats::get(&st.writes);
+    res.store_written_bytes = StoreStats::get(&st.written_bytes);
+    res.store_bytes = dir.bytes();
+    res.detail = index.detail()?;
+    drop(index);
+    let _ = std::fs::remove_dir_all(&store_dir);
+    Ok(res)
+}
+
+/// Drives the trace's current version through the index; its figures.
+fn run_version(trace: &FingerprintTrace, index: &mut Index) -> Result<VersionFigures> {
+    let t = Instant::now();
+    let mut v = VersionFigures {
+        version: trace.version() + 1,
+        ..Default::default()
+    };
+    for r in trace.records() {
+        v.logical_bytes += r.len as u64;
+        v.chunks += 1;
+        v.dup_bytes += index.push(&r.fp, r.len)?;
+    }
+    v.dup_bytes += index.end_version()?;
+    v.seconds = t.elapsed().as_secs_f64();
+    (v.ram_bytes, v.growing_ram_bytes, v.entries) = index.ram();
+    Ok(v)
+}
+
+/// A strategy's totals from its versions' figures: logical and duplicate
+/// bytes and chunks summed, RAM and entries as after the last version.
+fn add_up_versions(res: &mut StrategyResult) {
     for v in &res.versions {
         res.logical_bytes += v.logical_bytes;
         res.dup_bytes += v.dup_bytes;
@@ -291,20 +358,6 @@ pub fn run_strategy(run: &TraceRun, strategy: &str, work: &Path) -> Result<Strat
         res.growing_ram_bytes = last.growing_ram_bytes;
         res.entries = last.entries;
     }
-    let st = store.stats();
-    res.store_reads = StoreStats::get(&st.reads);
-    res.store_read_bytes = StoreStats::get(&st.read_bytes);
-    res.store_writes = StoreStats::get(&st.writes);
-    res.store_written_bytes = StoreStats::get(&st.written_bytes);
-    res.store_bytes = dir.bytes();
-    res.detail = match &s {
-        S::Silo(silo, _, _) => serde_json::to_value(&silo.stats)?,
-        S::Binning(b, _, _) => serde_json::to_value(&b.stats)?,
-        _ => serde_json::Value::Null,
-    };
-    drop(s);
-    let _ = std::fs::remove_dir_all(&store_dir);
-    Ok(res)
 }
 
 /// Runs every strategy in a child process (`index-trace-one`) and collects

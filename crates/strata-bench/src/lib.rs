@@ -6,6 +6,7 @@
 //!   Parallel-VM fleets, iDedup primary traces, fingerprint-only traces).
 //! * [`runner`] — runs one workload through several systems in the same
 //!   run, interleaved, and records per-version backup/restore figures.
+//! * [`report`] — a run's summary, CSV files and charts.
 //! * [`systems`] — how to drive Strata, restic and borg.
 //! * [`measure`] — wall time, peak RSS and I/O of a child process.
 //! * [`chart`] — SVG charts like the papers' figures.
@@ -18,6 +19,7 @@ pub mod gen;
 pub mod indextrace;
 pub mod limits;
 pub mod measure;
+pub mod report;
 pub mod runner;
 pub mod s3;
 pub mod systems;
