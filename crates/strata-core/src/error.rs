@@ -34,6 +34,8 @@ pub enum CoreError {
     Kdf(String),
     #[error("random number generator failed: {0}")]
     Random(String),
+    #[error("{id:?} is not a {what} id (64 lowercase hex digits)")]
+    BadId { what: &'static str, id: String },
     #[error("invalid chunker parameters: {0}")]
     ChunkerParams(String),
     #[error("I/O error while chunking: {0}")]

@@ -17,6 +17,7 @@ pub mod crypto;
 pub mod error;
 pub mod fingerprint;
 pub mod format;
+pub mod id;
 pub mod size;
 
 /// The block of a volume, of the images Strata serves and snapshots, and

@@ -5,35 +5,8 @@
 use super::STRUCT_VERSION;
 use crate::error::{CoreError, Result};
 use crate::fingerprint::Fingerprint;
+pub use crate::id::ContainerId;
 use serde::{Deserialize, Serialize};
-use std::fmt;
-
-/// Identity of a data container (random, never reused).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct ContainerId(pub [u8; 16]);
-
-impl ContainerId {
-    pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
-    }
-
-    pub fn from_hex(s: &str) -> Option<Self> {
-        let v = hex::decode(s).ok()?;
-        Some(ContainerId(v.try_into().ok()?))
-    }
-}
-
-impl fmt::Debug for ContainerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "C({})", self.to_hex())
-    }
-}
-
-impl fmt::Display for ContainerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.to_hex())
-    }
-}
 
 /// A compression region inside a data container.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

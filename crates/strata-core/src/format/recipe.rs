@@ -1,10 +1,10 @@
 //! Recipes: chunk and segment references, tree nodes, and the recipe
 //! index of a recipe in parts.
 
-use super::container::ContainerId;
 use super::STRUCT_VERSION;
 use crate::error::{CoreError, Result};
 use crate::fingerprint::Fingerprint;
+use crate::id::ContainerId;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
