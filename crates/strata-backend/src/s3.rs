@@ -801,134 +801,170 @@ impl S3Backend {
     /// last must hold at least [`MIN_PART`] bytes. The object appears whole
     /// or (on any error, the upload aborted) not at all.
     pub fn assemble_by_copy(&self, dest: &str, parts: &[CopyPart]) -> Result<()> {
-        use object_store::multipart::{MultipartStore, PartId};
-        use object_store::signer::SignedUrlOptions;
+        use object_store::multipart::MultipartStore;
         check_name("write", dest)?;
-        let bad = |m: String| BackendError::new(ErrorKind::Invalid, "copy", dest, m);
-        for (i, p) in parts.iter().enumerate() {
-            let len = match p {
-                CopyPart::Copy { source, len, .. } => {
-                    check_name("copy", source)?;
-                    *len
-                }
-                CopyPart::Data(d) => d.len() as u64,
-            };
-            if i + 1 < parts.len() && len < MIN_PART {
-                return Err(bad(format!(
-                    "part {i} holds {len} bytes, under S3's 5 MiB minimum"
-                )));
-            }
-            if len == 0 {
-                return Err(bad(format!("part {i} is empty")));
-            }
-        }
+        check_parts(dest, parts)?;
         let key = self.key(dest);
         let store = self.store.clone();
-        let bucket = self.loc.bucket.clone();
         let r = self.rt.block_on(async {
             let id = store
                 .create_multipart(&key)
                 .await
                 .map_err(|e| map_err("copy", dest, e))?;
-            let result: Result<()> = async {
-                let client = reqwest::Client::new();
-                let mut ids = Vec::with_capacity(parts.len());
-                for (i, p) in parts.iter().enumerate() {
-                    let pid = match p {
-                        CopyPart::Data(d) => store
-                            .put_part(&key, &id, i, PutPayload::from(d.clone()))
-                            .await
-                            .map_err(|e| map_err("copy", dest, e))?,
-                        CopyPart::Copy {
-                            source,
-                            offset,
-                            len,
-                        } => {
-                            let src = format!("{bucket}/{}", self.key(source).as_ref());
-                            let range = format!("bytes={}-{}", offset, offset + len - 1);
-                            let hv = |v: &str| {
-                                http::HeaderValue::from_str(v).map_err(|e| bad(e.to_string()))
-                            };
-                            let opts = SignedUrlOptions::new()
-                                .with_query([
-                                    ("partNumber", (i + 1).to_string()),
-                                    ("uploadId", id.clone()),
-                                ])
-                                .with_signed_header(
-                                    http::HeaderName::from_static("x-amz-copy-source"),
-                                    hv(&src)?,
-                                )
-                                .with_signed_header(
-                                    http::HeaderName::from_static("x-amz-copy-source-range"),
-                                    hv(&range)?,
-                                );
-                            let url = store
-                                .signed_url_opts(
-                                    http::Method::PUT,
-                                    &key,
-                                    Duration::from_secs(600),
-                                    &opts,
-                                )
-                                .await
-                                .map_err(|e| map_err("copy", dest, e))?;
-                            let resp = client
-                                .put(url.as_str())
-                                .header("x-amz-copy-source", &src)
-                                .header("x-amz-copy-source-range", &range)
-                                .send()
-                                .await
-                                .map_err(|e| {
-                                    BackendError::new(
-                                        ErrorKind::Transient,
-                                        "copy",
-                                        dest,
-                                        e.to_string(),
-                                    )
-                                })?;
-                            let status = resp.status().as_u16();
-                            let body = resp.text().await.unwrap_or_default();
-                            let etag = body
-                                .split("<ETag>")
-                                .nth(1)
-                                .and_then(|r| r.split("</ETag>").next())
-                                .map(|e| e.replace("&quot;", "\"").replace("&#34;", "\""));
-                            match (status, etag) {
-                                (200, Some(e)) => PartId { content_id: e },
-                                _ => {
-                                    return Err(BackendError::new(
-                                        if status == 403 {
-                                            ErrorKind::Permission
-                                        } else {
-                                            ErrorKind::Other
-                                        },
-                                        "copy",
-                                        dest,
-                                        format!(
-                                            "UploadPartCopy from {source} answered {status}{}",
-                                            s3_code(&body)
-                                                .map(|c| format!(" ({c})"))
-                                                .unwrap_or_default()
-                                        ),
-                                    ))
-                                }
-                            }
-                        }
-                    };
-                    ids.push(pid);
-                }
-                store
-                    .complete_multipart(&key, &id, ids)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| map_err("copy", dest, e))
-            }
-            .await;
+            let upload = Assembly {
+                backend: self,
+                key: &key,
+                id: &id,
+                dest,
+                client: reqwest::Client::new(),
+            };
+            let result: Result<()> = upload.parts(parts).await;
             if result.is_err() {
                 let _ = store.abort_multipart(&key, &id).await;
             }
             result
         });
         r
+    }
+}
+
+/// Checks the parts of object `dest` before anything is sent: none empty,
+/// every one but the last at least [`MIN_PART`] bytes, sources named well.
+fn check_parts(dest: &str, parts: &[CopyPart]) -> Result<()> {
+    let bad = |m: String| BackendError::new(ErrorKind::Invalid, "copy", dest, m);
+    for (i, p) in parts.iter().enumerate() {
+        let len = match p {
+            CopyPart::Copy { source, len, .. } => {
+                check_name("copy", source)?;
+                *len
+            }
+            CopyPart::Data(d) => d.len() as u64,
+        };
+        if i + 1 < parts.len() && len < MIN_PART {
+            return Err(bad(format!(
+                "part {i} holds {len} bytes, under S3's 5 MiB minimum"
+            )));
+        }
+        if len == 0 {
+            return Err(bad(format!("part {i} is empty")));
+        }
+    }
+    Ok(())
+}
+
+/// A multipart upload (`id`) assembling object `dest` at `key`.
+struct Assembly<'a> {
+    backend: &'a S3Backend,
+    key: &'a Key,
+    id: &'a object_store::MultipartId,
+    dest: &'a str,
+    client: reqwest::Client,
+}
+
+impl Assembly<'_> {
+    /// Sends or copies every part, in order, then completes the upload.
+    async fn parts(&self, parts: &[CopyPart]) -> Result<()> {
+        use object_store::multipart::MultipartStore;
+        let (store, dest) = (&self.backend.store, self.dest);
+        let mut ids = Vec::with_capacity(parts.len());
+        for (i, p) in parts.iter().enumerate() {
+            let pid = match p {
+                CopyPart::Data(d) => store
+                    .put_part(self.key, self.id, i, PutPayload::from(d.clone()))
+                    .await
+                    .map_err(|e| map_err("copy", dest, e))?,
+                CopyPart::Copy {
+                    source,
+                    offset,
+                    len,
+                } => self.copy_part(i, source, *offset, *len).await?,
+            };
+            ids.push(pid);
+        }
+        store
+            .complete_multipart(self.key, self.id, ids)
+            .await
+            .map(|_| ())
+            .map_err(|e| map_err("copy", dest, e))
+    }
+
+    /// Part `i` copied by the server from `len` bytes at `offset` of
+    /// `source` (`UploadPartCopy`, a request signed here).
+    async fn copy_part(
+        &self,
+        i: usize,
+        source: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<object_store::multipart::PartId> {
+        use object_store::signer::SignedUrlOptions;
+        let dest = self.dest;
+        let bad = |m: String| BackendError::new(ErrorKind::Invalid, "copy", dest, m);
+        let bucket = &self.backend.loc.bucket;
+        let src = format!("{bucket}/{}", self.backend.key(source).as_ref());
+        let range = format!("bytes={}-{}", offset, offset + len - 1);
+        let hv = |v: &str| http::HeaderValue::from_str(v).map_err(|e| bad(e.to_string()));
+        let opts = SignedUrlOptions::new()
+            .with_query([
+                ("partNumber", (i + 1).to_string()),
+                ("uploadId", self.id.clone()),
+            ])
+            .with_signed_header(
+                http::HeaderName::from_static("x-amz-copy-source"),
+                hv(&src)?,
+            )
+            .with_signed_header(
+                http::HeaderName::from_static("x-amz-copy-source-range"),
+                hv(&range)?,
+            );
+        let url = self
+            .backend
+            .store
+            .signed_url_opts(http::Method::PUT, self.key, Duration::from_secs(600), &opts)
+            .await
+            .map_err(|e| map_err("copy", dest, e))?;
+        let resp = self
+            .client
+            .put(url.as_str())
+            .header("x-amz-copy-source", &src)
+            .header("x-amz-copy-source-range", &range)
+            .send()
+            .await
+            .map_err(|e| BackendError::new(ErrorKind::Transient, "copy", dest, e.to_string()))?;
+        let status = resp.status().as_u16();
+        let body = resp.text().await.unwrap_or_default();
+        part_copied(status, &body, source, dest)
+    }
+}
+
+/// The part an `UploadPartCopy` of `source` answered (`status`, `body`)
+/// made: its ETag, or the error.
+fn part_copied(
+    status: u16,
+    body: &str,
+    source: &str,
+    dest: &str,
+) -> Result<object_store::multipart::PartId> {
+    let etag = body
+        .split("<ETag>")
+        .nth(1)
+        .and_then(|r| r.split("</ETag>").next())
+        .map(|e| e.replace("&quot;", "\"").replace("&#34;", "\""));
+    match (status, etag) {
+        (200, Some(e)) => Ok(object_store::multipart::PartId { content_id: e }),
+        _ => Err(BackendError::new(
+            if status == 403 {
+                ErrorKind::Permission
+            } else {
+                ErrorKind::Other
+            },
+            "copy",
+            dest,
+            format!(
+                "UploadPartCopy from {source} answered {status}{}",
+                s3_code(body).map(|c| format!(" ({c})")).unwrap_or_default()
+            ),
+        )),
     }
 }
 

@@ -418,133 +418,191 @@ fn handshake<'e>(
     session: &mut Session,
 ) -> io::Result<Haggled<'e>> {
     if !session.greeted {
-        w.write_all(&NBDMAGIC.to_be_bytes())?;
-        w.write_all(&IHAVEOPT.to_be_bytes())?;
-        w.write_all(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes())?;
-        w.flush()?;
-        let client_flags = read_u32(r)?;
-        if client_flags & u32::from(FLAG_FIXED_NEWSTYLE) == 0 {
-            return Err(proto("client does not speak fixed newstyle"));
-        }
-        session.no_zeroes = client_flags & u32::from(FLAG_NO_ZEROES) != 0;
-        session.greeted = true;
+        greet(r, w, session)?;
     }
-    let no_zeroes = session.no_zeroes;
-    let find = |name: &str| -> Option<&'e Export> {
-        // The empty name is the default export (the first).
-        if name.is_empty() {
-            exports.first()
-        } else {
-            exports.iter().find(|e| e.name == name)
-        }
-    };
     loop {
-        if read_u64(r)? != IHAVEOPT {
-            return Err(proto("bad option magic"));
-        }
-        let opt = read_u32(r)?;
-        let len = read_u32(r)?;
-        if len > 64 << 10 {
-            return Err(proto("option too long"));
-        }
-        let mut data = vec![0u8; len as usize];
-        r.read_exact(&mut data)?;
-        if session.tls_required && !session.secured {
-            match opt {
-                OPT_STARTTLS if data.is_empty() => {
-                    opt_reply(w, opt, REP_ACK, &[])?;
-                    w.flush()?;
-                    return Ok(Haggled::StartTls);
-                }
-                OPT_STARTTLS => opt_reply(w, opt, REP_ERR_INVALID, b"STARTTLS takes no data")?,
-                OPT_ABORT => {
-                    opt_reply(w, opt, REP_ACK, &[])?;
-                    w.flush()?;
-                    return Ok(Haggled::Aborted);
-                }
-                // No reply can refuse it: the connection ends.
-                OPT_EXPORT_NAME => return Err(proto("EXPORT_NAME before TLS")),
-                _ => opt_reply(w, opt, REP_ERR_TLS_REQD, b"this server requires TLS")?,
-            }
-            w.flush()?;
-            continue;
-        }
-        match opt {
-            OPT_STARTTLS if session.secured => {
-                opt_reply(w, opt, REP_ERR_INVALID, b"TLS is already on")?
-            }
-            OPT_EXPORT_NAME => {
-                let name = String::from_utf8_lossy(&data);
-                let Some(e) = find(&name) else {
-                    return Err(proto(format!("no export {name:?}")));
-                };
-                w.write_all(&e.device.size().to_be_bytes())?;
-                w.write_all(&transmission_flags(&*e.device).to_be_bytes())?;
-                if !no_zeroes {
-                    w.write_all(&[0u8; 124])?;
-                }
-                w.flush()?;
-                return Ok(Haggled::Go(e));
-            }
-            OPT_ABORT => {
-                opt_reply(w, opt, REP_ACK, &[])?;
-                w.flush()?;
-                return Ok(Haggled::Aborted);
-            }
-            OPT_LIST => {
-                if !data.is_empty() {
-                    opt_reply(w, opt, REP_ERR_INVALID, b"LIST takes no data")?;
-                } else {
-                    for e in exports {
-                        let mut d = (e.name.len() as u32).to_be_bytes().to_vec();
-                        d.extend_from_slice(e.name.as_bytes());
-                        opt_reply(w, opt, REP_SERVER, &d)?;
-                    }
-                    opt_reply(w, opt, REP_ACK, &[])?;
-                }
-            }
-            OPT_STRUCTURED_REPLY => {
-                if data.is_empty() {
-                    session.structured = true;
-                    opt_reply(w, opt, REP_ACK, &[])?;
-                } else {
-                    opt_reply(w, opt, REP_ERR_INVALID, &[])?;
-                }
-            }
-            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
-                meta_context(w, opt, &data, session, |name| find(name).is_some())?
-            }
-            OPT_INFO | OPT_GO => match parse_info_request(&data) {
-                None => opt_reply(w, opt, REP_ERR_INVALID, b"malformed request")?,
-                Some((name, wants)) => match find(&name) {
-                    None => {
-                        let msg = format!("no export named {name:?}");
-                        opt_reply(w, opt, REP_ERR_UNKNOWN, msg.as_bytes())?
-                    }
-                    Some(e) => {
-                        let mut d = INFO_EXPORT.to_be_bytes().to_vec();
-                        d.extend_from_slice(&e.device.size().to_be_bytes());
-                        d.extend_from_slice(&transmission_flags(&*e.device).to_be_bytes());
-                        opt_reply(w, opt, REP_INFO, &d)?;
-                        if wants.contains(&INFO_BLOCK_SIZE) {
-                            let mut d = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
-                            d.extend_from_slice(&1u32.to_be_bytes());
-                            d.extend_from_slice(&e.device.block_size().to_be_bytes());
-                            d.extend_from_slice(&MAX_REQUEST.to_be_bytes());
-                            opt_reply(w, opt, REP_INFO, &d)?;
-                        }
-                        opt_reply(w, opt, REP_ACK, &[])?;
-                        if opt == OPT_GO {
-                            w.flush()?;
-                            return Ok(Haggled::Go(e));
-                        }
-                    }
-                },
-            },
-            _ => opt_reply(w, opt, REP_ERR_UNSUP, &[])?,
+        let (opt, data) = read_option(r)?;
+        let ended = if session.tls_required && !session.secured {
+            option_before_tls(w, opt, &data)?
+        } else {
+            option(w, opt, &data, exports, session)?
+        };
+        if let Some(haggled) = ended {
+            return Ok(haggled);
         }
         w.flush()?;
     }
+}
+
+/// Sends the fixed-newstyle greeting and reads the client's flags.
+fn greet(r: &mut impl Read, w: &mut impl Write, session: &mut Session) -> io::Result<()> {
+    w.write_all(&NBDMAGIC.to_be_bytes())?;
+    w.write_all(&IHAVEOPT.to_be_bytes())?;
+    w.write_all(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes())?;
+    w.flush()?;
+    let client_flags = read_u32(r)?;
+    if client_flags & u32::from(FLAG_FIXED_NEWSTYLE) == 0 {
+        return Err(proto("client does not speak fixed newstyle"));
+    }
+    session.no_zeroes = client_flags & u32::from(FLAG_NO_ZEROES) != 0;
+    session.greeted = true;
+    Ok(())
+}
+
+/// Reads the client's next option: its number and data.
+fn read_option(r: &mut impl Read) -> io::Result<(u32, Vec<u8>)> {
+    if read_u64(r)? != IHAVEOPT {
+        return Err(proto("bad option magic"));
+    }
+    let opt = read_u32(r)?;
+    let len = read_u32(r)?;
+    if len > 64 << 10 {
+        return Err(proto("option too long"));
+    }
+    let mut data = vec![0u8; len as usize];
+    r.read_exact(&mut data)?;
+    Ok((opt, data))
+}
+
+/// The export named `name`, if there is one.
+fn find<'e>(exports: &'e [Export], name: &str) -> Option<&'e Export> {
+    // The empty name is the default export (the first).
+    if name.is_empty() {
+        exports.first()
+    } else {
+        exports.iter().find(|e| e.name == name)
+    }
+}
+
+/// Answers an option while TLS is required and not yet on: the end of
+/// the haggling (STARTTLS, ABORT), or `None` to go on.
+fn option_before_tls<'e>(
+    w: &mut impl Write,
+    opt: u32,
+    data: &[u8],
+) -> io::Result<Option<Haggled<'e>>> {
+    match opt {
+        OPT_STARTTLS if data.is_empty() => {
+            opt_reply(w, opt, REP_ACK, &[])?;
+            w.flush()?;
+            return Ok(Some(Haggled::StartTls));
+        }
+        OPT_STARTTLS => opt_reply(w, opt, REP_ERR_INVALID, b"STARTTLS takes no data")?,
+        OPT_ABORT => {
+            opt_reply(w, opt, REP_ACK, &[])?;
+            w.flush()?;
+            return Ok(Some(Haggled::Aborted));
+        }
+        // No reply can refuse it: the connection ends.
+        OPT_EXPORT_NAME => return Err(proto("EXPORT_NAME before TLS")),
+        _ => opt_reply(w, opt, REP_ERR_TLS_REQD, b"this server requires TLS")?,
+    }
+    Ok(None)
+}
+
+/// Answers an option: the end of the haggling (an export chosen, ABORT),
+/// or `None` to go on.
+fn option<'e>(
+    w: &mut impl Write,
+    opt: u32,
+    data: &[u8],
+    exports: &'e [Export],
+    session: &mut Session,
+) -> io::Result<Option<Haggled<'e>>> {
+    match opt {
+        OPT_STARTTLS if session.secured => {
+            opt_reply(w, opt, REP_ERR_INVALID, b"TLS is already on")?
+        }
+        OPT_EXPORT_NAME => return export_name(w, data, exports, session.no_zeroes).map(Some),
+        OPT_ABORT => {
+            opt_reply(w, opt, REP_ACK, &[])?;
+            w.flush()?;
+            return Ok(Some(Haggled::Aborted));
+        }
+        OPT_LIST => {
+            if !data.is_empty() {
+                opt_reply(w, opt, REP_ERR_INVALID, b"LIST takes no data")?;
+            } else {
+                for e in exports {
+                    let mut d = (e.name.len() as u32).to_be_bytes().to_vec();
+                    d.extend_from_slice(e.name.as_bytes());
+                    opt_reply(w, opt, REP_SERVER, &d)?;
+                }
+                opt_reply(w, opt, REP_ACK, &[])?;
+            }
+        }
+        OPT_STRUCTURED_REPLY => {
+            if data.is_empty() {
+                session.structured = true;
+                opt_reply(w, opt, REP_ACK, &[])?;
+            } else {
+                opt_reply(w, opt, REP_ERR_INVALID, &[])?;
+            }
+        }
+        OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+            meta_context(w, opt, data, session, |name| find(exports, name).is_some())?
+        }
+        OPT_INFO | OPT_GO => return info(w, opt, data, exports),
+        _ => opt_reply(w, opt, REP_ERR_UNSUP, &[])?,
+    }
+    Ok(None)
+}
+
+/// `NBD_OPT_EXPORT_NAME`: the export's size and flags sent, it is chosen
+/// (an unknown one ends the connection).
+fn export_name<'e>(
+    w: &mut impl Write,
+    data: &[u8],
+    exports: &'e [Export],
+    no_zeroes: bool,
+) -> io::Result<Haggled<'e>> {
+    let name = String::from_utf8_lossy(data);
+    let Some(e) = find(exports, &name) else {
+        return Err(proto(format!("no export {name:?}")));
+    };
+    w.write_all(&e.device.size().to_be_bytes())?;
+    w.write_all(&transmission_flags(&*e.device).to_be_bytes())?;
+    if !no_zeroes {
+        w.write_all(&[0u8; 124])?;
+    }
+    w.flush()?;
+    Ok(Haggled::Go(e))
+}
+
+/// `NBD_OPT_INFO` / `NBD_OPT_GO`: the export's size, flags and (when
+/// asked) block sizes; GO chooses it (`Some`).
+fn info<'e>(
+    w: &mut impl Write,
+    opt: u32,
+    data: &[u8],
+    exports: &'e [Export],
+) -> io::Result<Option<Haggled<'e>>> {
+    let Some((name, wants)) = parse_info_request(data) else {
+        opt_reply(w, opt, REP_ERR_INVALID, b"malformed request")?;
+        return Ok(None);
+    };
+    let Some(e) = find(exports, &name) else {
+        let msg = format!("no export named {name:?}");
+        opt_reply(w, opt, REP_ERR_UNKNOWN, msg.as_bytes())?;
+        return Ok(None);
+    };
+    let mut d = INFO_EXPORT.to_be_bytes().to_vec();
+    d.extend_from_slice(&e.device.size().to_be_bytes());
+    d.extend_from_slice(&transmission_flags(&*e.device).to_be_bytes());
+    opt_reply(w, opt, REP_INFO, &d)?;
+    if wants.contains(&INFO_BLOCK_SIZE) {
+        let mut d = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+        d.extend_from_slice(&1u32.to_be_bytes());
+        d.extend_from_slice(&e.device.block_size().to_be_bytes());
+        d.extend_from_slice(&MAX_REQUEST.to_be_bytes());
+        opt_reply(w, opt, REP_INFO, &d)?;
+    }
+    opt_reply(w, opt, REP_ACK, &[])?;
+    if opt == OPT_GO {
+        w.flush()?;
+        return Ok(Some(Haggled::Go(e)));
+    }
+    Ok(None)
 }
 
 /// `NBD_OPT_LIST_META_CONTEXT` / `SET_META_CONTEXT`: `base:allocation`

@@ -4,7 +4,9 @@
 //! point.
 
 use super::scan::ImageSegments;
-use super::store::{apply_answers, failed, slot_at, slot_range, source, BlockStore, ScanReader};
+use super::store::{
+    apply_answers, failed, slot_at, slot_range, source, BlockStore, DirtySegment, ScanReader,
+};
 use super::{u32_at, HostDir, Kind, Loc, StageArgs, VmArgs, SEGMENT, SLOT_LEN};
 use crate::error::{Result, StoreError};
 use crate::repo::{now_ns, Repository};
@@ -149,29 +151,9 @@ impl ImageRecipe<'_> {
 }
 
 fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
-    // The parent stage 1a compared with (not the series' latest now).
-    let pp = dir.vm_file(vm.vm, "parent");
-    let parent_id = std::fs::read_to_string(&pp).map_err(|e| io("read", &pp, e))?;
-    let mut prev = match parent_id.as_str() {
-        "" => None,
-        id => {
-            let s = repo.load_snapshot(id)?;
-            ImageSegments::open(repo, &s)?.map(|image| (id.to_string(), image))
-        }
-    };
-    let sp = dir.vm_file(vm.vm, "size");
-    let size: u64 = std::fs::read_to_string(&sp)
-        .map_err(|e| io("read", &sp, e))?
-        .trim()
-        .parse()
-        .map_err(|_| StoreError::Invalid(format!("{}: damaged", sp.display())))?;
-    let src = source(dir, vm.vm)?;
-    let img = File::open(&src).map_err(|e| io("open", &src, e))?;
-    let mp = dir.vm_file(vm.vm, "map");
-    let map = File::open(&mp).map_err(|e| io("open", &mp, e))?;
-    let mut scan = ScanReader::open(&dir.vm_file(vm.vm, "scan"))?;
-    let mut table = Table::default();
-    let mut bs = BlockStore::new(repo);
+    let mut prev = previous(repo, dir, vm)?;
+    let size = image_size(dir, vm)?;
+    let (mut blocks, mut scan) = Blocks::open(repo, dir, vm)?;
     let mut out = ImageRecipe {
         // Parts of 1 MiB: what this stage holds of the recipe it writes,
         // and of the previous version's when the next job reads it.
@@ -182,80 +164,193 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
         pushed: false,
         size: 0,
     };
-    let (mut stored_blocks, mut stored_raw) = (0u64, 0u64);
-    let mut slots = Vec::new();
-    let mut block = vec![0u8; super::BLOCK];
-    let hasher = repo.hasher();
     let mut i = 0;
     while let Some(seg) = scan.next()? {
-        let Some(seg) = seg else {
-            let s = clean_segment(prev.as_mut().map(|p| &mut p.1), i, &mut table, &vm.name)?;
-            out.add(s, &table)?;
-            i += 1;
-            continue;
+        let s = match seg {
+            None => {
+                let prev = prev.as_mut().map(|p| &mut p.1);
+                clean_segment(prev, i, &mut blocks.table, &vm.name)?
+            }
+            Some(seg) => blocks.segment(&seg, i)?,
         };
-        if let Some((first, last)) = slot_range(&seg) {
-            slots.resize((last - first + 1) as usize * SLOT_LEN, 0);
-            map.read_exact_at(&mut slots, first as u64 * SLOT_LEN as u64)
-                .map_err(|e| io("read", &mp, e))?;
-        }
-        let mut chunks = Vec::with_capacity(seg.blocks.len());
-        let first = slot_range(&seg).map(|r| r.0).unwrap_or(0);
-        let mut off = i as u64 * SEGMENT as u64;
-        for &(len, slot) in &seg.blocks {
-            let at = off;
-            off += len as u64;
-            if slot == u32::MAX {
-                chunks.push(ChunkRef::zeros(len, 1));
-                continue;
-            }
-            let s = &*slot_at(&mut slots, first, slot)?;
-            let mut fp = super::fp_at(s, 0);
-            let kind = Kind::from_u32(u32_at(s, 32))?;
-            let loc = if kind.located() {
-                if kind == Kind::Stored {
-                    stored_blocks += 1;
-                    stored_raw += len as u64;
-                }
-                Loc::get(&s[36..])
-            } else {
-                // Unanswered (its storer found other content): store it.
-                let data = &mut block[..len as usize];
-                img.read_exact_at(data, at)
-                    .map_err(|e| io("read", &src, e))?;
-                let (f, zero) = crate::ops::backup::job::chunk_fp(hasher, data);
-                fp = f;
-                match zero {
-                    true => Loc::default(),
-                    false => bs.put(fp, data)?,
-                }
-            };
-            if fp == Fingerprint::ZERO {
-                chunks.push(ChunkRef::zeros(len, 1));
-                continue;
-            }
-            chunks.push(ChunkRef {
-                fp,
-                len,
-                container: table.intern(loc.container),
-                region: loc.region,
-                offset: loc.offset,
-            });
-        }
-        let fp = hasher.hash_fingerprints(chunks.iter().map(|c| &c.fp));
-        // (Its zero chunks as runs, once they are hashed.)
-        out.add(SegmentRef::with_runs(fp, chunks), &table)?;
+        out.add(s, &blocks.table)?;
         i += 1;
     }
-    stored_blocks += bs.blocks;
-    stored_raw += bs.bytes;
+    let Blocks {
+        table,
+        bs,
+        stored_blocks,
+        stored_raw,
+        ..
+    } = blocks;
+    let stored_blocks = stored_blocks + bs.blocks;
+    let stored_raw = stored_raw + bs.bytes;
     // The recipe's parts are written as it goes, naming containers
     // stored here; the snapshot is committed only after both.
     let mut stored = bs.finish()?;
     let parent = prev.map(|p| p.0);
     let (recipe, n) = out.finish(&table, &vm.name)?;
     stored += n;
-    let mut snapshot = Snapshot {
+    let stats = SnapshotStats {
+        files: 1,
+        logical_bytes: size,
+        new_chunks: stored_blocks,
+        new_raw_bytes: stored_raw,
+        new_stored_bytes: stored,
+        ..Default::default()
+    };
+    let mut snapshot = vm_snapshot(vm, recipe, parent, stats);
+    let id = crate::ops::backup::commit::commit_snapshot(repo, &mut snapshot)?;
+    Ok(
+        json!({"vm": vm.vm, "name": vm.name, "snapshot": id, "version": snapshot.version,
+              "logical_bytes": size, "new_blocks": stored_blocks, "new_raw_bytes": stored_raw}),
+    )
+}
+
+/// The previous version stage 1a compared the VM with, by id, opened for
+/// its segments (`None`: there is none).
+fn previous<'r>(
+    repo: &'r Repository,
+    dir: &HostDir,
+    vm: &VmArgs,
+) -> Result<Option<(String, ImageSegments<'r>)>> {
+    // The parent stage 1a compared with (not the series' latest now).
+    let pp = dir.vm_file(vm.vm, "parent");
+    let parent_id = std::fs::read_to_string(&pp).map_err(|e| io("read", &pp, e))?;
+    Ok(match parent_id.as_str() {
+        "" => None,
+        id => {
+            let s = repo.load_snapshot(id)?;
+            ImageSegments::open(repo, &s)?.map(|image| (id.to_string(), image))
+        }
+    })
+}
+
+/// The image's size as its scan recorded it.
+fn image_size(dir: &HostDir, vm: &VmArgs) -> Result<u64> {
+    let sp = dir.vm_file(vm.vm, "size");
+    std::fs::read_to_string(&sp)
+        .map_err(|e| io("read", &sp, e))?
+        .trim()
+        .parse()
+        .map_err(|_| StoreError::Invalid(format!("{}: damaged", sp.display())))
+}
+
+/// What the dirty segments of a VM's image are built from and into.
+struct Blocks<'r> {
+    /// The image, and its path.
+    img: File,
+    src: std::path::PathBuf,
+    /// The block map, and its path.
+    map: File,
+    mp: std::path::PathBuf,
+    /// A segment's slots of the block map, and one block of the image.
+    slots: Vec<u8>,
+    block: Vec<u8>,
+    hasher: &'r strata_core::Hasher,
+    table: Table,
+    bs: BlockStore,
+    /// Blocks (and their raw bytes) this VM stored new (in stage 2b).
+    stored_blocks: u64,
+    stored_raw: u64,
+}
+
+impl<'r> Blocks<'r> {
+    /// Opens the VM's image, block map and scan.
+    fn open(repo: &'r Repository, dir: &HostDir, vm: &VmArgs) -> Result<(Self, ScanReader)> {
+        let src = source(dir, vm.vm)?;
+        let img = File::open(&src).map_err(|e| io("open", &src, e))?;
+        let mp = dir.vm_file(vm.vm, "map");
+        let map = File::open(&mp).map_err(|e| io("open", &mp, e))?;
+        let scan = ScanReader::open(&dir.vm_file(vm.vm, "scan"))?;
+        let table = Table::default();
+        let bs = BlockStore::new(repo);
+        let blocks = Blocks {
+            img,
+            src,
+            map,
+            mp,
+            slots: Vec::new(),
+            block: vec![0u8; super::BLOCK],
+            hasher: repo.hasher(),
+            table,
+            bs,
+            stored_blocks: 0,
+            stored_raw: 0,
+        };
+        Ok((blocks, scan))
+    }
+
+    /// Dirty segment `i`'s reference, its blocks' slots read from the map.
+    fn segment(&mut self, seg: &DirtySegment, i: usize) -> Result<SegmentRef> {
+        if let Some((first, last)) = slot_range(seg) {
+            self.slots.resize((last - first + 1) as usize * SLOT_LEN, 0);
+            self.map
+                .read_exact_at(&mut self.slots, first as u64 * SLOT_LEN as u64)
+                .map_err(|e| io("read", &self.mp, e))?;
+        }
+        let mut chunks = Vec::with_capacity(seg.blocks.len());
+        let first = slot_range(seg).map(|r| r.0).unwrap_or(0);
+        let mut off = i as u64 * SEGMENT as u64;
+        for &(len, slot) in &seg.blocks {
+            let at = off;
+            off += len as u64;
+            chunks.push(self.chunk(len, slot, first, at)?);
+        }
+        let fp = self.hasher.hash_fingerprints(chunks.iter().map(|c| &c.fp));
+        // (Its zero chunks as runs, once they are hashed.)
+        Ok(SegmentRef::with_runs(fp, chunks))
+    }
+
+    /// The reference to the block of `len` bytes at `at` in slot `slot`
+    /// (the segment's slots start at `first`): located, or stored now.
+    fn chunk(&mut self, len: u32, slot: u32, first: u32, at: u64) -> Result<ChunkRef> {
+        if slot == u32::MAX {
+            return Ok(ChunkRef::zeros(len, 1));
+        }
+        let s = &*slot_at(&mut self.slots, first, slot)?;
+        let mut fp = super::fp_at(s, 0);
+        let kind = Kind::from_u32(u32_at(s, 32))?;
+        let loc = if kind.located() {
+            if kind == Kind::Stored {
+                self.stored_blocks += 1;
+                self.stored_raw += len as u64;
+            }
+            Loc::get(&s[36..])
+        } else {
+            // Unanswered (its storer found other content): store it.
+            let data = &mut self.block[..len as usize];
+            self.img
+                .read_exact_at(data, at)
+                .map_err(|e| io("read", &self.src, e))?;
+            let (f, zero) = crate::ops::backup::job::chunk_fp(self.hasher, data);
+            fp = f;
+            match zero {
+                true => Loc::default(),
+                false => self.bs.put(fp, data)?,
+            }
+        };
+        if fp == Fingerprint::ZERO {
+            return Ok(ChunkRef::zeros(len, 1));
+        }
+        Ok(ChunkRef {
+            fp,
+            len,
+            container: self.table.intern(loc.container),
+            region: loc.region,
+            offset: loc.offset,
+        })
+    }
+}
+
+/// The snapshot of VM `vm`'s image with recipe `recipe`, not yet committed.
+fn vm_snapshot(
+    vm: &VmArgs,
+    recipe: String,
+    parent: Option<String>,
+    stats: SnapshotStats,
+) -> Snapshot {
+    Snapshot {
         series: vm.name.clone(),
         version: 0,
         time_ns: now_ns(),
@@ -265,23 +360,11 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
         recipe,
         parent,
         chunker: ChunkerParams::fixed(),
-        stats: SnapshotStats {
-            files: 1,
-            logical_bytes: size,
-            new_chunks: stored_blocks,
-            new_raw_bytes: stored_raw,
-            new_stored_bytes: stored,
-            ..Default::default()
-        },
+        stats,
         archival: None,
         tier: Default::default(),
         cloud_part: None,
-    };
-    let id = crate::ops::backup::commit::commit_snapshot(repo, &mut snapshot)?;
-    Ok(
-        json!({"vm": vm.vm, "name": vm.name, "snapshot": id, "version": snapshot.version,
-              "logical_bytes": size, "new_blocks": stored_blocks, "new_raw_bytes": stored_raw}),
-    )
+    }
 }
 
 /// The image's node: named by its file name, with its metadata.

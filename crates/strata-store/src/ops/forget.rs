@@ -6,7 +6,7 @@
 //! Survivors whose indirect references lead through a removed version are
 //! *rebased* first.
 
-use crate::engine::copy::{copy_chunks, delete_containers, region_cache, CopySource};
+use crate::engine::copy::{copy_chunks, delete_containers, region_cache, CopySource, Placed};
 use crate::error::{Result, StoreError};
 use crate::repo::index::{edit_index, RepoIndex};
 use crate::repo::lock;
@@ -160,53 +160,20 @@ fn rebase(
     removing: &HashSet<&str>,
     pool: &HashSet<ContainerId>,
 ) -> Result<()> {
-    let broken = |detail: String| StoreError::BrokenChain {
-        snapshot: format!("{}@{}", u.series, u.version),
-        detail,
-    };
     // The version's recipe is read a part at a time (what it wants, what
     // it holds of its own when it returns to live form, then rewritten):
     // a disk image's version is never held whole.
-    let mut want: HashSet<Fingerprint> = HashSet::new();
-    let table = crate::repo::recipe::for_each_segment(repo, &u.recipe, |sg, _| {
-        want.extend(sg.chunks.iter().filter(|c| c.is_indirect()).map(|c| c.fp));
-        Ok(())
-    })?;
-    let own_stamped: Vec<ContainerId> = table
-        .iter()
-        .filter(|c| !pool.contains(c))
-        .copied()
-        .collect();
+    let (mut want, own_stamped) = wanted(repo, u, pool)?;
     // Direct references met in removed versions.
-    let mut found: Vec<CopySource> = Vec::new();
-    let mut next = u.archival.as_ref().and_then(|a| a.next.clone());
-    let mut visited = HashSet::new();
-    while let Some(id) = next.clone() {
-        if !removing.contains(id.as_str()) || want.is_empty() {
-            break;
-        }
-        if !visited.insert(id.clone()) {
-            return Err(broken(format!("the chain loops at snapshot {id}")));
-        }
-        let x = by_id
-            .get(id.as_str())
-            .ok_or_else(|| broken(format!("snapshot {id} is missing")))?;
-        crate::repo::recipe::for_each_segment(repo, &x.recipe, |sg, table| {
-            for c in &sg.chunks {
-                if c.is_direct() && want.remove(&c.fp) {
-                    found.push(CopySource::of_snapshot(table, c, &id)?);
-                }
-            }
-            Ok(())
-        })?;
-        next = x.archival.as_ref().and_then(|a| a.next.clone());
-    }
-    let next = next.filter(|n| !removing.contains(n.as_str()));
+    let (found, next) = follow_chain(repo, u, by_id, removing, &mut want)?;
     if next.is_none() && !want.is_empty() {
-        return Err(broken(format!(
-            "{} indirect chunks are held by no remaining version",
-            want.len()
-        )));
+        return Err(broken(
+            u,
+            format!(
+                "{} indirect chunks are held by no remaining version",
+                want.len()
+            ),
+        ));
     }
     let revive = next.is_none();
     let (in_pool, mut sources): (Vec<CopySource>, Vec<CopySource>) =
@@ -215,30 +182,9 @@ fn rebase(
         in_pool.into_iter().map(|s| (s.fp, s)).collect();
     if revive {
         // Its own stamped chunks move to the pool.
-        let mut seen = HashSet::new();
-        crate::repo::recipe::for_each_segment(repo, &u.recipe, |sg, table| {
-            for c in sg.chunks.iter().filter(|c| c.is_direct()) {
-                let Some(src) = CopySource::of(table, c) else {
-                    continue;
-                };
-                if !pool.contains(&src.container)
-                    && !in_pool.contains_key(&c.fp)
-                    && seen.insert(c.fp)
-                {
-                    sources.push(src);
-                }
-            }
-            Ok(())
-        })?;
+        own_stamped_sources(repo, u, pool, &in_pool, &mut sources)?;
     }
-    let stamp = (!revive).then(|| Stamp {
-        owner: uid.to_string(),
-        time_ns: u.time_ns,
-    });
-    let regions = region_cache(repo);
-    let (placed, metas) = copy_chunks(repo, &regions, &sources, stamp, None)?;
-    let idx = RepoIndex::load_summaries(repo)?;
-    edit_index(repo, &idx, &HashSet::new(), metas)?;
+    let placed = copy_sources(repo, uid, u, revive, &sources)?;
 
     let rebased = |c: &ChunkRef, cid: Option<ContainerId>| {
         let moved = c.is_indirect() || (revive && cid.is_some_and(|id| !pool.contains(&id)));
@@ -250,16 +196,144 @@ fn rebase(
         }
         match placed.get(&c.fp) {
             Some((cid, loc)) => Ok(Target::At(*cid, loc.region, loc.offset)),
-            None if revive => Err(broken(format!(
-                "chunk {} could not be placed while returning to live form",
-                c.fp.to_hex()
-            ))),
+            None if revive => Err(broken(
+                u,
+                format!(
+                    "chunk {} could not be placed while returning to live form",
+                    c.fp.to_hex()
+                ),
+            )),
             // Held by the first surviving version.
             None => Ok(Target::Keep),
         }
     };
+    let (rid, counts) = rewrite_recipe(repo, u, next, rebased)?;
+    switch_recipe(repo, uid, u, rid, (!revive).then_some(counts), by_id)?;
+    if revive {
+        delete_own_stamped(repo, uid, own_stamped)?;
+    }
+    Ok(())
+}
+
+/// The error for version `u` whose chain of references cannot be followed.
+fn broken(u: &Snapshot, detail: String) -> StoreError {
+    StoreError::BrokenChain {
+        snapshot: format!("{}@{}", u.series, u.version),
+        detail,
+    }
+}
+
+/// The chunks `u` references indirectly, and the containers outside the
+/// pool its recipe names (its own stamped ones).
+fn wanted(
+    repo: &Repository,
+    u: &Snapshot,
+    pool: &HashSet<ContainerId>,
+) -> Result<(HashSet<Fingerprint>, Vec<ContainerId>)> {
+    let mut want: HashSet<Fingerprint> = HashSet::new();
+    let table = crate::repo::recipe::for_each_segment(repo, &u.recipe, |sg, _| {
+        want.extend(sg.chunks.iter().filter(|c| c.is_indirect()).map(|c| c.fp));
+        Ok(())
+    })?;
+    let own_stamped: Vec<ContainerId> = table
+        .iter()
+        .filter(|c| !pool.contains(c))
+        .copied()
+        .collect();
+    Ok((want, own_stamped))
+}
+
+/// Follows `u`'s chain through the removed versions, taking out of `want`
+/// the chunks they reference directly: those references, and the first
+/// surviving version of the chain (`None`: no newer version survives).
+fn follow_chain(
+    repo: &Repository,
+    u: &Snapshot,
+    by_id: &HashMap<&str, &Snapshot>,
+    removing: &HashSet<&str>,
+    want: &mut HashSet<Fingerprint>,
+) -> Result<(Vec<CopySource>, Option<String>)> {
+    let mut found: Vec<CopySource> = Vec::new();
+    let mut next = u.archival.as_ref().and_then(|a| a.next.clone());
+    let mut visited = HashSet::new();
+    while let Some(id) = next.clone() {
+        if !removing.contains(id.as_str()) || want.is_empty() {
+            break;
+        }
+        if !visited.insert(id.clone()) {
+            return Err(broken(u, format!("the chain loops at snapshot {id}")));
+        }
+        let x = by_id
+            .get(id.as_str())
+            .ok_or_else(|| broken(u, format!("snapshot {id} is missing")))?;
+        crate::repo::recipe::for_each_segment(repo, &x.recipe, |sg, table| {
+            for c in &sg.chunks {
+                if c.is_direct() && want.remove(&c.fp) {
+                    found.push(CopySource::of_snapshot(table, c, &id)?);
+                }
+            }
+            Ok(())
+        })?;
+        next = x.archival.as_ref().and_then(|a| a.next.clone());
+    }
+    let next = next.filter(|n| !removing.contains(n.as_str()));
+    Ok((found, next))
+}
+
+/// Adds to `sources` the chunks `u` holds directly outside the pool (and
+/// not found in it), once each: what it takes back into the pool.
+fn own_stamped_sources(
+    repo: &Repository,
+    u: &Snapshot,
+    pool: &HashSet<ContainerId>,
+    in_pool: &HashMap<Fingerprint, CopySource>,
+    sources: &mut Vec<CopySource>,
+) -> Result<()> {
+    let mut seen = HashSet::new();
+    crate::repo::recipe::for_each_segment(repo, &u.recipe, |sg, table| {
+        for c in sg.chunks.iter().filter(|c| c.is_direct()) {
+            let Some(src) = CopySource::of(table, c) else {
+                continue;
+            };
+            if !pool.contains(&src.container) && !in_pool.contains_key(&c.fp) && seen.insert(c.fp) {
+                sources.push(src);
+            }
+        }
+        Ok(())
+    })?;
+    Ok(())
+}
+
+/// Copies `sources` into new containers (stamped with `u`, unless it
+/// returns to live form) and indexes them: where each chunk went.
+fn copy_sources(
+    repo: &Repository,
+    uid: &str,
+    u: &Snapshot,
+    revive: bool,
+    sources: &[CopySource],
+) -> Result<Placed> {
+    let stamp = (!revive).then(|| Stamp {
+        owner: uid.to_string(),
+        time_ns: u.time_ns,
+    });
+    let regions = region_cache(repo);
+    let (placed, metas) = copy_chunks(repo, &regions, sources, stamp, None)?;
+    let idx = RepoIndex::load_summaries(repo)?;
+    edit_index(repo, &idx, &HashSet::new(), metas)?;
+    Ok(placed)
+}
+
+/// Stores `u`'s recipe again with its references re-pointed by `rebased`:
+/// the new recipe's id, and its tallies as an archival version before `next`.
+fn rewrite_recipe(
+    repo: &Repository,
+    u: &Snapshot,
+    next: Option<String>,
+    rebased: impl FnMut(&ChunkRef, Option<ContainerId>) -> Result<Target>,
+) -> Result<(String, Archival)> {
     let mut counts = Archival {
-        next: next.clone(),
+        next,
         converted_ns: u
             .archival
             .as_ref()
@@ -276,9 +350,22 @@ fn rebase(
         w.push(n, |i| table.get(i as usize).copied())
     })?;
     let (rid, _) = w.finish()?;
+    Ok((rid, counts))
+}
+
+/// Commits `u` with recipe `rid` and `archival`, then deletes its old
+/// recipe object unless another snapshot uses it.
+fn switch_recipe(
+    repo: &Repository,
+    uid: &str,
+    u: &Snapshot,
+    rid: String,
+    archival: Option<Archival>,
+    by_id: &HashMap<&str, &Snapshot>,
+) -> Result<()> {
     let mut nu = u.clone();
     let old_recipe = std::mem::replace(&mut nu.recipe, rid);
-    nu.archival = (!revive).then_some(counts);
+    nu.archival = archival;
     // The switch; after it the old stamped containers are unreferenced.
     repo.replace_snapshot(uid, &nu)?;
     if old_recipe != nu.recipe
@@ -288,19 +375,23 @@ fn rebase(
     {
         crate::repo::recipe::delete_unused(repo, [&old_recipe])?;
     }
-    if revive {
-        let idx = RepoIndex::load_summaries(repo)?;
-        let stale: HashSet<ContainerId> = own_stamped
-            .into_iter()
-            .filter(|c| {
-                idx.containers
-                    .get(c)
-                    .is_some_and(|s| s.stamp.as_ref().is_some_and(|st| st.owner == uid))
-            })
-            .collect();
-        edit_index(repo, &idx, &stale, vec![])?;
-        delete_containers(repo, stale.iter())?;
-    }
+    Ok(())
+}
+
+/// Deletes those of `own_stamped` still stamped with `uid`, from the index
+/// first (a version back in live form references only the pool).
+fn delete_own_stamped(repo: &Repository, uid: &str, own_stamped: Vec<ContainerId>) -> Result<()> {
+    let idx = RepoIndex::load_summaries(repo)?;
+    let stale: HashSet<ContainerId> = own_stamped
+        .into_iter()
+        .filter(|c| {
+            idx.containers
+                .get(c)
+                .is_some_and(|s| s.stamp.as_ref().is_some_and(|st| st.owner == uid))
+        })
+        .collect();
+    edit_index(repo, &idx, &stale, vec![])?;
+    delete_containers(repo, stale.iter())?;
     Ok(())
 }
 

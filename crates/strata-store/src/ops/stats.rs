@@ -100,6 +100,26 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
         index_strategy: repo.config().index.clone(),
         ..Default::default()
     };
+    let idx = index_figures(repo, &mut st)?;
+    let snaps = repo.list_active_snapshots()?;
+    st.snapshots = snaps.len() as u64;
+    st.series = snaps
+        .iter()
+        .map(|(_, s)| &s.series)
+        .collect::<HashSet<_>>()
+        .len() as u64;
+    st.logical_bytes = snaps.iter().map(|(_, s)| s.stats.logical_bytes).sum();
+    let refs = References::walk(repo, &snaps, &idx)?;
+    space_figures(&mut st, &idx, &refs);
+    st.series_stats = series_stats(repo, &snaps, &idx)?;
+    st.total_repo_bytes = repo_bytes(repo)?;
+    ratios(&mut st);
+    Ok(st)
+}
+
+/// Fills in the figures of the index and the containers (linked ones
+/// apart) and returns the index.
+fn index_figures(repo: &Repository, st: &mut RepoStats) -> Result<RepoIndex> {
     let table = std::sync::Arc::new(ContainerTable::default());
     let (strategy, idx) = build_strategy(repo, &table)?;
     st.containers = idx.containers.len() as u64;
@@ -117,50 +137,69 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
     }
     st.index_entries = strategy.entries();
     st.index_ram_bytes = strategy.ram_bytes();
-    let snaps = repo.list_active_snapshots()?;
-    st.snapshots = snaps.len() as u64;
-    st.series = snaps
-        .iter()
-        .map(|(_, s)| &s.series)
-        .collect::<HashSet<_>>()
-        .len() as u64;
-    st.logical_bytes = snaps.iter().map(|(_, s)| s.stats.logical_bytes).sum();
-    let mut segs: HashMap<Fingerprint, u64> = HashMap::new();
-    let mut recipes = HashSet::new();
-    let mut logical_nonzero = 0u64;
-    // Pool chunk locations that some version references.
-    let mut pool_refs: HashMap<(ContainerId, u32, u32), u32> = HashMap::new();
-    for (_, s) in &snaps {
-        let first_use = recipes.insert(s.recipe.clone());
-        crate::repo::recipe::for_each_segment(repo, &s.recipe, |sg, table| {
-            for c in &sg.chunks {
-                if !c.is_zero() {
-                    logical_nonzero += c.len as u64;
-                }
-                if c.is_direct() {
-                    let cid = table.get(c.container as usize);
-                    let in_pool = cid
-                        .and_then(|id| idx.containers.get(id))
-                        .is_some_and(|m| m.stamp.is_none());
-                    if let (Some(cid), true) = (cid, in_pool) {
-                        pool_refs.insert((*cid, c.region, c.offset), c.len);
+    Ok(idx)
+}
+
+/// What the snapshots' recipes reference.
+struct References {
+    /// Plaintext bytes of each distinct segment, zero chunks excluded.
+    segs: HashMap<Fingerprint, u64>,
+    /// Logical bytes of the snapshots, zero chunks excluded.
+    logical_nonzero: u64,
+    /// Pool chunk locations that some version references.
+    pool_refs: HashMap<(ContainerId, u32, u32), u32>,
+}
+
+impl References {
+    /// Reads the recipes of `snaps` for what they reference.
+    fn walk(repo: &Repository, snaps: &[(String, Snapshot)], idx: &RepoIndex) -> Result<Self> {
+        let mut segs: HashMap<Fingerprint, u64> = HashMap::new();
+        let mut recipes = HashSet::new();
+        let mut logical_nonzero = 0u64;
+        // Pool chunk locations that some version references.
+        let mut pool_refs: HashMap<(ContainerId, u32, u32), u32> = HashMap::new();
+        for (_, s) in snaps {
+            let first_use = recipes.insert(s.recipe.clone());
+            crate::repo::recipe::for_each_segment(repo, &s.recipe, |sg, table| {
+                for c in &sg.chunks {
+                    if !c.is_zero() {
+                        logical_nonzero += c.len as u64;
+                    }
+                    if c.is_direct() {
+                        let cid = table.get(c.container as usize);
+                        let in_pool = cid
+                            .and_then(|id| idx.containers.get(id))
+                            .is_some_and(|m| m.stamp.is_none());
+                        if let (Some(cid), true) = (cid, in_pool) {
+                            pool_refs.insert((*cid, c.region, c.offset), c.len);
+                        }
                     }
                 }
-            }
-            if first_use {
-                segs.entry(sg.fp).or_insert_with(|| {
-                    sg.chunks
-                        .iter()
-                        .filter(|c| !c.is_zero())
-                        .map(|c| c.len as u64)
-                        .sum()
-                });
-            }
-            Ok(())
-        })?;
+                if first_use {
+                    segs.entry(sg.fp).or_insert_with(|| {
+                        sg.chunks
+                            .iter()
+                            .filter(|c| !c.is_zero())
+                            .map(|c| c.len as u64)
+                            .sum()
+                    });
+                }
+                Ok(())
+            })?;
+        }
+        Ok(References {
+            segs,
+            logical_nonzero,
+            pool_refs,
+        })
     }
-    st.segments = segs.len() as u64;
-    st.segment_level_bytes = segs.values().sum();
+}
+
+/// Fills in the segment, pool and stamped figures and the RevDedup
+/// savings from the index and what the recipes reference.
+fn space_figures(st: &mut RepoStats, idx: &RepoIndex, refs: &References) {
+    st.segments = refs.segs.len() as u64;
+    st.segment_level_bytes = refs.segs.values().sum();
     let mut stamped_raw = 0u64;
     let mut pool_raw = 0u64;
     for c in idx.containers.values() {
@@ -172,9 +211,10 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
             pool_raw += c.raw_bytes;
         }
     }
-    let pool_referenced: u64 = pool_refs.values().map(|l| *l as u64).sum();
+    let pool_referenced: u64 = refs.pool_refs.values().map(|l| *l as u64).sum();
     st.referenced_raw_bytes = pool_referenced + stamped_raw;
     st.pool_dead_raw_bytes = pool_raw.saturating_sub(pool_referenced);
+    let logical_nonzero = refs.logical_nonzero;
     let pct = |part: u64| {
         if logical_nonzero == 0 {
             0.0
@@ -186,9 +226,12 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
     st.saving_reverse_pct = pct(st
         .segment_level_bytes
         .saturating_sub(st.referenced_raw_bytes));
-    st.series_stats = series_stats(repo, &snaps, &idx)?;
+}
+
+/// Bytes of everything in the repository (data and metadata).
+fn repo_bytes(repo: &Repository) -> Result<u64> {
     let b = repo.backend();
-    st.total_repo_bytes = [
+    Ok([
         "config",
         "keys/",
         "data/",
@@ -206,7 +249,11 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
             .unwrap_or(0)
     })
     .sum::<u64>()
-        + b.size("config")?.unwrap_or(0);
+        + b.size("config")?.unwrap_or(0))
+}
+
+/// Fills in the dedup, compression and total ratios and the space saving.
+fn ratios(st: &mut RepoStats) {
     let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     st.dedup_ratio = ratio(st.logical_bytes, st.unique_raw_bytes);
     // (Over what the repository stores itself: linked data is the volume's.)
@@ -220,7 +267,6 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
     } else {
         100.0 * (1.0 - st.total_repo_bytes as f64 / st.logical_bytes as f64)
     };
-    Ok(st)
 }
 
 /// Per-series lifecycle figures. Chain lengths are computed newest to

@@ -124,83 +124,47 @@ impl Volume {
         let lock_file = Self::lock(dir)?;
         let cfg = Self::config(dir)?;
         let crypt = Self::crypt(dir, &cfg, key)?;
-        // Frozen maps of a server that is gone (its snapshots ended with it).
-        if let Ok(rd) = fs::read_dir(dir) {
-            for e in rd.flatten() {
-                if e.file_name().to_string_lossy().starts_with("map.frozen.") {
-                    let _ = fs::remove_file(e.path());
-                }
-            }
+        remove_frozen_maps(dir);
+        let (files, old) = Recovered::open(dir, &cfg, warm_cache)?;
+        let vol = Arc::new(Self::assemble(dir, cfg, crypt, lock_file, files)?);
+        vol.replay(&old)?;
+        vol.checkpoint()?;
+        vol.save_state(false)?;
+        vol.picks_releases.store(true, Ordering::SeqCst);
+        // Room for the live figures while there is room: on a disk that
+        // then fills, they are written over it (what they were stays).
+        if let Err(e) = crate::report::reserve_live(&vol.dir) {
+            tracing::debug!("no room kept for live figures: {e}");
         }
-        let state: State = read_json(&dir.join("state.json"))?;
-        let nblocks = cfg.size / BLOCK as u64;
-        let map_file = open_rw(&dir.join("map"))?;
-        let data = open_rw(&dir.join("data"))?;
-        let refs = open_rw(&dir.join("refs"))?;
-        let fps = open_rw(&dir.join("fps"))?;
-        let end = data.metadata().map_err(ioe("data"))?.len() / BLOCK as u64;
-        if !state.clean {
-            rebuild_refs(dir, &map_file, &refs, nblocks, end)?;
-        }
-        let (free, cache) = scan_refs(&refs, &fps, end, &cfg, state.clean && warm_cache)?;
-        let old = journal::existing(dir).map_err(ioe(dir.display().to_string()))?;
-        let next_gen = old.last().map(|(g, _)| g + 1).unwrap_or(1);
-        let mut counters = state.counters;
-        if counters.sequence_lengths.counts.is_empty() {
-            counters.sequence_lengths = Histogram::with_buckets(65);
-        }
-        let map = Arc::new(BlockMap::new(map_file));
-        let readahead = Readahead::new(map.clone(), &data, nblocks);
-        // What was written since the last snapshot: known only after a
-        // clean close (a replayed journal's writes were not counted).
-        let changes = match state.clean && old.is_empty() {
-            true => Changes::load(dir, nblocks),
-            false => {
-                let _ = Changes::unknown(nblocks).save(dir);
-                Changes::unknown(nblocks)
-            }
-        };
-        let vol = Arc::new(Volume {
+        let v = vol.clone();
+        *lock(&vol.destager) = Some(std::thread::spawn(move || v.destage_loop()));
+        Ok(vol)
+    }
+
+    /// The volume in `dir` from its recovered files, with a new journal
+    /// (not yet replayed nor destaging).
+    fn assemble(
+        dir: &Path,
+        cfg: VolumeConfig,
+        crypt: Option<Arc<Crypt>>,
+        lock_file: File,
+        files: Recovered,
+    ) -> Result<Volume> {
+        let journal = Journal::create(dir, files.next_gen).map_err(ioe("journal"))?;
+        Ok(Volume {
             dir: dir.to_path_buf(),
-            map,
-            data,
+            map: files.map,
+            data: files.data,
             crypt,
-            readahead,
-            mem: Mutex::new(Mem {
-                buf: Batch::default(),
-                destaging: None,
-                journal: Journal::create(dir, next_gen).map_err(ioe("journal"))?,
-                prev_journal: None,
-                failed: None,
-                full: None,
-                stop: false,
-                urgent: false,
-                applied: next_gen - 1,
-                recent: HashMap::new(),
-                inflight: HashMap::new(),
-                next_token: 0,
-                changes,
-            }),
+            readahead: files.readahead,
+            mem: Mutex::new(new_mem(journal, files.next_gen, files.changes)),
             kick: Condvar::new(),
             destaged: Condvar::new(),
-            disk: Mutex::new(Disk {
-                refs,
-                fps,
-                cache,
-                counters,
-                pending_free: Vec::new(),
-                freeing: Default::default(),
-                uncommitted: Vec::new(),
-                uncommitted_bytes: 0,
-                uncommitted_generation: 0,
-                placed_since: HashMap::new(),
-                last_checkpoint: Instant::now(),
-                released_applied: Default::default(),
-            }),
+            disk: Mutex::new(new_disk(files.refs, files.fps, files.cache, files.counters)),
             space: Mutex::new(Space {
-                free,
-                end,
-                cursor: end,
+                free: files.free,
+                end: files.end,
+                cursor: files.end,
             }),
             live: LiveStats {
                 fragmentation: Mutex::new(Histogram::with_buckets(65)),
@@ -221,19 +185,7 @@ impl Volume {
             data_sync: Mutex::new(()),
             direct_io: std::sync::RwLock::new(()),
             picks_releases: AtomicBool::new(false),
-        });
-        vol.replay(&old)?;
-        vol.checkpoint()?;
-        vol.save_state(false)?;
-        vol.picks_releases.store(true, Ordering::SeqCst);
-        // Room for the live figures while there is room: on a disk that
-        // then fills, they are written over it (what they were stays).
-        if let Err(e) = crate::report::reserve_live(&vol.dir) {
-            tracing::debug!("no room kept for live figures: {e}");
-        }
-        let v = vol.clone();
-        *lock(&vol.destager) = Some(std::thread::spawn(move || v.destage_loop()));
-        Ok(vol)
+        })
     }
 
     /// Replays the journals `old` left by an unclean stop: what they
@@ -360,6 +312,126 @@ impl Volume {
                 counters,
             },
         )
+    }
+}
+
+/// Deletes the frozen maps in `dir` of a server that is gone.
+fn remove_frozen_maps(dir: &Path) {
+    // Frozen maps of a server that is gone (its snapshots ended with it).
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().starts_with("map.frozen.") {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// A volume's files opened and what they hold recovered, before the
+/// volume is assembled.
+struct Recovered {
+    map: Arc<BlockMap>,
+    data: File,
+    refs: File,
+    fps: File,
+    free: BTreeMap<u64, u64>,
+    cache: MetaCache,
+    end: u64,
+    /// The generation of the next journal.
+    next_gen: u64,
+    counters: Persistent,
+    readahead: Readahead,
+    changes: Changes,
+}
+
+impl Recovered {
+    /// Opens the files of the volume in `dir`, rebuilding the reference
+    /// counts after an unclean stop; also the journals left to replay.
+    fn open(
+        dir: &Path,
+        cfg: &VolumeConfig,
+        warm_cache: bool,
+    ) -> Result<(Recovered, Vec<(u64, PathBuf)>)> {
+        let state: State = read_json(&dir.join("state.json"))?;
+        let nblocks = cfg.size / BLOCK as u64;
+        let map_file = open_rw(&dir.join("map"))?;
+        let data = open_rw(&dir.join("data"))?;
+        let refs = open_rw(&dir.join("refs"))?;
+        let fps = open_rw(&dir.join("fps"))?;
+        let end = data.metadata().map_err(ioe("data"))?.len() / BLOCK as u64;
+        if !state.clean {
+            rebuild_refs(dir, &map_file, &refs, nblocks, end)?;
+        }
+        let (free, cache) = scan_refs(&refs, &fps, end, cfg, state.clean && warm_cache)?;
+        let old = journal::existing(dir).map_err(ioe(dir.display().to_string()))?;
+        let next_gen = old.last().map(|(g, _)| g + 1).unwrap_or(1);
+        let mut counters = state.counters;
+        if counters.sequence_lengths.counts.is_empty() {
+            counters.sequence_lengths = Histogram::with_buckets(65);
+        }
+        let map = Arc::new(BlockMap::new(map_file));
+        let readahead = Readahead::new(map.clone(), &data, nblocks);
+        // What was written since the last snapshot: known only after a
+        // clean close (a replayed journal's writes were not counted).
+        let changes = match state.clean && old.is_empty() {
+            true => Changes::load(dir, nblocks),
+            false => {
+                let _ = Changes::unknown(nblocks).save(dir);
+                Changes::unknown(nblocks)
+            }
+        };
+        let files = Recovered {
+            map,
+            data,
+            refs,
+            fps,
+            free,
+            cache,
+            end,
+            next_gen,
+            counters,
+            readahead,
+            changes,
+        };
+        Ok((files, old))
+    }
+}
+
+/// The in-memory write state of a volume just opened, writing journal
+/// `journal` of generation `next_gen`.
+fn new_mem(journal: Journal, next_gen: u64, changes: Changes) -> Mem {
+    Mem {
+        buf: Batch::default(),
+        destaging: None,
+        journal,
+        prev_journal: None,
+        failed: None,
+        full: None,
+        stop: false,
+        urgent: false,
+        applied: next_gen - 1,
+        recent: HashMap::new(),
+        inflight: HashMap::new(),
+        next_token: 0,
+        changes,
+    }
+}
+
+/// The on-disk bookkeeping of a volume just opened.
+fn new_disk(refs: File, fps: File, cache: MetaCache, counters: Persistent) -> Disk {
+    Disk {
+        refs,
+        fps,
+        cache,
+        counters,
+        pending_free: Vec::new(),
+        freeing: Default::default(),
+        uncommitted: Vec::new(),
+        uncommitted_bytes: 0,
+        uncommitted_generation: 0,
+        placed_since: HashMap::new(),
+        last_checkpoint: Instant::now(),
+        released_applied: Default::default(),
     }
 }
 

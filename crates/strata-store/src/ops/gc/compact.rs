@@ -32,7 +32,7 @@
 use super::options::{GcOptions, GcReport};
 use crate::engine::copy::delete_containers;
 use crate::engine::index::{ChunkLoc, ContainerTable};
-use crate::engine::writer::{ContainerSink, ContainerWriter};
+use crate::engine::writer::{ContainerSink, ContainerWriter, SinkResult};
 use crate::error::{Result, StoreError};
 use crate::repo::container::read_region;
 use crate::repo::index::{edit_index, RepoIndex};
@@ -158,63 +158,7 @@ pub fn compact_pool(repo: &Repository, opts: &GcOptions, report: &mut GcReport) 
     let snaps = repo.list_active_snapshots()?;
     let holders = Holders::collect(repo, &snaps)?;
     report.live_chunks += holders.marks.values().map(|m| m.len() as u64).sum::<u64>();
-    // Every pool container is examined as the index loads (metadata only;
-    // only those to drop or rewrite are kept).
-    let mut drop: Vec<ContainerMeta> = Vec::new();
-    let mut rewrite: Vec<Rewrite> = Vec::new();
-    // Kept containers filled less than half: every backup leaves a couple
-    // (one per worker), and a restore pays per container it opens.
-    let target = repo.config().container_size as u64;
-    let mut small: Vec<(Rewrite, u64)> = Vec::new();
-    let idx = RepoIndex::load(repo, |m| {
-        if m.stamp.is_some() {
-            return;
-        }
-        let of = holders.of(m);
-        let (mut shared, mut only) = (0u64, 0u64);
-        for (c, h) in m.chunks.iter().zip(&of) {
-            match h {
-                Some(Holder::Shared) => shared += c.len as u64,
-                Some(Holder::Only(_)) => only += c.len as u64,
-                None => {}
-            }
-        }
-        let raw = m.raw_bytes().max(1);
-        let live = shared + only;
-        let r = Rewrite {
-            meta: m.clone(),
-            holders: of,
-        };
-        if let Some(these) = &opts.only {
-            match (these.contains(&m.id), live) {
-                (false, _) => {}
-                (true, 0) => drop.push(r.meta),
-                (true, _) => rewrite.push(r),
-            }
-            return;
-        }
-        if live == 0 {
-            drop.push(r.meta);
-        } else if (raw - live) as f64 / raw as f64 > opts.threshold
-            || (raw - shared) as f64 / raw as f64 > opts.separate
-        {
-            rewrite.push(r);
-        } else if live < target / 2 {
-            small.push((r, live));
-        }
-    })?;
-    // Merge the small ones once together they fill at least half a
-    // container, so the output is not small again (each byte is merged
-    // about once, not at every run).
-    let small_bytes: u64 = small.iter().map(|x| x.1).sum();
-    if small.len() >= 2 && small_bytes >= target / 2 {
-        report.containers_merged += small.len() as u64;
-        rewrite.extend(small.into_iter().map(|(r, _)| r));
-    }
-    // Oldest first: the copies keep roughly the order backups wrote.
-    rewrite.sort_by_key(|r| (r.meta.created, r.meta.id));
-    report.containers_deleted += drop.len() as u64;
-    report.containers_rewritten += rewrite.len() as u64;
+    let (idx, drop, rewrite) = select(repo, opts, &holders, report)?;
     let freed_drop: u64 = drop.iter().map(|m| m.data_bytes()).sum();
     let progress = &opts.progress;
     progress.bytes_total.fetch_add(
@@ -232,32 +176,7 @@ pub fn compact_pool(repo: &Repository, opts: &GcOptions, report: &mut GcReport) 
 
     // Copy forward, container by container, in chunk order.
     let table = Arc::new(ContainerTable::default());
-    let sink = ContainerSink::start(repo);
-    let mut moved: HashMap<(ContainerId, u32, u32), ChunkLoc> = HashMap::new();
-    let copy_result: Result<()> = (|| {
-        let mut out = Outputs {
-            pool: ContainerWriter::new(repo, table.clone(), sink.sender()),
-            pool_last: None,
-            stamped: HashMap::new(),
-            make: &|| ContainerWriter::new(repo, table.clone(), sink.sender()),
-            owners: &holders.owners,
-            separated: 0,
-        };
-        for r in &rewrite {
-            copy_forward(repo, &mut out, r, &mut moved)?;
-            progress
-                .bytes_done
-                .fetch_add(r.meta.data_len, Ordering::Relaxed);
-        }
-        report.bytes_separated += out.separated;
-        out.pool.flush()?;
-        for (w, _) in out.stamped.values_mut() {
-            w.flush()?;
-        }
-        Ok(())
-    })();
-    let written = sink.finish()?;
-    copy_result?;
+    let (moved, written) = copy_all(repo, opts, &holders.owners, &rewrite, &table, report)?;
     report.containers_written += written.metas.len() as u64;
     let added: u64 = written.metas.iter().map(|m| m.data_bytes()).sum();
 
@@ -274,10 +193,158 @@ pub fn compact_pool(repo: &Repository, opts: &GcOptions, report: &mut GcReport) 
     // Point the recipes at the new copies, one recipe object at a time
     // (snapshots with identical recipes share one object).
     let rewritten: HashSet<ContainerId> = rewrite.iter().map(|r| r.meta.id).collect();
+    let users = recipe_users(&snaps, &holders.uses, &rewritten);
+    remap_users(repo, users, &rewritten, &moved, &table, report)?;
+    let freed_rewrite: u64 = rewrite.iter().map(|r| r.meta.data_bytes()).sum();
+    edit_index(repo, &idx, &old, vec![])?;
+    delete_containers(repo, old.iter())?;
+    report.bytes_freed += (freed_drop + freed_rewrite).saturating_sub(added);
+    Ok(())
+}
+
+/// What compaction does with one pool container.
+enum Verdict {
+    Keep,
+    Drop,
+    Rewrite,
+    /// Kept but filled less than half: its live bytes, to merge.
+    Small(u64),
+}
+
+/// Decides the fate of pool container `m`, given the holder of each of
+/// its chunks and `target`, the container size.
+fn verdict(m: &ContainerMeta, of: &[Option<Holder>], opts: &GcOptions, target: u64) -> Verdict {
+    let (mut shared, mut only) = (0u64, 0u64);
+    for (c, h) in m.chunks.iter().zip(of) {
+        match h {
+            Some(Holder::Shared) => shared += c.len as u64,
+            Some(Holder::Only(_)) => only += c.len as u64,
+            None => {}
+        }
+    }
+    let raw = m.raw_bytes().max(1);
+    let live = shared + only;
+    if let Some(these) = &opts.only {
+        return match (these.contains(&m.id), live) {
+            (false, _) => Verdict::Keep,
+            (true, 0) => Verdict::Drop,
+            (true, _) => Verdict::Rewrite,
+        };
+    }
+    if live == 0 {
+        Verdict::Drop
+    } else if (raw - live) as f64 / raw as f64 > opts.threshold
+        || (raw - shared) as f64 / raw as f64 > opts.separate
+    {
+        Verdict::Rewrite
+    } else if live < target / 2 {
+        Verdict::Small(live)
+    } else {
+        Verdict::Keep
+    }
+}
+
+/// Loads the index and picks the pool containers to drop and to rewrite
+/// (oldest first), counting them in `report`.
+fn select(
+    repo: &Repository,
+    opts: &GcOptions,
+    holders: &Holders,
+    report: &mut GcReport,
+) -> Result<(RepoIndex, Vec<ContainerMeta>, Vec<Rewrite>)> {
+    // Every pool container is examined as the index loads (metadata only;
+    // only those to drop or rewrite are kept).
+    let mut drop: Vec<ContainerMeta> = Vec::new();
+    let mut rewrite: Vec<Rewrite> = Vec::new();
+    // Kept containers filled less than half: every backup leaves a couple
+    // (one per worker), and a restore pays per container it opens.
+    let target = repo.config().container_size as u64;
+    let mut small: Vec<(Rewrite, u64)> = Vec::new();
+    let idx = RepoIndex::load(repo, |m| {
+        if m.stamp.is_some() {
+            return;
+        }
+        let of = holders.of(m);
+        let verdict = verdict(m, &of, opts, target);
+        let r = Rewrite {
+            meta: m.clone(),
+            holders: of,
+        };
+        match verdict {
+            Verdict::Keep => {}
+            Verdict::Drop => drop.push(r.meta),
+            Verdict::Rewrite => rewrite.push(r),
+            Verdict::Small(live) => small.push((r, live)),
+        }
+    })?;
+    // Merge the small ones once together they fill at least half a
+    // container, so the output is not small again (each byte is merged
+    // about once, not at every run).
+    let small_bytes: u64 = small.iter().map(|x| x.1).sum();
+    if small.len() >= 2 && small_bytes >= target / 2 {
+        report.containers_merged += small.len() as u64;
+        rewrite.extend(small.into_iter().map(|(r, _)| r));
+    }
+    // Oldest first: the copies keep roughly the order backups wrote.
+    rewrite.sort_by_key(|r| (r.meta.created, r.meta.id));
+    report.containers_deleted += drop.len() as u64;
+    report.containers_rewritten += rewrite.len() as u64;
+    Ok((idx, drop, rewrite))
+}
+
+/// Where copied-forward chunks went, by their former (container, region, offset).
+type Moved = HashMap<(ContainerId, u32, u32), ChunkLoc>;
+
+/// Copies the live chunks of the `rewrite` containers into new ones:
+/// where each chunk went, and the containers written.
+fn copy_all(
+    repo: &Repository,
+    opts: &GcOptions,
+    owners: &[Stamp],
+    rewrite: &[Rewrite],
+    table: &Arc<ContainerTable>,
+    report: &mut GcReport,
+) -> Result<(Moved, SinkResult)> {
+    let progress = &opts.progress;
+    let sink = ContainerSink::start(repo);
+    let mut moved: Moved = HashMap::new();
+    let copy_result: Result<()> = (|| {
+        let mut out = Outputs {
+            pool: ContainerWriter::new(repo, table.clone(), sink.sender()),
+            pool_last: None,
+            stamped: HashMap::new(),
+            make: &|| ContainerWriter::new(repo, table.clone(), sink.sender()),
+            owners,
+            separated: 0,
+        };
+        for r in rewrite {
+            copy_forward(repo, &mut out, r, &mut moved)?;
+            progress
+                .bytes_done
+                .fetch_add(r.meta.data_len, Ordering::Relaxed);
+        }
+        report.bytes_separated += out.separated;
+        out.pool.flush()?;
+        for (w, _) in out.stamped.values_mut() {
+            w.flush()?;
+        }
+        Ok(())
+    })();
+    let written = sink.finish()?;
+    copy_result?;
+    Ok((moved, written))
+}
+
+/// The ids of the snapshots using each recipe that points into a
+/// `rewritten` container, by recipe.
+fn recipe_users<'s>(
+    snaps: &'s [(String, Snapshot)],
+    uses: &HashMap<String, Vec<ContainerId>>,
+    rewritten: &HashSet<ContainerId>,
+) -> BTreeMap<&'s str, Vec<&'s str>> {
     let mut users: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (id, s) in &snaps {
-        let affected = holders
-            .uses
+    for (id, s) in snaps {
+        let affected = uses
             .get(&s.recipe)
             .is_some_and(|cs| cs.iter().any(|c| rewritten.contains(c)));
         if affected {
@@ -287,8 +354,21 @@ pub fn compact_pool(repo: &Repository, opts: &GcOptions, report: &mut GcReport) 
                 .push(id.as_str());
         }
     }
+    users
+}
+
+/// Stores each of `users`' recipes again pointing at the moved chunks,
+/// switches its snapshots to it and deletes the old recipe object.
+fn remap_users(
+    repo: &Repository,
+    users: BTreeMap<&str, Vec<&str>>,
+    rewritten: &HashSet<ContainerId>,
+    moved: &Moved,
+    table: &ContainerTable,
+    report: &mut GcReport,
+) -> Result<()> {
     for (rid, ids) in users {
-        let (new_rid, _) = remap_recipe(repo, rid, &rewritten, &moved, &table)?;
+        let (new_rid, _) = remap_recipe(repo, rid, rewritten, moved, table)?;
         for id in ids {
             let mut s = repo.load_snapshot(id)?;
             s.recipe = new_rid.clone();
@@ -299,10 +379,6 @@ pub fn compact_pool(repo: &Repository, opts: &GcOptions, report: &mut GcReport) 
         }
         report.recipes_remapped += 1;
     }
-    let freed_rewrite: u64 = rewrite.iter().map(|r| r.meta.data_bytes()).sum();
-    edit_index(repo, &idx, &old, vec![])?;
-    delete_containers(repo, old.iter())?;
-    report.bytes_freed += (freed_drop + freed_rewrite).saturating_sub(added);
     Ok(())
 }
 

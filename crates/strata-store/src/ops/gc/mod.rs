@@ -129,6 +129,43 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
     report.containers_before = idx.containers.len() as u64;
     report.bytes_before = idx.stored_bytes();
 
+    let stale = stale_stamped(repo, &idx)?;
+    report.stamped_deleted = stale.len() as u64;
+    let stale_bytes: u64 = stale
+        .iter()
+        .filter_map(|c| idx.containers.get(c))
+        .map(|c| c.data_bytes())
+        .sum();
+
+    let indexed: HashSet<_> = idx.containers.keys().copied().collect();
+    let orphans = unindexed(repo, &indexed)?;
+    report.orphans_deleted = orphans.len() as u64;
+    refuse_needed_orphans(repo, &orphans)?;
+
+    if !opts.dry_run && !stale.is_empty() {
+        edit_index(repo, &idx, &stale, vec![])?;
+        delete_containers(repo, stale.iter())?;
+    }
+    compact_pool(repo, opts, &mut report)?;
+    report.bytes_freed += stale_bytes;
+    if !opts.dry_run {
+        delete_orphans(repo, &orphans)?;
+        release_gone_links(repo, &indexed)?;
+        delete_unused_recipes(repo, &mut report)?;
+        tidy_index(repo, &idx, &report)?;
+        // Whatever the lifecycle released is collected now.
+        crate::repo::lifecycle::store_state(repo, &Default::default())?;
+    }
+    report.bytes_after = report.bytes_before.saturating_sub(report.bytes_freed);
+    if !opts.dry_run {
+        report.bytes_after = RepoIndex::load_summaries(repo)?.stored_bytes();
+        report.bytes_freed = report.bytes_before.saturating_sub(report.bytes_after);
+    }
+    Ok(report)
+}
+
+/// The stamped containers of `idx` that no archival version uses.
+fn stale_stamped(repo: &Repository, idx: &RepoIndex) -> Result<HashSet<ContainerId>> {
     // Stamped containers whose owner is gone, or does not use them (an
     // interrupted maintain or rebase left them).
     let snaps = repo.list_active_snapshots()?;
@@ -138,20 +175,17 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
             used_stamped.extend(crate::repo::recipe::containers(repo, &s.recipe)?);
         }
     }
-    let stale: HashSet<ContainerId> = idx
+    Ok(idx
         .containers
         .iter()
         .filter(|(id, c)| c.stamp.is_some() && !used_stamped.contains(*id))
         .map(|(id, _)| *id)
-        .collect();
-    report.stamped_deleted = stale.len() as u64;
-    let stale_bytes: u64 = stale
-        .iter()
-        .filter_map(|c| idx.containers.get(c))
-        .map(|c| c.data_bytes())
-        .sum();
+        .collect())
+}
 
-    let indexed: HashSet<_> = idx.containers.keys().copied().collect();
+/// The names of the container objects (data and metadata) of containers
+/// not in `indexed`.
+fn unindexed(repo: &Repository, indexed: &HashSet<ContainerId>) -> Result<Vec<String>> {
     let mut orphans = Vec::new();
     for o in repo
         .backend()
@@ -165,89 +199,93 @@ pub(crate) fn gc_locked(repo: &Repository, opts: &GcOptions) -> Result<GcReport>
             }
         }
     }
-    report.orphans_deleted = orphans.len() as u64;
-    refuse_needed_orphans(repo, &orphans)?;
+    Ok(orphans)
+}
 
-    if !opts.dry_run && !stale.is_empty() {
-        edit_index(repo, &idx, &stale, vec![])?;
-        delete_containers(repo, stale.iter())?;
+/// Deletes the orphaned container objects.
+fn delete_orphans(repo: &Repository, orphans: &[String]) -> Result<()> {
+    for o in orphans {
+        match (o.starts_with("data/"), container_id_of(o)) {
+            // A linked one gives its blocks back to its volume.
+            (true, Some(id)) => crate::repo::links::delete_data(repo, &id)?,
+            _ => repo.backend().delete(o)?,
+        }
     }
-    compact_pool(repo, opts, &mut report)?;
-    report.bytes_freed += stale_bytes;
-    if !opts.dry_run {
-        for o in &orphans {
-            match (o.starts_with("data/"), container_id_of(o)) {
-                // A linked one gives its blocks back to its volume.
-                (true, Some(id)) => crate::repo::links::delete_data(repo, &id)?,
-                _ => repo.backend().delete(o)?,
-            }
+    Ok(())
+}
+
+/// Releases and deletes the link markers of containers not in `indexed`.
+fn release_gone_links(repo: &Repository, indexed: &HashSet<ContainerId>) -> Result<()> {
+    // Markers of linked containers no longer there.
+    for o in repo.backend().list("links/")? {
+        let id = o
+            .name
+            .strip_prefix("links/")
+            .and_then(ContainerId::from_hex);
+        // (Their holds released first.)
+        if let Some(id) = id.filter(|id| !indexed.contains(id)) {
+            crate::repo::links::release_by_marker(repo, &id)?;
+            repo.backend().delete(&o.name)?;
         }
-        // Markers of linked containers no longer there.
-        for o in repo.backend().list("links/")? {
-            let id = o
-                .name
-                .strip_prefix("links/")
-                .and_then(ContainerId::from_hex);
-            // (Their holds released first.)
-            if let Some(id) = id.filter(|id| !indexed.contains(id)) {
-                crate::repo::links::release_by_marker(repo, &id)?;
-                repo.backend().delete(&o.name)?;
-            }
+    }
+    Ok(())
+}
+
+/// Deletes the recipes no snapshot uses, then the recipe parts no
+/// remaining recipe uses, counting them in `report`.
+fn delete_unused_recipes(repo: &Repository, report: &mut GcReport) -> Result<()> {
+    // Recipes no snapshot uses (left by interrupted commands), then
+    // parts no remaining recipe uses.
+    let snaps = repo.list_snapshots()?;
+    let used: HashSet<String> = snaps
+        .iter()
+        .flat_map(|(_, s)| s.recipes())
+        .map(|r| format!("recipes/{r}"))
+        .collect();
+    for o in repo.backend().list("recipes/")? {
+        if !used.contains(&o.name) {
+            repo.backend().delete(&o.name)?;
+            report.recipes_deleted += 1;
         }
-        // Recipes no snapshot uses (left by interrupted commands), then
-        // parts no remaining recipe uses.
-        let snaps = repo.list_snapshots()?;
-        let used: HashSet<String> = snaps
+    }
+    let parts = crate::repo::recipe::live_parts(
+        repo,
+        snaps
             .iter()
             .flat_map(|(_, s)| s.recipes())
-            .map(|r| format!("recipes/{r}"))
-            .collect();
-        for o in repo.backend().list("recipes/")? {
-            if !used.contains(&o.name) {
-                repo.backend().delete(&o.name)?;
-                report.recipes_deleted += 1;
-            }
+            .map(String::as_str),
+    )?;
+    for o in repo
+        .backend()
+        .list(&format!("{}/", crate::repo::recipe::PARTS))?
+    {
+        let id = o.name.rsplit('/').next().unwrap_or_default();
+        if !parts.contains(id) {
+            repo.backend().delete(&o.name)?;
+            report.parts_deleted += 1;
         }
-        let parts = crate::repo::recipe::live_parts(
-            repo,
-            snaps
-                .iter()
-                .flat_map(|(_, s)| s.recipes())
-                .map(String::as_str),
-        )?;
-        for o in repo
-            .backend()
-            .list(&format!("{}/", crate::repo::recipe::PARTS))?
-        {
-            let id = o.name.rsplit('/').next().unwrap_or_default();
-            if !parts.contains(id) {
-                repo.backend().delete(&o.name)?;
-                report.parts_deleted += 1;
-            }
-        }
-        // One pool index object (and one per stamp owner) from here on —
-        // unless it is so already and nothing changed (on a bucket,
-        // rewriting the index is the bulk of a gc that found nothing).
-        let changed = report.containers_deleted
-            + report.containers_written
-            + report.stamped_deleted
-            + report.orphans_deleted
-            > 0;
-        if changed || idx.objects.len() > consolidated_objects(&idx) {
-            consolidate_index(repo)?;
-        } else {
-            // Summaries left by a crash between two deletes.
-            crate::repo::index::sweep_summaries(repo)?;
-        }
-        // Whatever the lifecycle released is collected now.
-        crate::repo::lifecycle::store_state(repo, &Default::default())?;
     }
-    report.bytes_after = report.bytes_before.saturating_sub(report.bytes_freed);
-    if !opts.dry_run {
-        report.bytes_after = RepoIndex::load_summaries(repo)?.stored_bytes();
-        report.bytes_freed = report.bytes_before.saturating_sub(report.bytes_after);
+    Ok(())
+}
+
+/// Consolidates the index objects when the gc changed anything or there
+/// are more than needed; otherwise sweeps leftover summaries.
+fn tidy_index(repo: &Repository, idx: &RepoIndex, report: &GcReport) -> Result<()> {
+    // One pool index object (and one per stamp owner) from here on —
+    // unless it is so already and nothing changed (on a bucket,
+    // rewriting the index is the bulk of a gc that found nothing).
+    let changed = report.containers_deleted
+        + report.containers_written
+        + report.stamped_deleted
+        + report.orphans_deleted
+        > 0;
+    if changed || idx.objects.len() > consolidated_objects(idx) {
+        consolidate_index(repo)?;
+    } else {
+        // Summaries left by a crash between two deletes.
+        crate::repo::index::sweep_summaries(repo)?;
     }
-    Ok(report)
+    Ok(())
 }
 
 /// How many index objects [`consolidate_index`] leaves for `idx`'s
