@@ -10,6 +10,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use strata_core::format::Snapshot;
+use strata_core::id::SnapshotId;
 use strata_store::engine::fsread::{find_stored, FileReader, RegionCache};
 use strata_store::tier::Tiers;
 use strata_store::StoreError;
@@ -86,10 +87,10 @@ fn read_only() -> io::Error {
 /// number of the series, or a snapshot id (prefix) — looked up among the
 /// series' snapshots only. Digits are a version number first, then an id
 /// prefix (an id may be all digits).
-fn find(repo: &strata_store::Repository, name: &str, at: &str) -> Result<(String, Snapshot)> {
+fn find(repo: &strata_store::Repository, name: &str, at: &str) -> Result<(SnapshotId, Snapshot)> {
     let series = format!("volume:{name}");
     let (all, _) = repo.list_snapshots_tolerant()?;
-    let mine: Vec<(String, Snapshot)> = all
+    let mine: Vec<(SnapshotId, Snapshot)> = all
         .iter()
         .filter(|(_, s)| s.series == series)
         .cloned()
@@ -136,7 +137,7 @@ fn find(repo: &strata_store::Repository, name: &str, at: &str) -> Result<(String
 /// that gc, forget and tier moves wait rather than take its data away).
 pub struct Opened {
     pub image: Arc<StoredImage>,
-    pub id: String,
+    pub id: SnapshotId,
     pub snapshot: Snapshot,
     pub _lock: strata_store::repo::lock::LockGuard,
 }

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 use strata_core::format::{NodeKind, Snapshot, Tier};
+use strata_core::id::SnapshotId;
 use strata_store::engine::fsread::{FileReader, RegionCache, SnapshotReader};
 use strata_store::repo::skeleton::Skeleton;
 use strata_store::tier::Tiers;
@@ -30,7 +31,7 @@ pub(crate) struct SeriesDir {
 
 /// A snapshot and its tree once loaded.
 pub(crate) struct SnapEntry {
-    id: String,
+    id: SnapshotId,
     snap: Snapshot,
     series: usize,
     loaded: Mutex<Option<Arc<Loaded>>>,
@@ -72,7 +73,7 @@ impl StrataFs {
     /// in `only` when it is not empty.
     pub(crate) fn new(
         tiers: Tiers,
-        snapshots: Vec<(String, Snapshot)>,
+        snapshots: Vec<(SnapshotId, Snapshot)>,
         only: &[String],
         cache: Arc<RegionCache>,
     ) -> StrataFs {
@@ -82,7 +83,7 @@ impl StrataFs {
         }
         // Series by directory name (lookups search it), versions by
         // number (then time, then id: the last is `SERIES@latest`).
-        let mut snapshots: Vec<(String, String, Snapshot)> = snapshots
+        let mut snapshots: Vec<(String, SnapshotId, Snapshot)> = snapshots
             .into_iter()
             .map(|(id, s)| (escape_component(&s.series), id, s))
             .collect();
@@ -503,7 +504,7 @@ fn short_ids(snaps: &[SnapEntry]) -> Vec<(OsString, usize)> {
         .map(|(i, s)| {
             let name = match count.get(&short(&s.id)) {
                 Some(1) => short(&s.id),
-                _ => s.id.clone(),
+                _ => s.id.to_string(),
             };
             (OsString::from(escape_component(&name)), i)
         })
@@ -865,6 +866,7 @@ impl Filesystem for StrataFs {
 mod tests {
     use super::*;
     use strata_core::format::Node;
+    use strata_core::id::SnapshotId;
 
     #[test]
     fn escaped_names_are_single_distinct_components() {
@@ -925,7 +927,7 @@ mod tests {
             host: String::new(),
             paths: Vec::new(),
             tags: Vec::new(),
-            recipe: String::new(),
+            recipe: strata_core::id::RecipeId::parse(&"0".repeat(64)).unwrap(),
             parent: None,
             chunker: strata_core::chunker::ChunkerParams::cdc(8192),
             stats: Default::default(),
@@ -945,10 +947,12 @@ mod tests {
         let mut snaps = Vec::new();
         for (i, n) in names.iter().enumerate() {
             for v in [2, 1, 3] {
-                snaps.push((format!("abcdefgh{i}{v}"), snapshot(n, v)));
+                let id = SnapshotId::parse(&format!("abcdef0{i}{v}{}", "0".repeat(55))).unwrap();
+                snaps.push((id, snapshot(n, v)));
             }
         }
-        snaps.push(("ffff".into(), snapshot("only", 1)));
+        let only = SnapshotId::parse(&format!("ffff{}", "0".repeat(60))).unwrap();
+        snaps.push((only, snapshot("only", 1)));
         let no_cloud = Arc::new(
             |_: &str| -> strata_store::Result<Arc<dyn strata_store::Backend>> {
                 Err(strata_store::StoreError::Invalid(
@@ -981,9 +985,10 @@ mod tests {
             assert!(fs.lookup_ino(dir, OsStr::new("4")).is_err());
         }
         // Short ids, the whole id where 8 digits are ambiguous.
-        assert!(fs.lookup_ino(INO_IDS, OsStr::new("ffff")).is_ok());
-        assert!(fs.lookup_ino(INO_IDS, OsStr::new("abcdefgh")).is_err());
-        assert!(fs.lookup_ino(INO_IDS, OsStr::new("abcdefgh01")).is_ok());
+        assert!(fs.lookup_ino(INO_IDS, OsStr::new("ffff0000")).is_ok());
+        assert!(fs.lookup_ino(INO_IDS, OsStr::new("abcdef00")).is_err());
+        let whole = format!("abcdef001{}", "0".repeat(55));
+        assert!(fs.lookup_ino(INO_IDS, OsStr::new(&whole)).is_ok());
     }
 
     fn node(path: &str, kind: NodeKind, target: Option<&str>) -> Node {

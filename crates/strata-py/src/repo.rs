@@ -272,7 +272,7 @@ impl Repository {
         let tiers = self.tiers();
         let rep = detached(py, progress, move || tiers.restore(&s, &mut opts, None))?;
         let mut v = serde_json::to_value(&rep).map_err(|e| StrataError::new_err(e.to_string()))?;
-        v["snapshot"] = id.into();
+        v["snapshot"] = id.to_string().into();
         v["target"] = target.display().to_string().into();
         Ok(v.to_string())
     }
@@ -294,7 +294,7 @@ impl Repository {
             .detach(|| {
                 specs
                     .iter()
-                    .map(|s| repo.resolve_snapshot(s).map(|(id, _)| id))
+                    .map(|s| repo.resolve_snapshot(s).map(|(id, _)| id.to_string()))
                     .collect::<strata_store::Result<Vec<_>>>()
             })
             .py_err()?;
@@ -341,6 +341,6 @@ impl Repository {
         spec: &str,
     ) -> PyResult<(String, Vec<(strata_store::Repository, Snapshot)>)> {
         let (id, s) = self.repo.resolve_snapshot(spec).py_err()?;
-        Ok((id, self.sources(&s)?))
+        Ok((id.to_string(), self.sources(&s)?))
     }
 }

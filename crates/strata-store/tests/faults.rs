@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use strata_core::crypto::{Kind, Sealer};
 use strata_core::format::{decode, encode, encode_lock, LockInfo, RepoConfig, REPO_FORMAT_VERSION};
+use strata_core::id::{RecipeId, SnapshotId};
 use strata_core::CoreError;
 use strata_store::ops::backup::{BackupOptions, BackupReport};
 use strata_store::ops::check::{check, CheckOptions, CheckReport};
@@ -97,8 +98,8 @@ impl Env {
 
 #[derive(Clone, Debug)]
 struct Version {
-    id: String,
-    recipe: String,
+    id: SnapshotId,
+    recipe: RecipeId,
     tree: Tree,
 }
 
@@ -281,7 +282,7 @@ fn half_dead_repo(env: &Env, fb: &Arc<FaultBackend>) -> (Repository, Vec<Version
     }
     env.write("big.bin", &big);
     versions.push(env.version(&repo));
-    forget(&repo, std::slice::from_ref(&versions[0].id)).unwrap();
+    forget(&repo, &[versions[0].id.to_string()]).unwrap();
     versions.remove(0);
     (repo, versions)
 }
@@ -406,7 +407,7 @@ fn corrupted_read_is_reported(encrypted: bool) {
         "check errors do not name {name}: {:?}",
         rep.errors
     );
-    assert_eq!(rep.damaged_snapshots, vec![v.id.clone()]);
+    assert_eq!(rep.damaged_snapshots, vec![v.id.to_string()]);
     // Structure alone is fine.
     assert!(check_report(&bad, false).ok());
 
@@ -567,10 +568,7 @@ fn locks_exclude_conflicting_commands() {
     assert!(holder.contains(&std::process::id().to_string()), "{holder}");
     assert!(holder.contains("exclusive"), "{holder}");
     expect_locked(env.backup(&repo), "backup under gc");
-    expect_locked(
-        forget(&repo, std::slice::from_ref(&v1.id)),
-        "forget under gc",
-    );
+    expect_locked(forget(&repo, &[v1.id.to_string()]), "forget under gc");
     expect_locked(check(&repo, &CheckOptions::default()), "check under gc");
     expect_locked(
         strata_store::ops::gc::repair_index(&repo),
@@ -601,10 +599,7 @@ fn locks_exclude_conflicting_commands() {
         "{holder}"
     );
     assert!(!hint.contains("another gc"), "{hint}");
-    expect_locked(
-        forget(&repo, std::slice::from_ref(&v1.id)),
-        "forget under backup",
-    );
+    expect_locked(forget(&repo, &[v1.id.to_string()]), "forget under backup");
     assert_eq!(object_names(b.as_ref(), "locks/").len(), 1);
     drop(s);
     gc(&repo, &GcOptions::default()).unwrap();
@@ -749,9 +744,13 @@ fn gc_copy_forward(encrypted: bool) {
     }
     env.assert_versions(&repo, &versions, "before gc");
     // Forget every other version.
-    let forgotten: Vec<String> = versions.iter().step_by(2).map(|v| v.id.clone()).collect();
+    let forgotten: Vec<String> = versions
+        .iter()
+        .step_by(2)
+        .map(|v| v.id.to_string())
+        .collect();
     forget(&repo, &forgotten).unwrap();
-    versions.retain(|v| !forgotten.contains(&v.id));
+    versions.retain(|v| !forgotten.iter().any(|f| v.id == *f));
     let before: HashSet<String> = object_names(b.as_ref(), "data/").into_iter().collect();
 
     let r = gc(
@@ -812,7 +811,7 @@ fn gc_copy_forward(encrypted: bool) {
     // Forget all but the newest; gc drops and rewrites again.
     let old: Vec<String> = versions[..versions.len() - 1]
         .iter()
-        .map(|v| v.id.clone())
+        .map(|v| v.id.to_string())
         .collect();
     forget(&repo, &old).unwrap();
     versions.drain(..versions.len() - 1);
@@ -829,7 +828,7 @@ fn gc_copy_forward(encrypted: bool) {
     assert!(rep.ok() && rep.warnings.is_empty(), "{rep:?}");
 
     // Forget everything: gc empties the repository.
-    forget(&repo, &[versions[0].id.clone()]).unwrap();
+    forget(&repo, &[versions[0].id.to_string()]).unwrap();
     gc(&repo, &GcOptions::default()).unwrap();
     assert!(object_names(b.as_ref(), "data/").is_empty());
     assert!(object_names(b.as_ref(), "meta/").is_empty());
@@ -851,9 +850,9 @@ fn history(env: &Env, dir: &Path) -> Vec<Version> {
         mutate(env, 200 + i);
         versions.push(env.version(&repo));
     }
-    let gone: Vec<String> = vec![versions[0].id.clone(), versions[2].id.clone()];
+    let gone: Vec<String> = vec![versions[0].id.to_string(), versions[2].id.to_string()];
     forget(&repo, &gone).unwrap();
-    versions.retain(|v| !gone.contains(&v.id));
+    versions.retain(|v| !gone.iter().any(|g| v.id == *g));
     let plan = gc(
         &repo,
         &GcOptions {
@@ -1172,7 +1171,7 @@ fn index_summaries_mirror_index_objects() {
     mutate(&env, 4);
     versions.push(env.version(&repo));
     agree("after the second backup");
-    forget(&repo, &[versions[0].id.clone()]).unwrap();
+    forget(&repo, &[versions[0].id.to_string()]).unwrap();
     versions.remove(0);
     gc(
         &repo,

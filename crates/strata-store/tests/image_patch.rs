@@ -12,6 +12,7 @@ use common::*;
 use std::io;
 use std::sync::{Arc, Mutex};
 use strata_core::chunker::ChunkerParams;
+use strata_core::id::SnapshotId;
 use strata_store::ops::backup::patch::{ImagePatch, ReadAt, PATCH_SEGMENT};
 use strata_store::ops::backup::{BackupOptions, BackupReport};
 use strata_store::Repository;
@@ -758,9 +759,9 @@ fn an_image_in_pieces_goes_through_the_lifecycle() {
     let tmp = tempfile::tempdir().unwrap();
     let repo = Repository::init(local(&tmp.path().join("repo")), small_init(false)).unwrap();
     let (reports, images) = three_versions_in_pieces(&repo);
-    let ids: Vec<String> = reports.iter().map(|r| r.id.clone()).collect();
-    let current = |id: &str| repo.load_snapshot(id).unwrap();
-    let before: Vec<_> = ids.iter().map(|id| current(id)).collect();
+    let ids: Vec<SnapshotId> = reports.iter().map(|r| r.id.clone()).collect();
+    let current = |id: &SnapshotId| repo.load_snapshot(id).unwrap();
+    let before: Vec<_> = ids.iter().map(&current).collect();
     let dry = maintain(
         &repo,
         &MaintainOptions {
@@ -770,7 +771,7 @@ fn an_image_in_pieces_goes_through_the_lifecycle() {
     )
     .unwrap();
     assert_eq!(dry.converted.len(), 2, "{dry:?}");
-    let after_dry: Vec<_> = ids.iter().map(|id| current(id)).collect();
+    let after_dry: Vec<_> = ids.iter().map(&current).collect();
     assert_eq!(before, after_dry, "a dry run changes nothing");
     let m = maintain(&repo, &MaintainOptions::default()).unwrap();
     assert_eq!(m.converted.len(), 2, "{m:?}");
@@ -810,12 +811,12 @@ fn an_image_in_pieces_goes_through_the_lifecycle() {
             .stored_bytes()
     };
     let before_forget = stored();
-    let f = forget(&repo, std::slice::from_ref(&ids[1])).unwrap();
-    assert_eq!(f.rebased, vec![ids[0].clone()], "{f:?}");
+    let f = forget(&repo, &[ids[1].to_string()]).unwrap();
+    assert_eq!(f.rebased, vec![ids[0].to_string()], "{f:?}");
     let oldest = current(&ids[0]);
     assert_eq!(
-        oldest.archival.as_ref().and_then(|a| a.next.as_deref()),
-        Some(ids[2].as_str())
+        oldest.archival.as_ref().and_then(|a| a.next.as_ref()),
+        Some(&ids[2])
     );
     assert!(
         strata_store::repo::recipe::part_ids(&repo, &oldest.recipe)
@@ -896,7 +897,7 @@ fn check_follows_a_chain_of_image_versions() {
     let rep = strata_store::ops::check::check(&repo, &Default::default()).unwrap();
     let mut damaged = rep.damaged_snapshots.clone();
     damaged.sort();
-    let mut all: Vec<String> = reports.iter().map(|r| r.id.clone()).collect();
+    let mut all: Vec<String> = reports.iter().map(|r| r.id.to_string()).collect();
     all.sort();
     assert_eq!(damaged, all, "{:?}", rep.errors);
     assert!(
@@ -908,7 +909,7 @@ fn check_follows_a_chain_of_image_versions() {
 
 /// Version `id` of the image dumped from `data` (the tier holding its
 /// chunks), its recipe read from `names` (which keeps every recipe).
-fn dumped_from(names: &Repository, data: &Repository, id: &str) -> Vec<u8> {
+fn dumped_from(names: &Repository, data: &Repository, id: &SnapshotId) -> Vec<u8> {
     let s = names.load_snapshot(id).unwrap();
     let recipe = names.load_recipe(&s.recipe).unwrap();
     let node = recipe.nodes.iter().find(|n| n.path == b"vm.img").unwrap();
@@ -935,16 +936,16 @@ fn an_image_in_pieces_moves_to_the_cloud_and_back() {
     let tmp = tempfile::tempdir().unwrap();
     let repo = Repository::init(local(&tmp.path().join("repo")), small_init(false)).unwrap();
     let (reports, images) = three_versions_in_pieces(&repo);
-    let ids: Vec<String> = reports.iter().map(|r| r.id.clone()).collect();
+    let ids: Vec<SnapshotId> = reports.iter().map(|r| r.id.clone()).collect();
     strata_store::revdedup::maintain(&repo, &Default::default()).unwrap();
     let cloud_dir = tmp.path().join("bucket");
     std::fs::create_dir_all(&cloud_dir).unwrap();
     let cloud = strata_store::tier::attach(&repo, local(&cloud_dir), "test://b").unwrap();
-    let sel = |ids: &[String]| Selection {
-        snapshots: ids.to_vec(),
+    let sel = |ids: &[SnapshotId]| Selection {
+        snapshots: ids.iter().map(|id| id.to_string()).collect(),
         ..Default::default()
     };
-    let in_pieces = |r: &Repository, id: &str| {
+    let in_pieces = |r: &Repository, id: &SnapshotId| {
         let s = repo.load_snapshot(id).unwrap();
         strata_store::repo::recipe::part_ids(r, &s.recipe)
             .unwrap()

@@ -15,6 +15,7 @@ use proptest::prelude::*;
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
+use strata_core::id::SnapshotId;
 use strata_store::ops::backup::BackupOptions;
 use strata_store::ops::forget::forget;
 use strata_store::ops::gc::compact::mark_live;
@@ -228,7 +229,7 @@ struct World {
     fb: std::sync::Arc<FaultBackend>,
     sources: Vec<Source>,
     /// Snapshot id → what it must restore to.
-    versions: BTreeMap<String, Version>,
+    versions: BTreeMap<SnapshotId, Version>,
     policies: Vec<Policy>,
     scratch: PathBuf,
     /// Backups made so far.
@@ -293,10 +294,10 @@ impl World {
     }
 
     /// The ids a policy keeps, per series: the newest `retain`.
-    fn expected_after_expiry(&self) -> HashSet<String> {
+    fn expected_after_expiry(&self) -> HashSet<SnapshotId> {
         let mut keep = HashSet::new();
         for s in 0..SERIES {
-            let mut list: Vec<(&String, u32)> = self
+            let mut list: Vec<(&SnapshotId, u32)> = self
                 .versions
                 .iter()
                 .filter(|(_, v)| v.series == s)
@@ -312,7 +313,7 @@ impl World {
     /// Takes the repository's word for which versions a killed maintain
     /// already expired: only versions past retention may be missing.
     fn reconcile(&mut self, what: &str) {
-        let listed: HashSet<String> = self
+        let listed: HashSet<SnapshotId> = self
             .repo
             .list_snapshots()
             .unwrap()
@@ -330,14 +331,14 @@ impl World {
     }
 
     fn verify(&self, what: &str) {
-        let listed: HashSet<String> = self
+        let listed: HashSet<SnapshotId> = self
             .repo
             .list_snapshots()
             .unwrap()
             .into_iter()
             .map(|(id, _)| id)
             .collect();
-        let expected: HashSet<String> = self.versions.keys().cloned().collect();
+        let expected: HashSet<SnapshotId> = self.versions.keys().cloned().collect();
         assert_eq!(listed, expected, "{what}: snapshot list");
         for (id, v) in &self.versions {
             assert_restores(
@@ -405,7 +406,7 @@ impl World {
     /// outside the index.
     fn assert_collected(&self, what: &str) {
         let marks = mark_live(&self.repo).unwrap();
-        let owners: HashSet<String> = self
+        let owners: HashSet<SnapshotId> = self
             .repo
             .list_snapshots()
             .unwrap()
@@ -418,7 +419,7 @@ impl World {
         for m in &metas {
             if let Some(st) = &m.stamp {
                 assert!(
-                    owners.contains(&st.owner),
+                    owners.contains(st.owner.as_str()),
                     "{what}: stamped container {} outlived its owner {}",
                     m.id,
                     st.owner
@@ -536,7 +537,7 @@ fn run(steps: &[Step], encrypted: bool) {
                 }
                 let id = w.versions.keys().nth(i.index(w.versions.len())).cloned();
                 let id = id.unwrap();
-                forget(&w.repo, std::slice::from_ref(&id))
+                forget(&w.repo, &[id.to_string()])
                     .unwrap_or_else(|e| panic!("{what}: forget failed: {e}"));
                 w.versions.remove(&id);
             }

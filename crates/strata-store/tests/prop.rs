@@ -14,6 +14,7 @@ use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use strata_core::chunker::ChunkerParams;
+use strata_core::id::{RecipeId, SnapshotId};
 use strata_store::ops::backup::BackupOptions;
 use strata_store::ops::forget::forget;
 use strata_store::ops::gc::compact::mark_live;
@@ -387,18 +388,18 @@ fn assert_gc_invariant(repo: &Repository, threshold: f64, what: &str) {
 
 fn verify(
     repo: &Repository,
-    versions: &HashMap<String, (String, Tree)>,
+    versions: &HashMap<SnapshotId, (RecipeId, Tree)>,
     src: &Path,
     scratch: &Path,
     what: &str,
 ) {
-    let listed: HashSet<String> = repo
+    let listed: HashSet<SnapshotId> = repo
         .list_snapshots()
         .unwrap()
         .into_iter()
         .map(|(id, _)| id)
         .collect();
-    let expected: HashSet<String> = versions.keys().cloned().collect();
+    let expected: HashSet<SnapshotId> = versions.keys().cloned().collect();
     assert_eq!(listed, expected, "{what}: snapshot list");
     for (id, (_, tree)) in versions {
         assert_restores(
@@ -449,14 +450,14 @@ fn run_case(c: &Case) {
         }
     };
 
-    let mut versions: HashMap<String, (String, Tree)> = HashMap::new();
-    let mut order: Vec<String> = Vec::new();
+    let mut versions: HashMap<SnapshotId, (RecipeId, Tree)> = HashMap::new();
+    let mut order: Vec<SnapshotId> = Vec::new();
     let do_backup = |w: &World,
                      fixed: Option<bool>,
                      force_read: bool,
                      threads: usize,
-                     versions: &mut HashMap<String, (String, Tree)>,
-                     order: &mut Vec<String>,
+                     versions: &mut HashMap<SnapshotId, (RecipeId, Tree)>,
+                     order: &mut Vec<SnapshotId>,
                      what: &str| {
         let expected = w.tree();
         assert_eq!(read_tree(&src), expected, "{what}: test model out of sync");
@@ -576,7 +577,7 @@ fn run_case(c: &Case) {
                     continue;
                 }
                 let id = order.remove(idx.index(order.len()));
-                forget(&repo, std::slice::from_ref(&id))
+                forget(&repo, &[id.to_string()])
                     .unwrap_or_else(|e| panic!("{what}: forget failed: {e}"));
                 versions.remove(&id);
             }

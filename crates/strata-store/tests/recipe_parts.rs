@@ -12,6 +12,7 @@ use std::collections::HashSet;
 use std::fs;
 use std::path::Path;
 use strata_core::format::{path_cmp, RecipeObject};
+use strata_core::id::{PartId, RecipeId, SnapshotId};
 use strata_store::ops::backup::{BackupOptions, BackupReport, FlowLimits, StdinSource};
 use strata_store::{repo::recipe, Repository};
 
@@ -32,7 +33,7 @@ fn many_files(root: &Path, n: usize, seed: u64) {
     }
 }
 
-fn parts_of(repo: &Repository, id: &str) -> Vec<String> {
+fn parts_of(repo: &Repository, id: &SnapshotId) -> Vec<PartId> {
     let s = repo.load_snapshot(id).unwrap();
     recipe::part_ids(repo, &s.recipe).unwrap()
 }
@@ -56,7 +57,7 @@ fn tree_in_parts(
     n: usize,
     seed: u64,
     min_parts: usize,
-) -> (std::path::PathBuf, Repository, BackupReport, Vec<String>) {
+) -> (std::path::PathBuf, Repository, BackupReport, Vec<PartId>) {
     (0..8)
         .find_map(|i| {
             let src = dir.join(format!("src{i}"));
@@ -103,7 +104,7 @@ fn trees_are_written_in_parts_that_versions_share() {
         new.len(),
         p2.len()
     );
-    let size_of = |names: &[&String]| -> u64 {
+    let size_of = |names: &[&PartId]| -> u64 {
         repo.backend()
             .list("parts/")
             .unwrap()
@@ -132,14 +133,14 @@ fn trees_are_written_in_parts_that_versions_share() {
     assert_restores(&repo, &v2.id, &src, tmp.path(), &t2, "v2");
 
     // Forget v1 and gc: exactly v2's parts remain.
-    strata_store::ops::forget::forget(&repo, std::slice::from_ref(&v1.id)).unwrap();
+    strata_store::ops::forget::forget(&repo, &[v1.id.to_string()]).unwrap();
     strata_store::ops::gc::gc(&repo, &Default::default()).unwrap();
-    let left: HashSet<String> = object_names(repo.backend().as_ref(), "parts/")
+    let left: HashSet<PartId> = object_names(repo.backend().as_ref(), "parts/")
         .into_iter()
-        .map(|n| n.trim_start_matches("parts/").to_string())
+        .map(|n| PartId::from_object_name(&n).unwrap_or_else(|| panic!("not a part: {n}")))
         .collect();
     // (gc may have moved chunks and so rewritten some of v2's parts.)
-    let now: HashSet<String> = parts_of(&repo, &v2.id).into_iter().collect();
+    let now: HashSet<PartId> = parts_of(&repo, &v2.id).into_iter().collect();
     assert_eq!(left, now);
     assert_restores(&repo, &v2.id, &src, tmp.path(), &t2, "v2 after forget");
     assert_check_ok(&repo, true, "after forget and gc");
@@ -153,7 +154,7 @@ fn gc_removes_parts_no_recipe_uses() {
     let repo = segment_repo(&tmp.path().join("repo"));
     let v1 = backup_paths(&repo, &[&src]).unwrap();
     // A part left by an interrupted backup.
-    let stray = "ab".repeat(32);
+    let stray = PartId::parse(&"ab".repeat(32)).unwrap();
     repo.backend()
         .put(&recipe::part_name(&stray), b"left over")
         .unwrap();
@@ -323,6 +324,7 @@ fn whole_recipes_of_version_1_still_work() {
     let (rid, _) = repo
         .put_struct(strata_core::crypto::Kind::Recipe, "recipes", &whole)
         .unwrap();
+    let rid = RecipeId::parse(&rid).unwrap();
     let mut s = repo.load_snapshot(&v1.id).unwrap();
     s.recipe = rid.clone();
     repo.replace_snapshot(&v1.id, &s).unwrap();
@@ -443,7 +445,11 @@ fn a_large_file_is_stored_in_pieces_and_reused() {
         repo.backend().delete(&name).unwrap();
     }
     let r = strata_store::ops::check::check(&repo, &Default::default()).unwrap();
-    let mut paths = r.damaged_paths.get(&v3.id).cloned().unwrap_or_default();
+    let mut paths = r
+        .damaged_paths
+        .get(v3.id.as_str())
+        .cloned()
+        .unwrap_or_default();
     paths.sort();
     let big_paths = paths.iter().filter(|p| p.ends_with("d/big")).count();
     assert_eq!((paths.len(), big_paths), (3, 1), "{paths:?}");

@@ -10,6 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use strata_core::crypto::Kind;
 use strata_core::format::{Archival, Node, NodeKind, Recipe, Snapshot, INDIRECT_CHUNK};
+use strata_core::id::{RecipeId, SnapshotId};
 use strata_store::ops::restore::{restore, RestoreOptions};
 use strata_store::{Repository, StoreError};
 
@@ -67,6 +68,7 @@ impl Fixture {
             .repo
             .put_struct(Kind::Recipe, "recipes", recipe)
             .unwrap();
+        let rid = RecipeId::parse(&rid).unwrap();
         let snap = Snapshot {
             recipe: rid.clone(),
             series: "evil".into(),
@@ -315,6 +317,7 @@ fn metadata_pass_does_not_follow_symlinks() {
         .repo
         .put_struct(Kind::Recipe, "recipes", &recipe)
         .unwrap();
+    let rid = RecipeId::parse(&rid).unwrap();
     let e = fx.repo.load_recipe(&rid).unwrap_err().to_string();
     assert!(e.contains("appears twice"), "{e}");
     // …and restore, handed one anyway, still does not follow the link.
@@ -375,24 +378,23 @@ fn crafted_archival_chains_end_in_an_error() {
         .repo
         .put_struct(Kind::Recipe, "recipes", &recipe)
         .unwrap();
-    let snap = |next: &str, version| Snapshot {
+    let rid = RecipeId::parse(&rid).unwrap();
+    let snap = |next: &SnapshotId, version| Snapshot {
         recipe: rid.clone(),
         series: "evil".into(),
         version,
         archival: Some(Archival {
-            next: Some(next.to_string()),
+            next: Some(next.clone()),
             ..Default::default()
         }),
         ..fx.snapshot.clone()
     };
     let put = |s: &Snapshot| {
-        fx.repo
-            .put_struct(Kind::Snapshot, "snapshots", s)
-            .unwrap()
-            .0
+        let (id, _) = fx.repo.put_struct(Kind::Snapshot, "snapshots", s).unwrap();
+        SnapshotId::parse(&id).unwrap()
     };
     // A → FAKE, and the object named FAKE is B → A.
-    let fake = "ab".repeat(32);
+    let fake = SnapshotId::parse(&"ab".repeat(32)).unwrap();
     let a = put(&snap(&fake, 1));
     let b = put(&snap(&a, 2));
     let bytes = fx.repo.backend().get(&format!("snapshots/{b}")).unwrap();
@@ -402,7 +404,7 @@ fn crafted_archival_chains_end_in_an_error() {
         .unwrap();
     // C → a missing version; D → the original backup, which holds the
     // chunks (the one chain that works); E → D's own indirect recipe.
-    let c = put(&snap(&"cd".repeat(32), 3));
+    let c = put(&snap(&SnapshotId::parse(&"cd".repeat(32)).unwrap(), 3));
     let cases = [
         (&a, "loops"),
         (&b, "loops"),
@@ -447,23 +449,23 @@ fn bad_utf8_and_duplicate_ids() {
         .expect("series in the encoding");
     plain[at..at + 8].copy_from_slice(&[0xff, 0xfe, 0xc0, 0x80, 0xed, 0xa0, 0x80, 0xff]);
     let env = fx.repo.sealer().seal(Kind::Snapshot, &plain, true).unwrap();
-    let id = blake3::hash(&env).to_hex().to_string();
+    let id = SnapshotId::of_hash(&blake3::hash(&env));
     fx.repo
         .backend()
         .put(&format!("snapshots/{id}"), &env)
         .unwrap();
     let e = fx.repo.load_snapshot(&id).unwrap_err();
     assert!(
-        matches!(&e, StoreError::Corrupt { name, .. } if name.contains(&id)),
+        matches!(&e, StoreError::Corrupt { name, .. } if name.contains(id.as_str())),
         "{e:?}"
     );
     let rep = strata_store::ops::check::check(&fx.repo, &Default::default()).unwrap();
     assert!(
-        rep.errors.iter().any(|e| e.contains(&id)),
+        rep.errors.iter().any(|e| e.contains(id.as_str())),
         "{:?}",
         rep.errors
     );
-    assert_eq!(rep.damaged_snapshots, vec![id.clone()]);
+    assert_eq!(rep.damaged_snapshots, vec![id.to_string()]);
     fx.repo
         .backend()
         .delete(&format!("snapshots/{id}"))

@@ -10,6 +10,7 @@ use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 use strata_core::format::Tier;
+use strata_core::id::SnapshotId;
 use strata_store::ops::backup::BackupReport;
 use strata_store::ops::gc::{gc, GcOptions};
 use strata_store::progress::Progress;
@@ -77,7 +78,7 @@ fn history_with(src: &Path, repo: &Repository, lifecycle: bool) -> Vec<(BackupRe
 fn assert_restores_from(
     namespace: &Repository,
     data: &Repository,
-    id: &str,
+    id: &SnapshotId,
     src: &Path,
     scratch: &Path,
     tree: &Tree,
@@ -113,7 +114,7 @@ fn reverse_dedup_all_but_newest(repo: &Repository, series: &str) {
     strata_store::revdedup::maintain(repo, &Default::default()).unwrap();
 }
 
-fn sel(ids: &[&str]) -> Selection {
+fn sel(ids: &[&SnapshotId]) -> Selection {
     Selection {
         snapshots: ids.iter().map(|s| s.to_string()).collect(),
         ..Default::default()
@@ -134,7 +135,7 @@ fn migrate_estimate_gc_restore() {
         strata_store::tier::attach(&repo, local(&cloud_dir), "test://bucket").unwrap();
         assert!(strata_store::tier::attach(&repo, local(&cloud_dir), "test://other").is_err());
 
-        let old: Vec<&str> = versions[..2].iter().map(|(r, _)| r.id.as_str()).collect();
+        let old: Vec<&SnapshotId> = versions[..2].iter().map(|(r, _)| &r.id).collect();
         let before_estimate = stored(&repo);
         let e = estimate(&repo, &sel(&old), true).unwrap();
         assert!(e.freed_bytes > 0 && e.exact, "{e:?}");
@@ -247,7 +248,7 @@ fn a_migration_killed_half_way_loses_nothing() {
     let faulty = FaultBackend::new(&cloud_dir);
     let cloud_backend: Arc<dyn Backend> = faulty.clone();
     let cloud = strata_store::tier::attach(&repo, cloud_backend, "test://b").unwrap();
-    let ids: Vec<&str> = versions[..3].iter().map(|(r, _)| r.id.as_str()).collect();
+    let ids: Vec<&SnapshotId> = versions[..3].iter().map(|(r, _)| &r.id).collect();
     for budget in [1u64, 3, 8, 20] {
         faulty.faults().mutations_left = Some(budget);
         let r = migrate(&repo, &cloud, &sel(&ids), &Progress::default());
@@ -294,7 +295,7 @@ fn recall_and_disaster_recovery() {
     let cloud_dir = tmp.path().join("bucket");
     fs::create_dir_all(&cloud_dir).unwrap();
     let cloud = strata_store::tier::attach(&repo, local(&cloud_dir), "test://b").unwrap();
-    let old: Vec<&str> = versions[..3].iter().map(|(r, _)| r.id.as_str()).collect();
+    let old: Vec<&SnapshotId> = versions[..3].iter().map(|(r, _)| &r.id).collect();
     migrate(&repo, &cloud, &sel(&old), &Progress::default()).unwrap();
     gc(&repo, &GcOptions::default()).unwrap();
 
@@ -383,8 +384,8 @@ fn cloud_gc_cleans_by_region() {
     let cloud_dir = tmp.path().join("bucket");
     fs::create_dir_all(&cloud_dir).unwrap();
     let cloud = strata_store::tier::attach(&repo, local(&cloud_dir), "test://b").unwrap();
-    let ids: Vec<String> = versions.iter().map(|(r, _)| r.id.clone()).collect();
-    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let ids: Vec<SnapshotId> = versions.iter().map(|(r, _)| r.id.clone()).collect();
+    let refs: Vec<&SnapshotId> = ids.iter().collect();
     migrate(&repo, &cloud, &sel(&refs), &Progress::default()).unwrap();
     let copier = Download(cloud.backend().clone());
     // Nothing dead yet: nothing to do.
@@ -458,7 +459,7 @@ fn seeding_resumes_after_kills() {
     let faulty = FaultBackend::new(&cloud_dir);
     let cloud_backend: Arc<dyn Backend> = faulty.clone();
     let cloud = strata_store::tier::attach(&repo, cloud_backend, "test://b").unwrap();
-    let ids: Vec<&str> = versions[..3].iter().map(|(r, _)| r.id.as_str()).collect();
+    let ids: Vec<&SnapshotId> = versions[..3].iter().map(|(r, _)| &r.id).collect();
     let mut resumed = false;
     let mut done = None;
     for budget in [2u64, 5, 9, 30, 1000] {
@@ -525,7 +526,7 @@ fn seeding_resumes_after_kills() {
 fn restore_whole(
     repo: &Repository,
     cloud: &Repository,
-    id: &str,
+    id: &SnapshotId,
     scratch: &Path,
 ) -> tempfile::TempDir {
     let s = repo.load_snapshot(id).unwrap();
@@ -555,7 +556,7 @@ fn bucket(repo: &Repository, dir: &Path) -> (Repository, std::path::PathBuf) {
 }
 
 /// The d0 files of the versions `ids`.
-fn d0(ids: &[&str]) -> Selection {
+fn d0(ids: &[&SnapshotId]) -> Selection {
     Selection {
         paths: vec!["**/d0/**".into()],
         ..sel(ids)
@@ -565,7 +566,7 @@ fn d0(ids: &[&str]) -> Selection {
 fn assert_restore_whole(
     repo: &Repository,
     cloud: &Repository,
-    id: &str,
+    id: &SnapshotId,
     src: &Path,
     tree: &Tree,
     what: &str,
@@ -586,8 +587,8 @@ fn paths_move_through_reverse_dedup_chains() {
     let repo = segment_repo(&tmp.path().join("repo"), false);
     let versions = history_with(&src, &repo, false);
     reverse_dedup_all_but_newest(&repo, &versions[0].0.snapshot.series);
-    let ids: Vec<&str> = versions.iter().map(|(r, _)| r.id.as_str()).collect();
-    let indirect = |id: &str| {
+    let ids: Vec<&SnapshotId> = versions.iter().map(|(r, _)| &r.id).collect();
+    let indirect = |id: &SnapshotId| {
         let s = repo.load_snapshot(id).unwrap();
         s.archival.map_or(0, |a| a.indirect_chunks)
     };
@@ -617,7 +618,7 @@ fn paths_move_to_the_cloud_and_back() {
     let repo = segment_repo(&tmp.path().join("repo"), true);
     let versions = history(&src, &repo);
     let (cloud, cloud_dir) = bucket(&repo, tmp.path());
-    let ids: Vec<&str> = versions.iter().map(|(r, _)| r.id.as_str()).collect();
+    let ids: Vec<&SnapshotId> = versions.iter().map(|(r, _)| &r.id).collect();
     let before = stored(&repo);
     let m = migrate(&repo, &cloud, &d0(&ids[..3]), &Progress::default()).unwrap();
     assert_eq!(m.versions.len(), 3, "{m:?}");
@@ -699,13 +700,13 @@ fn paths_move_to_the_cloud_and_back() {
     .unwrap();
     assert!(g.bytes_after < g.bytes_before, "{g:?}");
     assert_eq!(g.orphan_parts_dropped, 1, "{g:?}");
-    let in_bucket: Vec<String> = alone
+    let in_bucket: Vec<SnapshotId> = alone
         .list_snapshots()
         .unwrap()
         .into_iter()
         .map(|(i, _)| i)
         .collect();
-    assert_eq!(in_bucket, vec![ids[0].to_string()]);
+    assert_eq!(in_bucket, vec![ids[0].clone()]);
     for i in [0usize, 1, 3] {
         let what = format!("v{} at the end", i + 1);
         assert_restore_whole(&repo, &cloud, ids[i], &src, &versions[i].1, &what);

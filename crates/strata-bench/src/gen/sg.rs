@@ -4,9 +4,9 @@
 //!
 //! From the paper: a series starts from a full backup of a system image
 //! holding **1.1 GB of system files** (Ubuntu 12.04). On every simulated
-//! weekday the generator "randomly walk[s] through the file system to pick
-//! **α %** of files and modif[ies] **β %** of file contents, and further
-//! add[s] **γ MB** of new files". **Five weekdays make one week**; a full
+//! weekday the generator "randomly walk\[s\] through the file system to pick
+//! **α %** of files and modif\[ies\] **β %** of file contents, and further
+//! add\[s\] **γ MB** of new files". **Five weekdays make one week**; a full
 //! backup is taken at the start of every week. Table I:
 //!
 //! | preset | series | backups/series | α | β | γ |

@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
 use std::path::PathBuf;
+use strata_core::id::SnapshotId;
 use strata_store::ops::repo_copy::{already_copied, copy_version, out_of_order, CopyOptions};
 use strata_store::Repository;
 
@@ -60,7 +61,7 @@ pub fn run(cli: &Cli, out: &Out, a: &CopyArgs) -> Result<i32> {
     let (all, _) = src.list_snapshots_tolerant()?;
     let f = a.filter.filter();
     let host = strata_store::repo::lock::hostname();
-    let mut chosen: Vec<(String, strata_core::format::Snapshot)> = if a.snapshots.is_empty() {
+    let mut chosen: Vec<(SnapshotId, strata_core::format::Snapshot)> = if a.snapshots.is_empty() {
         all.iter().filter(|(_, s)| f.matches(s)).cloned().collect()
     } else {
         a.snapshots

@@ -7,6 +7,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
 use strata_core::format::{Snapshot, Tier};
+use strata_core::id::{RecipeId, SnapshotId};
 use strata_store::ops::retention::{self, KeepCount, KeepPolicy, KeepWithin};
 
 #[derive(Args)]
@@ -75,7 +76,7 @@ impl ForgetArgs {
 fn chosen(
     out: &Out,
     a: &ForgetArgs,
-    all: &[(String, Snapshot)],
+    all: &[(SnapshotId, Snapshot)],
     damaged: &[(String, strata_store::StoreError)],
 ) -> Result<Vec<String>> {
     let policy = a.policy();
@@ -95,7 +96,8 @@ fn chosen(
                         &a.filter.filter(),
                         &strata_store::repo::lock::hostname(),
                     )?
-                    .0,
+                    .0
+                    .to_string(),
                 ),
             }
         }
@@ -123,7 +125,7 @@ fn chosen(
         ids = decisions
             .into_iter()
             .filter(|d| !d.keep)
-            .map(|d| d.id)
+            .map(|d| d.id.to_string())
             .collect();
     }
     ids.sort();
@@ -143,19 +145,24 @@ pub fn run(cli: &Cli, out: &Out, a: &ForgetArgs) -> Result<i32> {
         return Ok(0);
     }
     let started = std::time::Instant::now();
+    let in_cloud: Vec<SnapshotId> = all
+        .iter()
+        .filter(|(i, s)| s.tier == Tier::Cloud && ids.iter().any(|id| i == id))
+        .map(|(i, _)| i.clone())
+        .collect();
     let (cloud_ids, ids): (Vec<String>, Vec<String>) = ids
         .into_iter()
-        .partition(|id| all.iter().any(|(i, s)| i == id && s.tier == Tier::Cloud));
+        .partition(|id| in_cloud.iter().any(|i| i == id));
     let mut cloud_forgotten = 0;
     if !cloud_ids.is_empty() {
         let c = crate::tiers(&repo).cloud()?;
-        cloud_forgotten = strata_store::tier::forget_cloud(&repo, &c, &cloud_ids)?;
+        cloud_forgotten = strata_store::tier::forget_cloud(&repo, &c, &in_cloud)?;
     }
     // Active versions some of whose files are in the cloud tier:
     // the bucket forgets those parts once the versions are gone.
-    let parts: Vec<(String, String)> = all
+    let parts: Vec<(SnapshotId, RecipeId)> = all
         .iter()
-        .filter(|(i, s)| ids.contains(i) && s.tier == Tier::Active)
+        .filter(|(i, s)| ids.iter().any(|id| i == id) && s.tier == Tier::Active)
         .filter_map(|(i, s)| Some((i.clone(), s.cloud_part.as_ref()?.recipe.clone())))
         .collect();
     let part_tier = match parts.is_empty() {

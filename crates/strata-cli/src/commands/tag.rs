@@ -41,7 +41,7 @@ pub fn run(cli: &Cli, out: &Out, a: &TagArgs) -> Result<i32> {
     let done = strata_store::repo::snapshots::retag(&repo, &ids, set, &a.add, &a.remove)?;
     // A version (or part of one) in the cloud tier: the bucket's copy of
     // its snapshot is what disaster recovery reads; it gets the tags too.
-    let in_cloud: Vec<String> = all
+    let in_cloud: Vec<_> = all
         .iter()
         .filter(|(i, s)| ids.contains(i) && (s.tier == Tier::Cloud || s.cloud_part.is_some()))
         .map(|(i, _)| i.clone())

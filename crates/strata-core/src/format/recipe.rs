@@ -4,7 +4,7 @@
 use super::STRUCT_VERSION;
 use crate::error::{CoreError, Result};
 use crate::fingerprint::Fingerprint;
-use crate::id::ContainerId;
+use crate::id::{ContainerId, PartId};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -333,10 +333,10 @@ pub struct RecipeIndex {
 }
 
 /// One part of a [`RecipeIndex`].
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartRef {
     /// Object name of the part: keyed BLAKE3 of its encoded bytes (hex).
-    pub id: String,
+    pub id: PartId,
     /// Path of its first node; a part holds the nodes from here up to the
     /// next part's first path.
     pub first: Vec<u8>,
@@ -371,7 +371,7 @@ pub struct PieceRef {
 /// A part reference as versions 2 and 3 encode it (no piece).
 #[derive(Deserialize)]
 struct PartRefV2 {
-    id: String,
+    id: PartId,
     first: Vec<u8>,
     nodes: u32,
     containers: Vec<u32>,

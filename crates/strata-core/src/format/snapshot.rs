@@ -3,6 +3,7 @@
 
 use crate::chunker::ChunkerParams;
 use crate::error::{CoreError, Result};
+use crate::id::{RecipeId, SnapshotId};
 use serde::{Deserialize, Serialize};
 
 /// Version byte of [`Snapshot`]: 2 added [`Archival::released_bytes`], 3
@@ -45,6 +46,7 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<Snapshot> {
 /// Snapshots as version 3 wrote them (no cloud part).
 mod v3 {
     use super::{Archival, ChunkerParams, SnapshotStats, Tier};
+    use crate::id::{RecipeId, SnapshotId};
     use serde::Deserialize;
 
     #[derive(Deserialize)]
@@ -55,8 +57,8 @@ mod v3 {
         pub host: String,
         pub paths: Vec<String>,
         pub tags: Vec<String>,
-        pub recipe: String,
-        pub parent: Option<String>,
+        pub recipe: RecipeId,
+        pub parent: Option<SnapshotId>,
         pub chunker: ChunkerParams,
         pub stats: SnapshotStats,
         pub archival: Option<Archival>,
@@ -87,6 +89,7 @@ impl From<v3::Snapshot> for Snapshot {
 /// Snapshots as version 2 wrote them (no tier).
 mod v2 {
     use super::{Archival, ChunkerParams, SnapshotStats};
+    use crate::id::{RecipeId, SnapshotId};
     use serde::Deserialize;
 
     #[derive(Deserialize)]
@@ -97,8 +100,8 @@ mod v2 {
         pub host: String,
         pub paths: Vec<String>,
         pub tags: Vec<String>,
-        pub recipe: String,
-        pub parent: Option<String>,
+        pub recipe: RecipeId,
+        pub parent: Option<SnapshotId>,
         pub chunker: ChunkerParams,
         pub stats: SnapshotStats,
         pub archival: Option<Archival>,
@@ -128,11 +131,12 @@ impl From<v2::Snapshot> for Snapshot {
 /// Structures as version 1 wrote them.
 mod v1 {
     use super::{ChunkerParams, SnapshotStats};
+    use crate::id::{RecipeId, SnapshotId};
     use serde::Deserialize;
 
     #[derive(Deserialize)]
     pub struct Archival {
-        pub next: Option<String>,
+        pub next: Option<SnapshotId>,
         pub converted_ns: i64,
         pub direct_chunks: u64,
         pub direct_bytes: u64,
@@ -148,8 +152,8 @@ mod v1 {
         pub host: String,
         pub paths: Vec<String>,
         pub tags: Vec<String>,
-        pub recipe: String,
-        pub parent: Option<String>,
+        pub recipe: RecipeId,
+        pub parent: Option<SnapshotId>,
         pub chunker: ChunkerParams,
         pub stats: SnapshotStats,
         pub archival: Option<Archival>,
@@ -206,7 +210,7 @@ pub struct SnapshotStats {
 pub struct Archival {
     /// Snapshot id of the version its indirect references point into
     /// (the next version of the series); `None` when it has none.
-    pub next: Option<String>,
+    pub next: Option<SnapshotId>,
     /// When the conversion was committed (ns since the epoch).
     pub converted_ns: i64,
     /// Chunk references left direct (into containers stamped with this
@@ -235,8 +239,8 @@ pub struct Snapshot {
     pub paths: Vec<String>,
     pub tags: Vec<String>,
     /// Object id of the recipe.
-    pub recipe: String,
-    pub parent: Option<String>,
+    pub recipe: RecipeId,
+    pub parent: Option<SnapshotId>,
     pub chunker: ChunkerParams,
     pub stats: SnapshotStats,
     /// Set once the version is reverse-deduplicated (archival form: direct
@@ -252,7 +256,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// The recipes this version uses: its own and its cloud part's.
-    pub fn recipes(&self) -> impl Iterator<Item = &String> {
+    pub fn recipes(&self) -> impl Iterator<Item = &RecipeId> {
         std::iter::once(&self.recipe).chain(self.cloud_part.as_ref().map(|p| &p.recipe))
     }
 }
@@ -261,9 +265,9 @@ impl Snapshot {
 /// stays active: their recipe (all references direct into the cloud
 /// tier's containers; the same object on both sides), which globs chose
 /// them, and what they hold.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CloudPart {
-    pub recipe: String,
+    pub recipe: RecipeId,
     pub paths: Vec<String>,
     pub files: u64,
     pub logical_bytes: u64,

@@ -4,6 +4,7 @@ use super::index::IndexSummaryV1;
 use super::*;
 use crate::chunker::ChunkerParams;
 use crate::fingerprint::Fingerprint;
+use crate::id::{PartId, RecipeId, SnapshotId};
 
 #[test]
 fn zero_chunks_decode_as_runs() {
@@ -136,7 +137,7 @@ fn recipe_objects_of_both_versions_decode() {
     let idx = RecipeIndex {
         containers: vec![ContainerId([1; 16])],
         parts: vec![PartRef {
-            id: "ab".into(),
+            id: PartId::parse(&"ab".repeat(32)).unwrap(),
             first: b"a/b".to_vec(),
             nodes: 3,
             containers: vec![0],
@@ -233,7 +234,7 @@ fn snapshots_of_versions_1_and_2_still_read() {
         host: "h".into(),
         paths: vec!["/p".into()],
         tags: vec![],
-        recipe: "r".into(),
+        recipe: RecipeId::parse(&"11".repeat(32)).unwrap(),
         parent: None,
         chunker: ChunkerParams::cdc(8192),
         stats: SnapshotStats::default(),
@@ -255,7 +256,7 @@ fn snapshots_of_versions_1_and_2_still_read() {
         s.chunker,
         &s.stats,
         Some(V1Archival {
-            next: Some("n".into()),
+            next: Some("ee".repeat(32)),
             converted_ns: 7,
             direct_chunks: 1,
             direct_bytes: 2,
@@ -266,7 +267,7 @@ fn snapshots_of_versions_1_and_2_still_read() {
     let bytes = postcard::to_extend(&old, vec![1]).unwrap();
     let got = decode_snapshot(&bytes).unwrap();
     s.archival = Some(Archival {
-        next: Some("n".into()),
+        next: Some(SnapshotId::parse(&"ee".repeat(32)).unwrap()),
         converted_ns: 7,
         direct_chunks: 1,
         direct_bytes: 2,
@@ -312,14 +313,17 @@ fn snapshots_of_versions_1_and_2_still_read() {
     assert_eq!(decode_snapshot(&bytes).unwrap(), s);
     // Version 4 round-trips, with the new fields.
     s.cloud_part = Some(CloudPart {
-        recipe: "p".into(),
+        recipe: RecipeId::parse(&"22".repeat(32)).unwrap(),
         paths: vec!["/logs/**".into()],
         files: 2,
         logical_bytes: 3,
         moved_ns: 4,
     });
     assert_eq!(decode_snapshot(&encode_snapshot(&s).unwrap()).unwrap(), s);
-    assert_eq!(s.recipes().collect::<Vec<_>>(), ["r", "p"]);
+    assert_eq!(
+        s.recipes().map(|r| r.as_str()).collect::<Vec<_>>(),
+        ["11".repeat(32), "22".repeat(32)]
+    );
     assert!(matches!(
         decode_snapshot(&[5, 0]),
         Err(CoreError::UnknownVersion { found: 5, .. })

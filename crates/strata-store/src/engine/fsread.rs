@@ -37,6 +37,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use strata_core::format::{
     path_cmp, ChunkRef, ContainerId, Node, NodeKind, Recipe, RecipeObject, Snapshot,
 };
+use strata_core::id::{PartId, RecipeId};
 use strata_core::Fingerprint;
 
 /// Default bound of a [`RegionCache`]: 64 MiB of plaintext regions.
@@ -298,8 +299,8 @@ impl SnapshotReader {
                 let containers = &skeleton.recipe.containers;
                 let used = vec![true; containers.len()];
                 let mut indirect = HashSet::new();
-                if self.snapshot.archival.is_some() {
-                    crate::repo::recipe::for_each_piece(recipes, skeleton.id(), |n, _| {
+                if let (Some(id), Some(_)) = (skeleton.id(), &self.snapshot.archival) {
+                    crate::repo::recipe::for_each_piece(recipes, id, |n, _| {
                         let chunks = n.segments.iter().flat_map(|s| &s.chunks);
                         mark_needed(chunks, &mut [], &mut indirect);
                         Ok(())
@@ -397,7 +398,7 @@ pub struct StoredFile {
 /// object of a version-1 recipe.
 enum RecipeParts {
     Index {
-        ids: Vec<String>,
+        ids: Vec<PartId>,
         firsts: Vec<Vec<u8>>,
     },
     Whole(Arc<Recipe>),
@@ -435,7 +436,7 @@ impl RecipeParts {
 /// first path). A hard link stands for its first name's content. `None`
 /// when the recipe has no `path`; an error when it is neither a file nor
 /// a hard link to one.
-pub fn find_stored(recipes: &Repository, id: &str, path: &[u8]) -> Result<Option<StoredFile>> {
+pub fn find_stored(recipes: &Repository, id: &RecipeId, path: &[u8]) -> Result<Option<StoredFile>> {
     let (parts, containers) = match crate::repo::recipe::load_object(recipes, id)? {
         RecipeObject::Index(i) => {
             let (ids, firsts) = i.parts.into_iter().map(|p| (p.id, p.first)).unzip();
@@ -537,7 +538,7 @@ pub fn open_stored(
     recipes: &Repository,
     data: &Repository,
     snapshot: &Snapshot,
-    id: &str,
+    id: &RecipeId,
     path: &[u8],
     cache: Arc<RegionCache>,
 ) -> Result<Option<FileReader>> {
@@ -750,6 +751,7 @@ mod tests {
     use std::path::Path;
     use strata_core::chunker::ChunkerParams;
     use strata_core::format::NodeKind;
+    use strata_core::id::SnapshotId;
 
     /// SplitMix64, for file contents and read positions.
     struct Rng(u64);
@@ -792,7 +794,7 @@ mod tests {
         Repository::init(Arc::new(LocalBackend::new(dir)), opts).unwrap()
     }
 
-    fn backup_dir(repo: &Repository, src: &Path) -> String {
+    fn backup_dir(repo: &Repository, src: &Path) -> SnapshotId {
         let opts = BackupOptions {
             paths: vec![src.to_path_buf()],
             series: Some("t".into()),
@@ -828,7 +830,7 @@ mod tests {
     /// them with `files`; also reads at and past the end.
     fn check_snapshot(
         repo: &Repository,
-        id: &str,
+        id: &SnapshotId,
         files: &[(&str, Vec<u8>)],
         cache: &Arc<RegionCache>,
     ) {

@@ -14,6 +14,7 @@ use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use strata_core::format::{ChunkRef, ContainerId, Node, Recipe, RegionInfo, Snapshot};
+use strata_core::id::SnapshotId;
 use strata_core::Fingerprint;
 
 /// Resolves chunk references to regions: direct ones through the recipe's
@@ -80,7 +81,7 @@ impl Resolver {
         recipe: &Recipe,
         used: impl Fn(usize) -> bool,
         label: &str,
-        next: Option<&str>,
+        next: Option<&SnapshotId>,
         indirect: HashSet<Fingerprint>,
     ) -> Result<Self> {
         let needed: Vec<ContainerId> = recipe
@@ -112,14 +113,14 @@ impl Resolver {
     fn follow_chain(
         &mut self,
         label: &str,
-        next: Option<&str>,
+        next: Option<&SnapshotId>,
         mut want: HashSet<Fingerprint>,
     ) -> Result<()> {
         let broken = |detail: String| StoreError::BrokenChain {
             snapshot: label.to_string(),
             detail,
         };
-        let mut next = next.map(str::to_string);
+        let mut next = next.cloned();
         let mut visited = HashSet::new();
         while !want.is_empty() {
             let Some(id) = next.take() else {
@@ -291,7 +292,7 @@ pub fn resolver_with(
         nodes: Vec::new(),
     };
     let label = format!("{}@{}", snapshot.series, snapshot.version);
-    let next = snapshot.archival.as_ref().and_then(|a| a.next.as_deref());
+    let next = snapshot.archival.as_ref().and_then(|a| a.next.as_ref());
     let used = |i: usize| used.get(i).copied().unwrap_or(false);
     Resolver::new(repo, &table, used, &label, next, indirect)
 }

@@ -18,6 +18,7 @@ use strata_core::chunker::ChunkerParams;
 use strata_core::format::{
     ChunkRef, ContainerId, Node, NodeKind, SegmentRef, Snapshot, SnapshotStats,
 };
+use strata_core::id::{RecipeId, SnapshotId};
 use strata_core::Fingerprint;
 
 fn io(op: &'static str, p: &std::path::Path, e: std::io::Error) -> StoreError {
@@ -136,7 +137,7 @@ impl ImageRecipe<'_> {
     }
 
     /// Writes the last piece and the recipe: its id and the bytes written.
-    fn finish(mut self, table: &Table, name: &str) -> Result<(String, u64)> {
+    fn finish(mut self, table: &Table, name: &str) -> Result<(RecipeId, u64)> {
         if !self.piece.is_empty() || !self.pushed {
             self.flush(table)?;
         }
@@ -213,15 +214,17 @@ fn previous<'r>(
     repo: &'r Repository,
     dir: &HostDir,
     vm: &VmArgs,
-) -> Result<Option<(String, ImageSegments<'r>)>> {
+) -> Result<Option<(SnapshotId, ImageSegments<'r>)>> {
     // The parent stage 1a compared with (not the series' latest now).
     let pp = dir.vm_file(vm.vm, "parent");
     let parent_id = std::fs::read_to_string(&pp).map_err(|e| io("read", &pp, e))?;
     Ok(match parent_id.as_str() {
         "" => None,
         id => {
-            let s = repo.load_snapshot(id)?;
-            ImageSegments::open(repo, &s)?.map(|image| (id.to_string(), image))
+            let id = SnapshotId::parse(id.trim())
+                .map_err(|e| StoreError::Invalid(format!("{}: {e}", pp.display())))?;
+            let s = repo.load_snapshot(&id)?;
+            ImageSegments::open(repo, &s)?.map(|image| (id, image))
         }
     })
 }
@@ -346,8 +349,8 @@ impl<'r> Blocks<'r> {
 /// The snapshot of VM `vm`'s image with recipe `recipe`, not yet committed.
 fn vm_snapshot(
     vm: &VmArgs,
-    recipe: String,
-    parent: Option<String>,
+    recipe: RecipeId,
+    parent: Option<SnapshotId>,
     stats: SnapshotStats,
 ) -> Snapshot {
     Snapshot {

@@ -13,13 +13,17 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use strata_core::format::{ContainerId, Node, NodeKind, SegmentRef, Snapshot};
+use strata_core::id::SnapshotId;
 use strata_core::Fingerprint;
 
 /// The version a VM's new snapshot builds on: the latest of its series,
 /// with the parent rules of a backup (an archival version, one in the
 /// cloud tier — a separate dedup domain — or one cut with another chunker
 /// offers nothing). Returns its id and snapshot.
-pub(crate) fn parent_of(all: &[(String, Snapshot)], name: &str) -> Option<(String, Snapshot)> {
+pub(crate) fn parent_of(
+    all: &[(SnapshotId, Snapshot)],
+    name: &str,
+) -> Option<(SnapshotId, Snapshot)> {
     let (id, s) = all
         .iter()
         .filter(|(_, s)| s.series == name)
@@ -198,7 +202,7 @@ pub fn scan(repo: &Repository, a: &StageArgs) -> Result<Value> {
 #[allow(clippy::too_many_arguments)]
 fn scan_vm(
     repo: &Repository,
-    all: &[(String, Snapshot)],
+    all: &[(SnapshotId, Snapshot)],
     dir: &HostDir,
     shape: &Shape,
     vm: &VmArgs,

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use strata_core::crypto::Kind;
 use strata_core::format::{ContainerId, ContainerMeta, Snapshot};
+use strata_core::id::SnapshotId;
 use strata_core::Fingerprint;
 
 #[derive(Clone, Debug, Default)]
@@ -506,15 +507,15 @@ impl Available<'_> {
 /// whatever its length.
 #[derive(Default)]
 struct Held {
-    sets: HashMap<String, (HashSet<Fingerprint>, HashSet<Fingerprint>)>,
+    sets: HashMap<SnapshotId, (HashSet<Fingerprint>, HashSet<Fingerprint>)>,
     /// Per snapshot id: how many versions not yet checked point at it.
-    wanted: HashMap<String, usize>,
+    wanted: HashMap<SnapshotId, usize>,
 }
 
 impl Held {
     /// For the versions of one series, newest first.
     fn for_series<'a>(snaps: impl Iterator<Item = &'a Snapshot>) -> Self {
-        let mut wanted: HashMap<String, usize> = HashMap::new();
+        let mut wanted: HashMap<SnapshotId, usize> = HashMap::new();
         for s in snaps {
             if let Some(n) = s.archival.as_ref().and_then(|a| a.next.clone()) {
                 *wanted.entry(n).or_default() += 1;
@@ -535,8 +536,8 @@ impl Held {
     /// wanted, `next`'s let go if nothing else wants them.
     fn checked(
         &mut self,
-        id: &str,
-        next: Option<&str>,
+        id: &SnapshotId,
+        next: Option<&SnapshotId>,
         sets: Option<(HashSet<Fingerprint>, HashSet<Fingerprint>)>,
     ) {
         if let Some(n) = next {
@@ -548,7 +549,7 @@ impl Held {
             }
         }
         if let Some(sets) = sets.filter(|_| self.wanted(id)) {
-            self.sets.insert(id.to_string(), sets);
+            self.sets.insert(id.clone(), sets);
         }
     }
 }
@@ -563,15 +564,23 @@ fn check_snapshots(
     avail: &Available,
     rep: &mut CheckReport,
 ) -> Result<HashSet<ContainerId>> {
-    let mut snaps: Vec<(String, Snapshot)> = Vec::new();
+    let mut snaps: Vec<(SnapshotId, Snapshot)> = Vec::new();
     for o in repo.backend().list("snapshots/")? {
         rep.snapshots += 1;
-        let id = o.name.trim_start_matches("snapshots/").to_string();
+        let Some(id) = SnapshotId::from_object_name(&o.name) else {
+            rep.errors.push(format!(
+                "{}: not a snapshot (the name is not a snapshot id)",
+                o.name
+            ));
+            rep.damaged_snapshots
+                .push(o.name.trim_start_matches("snapshots/").to_string());
+            continue;
+        };
         match repo.get_snapshot(&o.name) {
             Ok(s) => snaps.push((id, s)),
             Err(e) => {
                 rep.errors.push(format!("{e}"));
-                rep.damaged_snapshots.push(id);
+                rep.damaged_snapshots.push(id.to_string());
             }
         }
     }
@@ -613,15 +622,10 @@ fn check_snapshot(
     repo: &Repository,
     avail: &Available,
     (held, referenced): (&mut Held, &mut HashSet<ContainerId>),
-    (id, s): (&String, &Snapshot),
+    (id, s): (&SnapshotId, &Snapshot),
     rep: &mut CheckReport,
 ) {
-    let label = format!(
-        "snapshot {} ({}@{})",
-        id.get(..8).unwrap_or(id),
-        s.series,
-        s.version
-    );
+    let label = format!("snapshot {} ({}@{})", id.short(), s.series, s.version);
     // The recipe is read a part at a time, each node checked as it comes.
     // Its data is in the cloud tier (`strata tier check`): its local
     // recipe copy is read, nothing checked against it.
@@ -639,13 +643,13 @@ fn check_snapshot(
         Ok(())
     });
     if let Err(e) = walked {
-        held.checked(id, next.as_deref(), None);
+        held.checked(id, next.as_ref(), None);
         rep.errors.push(format!("{label}: {e}"));
-        rep.damaged_snapshots.push(id.clone());
+        rep.damaged_snapshots.push(id.to_string());
         return;
     }
     if cloud {
-        held.checked(id, next.as_deref(), None);
+        held.checked(id, next.as_ref(), None);
         rep.cloud_snapshots += 1;
         return;
     }
@@ -688,16 +692,16 @@ fn check_snapshot(
         ));
     }
     if f.missing > 0 || f.broken > 0 {
-        rep.damaged_snapshots.push(id.clone());
+        rep.damaged_snapshots.push(id.to_string());
         let lossy = f
             .paths
             .iter()
             .map(|p| String::from_utf8_lossy(p).into_owned());
-        rep.damaged_paths.insert(id.clone(), lossy.collect());
+        rep.damaged_paths.insert(id.to_string(), lossy.collect());
         rep.damaged_raw
-            .insert(id.clone(), f.paths.iter().cloned().collect());
+            .insert(id.to_string(), f.paths.iter().cloned().collect());
     }
-    held.checked(id, next.as_deref(), Some((f.fps, f.bad)));
+    held.checked(id, next.as_ref(), Some((f.fps, f.bad)));
 }
 
 impl RecipeFindings {
@@ -710,7 +714,7 @@ impl RecipeFindings {
         avail: &Available,
         n: &strata_core::format::Node,
         containers: &[ContainerId],
-        (id, s): (&String, &Snapshot),
+        (id, s): (&SnapshotId, &Snapshot),
         next_held: Option<&(HashSet<Fingerprint>, HashSet<Fingerprint>)>,
     ) {
         let f = self;

@@ -15,6 +15,7 @@ use crate::repo::recipe::RecipeWriter;
 use crate::repo::Repository;
 use std::collections::{HashMap, HashSet};
 use strata_core::format::{Archival, ChunkRef, ContainerId, Snapshot, Stamp};
+use strata_core::id::{RecipeId, SnapshotId};
 use strata_core::Fingerprint;
 
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -99,7 +100,7 @@ pub(crate) fn forget_locked(repo: &Repository, ids: &[String]) -> Result<ForgetR
             .is_some_and(|n| removing.contains(n));
         if through_removed {
             rebase(repo, uid, u, &by_id, &removing, &pool)?;
-            report.rebased.push(uid.clone());
+            report.rebased.push(uid.to_string());
         }
     }
 
@@ -112,12 +113,12 @@ pub(crate) fn forget_locked(repo: &Repository, ids: &[String]) -> Result<ForgetR
     // From the snapshots as they are now: a rebase above may have given a
     // survivor a recipe object that a removed version also used.
     let (now, _) = repo.list_snapshots_tolerant()?;
-    let still: HashSet<&String> = now
+    let still: HashSet<&RecipeId> = now
         .iter()
         .filter(|(i, _)| !removing.contains(i.as_str()))
         .flat_map(|(_, s)| s.recipes())
         .collect();
-    let dropped: Vec<String> = dropped_recipes
+    let dropped: Vec<RecipeId> = dropped_recipes
         .into_iter()
         .filter(|r| !still.contains(r))
         .collect();
@@ -154,7 +155,7 @@ pub(crate) fn forget_locked(repo: &Repository, ids: &[String]) -> Result<ForgetR
 /// only the pool), so forgetting the newest version stays cheap.
 fn rebase(
     repo: &Repository,
-    uid: &str,
+    uid: &SnapshotId,
     u: &Snapshot,
     by_id: &HashMap<&str, &Snapshot>,
     removing: &HashSet<&str>,
@@ -252,7 +253,7 @@ fn follow_chain(
     by_id: &HashMap<&str, &Snapshot>,
     removing: &HashSet<&str>,
     want: &mut HashSet<Fingerprint>,
-) -> Result<(Vec<CopySource>, Option<String>)> {
+) -> Result<(Vec<CopySource>, Option<SnapshotId>)> {
     let mut found: Vec<CopySource> = Vec::new();
     let mut next = u.archival.as_ref().and_then(|a| a.next.clone());
     let mut visited = HashSet::new();
@@ -308,7 +309,7 @@ fn own_stamped_sources(
 /// returns to live form) and indexes them: where each chunk went.
 fn copy_sources(
     repo: &Repository,
-    uid: &str,
+    uid: &SnapshotId,
     u: &Snapshot,
     revive: bool,
     sources: &[CopySource],
@@ -329,9 +330,9 @@ fn copy_sources(
 fn rewrite_recipe(
     repo: &Repository,
     u: &Snapshot,
-    next: Option<String>,
+    next: Option<SnapshotId>,
     rebased: impl FnMut(&ChunkRef, Option<ContainerId>) -> Result<Target>,
-) -> Result<(String, Archival)> {
+) -> Result<(RecipeId, Archival)> {
     let mut counts = Archival {
         next,
         converted_ns: u
@@ -357,9 +358,9 @@ fn rewrite_recipe(
 /// recipe object unless another snapshot uses it.
 fn switch_recipe(
     repo: &Repository,
-    uid: &str,
+    uid: &SnapshotId,
     u: &Snapshot,
-    rid: String,
+    rid: RecipeId,
     archival: Option<Archival>,
     by_id: &HashMap<&str, &Snapshot>,
 ) -> Result<()> {
@@ -371,7 +372,7 @@ fn switch_recipe(
     if old_recipe != nu.recipe
         && !by_id
             .iter()
-            .any(|(id, s)| *id != uid && s.recipe == old_recipe)
+            .any(|(id, s)| *id != uid.as_str() && s.recipe == old_recipe)
     {
         crate::repo::recipe::delete_unused(repo, [&old_recipe])?;
     }

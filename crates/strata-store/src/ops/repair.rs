@@ -26,6 +26,7 @@ use crate::repo::Repository;
 use std::collections::HashSet;
 use std::sync::Arc;
 use strata_core::format::{NodeKind, Snapshot, Tier};
+use strata_core::id::SnapshotId;
 
 /// Settings of one repair.
 #[derive(Clone, Debug, Default)]
@@ -120,7 +121,7 @@ pub fn repair_snapshots(repo: &Repository, opts: &RepairOptions) -> Result<Repai
         });
     }
     // Oldest first: each repaired series is written in time order.
-    let mut readable: Vec<&(String, Snapshot)> = all
+    let mut readable: Vec<&(SnapshotId, Snapshot)> = all
         .iter()
         .filter(|(id, _)| damaged.contains(id.as_str()))
         .collect();
@@ -142,11 +143,11 @@ fn salvage(
     repo: &Repository,
     opts: &RepairOptions,
     rep: &crate::ops::check::CheckReport,
-    all: &[(String, Snapshot)],
-    (id, s): (&String, &Snapshot),
+    all: &[(SnapshotId, Snapshot)],
+    (id, s): (&SnapshotId, &Snapshot),
 ) -> Result<SnapshotRepair> {
     let mut r = SnapshotRepair {
-        id: id.clone(),
+        id: id.to_string(),
         series: Some(s.series.clone()),
         version: Some(s.version),
         ..Default::default()
@@ -166,7 +167,7 @@ fn salvage(
         }
         Err(e) => return Err(e),
     };
-    let Some(lost) = rep.damaged_raw.get(id) else {
+    let Some(lost) = rep.damaged_raw.get(id.as_str()) else {
         return Err(StoreError::Invalid(format!(
             "the recipe of snapshot {id} could not be read during the check but can now: run this again"
         )));
@@ -214,7 +215,7 @@ fn salvage(
     match store_version(&[(repo.clone(), s.clone())], s, repo, copy, &how) {
         Ok(b) => {
             r.kept_entries = b.snapshot.stats.files + b.snapshot.stats.dirs;
-            r.repaired_as = Some(b.id);
+            r.repaired_as = Some(b.id.to_string());
         }
         Err(e) => r.error = Some(format!("storing the salvage failed: {e}")),
     }

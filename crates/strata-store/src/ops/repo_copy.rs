@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::sync::Arc;
 use strata_core::format::{Node, NodeKind, Snapshot};
+use strata_core::id::SnapshotId;
 
 /// Settings of one copy.
 pub struct CopyOptions {
@@ -25,12 +26,12 @@ pub struct CopyOptions {
 
 /// Whether `have` (this repository's snapshots) already holds a copy of
 /// `s`: the same series, host and time.
-pub fn already_copied(have: &[(String, Snapshot)], s: &Snapshot) -> bool {
+pub fn already_copied(have: &[(SnapshotId, Snapshot)], s: &Snapshot) -> bool {
     copy_of(have, s).is_some()
 }
 
 /// The id of the copy of `s` that `have` holds, if it holds one.
-pub fn copy_of<'a>(have: &'a [(String, Snapshot)], s: &Snapshot) -> Option<&'a str> {
+pub fn copy_of<'a>(have: &'a [(SnapshotId, Snapshot)], s: &Snapshot) -> Option<&'a str> {
     have.iter()
         .find(|(_, h)| h.series == s.series && h.host == s.host && h.time_ns == s.time_ns)
         .map(|(id, _)| id.as_str())
@@ -40,7 +41,7 @@ pub fn copy_of<'a>(have: &'a [(String, Snapshot)], s: &Snapshot) -> Option<&'a s
 /// versions are numbered in time order and the lifecycle reverse-
 /// deduplicates each against the next, so a version older than the
 /// series' newest there would be numbered after newer data.
-pub fn out_of_order(have: &[(String, Snapshot)], s: &Snapshot) -> Option<String> {
+pub fn out_of_order(have: &[(SnapshotId, Snapshot)], s: &Snapshot) -> Option<String> {
     let newest = have
         .iter()
         .filter(|(_, h)| h.series == s.series)

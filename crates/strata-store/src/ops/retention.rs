@@ -52,6 +52,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use strata_core::format::Snapshot;
+use strata_core::id::SnapshotId;
 
 /// How many buckets a count rule (`--keep-last`, `--keep-daily`, …) keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -372,7 +373,7 @@ struct CountRule {
 /// the reason `policy is empty`, as restic does; callers should reject it
 /// before getting here.
 pub fn apply(
-    snaps: &[(String, Snapshot)],
+    snaps: &[(SnapshotId, Snapshot)],
     policy: &KeepPolicy,
     now_ns: i64,
     tz: &TimeZone,
@@ -383,7 +384,7 @@ pub fn apply(
             .map(|(id, s)| decision(id, s, vec!["policy is empty".to_string()]))
             .collect()
     } else {
-        let mut groups: BTreeMap<&str, Vec<&(String, Snapshot)>> = BTreeMap::new();
+        let mut groups: BTreeMap<&str, Vec<&(SnapshotId, Snapshot)>> = BTreeMap::new();
         for s in snaps {
             groups.entry(s.1.series.as_str()).or_default().push(s);
         }
@@ -415,7 +416,7 @@ fn timestamp(ns: i64) -> Timestamp {
 
 /// Restic's `ApplyPolicy` on one group (one series), policy not empty.
 fn apply_group(
-    mut group: Vec<&(String, Snapshot)>,
+    mut group: Vec<&(SnapshotId, Snapshot)>,
     policy: &KeepPolicy,
     now_ns: i64,
     tz: &TimeZone,
@@ -507,9 +508,19 @@ mod tests {
             .unwrap()
     }
 
-    fn snap(series: &str, version: u32, time_ns: i64, tags: &[&str]) -> (String, Snapshot) {
+    /// A made-up snapshot id for `series` version `version`: the hex of
+    /// `series-version`, zero-padded to 64 digits.
+    fn sid(series: &str, version: u32) -> SnapshotId {
+        SnapshotId::parse(&format!(
+            "{:0>64}",
+            hex::encode(format!("{series}-{version}"))
+        ))
+        .unwrap()
+    }
+
+    fn snap(series: &str, version: u32, time_ns: i64, tags: &[&str]) -> (SnapshotId, Snapshot) {
         (
-            format!("{series}-{version}"),
+            sid(series, version),
             Snapshot {
                 series: series.into(),
                 version,
@@ -517,7 +528,7 @@ mod tests {
                 host: "h".into(),
                 paths: vec![],
                 tags: tags.iter().map(|t| t.to_string()).collect(),
-                recipe: String::new(),
+                recipe: strata_core::id::RecipeId::parse(&"0".repeat(64)).unwrap(),
                 parent: None,
                 chunker: ChunkerParams::cdc(8192),
                 stats: Default::default(),
@@ -529,7 +540,7 @@ mod tests {
     }
 
     /// One series, versions 1.. in the order of `times`.
-    fn series(name: &str, times: &[i64]) -> Vec<(String, Snapshot)> {
+    fn series(name: &str, times: &[i64]) -> Vec<(SnapshotId, Snapshot)> {
         times
             .iter()
             .enumerate()
@@ -554,7 +565,7 @@ mod tests {
             .clone()
     }
 
-    fn run(snaps: &[(String, Snapshot)], p: &KeepPolicy) -> Vec<Decision> {
+    fn run(snaps: &[(SnapshotId, Snapshot)], p: &KeepPolicy) -> Vec<Decision> {
         apply(snaps, p, far_future(), &TimeZone::UTC)
     }
 
@@ -921,7 +932,7 @@ mod tests {
     }
 
     /// Snapshots of up to three series over about two years.
-    fn snapshots() -> impl Strategy<Value = Vec<(String, Snapshot)>> {
+    fn snapshots() -> impl Strategy<Value = Vec<(SnapshotId, Snapshot)>> {
         let base = utc(2023, 6, 1, 0, 0);
         prop::collection::vec(
             (

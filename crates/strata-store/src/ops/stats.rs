@@ -10,6 +10,7 @@ use crate::repo::lifecycle::{list_policies, version_states, VersionState};
 use crate::repo::{now_ns, Repository};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use strata_core::format::{ContainerId, Snapshot};
+use strata_core::id::SnapshotId;
 use strata_core::Fingerprint;
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -152,7 +153,7 @@ struct References {
 
 impl References {
     /// Reads the recipes of `snaps` for what they reference.
-    fn walk(repo: &Repository, snaps: &[(String, Snapshot)], idx: &RepoIndex) -> Result<Self> {
+    fn walk(repo: &Repository, snaps: &[(SnapshotId, Snapshot)], idx: &RepoIndex) -> Result<Self> {
         let mut segs: HashMap<Fingerprint, u64> = HashMap::new();
         let mut recipes = HashSet::new();
         let mut logical_nonzero = 0u64;
@@ -277,7 +278,7 @@ fn ratios(st: &mut RepoStats) {
 /// rather than 40 — a version of a disk image has millions.
 fn series_stats(
     repo: &Repository,
-    snaps: &[(String, Snapshot)],
+    snaps: &[(SnapshotId, Snapshot)],
     idx: &RepoIndex,
 ) -> Result<Vec<SeriesStats>> {
     let policies = list_policies(repo)?;
@@ -288,7 +289,7 @@ fn series_stats(
             *owned.entry(s.owner.as_str()).or_default() += c.data_bytes();
         }
     }
-    let mut by_series: BTreeMap<&str, Vec<&(String, Snapshot)>> = BTreeMap::new();
+    let mut by_series: BTreeMap<&str, Vec<&(SnapshotId, Snapshot)>> = BTreeMap::new();
     for s in snaps {
         by_series.entry(s.1.series.as_str()).or_default().push(s);
     }

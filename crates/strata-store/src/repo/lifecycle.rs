@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use strata_core::crypto::Kind;
 use strata_core::format::{decode, encode, Snapshot};
+use strata_core::id::SnapshotId;
 
 /// The lifecycle policy of one series.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,10 +129,10 @@ pub fn store_state(repo: &Repository, state: &LifecycleState) -> Result<()> {
 /// is reverse-deduplicated yet back in the window, `-` for a version in
 /// the cloud tier (the lifecycle works on the active tier only).
 pub fn display_states(
-    snapshots: &[(String, Snapshot)],
+    snapshots: &[(SnapshotId, Snapshot)],
     policies: &HashMap<String, Policy>,
     now_ns: i64,
-) -> HashMap<String, String> {
+) -> HashMap<SnapshotId, String> {
     let states = version_states(snapshots, policies, now_ns);
     snapshots
         .iter()
@@ -153,11 +154,11 @@ pub fn display_states(
 
 /// The state of every snapshot under the policies, at time `now_ns`.
 pub fn version_states(
-    snapshots: &[(String, Snapshot)],
+    snapshots: &[(SnapshotId, Snapshot)],
     policies: &HashMap<String, Policy>,
     now_ns: i64,
-) -> HashMap<String, VersionState> {
-    let mut by_series: HashMap<&str, Vec<&(String, Snapshot)>> = HashMap::new();
+) -> HashMap<SnapshotId, VersionState> {
+    let mut by_series: HashMap<&str, Vec<&(SnapshotId, Snapshot)>> = HashMap::new();
     for s in snapshots {
         by_series.entry(s.1.series.as_str()).or_default().push(s);
     }
@@ -190,9 +191,19 @@ mod tests {
     use super::*;
     use strata_core::chunker::ChunkerParams;
 
-    fn snap(series: &str, version: u32, day: i64) -> (String, Snapshot) {
+    /// A made-up snapshot id for `series` version `version`: the hex of
+    /// `series-version`, zero-padded to 64 digits.
+    fn sid(series: &str, version: u32) -> SnapshotId {
+        SnapshotId::parse(&format!(
+            "{:0>64}",
+            hex::encode(format!("{series}-{version}"))
+        ))
+        .unwrap()
+    }
+
+    fn snap(series: &str, version: u32, day: i64) -> (SnapshotId, Snapshot) {
         (
-            format!("{series}-{version}"),
+            sid(series, version),
             Snapshot {
                 series: series.into(),
                 version,
@@ -200,7 +211,7 @@ mod tests {
                 host: "h".into(),
                 paths: vec![],
                 tags: vec![],
-                recipe: String::new(),
+                recipe: strata_core::id::RecipeId::parse(&"0".repeat(64)).unwrap(),
                 parent: None,
                 chunker: ChunkerParams::cdc(8192),
                 stats: Default::default(),
@@ -228,19 +239,19 @@ mod tests {
             },
         );
         let st = version_states(&snaps, &pols, 10 * 86_400 * 1_000_000_000);
-        assert_eq!(st["a-6"], VersionState::Live);
-        assert_eq!(st["a-5"], VersionState::Live);
-        assert_eq!(st["a-4"], VersionState::Archival);
-        assert_eq!(st["a-3"], VersionState::Archival);
-        assert_eq!(st["a-2"], VersionState::Expired);
-        assert_eq!(st["a-1"], VersionState::Expired);
+        assert_eq!(st[&sid("a", 6)], VersionState::Live);
+        assert_eq!(st[&sid("a", 5)], VersionState::Live);
+        assert_eq!(st[&sid("a", 4)], VersionState::Archival);
+        assert_eq!(st[&sid("a", 3)], VersionState::Archival);
+        assert_eq!(st[&sid("a", 2)], VersionState::Expired);
+        assert_eq!(st[&sid("a", 1)], VersionState::Expired);
         // Default policy: the newest is live, the rest archival.
-        assert_eq!(st["b-1"], VersionState::Live);
+        assert_eq!(st[&sid("b", 1)], VersionState::Live);
         // Age limit: older than 5 days at day 10 expires (live ones never).
         pols.get_mut("a").unwrap().retain = None;
         pols.get_mut("a").unwrap().retain_days = Some(5);
         let st = version_states(&snaps, &pols, 10 * 86_400 * 1_000_000_000);
-        assert_eq!(st["a-4"], VersionState::Expired);
-        assert_eq!(st["a-5"], VersionState::Live);
+        assert_eq!(st[&sid("a", 4)], VersionState::Expired);
+        assert_eq!(st[&sid("a", 5)], VersionState::Live);
     }
 }

@@ -1,11 +1,11 @@
 //! Linked containers (`docs/design-linked-snapshots.md`): a container
 //! whose regions a volume holds in its own disk blocks. Its data object
 //! `data/ID` is a link stub (`LINK_MAGIC`, then a sealed [`LinkStub`]: the
-//! volume, and each region's disk blocks and fingerprint), and an empty
-//! marker `links/ID` tells readers which containers to look at; its
-//! metadata, index entries and the recipes that use it are those of an
-//! ordinary container (the marker names the volume, so deleting the
-//! container releases the hold however far linking got). A region of a
+//! volume, and each region's disk blocks and fingerprint), and a marker
+//! `links/ID` holding the volume's name tells readers which containers to
+//! look at (and lets deleting the container release the hold however far
+//! linking got); its metadata, index entries and the recipes that use it
+//! are those of an ordinary container. A region of a
 //! linked container reads the same plaintext as a stored one would: its
 //! blocks read from the volume's data file, decrypted, joined, and checked
 //! against the region's fingerprint.
@@ -16,7 +16,7 @@
 //! linked container's blocks are read and its hold released. A volume's
 //! snapshot links the containers it writes as it writes them (the link
 //! sink in `strata-link`, through the container writer's
-//! `container::Linker`); [`delete_data`] releases the hold before the stub
+//! `engine::writer::Linker`); [`delete_data`] releases the hold before the stub
 //! goes (gc, compaction, forget).
 
 use crate::error::{Result, StoreError};

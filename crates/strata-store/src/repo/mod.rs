@@ -44,6 +44,7 @@ use strata_core::format::{
     decode, encode, ContainerId, IndexObject, IndexSummary, Recipe, RepoConfig, Snapshot,
     REPO_FORMAT_VERSION,
 };
+use strata_core::id::{RecipeId, SnapshotId};
 use strata_core::Hasher;
 
 /// Options for `strata init`.
@@ -543,8 +544,8 @@ impl Repository {
     }
 
     /// Reads one snapshot by id.
-    pub fn load_snapshot(&self, id: &str) -> Result<Snapshot> {
-        self.get_snapshot(&format!("snapshots/{id}"))
+    pub fn load_snapshot(&self, id: &SnapshotId) -> Result<Snapshot> {
+        self.get_snapshot(&id.object_name())
     }
 
     /// Reads, verifies and decodes the snapshot object `name`.
@@ -558,32 +559,32 @@ impl Repository {
     }
 
     /// Writes a new snapshot object; its id is the hash of its bytes.
-    pub fn put_snapshot(&self, snapshot: &Snapshot) -> Result<String> {
+    pub fn put_snapshot(&self, snapshot: &Snapshot) -> Result<SnapshotId> {
         let env = self.sealer.seal(
             Kind::Snapshot,
             &strata_core::format::encode_snapshot(snapshot)?,
             true,
         )?;
-        let id = blake3::hash(&env).to_hex().to_string();
-        self.backend.put(&format!("snapshots/{id}"), &env)?;
+        let id = SnapshotId::of_hash(&blake3::hash(&env));
+        self.backend.put(&id.object_name(), &env)?;
         Ok(id)
     }
 
     /// Replaces a snapshot object under its existing id: the atomic switch
     /// with which lifecycle commands (maintain, gc, forget) give a version a
     /// new recipe. The id stays the hash of the object's first content.
-    pub fn replace_snapshot(&self, id: &str, snapshot: &Snapshot) -> Result<()> {
+    pub fn replace_snapshot(&self, id: &SnapshotId, snapshot: &Snapshot) -> Result<()> {
         let env = self.sealer.seal(
             Kind::Snapshot,
             &strata_core::format::encode_snapshot(snapshot)?,
             true,
         )?;
-        Ok(self.backend.put(&format!("snapshots/{id}"), &env)?)
+        Ok(self.backend.put(&id.object_name(), &env)?)
     }
 
     /// The whole tree of recipe `id` (all its parts) in memory; see
     /// [`crate::repo::recipe`] for reading it a part at a time.
-    pub fn load_recipe(&self, id: &str) -> Result<Recipe> {
+    pub fn load_recipe(&self, id: &RecipeId) -> Result<Recipe> {
         crate::repo::recipe::load_whole(self, id)
     }
 
@@ -721,7 +722,7 @@ impl Repository {
     /// All snapshots, oldest first. A snapshot object that cannot be read
     /// is an error: commands that decide what data is still needed (gc,
     /// maintain, forget) must not guess.
-    pub fn list_snapshots(&self) -> Result<Vec<(String, Snapshot)>> {
+    pub fn list_snapshots(&self) -> Result<Vec<(SnapshotId, Snapshot)>> {
         let (out, damaged) = self.list_snapshots_tolerant()?;
         if let Some((id, e)) = damaged.into_iter().next() {
             return Err(StoreError::Invalid(format!(
@@ -735,7 +736,7 @@ impl Repository {
     /// The snapshots whose data is in this repository (not moved to the
     /// cloud tier), oldest first; strict like [`Self::list_snapshots`].
     /// Everything that reads or moves stored data works on these.
-    pub fn list_active_snapshots(&self) -> Result<Vec<(String, Snapshot)>> {
+    pub fn list_active_snapshots(&self) -> Result<Vec<(SnapshotId, Snapshot)>> {
         let mut all = self.list_snapshots()?;
         all.retain(|(_, s)| s.tier == strata_core::format::Tier::Active);
         Ok(all)
@@ -747,31 +748,26 @@ impl Repository {
     #[allow(clippy::type_complexity)]
     pub fn list_snapshots_tolerant(
         &self,
-    ) -> Result<(Vec<(String, Snapshot)>, Vec<(String, StoreError)>)> {
+    ) -> Result<(Vec<(SnapshotId, Snapshot)>, Vec<(String, StoreError)>)> {
         let mut out = Vec::new();
         let mut damaged = Vec::new();
         for o in self.backend.list("snapshots/")? {
-            let id = o.name.trim_start_matches("snapshots/").to_string();
             // Snapshot ids are the 64 hex digits of their object's hash;
             // anything else there is a stray object, not a snapshot.
-            if id.len() != 64
-                || !id
-                    .bytes()
-                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-            {
+            let Some(id) = SnapshotId::from_object_name(&o.name) else {
                 let e = StoreError::Invalid(format!(
                     "{}: not a snapshot (the name is not a snapshot id)",
                     o.name
                 ));
                 tracing::warn!("skipping {e}");
-                damaged.push((id, e));
+                damaged.push((o.name.trim_start_matches("snapshots/").to_string(), e));
                 continue;
-            }
+            };
             match self.get_snapshot(&o.name) {
                 Ok(s) => out.push((id, s)),
                 Err(e @ StoreError::Corrupt { .. }) | Err(e @ StoreError::Core(_)) => {
                     tracing::warn!("skipping damaged snapshot {id}: {e}");
-                    damaged.push((id, e))
+                    damaged.push((id.to_string(), e))
                 }
                 Err(e) => return Err(e),
             }
@@ -782,7 +778,7 @@ impl Repository {
 
     /// Resolves `latest`, `SERIES@VERSION`, `SERIES@latest` or an id prefix
     /// among the readable snapshots.
-    pub fn resolve_snapshot(&self, spec: &str) -> Result<(String, Snapshot)> {
+    pub fn resolve_snapshot(&self, spec: &str) -> Result<(SnapshotId, Snapshot)> {
         self.resolve_snapshot_in(spec, &crate::repo::snapshots::SnapshotFilter::default())
     }
 
@@ -791,7 +787,7 @@ impl Repository {
         &self,
         spec: &str,
         filter: &crate::repo::snapshots::SnapshotFilter,
-    ) -> Result<(String, Snapshot)> {
+    ) -> Result<(SnapshotId, Snapshot)> {
         let (all, _) = self.list_snapshots_tolerant()?;
         crate::repo::snapshots::resolve(&all, spec, filter, &crate::repo::lock::hostname())
     }
@@ -799,7 +795,7 @@ impl Repository {
 
 /// Snapshot resolution over an already loaded list (oldest first), with
 /// no filter: see [`crate::repo::snapshots::resolve`].
-pub fn resolve_in(all: &[(String, Snapshot)], spec: &str) -> Result<(String, Snapshot)> {
+pub fn resolve_in(all: &[(SnapshotId, Snapshot)], spec: &str) -> Result<(SnapshotId, Snapshot)> {
     crate::repo::snapshots::resolve(
         all,
         spec,

@@ -12,10 +12,11 @@ use std::sync::{Arc, Mutex};
 use strata_core::format::{
     ChunkRef, ContainerId, Node, NodeKind, Recipe, RecipeObject, SegmentRef,
 };
+use strata_core::id::{PartId, RecipeId};
 
 /// A recipe's tree without chunks (see the module documentation).
 pub struct Skeleton {
-    id: String,
+    id: Option<RecipeId>,
     /// Every node (a file once, however many pieces hold it) without its
     /// chunks; `containers` is the whole recipe's table, the one
     /// [`Skeleton::chunks_of`] numbers references in.
@@ -25,7 +26,7 @@ pub struct Skeleton {
     /// Per node: the first and last part holding its pieces.
     spans: Vec<(usize, usize)>,
     /// The recipe's part ids (none: a version-1 recipe, one object).
-    parts: Vec<String>,
+    parts: Vec<PartId>,
     table: HashMap<ContainerId, u32>,
     /// The parts decoded last (their number; 0 for a version-1 recipe's
     /// one object), at most [`CACHED_PARTS`]: a directory's files lie in
@@ -38,7 +39,7 @@ const CACHED_PARTS: usize = 4;
 
 impl Skeleton {
     /// Reads recipe `id` from `repo` a part at a time.
-    pub fn load(repo: &Repository, id: &str) -> Result<Skeleton> {
+    pub fn load(repo: &Repository, id: &RecipeId) -> Result<Skeleton> {
         let parts = match load_object(repo, id)? {
             RecipeObject::Whole(_) => Vec::new(),
             RecipeObject::Index(i) => i.parts.into_iter().map(|p| p.id).collect(),
@@ -68,7 +69,7 @@ impl Skeleton {
             .map(|(i, c)| (*c, i as u32))
             .collect();
         Ok(Skeleton {
-            id: id.to_string(),
+            id: Some(id.clone()),
             recipe: Recipe { containers, nodes },
             lens,
             spans,
@@ -94,7 +95,7 @@ impl Skeleton {
             })
             .collect();
         Skeleton {
-            id: String::new(),
+            id: None,
             recipe: Recipe {
                 containers: Vec::new(),
                 nodes,
@@ -107,9 +108,9 @@ impl Skeleton {
         }
     }
 
-    /// The recipe's id.
-    pub fn id(&self) -> &str {
-        &self.id
+    /// The recipe's id (none for a tree of nodes only).
+    pub fn id(&self) -> Option<&RecipeId> {
+        self.id.as_ref()
     }
 
     /// Calls `f` with each chunk of node `i` in order, numbered in the
@@ -124,7 +125,7 @@ impl Skeleton {
         let (Some(node), Some(&(first, last))) = (self.recipe.nodes.get(i), self.spans.get(i))
         else {
             return Err(StoreError::Invalid(format!(
-                "no node {i} in recipe {}",
+                "no node {i} in recipe {:?}",
                 self.id
             )));
         };
@@ -150,8 +151,8 @@ impl Skeleton {
         }
         let part = match self.parts.get(k) {
             Some(id) => load_part(repo, id)?,
-            None if self.parts.is_empty() && !self.id.is_empty() => {
-                match load_object(repo, &self.id)? {
+            None if self.parts.is_empty() && self.id.is_some() => {
+                match load_object(repo, self.id.as_ref().expect("checked"))? {
                     RecipeObject::Whole(r) => r,
                     RecipeObject::Index(_) => Recipe::default(),
                 }

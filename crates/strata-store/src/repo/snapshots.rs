@@ -7,6 +7,7 @@
 
 use crate::error::{Result, StoreError};
 use strata_core::format::Snapshot;
+use strata_core::id::SnapshotId;
 
 /// Which snapshots a command considers (`--series`, `--host`, `--path`,
 /// `--tag`; restic's snapshot filter). Empty: all.
@@ -44,11 +45,11 @@ impl SnapshotFilter {
 /// prefix, `SERIES@VERSION`, `SERIES@latest`, or `latest` within
 /// `filter` (see the module doc; `this_host` picks the default series).
 pub fn resolve(
-    all: &[(String, Snapshot)],
+    all: &[(SnapshotId, Snapshot)],
     spec: &str,
     filter: &SnapshotFilter,
     this_host: &str,
-) -> Result<(String, Snapshot)> {
+) -> Result<(SnapshotId, Snapshot)> {
     if spec == "latest" {
         return latest(all, filter, this_host);
     }
@@ -78,7 +79,7 @@ pub fn resolve(
 }
 
 /// `spec` names all of `m`: the error lists their short ids.
-fn ambiguous(spec: &str, m: &[&(String, Snapshot)], hint: &str) -> StoreError {
+fn ambiguous(spec: &str, m: &[&(SnapshotId, Snapshot)], hint: &str) -> StoreError {
     StoreError::AmbiguousSnapshot {
         spec: spec.into(),
         candidates: short_list(
@@ -90,11 +91,11 @@ fn ambiguous(spec: &str, m: &[&(String, Snapshot)], hint: &str) -> StoreError {
 }
 
 fn in_series(
-    all: &[(String, Snapshot)],
+    all: &[(SnapshotId, Snapshot)],
     spec: &str,
     series: &str,
     ver: &str,
-) -> Result<(String, Snapshot)> {
+) -> Result<(SnapshotId, Snapshot)> {
     let in_series: Vec<_> = all.iter().filter(|(_, s)| s.series == series).collect();
     if ver == "latest" {
         return in_series
@@ -129,13 +130,13 @@ fn in_series(
 /// The newest snapshot of the one series `filter` leaves; with no filter
 /// and several series, of the one series of this host.
 fn latest(
-    all: &[(String, Snapshot)],
+    all: &[(SnapshotId, Snapshot)],
     filter: &SnapshotFilter,
     this_host: &str,
-) -> Result<(String, Snapshot)> {
-    let mut cand: Vec<&(String, Snapshot)> =
+) -> Result<(SnapshotId, Snapshot)> {
+    let mut cand: Vec<&(SnapshotId, Snapshot)> =
         all.iter().filter(|(_, s)| filter.matches(s)).collect();
-    let series_of = |c: &[&(String, Snapshot)]| {
+    let series_of = |c: &[&(SnapshotId, Snapshot)]| {
         let mut v: Vec<String> = c.iter().map(|(_, s)| s.series.clone()).collect();
         v.sort();
         v.dedup();
@@ -178,11 +179,11 @@ fn latest(
 /// Returns each snapshot's new tags.
 pub fn retag(
     repo: &crate::repo::Repository,
-    ids: &[String],
+    ids: &[SnapshotId],
     set: Option<&[String]>,
     add: &[String],
     remove: &[String],
-) -> Result<Vec<(String, Vec<String>)>> {
+) -> Result<Vec<(SnapshotId, Vec<String>)>> {
     let _lock = crate::repo::lock::acquire(repo, true, "tag")?;
     let mut out = Vec::new();
     for id in ids {
@@ -242,7 +243,7 @@ mod tests {
             host: host.into(),
             paths: vec![format!("/{series}")],
             tags: vec![],
-            recipe: String::new(),
+            recipe: strata_core::id::RecipeId::parse(&"0".repeat(64)).unwrap(),
             parent: None,
             chunker: strata_core::chunker::ChunkerParams::cdc(8192),
             stats: Default::default(),
@@ -252,12 +253,17 @@ mod tests {
         }
     }
 
-    fn list() -> Vec<(String, Snapshot)> {
+    /// A snapshot id beginning with `p`.
+    fn sid(p: &str) -> SnapshotId {
+        SnapshotId::parse(&format!("{p:0<64}")).unwrap()
+    }
+
+    fn list() -> Vec<(SnapshotId, Snapshot)> {
         vec![
-            ("a2660000".into(), snap("h1:/home", 1, "h1")),
-            ("a2f00000".into(), snap("h1:/home", 2, "h1")),
-            ("b0000000".into(), snap("h1:db", 1, "h1")),
-            ("c0000000".into(), snap("h2:/srv", 1, "h2")),
+            (sid("a2660000"), snap("h1:/home", 1, "h1")),
+            (sid("a2f00000"), snap("h1:/home", 2, "h1")),
+            (sid("b0000000"), snap("h1:db", 1, "h1")),
+            (sid("c0000000"), snap("h2:/srv", 1, "h2")),
         ]
     }
 
@@ -265,8 +271,8 @@ mod tests {
     fn prefixes_resolve_or_name_the_candidates() {
         let l = list();
         let f = SnapshotFilter::default();
-        assert_eq!(resolve(&l, "a26", &f, "h1").unwrap().0, "a2660000");
-        assert_eq!(resolve(&l, "B", &f, "h1").unwrap().0, "b0000000");
+        assert_eq!(resolve(&l, "a26", &f, "h1").unwrap().0, sid("a2660000"));
+        assert_eq!(resolve(&l, "B", &f, "h1").unwrap().0, sid("b0000000"));
         assert!(resolve(&l, "2", &f, "h1")
             .unwrap_err()
             .to_string()
@@ -311,25 +317,34 @@ mod tests {
             "{e}"
         );
         // Host h2 has one: its newest.
-        assert_eq!(resolve(&l, "latest", &none, "h2").unwrap().0, "c0000000");
+        assert_eq!(
+            resolve(&l, "latest", &none, "h2").unwrap().0,
+            sid("c0000000")
+        );
         let home = SnapshotFilter {
             paths: vec!["/h1:/home/".into()],
             ..Default::default()
         };
-        assert_eq!(resolve(&l, "latest", &home, "h1").unwrap().0, "a2f00000");
+        assert_eq!(
+            resolve(&l, "latest", &home, "h1").unwrap().0,
+            sid("a2f00000")
+        );
         let db = SnapshotFilter {
             series: Some("h1:db".into()),
             ..Default::default()
         };
         assert_eq!(
             resolve(&l, "latest", &db, "elsewhere").unwrap().0,
-            "b0000000"
+            sid("b0000000")
         );
         assert_eq!(
             resolve(&l, "h1:/home@latest", &none, "x").unwrap().0,
-            "a2f00000"
+            sid("a2f00000")
         );
-        assert_eq!(resolve(&l, "h1:/home@1", &none, "x").unwrap().0, "a2660000");
+        assert_eq!(
+            resolve(&l, "h1:/home@1", &none, "x").unwrap().0,
+            sid("a2660000")
+        );
         let nothing = SnapshotFilter {
             host: Some("h9".into()),
             ..Default::default()
@@ -338,7 +353,7 @@ mod tests {
         // One series in all: no host needed.
         assert_eq!(
             resolve(&l[..2], "latest", &none, "other").unwrap().0,
-            "a2f00000"
+            sid("a2f00000")
         );
     }
 }

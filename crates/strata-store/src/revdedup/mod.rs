@@ -57,6 +57,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use strata_core::format::{Archival, ChunkRef, ContainerId, Snapshot};
+use strata_core::id::{RecipeId, SnapshotId};
 use strata_core::Fingerprint;
 
 #[derive(Clone, Debug)]
@@ -245,7 +246,7 @@ pub(crate) fn maintain_locked(repo: &Repository, opts: &MaintainOptions) -> Resu
     let t = std::time::Instant::now();
     let policies = list_policies(repo)?;
     let states = version_states(&snaps, &policies, opts.now_ns.unwrap_or_else(now_ns));
-    let expired: Vec<&(String, Snapshot)> = snaps
+    let expired: Vec<&(SnapshotId, Snapshot)> = snaps
         .iter()
         .filter(|(id, _)| states.get(id) == Some(&VersionState::Expired))
         .collect();
@@ -257,7 +258,7 @@ pub(crate) fn maintain_locked(repo: &Repository, opts: &MaintainOptions) -> Resu
             None => s.stats.new_raw_bytes,
         })
         .sum();
-    report.expired = expired.iter().map(|(id, _)| id.clone()).collect();
+    report.expired = expired.iter().map(|(id, _)| id.to_string()).collect();
     if !report.expired.is_empty() && !opts.dry_run {
         let f = crate::ops::forget::forget_locked(repo, &report.expired)?;
         report.rebased = f.rebased;
@@ -315,7 +316,7 @@ pub(crate) fn maintain_locked(repo: &Repository, opts: &MaintainOptions) -> Resu
 /// archival form: leftovers of an interrupted run.
 fn delete_leftovers(
     repo: &Repository,
-    snaps: &[(String, Snapshot)],
+    snaps: &[(SnapshotId, Snapshot)],
     idx: &RepoIndex,
     dry_run: bool,
     report: &mut MaintainReport,
@@ -347,16 +348,16 @@ fn delete_leftovers(
 /// live window, against the next version of its series.
 fn convert_due(
     repo: &Repository,
-    states: &HashMap<String, VersionState>,
+    states: &HashMap<SnapshotId, VersionState>,
     dry_run: bool,
     hint: Option<&ReverseHint>,
 ) -> Result<Vec<Converted>> {
     let snaps = repo.list_active_snapshots()?;
-    let mut series: BTreeMap<&str, Vec<&(String, Snapshot)>> = BTreeMap::new();
+    let mut series: BTreeMap<&str, Vec<&(SnapshotId, Snapshot)>> = BTreeMap::new();
     for s in &snaps {
         series.entry(s.1.series.as_str()).or_default().push(s);
     }
-    type Entry = (String, Snapshot);
+    type Entry = (SnapshotId, Snapshot);
     let mut todo: Vec<(&Entry, &Entry)> = Vec::new();
     for list in series.values_mut() {
         list.sort_by_key(|(_, s)| (s.version, s.time_ns));
@@ -397,7 +398,7 @@ fn convert_due(
 /// [`ReverseHint`]).
 fn mark_archival(
     repo: &Repository,
-    vid: &str,
+    vid: &SnapshotId,
     v: &Snapshot,
     h: &ReverseHint,
     dry_run: bool,
@@ -414,7 +415,7 @@ fn mark_archival(
         id: vid.to_string(),
         series: v.series.clone(),
         version: v.version,
-        next: h.next.clone(),
+        next: h.next.to_string(),
         ..Default::default()
     };
     fill(&mut out, &archival);
@@ -434,10 +435,10 @@ fn mark_archival(
 /// version's fingerprints (the paper's temporary table).
 pub(crate) fn convert(
     repo: &Repository,
-    vid: &str,
+    vid: &SnapshotId,
     v: &Snapshot,
-    nid: &str,
-    next: &str,
+    nid: &SnapshotId,
+    next: &RecipeId,
     dry_run: bool,
     recipe_users: &HashMap<&str, usize>,
 ) -> Result<Converted> {
@@ -467,7 +468,7 @@ pub(crate) fn convert(
         ..Default::default()
     };
     let mut archival = Archival {
-        next: Some(nid.to_string()),
+        next: Some(nid.clone()),
         converted_ns: now_ns(),
         ..Default::default()
     };

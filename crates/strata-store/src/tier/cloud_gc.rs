@@ -29,6 +29,7 @@ use strata_core::format::{
     container_header, ChunkEntry, ChunkRef, ContainerId, ContainerMeta, RegionInfo, Snapshot, Tier,
     CONTAINER_FOOTER_LEN, CONTAINER_HEADER_LEN,
 };
+use strata_core::id::{RecipeId, SnapshotId};
 
 #[derive(Clone, Debug)]
 pub struct CloudGcOptions {
@@ -90,7 +91,7 @@ pub struct CloudGcReport {
 /// live chunks.
 type Live = HashMap<ContainerId, HashMap<u32, HashSet<u32>>>;
 
-fn mark(local: &Repository, cloud_versions: &[(String, Snapshot)]) -> Result<Live> {
+fn mark(local: &Repository, cloud_versions: &[(SnapshotId, Snapshot)]) -> Result<Live> {
     let mut live: Live = HashMap::new();
     let mut seen = HashSet::new();
     for (_, s) in cloud_versions {
@@ -320,7 +321,7 @@ pub fn cloud_gc(
 }
 
 /// Versions, with their ids.
-type Versions = Vec<(String, Snapshot)>;
+type Versions = Vec<(SnapshotId, Snapshot)>;
 
 /// Every version whose data is in the cloud tier — the versions there, the
 /// cloud parts of active ones, and what the bucket lists beyond them —
@@ -333,7 +334,7 @@ fn versions(
     rep: &mut CloudGcReport,
 ) -> Result<(Versions, Versions)> {
     let local_all = local.list_snapshots()?;
-    let cloud_versions: Vec<(String, Snapshot)> = local_all
+    let cloud_versions: Vec<(SnapshotId, Snapshot)> = local_all
         .iter()
         .filter(|(_, s)| s.tier == Tier::Cloud)
         .cloned()
@@ -554,12 +555,12 @@ fn assemble(
 fn repoint(
     local: &Repository,
     cloud: &Repository,
-    all: &[(String, Snapshot)],
-    cloud_versions: &[(String, Snapshot)],
+    all: &[(SnapshotId, Snapshot)],
+    cloud_versions: &[(SnapshotId, Snapshot)],
     planned: &Planned,
     rep: &mut CloudGcReport,
 ) -> Result<()> {
-    let mut by_recipe: BTreeMap<String, Vec<(String, Snapshot)>> = BTreeMap::new();
+    let mut by_recipe: BTreeMap<RecipeId, Vec<(SnapshotId, Snapshot)>> = BTreeMap::new();
     for (id, s) in all {
         by_recipe
             .entry(s.recipe.clone())
@@ -605,15 +606,15 @@ fn repoint(
 }
 
 /// Points an active version's cloud part at its rewritten recipe.
-fn repoint_part(local: &Repository, id: &str, old: &str, new: &str) -> Result<()> {
+fn repoint_part(local: &Repository, id: &SnapshotId, old: &RecipeId, new: &RecipeId) -> Result<()> {
     let mut s = match local.load_snapshot(id) {
         Ok(s) => s,
         Err(StoreError::NotFound(_)) => return Ok(()),
         Err(e) => return Err(e),
     };
     match s.cloud_part.as_mut() {
-        Some(p) if p.recipe == old => {
-            p.recipe = new.to_string();
+        Some(p) if p.recipe == *old => {
+            p.recipe = new.clone();
             local.replace_snapshot(id, &s)
         }
         _ => Ok(()),

@@ -28,10 +28,11 @@ use crate::repo::Repository;
 use serde::Serialize;
 use std::collections::HashSet;
 use strata_core::format::{Node, Snapshot, Tier};
+use strata_core::id::SnapshotId;
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Estimate {
-    pub versions: Vec<String>,
+    pub versions: Vec<SnapshotId>,
     /// Stored bytes (`stats` `stored_bytes`) the active tier frees when the
     /// selection has moved (or been forgotten) and `gc` has run with
     /// `gc_threshold`: exact to the byte when `exact`, including garbage

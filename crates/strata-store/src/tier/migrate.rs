@@ -26,11 +26,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use strata_core::format::{ChunkRef, ContainerId, Recipe, RegionInfo, Snapshot, Tier};
+use strata_core::id::{RecipeId, SnapshotId};
 use strata_core::Fingerprint;
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct MigrateReport {
-    pub versions: Vec<String>,
+    pub versions: Vec<SnapshotId>,
     /// Chunk references of the migrated versions, and their bytes.
     pub chunks: u64,
     pub logical_bytes: u64,
@@ -66,7 +67,7 @@ enum Direction {
 pub(crate) fn index_of_moving<'a>(
     from: &Repository,
     to: &Repository,
-    rids: impl IntoIterator<Item = &'a str>,
+    rids: impl IntoIterator<Item = &'a RecipeId>,
 ) -> Result<MoveIndex> {
     let index = MoveIndex::default();
     for rid in rids {
@@ -79,7 +80,7 @@ pub(crate) fn index_of_moving<'a>(
 /// The recipe of version `v` that moves in direction `dir`: a recall
 /// brings back a cloud version's recipe, or an active version's cloud
 /// part.
-fn moving_recipe(v: &Snapshot, dir: Direction) -> &str {
+fn moving_recipe(v: &Snapshot, dir: Direction) -> &RecipeId {
     match (dir, &v.cloud_part) {
         (Direction::ToActive, Some(p)) if v.tier == Tier::Active => &p.recipe,
         _ => &v.recipe,
@@ -222,7 +223,7 @@ fn transfer(
 
 /// What `tier recall` brings back: versions in the cloud tier and the
 /// cloud parts of active versions.
-fn recallable(local: &Repository, sel: &Selection) -> Result<Vec<(String, Snapshot)>> {
+fn recallable(local: &Repository, sel: &Selection) -> Result<Vec<(SnapshotId, Snapshot)>> {
     let in_cloud = |s: &Snapshot| s.tier == Tier::Cloud || s.cloud_part.is_some();
     let all = versions_any(local, sel)?;
     let wrong: Vec<String> = sel
@@ -252,7 +253,7 @@ fn migrate_paths(
     local: &Repository,
     cloud: &Repository,
     moved: &Moved,
-    chosen: &[(String, Snapshot)],
+    chosen: &[(SnapshotId, Snapshot)],
     globs: &globset::GlobSet,
     patterns: &[String],
     progress: &Progress,
@@ -266,7 +267,7 @@ fn migrate_paths(
     }
     // Along each chain, oldest first (times can be skewed).
     splits.sort_by(|a, b| (&a.1.series, a.1.version).cmp(&(&b.1.series, b.1.version)));
-    let after: HashMap<String, Recipe> = splits
+    let after: HashMap<SnapshotId, Recipe> = splits
         .iter()
         .map(|(id, _, s)| ((*id).clone(), s.rest.clone()))
         .collect();
@@ -279,23 +280,29 @@ fn migrate_paths(
     progress.totals_known.store(true, Ordering::Relaxed);
     for (vid, v, s) in splits {
         let part = moved.copy(v, s.part, report)?;
-        let mut cp = v.cloud_part.clone().unwrap_or_default();
+        let (mut paths, files, logical_bytes) = match &v.cloud_part {
+            Some(c) => (c.paths.clone(), c.files, c.logical_bytes),
+            None => (Vec::new(), 0, 0),
+        };
         let part = match &v.cloud_part {
             Some(old) => crate::repo::tiers::merge(local.load_recipe(&old.recipe)?, part)?,
             None => part,
         };
         for p in patterns {
-            if !cp.paths.contains(p) {
-                cp.paths.push(p.clone());
+            if !paths.contains(p) {
+                paths.push(p.clone());
             }
         }
-        cp.files += s.files;
-        cp.logical_bytes += s.logical_bytes;
-        cp.moved_ns = now_ns();
         let mut w = recipe::RecipeWriter::new(cloud).with_mirror(local);
         w.push_recipe(part)?;
         let (pid, sent) = w.finish_primary()?;
-        cp.recipe = pid.clone();
+        let cp = strata_core::format::CloudPart {
+            recipe: pid.clone(),
+            paths,
+            files: files + s.files,
+            logical_bytes: logical_bytes + s.logical_bytes,
+            moved_ns: now_ns(),
+        };
         // The bucket's copy of the version: just what it holds.
         let mut cv = v.clone();
         cv.tier = Tier::Cloud;
@@ -331,7 +338,7 @@ fn recall_part(
     local: &Repository,
     cloud: &Repository,
     moved: &Moved,
-    vid: &str,
+    vid: &SnapshotId,
     v: &Snapshot,
     report: &mut MigrateReport,
 ) -> Result<()> {
@@ -406,7 +413,7 @@ impl Moved<'_> {
     /// [`Self::copy`] for the stored recipe `rid` of version `v`, read
     /// from the source tier a part at a time: sends what the destination
     /// lacks (its index then knows every chunk of the version).
-    fn send_stored(&self, v: &Snapshot, rid: &str, report: &mut MigrateReport) -> Result<()> {
+    fn send_stored(&self, v: &Snapshot, rid: &RecipeId, report: &mut MigrateReport) -> Result<()> {
         let mut lacking = Lacking::new(self.index);
         let table = recipe::for_each_piece_in_part(self.from, rid, |n, _, _, table| {
             let path = n.path_str();
@@ -422,7 +429,7 @@ impl Moved<'_> {
     /// The stored recipe `rid`, every reference pointed into the
     /// destination (after [`Self::send_stored`]), into `w` a piece at a
     /// time.
-    fn rewrite_stored(&self, rid: &str, w: &mut recipe::RecipeWriter) -> Result<()> {
+    fn rewrite_stored(&self, rid: &RecipeId, w: &mut recipe::RecipeWriter) -> Result<()> {
         rewrite_into(self.from, rid, |c, _| self.target(c), w)
     }
 
@@ -559,7 +566,7 @@ impl<'a> Lacking<'a> {
 pub(crate) fn flip_to_cloud(
     local: &Repository,
     cloud: &Repository,
-    vid: &str,
+    vid: &SnapshotId,
     v: &Snapshot,
     index: &MoveIndex,
 ) -> Result<()> {
@@ -597,7 +604,7 @@ fn commit(
     local: &Repository,
     cloud: &Repository,
     dir: Direction,
-    vid: &str,
+    vid: &SnapshotId,
     v: &Snapshot,
     fill: impl FnOnce(&mut recipe::RecipeWriter) -> Result<()>,
 ) -> Result<u64> {

@@ -40,6 +40,7 @@ use crate::repo::{now_ns, Repository};
 use std::sync::Arc;
 use strata_core::crypto::{random_bytes, Kind, Sealer};
 use strata_core::format::{decode, encode, RepoConfig, Tier, TierConfig};
+use strata_core::id::{RecipeId, SnapshotId};
 
 /// Object holding a side's [`TierConfig`].
 pub const TIER_CONFIG: &str = "tier/config";
@@ -180,7 +181,7 @@ pub fn open_cloud_in(local: &Repository, backend: Arc<dyn Backend>) -> Result<Re
 /// first (so a disaster recovery does not bring them back), then the local
 /// snapshot object, then recipes neither side uses any more. Their data
 /// in the bucket is freed by the cloud tier's gc. Returns how many.
-pub fn forget_cloud(local: &Repository, cloud: &Repository, ids: &[String]) -> Result<u64> {
+pub fn forget_cloud(local: &Repository, cloud: &Repository, ids: &[SnapshotId]) -> Result<u64> {
     let _l = crate::repo::lock::acquire(local, true, "forget")?;
     let _c = crate::repo::lock::acquire(cloud, true, "forget")?;
     let mut recipes = Vec::new();
@@ -191,8 +192,8 @@ pub fn forget_cloud(local: &Repository, cloud: &Repository, ids: &[String]) -> R
                 "snapshot {id} is not in the cloud tier"
             )));
         }
-        cloud.backend().delete(&format!("snapshots/{id}"))?;
-        local.backend().delete(&format!("snapshots/{id}"))?;
+        cloud.backend().delete(&id.object_name())?;
+        local.backend().delete(&id.object_name())?;
         recipes.push(s.recipe);
     }
     crate::repo::recipe::delete_unused(cloud, &recipes)?;
@@ -205,10 +206,10 @@ pub fn forget_cloud(local: &Repository, cloud: &Repository, ids: &[String]) -> R
 /// part's recipe, read before the forget). In this order a failed forget
 /// loses nothing, and a crash between the two leaves an orphan that the
 /// cloud tier's gc drops. Returns how many parts went.
-pub fn forget_cloud_parts(cloud: &Repository, parts: &[(String, String)]) -> Result<u64> {
+pub fn forget_cloud_parts(cloud: &Repository, parts: &[(SnapshotId, RecipeId)]) -> Result<u64> {
     let _c = crate::repo::lock::acquire(cloud, true, "forget")?;
     for (id, _) in parts {
-        cloud.backend().delete(&format!("snapshots/{id}"))?;
+        cloud.backend().delete(&id.object_name())?;
     }
     crate::repo::recipe::delete_unused(cloud, parts.iter().map(|(_, r)| r))?;
     Ok(parts.len() as u64)

@@ -22,6 +22,7 @@ use crate::repo::Repository;
 use globset::GlobSet;
 use std::collections::{HashMap, HashSet};
 use strata_core::format::{Node, NodeKind, Recipe, Snapshot, Tier};
+use strata_core::id::SnapshotId;
 use strata_core::Fingerprint;
 
 /// A version's recipe cut in two.
@@ -121,7 +122,7 @@ impl Fps {
 /// version's indirect references must still meet, walking its chain, a
 /// version that holds them — with `splits` (version id → its recipe as it
 /// will be) applied.
-pub(crate) fn check_chains(repo: &Repository, splits: &HashMap<String, Recipe>) -> Result<()> {
+pub(crate) fn check_chains(repo: &Repository, splits: &HashMap<SnapshotId, Recipe>) -> Result<()> {
     let all = repo.list_active_snapshots()?;
     let series: HashSet<&str> = all
         .iter()
@@ -129,12 +130,12 @@ pub(crate) fn check_chains(repo: &Repository, splits: &HashMap<String, Recipe>) 
         .map(|(_, s)| s.series.as_str())
         .collect();
     let by_id: HashMap<&str, &Snapshot> = all.iter().map(|(i, s)| (i.as_str(), s)).collect();
-    let mut cache: HashMap<String, Fps> = HashMap::new();
-    let load = |id: &str| -> Result<Fps> {
+    let mut cache: HashMap<SnapshotId, Fps> = HashMap::new();
+    let load = |id: &SnapshotId| -> Result<Fps> {
         Ok(match splits.get(id) {
             Some(r) => Fps::of(r),
             None => {
-                let s = by_id.get(id).ok_or_else(|| {
+                let s = by_id.get(id.as_str()).ok_or_else(|| {
                     StoreError::Invalid(format!("snapshot {id} is not an active version"))
                 })?;
                 Fps::of(&repo.load_recipe(&s.recipe)?)

@@ -29,6 +29,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use strata_core::crypto::Kind;
 use strata_core::format::{encode, ContainerId, ContainerMeta, Tier};
+use strata_core::id::SnapshotId;
 
 /// Where a seed's state is kept, in the active tier.
 pub const SEED_STATE: &str = "tier/seed";
@@ -36,7 +37,7 @@ pub const SEED_STATE: &str = "tier/seed";
 #[derive(Serialize, Deserialize)]
 struct SeedState {
     /// The versions being seeded (ids).
-    versions: Vec<String>,
+    versions: Vec<SnapshotId>,
     phv: Phv,
     /// The active tier's containers in physical order, and how many of
     /// them are done.
@@ -49,7 +50,7 @@ struct SeedState {
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SeedReport {
-    pub versions: Vec<String>,
+    pub versions: Vec<SnapshotId>,
     /// Whether this run went on from a seed that had been interrupted.
     pub resumed: bool,
     pub fingerprints: u64,
@@ -74,7 +75,7 @@ fn save_state(local: &Repository, s: &SeedState) -> Result<()> {
 fn start(
     local: &Repository,
     cloud: &Repository,
-    ids: &[(String, strata_core::format::Snapshot)],
+    ids: &[(SnapshotId, strata_core::format::Snapshot)],
 ) -> Result<SeedState> {
     let mut metas: Vec<(i64, ContainerId)> = Vec::new();
     let mut keys = Vec::new();
@@ -100,7 +101,7 @@ fn start(
     }
     // What the cloud tier has already need not go again (looked up for
     // the seeded versions' chunks only).
-    let there = index_of_moving(local, cloud, ids.iter().map(|(_, s)| s.recipe.as_str()))?;
+    let there = index_of_moving(local, cloud, ids.iter().map(|(_, s)| &s.recipe))?;
     there.for_each_present(|fp| phv.clear(fp));
     Ok(SeedState {
         versions: ids.iter().map(|(id, _)| id.clone()).collect(),
@@ -154,7 +155,7 @@ pub fn seed(
     let mut report = SeedReport::default();
     let mut state = match load_state(local)? {
         Some(s) => {
-            let mut want: Vec<String> = versions_any(local, sel)?
+            let mut want: Vec<SnapshotId> = versions_any(local, sel)?
                 .into_iter()
                 .map(|(id, _)| id)
                 .collect();
@@ -240,11 +241,7 @@ pub fn seed(
     }
     flipped.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
     // Where the cloud tier has their chunks (only theirs).
-    let index = index_of_moving(
-        local,
-        cloud,
-        flipped.iter().map(|(_, _, v)| v.recipe.as_str()),
-    )?;
+    let index = index_of_moving(local, cloud, flipped.iter().map(|(_, _, v)| &v.recipe))?;
     for (_, id, v) in &flipped {
         flip_to_cloud(local, cloud, id, v, &index)?;
     }

@@ -9,6 +9,7 @@ use globset::{Glob, GlobSet, GlobSetBuilder};
 use std::collections::BTreeMap;
 use std::collections::HashSet;
 use strata_core::format::{Snapshot, Tier};
+use strata_core::id::SnapshotId;
 
 #[derive(Clone, Debug, Default)]
 pub struct Selection {
@@ -44,13 +45,17 @@ impl Selection {
 }
 
 /// The versions of `tier` that `sel` selects, oldest first.
-pub fn versions(repo: &Repository, sel: &Selection, tier: Tier) -> Result<Vec<(String, Snapshot)>> {
+pub fn versions(
+    repo: &Repository,
+    sel: &Selection,
+    tier: Tier,
+) -> Result<Vec<(SnapshotId, Snapshot)>> {
     select(repo, sel, Some(tier))
 }
 
 /// The versions `sel` selects in either tier (a job that moved some of
 /// them before it was interrupted names them all).
-pub fn versions_any(repo: &Repository, sel: &Selection) -> Result<Vec<(String, Snapshot)>> {
+pub fn versions_any(repo: &Repository, sel: &Selection) -> Result<Vec<(SnapshotId, Snapshot)>> {
     select(repo, sel, None)
 }
 
@@ -58,7 +63,7 @@ fn select(
     repo: &Repository,
     sel: &Selection,
     tier: Option<Tier>,
-) -> Result<Vec<(String, Snapshot)>> {
+) -> Result<Vec<(SnapshotId, Snapshot)>> {
     let in_tier = |s: &Snapshot| tier.is_none_or(|t| s.tier == t);
     if sel.is_empty() {
         return Err(StoreError::Invalid(
@@ -67,7 +72,7 @@ fn select(
         ));
     }
     let all = repo.list_snapshots()?;
-    let mut out: BTreeMap<String, Snapshot> = BTreeMap::new();
+    let mut out: BTreeMap<SnapshotId, Snapshot> = BTreeMap::new();
     for spec in &sel.snapshots {
         let (id, s) = resolve_in(&all, spec)?;
         out.insert(id, s);
@@ -111,14 +116,14 @@ fn select(
         }
         out.retain(|_, s| s.time_ns <= cutoff);
     }
-    let mut v: Vec<(String, Snapshot)> = out.into_iter().collect();
+    let mut v: Vec<(SnapshotId, Snapshot)> = out.into_iter().collect();
     v.sort_by(|a, b| (a.1.time_ns, &a.0).cmp(&(b.1.time_ns, &b.0)));
     Ok(v)
 }
 
 /// Refuses a selection that would leave an active version whose indirect
 /// references lead into a migrated one (tiers never share chunks).
-pub(crate) fn check_chains(all: &[(String, Snapshot)], chosen: &HashSet<&str>) -> Result<()> {
+pub(crate) fn check_chains(all: &[(SnapshotId, Snapshot)], chosen: &HashSet<&str>) -> Result<()> {
     for (id, s) in all {
         if chosen.contains(id.as_str()) || s.tier != Tier::Active {
             continue;

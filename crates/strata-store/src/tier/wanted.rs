@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use strata_core::format::{ContainerId, ContainerMeta};
+use strata_core::id::RecipeId;
 use strata_core::Fingerprint;
 
 #[derive(Clone, Copy)]
@@ -55,7 +56,7 @@ pub(crate) enum Visit {
 impl MoveIndex {
     /// Wants every chunk of the stored recipe `rid` of `repo`, read a part
     /// at a time.
-    pub fn want(&self, repo: &Repository, rid: &str) -> Result<()> {
+    pub fn want(&self, repo: &Repository, rid: &RecipeId) -> Result<()> {
         recipe::for_each_part(repo, rid, |part| {
             let mut slots = self.lock();
             for c in part

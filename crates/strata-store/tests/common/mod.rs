@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use strata_core::chunker::ChunkerParams;
 use strata_core::crypto::KdfCost;
+use strata_core::id::SnapshotId;
 use strata_store::backend::{BackendError, ObjectInfo, Result as BResult};
 use strata_store::ops::backup::{BackupOptions, BackupReport};
 use strata_store::ops::restore::{restore_from, RecipeSource, RestoreOptions};
@@ -223,7 +224,13 @@ pub fn backup_paths(repo: &Repository, paths: &[&Path]) -> Result<BackupReport> 
 /// Restores the snapshot `id` (through its current recipe, as `strata
 /// restore` does) into a fresh directory below `scratch` and returns the
 /// tree found where `src` was.
-pub fn restore_tree(repo: &Repository, id: &str, src: &Path, scratch: &Path, what: &str) -> Tree {
+pub fn restore_tree(
+    repo: &Repository,
+    id: &SnapshotId,
+    src: &Path,
+    scratch: &Path,
+    what: &str,
+) -> Tree {
     let target = tempfile::tempdir_in(scratch).unwrap();
     let snap = repo
         .load_snapshot(id)
@@ -242,7 +249,7 @@ pub fn restore_tree(repo: &Repository, id: &str, src: &Path, scratch: &Path, wha
 /// Asserts that snapshot `id` restores to exactly `expected`.
 pub fn assert_restores(
     repo: &Repository,
-    id: &str,
+    id: &SnapshotId,
     src: &Path,
     scratch: &Path,
     expected: &Tree,

@@ -6,12 +6,13 @@
 use crate::error::{Result, StoreError};
 use crate::repo::Repository;
 use strata_core::format::Snapshot;
+use strata_core::id::SnapshotId;
 
 /// Writes the snapshot object — the commit point — with the next free
 /// version number of its series. Two backups of one series may run at once
 /// (they share the lock); should both pick the same number, the one with
 /// the larger id withdraws its object and takes the next number.
-pub(crate) fn commit_snapshot(repo: &Repository, snapshot: &mut Snapshot) -> Result<String> {
+pub(crate) fn commit_snapshot(repo: &Repository, snapshot: &mut Snapshot) -> Result<SnapshotId> {
     let next = |repo: &Repository, series: &str| -> Result<u32> {
         Ok(repo
             .list_snapshots_tolerant()?
@@ -36,7 +37,7 @@ pub(crate) fn commit_snapshot(repo: &Repository, snapshot: &mut Snapshot) -> Res
         if !clash {
             return Ok(id);
         }
-        repo.backend().delete(&format!("snapshots/{id}"))?;
+        repo.backend().delete(&id.object_name())?;
         snapshot.version = next(repo, &snapshot.series)?.max(snapshot.version + 1);
     }
     Err(StoreError::Invalid(format!(

@@ -40,6 +40,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use strata_core::chunker::ChunkerParams;
 use strata_core::format::{Node, NodeKind, Snapshot, SnapshotStats, Tier};
+use strata_core::id::{RecipeId, SnapshotId};
 use walk::{Source, Walker};
 
 /// A stream to back up as one file.
@@ -130,9 +131,9 @@ impl Default for BackupOptions {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ReverseHint {
     /// The version that leaves the live window.
-    pub previous: String,
+    pub previous: SnapshotId,
     /// The new version.
-    pub next: String,
+    pub next: SnapshotId,
     /// Non-zero chunk references of `previous` and their bytes.
     pub direct_chunks: u64,
     pub direct_bytes: u64,
@@ -151,7 +152,7 @@ impl ReverseHint {
 
 #[derive(Debug, Clone)]
 pub struct BackupReport {
-    pub id: String,
+    pub id: SnapshotId,
     pub snapshot: Snapshot,
     pub warnings: Vec<String>,
     pub index_ram_bytes: u64,
@@ -223,7 +224,7 @@ fn load_parent<'a>(
     index: &RepoIndex,
     table: &'a ContainerTable,
     strategy: &'a dyn crate::engine::index::IndexStrategy,
-) -> Result<(Option<String>, Parent<'a>)> {
+) -> Result<(Option<SnapshotId>, Parent<'a>)> {
     let (snapshots, _) = repo.list_snapshots_tolerant()?;
     let Some((id, ps)) = snapshots
         .into_iter()
@@ -252,12 +253,12 @@ fn stdin_entries(s: StdinSource, progress: &Progress) -> Result<Vec<(Node, Optio
 /// the series' newest version (`parent`) is the one it counts from.
 fn image_entries(
     p: patch::ImagePatch,
-    parent: Option<&str>,
+    parent: Option<&SnapshotId>,
     progress: &Progress,
 ) -> Result<Vec<(Node, Option<Source>)>> {
     let changed = p
         .changed
-        .filter(|_| p.base.is_some() && p.base.as_deref() == parent);
+        .filter(|_| p.base.is_some() && p.base.as_deref() == parent.map(|p| p.as_str()));
     let source = Source::Patch(Mutex::new(Some(patch::PatchSource {
         source: p.source,
         size: p.size,
@@ -372,7 +373,7 @@ type Synthetic = (
 
 fn synthetic_entries(
     opts: &mut BackupOptions,
-    parent: Option<&str>,
+    parent: Option<&SnapshotId>,
     progress: &Progress,
 ) -> Result<Synthetic> {
     let mut entries = opts
@@ -400,6 +401,13 @@ struct Walked {
     carried: u64,
 }
 
+/// The series a backup without `--series` goes to.
+fn default_series_of(opts: &BackupOptions, paths: &[PathBuf]) -> String {
+    let name = (opts.stdin.as_ref().map(|s| s.name.as_str()))
+        .or(opts.image.as_ref().map(|i| i.name.as_str()));
+    default_series(paths, name)
+}
+
 /// Runs a backup and commits a new version. (The RevDedup lifecycle that
 /// follows it, out of line: `crate::revdedup::backup`.)
 pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport> {
@@ -411,11 +419,10 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     check_request(&opts, &paths, chunker)?;
     let excludes =
         Excludes::new(&opts.excludes, &opts.exclude_paths)?.if_present(&opts.exclude_if_present)?;
-    let series = opts.series.clone().unwrap_or_else(|| {
-        let name = (opts.stdin.as_ref().map(|s| s.name.as_str()))
-            .or(opts.image.as_ref().map(|i| i.name.as_str()));
-        default_series(&paths, name)
-    });
+    let series = opts
+        .series
+        .clone()
+        .unwrap_or_else(|| default_series_of(&opts, &paths));
 
     // Index and parent, then the walk, with everything after it.
     let threads = opts.threads.clamp(1, 256);
@@ -433,7 +440,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     )?;
     drop(repo_index);
     let progress = opts.progress.clone();
-    let (synthetic, link, import) = synthetic_entries(&mut opts, parent_id.as_deref(), &progress)?;
+    let (synthetic, link, import) = synthetic_entries(&mut opts, parent_id.as_ref(), &progress)?;
     let ctx = Ctx::new(CtxParts {
         repo,
         strategy: strategy.as_ref(),
@@ -484,38 +491,31 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         )));
     }
     let commit_started = std::time::Instant::now();
-    let stats = SnapshotStats {
-        files: run.counts.files,
-        dirs: run.counts.dirs,
-        logical_bytes: run.counts.logical_bytes,
-        read_bytes: ctx.read_bytes.load(Ordering::Relaxed),
-        new_chunks: ctx.new_chunks.load(Ordering::Relaxed),
-        new_raw_bytes: ctx.new_raw.load(Ordering::Relaxed),
-        new_stored_bytes: 0,
-        duration_ms: 0,
-        warnings: warnings.len() as u64,
+    let stats = stats_of(&run.counts, &ctx, warnings.len());
+    let time_ns = now_ns();
+    let snapshot = |recipe| {
+        let mut s = Snapshot {
+            series,
+            // Assigned at commit.
+            version: 0,
+            time_ns,
+            host: lock::hostname(),
+            paths: paths.iter().map(|p| p.display().to_string()).collect(),
+            tags: opts.tags.clone(),
+            recipe,
+            parent: parent_id.clone(),
+            chunker,
+            stats,
+            archival: None,
+            tier: Default::default(),
+            cloud_part: None,
+        };
+        if let Some((time, host, paths)) = import {
+            (s.time_ns, s.host, s.paths) = (time, host, paths);
+        }
+        s
     };
-    let mut snapshot = Snapshot {
-        series,
-        // Assigned at commit.
-        version: 0,
-        time_ns: now_ns(),
-        host: lock::hostname(),
-        paths: paths.iter().map(|p| p.display().to_string()).collect(),
-        tags: opts.tags.clone(),
-        // Set at commit.
-        recipe: String::new(),
-        parent: parent_id.clone(),
-        chunker,
-        stats,
-        archival: None,
-        tier: Default::default(),
-        cloud_part: None,
-    };
-    if let Some((time, host, paths)) = import {
-        (snapshot.time_ns, snapshot.host, snapshot.paths) = (time, host, paths);
-    }
-    let id = commit(repo, run.written, run.recipe, &mut snapshot, started)?;
+    let (id, snapshot) = commit(repo, run.written, run.recipe, snapshot, started)?;
     drop(lock);
     stages.add(Stage::Commit, commit_started, 0);
     Ok(BackupReport {
@@ -529,37 +529,66 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         similar_bytes: ctx.similar_bytes.load(Ordering::Relaxed),
         stages: stages.report(started.elapsed().as_secs_f64()),
         threads,
-        reverse_hint: parent_id.map(|previous| ReverseHint {
-            previous,
-            next: id.clone(),
-            direct_chunks: parent.direct_chunks,
-            direct_bytes: parent.direct_bytes,
-            // The samples hold 1 in 64 fingerprints.
-            stored_again_bytes: parent
-                .stored_again(&ctx.stored_sample.lock().unwrap_or_else(|e| e.into_inner()))
-                * 64,
-        }),
+        reverse_hint: parent_id.map(|previous| reverse_hint(previous, id, &parent, &ctx)),
     })
 }
 
-/// Commits `snapshot`: the containers written and not yet indexed go into
-/// an index object, then the recipe's last part and index, then the
-/// snapshot object (the atomic switch). Returns its id.
+/// The figures a snapshot records of its backup (what the commit adds
+/// is filled in there).
+fn stats_of(counts: &flow::TreeCounts, ctx: &Ctx<'_>, warnings: usize) -> SnapshotStats {
+    SnapshotStats {
+        files: counts.files,
+        dirs: counts.dirs,
+        logical_bytes: counts.logical_bytes,
+        read_bytes: ctx.read_bytes.load(Ordering::Relaxed),
+        new_chunks: ctx.new_chunks.load(Ordering::Relaxed),
+        new_raw_bytes: ctx.new_raw.load(Ordering::Relaxed),
+        new_stored_bytes: 0,
+        duration_ms: 0,
+        warnings: warnings as u64,
+    }
+}
+
+/// What reverse dedup needs to know of the backup of `next` over
+/// `previous`.
+fn reverse_hint(
+    previous: SnapshotId,
+    next: SnapshotId,
+    parent: &Parent<'_>,
+    ctx: &Ctx<'_>,
+) -> ReverseHint {
+    ReverseHint {
+        previous,
+        next,
+        direct_chunks: parent.direct_chunks,
+        direct_bytes: parent.direct_bytes,
+        // The samples hold 1 in 64 fingerprints.
+        stored_again_bytes: parent
+            .stored_again(&ctx.stored_sample.lock().unwrap_or_else(|e| e.into_inner()))
+            * 64,
+    }
+}
+
+/// Commits the snapshot `snapshot` makes of its recipe: the containers
+/// written and not yet indexed go into an index object, then the recipe's
+/// last part and index, then the snapshot object (the atomic switch).
+/// Returns its id, and the snapshot as committed.
 fn commit(
     repo: &Repository,
     written: crate::engine::writer::SinkResult,
     recipe: crate::repo::recipe::RecipeWriter<'_>,
-    snapshot: &mut Snapshot,
+    snapshot: impl FnOnce(RecipeId) -> Snapshot,
     started: std::time::Instant,
-) -> Result<String> {
+) -> Result<(SnapshotId, Snapshot)> {
     let mut stored = written.stored_bytes;
     if !written.metas.is_empty() {
         let (_, n) = crate::repo::index::put_index_object(repo, written.metas)?;
         stored += n;
     }
     let (recipe_id, rn) = recipe.finish()?;
-    snapshot.recipe = recipe_id;
+    let mut snapshot = snapshot(recipe_id);
     snapshot.stats.new_stored_bytes = stored + rn;
     snapshot.stats.duration_ms = started.elapsed().as_millis() as u64;
-    commit::commit_snapshot(repo, snapshot)
+    let id = commit::commit_snapshot(repo, &mut snapshot)?;
+    Ok((id, snapshot))
 }

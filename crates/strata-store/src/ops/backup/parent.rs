@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use strata_core::format::{
     path_cmp, ChunkRef, ContainerId, Node, NodeKind, PartRef, PieceRef, RecipeObject, SegmentRef,
 };
+use strata_core::id::{PartId, RecipeId};
 use strata_core::Fingerprint;
 
 /// The previous version of the series (empty for a first backup), read a
@@ -67,7 +68,7 @@ pub(crate) struct Parent<'a> {
     /// Parts found damaged, shared with the recipe writer: should the new
     /// version hold a part with the same content, it is written again
     /// (repairing the object) rather than reused.
-    suspects: Arc<Mutex<HashSet<String>>>,
+    suspects: Arc<Mutex<HashSet<PartId>>>,
     /// The recipe index's container table (what a part's indexes name).
     index_containers: Vec<ContainerId>,
     /// Which pieces a patched image takes over unread (see
@@ -75,7 +76,7 @@ pub(crate) struct Parent<'a> {
     carry: Option<CarryFilter<'a>>,
     /// Parts found missing when they were to be taken over: read instead
     /// (which finds them damaged, so the new version writes them again).
-    missing: HashSet<String>,
+    missing: HashSet<PartId>,
 }
 
 /// Whether a part holding the piece told is to be taken over unread.
@@ -126,7 +127,7 @@ impl<'a> Parent<'a> {
     /// containers still in the index are used.
     pub fn open(
         repo: &'a Repository,
-        recipe_id: &str,
+        recipe_id: &RecipeId,
         index: &RepoIndex,
         table: &'a ContainerTable,
         strategy: &'a dyn IndexStrategy,
@@ -469,7 +470,7 @@ impl<'a> Parent<'a> {
     }
 
     /// The parts found damaged so far (see the field).
-    pub fn suspects(&self) -> Arc<Mutex<HashSet<String>>> {
+    pub fn suspects(&self) -> Arc<Mutex<HashSet<PartId>>> {
         self.suspects.clone()
     }
 

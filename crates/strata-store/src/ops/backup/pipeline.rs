@@ -228,18 +228,7 @@ pub(crate) fn run<'r>(
     let Shared { writers, error, .. } = shared;
     let mut error = error.into_inner().unwrap_or_else(|e| e.into_inner());
     let mut writers = writers.into_inner().unwrap_or_else(|e| e.into_inner());
-    // The first error that is not a consequence of another: a worker's
-    // explains a cancelled walk or a stopped writer, the walk's own error
-    // the workers' cancellation.
-    let recipe = match (error.take(), recipe, walked) {
-        (None, Ok(r), Ok(())) => Ok(r),
-        (w, r, k) => Err([w, r.err(), k.err()]
-            .into_iter()
-            .flatten()
-            .find(|e| !matches!(e, StoreError::Cancelled))
-            .unwrap_or(StoreError::Cancelled)),
-    };
-    let recipe = match recipe {
+    let recipe = match first_error(error.take(), recipe, walked) {
         Ok(r) => Some(r),
         Err(e) => {
             error = Some(e);
@@ -274,6 +263,20 @@ pub(crate) fn run<'r>(
         counts,
         warnings: flow.take_warnings(),
     })
+}
+
+/// The recipe, or the first error that is not a consequence of another:
+/// a worker's explains a cancelled walk or a stopped writer, the walk's
+/// own error the workers' cancellation.
+fn first_error<R>(worker: Option<StoreError>, recipe: Result<R>, walked: Result<()>) -> Result<R> {
+    match (worker, recipe, walked) {
+        (None, Ok(r), Ok(())) => Ok(r),
+        (w, r, k) => Err([w, r.err(), k.err()]
+            .into_iter()
+            .flatten()
+            .find(|e| !matches!(e, StoreError::Cancelled))
+            .unwrap_or(StoreError::Cancelled)),
+    }
 }
 
 /// New chunks a backup lists in one index object as it goes (≈ 12 MB of

@@ -42,6 +42,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use strata_core::format::{ChunkRef, ContainerId, ContainerMeta, Snapshot, Stamp};
+use strata_core::id::{RecipeId, SnapshotId};
 use strata_core::Fingerprint;
 
 /// Live chunk locations: per container, the (region, offset) pairs that
@@ -83,14 +84,14 @@ struct Holders {
     /// Archival versions holding chunks alone: snapshot id and stamp.
     owners: Vec<Stamp>,
     /// Containers each recipe points at, to find the ones to remap.
-    uses: HashMap<String, Vec<ContainerId>>,
+    uses: HashMap<RecipeId, Vec<ContainerId>>,
 }
 
 impl Holders {
-    fn collect(repo: &Repository, snaps: &[(String, Snapshot)]) -> Result<Self> {
-        let mut by_recipe: BTreeMap<&str, Vec<&(String, Snapshot)>> = BTreeMap::new();
+    fn collect(repo: &Repository, snaps: &[(SnapshotId, Snapshot)]) -> Result<Self> {
+        let mut by_recipe: BTreeMap<&RecipeId, Vec<&(SnapshotId, Snapshot)>> = BTreeMap::new();
         for s in snaps {
-            by_recipe.entry(s.1.recipe.as_str()).or_default().push(s);
+            by_recipe.entry(&s.1.recipe).or_default().push(s);
         }
         let mut h = Holders {
             marks: HashMap::new(),
@@ -101,7 +102,7 @@ impl Holders {
             let holder = match users.as_slice() {
                 [(id, s)] if s.archival.is_some() => {
                     h.owners.push(Stamp {
-                        owner: id.clone(),
+                        owner: id.to_string(),
                         time_ns: s.time_ns,
                     });
                     Holder::Only(h.owners.len() as u32 - 1)
@@ -126,7 +127,7 @@ impl Holders {
                 }
                 Ok(())
             })?;
-            h.uses.insert(rid.to_string(), table);
+            h.uses.insert(rid.clone(), table);
         }
         Ok(h)
     }
@@ -338,20 +339,17 @@ fn copy_all(
 /// The ids of the snapshots using each recipe that points into a
 /// `rewritten` container, by recipe.
 fn recipe_users<'s>(
-    snaps: &'s [(String, Snapshot)],
-    uses: &HashMap<String, Vec<ContainerId>>,
+    snaps: &'s [(SnapshotId, Snapshot)],
+    uses: &HashMap<RecipeId, Vec<ContainerId>>,
     rewritten: &HashSet<ContainerId>,
-) -> BTreeMap<&'s str, Vec<&'s str>> {
-    let mut users: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+) -> BTreeMap<&'s RecipeId, Vec<&'s SnapshotId>> {
+    let mut users: BTreeMap<&RecipeId, Vec<&SnapshotId>> = BTreeMap::new();
     for (id, s) in snaps {
         let affected = uses
             .get(&s.recipe)
             .is_some_and(|cs| cs.iter().any(|c| rewritten.contains(c)));
         if affected {
-            users
-                .entry(s.recipe.as_str())
-                .or_default()
-                .push(id.as_str());
+            users.entry(&s.recipe).or_default().push(id);
         }
     }
     users
@@ -361,7 +359,7 @@ fn recipe_users<'s>(
 /// switches its snapshots to it and deletes the old recipe object.
 fn remap_users(
     repo: &Repository,
-    users: BTreeMap<&str, Vec<&str>>,
+    users: BTreeMap<&RecipeId, Vec<&SnapshotId>>,
     rewritten: &HashSet<ContainerId>,
     moved: &Moved,
     table: &ContainerTable,
@@ -374,8 +372,8 @@ fn remap_users(
             s.recipe = new_rid.clone();
             repo.replace_snapshot(id, &s)?;
         }
-        if new_rid != rid {
-            crate::repo::recipe::delete_unused(repo, [&rid.to_string()])?;
+        if new_rid != *rid {
+            crate::repo::recipe::delete_unused(repo, [rid])?;
         }
         report.recipes_remapped += 1;
     }
@@ -503,11 +501,11 @@ fn copy_forward(
 /// into `rewritten` containers pointing at their copies.
 fn remap_recipe(
     repo: &Repository,
-    rid: &str,
+    rid: &RecipeId,
     rewritten: &HashSet<ContainerId>,
     moved: &HashMap<(ContainerId, u32, u32), ChunkLoc>,
     table: &ContainerTable,
-) -> Result<(String, u64)> {
+) -> Result<(RecipeId, u64)> {
     let remap = |c: &ChunkRef, cid: Option<ContainerId>| {
         Ok(match cid {
             Some(cid) if rewritten.contains(&cid) => match moved.get(&(cid, c.region, c.offset)) {

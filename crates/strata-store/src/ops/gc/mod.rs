@@ -25,6 +25,7 @@ use crate::repo::{container_id_of, data_name, Repository};
 use compact::compact_pool;
 use std::collections::{HashMap, HashSet};
 use strata_core::format::ContainerId;
+use strata_core::id::SnapshotId;
 use strata_core::Fingerprint;
 
 /// Runs mark-and-sweep garbage collection. A dry run is the real thing
@@ -82,7 +83,7 @@ pub fn refuse_needed_orphans(repo: &Repository, orphans: &[String]) -> Result<()
         return Ok(());
     }
     // Chunk references into orphans, and who makes them.
-    let mut wanted: HashMap<Fingerprint, (ContainerId, String)> = HashMap::new();
+    let mut wanted: HashMap<Fingerprint, (ContainerId, SnapshotId)> = HashMap::new();
     for (sid, s) in repo.list_snapshots()? {
         for r in s.recipes() {
             let table = crate::repo::recipe::containers(repo, r)?;
@@ -248,13 +249,7 @@ fn delete_unused_recipes(repo: &Repository, report: &mut GcReport) -> Result<()>
             report.recipes_deleted += 1;
         }
     }
-    let parts = crate::repo::recipe::live_parts(
-        repo,
-        snaps
-            .iter()
-            .flat_map(|(_, s)| s.recipes())
-            .map(String::as_str),
-    )?;
+    let parts = crate::repo::recipe::live_parts(repo, snaps.iter().flat_map(|(_, s)| s.recipes()))?;
     for o in repo
         .backend()
         .list(&format!("{}/", crate::repo::recipe::PARTS))?

@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::repo::recipe;
 use crate::repo::Repository;
 use strata_core::format::{Node, Recipe};
+use strata_core::id::RecipeId;
 
 /// The recipe of the version being restored.
 #[derive(Clone, Copy)]
@@ -14,7 +15,10 @@ pub enum RecipeSource<'a> {
     /// Whole in memory.
     Memory(&'a Recipe),
     /// Stored in `repo` under `id`, read a part at a time.
-    Stored { repo: &'a Repository, id: &'a str },
+    Stored {
+        repo: &'a Repository,
+        id: &'a RecipeId,
+    },
 }
 
 impl RecipeSource<'_> {

@@ -44,6 +44,7 @@ use serde::{Serialize, Serializer};
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use strata_core::format::{path_cmp, ChunkRef, Node, NodeKind, Recipe, Snapshot};
+use strata_core::id::RecipeId;
 use strata_core::Fingerprint;
 
 /// How a path differs between two trees (serialised in lower case).
@@ -240,7 +241,7 @@ impl ContentHash {
 
 /// Recipe `id` without chunks ([`crate::repo::recipe::load_skeleton`]) and its
 /// regular files' content hashes, in one pass over its parts.
-fn hashed_skeleton(repo: &Repository, id: &str) -> Result<(Recipe, ContentHashes)> {
+fn hashed_skeleton(repo: &Repository, id: &RecipeId) -> Result<(Recipe, ContentHashes)> {
     let mut hashes = ContentHashes::new();
     let mut nodes: Vec<Node> = Vec::new();
     // The hash of the last file, open while its pieces come.

@@ -30,6 +30,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use strata_core::format::{NodeKind, Recipe, Snapshot};
+use strata_core::id::SnapshotId;
 
 /// The paths `find` reports: a set of patterns (see the module
 /// documentation for their meaning).
@@ -173,7 +174,11 @@ pub fn find_in(id: &str, snap: &Snapshot, recipe: &Recipe, m: &Matcher) -> Vec<F
 /// order given; stops at the first version whose recipe cannot be read
 /// (call [`find_in`] per version to go on past one). Reads recipes only;
 /// takes no lock, like listing a version.
-pub fn find(repo: &Repository, snaps: &[(String, Snapshot)], m: &Matcher) -> Result<Vec<FindHit>> {
+pub fn find(
+    repo: &Repository,
+    snaps: &[(SnapshotId, Snapshot)],
+    m: &Matcher,
+) -> Result<Vec<FindHit>> {
     let mut hits = Vec::new();
     for (id, s) in snaps {
         let recipe = whole_skeleton(repo, s)?;

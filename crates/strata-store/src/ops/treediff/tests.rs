@@ -500,7 +500,7 @@ fn snap(series: &str, version: u32) -> Snapshot {
         host: "h".into(),
         paths: vec![],
         tags: vec![],
-        recipe: "r".into(),
+        recipe: strata_core::id::RecipeId::parse(&"0".repeat(64)).unwrap(),
         parent: None,
         chunker: ChunkerParams::cdc(8192),
         stats: SnapshotStats::default(),

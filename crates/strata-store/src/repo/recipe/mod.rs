@@ -32,6 +32,7 @@ use strata_core::format::{
     decode, decode_recipe_object, encode_recipe_index, path_cmp, ContainerId, Node, NodeKind,
     PartRef, PieceRef, Recipe, RecipeIndex, RecipeObject, SegmentRef, STRUCT_VERSION,
 };
+use strata_core::id::{PartId, RecipeId};
 
 /// Object prefix of recipe parts.
 pub const PARTS: &str = "parts";
@@ -50,34 +51,17 @@ pub const MAX_PART_BYTES: usize = 4 << 20;
 pub const PIECE_CHUNKS: usize = 16384;
 
 /// The object name of part `id`.
-pub fn part_name(id: &str) -> String {
-    format!("{PARTS}/{id}")
-}
-
-/// Whether `id` is a well-formed part or recipe id (64 lowercase hex
-/// digits): names read from the repository are checked before they are
-/// used as object names.
-pub fn valid_id(id: &str) -> bool {
-    id.len() == 64 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
-fn bad_id(what: &str, id: &str) -> StoreError {
-    StoreError::Invalid(format!(
-        "{what} names an object {:?} that is not a valid id; run `strata check`",
-        id.chars().take(80).collect::<String>()
-    ))
+pub fn part_name(id: &PartId) -> String {
+    id.object_name()
 }
 
 /// Reads and decodes the `recipes/` object `id`.
-pub fn load_object(repo: &Repository, id: &str) -> Result<RecipeObject> {
-    if !valid_id(id) {
-        return Err(bad_id("a snapshot", id));
-    }
-    let name = format!("recipes/{id}");
+pub fn load_object(repo: &Repository, id: &RecipeId) -> Result<RecipeObject> {
+    let name = id.object_name();
     repo.read_verified(&name, |raw| {
         // Named by the hash of its bytes: another recipe stored under this
         // name (a swap by someone who can write the storage) is refused.
-        if blake3::hash(raw).to_hex().as_str() != id {
+        if blake3::hash(raw).to_hex().as_str() != id.as_str() {
             return Err(StoreError::corrupt(
                 &name,
                 strata_core::CoreError::Decode {
@@ -95,17 +79,14 @@ pub fn load_object(repo: &Repository, id: &str) -> Result<RecipeObject> {
 }
 
 /// Reads a part and checks that it is the part its name says.
-pub fn load_part(repo: &Repository, id: &str) -> Result<Recipe> {
-    if !valid_id(id) {
-        return Err(bad_id("a recipe", id));
-    }
+pub fn load_part(repo: &Repository, id: &PartId) -> Result<Recipe> {
     let name = part_name(id);
     repo.read_verified(&name, |raw| {
         let bytes = repo
             .sealer()
             .open(Kind::RecipePart, raw)
             .map_err(|e| StoreError::corrupt(&name, e))?;
-        if repo.hasher().hash(&bytes).to_hex() != id {
+        if repo.hasher().hash(&bytes).to_hex() != id.as_str() {
             return Err(StoreError::corrupt(
                 &name,
                 strata_core::CoreError::Decode {
@@ -119,7 +100,7 @@ pub fn load_part(repo: &Repository, id: &str) -> Result<Recipe> {
 }
 
 /// The ids of the parts of recipe `id` (none for a version-1 recipe).
-pub fn part_ids(repo: &Repository, id: &str) -> Result<Vec<String>> {
+pub fn part_ids(repo: &Repository, id: &RecipeId) -> Result<Vec<PartId>> {
     Ok(match load_object(repo, id)? {
         RecipeObject::Whole(_) => vec![],
         RecipeObject::Index(i) => i.parts.into_iter().map(|p| p.id).collect(),
@@ -128,7 +109,7 @@ pub fn part_ids(repo: &Repository, id: &str) -> Result<Vec<String>> {
 
 /// The containers recipe `id` references directly, without reading its
 /// parts.
-pub fn containers(repo: &Repository, id: &str) -> Result<Vec<ContainerId>> {
+pub fn containers(repo: &Repository, id: &RecipeId) -> Result<Vec<ContainerId>> {
     Ok(match load_object(repo, id)? {
         RecipeObject::Whole(r) => r.containers,
         RecipeObject::Index(i) => i.containers,
@@ -139,7 +120,7 @@ pub fn containers(repo: &Repository, id: &str) -> Result<Vec<ContainerId>> {
 /// one part), holding one part in memory at a time.
 pub fn for_each_part(
     repo: &Repository,
-    id: &str,
+    id: &RecipeId,
     mut f: impl FnMut(Recipe) -> Result<()>,
 ) -> Result<()> {
     let mut parts = Parts::open(repo, id)?;
@@ -165,11 +146,11 @@ pub struct Parts<'r> {
 }
 
 impl<'r> Parts<'r> {
-    pub fn open(repo: &'r Repository, id: &str) -> Result<Self> {
+    pub fn open(repo: &'r Repository, id: &RecipeId) -> Result<Self> {
         let mut p = Parts::empty(repo);
         match load_object(repo, id)? {
             RecipeObject::Whole(r) => {
-                check_unique(&format!("recipes/{id}"), &r.nodes)?;
+                check_unique(&id.object_name(), &r.nodes)?;
                 p.whole = Some(r);
             }
             RecipeObject::Index(i) => {
@@ -364,7 +345,7 @@ fn out_of_order(name: &str, path: &[u8], after: &[u8]) -> StoreError {
 
 /// The whole tree of recipe `id` in memory: its parts' nodes in order,
 /// their references renumbered into one container table.
-pub fn load_whole(repo: &Repository, id: &str) -> Result<Recipe> {
+pub fn load_whole(repo: &Repository, id: &RecipeId) -> Result<Recipe> {
     let mut nodes = Vec::new();
     let containers = for_each_piece(repo, id, |n, _| append_joined(&mut nodes, n).map(drop))?;
     Ok(Recipe { containers, nodes })
@@ -373,7 +354,7 @@ pub fn load_whole(repo: &Repository, id: &str) -> Result<Recipe> {
 /// Recipe `id`'s nodes without their chunks (a file once, however many
 /// pieces hold it), and the container table [`for_each_piece`] numbers
 /// references in: the tree's metadata in memory, whatever its data.
-pub fn load_skeleton(repo: &Repository, id: &str) -> Result<Recipe> {
+pub fn load_skeleton(repo: &Repository, id: &RecipeId) -> Result<Recipe> {
     let mut nodes = Vec::new();
     let containers = for_each_piece(repo, id, |mut n, _| {
         n.segments = Vec::new();
@@ -391,7 +372,7 @@ pub fn load_skeleton(repo: &Repository, id: &str) -> Result<Recipe> {
 /// [`load_whole`] and [`load_skeleton`]).
 pub fn for_each_piece(
     repo: &Repository,
-    id: &str,
+    id: &RecipeId,
     mut f: impl FnMut(Node, u64) -> Result<()>,
 ) -> Result<Vec<ContainerId>> {
     for_each_piece_in_part(repo, id, |n, offset, _, _| f(n, offset))
@@ -403,7 +384,7 @@ pub fn for_each_piece(
 /// reference of the node is in it).
 pub fn for_each_piece_in_part(
     repo: &Repository,
-    id: &str,
+    id: &RecipeId,
     mut f: impl FnMut(Node, u64, usize, &[ContainerId]) -> Result<()>,
 ) -> Result<Vec<ContainerId>> {
     let mut part_no = 0;
@@ -466,7 +447,7 @@ pub fn for_each_piece_in_part(
 /// need the references but not the tree: marking, statistics.
 pub fn for_each_segment(
     repo: &Repository,
-    id: &str,
+    id: &RecipeId,
     mut f: impl FnMut(&SegmentRef, &[ContainerId]) -> Result<()>,
 ) -> Result<Vec<ContainerId>> {
     for_each_piece_in_part(repo, id, |n, _, _, table| {
@@ -499,19 +480,15 @@ fn renumber(n: &mut Node, map: impl Fn(u32) -> Option<u32>) -> Result<()> {
 /// parts are left for `gc` (which refuses to run until that is repaired).
 pub fn delete_unused<'a>(
     repo: &Repository,
-    candidates: impl IntoIterator<Item = &'a String>,
+    candidates: impl IntoIterator<Item = &'a RecipeId>,
 ) -> Result<u64> {
     let (snaps, damaged) = repo.list_snapshots_tolerant()?;
-    let live: HashSet<&str> = snaps
-        .iter()
-        .flat_map(|(_, s)| s.recipes())
-        .map(String::as_str)
-        .collect();
-    let dead: HashSet<&String> = candidates
+    let live: HashSet<&RecipeId> = snaps.iter().flat_map(|(_, s)| s.recipes()).collect();
+    let dead: HashSet<&RecipeId> = candidates
         .into_iter()
-        .filter(|r| !live.contains(r.as_str()))
+        .filter(|r| !live.contains(r))
         .collect();
-    let mut dead_parts: HashSet<String> = HashSet::new();
+    let mut dead_parts: HashSet<PartId> = HashSet::new();
     for r in &dead {
         // An unreadable recipe's parts are left to gc.
         if let Ok(ids) = part_ids(repo, r) {
@@ -519,7 +496,7 @@ pub fn delete_unused<'a>(
         }
     }
     for r in &dead {
-        repo.backend().delete(&format!("recipes/{r}"))?;
+        repo.backend().delete(&r.object_name())?;
     }
     if dead_parts.is_empty() || !damaged.is_empty() {
         return Ok(dead.len() as u64);
@@ -538,8 +515,8 @@ pub fn delete_unused<'a>(
 /// Every part the recipes `ids` use.
 pub fn live_parts<'a>(
     repo: &Repository,
-    ids: impl IntoIterator<Item = &'a str>,
-) -> Result<HashSet<String>> {
+    ids: impl IntoIterator<Item = &'a RecipeId>,
+) -> Result<HashSet<PartId>> {
     let mut out = HashSet::new();
     let mut seen = HashSet::new();
     for id in ids {

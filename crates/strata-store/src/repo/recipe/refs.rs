@@ -7,6 +7,7 @@ use crate::error::{Result, StoreError};
 use crate::repo::Repository;
 use std::collections::HashMap;
 use strata_core::format::{ChunkRef, ContainerId, Node, Recipe};
+use strata_core::id::RecipeId;
 
 /// Where [`rewrite_refs`] points a chunk reference.
 pub enum Target {
@@ -99,7 +100,7 @@ fn rewrite_node(
 /// millions of chunks costs a part.
 pub fn rewrite_pieces(
     repo: &Repository,
-    id: &str,
+    id: &RecipeId,
     mut f: impl FnMut(&ChunkRef, Option<ContainerId>) -> Result<Target>,
     mut sink: impl FnMut(Node, &[ContainerId]) -> Result<()>,
 ) -> Result<()> {
@@ -128,9 +129,9 @@ pub fn rewrite_pieces(
 /// written.
 pub fn store_rewritten(
     repo: &Repository,
-    id: &str,
+    id: &RecipeId,
     f: impl FnMut(&ChunkRef, Option<ContainerId>) -> Result<Target>,
-) -> Result<(String, u64)> {
+) -> Result<(RecipeId, u64)> {
     let mut w = RecipeWriter::new(repo);
     rewrite_into(repo, id, f, &mut w)?;
     w.finish()
@@ -140,7 +141,7 @@ pub fn store_rewritten(
 /// tier's writer, one with a mirror): the caller finishes it.
 pub fn rewrite_into(
     repo: &Repository,
-    id: &str,
+    id: &RecipeId,
     f: impl FnMut(&ChunkRef, Option<ContainerId>) -> Result<Target>,
     w: &mut RecipeWriter,
 ) -> Result<()> {

@@ -90,6 +90,7 @@ fn version_1_recipes_still_read() {
     let repo = repo(d.path());
     let t = tree(10);
     let (id, _) = repo.put_struct(Kind::Recipe, "recipes", &t).unwrap();
+    let id = RecipeId::parse(&id).unwrap();
     assert_eq!(load_whole(&repo, &id).unwrap(), t);
     assert!(part_ids(&repo, &id).unwrap().is_empty());
 }
@@ -103,8 +104,12 @@ fn duplicate_and_disordered_paths_are_refused() {
     let mut t = tree(10);
     t.nodes[5].path = t.nodes[3].path.clone();
     let (id, _) = repo.put_struct(Kind::Recipe, "recipes", &t).unwrap();
+    let id = RecipeId::parse(&id).unwrap();
     let e = load_whole(&repo, &id).unwrap_err().to_string();
-    assert!(e.contains("appears twice") && e.contains(&id), "{e}");
+    assert!(
+        e.contains("appears twice") && e.contains(id.as_str()),
+        "{e}"
+    );
 
     let (id, _) = put(&repo, tree(3000)).unwrap();
     let RecipeObject::Index(mut idx) = load_object(&repo, &id).unwrap() else {
@@ -113,6 +118,7 @@ fn duplicate_and_disordered_paths_are_refused() {
     idx.parts.swap(0, 1);
     let bytes = strata_core::format::encode_recipe_index(&idx).unwrap();
     let (bad, _) = repo.put_encoded(Kind::Recipe, "recipes", &bytes).unwrap();
+    let bad = RecipeId::parse(&bad).unwrap();
     let e = load_whole(&repo, &bad).unwrap_err().to_string();
     assert!(e.contains("comes after"), "{e}");
     assert!(
@@ -134,9 +140,33 @@ fn bad_names_and_swapped_parts_are_refused() {
         .unwrap();
     let e = load_whole(&repo, &r1).unwrap_err().to_string();
     assert!(e.contains("does not match its name"), "{e}");
-    assert!(load_object(&repo, "../config").is_err());
-    assert!(load_part(&repo, "../../etc/passwd").is_err());
+    // Names that would leave the object's path are no ids at all.
+    assert!(RecipeId::parse("../config").is_err());
+    assert!(PartId::parse("../../etc/passwd").is_err());
     let (id, _) = put(&repo, tree(3000)).unwrap();
+    // Such a name forged into a stored recipe index (in its bytes: no
+    // part id of that name can be made) is refused where it is read.
+    let RecipeObject::Index(idx) = load_object(&repo, &id).unwrap() else {
+        panic!("a recipe in parts is stored as an index")
+    };
+    let good = idx.parts[0].id.to_string();
+    let evil = format!("{}etc/passwd", "../".repeat(18));
+    assert_eq!(evil.len(), good.len());
+    let mut bytes = strata_core::format::encode_recipe_index(&idx).unwrap();
+    // (Unforged, the same bytes load.)
+    let (same, _) = repo.put_encoded(Kind::Recipe, "recipes", &bytes).unwrap();
+    load_whole(&repo, &RecipeId::parse(&same).unwrap()).unwrap();
+    let at = bytes
+        .windows(good.len())
+        .position(|w| w == good.as_bytes())
+        .expect("the part's name in the encoding");
+    bytes[at..at + evil.len()].copy_from_slice(evil.as_bytes());
+    let (forged, _) = repo.put_encoded(Kind::Recipe, "recipes", &bytes).unwrap();
+    let forged = RecipeId::parse(&forged).unwrap();
+    let e = load_object(&repo, &forged).unwrap_err();
+    assert!(matches!(e, StoreError::Corrupt { .. }), "{e:?}");
+    assert!(part_ids(&repo, &forged).is_err());
+    assert!(load_whole(&repo, &forged).is_err());
     let ids = part_ids(&repo, &id).unwrap();
     let (a, b) = (part_name(&ids[0]), part_name(&ids[1]));
     let other = repo.backend().get(&b).unwrap();
@@ -245,6 +275,7 @@ fn a_part_tells_its_piece_and_a_wrong_one_is_refused() {
         }
         let bytes = strata_core::format::encode_recipe_index(&idx).unwrap();
         let (wrong, _) = repo.put_encoded(Kind::Recipe, "recipes", &bytes).unwrap();
+        let wrong = RecipeId::parse(&wrong).unwrap();
         let e = load_whole(&repo, &wrong).unwrap_err().to_string();
         assert!(e.contains("another piece"), "{bad}: {e}");
     }
@@ -338,7 +369,7 @@ fn a_part_taken_over_reads_back_and_is_checked() {
     w.push(first.clone(), of).unwrap();
     assert!(w.push_part(&p, &ids, &meta).is_err());
     // Found damaged before the end: nothing committed.
-    let suspects: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let suspects: Arc<Mutex<HashSet<PartId>>> = Arc::default();
     let mut w = RecipeWriter::new(&repo).with_suspects(suspects.clone());
     w.push(first, of).unwrap();
     w.push_part(&p, &ids, &meta).unwrap();
@@ -446,6 +477,7 @@ fn pieces_are_checked() {
     idx.continued = false;
     let bytes = strata_core::format::encode_recipe_index(&idx).unwrap();
     let (v2, _) = repo.put_encoded(Kind::Recipe, "recipes", &bytes).unwrap();
+    let v2 = RecipeId::parse(&v2).unwrap();
     let e = load_whole(&repo, &v2).unwrap_err().to_string();
     assert!(e.contains("appears twice"), "{e}");
 
@@ -488,6 +520,7 @@ fn pieces_are_checked() {
     idx.continued = true;
     let bytes = strata_core::format::encode_recipe_index(&idx).unwrap();
     let (bad, _) = repo.put_encoded(Kind::Recipe, "recipes", &bytes).unwrap();
+    let bad = RecipeId::parse(&bad).unwrap();
     let e = load_whole(&repo, &bad).unwrap_err().to_string();
     assert!(e.contains("disagree"), "{e}");
 }

@@ -28,14 +28,14 @@ pub struct RecipeWriter<'r> {
     pub parts_reused: u64,
     pub nodes: u64,
     /// Parts known to be damaged: written again even though they exist.
-    suspects: Arc<Mutex<HashSet<String>>>,
+    suspects: Arc<Mutex<HashSet<PartId>>>,
     /// Another repository with the same keys (the cloud tier) that gets
     /// the same objects — the same bytes under the same names.
     mirror: Option<&'r Repository>,
     /// Encoded bytes at which a part ends ([`MAX_PART_BYTES`]).
     part_bytes: usize,
     /// Parts taken over unread ([`Self::push_part`]).
-    carried: Vec<String>,
+    carried: Vec<PartId>,
     /// Where the next piece of the last node's file begins (none: not
     /// known, after a part taken over that did not say).
     file_at: Option<u64>,
@@ -120,7 +120,7 @@ impl<'r> RecipeWriter<'r> {
 
     /// Parts not to reuse even if they exist (found damaged by whoever
     /// shares the set), so writing them again repairs them.
-    pub fn with_suspects(mut self, suspects: Arc<Mutex<HashSet<String>>>) -> Self {
+    pub fn with_suspects(mut self, suspects: Arc<Mutex<HashSet<PartId>>>) -> Self {
         self.suspects = suspects;
         self
     }
@@ -339,7 +339,7 @@ impl<'r> RecipeWriter<'r> {
         // part is not held twice.
         let mut bytes = std::mem::take(&mut self.body);
         bytes.splice(0..0, head);
-        let id = self.repo.hasher().hash(&bytes).to_hex();
+        let id = PartId::parse(&self.repo.hasher().hash(&bytes).to_hex())?;
         let name = part_name(&id);
         let suspect = self
             .suspects
@@ -387,7 +387,7 @@ impl<'r> RecipeWriter<'r> {
     /// Writes the last part and the recipe object; returns the recipe id
     /// and the bytes written in all. The caller commits a snapshot naming
     /// it.
-    pub fn finish(self) -> Result<(String, u64)> {
+    pub fn finish(self) -> Result<(RecipeId, u64)> {
         let mut total = 0;
         let id = self.finish_inner(&mut total)?.0;
         Ok((id, total))
@@ -395,11 +395,11 @@ impl<'r> RecipeWriter<'r> {
 
     /// [`Self::finish`], returning the bytes written to the repository
     /// written to alone (not the mirror).
-    pub fn finish_primary(self) -> Result<(String, u64)> {
+    pub fn finish_primary(self) -> Result<(RecipeId, u64)> {
         self.finish_inner(&mut 0)
     }
 
-    fn finish_inner(mut self, total: &mut u64) -> Result<(String, u64)> {
+    fn finish_inner(mut self, total: &mut u64) -> Result<(RecipeId, u64)> {
         self.cut()?;
         // A part taken over unread that a later read found damaged (the
         // same part can hold several identical pieces): not committed.
@@ -413,9 +413,9 @@ impl<'r> RecipeWriter<'r> {
         }
         let bytes = encode_recipe_index(&self.index)?;
         let env = self.repo.sealer().seal(Kind::Recipe, &bytes, true)?;
-        let id = blake3::hash(&env).to_hex().to_string();
+        let id = RecipeId::of_hash(&blake3::hash(&env));
         for repo in std::iter::once(self.repo).chain(self.mirror) {
-            repo.backend().put(&format!("recipes/{id}"), &env)?;
+            repo.backend().put(&id.object_name(), &env)?;
             self.stored_bytes += env.len() as u64;
             if std::ptr::eq(repo, self.repo) {
                 self.primary_bytes += env.len() as u64;
@@ -452,7 +452,7 @@ fn path_cuts(repo: &Repository, path: &[u8]) -> bool {
 
 /// Stores a whole in-memory recipe in parts; returns its id and the bytes
 /// written.
-pub fn put(repo: &Repository, recipe: Recipe) -> Result<(String, u64)> {
+pub fn put(repo: &Repository, recipe: Recipe) -> Result<(RecipeId, u64)> {
     let mut w = RecipeWriter::new(repo);
     w.push_recipe(recipe)?;
     w.finish()
