@@ -25,6 +25,7 @@ pub mod fault_proxy;
 pub mod local;
 pub mod location;
 pub mod memory;
+pub mod open;
 pub mod overlay;
 pub mod s3;
 pub mod wrap;

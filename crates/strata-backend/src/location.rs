@@ -61,6 +61,17 @@ impl S3Location {
     }
 }
 
+/// How a location reads in messages: its directory, or `s3://BUCKET/PREFIX`.
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::Local(p) => write!(f, "{}", p.display()),
+            Location::S3(s) if s.prefix.is_empty() => write!(f, "s3://{}", s.bucket),
+            Location::S3(s) => write!(f, "s3://{}/{}", s.bucket, s.prefix),
+        }
+    }
+}
+
 fn bad(s: &str, why: impl Into<String>) -> BackendError {
     BackendError::new(ErrorKind::Invalid, "open", s, why)
 }

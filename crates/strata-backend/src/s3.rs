@@ -49,6 +49,45 @@ impl std::fmt::Debug for S3Credentials {
     }
 }
 
+impl S3Credentials {
+    /// The credentials of `[profile]` in the text of an AWS shared
+    /// credentials file (INI: `key = value` lines, `#`/`;` comments);
+    /// `None` when the file has no such profile.
+    pub fn from_profile(text: &str, profile: &str) -> Option<Self> {
+        let mut found: Option<Vec<(&str, &str)>> = None;
+        let mut current = None;
+        for line in text.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+                continue;
+            }
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                current = Some(name.trim());
+                if current == Some(profile) {
+                    found.get_or_insert_with(Vec::new);
+                }
+                continue;
+            }
+            if current == Some(profile) {
+                if let (Some(v), Some((k, val))) = (found.as_mut(), line.split_once('=')) {
+                    v.push((k.trim(), val.trim()));
+                }
+            }
+        }
+        let pairs = found?;
+        let get = |k: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        };
+        Some(S3Credentials {
+            access_key_id: get("aws_access_key_id"),
+            secret_access_key: get("aws_secret_access_key"),
+            session_token: get("aws_session_token"),
+        })
+    }
+}
+
 /// How the backend talks to the server.
 #[derive(Clone, Debug)]
 pub struct S3Options {
@@ -1012,5 +1051,18 @@ mod tests {
         ] {
             assert!(!is_container_name(&other), "{other}");
         }
+    }
+
+    #[test]
+    fn profiles_are_found() {
+        let text = "[default]\naws_access_key_id = A\naws_secret_access_key=B\n\n[other]\n# c\naws_access_key_id = C\n";
+        let d = S3Credentials::from_profile(text, "default").unwrap();
+        assert_eq!(d.access_key_id.as_deref(), Some("A"));
+        assert_eq!(d.secret_access_key.as_deref(), Some("B"));
+        assert_eq!(d.session_token, None);
+        let o = S3Credentials::from_profile(text, "other").unwrap();
+        assert_eq!(o.access_key_id.as_deref(), Some("C"));
+        assert_eq!(o.secret_access_key, None);
+        assert!(S3Credentials::from_profile(text, "none").is_none());
     }
 }

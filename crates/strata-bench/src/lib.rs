@@ -20,6 +20,7 @@ pub mod indextrace;
 pub mod limits;
 pub mod measure;
 pub mod report;
+pub mod results;
 pub mod runner;
 pub mod s3;
 pub mod systems;

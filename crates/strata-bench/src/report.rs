@@ -3,7 +3,7 @@
 //! [`RunResults`] (so `report` can regenerate them from results.json).
 
 use crate::chart::line_chart;
-use crate::runner::{BackupRow, DeleteRow, RestoreRow, RunResults};
+use crate::results::{BackupRow, DeleteRow, RestoreRow, RunResults};
 use anyhow::Result;
 use serde::Serialize;
 use std::fmt::Write as _;

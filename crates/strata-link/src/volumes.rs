@@ -7,6 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use strata_core::BLOCK_SIZE as BLOCK;
+use strata_store::backend::Location;
 use strata_store::repo::links::{HeldBlocks, Volumes};
 use strata_volume::crypt::DataCipher;
 use strata_volume::VolumeKey;
@@ -25,12 +26,25 @@ impl DirVolumes {
         })
     }
 
-    /// [`Self::at`] where there is a directory (None where no volume can
-    /// be: a bucket repository's are on no host).
-    pub fn of(root: Option<PathBuf>) -> Option<Arc<dyn Volumes>> {
-        root.map(|r| Self::at(&r))
+    /// The volumes that may hold containers of the repository at `loc`
+    /// (linked snapshots): a local repository's own `volumes/`; None for a
+    /// bucket (its volumes never hold its containers).
+    pub fn of(loc: &Location) -> Option<Arc<dyn Volumes>> {
+        own_dir(loc).map(|r| Self::at(&r))
     }
 }
+
+/// A local repository's own volumes directory, `REPO/volumes` (None for
+/// a bucket).
+pub fn own_dir(loc: &Location) -> Option<PathBuf> {
+    match loc {
+        Location::Local(p) => Some(p.join(OWN_DIR)),
+        Location::S3(_) => None,
+    }
+}
+
+/// The name of a local repository's own volumes directory.
+pub const OWN_DIR: &str = "volumes";
 
 impl Volumes for DirVolumes {
     fn blocks(&self, volume: &str, key: Option<[u8; 32]>) -> Arc<dyn HeldBlocks> {

@@ -104,7 +104,7 @@ impl Repository {
             })
             .py_err()?
             .with_cache(cache_dir)
-            .with_volumes(strata_link::DirVolumes::of(backend::volumes_of(url)));
+            .with_volumes(strata_link::DirVolumes::of(&backend::location(url)?));
         Ok(Repository { repo, s3 })
     }
 
@@ -139,7 +139,7 @@ impl Repository {
             .detach(|| strata_store::Repository::init(b, opts))
             .py_err()?
             .with_cache(cache_dir)
-            .with_volumes(strata_link::DirVolumes::of(backend::volumes_of(url)));
+            .with_volumes(strata_link::DirVolumes::of(&backend::location(url)?));
         Ok(Repository { repo, s3 })
     }
 

@@ -47,9 +47,9 @@ fn open_source(a: &CopyArgs) -> Result<Repository> {
         question: "source repository password: ",
     };
     Ok(Repository::open(backend, &|| pw.read(false))
-        .with_context(|| format!("opening the source repository {}", location::describe(&loc)))?
+        .with_context(|| format!("opening the source repository {}", loc))?
         .with_cache(location::cache_base())
-        .with_volumes(strata_link::DirVolumes::of(location::volumes_of(&loc))))
+        .with_volumes(strata_link::DirVolumes::of(&loc)))
 }
 
 pub fn run(cli: &Cli, out: &Out, a: &CopyArgs) -> Result<i32> {

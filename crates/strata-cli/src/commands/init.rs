@@ -83,17 +83,17 @@ pub fn run(cli: &Cli, out: &Out, a: &InitArgs) -> Result<i32> {
     }
     let repo = Repository::init(backend, opts)
         .map(|r| r.with_cache(location::cache_base()))
-        .with_context(|| format!("creating repository at {}", location::describe(&loc)))?;
+        .with_context(|| format!("creating repository at {}", loc))?;
     let c = repo.config();
     out.result(
-        &json!({"repository": location::describe(&loc), "id": c.id, "encrypted": c.encrypted, "index": c.index,
+        &json!({"repository": loc.to_string(), "id": c.id, "encrypted": c.encrypted, "index": c.index,
                 "chunk_size": c.chunker.avg_chunk, "compression": c.zstd_level}),
         || {
             format!(
                 "created {} repository {} at {}",
                 if c.encrypted { "encrypted" } else { "unencrypted" },
                 crate::output::short(&c.id),
-                location::describe(&loc)
+                loc
             )
         },
     );

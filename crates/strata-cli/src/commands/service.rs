@@ -29,7 +29,7 @@ pub fn run(repo: Option<&str>, listen: &str) -> Result<i32> {
         .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
     eprintln!(
         "copy-forward service for {} listening on http://{}",
-        location::describe(&loc),
+        loc,
         server
             .server_addr()
             .to_ip()

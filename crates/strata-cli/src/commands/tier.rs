@@ -424,7 +424,7 @@ fn dr_rebuild(cli: &crate::Cli, out: &Out, from: &str, index: &str) -> Result<i3
         format!(
             "rebuilt repository {} at {} from {}: {} versions (in the cloud tier), {} recipes, {} parts; {:.1}s",
             crate::output::short(&r.repository_id),
-            location::describe(&loc),
+            loc,
             from,
             r.snapshots,
             r.recipes,

@@ -176,7 +176,7 @@ impl RepoAccess for Access<'_> {
             let loc = location::location(self.0.repo.as_deref())?;
             let backend = location::backend(&loc, false)?;
             let config = Repository::read_config(&*backend)
-                .with_context(|| format!("reading the config of {}", location::describe(&loc)))?;
+                .with_context(|| format!("reading the config of {}", loc))?;
             Ok(config.encrypted)
         };
         read().map_err(store_err)
@@ -385,7 +385,7 @@ fn snapshot(
     // Linked only into the repository whose own `volumes/` these are.
     let own_dir = crate::repo_location(cli)
         .ok()
-        .and_then(|l| location::volumes_of(&l))
+        .and_then(|l| strata_link::volumes::own_dir(&l))
         .as_deref()
         == Some(root.path.as_path());
     let pd = crate::progress_for(cli, "volume snapshot");

@@ -107,6 +107,12 @@ impl InitOptions {
     }
 }
 
+/// The objects a client may keep a copy of (a bucket's, on local disk):
+/// those written once under names that never change contents — recipe
+/// parts and indexes, container metadata. (Index objects have their own
+/// cache, by repository id.)
+pub const IMMUTABLE_PREFIXES: &[&str] = &["parts/", "recipes/", "meta/"];
+
 /// Index strategies this build knows; the first is the default.
 pub const INDEX_STRATEGIES: &[&str] = &["segment", "exact", "silo", "binning"];
 

@@ -26,7 +26,7 @@ pub fn find(cli: &crate::Cli, given: Option<&Path>) -> Result<VolumesDir> {
             bail!("no repository at {} (strata init creates one)", p.display());
         }
         if given.is_none() {
-            return Ok(VolumesDir::own(p.join("volumes")));
+            return Ok(VolumesDir::own(p.join(strata_link::volumes::OWN_DIR)));
         }
     }
     let id = repository_id(&loc)?;
@@ -40,7 +40,7 @@ pub fn find(cli: &crate::Cli, given: Option<&Path>) -> Result<VolumesDir> {
             .join("strata/volumes")
             .join(&id[..16]),
     };
-    VolumesDir::bound(path, id, location::describe(&loc)).map_err(super::link_err)
+    VolumesDir::bound(path, id, loc.to_string()).map_err(super::link_err)
 }
 
 /// The repository's id, from its config (no password needed). A local
@@ -48,7 +48,7 @@ pub fn find(cli: &crate::Cli, given: Option<&Path>) -> Result<VolumesDir> {
 fn repository_id(loc: &Location) -> Result<String> {
     let backend = location::backend(loc, false)?;
     let config = strata_store::repo::Repository::read_config(&*backend)
-        .with_context(|| format!("reading the config of {}", location::describe(loc)))?;
+        .with_context(|| format!("reading the config of {}", loc))?;
     // Checked by read_config: 32 hex digits, safe in a path.
     Ok(config.id)
 }
