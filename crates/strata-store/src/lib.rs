@@ -25,6 +25,8 @@ pub mod progress;
 pub mod repo;
 pub mod revdedup;
 pub mod stages;
+#[cfg(test)]
+mod testutil;
 pub mod tier;
 
 pub use backend::{Backend, LocalBackend};

@@ -491,7 +491,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::{HashMap, HashSet};
-    use strata_core::chunker::ChunkerParams;
 
     const NS: i64 = 1_000_000_000;
     const HOUR: i64 = 3600 * NS;
@@ -508,35 +507,14 @@ mod tests {
             .unwrap()
     }
 
-    /// A made-up snapshot id for `series` version `version`: the hex of
-    /// `series-version`, zero-padded to 64 digits.
-    fn sid(series: &str, version: u32) -> SnapshotId {
-        SnapshotId::parse(&format!(
-            "{:0>64}",
-            hex::encode(format!("{series}-{version}"))
-        ))
-        .unwrap()
-    }
+    use crate::testutil::snapshot_id as sid;
 
     fn snap(series: &str, version: u32, time_ns: i64, tags: &[&str]) -> (SnapshotId, Snapshot) {
-        (
-            sid(series, version),
-            Snapshot {
-                series: series.into(),
-                version,
-                time_ns,
-                host: "h".into(),
-                paths: vec![],
-                tags: tags.iter().map(|t| t.to_string()).collect(),
-                recipe: strata_core::id::RecipeId::parse(&"0".repeat(64)).unwrap(),
-                parent: None,
-                chunker: ChunkerParams::cdc(8192),
-                stats: Default::default(),
-                archival: None,
-                tier: Default::default(),
-                cloud_part: None,
-            },
-        )
+        let s = Snapshot {
+            tags: tags.iter().map(|t| t.to_string()).collect(),
+            ..crate::testutil::snapshot(series, version, time_ns)
+        };
+        (sid(series, version), s)
     }
 
     /// One series, versions 1.. in the order of `times`.

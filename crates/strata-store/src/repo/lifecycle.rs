@@ -189,36 +189,14 @@ pub fn version_states(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use strata_core::chunker::ChunkerParams;
 
-    /// A made-up snapshot id for `series` version `version`: the hex of
-    /// `series-version`, zero-padded to 64 digits.
-    fn sid(series: &str, version: u32) -> SnapshotId {
-        SnapshotId::parse(&format!(
-            "{:0>64}",
-            hex::encode(format!("{series}-{version}"))
-        ))
-        .unwrap()
-    }
+    use crate::testutil::snapshot_id as sid;
 
     fn snap(series: &str, version: u32, day: i64) -> (SnapshotId, Snapshot) {
+        let time_ns = day * 86_400 * 1_000_000_000;
         (
             sid(series, version),
-            Snapshot {
-                series: series.into(),
-                version,
-                time_ns: day * 86_400 * 1_000_000_000,
-                host: "h".into(),
-                paths: vec![],
-                tags: vec![],
-                recipe: strata_core::id::RecipeId::parse(&"0".repeat(64)).unwrap(),
-                parent: None,
-                chunker: ChunkerParams::cdc(8192),
-                stats: Default::default(),
-                archival: None,
-                tier: Default::default(),
-                cloud_part: None,
-            },
+            crate::testutil::snapshot(series, version, time_ns),
         )
     }
 

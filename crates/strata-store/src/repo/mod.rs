@@ -240,6 +240,27 @@ pub struct Repository {
     pub(crate) links: Arc<crate::repo::links::Links>,
 }
 
+impl Repository {
+    /// A handle on an opened (or new) repository, without cache or volumes.
+    fn assemble(
+        backend: Arc<dyn Backend>,
+        config: RepoConfig,
+        (sealer, hasher): (Sealer, Hasher),
+        key: Option<(MasterKey, String)>,
+    ) -> Self {
+        Repository {
+            backend,
+            config,
+            sealer,
+            hasher,
+            key,
+            no_cache: false,
+            cache_base: None,
+            links: Default::default(),
+        }
+    }
+}
+
 pub fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -333,16 +354,7 @@ impl Repository {
         let env = Sealer::plain(3).seal(Kind::Config, &encode(&config)?, false)?;
         // The config is written last: it is what makes this a repository.
         backend.put("config", &env)?;
-        Ok(Repository {
-            backend,
-            config,
-            sealer,
-            hasher,
-            key,
-            no_cache: false,
-            cache_base: None,
-            links: Default::default(),
-        })
+        Ok(Repository::assemble(backend, config, (sealer, hasher), key))
     }
 
     /// The repository's config, checked (it is readable without the
@@ -409,16 +421,7 @@ impl Repository {
         } else {
             (Sealer::plain(config.zstd_level), Hasher::plain(), None)
         };
-        Ok(Repository {
-            backend,
-            config,
-            sealer,
-            hasher,
-            key,
-            no_cache: false,
-            cache_base: None,
-            links: Default::default(),
-        })
+        Ok(Repository::assemble(backend, config, (sealer, hasher), key))
     }
 
     pub fn backend(&self) -> &Arc<dyn Backend> {

@@ -237,19 +237,9 @@ mod tests {
 
     fn snap(series: &str, version: u32, host: &str) -> Snapshot {
         Snapshot {
-            series: series.into(),
-            version,
-            time_ns: version as i64,
             host: host.into(),
             paths: vec![format!("/{series}")],
-            tags: vec![],
-            recipe: strata_core::id::RecipeId::parse(&"0".repeat(64)).unwrap(),
-            parent: None,
-            chunker: strata_core::chunker::ChunkerParams::cdc(8192),
-            stats: Default::default(),
-            archival: None,
-            tier: Default::default(),
-            cloud_part: None,
+            ..crate::testutil::snapshot(series, version, version as i64)
         }
     }
 

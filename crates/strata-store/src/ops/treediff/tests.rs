@@ -2,9 +2,8 @@
 
 use super::diff::*;
 use super::find::*;
-use strata_core::chunker::ChunkerParams;
 use strata_core::format::{path_cmp, Node, NodeKind, Recipe, Snapshot};
-use strata_core::format::{ChunkRef, SegmentRef, SnapshotStats, Tier, ZERO_CHUNK};
+use strata_core::format::{ChunkRef, SegmentRef, ZERO_CHUNK};
 use strata_core::{Fingerprint, Hasher};
 
 /// A node with everyday metadata and no content.
@@ -493,21 +492,7 @@ fn trees_out_of_order_or_with_repeated_paths_still_diff() {
 }
 
 fn snap(series: &str, version: u32) -> Snapshot {
-    Snapshot {
-        series: series.into(),
-        version,
-        time_ns: 42,
-        host: "h".into(),
-        paths: vec![],
-        tags: vec![],
-        recipe: strata_core::id::RecipeId::parse(&"0".repeat(64)).unwrap(),
-        parent: None,
-        chunker: ChunkerParams::cdc(8192),
-        stats: SnapshotStats::default(),
-        archival: None,
-        tier: Tier::Active,
-        cloud_part: None,
-    }
+    crate::testutil::snapshot(series, version, 42)
 }
 
 fn matches(patterns: &[&str], ignore_case: bool, paths: &[&[u8]]) -> Vec<String> {
