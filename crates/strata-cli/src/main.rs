@@ -25,6 +25,7 @@ mod lifecycle;
 mod location;
 mod output;
 mod password;
+mod prune;
 mod select;
 
 use anyhow::{Context, Result};

@@ -199,7 +199,7 @@ pub fn run(cli: &Cli, out: &Out, a: &ForgetArgs) -> Result<i32> {
         t
     });
     if *prune {
-        return super::gc::gc(cli, out, &repo, 0.2, false);
+        return crate::prune::gc(cli, out, &repo, 0.2, false);
     }
     Ok(0)
 }

@@ -1,11 +1,9 @@
 //! `strata gc`: mark and sweep of data no snapshot references.
 
-use crate::output::{fmt_bytes, Out};
-use crate::{open, progress_for, Cli};
-use anyhow::{bail, Result};
+use crate::output::Out;
+use crate::{open, Cli};
+use anyhow::Result;
 use clap::Args;
-use serde_json::json;
-use strata_store::Repository;
 
 #[derive(Args)]
 pub struct GcArgs {
@@ -19,52 +17,5 @@ pub struct GcArgs {
 
 pub fn run(cli: &Cli, out: &Out, a: &GcArgs) -> Result<i32> {
     let repo = open(cli)?;
-    gc(cli, out, &repo, a.threshold, a.dry_run)
-}
-
-pub(super) fn gc(
-    cli: &Cli,
-    out: &Out,
-    repo: &Repository,
-    threshold: f64,
-    dry_run: bool,
-) -> Result<i32> {
-    if !(0.0..=1.0).contains(&threshold) {
-        bail!("--threshold must be between 0 and 1");
-    }
-    let pd = progress_for(cli, "gc");
-    let opts = strata_store::ops::gc::GcOptions {
-        threshold,
-        dry_run,
-        progress: pd.progress.clone(),
-        ..Default::default()
-    };
-    let started = std::time::Instant::now();
-    let res = strata_store::ops::gc::gc(repo, &opts);
-    pd.finish();
-    let rep = res?;
-    let mut v = serde_json::to_value(&rep)?;
-    v["seconds"] = json!(started.elapsed().as_secs_f64());
-    out.result(&v, || {
-        let mut t = format!(
-            "{}{} freed: {} containers deleted, {} rewritten into {}, {} orphans removed; {} -> {}",
-            if dry_run { "(dry run) " } else { "" },
-            fmt_bytes(rep.bytes_freed),
-            rep.containers_deleted,
-            rep.containers_rewritten,
-            rep.containers_written,
-            rep.orphans_deleted,
-            fmt_bytes(rep.bytes_before),
-            fmt_bytes(rep.bytes_after)
-        );
-        if rep.temporaries_deleted > 0 {
-            t += &format!(
-                "\n{} left by interrupted writers deleted ({} temporary files)",
-                fmt_bytes(rep.temporary_bytes_deleted),
-                rep.temporaries_deleted
-            );
-        }
-        t
-    });
-    Ok(0)
+    crate::prune::gc(cli, out, &repo, a.threshold, a.dry_run)
 }
