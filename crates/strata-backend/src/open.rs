@@ -94,9 +94,9 @@ fn bucket_backend(loc: &S3Location, how: &Opening<'_>) -> Result<Arc<dyn Backend
 fn create_private_dir(path: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let name = path.display().to_string();
-    std::fs::create_dir_all(path).map_err(|e| BackendError::io("create", name.clone(), e))?;
+    std::fs::create_dir_all(path).map_err(|e| BackendError::io("creating", name.clone(), e))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| BackendError::io("set the mode of", name, e))
+        .map_err(|e| BackendError::io("setting the mode of", name, e))
 }
 
 #[cfg(test)]

@@ -129,5 +129,8 @@ pub static NO_OBJECT_CACHE: std::sync::atomic::AtomicBool =
 
 /// The bare S3 backend of `loc` (for what only S3 does: server-side copy).
 pub fn s3_backend(loc: &Location) -> Result<S3Backend> {
-    Ok(open::bucket(loc, &credentials()?)?)
+    match loc {
+        Location::S3(_) => Ok(open::bucket(loc, &credentials()?)?),
+        Location::Local(p) => Err(anyhow!("{} is not a bucket", p.display())),
+    }
 }

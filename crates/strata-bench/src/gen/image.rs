@@ -29,7 +29,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// Block size of the image: files start at multiples of it.
-pub const IMAGE_BLOCK: u64 = 4096;
+pub const IMAGE_BLOCK: u64 = strata_core::BLOCK_SIZE as u64;
 
 /// A run of blocks of the image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

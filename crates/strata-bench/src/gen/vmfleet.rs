@@ -46,7 +46,7 @@ pub const IMAGE_NAME: &str = "disk.img";
 /// Segment size (§3, §5: 2 MB segments with dirty bits).
 pub const SEGMENT: u64 = 2 << 20;
 /// Block size of the writes inside dirty segments.
-pub const BLOCK: u64 = 4096;
+pub const BLOCK: u64 = strata_core::BLOCK_SIZE as u64;
 /// Default fleet size.
 pub const DEFAULT_VMS: usize = 8;
 /// Default versions: the 10 daily snapshots kept per VM (§5).

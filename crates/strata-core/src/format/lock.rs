@@ -36,10 +36,7 @@ pub fn decode_lock(bytes: &[u8]) -> Result<LockInfo> {
         operation: String,
     }
     let (&v, body) = bytes.split_first().ok_or(CoreError::Truncated(WHAT))?;
-    let err = |e: postcard::Error| CoreError::Decode {
-        what: WHAT,
-        msg: e.to_string(),
-    };
+    let err = |e: postcard::Error| super::decode_error(WHAT, e);
     match v {
         LOCK_VERSION => postcard::from_bytes(body).map_err(err),
         1 => postcard::from_bytes::<V1>(body)

@@ -35,10 +35,21 @@ pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T
             supported: STRUCT_VERSION,
         });
     }
-    postcard::from_bytes(body).map_err(|e| CoreError::Decode {
-        what,
-        msg: e.to_string(),
-    })
+    postcard::from_bytes(body).map_err(|e| decode_error(what, e))
+}
+
+/// A decoding error of `what`, in words: a value its type refuses (an id
+/// that is not 64 lowercase hex digits) is named as such, not by the
+/// decoder's generic text.
+pub(crate) fn decode_error(what: &'static str, e: postcard::Error) -> CoreError {
+    let msg = match e {
+        postcard::Error::SerdeDeCustom => {
+            "a field holds a value its type refuses (an id that is not 64 lowercase hex digits)"
+                .to_string()
+        }
+        e => e.to_string(),
+    };
+    CoreError::Decode { what, msg }
 }
 
 mod config;

@@ -441,10 +441,7 @@ pub fn encode_recipe_index(r: &RecipeIndex) -> Result<Vec<u8>> {
 pub fn decode_recipe_object(bytes: &[u8]) -> Result<RecipeObject> {
     const WHAT: &str = "recipe";
     let (&v, body) = bytes.split_first().ok_or(CoreError::Truncated(WHAT))?;
-    let err = |e: postcard::Error| CoreError::Decode {
-        what: WHAT,
-        msg: e.to_string(),
-    };
+    let err = |e: postcard::Error| super::decode_error(WHAT, e);
     match v {
         RECIPE_INDEX_PIECES => postcard::from_bytes(body)
             .map(|i| {

@@ -341,3 +341,45 @@ fn footer_roundtrip() {
     b[15] = 0;
     assert!(ContainerFooter::parse(&b).is_err());
 }
+
+#[test]
+fn a_snapshot_naming_a_bad_id_is_refused_in_words() {
+    // Version 3's layout, with a recipe id that is not 64 hex digits.
+    let v3 = (
+        "s",
+        1u32,
+        5i64,
+        "h",
+        Vec::<String>::new(),
+        Vec::<String>::new(),
+        "../../config",
+        None::<String>,
+        ChunkerParams::cdc(8192),
+        SnapshotStats::default(),
+        None::<Archival>,
+        Tier::Active,
+    );
+    let bytes = postcard::to_extend(&v3, vec![3]).unwrap();
+    let e = decode_snapshot(&bytes).unwrap_err().to_string();
+    assert!(e.contains("64 lowercase hex digits"), "{e}");
+    // The same with a real id decodes.
+    let good = (
+        "s",
+        1u32,
+        5i64,
+        "h",
+        Vec::<String>::new(),
+        Vec::<String>::new(),
+        "ab".repeat(32),
+        None::<String>,
+        ChunkerParams::cdc(8192),
+        SnapshotStats::default(),
+        None::<Archival>,
+        Tier::Active,
+    );
+    let bytes = postcard::to_extend(&good, vec![3]).unwrap();
+    assert_eq!(
+        decode_snapshot(&bytes).unwrap().recipe.as_str(),
+        "ab".repeat(32)
+    );
+}

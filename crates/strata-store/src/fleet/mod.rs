@@ -41,7 +41,7 @@ use strata_core::format::ContainerId;
 use strata_core::Fingerprint;
 
 /// Block (chunk) size: fixed 4 KiB blocks, as a virtual disk's.
-pub const BLOCK: usize = 4096;
+pub const BLOCK: usize = strata_core::BLOCK_SIZE;
 /// Segment size: the unit of level-1 dirty detection.
 pub const SEGMENT: usize = 2 << 20;
 

@@ -125,8 +125,8 @@ impl Skeleton {
         let (Some(node), Some(&(first, last))) = (self.recipe.nodes.get(i), self.spans.get(i))
         else {
             return Err(StoreError::Invalid(format!(
-                "no node {i} in recipe {:?}",
-                self.id
+                "no node {i} in recipe {}",
+                self.id_text()
             )));
         };
         let numbers = match self.parts.is_empty() {
@@ -142,6 +142,12 @@ impl Skeleton {
 }
 
 impl Skeleton {
+    /// The recipe's id as messages print it (empty for a tree built from
+    /// nodes alone).
+    fn id_text(&self) -> &str {
+        self.id.as_ref().map_or("", |i| i.as_str())
+    }
+
     /// Part `k` decoded, from the cache or read (a version-1 recipe: its
     /// one object, `k` 0).
     fn part(&self, repo: &Repository, k: usize) -> Result<Arc<Recipe>> {
@@ -160,7 +166,7 @@ impl Skeleton {
             None => {
                 return Err(StoreError::Invalid(format!(
                     "part {k} of recipe {:?} is not stored (a tree to list only?)",
-                    self.id
+                    self.id_text()
                 )))
             }
         };

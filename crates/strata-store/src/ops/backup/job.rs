@@ -16,8 +16,8 @@ use strata_core::Fingerprint;
 
 /// The unit of change: the fixed chunker's segment (2 MiB).
 pub const PATCH_SEGMENT: u64 = 2 << 20;
-/// The fixed chunker's chunk (4 KiB).
-pub(crate) const PATCH_CHUNK: u64 = 4096;
+/// The fixed chunker's chunk: a block (4 KiB).
+pub(crate) const PATCH_CHUNK: u64 = strata_core::BLOCK_SIZE as u64;
 
 /// The bytes of one piece of a patched image: the recipe writer's piece
 /// ([`crate::repo::recipe::PIECE_CHUNKS`] chunks of 4 KiB, 64 MiB). An image is
