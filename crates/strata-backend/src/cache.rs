@@ -16,7 +16,7 @@
 //!   reads it again: a bad copy never outlives the first look at it;
 //! - `check` and `repair` do not use the cache at all.
 
-use crate::{check_name, check_prefix, Backend, ObjectInfo, ObjectWriter, Result};
+use crate::object::{check_name, check_prefix, Backend, ObjectInfo, ObjectWriter, Result};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -197,7 +197,7 @@ impl Backend for Cache {
         self.inner.evict(name)
     }
 
-    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::Swept> {
+    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::object::Swept> {
         self.inner.sweep_temporaries(older_than)
     }
 
@@ -218,7 +218,7 @@ impl Backend for Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MemoryBackend;
+    use crate::memory::MemoryBackend;
 
     fn setup() -> (tempfile::TempDir, Arc<MemoryBackend>, Cache) {
         let tmp = tempfile::tempdir().unwrap();

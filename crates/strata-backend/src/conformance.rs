@@ -4,7 +4,7 @@
 //! Backends' tests call [`run`]; it works inside a fresh folder, so it can
 //! run against a shared bucket, and removes what it wrote.
 
-use crate::{Backend, ErrorKind, ObjectWriter};
+use crate::object::{Backend, ErrorKind, ObjectWriter};
 use std::sync::Arc;
 
 type Check = std::result::Result<(), String>;
@@ -169,7 +169,7 @@ fn streamed(b: &Arc<dyn Backend>, dir: &str) -> Check {
     let n = format!("{dir}/stream/big");
     // Larger than a multipart part, in uneven pieces.
     let data = pattern(3, (12 << 20) + 12_345);
-    let mut w: Box<dyn ObjectWriter> = crate::create_object(b, &n).map_err(e)?;
+    let mut w: Box<dyn ObjectWriter> = crate::object::create_object(b, &n).map_err(e)?;
     for piece in data.chunks(777_777) {
         w.write(piece).map_err(e)?;
     }
@@ -184,7 +184,7 @@ fn streamed(b: &Arc<dyn Backend>, dir: &str) -> Check {
         "a streamed object read back wrong".into()
     })?;
     let gone = format!("{dir}/stream/abandoned");
-    let mut w = crate::create_object(b, &gone).map_err(e)?;
+    let mut w = crate::object::create_object(b, &gone).map_err(e)?;
     w.write(&data[..1 << 20]).map_err(e)?;
     drop(w);
     ensure(b.size(&gone).map_err(e)?.is_none(), || {

@@ -12,7 +12,9 @@
 //! `config` is group-readable: then the repository is meant to be shared
 //! with a group, and new files are 0640, directories 0750.
 
-use crate::{check_name, check_prefix, Backend, BackendError, ObjectInfo, ObjectWriter, Result};
+use crate::object::{
+    check_name, check_prefix, Backend, BackendError, ObjectInfo, ObjectWriter, Result,
+};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -90,7 +92,7 @@ impl LocalBackend {
             match fs::symlink_metadata(&p) {
                 Ok(m) if m.file_type().is_symlink() => {
                     return Err(BackendError::new(
-                        crate::ErrorKind::Corrupt,
+                        crate::object::ErrorKind::Corrupt,
                         op,
                         rel,
                         format!(
@@ -111,7 +113,12 @@ impl LocalBackend {
     /// The directory of object `name`, created (durably) if missing.
     fn dir_of(&self, path: &Path, name: &str) -> Result<PathBuf> {
         let dir = path.parent().ok_or_else(|| {
-            BackendError::new(crate::ErrorKind::Invalid, "write", name, "no parent")
+            BackendError::new(
+                crate::object::ErrorKind::Invalid,
+                "write",
+                name,
+                "no parent",
+            )
         })?;
         if !dir.exists() {
             use std::os::unix::fs::PermissionsExt;
@@ -242,7 +249,7 @@ impl Backend for LocalBackend {
         f.read_exact_at(&mut buf, offset).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
                 BackendError::new(
-                    crate::ErrorKind::Corrupt,
+                    crate::object::ErrorKind::Corrupt,
                     "read",
                     name,
                     format!("object shorter than {} bytes", offset + len),
@@ -289,8 +296,8 @@ impl Backend for LocalBackend {
         Ok(out)
     }
 
-    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::Swept> {
-        let mut swept = crate::Swept::default();
+    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::object::Swept> {
+        let mut swept = crate::object::Swept::default();
         let now = std::time::SystemTime::now();
         // Where objects are (`prefix/XX/name` at most): links not
         // followed, no other file system (a mount inside the repository)
@@ -408,7 +415,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             swept,
-            crate::Swept {
+            crate::object::Swept {
                 files: 1,
                 bytes: 1000
             }
@@ -436,7 +443,11 @@ mod tests {
 
         for (name, what) in [("isum/victim", "read"), ("data/ab/victim", "read")] {
             let e = b.get(name).unwrap_err();
-            assert_eq!(e.kind, crate::ErrorKind::Corrupt, "{what} {name}: {e}");
+            assert_eq!(
+                e.kind,
+                crate::object::ErrorKind::Corrupt,
+                "{what} {name}: {e}"
+            );
             assert!(e.to_string().contains("symbolic link"), "{e}");
             assert!(b.get_range(name, 0, 1).is_err());
             assert!(b.size(name).is_err());

@@ -4,7 +4,7 @@
 //! `?payload=unsigned|signed`). Credentials are not part of a location; the
 //! caller passes them ([`crate::s3::S3Credentials`]).
 
-use crate::{BackendError, ErrorKind, Result};
+use crate::object::{BackendError, ErrorKind, Result};
 use std::path::PathBuf;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,7 +108,7 @@ impl Location {
         }
         let prefix = url.path().trim_matches('/').to_string();
         if !prefix.is_empty() {
-            crate::check_name("open", &prefix).map_err(|_| {
+            crate::object::check_name("open", &prefix).map_err(|_| {
                 bad(
                     s,
                     "the prefix may only hold letters, digits, `.`, `_`, `-` and `/`",

@@ -2,7 +2,7 @@
 //! scratch repositories; it obeys the same grammar and semantics as the
 //! others (the conformance suite runs on it).
 
-use crate::{check_name, check_prefix, Backend, BackendError, ObjectInfo, Result};
+use crate::object::{check_name, check_prefix, Backend, BackendError, ObjectInfo, Result};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -42,7 +42,7 @@ impl Backend for MemoryBackend {
             .get(name)
             .cloned()
             .ok_or_else(|| BackendError::not_found("read", name))?;
-        crate::slice_range(name, &o, offset, len)
+        crate::object::slice_range(name, &o, offset, len)
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {

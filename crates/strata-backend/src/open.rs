@@ -4,10 +4,12 @@
 //! with an on-disk cache of immutable objects when asked. The settings
 //! come from the caller (the library reads no environment).
 
+use crate::cache::Cache;
+use crate::local::LocalBackend;
 use crate::location::{Location, S3Location};
+use crate::object::{Backend, BackendError, Result};
 use crate::s3::{S3Backend, S3Credentials, S3Options};
 use crate::wrap::{Limit, Meter, Metering, Retry};
-use crate::{Backend, BackendError, Cache, LocalBackend, Result};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -64,7 +66,7 @@ pub fn bucket(loc: &Location, credentials: &S3Credentials) -> Result<S3Backend> 
     match loc {
         Location::S3(s) => S3Backend::open(s, credentials, S3Options::default()),
         Location::Local(p) => Err(BackendError::new(
-            crate::ErrorKind::Invalid,
+            crate::object::ErrorKind::Invalid,
             "open",
             p.display().to_string(),
             "not a bucket",

@@ -5,7 +5,7 @@
 //! can run against the layer to learn exactly what it would do — `gc
 //! --dry-run`, `tier estimate` — in little memory, touching nothing.
 
-use crate::{
+use crate::object::{
     check_name, check_prefix, Backend, BackendError, ErrorKind, ObjectInfo, ObjectWriter, Result,
 };
 use std::collections::BTreeMap;
@@ -90,7 +90,7 @@ impl Backend for OverlayBackend {
         let Some(b) = self.entry("read", name)? else {
             return self.base.get_range(name, offset, len);
         };
-        crate::slice_range(name, &b, offset, len)
+        crate::object::slice_range(name, &b, offset, len)
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
@@ -198,7 +198,7 @@ impl ObjectWriter for LayerWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MemoryBackend;
+    use crate::memory::MemoryBackend;
 
     #[test]
     fn the_base_never_changes_and_the_layer_shadows_it() {

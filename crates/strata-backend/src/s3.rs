@@ -14,7 +14,7 @@
 //! hand as the bucket requests are; `AbortMultipartUpload`).
 
 use crate::location::S3Location;
-use crate::{
+use crate::object::{
     check_name, check_prefix, Backend, BackendError, ErrorKind, ObjectInfo, ObjectWriter, Result,
 };
 use futures_util::TryStreamExt;
@@ -500,8 +500,8 @@ impl Backend for S3Backend {
     /// more than `older_than` ago: what writers killed half-way (a
     /// container streamed in parts) leave in the bucket, out of sight of
     /// listings but stored — and billed — until aborted.
-    fn sweep_temporaries(&self, older_than: Duration) -> Result<crate::Swept> {
-        let mut swept = crate::Swept::default();
+    fn sweep_temporaries(&self, older_than: Duration) -> Result<crate::object::Swept> {
+        let mut swept = crate::object::Swept::default();
         let now = jiff::Timestamp::now();
         for u in self.multipart_uploads()? {
             // Only a repository's streamed objects, its data containers

@@ -3,7 +3,7 @@
 //! (an object store throttles, and a laptop's uplink is shared);
 //! [`Metering`] counts requests and bytes (what a command cost).
 
-use crate::{Backend, BackendError, ErrorKind, ObjectInfo, ObjectWriter, Result};
+use crate::object::{Backend, BackendError, ErrorKind, ObjectInfo, ObjectWriter, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -78,7 +78,7 @@ impl Backend for Retry {
     fn evict(&self, name: &str) {
         self.inner.evict(name)
     }
-    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::Swept> {
+    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::object::Swept> {
         self.inner.sweep_temporaries(older_than)
     }
     fn stream(&self, name: &str) -> Result<Option<Box<dyn ObjectWriter>>> {
@@ -147,7 +147,7 @@ impl Backend for Limit {
     fn evict(&self, name: &str) {
         self.inner.evict(name)
     }
-    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::Swept> {
+    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::object::Swept> {
         self.inner.sweep_temporaries(older_than)
     }
     fn stream(&self, name: &str) -> Result<Option<Box<dyn ObjectWriter>>> {
@@ -214,7 +214,7 @@ impl Backend for Flaky {
         self.check("stat", name)?;
         self.inner.size(name)
     }
-    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::Swept> {
+    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::object::Swept> {
         self.inner.sweep_temporaries(older_than)
     }
     fn describe(&self) -> String {
@@ -225,7 +225,7 @@ impl Backend for Flaky {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MemoryBackend;
+    use crate::memory::MemoryBackend;
 
     #[test]
     fn transient_failures_are_retried_and_others_are_not() {
@@ -254,7 +254,7 @@ mod tests {
         m.list("a/").unwrap();
         m.size("a/b").unwrap();
         m.delete("a/b").unwrap();
-        let mut w = crate::create_object(&m, "a/c").unwrap();
+        let mut w = crate::object::create_object(&m, "a/c").unwrap();
         w.write(b"12345678").unwrap();
         w.finish().unwrap();
         let r = meter.read();
@@ -415,7 +415,7 @@ impl Backend for Metering {
     fn evict(&self, name: &str) {
         self.inner.evict(name)
     }
-    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::Swept> {
+    fn sweep_temporaries(&self, older_than: std::time::Duration) -> Result<crate::object::Swept> {
         self.inner.sweep_temporaries(older_than)
     }
     fn stream(&self, name: &str) -> Result<Option<Box<dyn ObjectWriter>>> {

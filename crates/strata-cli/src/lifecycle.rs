@@ -1,9 +1,9 @@
 //! The RevDedup lifecycle as `backup` and `maintain` report it, and the
 //! `maintain` options both take.
 
+use crate::cli::{progress_shown, Cli};
 use crate::output::fmt_bytes;
 use crate::output::ProgressDisplay;
-use crate::{progress_shown, Cli};
 use anyhow::{bail, Result};
 use std::sync::Arc;
 use strata_store::progress::Progress;

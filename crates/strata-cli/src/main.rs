@@ -19,6 +19,7 @@ macro_rules! println {
     };
 }
 
+mod cli;
 mod commands;
 mod interrupt;
 mod lifecycle;
@@ -28,16 +29,10 @@ mod password;
 mod prune;
 mod select;
 
-use anyhow::{Context, Result};
-use clap::Parser;
-use output::{Out, ProgressDisplay};
+use clap::{CommandFactory, Parser};
+use cli::Cli;
+use output::Out;
 use serde_json::json;
-use std::io::IsTerminal;
-use std::path::PathBuf;
-use strata_store::backend::Location;
-use strata_store::Repository;
-
-pub(crate) use password::read_password;
 
 #[derive(Parser)]
 #[command(
@@ -51,36 +46,9 @@ pub(crate) use password::read_password;
         10 no repository, 11 repository locked, 12 wrong password, \
         130 interrupted (Ctrl-C; nothing of the interrupted work is committed)."
 )]
-pub(crate) struct Cli {
-    /// Repository: a directory, or s3://BUCKET/PREFIX[?endpoint=URL&region=R]
-    /// (credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the AWS
-    /// profile; endpoint also from AWS_ENDPOINT_URL; path-style addressing
-    /// for an endpoint, virtual-hosted for AWS: &addressing=path|virtual;
-    /// bodies sent UNSIGNED-PAYLOAD, checked by Strata itself:
-    /// &payload=signed to sign them).
-    #[arg(long, short = 'r', global = true, env = "STRATA_REPO")]
-    repo: Option<String>,
-    /// Read the password from this file (first line).
-    #[arg(long, global = true, env = "STRATA_PASSWORD_FILE")]
-    password_file: Option<PathBuf>,
-    /// Run this shell command and take its first line of output as the
-    /// password (e.g. `pass show backup`).
-    #[arg(
-        long,
-        global = true,
-        env = "STRATA_PASSWORD_COMMAND",
-        conflicts_with = "password_file"
-    )]
-    password_command: Option<String>,
-    /// Machine-readable JSON on stdout.
-    #[arg(long, global = true)]
-    json: bool,
-    /// Print only errors.
-    #[arg(long, short, global = true)]
-    quiet: bool,
-    /// More detail (repeat for debug logs).
-    #[arg(long, short, global = true, action = clap::ArgAction::Count)]
-    verbose: u8,
+struct Strata {
+    #[command(flatten)]
+    cli: Cli,
     #[command(subcommand)]
     cmd: commands::Cmd,
 }
@@ -100,7 +68,7 @@ fn main() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
     }
     // Usage errors exit 2 (clap's convention), help and version 0.
-    let cli = Cli::parse();
+    let Strata { cli, cmd } = Strata::parse();
     let level = match (cli.quiet, cli.verbose) {
         (true, _) => "error",
         (_, 0) => "warn",
@@ -115,8 +83,8 @@ fn main() {
         )
         .init();
     let out = Out::new(cli.json, cli.quiet);
-    interrupt::install(cli.json, cli.cmd.handles_interrupt(), cli.cmd.stepwise());
-    let code = match commands::run(&cli, &out) {
+    interrupt::install(cli.json, cmd.handles_interrupt(), cmd.stepwise());
+    let code = match commands::run(&cli, &cmd, &out, Strata::command) {
         Ok(code) => code,
         Err(e) => {
             let msg = format!("{e:#}");
@@ -144,42 +112,6 @@ fn exit_code(e: &anyhow::Error) -> i32 {
     }
 }
 
-pub(crate) fn repo_location(cli: &Cli) -> Result<Location> {
-    location::location(cli.repo.as_deref())
-}
-
-pub(crate) fn open(cli: &Cli) -> Result<Repository> {
-    let loc = repo_location(cli)?;
-    let backend = location::backend(&loc, false)?;
-    let repo = Repository::open(backend, &|| read_password(cli, false))
-        .with_context(|| format!("opening repository {}", loc))?
-        .with_cache(location::cache_base())
-        .with_volumes(strata_link::DirVolumes::of(&loc));
-    Ok(repo)
-}
-
-/// `repo` and its cloud tier (opened on first use, its requests metered
-/// for the tier commands' cost).
-pub(crate) fn tiers(repo: &Repository) -> strata_store::tier::Tiers {
-    let open = |url: &str| -> strata_store::Result<std::sync::Arc<dyn strata_store::Backend>> {
-        let loc = location::location(Some(url))
-            .map_err(|e| strata_store::StoreError::Invalid(format!("{e:#}")))?;
-        let meter = location::CLOUD_METER.get_or_init(Default::default).clone();
-        location::metered_backend(&loc, false, meter)
-            .map_err(|e| strata_store::StoreError::Invalid(format!("{e:#}")))
-    };
-    strata_store::tier::Tiers::new(repo, std::sync::Arc::new(open))
-}
-
-pub(crate) fn progress_for(cli: &Cli, what: &str) -> ProgressDisplay {
-    ProgressDisplay::start(what, progress_shown(cli))
-}
-
-/// Whether progress is drawn (on a terminal, unless `--quiet` or `--json`).
-pub(crate) fn progress_shown(cli: &Cli) -> bool {
-    !cli.quiet && !cli.json && std::io::stderr().is_terminal()
-}
-
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
@@ -188,7 +120,7 @@ mod tests {
     /// defaults): clap checks this lazily, per subcommand, at run time.
     #[test]
     fn command_line_definition_is_consistent() {
-        super::Cli::command().debug_assert();
+        super::Strata::command().debug_assert();
     }
 
     /// Every command and every argument has a description in `--help`.
@@ -210,7 +142,7 @@ mod tests {
             }
         }
         let mut missing = Vec::new();
-        walk(&super::Cli::command(), "", &mut missing);
+        walk(&super::Strata::command(), "", &mut missing);
         assert!(missing.is_empty(), "no description: {missing:#?}");
     }
 
@@ -239,7 +171,7 @@ mod tests {
             }
         }
         let mut long = Vec::new();
-        walk(&super::Cli::command(), "", &mut long);
+        walk(&super::Strata::command(), "", &mut long);
         assert!(long.is_empty(), "summaries too long: {long:#?}");
     }
 }

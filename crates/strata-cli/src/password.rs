@@ -3,22 +3,9 @@
 //! terminal — in that order, as restic takes them. The library never reads
 //! the environment; it is handed the bytes.
 
-use crate::Cli;
 use std::io::IsTerminal;
 use std::path::Path;
 use strata_store::StoreError;
-
-/// The repository password.
-pub(crate) fn read_password(cli: &Cli, confirm: bool) -> Result<Vec<u8>, StoreError> {
-    Sources {
-        file: cli.password_file.as_deref(),
-        command: cli.password_command.as_deref(),
-        env: "STRATA_PASSWORD",
-        flags: "--password-file or --password-command",
-        question: "repository password: ",
-    }
-    .read(confirm)
-}
 
 /// Where one password may come from, in order.
 pub(crate) struct Sources<'a> {

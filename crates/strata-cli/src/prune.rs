@@ -1,7 +1,7 @@
 //! The gc that `gc` and `forget --prune` run, and its report.
 
+use crate::cli::{progress_for, Cli};
 use crate::output::{fmt_bytes, Out};
-use crate::{progress_for, Cli};
 use anyhow::{bail, Result};
 use serde_json::json;
 use strata_store::Repository;

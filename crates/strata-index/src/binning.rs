@@ -14,8 +14,8 @@
 //! differs are never compared.
 
 use crate::frozen::Frozen;
+use crate::key::{table_bytes, ChunkKey, IndexError, KeyMap, Location, Result};
 use crate::store::BlockStore;
-use crate::{table_bytes, ChunkKey, IndexError, KeyMap, Location, Result};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //! index): every chunk key → location in one RAM hash map. Finds every
 //! duplicate; its RAM grows with the number of unique chunks.
 
-use crate::{table_bytes, ChunkKey, KeyMap, Location};
+use crate::key::{table_bytes, ChunkKey, KeyMap, Location};
 
 /// Every chunk key in RAM.
 pub struct ExactMap<K, L> {

@@ -21,7 +21,7 @@
 //! The repository seals these bytes like every other object (checksum or
 //! AEAD), so damage is caught before a table is used.
 
-use crate::{ChunkKey, IndexError, Location, Result};
+use crate::key::{ChunkKey, IndexError, Location, Result};
 use std::marker::PhantomData;
 
 const VERSION: u8 = 1;
@@ -203,7 +203,7 @@ impl<K: ChunkKey, L: Location> Frozen<K, L> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::PosLoc;
+    use crate::key::PosLoc;
     use strata_core::Fingerprint;
 
     #[test]

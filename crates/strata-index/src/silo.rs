@@ -28,8 +28,8 @@
 //! representative nor a neighbour's leads to a block holding it.
 
 use crate::frozen::Frozen;
+use crate::key::{table_bytes, ChunkKey, IndexError, KeyMap, Location, Result};
 use crate::store::BlockStore;
-use crate::{table_bytes, ChunkKey, IndexError, KeyMap, Location, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! memory. Every store counts its accesses, since "accesses to the on-disk
 //! index" are what SiLo minimises.
 
-use crate::{IndexError, Result};
+use crate::key::{IndexError, Result};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

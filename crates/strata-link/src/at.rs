@@ -108,12 +108,12 @@ fn find(repo: &strata_store::Repository, name: &str, at: &str) -> Result<(Snapsh
         id => tries.push(id.to_string()),
     }
     for (k, spec) in tries.iter().enumerate() {
-        match strata_store::repo::resolve_in(&mine, spec) {
+        match strata_store::repo::snapshots::resolve_in(&mine, spec) {
             Ok(found) => return Ok(found),
             Err(StoreError::NoSnapshot(_)) if k + 1 < tries.len() => continue,
             Err(StoreError::NoSnapshot(_)) => {
                 // A snapshot of something else, named by its id?
-                if let Ok((id, s)) = strata_store::repo::resolve_in(&all, spec) {
+                if let Ok((id, s)) = strata_store::repo::snapshots::resolve_in(&all, spec) {
                     return Err(LinkError::Invalid(format!(
                         "snapshot {} is of {:?}, not of volume {name} (series {series})",
                         short(&id),

@@ -1,5 +1,5 @@
+use crate::error::{MountError, Result};
 use crate::layout::*;
-use crate::{MountError, Result};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, KernelConfig, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,

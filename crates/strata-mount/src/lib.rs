@@ -41,9 +41,11 @@
 //! It holds a shared lock on the repository meanwhile, so gc, forget and
 //! maintenance wait rather than delete data under the mount.
 
+mod error;
 mod fs;
 mod layout;
 
+pub use error::{MountError, Result};
 pub use layout::escape_component;
 
 use fs::StrataFs;
@@ -55,20 +57,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use strata_store::engine::fsread::RegionCache;
 use strata_store::tier::Tiers;
-use strata_store::StoreError;
-
-/// Errors of a mount.
-#[derive(Debug, thiserror::Error)]
-pub enum MountError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("{0}: {1}")]
-    Io(String, #[source] std::io::Error),
-    #[error("{0}")]
-    Invalid(String),
-}
-
-pub type Result<T, E = MountError> = std::result::Result<T, E>;
 
 /// What a mount is asked.
 #[derive(Clone, Debug, Default)]

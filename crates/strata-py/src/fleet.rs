@@ -6,10 +6,10 @@ use crate::errors::{IntoPy, StrataError};
 use crate::repo::Repository;
 use pyo3::prelude::*;
 use std::sync::Mutex;
-use strata_store::fleet::{self, StageArgs};
+use strata_store::fleet::{self, args::StageArgs};
 
 /// Runs fleet stage `stage` with `args` (JSON, see
-/// `strata_store::fleet::StageArgs`); returns its report as JSON.
+/// `strata_store::fleet::args::StageArgs`); returns its report as JSON.
 #[pyfunction]
 #[pyo3(signature = (stage, args, repo=None))]
 pub fn fleet_stage(

@@ -715,7 +715,7 @@ fn zeros_are_recorded_as_runs() {
         .find(|c| c.is_zero())
         .unwrap();
     run.offset = 1 << 30;
-    let (rid, _) = strata_store::repo::recipe::put(&repo, recipe).unwrap();
+    let (rid, _) = strata_store::repo::recipe::writer::put(&repo, recipe).unwrap();
     let mut odd = r2.snapshot.clone();
     odd.recipe = rid;
     repo.replace_snapshot(&r2.id, &odd).unwrap();

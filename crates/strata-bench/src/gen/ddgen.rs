@@ -30,7 +30,7 @@ use super::content::{ContentGen, Mix};
 use super::extents::{self, Extent};
 use super::fsutil::{prepare_dir, set_mtime, sim_time, versions_to_apply, BaseData};
 use super::rng::{derive_seed, LongTail, Rng};
-use super::{no_preset, GenOptions, Workload};
+use super::workload::{no_preset, GenOptions, Workload};
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};

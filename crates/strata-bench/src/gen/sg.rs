@@ -43,7 +43,7 @@ use super::fsutil::{copy_tree, prepare_dir, set_mtime, sim_time, versions_to_app
 use super::image::{self, ImageLayout};
 use super::rng::{LongTail, Rng};
 use super::tree::{edit_bytes, name_stem, Tree};
-use super::{GenOptions, Workload};
+use super::workload::{GenOptions, Workload};
 use std::io;
 use std::path::{Path, PathBuf};
 

@@ -37,7 +37,7 @@ use super::content::{ContentGen, FileKind};
 use super::fsutil::{copy_tree, prepare_dir, read_file, set_mtime, sim_time, versions_to_apply};
 use super::rng::{LongTail, Rng};
 use super::tree::{name_stem, Tree};
-use super::{no_preset, GenOptions, Workload};
+use super::workload::{no_preset, GenOptions, Workload};
 use std::io;
 use std::path::{Path, PathBuf};
 

@@ -35,7 +35,7 @@
 use super::content::{ContentGen, Mix};
 use super::fsutil::{prepare_dir, set_mtime, sim_time, versions_to_apply, BaseData};
 use super::rng::{derive_seed, mix64, LongTail, Rng};
-use super::{no_preset, GenOptions, Workload};
+use super::workload::{no_preset, GenOptions, Workload};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;

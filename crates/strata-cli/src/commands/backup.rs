@@ -1,9 +1,9 @@
 //! `strata backup`: a new version of a series from files, directories or
 //! standard input; then the incremental lifecycle.
 
+use crate::cli::{open, progress_for, repo_location, Cli};
 use crate::lifecycle::{lifecycle_text, maintain_options, maintain_progress, maintain_text};
 use crate::output::{fmt_bytes, Out};
-use crate::{open, progress_for, repo_location, Cli};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde_json::json;

@@ -1,8 +1,8 @@
 //! `strata check`: the repository's structure, and with --read-data
 //! every byte of data.
 
+use crate::cli::{open, progress_for, Cli};
 use crate::output::{fmt_bytes, Out};
-use crate::{open, progress_for, Cli};
 use anyhow::Result;
 use clap::Args;
 

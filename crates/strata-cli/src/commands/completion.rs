@@ -2,7 +2,7 @@
 //! man page, generated from the same definitions as `--help`.
 
 use anyhow::Result;
-use clap::{Args, CommandFactory};
+use clap::Args;
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -11,8 +11,7 @@ pub struct CompletionArgs {
     shell: clap_complete::Shell,
 }
 
-pub fn completion(a: &CompletionArgs) -> Result<i32> {
-    let mut cmd = crate::Cli::command();
+pub fn completion(a: &CompletionArgs, mut cmd: clap::Command) -> Result<i32> {
     let mut script = Vec::new();
     clap_complete::generate(a.shell, &mut cmd, "strata", &mut script);
     write_all_stdout(&script)
@@ -35,8 +34,7 @@ pub struct ManArgs {
     dir: Option<PathBuf>,
 }
 
-pub fn man(a: &ManArgs) -> Result<i32> {
-    let cmd = crate::Cli::command();
+pub fn man(a: &ManArgs, cmd: clap::Command) -> Result<i32> {
     match &a.dir {
         None => {
             let mut page = Vec::new();

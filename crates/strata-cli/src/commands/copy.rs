@@ -3,10 +3,11 @@
 //! Versions already copied (same series, host and time) are skipped, so
 //! the command can run again and again.
 
+use crate::cli::{open, progress_for, Cli};
+use crate::location;
 use crate::output::{fmt_bytes, Out};
 use crate::password::Sources;
 use crate::select::FilterArgs;
-use crate::{location, open, progress_for, Cli};
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
@@ -99,7 +100,7 @@ pub fn run(cli: &Cli, out: &Out, a: &CopyArgs) -> Result<i32> {
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
             progress: pd.progress.clone(),
         };
-        let res = copy_version(&crate::tiers(&src).sources(s)?, s, &dst, opts);
+        let res = copy_version(&crate::cli::tiers(&src).sources(s)?, s, &dst, opts);
         pd.finish();
         let rep = res.with_context(|| {
             format!(

@@ -1,9 +1,9 @@
 //! `strata diff SNAP1 SNAP2`: what changed between two versions, from
 //! their recipes alone (no data is read).
 
+use crate::cli::{open, Cli};
 use crate::output::{fmt_bytes, Out};
 use crate::select::{json_path, show_path, FilterArgs};
-use crate::{open, Cli};
 use anyhow::Result;
 use clap::Args;
 use serde_json::json;

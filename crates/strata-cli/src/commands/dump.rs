@@ -1,8 +1,8 @@
 //! `strata dump`: one file of a snapshot to stdout, from whichever tier
 //! holds it.
 
+use crate::cli::{open, Cli};
 use crate::select::{show_path, FilterArgs};
-use crate::{open, Cli};
 use anyhow::{bail, Result};
 use clap::Args;
 use std::ffi::OsString;
@@ -36,7 +36,7 @@ pub fn run(cli: &Cli, a: &DumpArgs) -> Result<i32> {
         let Some(found) = find_stored(&repo, &part.recipe, want)? else {
             continue;
         };
-        let data = crate::tiers(&repo).part_data(&part, i > 0)?;
+        let data = crate::cli::tiers(&repo).part_data(&part, i > 0)?;
         // (Read once from start to end: no region cache.)
         let file = found.open(&data, &part, Arc::new(RegionCache::new(0)))?;
         let stdout = std::io::stdout();

@@ -1,8 +1,8 @@
 //! `strata forget`: remove snapshots (both tiers).
 
+use crate::cli::{open, Cli};
 use crate::output::{fmt_bytes, fmt_time, Out};
 use crate::select::FilterArgs;
-use crate::{open, Cli};
 use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
@@ -155,7 +155,7 @@ pub fn run(cli: &Cli, out: &Out, a: &ForgetArgs) -> Result<i32> {
         .partition(|id| in_cloud.iter().any(|i| i == id));
     let mut cloud_forgotten = 0;
     if !cloud_ids.is_empty() {
-        let c = crate::tiers(&repo).cloud()?;
+        let c = crate::cli::tiers(&repo).cloud()?;
         cloud_forgotten = strata_store::tier::forget_cloud(&repo, &c, &in_cloud)?;
     }
     // Active versions some of whose files are in the cloud tier:
@@ -167,7 +167,7 @@ pub fn run(cli: &Cli, out: &Out, a: &ForgetArgs) -> Result<i32> {
         .collect();
     let part_tier = match parts.is_empty() {
         true => None,
-        false => Some(crate::tiers(&repo).cloud()?),
+        false => Some(crate::cli::tiers(&repo).cloud()?),
     };
     let mut rep = if ids.is_empty() {
         Default::default()

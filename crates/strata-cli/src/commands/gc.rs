@@ -1,7 +1,7 @@
 //! `strata gc`: mark and sweep of data no snapshot references.
 
+use crate::cli::{open, Cli};
 use crate::output::Out;
-use crate::{open, Cli};
 use anyhow::Result;
 use clap::Args;
 

@@ -1,7 +1,8 @@
 //! `strata init`: create a repository.
 
+use crate::cli::{read_password, repo_location, Cli};
+use crate::location;
 use crate::output::Out;
-use crate::{location, read_password, repo_location, Cli};
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;

@@ -3,9 +3,9 @@
 //! A cloud tier attached to the repository gets the same slots, so the
 //! bucket alone still opens with the current passwords.
 
+use crate::cli::{open, Cli};
 use crate::output::{fmt_time, Out};
 use crate::password::read_new_password;
-use crate::{open, Cli};
 use anyhow::Result;
 use clap::Subcommand;
 use serde_json::json;
@@ -90,7 +90,7 @@ pub fn run(cli: &Cli, out: &Out, cmd: &KeyCmd) -> Result<i32> {
 fn sync_cloud(out: &Out, repo: &Repository) {
     let res = (|| -> Result<()> {
         if strata_store::tier::attached(repo)?.is_some() {
-            let cloud = crate::tiers(repo).cloud()?;
+            let cloud = crate::cli::tiers(repo).cloud()?;
             keys::sync_slots(repo.backend(), cloud.backend())?;
         }
         Ok(())

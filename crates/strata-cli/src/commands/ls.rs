@@ -1,8 +1,8 @@
 //! `strata ls`: the entries of a snapshot.
 
+use crate::cli::{open, Cli};
 use crate::output::{fmt_time, json_time, Out};
 use crate::select::{json_path, show_path, FilterArgs};
-use crate::{open, Cli};
 use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;

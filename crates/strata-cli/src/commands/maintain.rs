@@ -1,8 +1,8 @@
 //! `strata maintain`: the RevDedup lifecycle out of line.
 
+use crate::cli::{open, Cli};
 use crate::lifecycle::{maintain_options, maintain_progress, maintain_text};
 use crate::output::Out;
-use crate::{open, Cli};
 use anyhow::Result;
 use clap::Args;
 use serde_json::json;

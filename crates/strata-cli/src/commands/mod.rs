@@ -27,8 +27,8 @@ pub(crate) mod tier;
 mod unlock;
 mod volume;
 
+use crate::cli::Cli;
 use crate::output::Out;
-use crate::Cli;
 use anyhow::Result;
 use clap::Subcommand;
 
@@ -167,12 +167,14 @@ impl Cmd {
     }
 }
 
-pub(crate) fn run(cli: &Cli, out: &Out) -> Result<i32> {
+/// Runs `cmd`; `whole` is the whole command line's definition (for
+/// completions and man pages).
+pub(crate) fn run(cli: &Cli, cmd: &Cmd, out: &Out, whole: fn() -> clap::Command) -> Result<i32> {
     // Checking and repairing read the bucket itself, never local copies.
-    if matches!(cli.cmd, Cmd::Check(_) | Cmd::Repair { .. }) {
+    if matches!(cmd, Cmd::Check(_) | Cmd::Repair { .. }) {
         crate::location::NO_OBJECT_CACHE.store(true, std::sync::atomic::Ordering::Relaxed);
     }
-    match &cli.cmd {
+    match cmd {
         Cmd::Init(a) => init::run(cli, out, a),
         Cmd::Backup(a) => backup::run(cli, out, a),
         Cmd::Snapshots(a) => snapshots::run(cli, out, a),
@@ -191,10 +193,10 @@ pub(crate) fn run(cli: &Cli, out: &Out) -> Result<i32> {
         Cmd::Find(a) => find::run(cli, out, a),
         Cmd::Tag(a) => tag::run(cli, out, a),
         Cmd::Copy(a) => copy::run(cli, out, a),
-        Cmd::Mount(a) => mount::run(crate::open(cli)?, out, a),
+        Cmd::Mount(a) => mount::run(crate::cli::open(cli)?, out, a),
         Cmd::Key { cmd } => key::run(cli, out, cmd),
-        Cmd::Completion(a) => completion::completion(a),
-        Cmd::Man(a) => completion::man(a),
+        Cmd::Completion(a) => completion::completion(a, whole()),
+        Cmd::Man(a) => completion::man(a, whole()),
         Cmd::Version => completion::version(out),
         Cmd::Tier { cmd } => tier::run(cli, out, cmd),
         Cmd::Volume { cmd, volumes_dir } => volume::run(cli, out, cmd, volumes_dir.as_deref()),

@@ -49,7 +49,7 @@ pub fn run(repo: Repository, out: &crate::output::Out, a: &MountArgs) -> Result<
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
     }
-    let m = Mount::start(crate::tiers(&repo), &opts)?;
+    let m = Mount::start(crate::cli::tiers(&repo), &opts)?;
     for (id, e) in &m.left_out {
         out.warn(&format!("snapshot {id} left out: {e}"));
     }

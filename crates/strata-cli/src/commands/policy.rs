@@ -1,7 +1,7 @@
 //! `strata policy`: a series' lifecycle policy (live window, retention).
 
+use crate::cli::{open, Cli};
 use crate::output::Out;
-use crate::{open, Cli};
 use anyhow::Result;
 use clap::Args;
 

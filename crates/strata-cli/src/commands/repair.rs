@@ -1,7 +1,7 @@
 //! `strata repair`: rebuild derived structures, salvage damaged snapshots.
 
+use crate::cli::{open, progress_for, Cli};
 use crate::output::{short, Out};
-use crate::{open, progress_for, Cli};
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use serde_json::json;

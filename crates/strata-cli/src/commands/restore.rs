@@ -2,9 +2,9 @@
 //! for a version some of whose files moved to the cloud tier (`tier
 //! migrate --path`), from both.
 
+use crate::cli::{open, progress_for, Cli};
 use crate::output::{fmt_bytes, Out};
 use crate::select::{path_bytes, show_path, FilterArgs};
-use crate::{open, progress_for, Cli};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde_json::json;
@@ -105,7 +105,7 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
     let pd = progress_for(cli, "restore");
     opts.progress = pd.progress.clone();
     let started = std::time::Instant::now();
-    let tiers = crate::tiers(&repo);
+    let tiers = crate::cli::tiers(&repo);
     let res = tiers.restore(&s, &mut opts, readers);
     pd.finish();
     let rep = res?;

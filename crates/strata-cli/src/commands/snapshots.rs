@@ -1,8 +1,8 @@
 //! `strata snapshots`: the versions, their lifecycle state and tier.
 
+use crate::cli::{open, Cli};
 use crate::output::{fmt_bytes, fmt_time, json_time, Out};
 use crate::select::FilterArgs;
-use crate::{open, Cli};
 use anyhow::Result;
 use clap::Args;
 use serde_json::json;

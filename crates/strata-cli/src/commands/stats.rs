@@ -1,7 +1,7 @@
 //! `strata stats`: sizes, ratios, and the lifecycle per series.
 
+use crate::cli::{open, Cli};
 use crate::output::{fmt_bytes, Out};
-use crate::{open, Cli};
 use anyhow::Result;
 use clap::Args;
 use serde_json::json;

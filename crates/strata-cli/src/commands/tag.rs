@@ -1,8 +1,8 @@
 //! `strata tag SNAPSHOT… --add/--remove/--set`: change snapshots' tags
 //! (ids stay the same).
 
+use crate::cli::{open, Cli};
 use crate::output::Out;
-use crate::{open, Cli};
 use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
@@ -32,7 +32,7 @@ pub fn run(cli: &Cli, out: &Out, a: &TagArgs) -> Result<i32> {
     let (all, _) = repo.list_snapshots_tolerant()?;
     let mut ids = Vec::new();
     for s in &a.snapshots {
-        ids.push(strata_store::repo::resolve_in(&all, s)?.0);
+        ids.push(strata_store::repo::snapshots::resolve_in(&all, s)?.0);
     }
     ids.sort();
     ids.dedup();
@@ -47,7 +47,7 @@ pub fn run(cli: &Cli, out: &Out, a: &TagArgs) -> Result<i32> {
         .map(|(i, _)| i.clone())
         .collect();
     if !in_cloud.is_empty() {
-        let res = crate::tiers(&repo).cloud().and_then(|c| {
+        let res = crate::cli::tiers(&repo).cloud().and_then(|c| {
             strata_store::repo::snapshots::retag(&c, &in_cloud, set, &a.add, &a.remove)
         });
         if let Err(e) = res {

@@ -179,11 +179,11 @@ fn with_cost(mut v: serde_json::Value, cloud: &Repository) -> Result<serde_json:
     Ok(v)
 }
 
-pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
+pub fn run(cli: &crate::cli::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
     if let TierCmd::DrRebuild { from, index } = cmd {
         return dr_rebuild(cli, out, from, index);
     }
-    let repo = crate::open(cli)?;
+    let repo = crate::cli::open(cli)?;
     match cmd {
         TierCmd::Add { url, container_mib } => add(out, &repo, url, *container_mib),
         TierCmd::Estimate { sel, fast } => estimate(out, &repo, sel, *fast),
@@ -196,7 +196,7 @@ pub fn run(cli: &crate::Cli, out: &Out, cmd: &TierCmd) -> Result<i32> {
             threshold,
             dry_run,
         } => {
-            let c = crate::tiers(&repo).cloud()?;
+            let c = crate::cli::tiers(&repo).cloud()?;
             let how = (service.as_deref(), *s3_copy, *download, *dry_run);
             let copier = copier(&repo, &c, how)?;
             let opts = strata_store::tier::cloud_gc::CloudGcOptions {
@@ -274,14 +274,14 @@ fn estimate(out: &Out, repo: &Repository, sel: &SelArgs, fast: bool) -> Result<i
 
 /// `tier migrate` (`to_cloud`) and `tier recall`.
 fn moves(
-    cli: &crate::Cli,
+    cli: &crate::cli::Cli,
     out: &Out,
     repo: &Repository,
     a: &SelArgs,
     to_cloud: bool,
 ) -> Result<i32> {
-    let c = crate::tiers(repo).cloud()?;
-    let pd = crate::progress_for(cli, if to_cloud { "migrate" } else { "recall" });
+    let c = crate::cli::tiers(repo).cloud()?;
+    let pd = crate::cli::progress_for(cli, if to_cloud { "migrate" } else { "recall" });
     let r = if to_cloud {
         strata_store::tier::migrate::migrate(repo, &c, &a.selection(), &pd.progress)
     } else {
@@ -372,7 +372,7 @@ fn gc(
 /// `tier seed`: the bulk first transfer (or, `restart`, dropping an
 /// interrupted one first).
 fn seed(
-    cli: &crate::Cli,
+    cli: &crate::cli::Cli,
     out: &Out,
     repo: &Repository,
     sel: &SelArgs,
@@ -391,8 +391,8 @@ fn seed(
             return Ok(0);
         }
     }
-    let c = crate::tiers(repo).cloud()?;
-    let pd = crate::progress_for(cli, "seed");
+    let c = crate::cli::tiers(repo).cloud()?;
+    let pd = crate::cli::progress_for(cli, "seed");
     let r = strata_store::tier::seed::seed(repo, &c, &sel.selection(), &pd.progress);
     pd.finish();
     let r = r?;
@@ -411,12 +411,12 @@ fn seed(
     Ok(0)
 }
 
-fn dr_rebuild(cli: &crate::Cli, out: &Out, from: &str, index: &str) -> Result<i32> {
+fn dr_rebuild(cli: &crate::cli::Cli, out: &Out, from: &str, index: &str) -> Result<i32> {
     let cloud_loc = location::location(Some(from))?;
     let cloud = Repository::open(location::backend(&cloud_loc, false)?, &|| {
-        crate::read_password(cli, false)
+        crate::cli::read_password(cli, false)
     })?;
-    let loc = crate::repo_location(cli)?;
+    let loc = crate::cli::repo_location(cli)?;
     let local = location::backend(&loc, true)?;
     let (repo, r) = strata_store::tier::dr_rebuild(local, &cloud, from, index)?;
     let _ = repo;

@@ -1,7 +1,7 @@
 //! `strata unlock`: remove stale locks.
 
+use crate::cli::{open, Cli};
 use crate::output::Out;
-use crate::{open, Cli};
 use anyhow::Result;
 use clap::Args;
 use serde_json::json;

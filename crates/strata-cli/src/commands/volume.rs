@@ -4,14 +4,11 @@
 //! clients (qemu-img, nbdcopy, nbdfuse, fio, a VM's disk), with iDedup's
 //! threshold-based inline dedup; their snapshots go to the repository.
 
-use crate::location;
 use crate::output::{fmt_bytes, Out};
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
-use std::sync::atomic::Ordering;
 use strata_core::size::parse_size;
-use strata_link::{LinkError, RepoAccess, VolumesDir};
-use strata_store::Repository;
+use strata_link::VolumesDir;
 use strata_volume::Volume;
 
 #[derive(Subcommand)]
@@ -161,62 +158,14 @@ pub enum VolumeCmd {
     },
 }
 
+mod access;
 mod create;
 mod root;
 mod serve;
 mod text;
 
-/// The repository as the volume operations reach it: its config read
-/// without the password, opened (asking for it) only when needed.
-struct Access<'a>(&'a crate::Cli);
-
-impl RepoAccess for Access<'_> {
-    fn encrypted(&self) -> strata_link::Result<bool> {
-        let read = || -> Result<bool> {
-            let loc = location::location(self.0.repo.as_deref())?;
-            let backend = location::backend(&loc, false)?;
-            let config = Repository::read_config(&*backend)
-                .with_context(|| format!("reading the config of {}", loc))?;
-            Ok(config.encrypted)
-        };
-        read().map_err(store_err)
-    }
-
-    fn open(&self) -> strata_link::Result<Repository> {
-        crate::open(self.0).map_err(store_err)
-    }
-}
-
-/// A front-end error as the library takes it: the store's own where there
-/// is one (its exit code kept), else its text.
-fn store_err(e: anyhow::Error) -> LinkError {
-    match e.downcast::<strata_store::StoreError>() {
-        Ok(s) => LinkError::Store(s),
-        Err(e) => LinkError::Invalid(format!("{e:#}")),
-    }
-}
-
-/// A volume operation's error as the CLI reports it: the store's, the
-/// volume's and I/O errors as themselves (their exit codes, a full disk
-/// told apart), with the context said before them.
-pub(crate) fn link_err(e: LinkError) -> anyhow::Error {
-    match e {
-        LinkError::Store(s) => s.into(),
-        LinkError::Volume(v) => v.into(),
-        LinkError::Os(io) => io.into(),
-        LinkError::Io(what, io) => anyhow::Error::new(io).context(what),
-        LinkError::Context { what, source } => link_err(*source).context(what),
-        e @ LinkError::Invalid(_) => e.into(),
-    }
-}
-
-/// A progress display's counters, as the volume crate reports progress.
-fn progress_fn(p: &strata_store::progress::Progress) -> impl Fn(u64, u64) + '_ {
-    move |done, total| {
-        p.bytes_total.store(total, Ordering::Relaxed);
-        p.bytes_done.store(done, Ordering::Relaxed);
-    }
-}
+pub(crate) use access::link_err;
+use access::{progress_fn, Access};
 
 impl VolumeCmd {
     /// `serve` runs until a signal and handles it itself.
@@ -226,7 +175,7 @@ impl VolumeCmd {
 }
 
 pub fn run(
-    cli: &crate::Cli,
+    cli: &crate::cli::Cli,
     out: &Out,
     cmd: &VolumeCmd,
     volumes_dir: Option<&std::path::Path>,
@@ -295,13 +244,13 @@ pub fn run(
 
 /// `volume check`.
 fn check(
-    cli: &crate::Cli,
+    cli: &crate::cli::Cli,
     out: &Out,
     root: &VolumesDir,
     name: &str,
     read_data: bool,
 ) -> Result<i32> {
-    let pd = crate::progress_for(cli, "check");
+    let pd = crate::cli::progress_for(cli, "check");
     let r = strata_link::manage::check(
         &Access(cli),
         root,
@@ -318,8 +267,8 @@ fn check(
 }
 
 /// `volume copy`.
-fn copy(cli: &crate::Cli, out: &Out, root: &VolumesDir, from: &str, to: &str) -> Result<i32> {
-    let pd = crate::progress_for(cli, "import");
+fn copy(cli: &crate::cli::Cli, out: &Out, root: &VolumesDir, from: &str, to: &str) -> Result<i32> {
+    let pd = crate::cli::progress_for(cli, "import");
     let r = strata_link::manage::copy(&Access(cli), root, (from, to), &progress_fn(&pd.progress));
     pd.finish();
     let c = r.map_err(link_err)?;
@@ -339,10 +288,10 @@ fn copy(cli: &crate::Cli, out: &Out, root: &VolumesDir, from: &str, to: &str) ->
 }
 
 /// `volume defrag`.
-fn defrag(cli: &crate::Cli, out: &Out, root: &VolumesDir, name: &str) -> Result<i32> {
+fn defrag(cli: &crate::cli::Cli, out: &Out, root: &VolumesDir, name: &str) -> Result<i32> {
     let mut warnings = Vec::new();
     // (The check, then the copy.)
-    let pd = crate::progress_for(cli, "defrag");
+    let pd = crate::cli::progress_for(cli, "defrag");
     let p = pd.progress.clone();
     let p = progress_fn(&p);
     let d = strata_link::manage::defrag(&Access(cli), root, name, &mut warnings, (&p, &p));
@@ -356,7 +305,13 @@ fn defrag(cli: &crate::Cli, out: &Out, root: &VolumesDir, name: &str) -> Result<
 }
 
 /// `volume delete`.
-fn delete(cli: &crate::Cli, out: &Out, root: &VolumesDir, name: &str, yes: bool) -> Result<i32> {
+fn delete(
+    cli: &crate::cli::Cli,
+    out: &Out,
+    root: &VolumesDir,
+    name: &str,
+    yes: bool,
+) -> Result<i32> {
     root.existing(name).map_err(link_err)?;
     if !yes {
         bail!("deleting volume {name} destroys its data: add --yes");
@@ -373,7 +328,7 @@ fn delete(cli: &crate::Cli, out: &Out, root: &VolumesDir, name: &str, yes: bool)
 /// `volume snapshot`: the volume's current contents as a version of
 /// series `volume:NAME`.
 fn snapshot(
-    cli: &crate::Cli,
+    cli: &crate::cli::Cli,
     out: &Out,
     root: &VolumesDir,
     name: &str,
@@ -381,14 +336,14 @@ fn snapshot(
     read_all: bool,
 ) -> Result<i32> {
     root.existing(name).map_err(link_err)?;
-    let repo = crate::open(cli)?;
+    let repo = crate::cli::open(cli)?;
     // Linked only into the repository whose own `volumes/` these are.
-    let own_dir = crate::repo_location(cli)
+    let own_dir = crate::cli::repo_location(cli)
         .ok()
         .and_then(|l| strata_link::volumes::own_dir(&l))
         .as_deref()
         == Some(root.path.as_path());
-    let pd = crate::progress_for(cli, "volume snapshot");
+    let pd = crate::cli::progress_for(cli, "volume snapshot");
     let opts = strata_link::snapshot::SnapshotOptions {
         tags: tags.to_vec(),
         read_all,

@@ -2,7 +2,7 @@
 //! segments, stamp), summaries, the link stub of a linked container, and
 //! the fixed binary frame around the metadata section.
 
-use super::STRUCT_VERSION;
+use super::codec::STRUCT_VERSION;
 use crate::error::{CoreError, Result};
 use crate::fingerprint::Fingerprint;
 pub use crate::id::ContainerId;

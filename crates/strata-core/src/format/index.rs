@@ -1,7 +1,7 @@
 //! Index objects and their summaries.
 
+use super::codec::STRUCT_VERSION;
 use super::container::{ContainerMeta, ContainerSummary, SegmentSummary};
-use super::STRUCT_VERSION;
 use crate::error::{CoreError, Result};
 use serde::{Deserialize, Serialize};
 
@@ -77,7 +77,7 @@ pub fn encode_index_summary(s: &IndexSummary) -> Result<Vec<u8>> {
 pub fn decode_index_summary(bytes: &[u8]) -> Result<IndexSummary> {
     const WHAT: &str = "index summary";
     let (&v, body) = bytes.split_first().ok_or(CoreError::Truncated(WHAT))?;
-    let dec = |e: postcard::Error| super::decode_error(WHAT, e);
+    let dec = |e: postcard::Error| super::codec::decode_error(WHAT, e);
     match v {
         1 => {
             let s: IndexSummaryV1 = postcard::from_bytes(body).map_err(dec)?;

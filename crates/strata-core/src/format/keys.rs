@@ -25,7 +25,7 @@ pub fn encode_key_slot(k: &KeySlot) -> Result<Vec<u8>> {
 pub fn decode_key_slot(bytes: &[u8]) -> Result<KeySlot> {
     let what = "key file";
     let (&v, body) = bytes.split_first().ok_or(CoreError::Truncated(what))?;
-    let err = |e: postcard::Error| super::decode_error(what, e);
+    let err = |e: postcard::Error| super::codec::decode_error(what, e);
     match v {
         1 => Ok(KeySlot {
             key: postcard::from_bytes(body).map_err(err)?,

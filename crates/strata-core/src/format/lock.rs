@@ -36,7 +36,7 @@ pub fn decode_lock(bytes: &[u8]) -> Result<LockInfo> {
         operation: String,
     }
     let (&v, body) = bytes.split_first().ok_or(CoreError::Truncated(WHAT))?;
-    let err = |e: postcard::Error| super::decode_error(WHAT, e);
+    let err = |e: postcard::Error| super::codec::decode_error(WHAT, e);
     match v {
         LOCK_VERSION => postcard::from_bytes(body).map_err(err),
         1 => postcard::from_bytes::<V1>(body)

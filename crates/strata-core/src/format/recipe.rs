@@ -1,7 +1,7 @@
 //! Recipes: chunk and segment references, tree nodes, and the recipe
 //! index of a recipe in parts.
 
-use super::STRUCT_VERSION;
+use super::codec::STRUCT_VERSION;
 use crate::error::{CoreError, Result};
 use crate::fingerprint::Fingerprint;
 use crate::id::{ContainerId, PartId};
@@ -441,7 +441,7 @@ pub fn encode_recipe_index(r: &RecipeIndex) -> Result<Vec<u8>> {
 pub fn decode_recipe_object(bytes: &[u8]) -> Result<RecipeObject> {
     const WHAT: &str = "recipe";
     let (&v, body) = bytes.split_first().ok_or(CoreError::Truncated(WHAT))?;
-    let err = |e: postcard::Error| super::decode_error(WHAT, e);
+    let err = |e: postcard::Error| super::codec::decode_error(WHAT, e);
     match v {
         RECIPE_INDEX_PIECES => postcard::from_bytes(body)
             .map(|i| {

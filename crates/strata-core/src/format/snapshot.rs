@@ -20,7 +20,7 @@ pub fn encode_snapshot(s: &Snapshot) -> Result<Vec<u8>> {
 pub fn decode_snapshot(bytes: &[u8]) -> Result<Snapshot> {
     const WHAT: &str = "snapshot";
     let (&v, body) = bytes.split_first().ok_or(CoreError::Truncated(WHAT))?;
-    let err = |e: postcard::Error| super::decode_error(WHAT, e);
+    let err = |e: postcard::Error| super::codec::decode_error(WHAT, e);
     match v {
         SNAPSHOT_VERSION => postcard::from_bytes(body).map_err(err),
         3 => postcard::from_bytes::<v3::Snapshot>(body)

@@ -3,8 +3,10 @@
 use super::index::IndexSummaryV1;
 use super::*;
 use crate::chunker::ChunkerParams;
+use crate::error::CoreError;
 use crate::fingerprint::Fingerprint;
 use crate::id::{PartId, RecipeId, SnapshotId};
+use serde::Serialize;
 
 #[test]
 fn zero_chunks_decode_as_runs() {

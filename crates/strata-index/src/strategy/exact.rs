@@ -1,6 +1,7 @@
 //! `exact`: every chunk fingerprint in RAM.
 
-use super::{ChunkLoc, ContainerTable, IndexStrategy, Sharded};
+use super::interface::IndexStrategy;
+use super::table::{ChunkLoc, ContainerTable, Sharded};
 use std::collections::HashMap;
 use strata_core::format::ContainerMeta;
 use strata_core::Fingerprint;

@@ -1,6 +1,7 @@
 //! `segment`: RevDedup's index of whole segments.
 
-use super::{ChunkLoc, ContainerTable, IndexStrategy, Learns, Sharded};
+use super::interface::{IndexStrategy, Learns};
+use super::table::{ChunkLoc, ContainerTable, Sharded};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use strata_core::format::{

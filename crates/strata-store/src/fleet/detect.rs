@@ -2,8 +2,9 @@
 //! requests into q request partitions, then partition by partition the
 //! requests, sorted, merged with the index partition.
 
+use super::args::StageArgs;
 use super::records::{external_sort, RecordReader, RecordWriter};
-use super::{fp_at, u32_at, HostDir, Kind, Loc, Shape, StageArgs, ANSWER_LEN, ENTRY_LEN, REQ_LEN};
+use super::{fp_at, u32_at, HostDir, Kind, Loc, Shape, ANSWER_LEN, ENTRY_LEN, REQ_LEN};
 use crate::error::Result;
 use serde_json::{json, Value};
 

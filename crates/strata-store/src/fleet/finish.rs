@@ -3,11 +3,12 @@
 //! the previous version) and its snapshot committed — the VM's commit
 //! point.
 
+use super::args::{StageArgs, VmArgs};
 use super::scan::ImageSegments;
 use super::store::{
     apply_answers, failed, slot_at, slot_range, source, BlockStore, DirtySegment, ScanReader,
 };
-use super::{u32_at, HostDir, Kind, Loc, StageArgs, VmArgs, SEGMENT, SLOT_LEN};
+use super::{u32_at, HostDir, Kind, Loc, SEGMENT, SLOT_LEN};
 use crate::error::{Result, StoreError};
 use crate::repo::{now_ns, Repository};
 use serde_json::{json, Value};
@@ -105,7 +106,7 @@ fn clean_segment(
 /// [`crate::repo::recipe::PIECE_CHUNKS`] chunks, as the writer would cut a
 /// whole node) go to the writer as they fill.
 struct ImageRecipe<'r> {
-    writer: crate::repo::recipe::RecipeWriter<'r>,
+    writer: crate::repo::recipe::writer::RecipeWriter<'r>,
     head: Node,
     piece: Vec<SegmentRef>,
     chunks: usize,
@@ -158,7 +159,7 @@ fn finish_vm(repo: &Repository, dir: &HostDir, vm: &VmArgs) -> Result<Value> {
     let mut out = ImageRecipe {
         // Parts of 1 MiB: what this stage holds of the recipe it writes,
         // and of the previous version's when the next job reads it.
-        writer: crate::repo::recipe::RecipeWriter::new(repo).with_part_bytes(1 << 20),
+        writer: crate::repo::recipe::writer::RecipeWriter::new(repo).with_part_bytes(1 << 20),
         head: image_node(&vm.image, size)?,
         piece: Vec::new(),
         chunks: 0,

@@ -24,7 +24,7 @@
 //! containers the index points at; at its start each host drops index
 //! entries whose container is gone (`validate`).
 
-mod args;
+pub mod args;
 pub mod detect;
 pub mod finish;
 pub mod records;
@@ -32,8 +32,6 @@ pub mod scan;
 pub mod store;
 pub mod sweep;
 pub mod update;
-
-pub use args::{StageArgs, VmArgs};
 
 use crate::error::{Result, StoreError};
 use std::path::{Path, PathBuf};

@@ -2,8 +2,9 @@
 //! request per non-zero block of each dirty segment, sent to the host of
 //! its fingerprint's partition (one send buffer per host: Option 2).
 
+use super::args::{StageArgs, VmArgs};
 use super::records::RecordWriter;
-use super::{HostDir, Shape, StageArgs, VmArgs, BLOCK, REQ_LEN, SEGMENT, SLOT_LEN};
+use super::{HostDir, Shape, BLOCK, REQ_LEN, SEGMENT, SLOT_LEN};
 use crate::error::{Result, StoreError};
 use crate::repo::Repository;
 use serde_json::{json, Value};

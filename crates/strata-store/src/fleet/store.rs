@@ -3,11 +3,9 @@
 //! written to the shared repository; their references go to the
 //! partitions' hosts (stage 3).
 
+use super::args::{StageArgs, VmArgs};
 use super::records::{RecordReader, RecordWriter};
-use super::{
-    u32_at, HostDir, Kind, Loc, Shape, StageArgs, VmArgs, ANSWER_LEN, BLOCK, ENTRY_LEN, SEGMENT,
-    SLOT_LEN,
-};
+use super::{u32_at, HostDir, Kind, Loc, Shape, ANSWER_LEN, BLOCK, ENTRY_LEN, SEGMENT, SLOT_LEN};
 use crate::engine::index::ContainerTable;
 use crate::engine::writer::{ContainerSink, ContainerWriter};
 use crate::error::{Result, StoreError};

@@ -7,9 +7,10 @@
 //! compaction (`strata gc`) frees. The counts of dead bytes per container
 //! are the deletion log that tells whether a compaction pays.
 
+use super::args::StageArgs;
 use super::detect::route;
 use super::records::{external_sort, RecordReader, RecordWriter};
-use super::{Loc, StageArgs, ENTRY_LEN};
+use super::{Loc, ENTRY_LEN};
 use crate::error::{Result, StoreError};
 use crate::repo::Repository;
 use serde_json::{json, Value};

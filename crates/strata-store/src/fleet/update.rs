@@ -2,9 +2,10 @@
 //! into the index partitions, and the dup-with-new requests answered
 //! with them (sent back for stage 4).
 
+use super::args::StageArgs;
 use super::detect::{route, Answers};
 use super::records::{external_sort, RecordReader, RecordWriter};
-use super::{Kind, Loc, StageArgs, ENTRY_LEN, REQ_LEN};
+use super::{Kind, Loc, ENTRY_LEN, REQ_LEN};
 use crate::error::{Result, StoreError};
 use serde_json::{json, Value};
 

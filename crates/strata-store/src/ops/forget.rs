@@ -11,7 +11,7 @@ use crate::error::{Result, StoreError};
 use crate::repo::index::{edit_index, RepoIndex};
 use crate::repo::lock;
 use crate::repo::recipe::refs::{rewrite_pieces, Target};
-use crate::repo::recipe::RecipeWriter;
+use crate::repo::recipe::writer::RecipeWriter;
 use crate::repo::Repository;
 use std::collections::{HashMap, HashSet};
 use strata_core::format::{Archival, ChunkRef, ContainerId, Snapshot, Stamp};

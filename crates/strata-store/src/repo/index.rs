@@ -6,7 +6,7 @@
 //! the containers' own metadata). From them each backup builds the in-RAM
 //! structure of its index strategy (`engine::index`).
 
-use crate::error::Result;
+use crate::error::{Result, StoreError};
 use crate::repo::Repository;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use strata_core::crypto::Kind;
@@ -99,6 +99,56 @@ pub struct RepoIndex {
     /// summary had no segments (version 1, or missing) when segments
     /// were asked for: [`upgrade_summaries`] stores them.
     pub stale_summaries: Vec<IndexSummary>,
+}
+
+/// Index objects and their summaries, read through the local cache.
+impl Repository {
+    /// Loads an index object through the local cache.
+    pub fn load_index_object(&self, name: &str) -> Result<IndexObject> {
+        let raw = self.get_cached(name)?;
+        let bytes = self
+            .sealer
+            .open(Kind::Index, &raw)
+            .map_err(|e| StoreError::corrupt(name, e))?;
+        strata_core::format::decode("index", &bytes).map_err(|e| StoreError::corrupt(name, e))
+    }
+
+    /// Loads the summary `isum/HASH` of the index object `index/HASH`
+    /// through the local cache. The name is not the summary's own hash, so
+    /// a cached copy counts when it opens (checksum or AEAD tag) and names
+    /// the right index object.
+    pub fn load_index_summary(&self, index_name: &str) -> Result<IndexSummary> {
+        let name = summary_name(index_name);
+        let decode_summary = |raw: &[u8]| -> Result<IndexSummary> {
+            let s = self.open_index_summary(&name, raw)?;
+            if s.index != index_name {
+                return Err(StoreError::corrupt(
+                    &name,
+                    strata_core::CoreError::Decode {
+                        what: "index summary",
+                        msg: format!("summarises {}, not {index_name}", s.index),
+                    },
+                ));
+            }
+            Ok(s)
+        };
+        let raw = self.get_cached_if(&name, |b| decode_summary(b).is_ok())?;
+        decode_summary(&raw)
+    }
+
+    /// Reads the summary object `name` (`isum/HASH`) from storage, past
+    /// any local cache.
+    pub fn read_index_summary(&self, name: &str) -> Result<IndexSummary> {
+        self.read_verified(name, |raw| self.open_index_summary(name, raw))
+    }
+
+    fn open_index_summary(&self, name: &str, raw: &[u8]) -> Result<IndexSummary> {
+        let bytes = self
+            .sealer
+            .open(Kind::IndexSummary, raw)
+            .map_err(|e| StoreError::corrupt(name, e))?;
+        strata_core::format::decode_index_summary(&bytes).map_err(|e| StoreError::corrupt(name, e))
+    }
 }
 
 impl RepoIndex {

@@ -20,77 +20,20 @@
 //! goes (gc, compaction, forget).
 
 use crate::error::{Result, StoreError};
+use crate::repo::volumes::Links;
+pub use crate::repo::volumes::{HeldBlocks, Linked, Volumes};
 use crate::repo::{data_name, Repository};
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashSet;
+use std::sync::Arc;
 use strata_core::crypto::Kind;
 use strata_core::format::{
     decode, ContainerId, ContainerMeta, LinkStub, RegionInfo, CONTAINER_MAGIC, LINK_MAGIC,
 };
 use strata_core::BLOCK_SIZE as BLOCK;
 
-/// The volumes of a repository, as its linked containers need them: the
-/// blocks a volume holds read, and a hold released. Given by the caller
-/// (the store depends on no volume code).
-pub trait Volumes: Send + Sync {
-    /// Volume `volume`'s disk blocks, decrypted with `key` where the volume
-    /// is encrypted. Opening costs nothing: its data file is opened on the
-    /// first read.
-    fn blocks(&self, volume: &str, key: Option<[u8; 32]>) -> Arc<dyn HeldBlocks>;
-    /// Releases hold `hold` of volume `volume` (the volume gives the
-    /// blocks back at its next checkpoint).
-    fn release(&self, volume: &str, hold: &str) -> std::result::Result<(), String>;
-}
-
-/// A volume's disk blocks, as a linked container reads them.
-pub trait HeldBlocks: Send + Sync {
-    /// Fills `out` (`dbns.len()` whole blocks) with the plaintext of disk
-    /// blocks `dbns`.
-    fn read(&self, dbns: &[u64], out: &mut [u8]) -> std::io::Result<()>;
-    /// The length of the volume's data file in bytes (read without
-    /// opening the blocks: `check` without `--read-data`).
-    fn data_len(&self) -> std::io::Result<u64>;
-    /// Where they are, for messages (the data file's path).
-    fn describe(&self) -> String;
-}
-
 /// The marker of linked container `id`.
 pub fn marker_name(id: &ContainerId) -> String {
     format!("links/{}", id.to_hex())
-}
-
-/// What a repository handle knows of its linked containers: where the
-/// volumes are (set by the caller), which containers are linked (listed
-/// once), and the stubs read so far.
-#[derive(Default)]
-pub(crate) struct Links {
-    /// A local repository's volumes; None where no volume can be.
-    pub volumes: Option<Arc<dyn Volumes>>,
-    /// A what-if handle: holds are never released.
-    pub dry: bool,
-    listed: Mutex<Option<Arc<HashSet<ContainerId>>>>,
-    loaded: Mutex<HashMap<ContainerId, Arc<Linked>>>,
-}
-
-impl Links {
-    /// A handle's links with the same volumes (a what-if copy: `dry`).
-    pub(crate) fn like(&self, dry: bool) -> Links {
-        Links {
-            volumes: self.volumes.clone(),
-            dry,
-            ..Default::default()
-        }
-    }
-}
-
-/// A linked container, its stub read: reads its regions from the volume.
-pub struct Linked {
-    pub stub: LinkStub,
-    /// The volume's blocks.
-    blocks: Arc<dyn HeldBlocks>,
-    by_offset: HashMap<u64, usize>,
-    /// The stub's bytes (what `check` and `stats` count).
-    pub stub_len: u64,
 }
 
 /// Whether `name` can be a volume's name (a stub or marker that names

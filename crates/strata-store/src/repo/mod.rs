@@ -27,10 +27,12 @@ pub mod keys;
 pub mod lifecycle;
 pub mod links;
 pub mod lock;
+mod open;
 pub mod recipe;
 pub mod skeleton;
 pub mod snapshots;
 pub mod tiers;
+pub mod volumes;
 
 use crate::backend::Backend;
 use crate::error::{Result, StoreError};
@@ -39,12 +41,9 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use strata_core::chunker::ChunkerParams;
-use strata_core::crypto::{random_bytes, KdfCost, Kind, MasterKey, Sealer};
-use strata_core::format::{
-    decode, encode, ContainerId, IndexObject, IndexSummary, Recipe, RepoConfig, Snapshot,
-    REPO_FORMAT_VERSION,
-};
-use strata_core::id::{RecipeId, SnapshotId};
+use strata_core::crypto::{KdfCost, Kind, MasterKey, Sealer};
+use strata_core::format::{decode, encode, ContainerId, RepoConfig, Snapshot};
+use strata_core::id::SnapshotId;
 use strata_core::Hasher;
 
 /// Options for `strata init`.
@@ -237,7 +236,7 @@ pub struct Repository {
     cache_base: Option<PathBuf>,
     /// Linked containers: where the volumes are, and what was read of
     /// them ([`crate::repo::links`]).
-    pub(crate) links: Arc<crate::repo::links::Links>,
+    pub(crate) links: Arc<volumes::Links>,
 }
 
 impl Repository {
@@ -283,147 +282,7 @@ pub fn container_id_of(name: &str) -> Option<ContainerId> {
     ContainerId::from_hex(name.rsplit('/').next()?)
 }
 
-/// No `config`: no repository — unless repository objects are there, in
-/// which case the config was lost and `strata init` is the wrong advice.
-fn missing_config(backend: &dyn Backend) -> StoreError {
-    for prefix in ["keys/", "snapshots/", "index/", "data/"] {
-        if let Ok(list) = backend.list(prefix) {
-            if let Some(o) = list.first() {
-                return StoreError::Invalid(format!(
-                    "{}: the repository's config is missing, but it holds repository objects ({}): \
-                     the repository is damaged; put back `config` from a copy (do not run `strata init` over it)",
-                    backend.describe(),
-                    o.name
-                ));
-            }
-        }
-    }
-    StoreError::NoRepository(backend.describe())
-}
-
 impl Repository {
-    /// Creates a new repository in an empty backend.
-    pub fn init(backend: Arc<dyn Backend>, opts: InitOptions) -> Result<Self> {
-        if backend.size("config")?.is_some() {
-            return Err(StoreError::AlreadyExists(backend.describe()));
-        }
-        opts.chunker.validate()?;
-        if opts.password.as_ref().is_some_and(|p| p.is_empty()) {
-            return Err(StoreError::Invalid(
-                "the password is empty: an encrypted repository needs one".into(),
-            ));
-        }
-        // Stored normalised, so `stats` shows exactly what is in effect.
-        let index = IndexSpec::parse(&opts.index)?.to_string();
-        if !(1..=22).contains(&opts.zstd_level) {
-            return Err(StoreError::Invalid(
-                "zstd level must be between 1 and 22".into(),
-            ));
-        }
-        if opts.region_size < 16 << 10 || opts.container_size < 2 * opts.region_size {
-            return Err(StoreError::Invalid(
-                "region size must be at least 16 KiB and containers hold at least two regions"
-                    .into(),
-            ));
-        }
-        let mut id = [0u8; 16];
-        random_bytes(&mut id)?;
-        let config = RepoConfig {
-            format_version: REPO_FORMAT_VERSION,
-            id: hex::encode(id),
-            created: now_ns() / 1_000_000_000,
-            chunker: opts.chunker,
-            zstd_level: opts.zstd_level,
-            container_size: opts.container_size,
-            region_size: opts.region_size,
-            encrypted: opts.password.is_some(),
-            index,
-        };
-        let (sealer, hasher, key) = match &opts.password {
-            Some(pw) => {
-                let mk = MasterKey::generate()?;
-                crate::repo::keys::write_slot(&backend, "keys/default", &mk, pw, opts.kdf)?;
-                (
-                    Sealer::encrypted(&mk, opts.zstd_level),
-                    Sealer::hasher(Some(&mk)),
-                    Some((mk, "keys/default".to_string())),
-                )
-            }
-            None => (Sealer::plain(opts.zstd_level), Hasher::plain(), None),
-        };
-        let env = Sealer::plain(3).seal(Kind::Config, &encode(&config)?, false)?;
-        // The config is written last: it is what makes this a repository.
-        backend.put("config", &env)?;
-        Ok(Repository::assemble(backend, config, (sealer, hasher), key))
-    }
-
-    /// The repository's config, checked (it is readable without the
-    /// password: whether the repository is encrypted, its chunker, …).
-    pub fn read_config(backend: &dyn Backend) -> Result<RepoConfig> {
-        let raw = match backend.get("config") {
-            Ok(r) => r,
-            Err(e) if e.is_not_found() => return Err(missing_config(backend)),
-            Err(e) => return Err(e.into()),
-        };
-        let plain = Sealer::plain(3);
-        let bytes = plain
-            .open(Kind::Config, &raw)
-            .map_err(|e| StoreError::corrupt("config", e))?;
-        if bytes.first().copied() != Some(strata_core::format::STRUCT_VERSION) {
-            return Err(StoreError::corrupt(
-                "config",
-                strata_core::CoreError::UnknownVersion {
-                    what: "repository config",
-                    found: bytes.first().copied().unwrap_or(0),
-                    supported: strata_core::format::STRUCT_VERSION,
-                },
-            ));
-        }
-        let config: RepoConfig =
-            decode("repository config", &bytes).map_err(|e| StoreError::corrupt("config", e))?;
-        if config.format_version != REPO_FORMAT_VERSION {
-            return Err(StoreError::Core(strata_core::CoreError::UnknownVersion {
-                what: "repository format",
-                found: config.format_version,
-                supported: REPO_FORMAT_VERSION,
-            }));
-        }
-        // The id names the local cache directory: 32 hex digits, nothing
-        // that could reach elsewhere on this host.
-        if config.id.len() != 32 || !config.id.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(StoreError::Invalid(format!(
-                "the repository config's id {:?} is not a repository id: the config is damaged or forged",
-                config.id
-            )));
-        }
-        // A config claiming "unencrypted" beside key slots is a downgrade
-        // (the config is only checksummed): refuse rather than read plain.
-        if !config.encrypted && !backend.list("keys/")?.is_empty() {
-            return Err(StoreError::Invalid(
-                "the repository has key slots but its config says it is not encrypted: the config is damaged or forged".into(),
-            ));
-        }
-        Ok(config)
-    }
-
-    /// Opens an existing repository. `password` is only called when the
-    /// repository is encrypted.
-    pub fn open(backend: Arc<dyn Backend>, password: &dyn Fn() -> Result<Vec<u8>>) -> Result<Self> {
-        let config = Self::read_config(&*backend)?;
-        let (sealer, hasher, key) = if config.encrypted {
-            let pw = zeroize::Zeroizing::new(password()?);
-            let (mk, slot) = crate::repo::keys::unlock(&backend, &pw)?;
-            (
-                Sealer::encrypted(&mk, config.zstd_level),
-                Sealer::hasher(Some(&mk)),
-                Some((mk, slot)),
-            )
-        } else {
-            (Sealer::plain(config.zstd_level), Hasher::plain(), None)
-        };
-        Ok(Repository::assemble(backend, config, (sealer, hasher), key))
-    }
-
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
     }
@@ -591,59 +450,6 @@ impl Repository {
         Ok(self.backend.put(&id.object_name(), &env)?)
     }
 
-    /// The whole tree of recipe `id` (all its parts) in memory; see
-    /// [`crate::repo::recipe`] for reading it a part at a time.
-    pub fn load_recipe(&self, id: &RecipeId) -> Result<Recipe> {
-        crate::repo::recipe::load_whole(self, id)
-    }
-
-    /// Loads an index object through the local cache.
-    pub fn load_index_object(&self, name: &str) -> Result<IndexObject> {
-        let raw = self.get_cached(name)?;
-        let bytes = self
-            .sealer
-            .open(Kind::Index, &raw)
-            .map_err(|e| StoreError::corrupt(name, e))?;
-        decode("index", &bytes).map_err(|e| StoreError::corrupt(name, e))
-    }
-
-    /// Loads the summary `isum/HASH` of the index object `index/HASH`
-    /// through the local cache. The name is not the summary's own hash, so
-    /// a cached copy counts when it opens (checksum or AEAD tag) and names
-    /// the right index object.
-    pub fn load_index_summary(&self, index_name: &str) -> Result<IndexSummary> {
-        let name = crate::repo::index::summary_name(index_name);
-        let decode_summary = |raw: &[u8]| -> Result<IndexSummary> {
-            let s = self.open_index_summary(&name, raw)?;
-            if s.index != index_name {
-                return Err(StoreError::corrupt(
-                    &name,
-                    strata_core::CoreError::Decode {
-                        what: "index summary",
-                        msg: format!("summarises {}, not {index_name}", s.index),
-                    },
-                ));
-            }
-            Ok(s)
-        };
-        let raw = self.get_cached_if(&name, |b| decode_summary(b).is_ok())?;
-        decode_summary(&raw)
-    }
-
-    /// Reads the summary object `name` (`isum/HASH`) from storage, past
-    /// any local cache.
-    pub fn read_index_summary(&self, name: &str) -> Result<IndexSummary> {
-        self.read_verified(name, |raw| self.open_index_summary(name, raw))
-    }
-
-    fn open_index_summary(&self, name: &str, raw: &[u8]) -> Result<IndexSummary> {
-        let bytes = self
-            .sealer
-            .open(Kind::IndexSummary, raw)
-            .map_err(|e| StoreError::corrupt(name, e))?;
-        strata_core::format::decode_index_summary(&bytes).map_err(|e| StoreError::corrupt(name, e))
-    }
-
     /// Keeps local caches (index objects and summaries) under `base`, a
     /// directory per repository id; `None` turns caching off (the
     /// default). The CLI passes `$STRATA_CACHE_DIR` or the user's cache
@@ -784,33 +590,6 @@ impl Repository {
         out.sort_by(|a, b| (a.1.time_ns, &a.0).cmp(&(b.1.time_ns, &b.0)));
         Ok((out, damaged))
     }
-
-    /// Resolves `latest`, `SERIES@VERSION`, `SERIES@latest` or an id prefix
-    /// among the readable snapshots.
-    pub fn resolve_snapshot(&self, spec: &str) -> Result<(SnapshotId, Snapshot)> {
-        self.resolve_snapshot_in(spec, &crate::repo::snapshots::SnapshotFilter::default())
-    }
-
-    /// As [`Repository::resolve_snapshot`], `latest` within `filter`.
-    pub fn resolve_snapshot_in(
-        &self,
-        spec: &str,
-        filter: &crate::repo::snapshots::SnapshotFilter,
-    ) -> Result<(SnapshotId, Snapshot)> {
-        let (all, _) = self.list_snapshots_tolerant()?;
-        crate::repo::snapshots::resolve(&all, spec, filter, &crate::repo::lock::hostname())
-    }
-}
-
-/// Snapshot resolution over an already loaded list (oldest first), with
-/// no filter: see [`crate::repo::snapshots::resolve`].
-pub fn resolve_in(all: &[(SnapshotId, Snapshot)], spec: &str) -> Result<(SnapshotId, Snapshot)> {
-    crate::repo::snapshots::resolve(
-        all,
-        spec,
-        &crate::repo::snapshots::SnapshotFilter::default(),
-        &crate::repo::lock::hostname(),
-    )
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! database dump would restore the wrong thing).
 
 use crate::error::{Result, StoreError};
+use crate::repo::{lock, Repository};
 use strata_core::format::Snapshot;
 use strata_core::id::SnapshotId;
 
@@ -229,6 +230,31 @@ fn short_list(items: impl Iterator<Item = String>) -> String {
         s += &format!(" and {} more", all.len() - 8);
     }
     s
+}
+
+/// Snapshot specs resolved against the repository.
+impl Repository {
+    /// Resolves `latest`, `SERIES@VERSION`, `SERIES@latest` or an id prefix
+    /// among the readable snapshots.
+    pub fn resolve_snapshot(&self, spec: &str) -> Result<(SnapshotId, Snapshot)> {
+        self.resolve_snapshot_in(spec, &SnapshotFilter::default())
+    }
+
+    /// As [`Repository::resolve_snapshot`], `latest` within `filter`.
+    pub fn resolve_snapshot_in(
+        &self,
+        spec: &str,
+        filter: &SnapshotFilter,
+    ) -> Result<(SnapshotId, Snapshot)> {
+        let (all, _) = self.list_snapshots_tolerant()?;
+        resolve(&all, spec, filter, &lock::hostname())
+    }
+}
+
+/// Snapshot resolution over an already loaded list (oldest first), with
+/// no filter: see [`resolve`].
+pub fn resolve_in(all: &[(SnapshotId, Snapshot)], spec: &str) -> Result<(SnapshotId, Snapshot)> {
+    resolve(all, spec, &SnapshotFilter::default(), &lock::hostname())
 }
 
 #[cfg(test)]

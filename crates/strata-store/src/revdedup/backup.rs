@@ -2,7 +2,7 @@
 //! backup's lock released), then the incremental lifecycle, or a whole
 //! `maintain` run, or nothing.
 
-use super::{after_backup, maintain, AfterBackup, MaintainOptions, MaintainReport};
+use super::maintain::{after_backup, maintain, AfterBackup, MaintainOptions, MaintainReport};
 use crate::error::Result;
 use crate::ops::backup::{BackupOptions, BackupReport};
 use crate::repo::Repository;

@@ -572,7 +572,7 @@ fn repoint(
         if !uses.iter().any(|c| planned.drop.contains(c)) {
             continue;
         }
-        let mut w = recipe::RecipeWriter::new(cloud).with_mirror(local);
+        let mut w = recipe::writer::RecipeWriter::new(cloud).with_mirror(local);
         let remap = |c: &ChunkRef, cid: Option<ContainerId>| {
             Ok(
                 match cid.and_then(|id| planned.moved.get(&(id, c.region))) {

@@ -194,7 +194,7 @@ pub fn estimate(repo: &Repository, sel: &Selection, exact: bool) -> Result<Estim
                     moved.tier = Tier::Cloud;
                     moved.archival = None;
                 } else if let Some(rest) = rests.remove(id) {
-                    moved.recipe = recipe::put(what_if, rest)?.0;
+                    moved.recipe = recipe::writer::put(what_if, rest)?.0;
                 } else {
                     continue;
                 }

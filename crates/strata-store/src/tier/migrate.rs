@@ -20,7 +20,8 @@ use crate::repo::index::put_index_object;
 use crate::repo::lock;
 use crate::repo::recipe;
 use crate::repo::recipe::refs::{rewrite_into, rewrite_refs, Target};
-use crate::repo::{now_ns, resolve_in, Repository};
+use crate::repo::snapshots::resolve_in;
+use crate::repo::{now_ns, Repository};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -293,7 +294,7 @@ fn migrate_paths(
                 paths.push(p.clone());
             }
         }
-        let mut w = recipe::RecipeWriter::new(cloud).with_mirror(local);
+        let mut w = recipe::writer::RecipeWriter::new(cloud).with_mirror(local);
         w.push_recipe(part)?;
         let (pid, sent) = w.finish_primary()?;
         let cp = strata_core::format::CloudPart {
@@ -314,7 +315,7 @@ fn migrate_paths(
         cloud.replace_snapshot(vid, &cv)?;
         let mut nv = v.clone();
         recount(&mut nv, &s.rest);
-        let (rid, _) = recipe::put(local, s.rest)?;
+        let (rid, _) = recipe::writer::put(local, s.rest)?;
         nv.recipe = rid;
         nv.cloud_part = Some(cp);
         // The commit.
@@ -352,7 +353,7 @@ fn recall_part(
     let mut nv = v.clone();
     recount(&mut nv, &joined);
     nv.cloud_part = None;
-    let (rid, sent) = recipe::put(local, joined)?;
+    let (rid, sent) = recipe::writer::put(local, joined)?;
     nv.recipe = rid;
     // The commit; then the bucket forgets its copy.
     local.replace_snapshot(vid, &nv)?;
@@ -429,7 +430,7 @@ impl Moved<'_> {
     /// The stored recipe `rid`, every reference pointed into the
     /// destination (after [`Self::send_stored`]), into `w` a piece at a
     /// time.
-    fn rewrite_stored(&self, rid: &RecipeId, w: &mut recipe::RecipeWriter) -> Result<()> {
+    fn rewrite_stored(&self, rid: &RecipeId, w: &mut recipe::writer::RecipeWriter) -> Result<()> {
         rewrite_into(self.from, rid, |c, _| self.target(c), w)
     }
 
@@ -606,7 +607,7 @@ fn commit(
     dir: Direction,
     vid: &SnapshotId,
     v: &Snapshot,
-    fill: impl FnOnce(&mut recipe::RecipeWriter) -> Result<()>,
+    fill: impl FnOnce(&mut recipe::writer::RecipeWriter) -> Result<()>,
 ) -> Result<u64> {
     let mut nv = v.clone();
     nv.archival = None;
@@ -615,7 +616,7 @@ fn commit(
         Direction::ToCloud => {
             // The same objects on both sides, the bucket's first; then the
             // bucket's namespace copy; then the flip.
-            let mut w = recipe::RecipeWriter::new(cloud).with_mirror(local);
+            let mut w = recipe::writer::RecipeWriter::new(cloud).with_mirror(local);
             fill(&mut w)?;
             let (rid, sent) = w.finish_primary()?;
             nv.tier = Tier::Cloud;
@@ -629,7 +630,7 @@ fn commit(
             sent
         }
         Direction::ToActive => {
-            let mut w = recipe::RecipeWriter::new(local);
+            let mut w = recipe::writer::RecipeWriter::new(local);
             fill(&mut w)?;
             let (rid, sent) = w.finish()?;
             nv.tier = Tier::Active;

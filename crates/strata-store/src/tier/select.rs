@@ -4,7 +4,8 @@
 //! it, e.g. `/home/*/cache/**`).
 
 use crate::error::{Result, StoreError};
-use crate::repo::{now_ns, resolve_in, Repository};
+use crate::repo::snapshots::resolve_in;
+use crate::repo::{now_ns, Repository};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use std::collections::BTreeMap;
 use std::collections::HashSet;

@@ -47,12 +47,12 @@ impl Tiers {
         if let Some(c) = &*c {
             return Ok(c.clone());
         }
-        let at = super::attached(&self.active)?.ok_or_else(|| {
+        let at = super::attach::attached(&self.active)?.ok_or_else(|| {
             StoreError::Invalid(
                 "this repository has no cloud tier: `strata tier add s3://BUCKET/PREFIX`".into(),
             )
         })?;
-        let opened = super::open_cloud_in(&self.active, (self.open)(&at.peer_url)?)?;
+        let opened = super::attach::open_cloud_in(&self.active, (self.open)(&at.peer_url)?)?;
         *c = Some(opened.clone());
         Ok(opened)
     }

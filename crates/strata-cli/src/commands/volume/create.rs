@@ -1,6 +1,6 @@
 //! `volume create`: a thin volume, empty or filled from a raw image.
 
-use super::{link_err, progress_fn, Access};
+use super::access::{link_err, progress_fn, Access};
 use crate::output::{fmt_bytes, Out};
 use anyhow::Result;
 use std::path::PathBuf;
@@ -43,7 +43,7 @@ pub struct CreateArgs {
 
 /// Creates volume `a.name` in the volumes directory `root`.
 pub(super) fn create(
-    cli: &crate::Cli,
+    cli: &crate::cli::Cli,
     out: &Out,
     root: &VolumesDir,
     a: &CreateArgs,
@@ -57,7 +57,7 @@ pub(super) fn create(
         dedup: !a.no_dedup,
         from: from.clone(),
     };
-    let pd = crate::progress_for(cli, "import");
+    let pd = crate::cli::progress_for(cli, "import");
     let r = strata_link::manage::create(&Access(cli), root, &v, &progress_fn(&pd.progress));
     pd.finish();
     let c = r.map_err(link_err)?;

@@ -19,7 +19,7 @@ use strata_store::backend::Location;
 
 /// Where the volumes of `--repo` live (`given`: `--volumes-dir`). A
 /// directory already bound to another repository is refused.
-pub fn find(cli: &crate::Cli, given: Option<&Path>) -> Result<VolumesDir> {
+pub fn find(cli: &crate::cli::Cli, given: Option<&Path>) -> Result<VolumesDir> {
     let loc = location::location(cli.repo.as_deref())?;
     if let Location::Local(p) = &loc {
         if !p.join("config").exists() {
@@ -40,7 +40,7 @@ pub fn find(cli: &crate::Cli, given: Option<&Path>) -> Result<VolumesDir> {
             .join("strata/volumes")
             .join(&id[..16]),
     };
-    VolumesDir::bound(path, id, loc.to_string()).map_err(super::link_err)
+    VolumesDir::bound(path, id, loc.to_string()).map_err(super::access::link_err)
 }
 
 /// The repository's id, from its config (no password needed). A local

@@ -1,7 +1,7 @@
 //! `volume serve`: a volume, or a stored version of one (`--at`), served
 //! over NBD until SIGTERM or Ctrl-C.
 
-use super::link_err;
+use super::access::{link_err, Access};
 use crate::output::Out;
 use anyhow::{Context, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +17,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 pub(super) fn serve(
-    cli: &crate::Cli,
+    cli: &crate::cli::Cli,
     out: &Out,
     root: &VolumesDir,
     name: &str,
@@ -30,7 +30,7 @@ pub(super) fn serve(
     if !dir.join("volume.json").exists() {
         anyhow::bail!("no volume {name:?} (strata volume create {name} --size …)");
     }
-    let key = strata_link::keys::key_for_dir(&super::Access(cli), &dir).map_err(link_err)?;
+    let key = strata_link::keys::key_for_dir(&Access(cli), &dir).map_err(link_err)?;
     let vol =
         Volume::open_keyed(&dir, key.as_ref()).with_context(|| format!("opening volume {name}"))?;
     drop(key);
@@ -162,7 +162,7 @@ fn wait_for_a_signal() {
 /// `volume serve NAME --at SNAPSHOT`: a stored version, read-only
 /// ([`at`]).
 pub(super) fn serve_at(
-    cli: &crate::Cli,
+    cli: &crate::cli::Cli,
     out: &Out,
     name: &str,
     (at, cache): (&str, usize),
@@ -170,8 +170,9 @@ pub(super) fn serve_at(
     tls: Option<strata_volume::tls::TlsConfig>,
 ) -> Result<i32> {
     big_buffers_from_the_heap();
-    let repo = crate::open(cli)?;
-    let opened = strata_link::at::open(&crate::tiers(&repo), name, at, cache).map_err(link_err)?;
+    let repo = crate::cli::open(cli)?;
+    let opened =
+        strata_link::at::open(&crate::cli::tiers(&repo), name, at, cache).map_err(link_err)?;
     // The recipe decoded to open the image is gone: its memory goes back
     // to the system, not kept for a peak that will not come again.
     // SAFETY: malloc_trim only returns free heap memory.

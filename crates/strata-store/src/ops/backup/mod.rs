@@ -401,8 +401,12 @@ struct Walked {
     carried: u64,
 }
 
-/// The series a backup without `--series` goes to.
-fn default_series_of(opts: &BackupOptions, paths: &[PathBuf]) -> String {
+/// The series a backup goes to: `--series`, else one named after what
+/// it reads.
+fn series_of(opts: &BackupOptions, paths: &[PathBuf]) -> String {
+    if let Some(s) = &opts.series {
+        return s.clone();
+    }
     let name = (opts.stdin.as_ref().map(|s| s.name.as_str()))
         .or(opts.image.as_ref().map(|i| i.name.as_str()));
     default_series(paths, name)
@@ -419,10 +423,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     check_request(&opts, &paths, chunker)?;
     let excludes =
         Excludes::new(&opts.excludes, &opts.exclude_paths)?.if_present(&opts.exclude_if_present)?;
-    let series = opts
-        .series
-        .clone()
-        .unwrap_or_else(|| default_series_of(&opts, &paths));
+    let series = series_of(&opts, &paths);
 
     // Index and parent, then the walk, with everything after it.
     let threads = opts.threads.clamp(1, 256);
@@ -456,7 +457,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         &ctx,
         threads,
         opts.limits,
-        crate::repo::recipe::RecipeWriter::new(repo).with_suspects(parent.suspects()),
+        crate::repo::recipe::writer::RecipeWriter::new(repo).with_suspects(parent.suspects()),
         |feed| {
             let walk_started = std::time::Instant::now();
             let mut walker = Walker::new(feed, &mut parent, opts.force_read, &progress, &excludes);
@@ -576,7 +577,7 @@ fn reverse_hint(
 fn commit(
     repo: &Repository,
     written: crate::engine::writer::SinkResult,
-    recipe: crate::repo::recipe::RecipeWriter<'_>,
+    recipe: crate::repo::recipe::writer::RecipeWriter<'_>,
     snapshot: impl FnOnce(RecipeId) -> Snapshot,
     started: std::time::Instant,
 ) -> Result<(SnapshotId, Snapshot)> {

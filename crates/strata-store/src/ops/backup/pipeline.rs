@@ -30,7 +30,7 @@ use super::walk::{Job, Source};
 use crate::engine::index::ChunkLoc;
 use crate::engine::writer::{ContainerSink, ContainerWriter, SinkResult};
 use crate::error::{Result, StoreError};
-use crate::repo::recipe::RecipeWriter;
+use crate::repo::recipe::writer::RecipeWriter;
 use crate::stages::Stage;
 use rayon::prelude::*;
 use rayon::ScopeFifo;

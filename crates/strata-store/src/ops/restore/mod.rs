@@ -16,15 +16,19 @@
 //! last, so nothing restore writes can pass through one. A malicious
 //! repository therefore cannot make restore write outside its target.
 
+mod options;
 mod plan;
+mod select;
 mod source;
 mod verify;
 
 pub use crate::engine::resolver::{recipe_refs, resolver_for, Resolved, Resolver, MAX_CHAIN};
 use crate::error::{Result, StoreError};
-use crate::progress::Progress;
 use crate::repo::Repository;
+pub use options::{Overwrite, RestoreOptions};
 pub use plan::PLAN_PIECES;
+use select::select_entries;
+pub use select::{excluded, safe_rel, select_nodes, selected, under, unmatched};
 pub use source::RecipeSource;
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -38,22 +42,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use strata_core::format::{Node, NodeKind, Recipe, Snapshot};
 pub use verify::{verify, verify_from, VerifyReport};
-
-/// Checks a recipe path and turns it into a relative path.
-pub fn safe_rel(path: &[u8]) -> Result<PathBuf> {
-    let bad = || StoreError::UnsafePath(String::from_utf8_lossy(path).into_owned());
-    if path.is_empty() || path[0] == b'/' || path.contains(&0) {
-        return Err(bad());
-    }
-    let mut out = PathBuf::new();
-    for comp in path.split(|&b| b == b'/') {
-        if comp.is_empty() || comp == b"." || comp == b".." {
-            return Err(bad());
-        }
-        out.push(std::ffi::OsStr::from_bytes(comp));
-    }
-    Ok(out)
-}
 
 /// Checks that every ancestor of a path below the restore root is a real
 /// directory (never a symlink), remembering verified directories so each
@@ -94,65 +82,6 @@ impl<'a> ParentCheck<'a> {
             }
         }
         Ok(())
-    }
-}
-
-/// What restore does with a name that already exists in the target
-/// (restic's `--overwrite`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Overwrite {
-    /// Replace it.
-    Always,
-    /// Replace it unless it already is the same kind with the same size
-    /// and modification time (a symlink: the same target).
-    IfChanged,
-    /// Replace it only when the snapshot's version is newer.
-    IfNewer,
-    /// Leave it as it is.
-    Never,
-}
-
-#[derive(Clone, Debug)]
-pub struct RestoreOptions {
-    pub target: PathBuf,
-    /// Restore only these paths (and what is below them).
-    pub include: Vec<Vec<u8>>,
-    /// Leave out these paths (and what is below them).
-    pub exclude: Vec<Vec<u8>>,
-    /// What to do with files that already exist in the target.
-    pub overwrite: Overwrite,
-    /// Restore ownership (default: when running as root).
-    pub owner: bool,
-    pub progress: Arc<Progress>,
-    /// Reads in flight at once (0: one per core). Reads from a remote
-    /// store wait on the network, so more than the cores keep them busy.
-    pub readers: usize,
-    /// Set directories' metadata (mode, times) at the end. Off for the
-    /// first of two passes into one tree (a version's cloud part): a
-    /// read-only directory would refuse the second pass's files.
-    pub dir_metadata: bool,
-    /// Most pieces (a region's chunks going to one place in one file) a
-    /// read plan holds before it is read: what bounds restore's memory
-    /// ([`PLAN_PIECES`], at most about 40 MB). A region two plans use is
-    /// read twice.
-    pub plan_pieces: usize,
-}
-
-impl RestoreOptions {
-    pub fn new(target: impl Into<PathBuf>) -> Self {
-        RestoreOptions {
-            target: target.into(),
-            include: vec![],
-            exclude: vec![],
-            overwrite: Overwrite::Always,
-            // SAFETY: geteuid cannot fail.
-            owner: unsafe { libc::geteuid() } == 0,
-            progress: Arc::new(Progress::default()),
-            readers: 0,
-            dir_metadata: true,
-            plan_pieces: PLAN_PIECES,
-        }
     }
 }
 
@@ -230,54 +159,6 @@ fn remove_non_dir(full: &Path) {
     }
 }
 
-/// `pattern` without a leading or trailing `/` (paths in a recipe are
-/// relative to the snapshot root).
-fn trim_slashes(mut p: &[u8]) -> &[u8] {
-    while let [b'/', rest @ ..] = p {
-        p = rest;
-    }
-    while let [rest @ .., b'/'] = p {
-        p = rest;
-    }
-    p
-}
-
-/// Whether `path` (a recipe node's) is `pattern` or below it, as `ls`,
-/// `restore --include/--exclude` and `dump` take paths (a leading and a
-/// trailing `/` ignored; an empty pattern is the root). Bytes, so names
-/// that are not UTF-8 can be selected.
-pub fn under(path: &[u8], pattern: &[u8]) -> bool {
-    let p = trim_slashes(pattern);
-    p.is_empty() || (path.starts_with(p) && (path.len() == p.len() || path[p.len()] == b'/'))
-}
-
-/// True when `path` is selected by the include list (or is an ancestor
-/// directory of a selected path).
-pub fn selected(path: &[u8], include: &[Vec<u8>]) -> bool {
-    include.is_empty()
-        || include.iter().any(|inc| {
-            let inc = trim_slashes(inc);
-            under(path, inc) || (inc.starts_with(path) && inc.get(path.len()) == Some(&b'/'))
-        })
-}
-
-/// True when `path` is an excluded path or below one.
-pub fn excluded(path: &[u8], exclude: &[Vec<u8>]) -> bool {
-    exclude
-        .iter()
-        .any(|e| !trim_slashes(e).is_empty() && under(path, e))
-}
-
-/// The patterns that select nothing in `recipe` (a typo would otherwise
-/// print or restore nothing and succeed).
-pub fn unmatched<'a>(recipe: &Recipe, patterns: &'a [Vec<u8>]) -> Vec<&'a [u8]> {
-    patterns
-        .iter()
-        .filter(|p| !recipe.nodes.iter().any(|n| under(&n.path, p)))
-        .map(Vec::as_slice)
-        .collect()
-}
-
 fn cstr(p: &Path) -> Result<CString> {
     CString::new(p.as_os_str().as_bytes())
         .map_err(|_| StoreError::UnsafePath(p.display().to_string()))
@@ -303,61 +184,6 @@ fn set_times(p: &Path, mtime_ns: i64) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// The nodes an include list selects. A hard link whose first name is not
-/// selected becomes a regular file with that name's content (the first such
-/// link of a group); the group's other selected links point at it.
-pub fn select_nodes<'a>(
-    recipe: &'a Recipe,
-    include: &[Vec<u8>],
-    exclude: &[Vec<u8>],
-) -> Vec<Cow<'a, Node>> {
-    select_entries(recipe, include, exclude)
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect()
-}
-
-/// [`select_nodes`], each node with the recipe path whose chunks are its
-/// content: its own, or for a hard link restored as a file, its first
-/// name's.
-fn select_entries<'a>(
-    recipe: &'a Recipe,
-    include: &[Vec<u8>],
-    exclude: &[Vec<u8>],
-) -> Vec<(Cow<'a, Node>, &'a [u8])> {
-    let all_selected = include.is_empty() && exclude.is_empty();
-    let selected = |p: &[u8], include: &[Vec<u8>]| selected(p, include) && !excluded(p, exclude);
-    let by_path: HashMap<&[u8], &Node> = if all_selected {
-        HashMap::new()
-    } else {
-        recipe
-            .nodes
-            .iter()
-            .map(|n| (n.path.as_slice(), n))
-            .collect()
-    };
-    let mut moved: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
-    let mut out = Vec::new();
-    for n in recipe.nodes.iter().filter(|n| selected(&n.path, include)) {
-        let target = n.target.as_deref().unwrap_or_default();
-        if all_selected || n.kind != NodeKind::Hardlink || selected(target, include) {
-            out.push((Cow::Borrowed(n), n.path.as_slice()));
-        } else if let Some(first) = moved.get(target) {
-            let mut link = n.clone();
-            link.target = Some(first.clone());
-            out.push((Cow::Owned(link), n.path.as_slice()));
-        } else if let Some(orig) = by_path.get(target).filter(|o| o.kind == NodeKind::File) {
-            let mut file = (*orig).clone();
-            file.path = n.path.clone();
-            moved.insert(target.to_vec(), n.path.clone());
-            out.push((Cow::Owned(file), orig.path.as_slice()));
-        } else {
-            out.push((Cow::Borrowed(n), n.path.as_slice()));
-        }
-    }
-    out
 }
 
 fn set_xattr(p: &Path, name: &[u8], value: &[u8]) -> std::io::Result<()> {

@@ -1,7 +1,9 @@
 //! `restore --verify`: the restored files read back against the
 //! recipe's fingerprints.
 
-use super::{safe_rel, select_entries, RecipeSource, RestoreOptions};
+use super::options::RestoreOptions;
+use super::select::{safe_rel, select_entries};
+use super::source::RecipeSource;
 use crate::error::{Result, StoreError};
 use crate::repo::Repository;
 use rayon::prelude::*;

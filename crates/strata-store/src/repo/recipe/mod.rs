@@ -19,9 +19,7 @@
 //! are still read (as a recipe of one part).
 
 pub mod refs;
-mod writer;
-
-pub use writer::{piece_ref, put, RecipeWriter};
+pub mod writer;
 
 use crate::error::{Result, StoreError};
 use crate::repo::Repository;
@@ -143,6 +141,14 @@ pub struct Parts<'r> {
     last: Option<(Vec<u8>, NodeKind)>,
     /// Where the next piece of the last node's file begins.
     file_at: Option<u64>,
+}
+
+impl Repository {
+    /// The whole tree of recipe `id` (all its parts) in memory; see
+    /// [`crate::repo::recipe`] for reading it a part at a time.
+    pub fn load_recipe(&self, id: &RecipeId) -> Result<Recipe> {
+        load_whole(self, id)
+    }
 }
 
 impl<'r> Parts<'r> {
@@ -525,6 +531,39 @@ pub fn live_parts<'a>(
         }
     }
     Ok(out)
+}
+
+/// `node` (a file or a piece of one, with its segments) as the piece
+/// beginning at byte `offset` of its file (see [`PieceRef`]).
+pub fn piece_ref(hasher: &strata_core::Hasher, node: &mut Node, offset: u64) -> Result<PieceRef> {
+    let segments = std::mem::take(&mut node.segments);
+    let meta = postcard::to_allocvec(&*node);
+    node.segments = segments;
+    let meta = hasher
+        .hash(&meta.map_err(|e| StoreError::Invalid(format!("cannot encode a recipe node: {e}")))?);
+    let lens: Vec<u64> = node.segments.iter().map(|s| s.len()).collect();
+    let segment = match lens.split_last() {
+        Some((&last, rest)) => {
+            let l = rest.first().copied().unwrap_or(last);
+            let even = rest.iter().all(|&x| x == l) && last <= l && last > 0;
+            u32::try_from(l).ok().filter(|_| even).unwrap_or(0)
+        }
+        None => 0,
+    };
+    let direct = node
+        .segments
+        .iter()
+        .flat_map(|s| &s.chunks)
+        .filter(|c| c.is_direct());
+    let (direct_chunks, direct_bytes) = direct.fold((0, 0), |(n, b), c| (n + 1, b + c.len as u64));
+    Ok(PieceRef {
+        offset,
+        len: lens.iter().sum(),
+        meta,
+        segment,
+        direct_chunks,
+        direct_bytes,
+    })
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! reverse dedup or a tier move; two recipes joined), whole or a part at
 //! a time.
 
-use super::RecipeWriter;
+use super::writer::RecipeWriter;
 use crate::error::{Result, StoreError};
 use crate::repo::Repository;
 use std::collections::HashMap;

@@ -1,4 +1,5 @@
 //! Unit tests of recipes in parts: reading, writing, sharing.
+use super::writer::{put, RecipeWriter};
 use super::*;
 use crate::backend::LocalBackend;
 use crate::repo::InitOptions;
