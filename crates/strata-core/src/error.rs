@@ -8,6 +8,11 @@ use thiserror::Error;
 pub enum CoreError {
     #[error("object is truncated ({0})")]
     Truncated(&'static str),
+    /// The storage found the object damaged; its reason in words (a
+    /// symbolic link where an object should be, an object shorter than a
+    /// read asked, …).
+    #[error("{0}")]
+    Damaged(String),
     #[error("unknown format version {found} for {what} (this strata understands version {supported}); upgrade strata")]
     UnknownVersion {
         what: &'static str,

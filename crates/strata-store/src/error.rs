@@ -60,9 +60,11 @@ impl From<strata_backend::BackendError> for StoreError {
         match e.kind {
             K::NotFound => StoreError::NotFound(e.name),
             K::DiskFull => StoreError::DiskFull(e.name),
+            // The backend's own reason: a short object and a symbolic
+            // link in the repository are different problems.
             K::Corrupt => StoreError::Corrupt {
                 name: e.name,
-                cause: CoreError::Truncated("object shorter than its index says"),
+                cause: CoreError::Damaged(e.message),
             },
             _ => StoreError::Backend(e),
         }
