@@ -19,6 +19,21 @@ use strata_store::repo::skeleton::Skeleton;
 use strata_store::tier::Tiers;
 use strata_store::Repository;
 
+/// A directory entry as listed: inode, kind, name, and the offset of the
+/// entry after it (its position, so entries left out keep the others'
+/// offsets).
+type Entry<'a> = (u64, FileType, &'a OsStr, u64);
+
+/// The longest name a directory entry may have (`NAME_MAX`).
+const NAME_MAX: usize = 255;
+
+/// Whether a name can be listed: one longer than `NAME_MAX` would end the
+/// listing in the kernel (and no program could open it), so it is left
+/// out and the entries after it listed.
+fn listable(name: &OsStr) -> bool {
+    name.len() <= NAME_MAX
+}
+
 /// A series as a directory: its versions, by number.
 pub(crate) struct SeriesDir {
     name: OsString,
@@ -353,7 +368,7 @@ impl StrataFs {
         &self,
         ino: u64,
         from: usize,
-        add: &mut dyn FnMut(u64, FileType, &OsStr) -> bool,
+        add: &mut dyn FnMut(Entry<'_>) -> bool,
     ) -> Result<(), Errno> {
         use FileType::{Directory as D, Symlink as L};
         // (parent, children) of the fixed layout; a tree lists itself.
@@ -390,8 +405,8 @@ impl StrataFs {
             Ino::Tree { snap, via, local } => return self.list_tree(snap, via, local, from, add),
         };
         let dots = [(ino, D, OsString::from(".")), (parent, D, "..".into())];
-        for (e, kind, name) in dots.into_iter().chain(children).skip(from) {
-            if add(e, kind, &name) {
+        for (at, (e, kind, name)) in dots.into_iter().chain(children).enumerate().skip(from) {
+            if listable(&name) && add((e, kind, &name, at as u64 + 1)) {
                 break;
             }
         }
@@ -405,7 +420,7 @@ impl StrataFs {
         via: Via,
         local: u64,
         from: usize,
-        add: &mut dyn FnMut(u64, FileType, &OsStr) -> bool,
+        add: &mut dyn FnMut(Entry<'_>) -> bool,
     ) -> Result<(), Errno> {
         let l = self.loaded(snap)?;
         if !l.is_dir(local) {
@@ -419,18 +434,23 @@ impl StrataFs {
             _ => ino(t.parent),
         };
         let dots = [(ino(local), OsStr::new(".")), (parent, OsStr::new(".."))];
-        for (e, name) in dots.into_iter().skip(from) {
-            if add(e, FileType::Directory, name) {
+        for (at, (e, name)) in dots.into_iter().enumerate().skip(from) {
+            if add((e, FileType::Directory, name, at as u64 + 1)) {
                 return Ok(());
             }
         }
-        for &c in t.children.iter().skip(from.saturating_sub(2)) {
+        let children = t.children.iter().enumerate().map(|(i, c)| (i + 2, c));
+        for (at, &c) in children.skip(from.saturating_sub(2)) {
             let Some(ct) = l.node(c) else { continue };
+            let name = OsStr::from_bytes(&ct.name);
+            if !listable(name) {
+                continue;
+            }
             let target = ct.link.unwrap_or(c);
             let kind = self
                 .tree_attr(0, &self.snaps[snap], &l, target)
                 .map_or(FileType::RegularFile, |a| a.kind);
-            if add(ino(target), kind, OsStr::from_bytes(&ct.name)) {
+            if add((ino(target), kind, name, at as u64 + 1)) {
                 break;
             }
         }
@@ -645,9 +665,7 @@ impl Filesystem for StrataFs {
         mut reply: ReplyDirectory,
     ) {
         let from = usize::try_from(offset).unwrap_or(usize::MAX);
-        let mut next = offset;
-        let res = self.list(ino.0, from, &mut |e, kind, name| {
-            next += 1;
+        let res = self.list(ino.0, from, &mut |(e, kind, name, next)| {
             reply.add(INodeNo(e), next, kind, name)
         });
         match res {
@@ -657,7 +675,7 @@ impl Filesystem for StrataFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        reply.statfs(0, 0, 0, 0, 0, 4096, 255, 4096);
+        reply.statfs(0, 0, 0, 0, 0, 4096, NAME_MAX as u32, 4096);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -962,7 +980,7 @@ mod tests {
         );
         let fs = StrataFs::new(Tiers::new(&repo, no_cloud), snaps, &[], Arc::default());
         let mut listed = Vec::new();
-        fs.list(INO_SERIES, 0, &mut |_, _, n| {
+        fs.list(INO_SERIES, 0, &mut |(_, _, n, _)| {
             listed.push(n.to_os_string());
             false
         })
@@ -1045,5 +1063,54 @@ mod tests {
         let mut sorted = names.clone();
         sorted.sort();
         assert_eq!(names, sorted);
+    }
+
+    /// A name longer than NAME_MAX (a crafted recipe) is left out of its
+    /// directory's listing, and the entries after it are listed — also
+    /// when the listing resumes at an offset past it.
+    #[test]
+    fn an_over_long_name_does_not_end_the_listing() {
+        let long = format!("d/{}", "x".repeat(300));
+        let parts = vec![part(vec![
+            node("d", NodeKind::Dir, None),
+            node("d/a", NodeKind::File, None),
+            node(&long, NodeKind::File, None),
+            node("d/z1", NodeKind::File, None),
+            node("d/z2", NodeKind::File, None),
+        ])];
+        let (nodes, _) = build_tree(&parts);
+        let backend = Arc::new(strata_store::backend::MemoryBackend::new());
+        let repo = Repository::init(backend, Default::default()).unwrap();
+        let id = SnapshotId::parse(&"ab".repeat(32)).unwrap();
+        let no_cloud = Arc::new(
+            |_: &str| -> strata_store::Result<Arc<dyn strata_store::Backend>> {
+                Err(strata_store::StoreError::Invalid("no cloud".into()))
+            },
+        );
+        let fs = StrataFs::new(
+            Tiers::new(&repo, no_cloud),
+            vec![(id, snapshot("s", 1))],
+            &[],
+            Arc::default(),
+        );
+        *lock(&fs.snaps[0].loaded) = Some(Arc::new(Loaded { parts, nodes }));
+        let root = tree_root(0, Via::Ids);
+        let d = fs.lookup_ino(root, OsStr::new("d")).unwrap();
+        let list = |from: usize| {
+            let mut out = Vec::new();
+            fs.list(d, from, &mut |(_, _, n, next)| {
+                out.push((n.to_string_lossy().into_owned(), next));
+                false
+            })
+            .unwrap();
+            out
+        };
+        let all = list(0);
+        let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, [".", "..", "a", "z1", "z2"]);
+        // Resuming after "a" (the offset it gave) lists z1 and z2 once.
+        let after_a = all[2].1 as usize;
+        let rest: Vec<String> = list(after_a).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(rest, ["z1", "z2"]);
     }
 }
