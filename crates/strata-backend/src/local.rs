@@ -281,8 +281,11 @@ impl Backend for LocalBackend {
                 let p = ent.path();
                 if ft.is_dir() {
                     stack.push(p);
-                } else if ft.is_file() {
-                    let size = ent.metadata().map(|m| m.len()).unwrap_or(0);
+                } else if ft.is_file() || ft.is_symlink() {
+                    // A symbolic link is listed (not followed: its size is
+                    // the link's), so that reading it fails loudly instead
+                    // of the object silently missing from every listing.
+                    let size = fs::symlink_metadata(&p).map(|m| m.len()).unwrap_or(0);
                     let rel = p
                         .strip_prefix(&self.root)
                         .unwrap_or(&p)
@@ -460,9 +463,11 @@ mod tests {
         b.put("data/cd/ok", b"fine").unwrap();
         assert!(b.list("isum/").is_err());
         assert!(b.list("data/ab/").is_err());
-        // Listing the parent skips links (neither files nor directories).
+        // Listing the parent shows the links as objects (not followed: a
+        // link to a directory lists nothing below it), so that reading one
+        // fails loudly rather than the object silently missing.
         let names: Vec<String> = b.list("").unwrap().into_iter().map(|o| o.name).collect();
-        assert_eq!(names, vec!["data/cd/ok".to_string()]);
+        assert_eq!(names, ["data/ab", "data/cd/ok", "isum", "meta/m1"]);
         b.delete("meta/m1").unwrap();
         assert!(!root.join("meta").join("m1").exists());
 

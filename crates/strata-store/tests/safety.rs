@@ -491,3 +491,41 @@ fn bad_utf8_and_duplicate_ids() {
     restore(&fx.repo, &fx.snapshot, &fx.recipe, &opts(&target)).unwrap();
     fx.assert_outside_untouched();
 }
+
+/// `check --read-data` reports what restore would refuse: a recipe entry
+/// whose path (or hard link target) is absolute, climbs out with `..`, or
+/// holds a NUL (issue 40 item 5).
+#[test]
+fn check_reports_paths_restore_refuses() {
+    let cases: [(&[u8], Option<&[u8]>); 4] = [
+        (b"../evil", None),
+        (b"/abs/evil", None),
+        (b"a/\0/evil", None),
+        (b"fine-link", Some(b"../../victim")),
+    ];
+    for (path, link_to) in cases {
+        let fx = fixture();
+        let what = String::from_utf8_lossy(path).into_owned();
+        let clean = strata_store::ops::check::check_ok(&fx.repo, true).unwrap();
+        assert!(clean.errors.is_empty(), "{what}: {:?}", clean.errors);
+        let mut recipe = fx.recipe.clone();
+        recipe.nodes.push(match link_to {
+            None => fx.file_node(path),
+            Some(t) => Node {
+                target: Some(t.to_vec()),
+                ..bare_node(path, NodeKind::Hardlink)
+            },
+        });
+        fx.store(&recipe);
+        let opts = strata_store::ops::check::CheckOptions {
+            read_data: true,
+            ..Default::default()
+        };
+        let rep = strata_store::ops::check::check(&fx.repo, &opts).unwrap();
+        assert!(
+            rep.errors.iter().any(|e| e.contains("could reach outside")),
+            "{what}: check passed a path restore refuses: {:?}",
+            rep.errors
+        );
+    }
+}

@@ -616,6 +616,9 @@ struct RecipeFindings {
     /// Zero runs counting more chunks than they have bytes (read as their
     /// bytes; only the segment's fingerprint would be derived wrongly).
     odd_zero_runs: u64,
+    /// Entries whose path (or hard link's target) restore refuses.
+    unsafe_paths: u64,
+    first_unsafe: Option<String>,
 }
 
 fn check_snapshot(
@@ -637,6 +640,7 @@ fn check_snapshot(
         ..Default::default()
     };
     let walked = crate::repo::recipe::for_each_piece_in_part(repo, &s.recipe, |n, _, _, table| {
+        f.check_path(&n);
         if !cloud {
             f.visit(avail, &n, table, (id, s), next_held);
         }
@@ -684,6 +688,13 @@ fn check_snapshot(
             }
         ));
     }
+    if let Some(first) = &f.first_unsafe {
+        rep.errors.push(format!(
+            "{label}: {} entries whose path or link target could reach outside a restore \
+             target (empty, absolute, `.`/`..` or NUL; first {first:?}): restore refuses them",
+            f.unsafe_paths
+        ));
+    }
     if f.odd_zero_runs > 0 {
         rep.warnings.push(format!(
             "{label}: {} runs of zero chunks count more chunks than they have bytes \
@@ -705,6 +716,22 @@ fn check_snapshot(
 }
 
 impl RecipeFindings {
+    /// Counts `n` if its path, or a hard link's target, could reach outside
+    /// a restore target (the recipe writer never makes such a path).
+    fn check_path(&mut self, n: &strata_core::format::Node) {
+        let target = (n.kind == strata_core::format::NodeKind::Hardlink)
+            .then_some(n.target.as_deref())
+            .flatten();
+        let bad = std::iter::once(n.path.as_slice())
+            .chain(target)
+            .any(|p| crate::ops::restore::safe_rel(p).is_err());
+        if bad {
+            self.unsafe_paths += 1;
+            self.first_unsafe
+                .get_or_insert_with(|| String::from_utf8_lossy(&n.path).into_owned());
+        }
+    }
+
     /// Walks node `n`'s references (numbered in `containers`) against
     /// what is available (and, for an archival version, what the next
     /// version holds). A file in pieces is visited a piece at a time; its
