@@ -60,3 +60,71 @@ fn check_reports_a_snapshot_object_that_is_a_symlink() {
         "check does not report the symlinked snapshot: {said}"
     );
 }
+
+/// The peak resident memory of every child this process waited for, in
+/// bytes.
+fn children_peak_rss() -> u64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(
+        unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) },
+        0
+    );
+    ru.ru_maxrss as u64 * 1024
+}
+
+/// An unencrypted repository's envelope of kind `kind` around an already
+/// compressed `payload` (version, kind, zstd flag; BLAKE3 checksum).
+fn plain_zstd_envelope(kind: u8, payload: &[u8]) -> Vec<u8> {
+    let mut body = vec![strata_core::crypto::ENVELOPE_VERSION, kind, 1];
+    body.extend_from_slice(payload);
+    let tag = blake3::hash(&body);
+    body.extend_from_slice(&tag.as_bytes()[..16]);
+    body
+}
+
+/// A recipe part replaced by a small zstd frame that expands to 1 GiB (no
+/// size in its header, so it must be streamed) is refused at what a part
+/// may hold: restore and check fail clearly, quickly, in little memory.
+#[test]
+fn a_decompression_bomb_in_a_recipe_part_is_refused_unexpanded() {
+    use std::io::Write;
+    let repo = Repo::new();
+    let src = repo.dir().join("src");
+    for i in 0..20 {
+        write(&src.join(format!("f{i}")), &prng(i, 5000));
+    }
+    repo.backup(&[&src], &[]);
+    let mut enc = zstd::stream::Encoder::new(Vec::new(), 1).unwrap();
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..1024 {
+        enc.write_all(&zeros).unwrap();
+    }
+    let bomb = enc.finish().unwrap();
+    assert!(bomb.len() < 1 << 20, "the bomb is small: {}", bomb.len());
+    let part = walk_files(&repo.path.join("parts"))
+        .into_iter()
+        .next()
+        .expect("a recipe part");
+    fs::write(&part, plain_zstd_envelope(13, &bomb)).unwrap();
+    let target = repo.scratch("t");
+    for args in [
+        vec!["restore", "latest", "--target", path_str(&target)],
+        vec!["check", "--read-data"],
+    ] {
+        let started = std::time::Instant::now();
+        let r = repo.run(&args).expect_code(1);
+        let said = format!("{}{}", r.out(), r.stderr);
+        assert!(
+            said.contains("more than"),
+            "{args:?}: the bomb is not named: {said}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
+    }
+    let peak = children_peak_rss();
+    assert!(peak < 256 << 20, "a command took {} MiB", peak >> 20);
+}

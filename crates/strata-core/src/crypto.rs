@@ -68,6 +68,40 @@ pub enum Kind {
     Link = 16,
 }
 
+impl Kind {
+    /// The most an object of this kind decompresses to, by what the format
+    /// allows for it: a small crafted object that claims more (a
+    /// decompression bomb) is refused before it is expanded. Regions are
+    /// held to the size their container's metadata declares
+    /// ([`Sealer::open_within`]); kinds whose size grows with the
+    /// repository keep the global [`MAX_DECOMPRESSED`].
+    pub fn max_plain(self) -> u64 {
+        match self {
+            // A few fields each.
+            Kind::Config
+            | Kind::Key
+            | Kind::Lock
+            | Kind::Policy
+            | Kind::TierConfig
+            | Kind::LifecycleState => 1 << 20,
+            // Paths and tags of one version.
+            Kind::Snapshot => 16 << 20,
+            // At most 4 MiB of nodes plus one node (a piece of at most
+            // 16 384 chunk references, its path and extended attributes).
+            Kind::RecipePart => 16 << 20,
+            // A stub: the volume's name and each region's blocks.
+            Kind::Link => 64 << 20,
+            // A region: at most a container (32 MiB by default, 1 GiB at
+            // most); callers that know its declared size hold it to that.
+            Kind::Region => 1 << 30,
+            // Recipe indexes (and whole recipes of the first recipe
+            // version), container metadata, index objects and their
+            // summaries, index-strategy data, a tier job's progress.
+            _ => MAX_DECOMPRESSED,
+        }
+    }
+}
+
 /// zstd-compresses `data` with a context kept per thread: creating one
 /// per region (tens of thousands per backup) cost ~3 % of a backup.
 fn zstd_compress(data: &[u8], level: i32) -> Result<Vec<u8>> {
@@ -95,16 +129,18 @@ fn zstd_compress(data: &[u8], level: i32) -> Result<Vec<u8>> {
     })
 }
 
-/// Decompresses a zstd payload. Frames written by [`zstd_compress`] carry
-/// their size, so a per-thread context decompresses them in one call
-/// (a context per region cost ~8 % of a restore); a larger frame, or one
-/// that does not say its size, is streamed — never past
-/// [`MAX_DECOMPRESSED`], so a small crafted object cannot expand without
-/// bound (a decompression bomb).
+/// [`zstd_decompress_within`] the global cap.
+#[cfg(test)]
 fn zstd_decompress(payload: &[u8]) -> Result<Vec<u8>> {
     zstd_decompress_within(payload, MAX_DECOMPRESSED)
 }
 
+/// Decompresses a zstd payload. Frames written by [`zstd_compress`] carry
+/// their size, so a per-thread context decompresses them in one call
+/// (a context per region cost ~8 % of a restore); a larger frame, or one
+/// that does not say its size, is streamed — never past `max` (at most
+/// [`MAX_DECOMPRESSED`]), so a small crafted object cannot expand beyond
+/// what its kind may hold (a decompression bomb).
 fn zstd_decompress_within(payload: &[u8], max: u64) -> Result<Vec<u8>> {
     const MAX_ONE_SHOT: u64 = 256 << 20;
     thread_local! {
@@ -453,8 +489,16 @@ impl Sealer {
         }
     }
 
-    /// Verifies and opens an envelope, returning the plaintext.
+    /// Verifies and opens an envelope, returning the plaintext (at most
+    /// [`Kind::max_plain`] bytes).
     pub fn open(&self, kind: Kind, data: &[u8]) -> Result<Vec<u8>> {
+        self.open_within(kind, data, kind.max_plain())
+    }
+
+    /// [`Self::open`] for an object whose plaintext is known to be at most
+    /// `max` bytes (a region, whose size its container's metadata says):
+    /// a payload that would decompress to more is refused unexpanded.
+    pub fn open_within(&self, kind: Kind, data: &[u8], max: u64) -> Result<Vec<u8>> {
         if data.len() < HEADER_LEN + TAG_LEN {
             return Err(CoreError::Truncated(
                 "envelope shorter than its header and tag",
@@ -503,7 +547,12 @@ impl Sealer {
             });
         }
         if flags & FLAG_ZSTD != 0 {
-            zstd_decompress(&payload)
+            zstd_decompress_within(&payload, max.min(MAX_DECOMPRESSED))
+        } else if payload.len() as u64 > max {
+            Err(CoreError::Decompress(format!(
+                "holds {} bytes, more than a {kind:?} object may ({max})",
+                payload.len()
+            )))
         } else {
             Ok(payload)
         }
@@ -604,6 +653,30 @@ mod tests {
             iterations: 1,
         };
         assert!(KeyFile::wrap(&master, b"pw", big).is_err());
+    }
+
+    /// Each kind opens no more than it may hold; a region no more than
+    /// its declared size (issue 40 item 1).
+    #[test]
+    fn objects_open_no_larger_than_their_kind_allows() {
+        let s = Sealer::plain(3);
+        let big = vec![0u8; (16 << 20) + 1];
+        let env = s.seal(Kind::RecipePart, &big, true).unwrap();
+        assert!(env.len() < 1 << 20, "zeros compress");
+        let e = s.open(Kind::RecipePart, &env).unwrap_err().to_string();
+        assert!(e.contains("more than"), "{e}");
+        // The same bytes as another kind that may hold them open.
+        let env = s.seal(Kind::Index, &big, true).unwrap();
+        assert_eq!(s.open(Kind::Index, &env).unwrap().len(), big.len());
+        // Uncompressed, too.
+        let small = vec![7u8; (1 << 20) + 1];
+        let env = s.seal(Kind::Config, &small, false).unwrap();
+        assert!(s.open(Kind::Config, &env).is_err());
+        // A region is held to its declared size.
+        let region = vec![1u8; 1000];
+        let env = s.seal(Kind::Region, &region, true).unwrap();
+        assert_eq!(s.open_within(Kind::Region, &env, 1000).unwrap(), region);
+        assert!(s.open_within(Kind::Region, &env, 999).is_err());
     }
 
     #[test]

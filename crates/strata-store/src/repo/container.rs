@@ -140,7 +140,7 @@ pub fn read_region(repo: &Repository, id: &ContainerId, r: &RegionInfo) -> Resul
 pub fn open_region(repo: &Repository, name: &str, env: &[u8], r: &RegionInfo) -> Result<Vec<u8>> {
     let plain = repo
         .sealer()
-        .open(Kind::Region, env)
+        .open_within(Kind::Region, env, u64::from(r.raw_len))
         .map_err(|e| StoreError::corrupt(format!("{name} (region at offset {})", r.offset), e))?;
     if plain.len() != r.raw_len as usize {
         return Err(StoreError::corrupt(
