@@ -128,3 +128,127 @@ fn a_decompression_bomb_in_a_recipe_part_is_refused_unexpanded() {
     let peak = children_peak_rss();
     assert!(peak < 256 << 20, "a command took {} MiB", peak >> 20);
 }
+
+/// `restore --no-special --no-setuid` restores an untrusted snapshot
+/// without its device nodes, FIFOs, set-id bits or file capabilities;
+/// without the options all of them come back.
+#[test]
+fn restore_can_leave_out_specials_and_privileges() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let repo = Repo::new();
+    let src = repo.scratch("src");
+    write(&src.join("suid"), b"#!/bin/sh\n");
+    fs::set_permissions(src.join("suid"), fs::Permissions::from_mode(0o4755)).unwrap();
+    fs::create_dir_all(src.join("shared")).unwrap();
+    fs::set_permissions(src.join("shared"), fs::Permissions::from_mode(0o2775)).unwrap();
+    let fifo = std::ffi::CString::new(src.join("fifo").to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    write(&src.join("ping"), b"\x7fELF");
+    // A file capability (cap_net_raw, effective): root only.
+    let cap: [u8; 20] = [
+        1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    let with_cap = set_xattr(&src.join("ping"), "security.capability", &cap);
+    let b = repo.backup(&[&src], &[]);
+    let id = s(&b["id"]);
+
+    let full = repo.scratch("full");
+    repo.restore(id, &full);
+    let r = restored(&full, &src);
+    let mode = |p: &std::path::Path| fs::symlink_metadata(p).unwrap().permissions().mode();
+    assert_eq!(mode(&r.join("suid")) & 0o7777, 0o4755);
+    assert_eq!(mode(&r.join("shared")) & 0o7777, 0o2775);
+    assert!(fs::symlink_metadata(r.join("fifo"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    if with_cap {
+        assert_eq!(
+            get_xattr(&r.join("ping"), "security.capability"),
+            Some(cap.to_vec())
+        );
+    }
+
+    let safe = repo.scratch("safe");
+    let v = repo.json(&[
+        "restore",
+        id,
+        "--target",
+        path_str(&safe),
+        "--no-special",
+        "--no-setuid",
+    ]);
+    let r = restored(&safe, &src);
+    assert_eq!(mode(&r.join("suid")) & 0o7777, 0o755);
+    assert_eq!(mode(&r.join("shared")) & 0o7777, 0o775);
+    assert!(!r.join("fifo").exists() && fs::symlink_metadata(r.join("fifo")).is_err());
+    assert_eq!(get_xattr(&r.join("ping"), "security.capability"), None);
+    assert_eq!(fs::read(r.join("suid")).unwrap(), b"#!/bin/sh\n");
+    assert_eq!(v["specials_left_out"], 1, "{v:#}");
+    assert_eq!(
+        v["privileges_dropped"],
+        if with_cap { 3 } else { 2 },
+        "{v:#}"
+    );
+}
+
+/// A data container deleted behind the repository's back: the next backup
+/// (reusing unchanged files or reading them all) stores the lost chunks
+/// again instead of referencing them, warns naming the damaged older
+/// version, and commits a version that restores and checks clean.
+#[test]
+fn a_backup_after_a_lost_container_stores_its_chunks_again() {
+    for (index, extra) in [
+        ("segment", &[][..]),
+        ("segment", &["--force-read"][..]),
+        ("segment", &["--no-lifecycle"][..]),
+        ("exact", &[][..]),
+        ("silo", &[][..]),
+    ] {
+        let repo = Repo::with_init(&["--index", index], None);
+        let src = repo.scratch("src");
+        for (i, name) in ["a.bin", "b.bin", "c.bin"].iter().enumerate() {
+            write(&src.join(name), &prng(40 + i as u64, 700_000));
+        }
+        let v1 = repo.backup(&[&src], &[]);
+        for c in walk_files(&repo.path.join("data")) {
+            fs::remove_file(c).unwrap();
+        }
+        let r = repo.backup_run(&[&src], extra);
+        let v2 = r.json();
+        let warnings = v2["warnings"].to_string();
+        assert!(
+            warnings.contains("missing from the repository"),
+            "{index} {extra:?}: no warning: {v2:#}"
+        );
+        if extra.contains(&"--no-lifecycle") {
+            assert!(
+                warnings.contains("are damaged: ") && warnings.contains("@1"),
+                "{index} {extra:?}: the damaged version is not named: {warnings}"
+            );
+        }
+        assert_eq!(r.code, 3, "{index} {extra:?}: {}", r.stderr);
+        let t = repo.scratch("t");
+        repo.restore(s(&v2["id"]), &t);
+        assert_manifest_eq(
+            &manifest(&src),
+            &manifest(&restored(&t, &src)),
+            &format!("{index} {extra:?}"),
+        );
+        // The warning names what check finds damaged: the first version,
+        // unless the lifecycle re-pointed it to the chunks stored again.
+        let (_, c) = repo.check(true);
+        let damaged = c["damaged_snapshots"].as_array().unwrap();
+        assert!(
+            !damaged.contains(&v2["id"]),
+            "{index} {extra:?}: the new version is damaged: {c:#}"
+        );
+        let named = warnings.contains("are damaged: ");
+        assert_eq!(
+            named,
+            damaged.contains(&v1["id"]),
+            "{index} {extra:?}: {warnings} but check says {c:#}"
+        );
+    }
+}

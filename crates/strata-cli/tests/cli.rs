@@ -2421,42 +2421,6 @@ fn policy_windows_show_in_snapshots() {
     assert_eq!(code, 0, "{v:#}");
 }
 
-fn set_xattr(p: &Path, name: &str, value: &[u8]) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
-    let n = std::ffi::CString::new(name).unwrap();
-    // SAFETY: valid C strings and value buffer.
-    unsafe {
-        libc::setxattr(
-            c.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr() as *const libc::c_void,
-            value.len(),
-            0,
-        ) == 0
-    }
-}
-
-fn get_xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
-    let n = std::ffi::CString::new(name).unwrap();
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: valid C strings and buffer.
-    let r = unsafe {
-        libc::getxattr(
-            c.as_ptr(),
-            n.as_ptr(),
-            buf.as_mut_ptr() as *mut libc::c_void,
-            buf.len(),
-        )
-    };
-    (r >= 0).then(|| {
-        buf.truncate(r as usize);
-        buf
-    })
-}
-
 /// Extended attributes of files and directories are backed up and restored.
 #[test]
 fn extended_attributes_roundtrip() {

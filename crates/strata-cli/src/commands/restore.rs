@@ -41,6 +41,13 @@ pub struct RestoreArgs {
     /// twice the cores and at least 4, as reads wait on the network).
     #[arg(long)]
     readers: Option<usize>,
+    /// Leave out device nodes and FIFOs (for a snapshot you do not trust).
+    #[arg(long)]
+    no_special: bool,
+    /// Restore no set-user-id or set-group-id bit and no file
+    /// capability (`security.capability`).
+    #[arg(long)]
+    no_setuid: bool,
     #[command(flatten)]
     filter: FilterArgs,
 }
@@ -102,6 +109,8 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
     opts.include = include;
     opts.exclude = exclude;
     opts.overwrite = a.overwrite.map_or(Overwrite::Always, Overwrite::from);
+    opts.no_special = a.no_special;
+    opts.no_setuid = a.no_setuid;
     let pd = progress_for(cli, "restore");
     opts.progress = pd.progress.clone();
     let started = std::time::Instant::now();
@@ -126,6 +135,7 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
     let mut v = json!({"snapshot": id, "target": target, "files": rep.files, "dirs": rep.dirs, "bytes": rep.bytes,
             "seconds": secs, "containers_read": rep.containers_read, "regions_read": rep.regions_read,
             "bytes_read": rep.bytes_read, "chain_hops": rep.chain_hops, "skipped": rep.skipped,
+            "specials_left_out": rep.specials_left_out, "privileges_dropped": rep.privileges_dropped,
             "tier": strata_store::tier::tier_name(&s), "warnings": rep.warnings});
     if let Some(ver) = &verified {
         v["verify"] = serde_json::to_value(ver)?;
@@ -145,6 +155,18 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
         );
         if rep.skipped > 0 {
             t += &format!("; {} existing names left as they were", rep.skipped);
+        }
+        if rep.specials_left_out > 0 {
+            t += &format!(
+                "; {} device nodes and FIFOs left out",
+                rep.specials_left_out
+            );
+        }
+        if rep.privileges_dropped > 0 {
+            t += &format!(
+                "; {} set-id bits or capabilities dropped",
+                rep.privileges_dropped
+            );
         }
         if !rep.warnings.is_empty() {
             t += &format!("; {} warnings", rep.warnings.len());

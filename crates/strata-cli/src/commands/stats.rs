@@ -73,7 +73,7 @@ pub fn run(cli: &Cli, out: &Out, a: &StatsArgs) -> Result<i32> {
 
 fn index_stats(out: &Out, repo: &strata_store::Repository) -> Result<i32> {
     let table = Arc::new(strata_store::engine::index::ContainerTable::default());
-    let (strategy, idx) = strata_store::engine::index::build_strategy(repo, &table)?;
+    let (strategy, idx) = strata_store::engine::index::build_strategy(repo, &table, None)?;
     let v = json!({"index_strategy": repo.config().index, "index_entries": strategy.entries(),
                    "index_ram_bytes": strategy.ram_bytes(), "containers": idx.containers.len()});
     out.result(&v, || {

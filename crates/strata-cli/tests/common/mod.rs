@@ -632,3 +632,42 @@ pub fn fill_filesystem(file: &Path, leave: u64) {
     let len = f.metadata().unwrap().len();
     f.set_len(len.saturating_sub(leave)).unwrap();
 }
+
+/// Sets an extended attribute (following links); false where the file
+/// system refuses it.
+pub fn set_xattr(p: &Path, name: &str, value: &[u8]) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: valid C strings and value buffer.
+    unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr() as *const libc::c_void,
+            value.len(),
+            0,
+        ) == 0
+    }
+}
+
+/// An extended attribute's value, if the file has it.
+pub fn get_xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: valid C strings and buffer.
+    let r = unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+        )
+    };
+    (r >= 0).then(|| {
+        buf.truncate(r as usize);
+        buf
+    })
+}

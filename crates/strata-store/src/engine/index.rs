@@ -7,6 +7,7 @@
 use crate::error::{Result, StoreError};
 use crate::repo::index::RepoIndex;
 use crate::repo::Repository;
+use std::collections::HashSet;
 use std::sync::Arc;
 use strata_core::format::{ChunkEntry, ContainerId};
 
@@ -31,11 +32,14 @@ impl strata_index::strategy::ChunkLists for MetaLists {
 }
 
 /// Builds the repository's configured index strategy from its index
-/// objects, interning container ids in `table`.
+/// objects, interning container ids in `table`. With `present`, a
+/// container not in it (its data object is gone) is not learnt.
 pub fn build_strategy(
     repo: &Repository,
     table: &Arc<ContainerTable>,
+    present: Option<&HashSet<ContainerId>>,
 ) -> Result<(Box<dyn IndexStrategy>, RepoIndex)> {
+    let usable = |id: &ContainerId| present.is_none_or(|p| p.contains(id));
     let spec = crate::repo::IndexSpec::parse(&repo.config().index)?;
     let strategy: Box<dyn IndexStrategy> = match spec.name.as_str() {
         "segment" => Box::new(SegmentIndex::new(
@@ -57,12 +61,12 @@ pub fn build_strategy(
     // new backups must never reference it, so no strategy learns it.
     let idx = match strategy.learns() {
         Learns::Chunks => RepoIndex::load(repo, |m| {
-            if m.stamp.is_none() {
+            if m.stamp.is_none() && usable(&m.id) {
                 strategy.add_container(table, m)
             }
         })?,
         Learns::Segments => RepoIndex::load_segments(repo, true, |c, segments| {
-            if c.stamp.is_none() {
+            if c.stamp.is_none() && usable(&c.id) {
                 strategy.add_segments(table, c, segments)
             }
         })?,
@@ -70,7 +74,7 @@ pub fn build_strategy(
             let idx = RepoIndex::load_summaries(repo)?;
             for o in &idx.objects {
                 for id in &idx.contents[o] {
-                    if idx.containers[id].stamp.is_none() {
+                    if idx.containers[id].stamp.is_none() && usable(id) {
                         table.intern(*id);
                     }
                 }

@@ -122,7 +122,7 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
 /// apart) and returns the index.
 fn index_figures(repo: &Repository, st: &mut RepoStats) -> Result<RepoIndex> {
     let table = std::sync::Arc::new(ContainerTable::default());
-    let (strategy, idx) = build_strategy(repo, &table)?;
+    let (strategy, idx) = build_strategy(repo, &table, None)?;
     st.containers = idx.containers.len() as u64;
     st.chunks = idx.containers.values().map(|c| c.chunks as u64).sum();
     st.unique_raw_bytes = idx.containers.values().map(|c| c.raw_bytes).sum();

@@ -62,5 +62,6 @@ pub fn backup(
             done.maintained = Some((m, t.elapsed().as_secs_f64()));
         }
     }
+    done.report.restate_lost(repo)?;
     Ok(done)
 }

@@ -17,6 +17,7 @@ pub(crate) mod commit;
 pub(crate) mod dedup;
 mod flow;
 pub(crate) mod job;
+mod lost;
 mod parent;
 pub mod patch;
 mod pipeline;
@@ -26,7 +27,7 @@ pub use crate::progress::Progress;
 pub use flow::FlowLimits;
 pub use walk::{read_xattrs, Excludes};
 
-use crate::engine::index::{build_strategy, ContainerTable};
+use crate::engine::index::ContainerTable;
 use crate::error::{Result, StoreError};
 use crate::repo::index::RepoIndex;
 use crate::repo::lock;
@@ -39,7 +40,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use strata_core::chunker::ChunkerParams;
-use strata_core::format::{Node, NodeKind, Snapshot, SnapshotStats, Tier};
+use strata_core::format::{ContainerId, Node, NodeKind, Snapshot, SnapshotStats, Tier};
 use strata_core::id::{RecipeId, SnapshotId};
 use walk::{Source, Walker};
 
@@ -172,6 +173,23 @@ pub struct BackupReport {
     pub reverse_hint: Option<ReverseHint>,
     /// Worker threads used.
     pub threads: usize,
+    /// Containers the index lists whose data object is gone: none of
+    /// their chunks was referenced (the last warning names them).
+    pub lost_containers: Vec<ContainerId>,
+}
+
+impl BackupReport {
+    /// Says again which versions the lost containers damage (the last
+    /// warning), once something after the backup (the lifecycle) may
+    /// have re-pointed them.
+    pub fn restate_lost(&mut self, repo: &Repository) -> Result<()> {
+        if !self.lost_containers.is_empty() {
+            if let Some(w) = self.warnings.last_mut() {
+                *w = lost::warning(repo, &self.lost_containers)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Default series name: host and the absolute paths.
@@ -429,8 +447,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     let threads = opts.threads.clamp(1, 256);
     let stages = Arc::new(Stages::new(threads));
     let table = Arc::new(ContainerTable::default());
-    let (strategy, mut repo_index) = build_strategy(repo, &table)?;
-    crate::repo::index::upgrade_summaries(repo, &mut repo_index);
+    let (strategy, repo_index, lost) = lost::load_index(repo, &table)?;
     let (parent_id, mut parent) = load_parent(
         repo,
         &series,
@@ -493,6 +510,10 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     }
     let commit_started = std::time::Instant::now();
     let stats = stats_of(&run.counts, &ctx, warnings.len());
+    if !lost.is_empty() {
+        // (The last warning: restated after the lifecycle.)
+        warnings.push(lost::warning(repo, &lost)?);
+    }
     let time_ns = now_ns();
     let snapshot = |recipe| {
         let mut s = Snapshot {
@@ -531,6 +552,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         stages: stages.report(started.elapsed().as_secs_f64()),
         threads,
         reverse_hint: parent_id.map(|previous| reverse_hint(previous, id, &parent, &ctx)),
+        lost_containers: lost,
     })
 }
 

@@ -43,6 +43,11 @@ use std::sync::Arc;
 use strata_core::format::{Node, NodeKind, Recipe, Snapshot};
 pub use verify::{verify, verify_from, VerifyReport};
 
+/// The set-user-id and set-group-id bits of a mode.
+const SET_ID_BITS: u32 = 0o6000;
+/// The extended attribute that holds a file's capabilities.
+const CAPABILITY_XATTR: &[u8] = b"security.capability";
+
 /// Checks that every ancestor of a path below the restore root is a real
 /// directory (never a symlink), remembering verified directories so each
 /// is checked once per restore.
@@ -100,6 +105,11 @@ pub struct RestoreReport {
     pub plans: u64,
     /// Names left as they were in the target (`Overwrite`).
     pub skipped: u64,
+    /// Device nodes and FIFOs not created (`RestoreOptions::no_special`).
+    pub specials_left_out: u64,
+    /// Files and directories restored without their set-id bits or file
+    /// capabilities (`RestoreOptions::no_setuid`).
+    pub privileges_dropped: u64,
     pub warnings: Vec<String>,
 }
 
@@ -119,6 +129,8 @@ impl RestoreReport {
         self.chain_hops += r.chain_hops;
         self.plans += r.plans;
         self.skipped += r.skipped;
+        self.specials_left_out += r.specials_left_out;
+        self.privileges_dropped += r.privileges_dropped;
         self.warnings.extend(r.warnings);
     }
 }
@@ -399,6 +411,16 @@ impl<'s> Run<'s> {
             let i = self.order[k];
             let n = self.nodes[i];
             let full = self.full(i);
+            let special = matches!(
+                n.kind,
+                NodeKind::Fifo | NodeKind::CharDevice | NodeKind::BlockDevice
+            );
+            if special && self.opts.no_special {
+                // Not created, and so never given metadata either.
+                self.kept.insert(i);
+                self.report.specials_left_out += 1;
+                continue;
+            }
             if !matches!(
                 n.kind,
                 NodeKind::Dir | NodeKind::File | NodeKind::Symlink | NodeKind::Socket
@@ -534,7 +556,17 @@ impl<'s> Run<'s> {
                         .push(format!("{}: cannot restore owner: {e}", full.display()));
                 }
             }
+            let mut mode = n.mode & 0o7777;
+            let mut dropped = false;
+            if self.opts.no_setuid {
+                dropped = mode & SET_ID_BITS != 0;
+                mode &= !SET_ID_BITS;
+            }
             for (name, value) in &n.xattrs {
+                if self.opts.no_setuid && name.as_slice() == CAPABILITY_XATTR {
+                    dropped = true;
+                    continue;
+                }
                 if let Err(e) = set_xattr(&full, name, value) {
                     self.report.warnings.push(format!(
                         "{}: cannot restore extended attribute {}: {e}",
@@ -545,14 +577,15 @@ impl<'s> Run<'s> {
             }
             if n.kind != NodeKind::Symlink {
                 use std::os::unix::fs::PermissionsExt;
-                if let Err(e) =
-                    fs::set_permissions(&full, fs::Permissions::from_mode(n.mode & 0o7777))
-                {
+                if let Err(e) = fs::set_permissions(&full, fs::Permissions::from_mode(mode)) {
                     self.report.warnings.push(format!(
                         "{}: cannot restore permissions: {e}",
                         full.display()
                     ));
                 }
+            }
+            if dropped {
+                self.report.privileges_dropped += 1;
             }
             if let Err(e) = set_times(&full, n.mtime_ns) {
                 self.report

@@ -45,6 +45,13 @@ pub struct RestoreOptions {
     /// ([`PLAN_PIECES`], at most about 40 MB). A region two plans use is
     /// read twice.
     pub plan_pieces: usize,
+    /// Leave out device nodes and FIFOs (tar's and rsync's `--no-devices
+    /// --no-specials`): for restoring a snapshot one does not trust.
+    pub no_special: bool,
+    /// Drop the privileges a file can carry: its set-user-id and
+    /// set-group-id bits and its `security.capability` attribute (file
+    /// capabilities) are not restored.
+    pub no_setuid: bool,
 }
 
 impl RestoreOptions {
@@ -60,6 +67,8 @@ impl RestoreOptions {
             readers: 0,
             dir_metadata: true,
             plan_pieces: PLAN_PIECES,
+            no_special: false,
+            no_setuid: false,
         }
     }
 }
