@@ -2616,6 +2616,7 @@ fn full_filesystem_mid_backup() {
 
     // ~1 MiB left; the next version brings 12 MiB of new data.
     let filler = mnt.0.join("filler");
+    let containers_before = walk_files(&repo.path.join("data")).len();
     fill_filesystem(&filler, 1 << 20);
     write(&src.join("two.bin"), &prng(901, 12 << 20));
     write(&src.join("notes.txt"), b"version two\n");
@@ -2633,6 +2634,12 @@ fn full_filesystem_mid_backup() {
         repo.snapshot_ids(),
         BTreeSet::from([s(&v1["id"]).to_string()]),
         "a failed backup committed something"
+    );
+    // The containers it wrote went with it (no orphans until gc).
+    assert_eq!(
+        walk_files(&repo.path.join("data")).len(),
+        containers_before,
+        "the failed backup left containers behind"
     );
     // Reading still works on the full disk (no lock file needs to fit:
     // the filler left 1 MiB).

@@ -252,6 +252,15 @@ fn bad_clients_get_errors_and_others_keep_working() {
     c.write_all(&4u32.to_be_bytes()).unwrap();
     c.write_all(b"nope").unwrap();
     assert_eq!(c.read(&mut b).unwrap_or(0), 0, "closed");
+    // Handshake flags the server does not know close the connection at
+    // once (it does not wait for options).
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.read_exact(&mut b).unwrap();
+    c.write_all(&(3u32 | 1 << 7).to_be_bytes()).unwrap();
+    let t = Instant::now();
+    assert_eq!(c.read(&mut b).unwrap_or(1), 0, "closed");
+    assert!(t.elapsed() < Duration::from_secs(5));
     // A bad request magic ends that connection only.
     let mut bad = nbd_handshake(&s.addr, "v");
     bad.write_all(&[0xde; 28]).unwrap();

@@ -170,6 +170,22 @@ fn assert_intact(
     env.assert_versions(repo, versions, what);
 }
 
+/// Container objects (data and metadata) no index object lists.
+fn unindexed_containers(fb: &FaultBackend, repo: &Repository) -> Vec<String> {
+    let idx = RepoIndex::load_summaries(repo).unwrap();
+    let mut names: Vec<String> = ["data/", "meta/"]
+        .iter()
+        .flat_map(|p| fb.list(p).unwrap())
+        .map(|o| o.name)
+        .filter(|n| {
+            let id = n.rsplit('/').next().unwrap();
+            !idx.containers.keys().any(|c| c.to_string() == id)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
 /// Backups that run out of space at different points fail, leave every
 /// committed version intact, and the next backup (with space again)
 /// succeeds.
@@ -197,6 +213,13 @@ fn disk_full_during_backup_is_recoverable() {
             panic!("{what}: backup succeeded on a full disk");
         }
         assert_intact(&env, &fb, &repo, &versions, &what);
+        // What the failed backup wrote is gone with it (no index object
+        // listed its containers yet): nothing waits for gc.
+        assert_eq!(
+            unindexed_containers(&fb, &repo),
+            Vec::<String>::new(),
+            "{what}"
+        );
     }
 
     // The disk is full when a given kind of object is written. Outside the
@@ -231,6 +254,15 @@ fn disk_full_during_backup_is_recoverable() {
             );
         }
         assert_intact(&env, &fb, &repo, &versions, &what);
+        // Until its index object is written, a failed backup's containers
+        // are known to nobody else and are deleted; after, gc's.
+        if matches!(prefix, "locks/" | "data/" | "meta/" | "index/") {
+            assert_eq!(
+                unindexed_containers(&fb, &repo),
+                Vec::<String>::new(),
+                "{what}"
+            );
+        }
     }
 
     versions.push(env.version(&repo));

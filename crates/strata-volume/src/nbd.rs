@@ -444,6 +444,13 @@ fn greet(r: &mut impl Read, w: &mut impl Write, session: &mut Session) -> io::Re
     if client_flags & u32::from(FLAG_FIXED_NEWSTYLE) == 0 {
         return Err(proto("client does not speak fixed newstyle"));
     }
+    // The protocol: a server that does not know a flag the client set
+    // closes the connection (rather than wait for options).
+    if client_flags & !u32::from(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES) != 0 {
+        return Err(proto(
+            "client set handshake flags this server does not know",
+        ));
+    }
     session.no_zeroes = client_flags & u32::from(FLAG_NO_ZEROES) != 0;
     session.greeted = true;
     Ok(())

@@ -17,7 +17,7 @@ use crate::repo::{data_name, meta_name, now_ns, Repository};
 use crate::stages::{Stage, Stages};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use strata_core::crypto::{random_bytes, Kind};
 use strata_core::format::{
     container_header, encode, ChunkEntry, ContainerId, ContainerMeta, LinkedRegion, RegionInfo,
@@ -115,6 +115,30 @@ pub struct SinkResult {
     pub index_objects: Vec<String>,
 }
 
+/// What a sink has put so far, kept while it runs so that a backup that
+/// fails can take back what nobody else can know of.
+#[derive(Default, Debug)]
+pub struct Written {
+    /// Containers whose objects exist (or are being put) but that no
+    /// index object lists: no other command learns of them, so they can
+    /// be deleted at once.
+    pub unlisted: Vec<ContainerId>,
+    /// Containers an index object of this sink lists, and their bytes: a
+    /// backup started since may use them, so only `gc` removes them.
+    pub listed: usize,
+    pub listed_bytes: u64,
+}
+
+impl Written {
+    /// The unlisted containers (of `bytes`) are now listed in an index
+    /// object.
+    pub fn listed_now(&mut self, bytes: u64) {
+        self.listed += self.unlisted.len();
+        self.listed_bytes += bytes;
+        self.unlisted.clear();
+    }
+}
+
 /// The background thread that finishes containers: fsync and rename of the
 /// data object, then its metadata object (a metadata object always implies
 /// its data exists). Writers compress and write their regions themselves
@@ -125,6 +149,7 @@ pub struct ContainerSink {
     handle: Option<std::thread::JoinHandle<Result<SinkResult>>>,
     pub stored_bytes: Arc<AtomicU64>,
     stages: Option<Arc<Stages>>,
+    written: Arc<Mutex<Written>>,
 }
 
 impl ContainerSink {
@@ -153,11 +178,15 @@ impl ContainerSink {
         let stored = Arc::new(AtomicU64::new(0));
         let stored2 = stored.clone();
         let st = stages.clone();
+        let written = Arc::new(Mutex::new(Written::default()));
+        let track = written.clone();
         let handle = std::thread::spawn(move || {
             let mut res = SinkResult::default();
             let mut chunks = 0usize;
+            let mut bytes = 0u64;
             for f in rx {
                 let t = std::time::Instant::now();
+                lock(&track).unlisted.push(f.meta.id);
                 let data_len = match f.data {
                     FinishedData::Written(w) => {
                         w.finish()?;
@@ -176,14 +205,19 @@ impl ContainerSink {
                 stored2.fetch_add(n, Ordering::Relaxed);
                 res.stored_bytes += n;
                 chunks += f.meta.chunks.len();
+                bytes += n;
                 res.metas.push(f.meta);
                 if batch.is_some_and(|b| chunks >= b) {
                     let metas = std::mem::take(&mut res.metas);
-                    let (name, n) = crate::repo::index::put_index_object(&repo, metas)?;
+                    let (name, n) =
+                        crate::repo::index::put_index_object_then(&repo, metas, || {
+                            lock(&track).listed_now(bytes)
+                        })?;
                     stored2.fetch_add(n, Ordering::Relaxed);
                     res.stored_bytes += n;
                     res.index_objects.push(name);
                     chunks = 0;
+                    bytes = 0;
                 }
             }
             Ok(res)
@@ -193,7 +227,14 @@ impl ContainerSink {
             handle: Some(handle),
             stored_bytes: stored,
             stages,
+            written,
         }
+    }
+
+    /// What the sink has put so far (kept up to date while it runs, and
+    /// after [`Self::finish`]).
+    pub fn written(&self) -> Arc<Mutex<Written>> {
+        self.written.clone()
     }
 
     pub fn sender(&self) -> Sender<Finished> {
@@ -559,6 +600,11 @@ impl ContainerWriter {
             StoreError::Invalid("container writer stopped (see the error above)".into())
         })
     }
+}
+
+/// A mutex's guard, whether or not a thread panicked holding it.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -28,8 +28,20 @@ pub fn put_index_object(
     repo: &Repository,
     containers: Vec<ContainerMeta>,
 ) -> Result<(String, u64)> {
+    put_index_object_then(repo, containers, || {})
+}
+
+/// [`put_index_object`], calling `listed` as soon as the index object is
+/// written (before its summary): from then on another command may know
+/// of its containers, whether or not the rest succeeds.
+pub fn put_index_object_then(
+    repo: &Repository,
+    containers: Vec<ContainerMeta>,
+    listed: impl FnOnce(),
+) -> Result<(String, u64)> {
     let mut summary = IndexSummary::of(String::new(), &containers);
     let (id, n) = repo.put_struct(Kind::Index, "index", &IndexObject { containers })?;
+    listed();
     summary.index = format!("index/{id}");
     let m = put_index_summary(repo, &summary)?;
     Ok((summary.index, n + m))

@@ -2,7 +2,9 @@
 //! exclusive one. A lock is an object `locks/ID`; taking one means writing
 //! ours and then listing the others — if a conflicting one exists, ours is
 //! removed again and the command is refused with a message that names the
-//! holder.
+//! holder. Two commands that wrote conflicting locks at the same moment do
+//! not both give up: the junior steps back for up to [`CONTEND`], so the
+//! senior goes on.
 //!
 //! A lock is a *lease* (as restic's locks are): it records when it runs
 //! out, and a thread rewrites it every third of the lease while the command
@@ -215,6 +217,12 @@ pub fn list_locks(repo: &Repository) -> Result<Vec<(String, LockInfo)>> {
     Ok(out)
 }
 
+/// How long two commands that took conflicting locks at the same moment
+/// sort it out: the junior one (by time, then name) steps back and tries
+/// again meanwhile, the senior waits for it to step back. A holder that
+/// stays longer is a command already running: the lock is refused.
+pub const CONTEND: Duration = Duration::from_secs(3);
+
 /// Takes a lock for `operation` with the default [`LEASE`].
 pub fn acquire(repo: &Repository, exclusive: bool, operation: &str) -> Result<LockGuard> {
     acquire_with_lease(repo, exclusive, operation, LEASE)
@@ -228,6 +236,18 @@ pub fn acquire_with_lease(
     operation: &str,
     lease: Duration,
 ) -> Result<LockGuard> {
+    acquire_contended(repo, exclusive, operation, lease, CONTEND)
+}
+
+/// [`acquire_with_lease`], sorting out a conflict with a lock taken at the
+/// same moment for up to `contend`.
+fn acquire_contended(
+    repo: &Repository,
+    exclusive: bool,
+    operation: &str,
+    lease: Duration,
+    contend: Duration,
+) -> Result<LockGuard> {
     let time = now_s();
     let info = LockInfo {
         host: hostname(),
@@ -240,43 +260,78 @@ pub fn acquire_with_lease(
     let mut id = [0u8; 16];
     random_bytes(&mut id)?;
     let name = format!("locks/{}", hex::encode(id));
-    repo.backend().put(&name, &seal_lock(repo, &info)?)?;
+    let sealed = seal_lock(repo, &info)?;
     let stop = Arc::new((Mutex::new(false), Condvar::new()));
     HELD.lock().unwrap_or_else(|e| e.into_inner()).push((
         repo.backend().clone(),
         name.clone(),
         stop.clone(),
     ));
-    let refresher = {
-        let (repo, name, info, stop) = (repo.clone(), name.clone(), info.clone(), stop.clone());
-        std::thread::Builder::new()
-            .name("strata-lock".into())
-            .spawn(move || refresh(repo, name, info, lease, stop))
-            .ok()
-    };
-    let guard = LockGuard {
+    // Dropped on a refusal: removes ours (and forgets it).
+    let mut guard = LockGuard {
         repo: repo.clone(),
         name: name.clone(),
         stop,
-        refresher,
+        refresher: None,
     };
-    for (other_name, other) in list_locks(repo)? {
-        if other_name == name || is_stale(&other) {
-            continue;
+    let started = std::time::Instant::now();
+    let mut placed = false;
+    loop {
+        if !placed {
+            repo.backend().put(&name, &sealed)?;
+            placed = true;
         }
-        if exclusive || other.exclusive {
-            let hint = if other.exclusive && other.operation == operation {
+        let Some(other) = conflict(repo, &name, exclusive)? else {
+            break;
+        };
+        if started.elapsed() >= contend {
+            let hint = if other.info.exclusive && other.info.operation == operation {
                 format!("another {operation} is already running; wait for it to finish")
             } else {
                 "wait for it to finish, or if it is no longer running remove it with `strata unlock`".into()
             };
             return Err(StoreError::Locked {
-                holder: describe(&other),
+                holder: describe(&other.info),
                 hint,
             });
         }
+        // The junior steps back (so the senior can go on) and comes back.
+        if (other.info.time, other.name.as_str()) < (info.time, name.as_str()) {
+            repo.backend().delete(&name)?;
+            placed = false;
+        }
+        std::thread::sleep(backoff());
     }
+    guard.refresher = {
+        let (repo, name, info, stop) = (repo.clone(), name, info, guard.stop.clone());
+        std::thread::Builder::new()
+            .name("strata-lock".into())
+            .spawn(move || refresh(repo, name, info, lease, stop))
+            .ok()
+    };
     Ok(guard)
+}
+
+/// A lock of another command.
+struct Other {
+    name: String,
+    info: LockInfo,
+}
+
+/// The senior-most live lock that conflicts with ours (`name`), if any.
+fn conflict(repo: &Repository, name: &str, exclusive: bool) -> Result<Option<Other>> {
+    Ok(list_locks(repo)?
+        .into_iter()
+        .filter(|(n, l)| n != name && !is_stale(l) && (exclusive || l.exclusive))
+        .map(|(name, info)| Other { name, info })
+        .min_by(|a, b| (a.info.time, &a.name).cmp(&(b.info.time, &b.name))))
+}
+
+/// A wait of 50 to 150 ms, so two contenders do not keep meeting.
+fn backoff() -> Duration {
+    let mut b = [0u8; 1];
+    let _ = random_bytes(&mut b);
+    Duration::from_millis(50 + u64::from(b[0]) * 100 / 255)
 }
 
 /// Removes stale locks (or all with `all`); returns the descriptions removed.
@@ -289,4 +344,56 @@ pub fn unlock(repo: &Repository, all: bool) -> Result<Vec<String>> {
         }
     }
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::repo::InitOptions;
+    use std::sync::Barrier;
+
+    /// An exclusive and a shared lock asked for at the same moment: one of
+    /// the two commands always gets its lock (before, both could see the
+    /// other's lock and both give up), the other is refused naming it.
+    #[test]
+    fn two_commands_at_once_do_not_both_give_up() {
+        let repo = Repository::init(
+            Arc::new(strata_backend::MemoryBackend::new()),
+            InitOptions::default(),
+        )
+        .unwrap();
+        for round in 0..10 {
+            let barrier = Barrier::new(2);
+            let results: Vec<Result<LockGuard>> = std::thread::scope(|s| {
+                let take = |exclusive: bool, op: &'static str| {
+                    let (repo, barrier) = (&repo, &barrier);
+                    s.spawn(move || {
+                        barrier.wait();
+                        let r = acquire_contended(
+                            repo,
+                            exclusive,
+                            op,
+                            LEASE,
+                            Duration::from_millis(400),
+                        );
+                        // Held until both have an answer.
+                        std::thread::sleep(Duration::from_millis(1200));
+                        r
+                    })
+                };
+                let a = take(true, "gc");
+                let b = take(false, "backup");
+                vec![a.join().unwrap(), b.join().unwrap()]
+            });
+            let won = results.iter().filter(|r| r.is_ok()).count();
+            assert_eq!(won, 1, "round {round}: {} got the lock", won);
+            let refused = results.iter().find_map(|r| r.as_ref().err()).unwrap();
+            assert!(
+                matches!(refused, StoreError::Locked { .. }),
+                "round {round}: {refused}"
+            );
+            drop(results);
+            assert!(list_locks(&repo).unwrap().is_empty(), "round {round}");
+        }
+    }
 }

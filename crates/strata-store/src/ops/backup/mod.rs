@@ -15,6 +15,7 @@
 
 pub(crate) mod commit;
 pub(crate) mod dedup;
+mod discard;
 mod flow;
 pub(crate) mod job;
 mod lost;
@@ -502,11 +503,15 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     // An imported tree is all or nothing: a file that could not be read
     // would be missing from a copy that counts as done.
     if import.is_some() && !warnings.is_empty() {
-        return Err(StoreError::Invalid(format!(
-            "nothing committed: {} file(s) could not be read from the source: {}",
-            warnings.len(),
-            warnings.join("; ")
-        )));
+        return Err(discard::take_back(
+            repo,
+            &run.tracked,
+            StoreError::Invalid(format!(
+                "nothing committed: {} file(s) could not be read from the source: {}",
+                warnings.len(),
+                warnings.join("; ")
+            )),
+        ));
     }
     let commit_started = std::time::Instant::now();
     let stats = stats_of(&run.counts, &ctx, warnings.len());
@@ -537,7 +542,9 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         }
         s
     };
-    let (id, snapshot) = commit(repo, run.written, run.recipe, snapshot, started)?;
+    let tracked = run.tracked;
+    let (id, snapshot) = commit(repo, run.written, &tracked, run.recipe, snapshot, started)
+        .map_err(|e| discard::take_back(repo, &tracked, e))?;
     drop(lock);
     stages.add(Stage::Commit, commit_started, 0);
     Ok(BackupReport {
@@ -599,13 +606,20 @@ fn reverse_hint(
 fn commit(
     repo: &Repository,
     written: crate::engine::writer::SinkResult,
+    tracked: &Mutex<crate::engine::writer::Written>,
     recipe: crate::repo::recipe::writer::RecipeWriter<'_>,
     snapshot: impl FnOnce(RecipeId) -> Snapshot,
     started: std::time::Instant,
 ) -> Result<(SnapshotId, Snapshot)> {
     let mut stored = written.stored_bytes;
     if !written.metas.is_empty() {
-        let (_, n) = crate::repo::index::put_index_object(repo, written.metas)?;
+        let bytes = written.metas.iter().map(|m| m.data_len).sum();
+        let (_, n) = crate::repo::index::put_index_object_then(repo, written.metas, || {
+            tracked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .listed_now(bytes)
+        })?;
         stored += n;
     }
     let (recipe_id, rn) = recipe.finish()?;

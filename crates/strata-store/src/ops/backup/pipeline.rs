@@ -28,7 +28,7 @@ use super::parent::ParentFile;
 use super::patch::PatchSource;
 use super::walk::{Job, Source};
 use crate::engine::index::ChunkLoc;
-use crate::engine::writer::{ContainerSink, ContainerWriter, SinkResult};
+use crate::engine::writer::{ContainerSink, ContainerWriter, SinkResult, Written};
 use crate::error::{Result, StoreError};
 use crate::repo::recipe::writer::RecipeWriter;
 use crate::stages::Stage;
@@ -137,6 +137,8 @@ impl Shared<'_> {
 /// What a run leaves for the commit.
 pub(crate) struct RunResult<'r> {
     pub written: SinkResult,
+    /// What of `written` a failure from here on takes back.
+    pub tracked: Arc<Mutex<Written>>,
     /// The recipe, all parts but the last written.
     pub recipe: RecipeWriter<'r>,
     pub counts: TreeCounts,
@@ -246,18 +248,22 @@ pub(crate) fn run<'r>(
     }
     drop(writers);
     // The finisher's error comes first: when it fails, the workers only
-    // see a closed channel.
-    let written = sink.finish()?;
+    // see a closed channel. Whatever fails, the containers nobody else
+    // can know of are taken back.
+    let tracked = sink.written();
+    let fail = |e| super::discard::take_back(ctx.repo, &tracked, e);
+    let written = sink.finish().map_err(fail)?;
     if let Some(e) = error {
-        return Err(e);
+        return Err(fail(e));
     }
     let Some(recipe) = recipe else {
-        return Err(StoreError::Cancelled);
+        return Err(fail(StoreError::Cancelled));
     };
     // With the containers durable, the strategy may persist what points
     // at them (its side data is derived; a crash later costs nothing).
-    ctx.strategy.finish()?;
+    ctx.strategy.finish().map_err(fail)?;
     Ok(RunResult {
+        tracked: tracked.clone(),
         written,
         recipe,
         counts,
