@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .manifest import ManifestError, Vm, from_directory, load_manifest
+from .secrets import repo_config
 
 
 def parse_size(s: str) -> int:
@@ -167,7 +168,7 @@ def forget(argv: list[str]) -> int:
         report["forget"] = repo.forget(drop)
     hosts = sorted({v.host for v in vms})
     work = Path(a.work) / repo.id
-    repo_cfg = {"url": a.repo, "password": password, "cache_dir": strata._cache_dir(None), "s3": strata._s3_settings(None)}
+    repo_cfg = repo_config(a.repo, password, work)
     cluster, _, agents = start_agents(a, hosts, work, repo_cfg)
     import ray
 
@@ -261,7 +262,7 @@ def execute(a: argparse.Namespace, vms: list[Vm], password: Optional[str], out: 
         return 2
     work = Path(a.work) / repo.id
     jid = job_id(work, vms, not a.no_resume)
-    repo_cfg = {"url": a.repo, "password": password, "cache_dir": strata._cache_dir(None), "s3": strata._s3_settings(None)}
+    repo_cfg = repo_config(a.repo, password, work)
     t0 = time.monotonic()
     try:
         cluster, Agent, agents = start_agents(a, hosts, work, repo_cfg)

@@ -37,12 +37,14 @@ def main() -> int:
     repo = None
     r = req.get("repo")
     if r and req["stage"] in ("validate", "scan", "store", "finish", "mark"):
-        pw = r.get("password")
+        from .secrets import load
+
+        pw, s3 = load(r)
         repo = _native.Repository.open(
             r["url"],
             pw.encode() if isinstance(pw, str) else None,
             r.get("cache_dir"),
-            [tuple(x) for x in r.get("s3", [])],
+            s3,
         )
     try:
         out = _native.fleet_stage(req["stage"], json.dumps(req["args"]), repo)

@@ -301,3 +301,63 @@ def test_forget_marks_and_sweeps_the_partitions(tmp_path: Path, cli) -> None:
     for vm in sorted(images.iterdir()):
         cli(repo, "restore", f"{vm.name}@latest", "--target", str(tmp_path / "out" / vm.name))
         assert (tmp_path / "out" / vm.name / "disk.img").read_bytes() == (vm / "disk.img").read_bytes()
+
+
+def test_the_password_reaches_no_actor_no_process_list_and_no_ray_log(tmp_path: Path, cli) -> None:
+    """The repository password (and S3 keys) go to the stages through a
+    0600 file, not through Ray: the agents' config holds only its path, no
+    process's command line shows the password during the job, nothing Ray
+    writes holds it, and the file is gone after the job."""
+    import tempfile
+    import threading
+
+    from strata_fleet.secrets import repo_config
+
+    secret = "fleet-" + os.urandom(12).hex()
+    env = {"STRATA_PASSWORD": secret}
+    # What agents are given.
+    cfg = repo_config("/nowhere", secret, tmp_path / "w")
+    assert secret not in json.dumps(cfg), cfg
+    assert os.stat(cfg["secrets"]).st_mode & 0o777 == 0o600
+    assert json.loads(Path(cfg["secrets"]).read_text())["password"] == secret
+
+    images, repo = tmp_path / "images", tmp_path / "repo"
+    cli(repo, "init", "--encrypt", "--index", "exact", "--kdf-memory-kib", "8192", env=env)
+    gen_fleet(images, 1, vms=3)
+    # Ray's files in a short directory of their own (its sockets' paths
+    # have a length limit).
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    seen: list[str] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for p in Path("/proc").iterdir():
+                try:
+                    cmd = (p / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                if secret.encode() in cmd:
+                    seen.append(cmd.decode(errors="replace"))
+            done.wait(0.05)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        p = fleet(tmp_path, "--cluster", "local:2", "--repo", str(repo), "--images", str(images), "--json",
+                  env=dict(env, RAY_TMPDIR=str(ray_tmp)))
+    finally:
+        done.set()
+        t.join()
+    try:
+        assert p.returncode == 0, p.stderr
+        assert not seen, seen
+        files = [f for f in ray_tmp.rglob("*") if f.is_file() and not f.is_symlink()]
+        assert files, "Ray wrote nothing under RAY_TMPDIR"
+        leaks = [str(f) for f in files if secret.encode() in f.read_bytes()]
+        assert not leaks, leaks
+        assert not list((tmp_path / "work").rglob("secrets-*.json")), "the secrets file outlived the job"
+    finally:
+        import shutil
+
+        shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -252,3 +252,53 @@ fn a_backup_after_a_lost_container_stores_its_chunks_again() {
         );
     }
 }
+
+/// A valid snapshot object copied under another name (a new one, or over
+/// another version's) is refused: the envelope authenticates its name
+/// (repository format 3). check names both objects, restore refuses them,
+/// and the untouched version still restores.
+#[test]
+fn a_snapshot_copied_under_another_name_is_refused() {
+    let repo = Repo::with_init(&["--encrypt"], Some("pw"));
+    let src = repo.scratch("src");
+    write(&src.join("a.txt"), b"one\n");
+    let v1 = repo.backup(&[&src], &[]);
+    write(&src.join("a.txt"), b"two\n");
+    let v2 = repo.backup(&[&src], &[]);
+    write(&src.join("a.txt"), b"three\n");
+    let v3 = repo.backup(&[&src], &[]);
+    let (id1, id2, id3) = (s(&v1["id"]), s(&v2["id"]), s(&v3["id"]));
+    let obj = |id: &str| {
+        walk_files(&repo.path.join("snapshots"))
+            .into_iter()
+            .find(|p| p.ends_with(id))
+            .expect("the snapshot object")
+    };
+    let bytes = fs::read(obj(id1)).unwrap();
+    // Over version 2's object, and under a name of its own.
+    fs::write(obj(id2), &bytes).unwrap();
+    let forged = "f0".repeat(32);
+    fs::write(obj(id1).with_file_name(&forged), &bytes).unwrap();
+    let r = repo.run(&["--json", "check"]).expect_code(1);
+    let said = format!("{}{}", r.out(), r.stderr);
+    for id in [id2, forged.as_str()] {
+        assert!(said.contains(id), "check does not name {id}: {said}");
+    }
+    for id in [id2, forged.as_str()] {
+        let t = repo.scratch(&format!("t-{id}"));
+        let r = repo
+            .run(&["restore", id, "--target", path_str(&t)])
+            .expect_code(1);
+        assert!(
+            r.stderr.contains("authentication") || r.stderr.contains("bound"),
+            "{id}: {}",
+            r.stderr
+        );
+    }
+    let t = repo.scratch("t3");
+    repo.restore(id3, &t);
+    assert_eq!(
+        fs::read(restored(&t, &src).join("a.txt")).unwrap(),
+        b"three\n"
+    );
+}

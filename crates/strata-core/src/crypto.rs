@@ -7,14 +7,17 @@
 //! |---|---|---|
 //! | 0 | 1 | envelope version (`ENVELOPE_VERSION` = 1) |
 //! | 1 | 1 | kind (what the payload is; see [`Kind`]) — bound as associated data |
-//! | 2 | 1 | flags: bit 0 = payload is zstd-compressed, bit 1 = encrypted |
+//! | 2 | 1 | flags: bit 0 = payload is zstd-compressed, bit 1 = encrypted, bit 2 = bound to its name |
 //! | 3 | 24 | XChaCha20 nonce (encrypted only) |
 //! | … | n | payload (ciphertext when encrypted) |
 //! | end-16 | 16 | Poly1305 tag (encrypted) or BLAKE3(header ‖ payload)[..16] (plain) |
 //!
 //! Unencrypted repositories thus still detect any corruption, and encrypted
 //! ones detect any tampering. The kind byte stops an attacker (or a bug)
-//! from substituting, say, a region for a snapshot.
+//! from substituting, say, a region for a snapshot. An envelope *bound to
+//! its name* (bit 2; snapshot objects from repository format 3) also
+//! authenticates the object's name, after the header: a valid object
+//! copied under another name no longer opens.
 //!
 //! The master key is 32 random bytes, stored wrapped by a key derived from
 //! the password with Argon2id ([`KeyFile`]). From it two subkeys are
@@ -30,6 +33,7 @@ use serde::{Deserialize, Serialize};
 pub const ENVELOPE_VERSION: u8 = 1;
 const FLAG_ZSTD: u8 = 1;
 const FLAG_ENCRYPTED: u8 = 2;
+const FLAG_NAMED: u8 = 4;
 const TAG_LEN: usize = 16;
 const NONCE_LEN: usize = 24;
 const HEADER_LEN: usize = 3;
@@ -403,6 +407,28 @@ impl Sealer {
     /// Seals `data`. When `compress` is set the payload is zstd-compressed,
     /// unless that does not save at least 2 % (then it is stored raw).
     pub fn seal(&self, kind: Kind, data: &[u8], compress: bool) -> Result<Vec<u8>> {
+        self.seal_as(kind, None, data, compress)
+    }
+
+    /// [`Self::seal`], bound to the object's `name`: only
+    /// [`Self::open_named`] with the same name opens it.
+    pub fn seal_named(
+        &self,
+        kind: Kind,
+        name: &str,
+        data: &[u8],
+        compress: bool,
+    ) -> Result<Vec<u8>> {
+        self.seal_as(kind, Some(name.as_bytes()), data, compress)
+    }
+
+    fn seal_as(
+        &self,
+        kind: Kind,
+        name: Option<&[u8]>,
+        data: &[u8],
+        compress: bool,
+    ) -> Result<Vec<u8>> {
         let mut flags = 0u8;
         let compressed;
         let payload: &[u8] = if compress && !data.is_empty() {
@@ -416,7 +442,7 @@ impl Sealer {
         } else {
             data
         };
-        self.seal_payload(kind, payload, flags)
+        self.seal_bound(kind, payload, flags, name)
     }
 
     /// Seals `data` compressed into exactly `len` bytes (an envelope whose
@@ -455,11 +481,26 @@ impl Sealer {
     }
 
     /// An envelope of `payload` as it is, with `flags`.
-    fn seal_payload(&self, kind: Kind, payload: &[u8], mut flags: u8) -> Result<Vec<u8>> {
+    fn seal_payload(&self, kind: Kind, payload: &[u8], flags: u8) -> Result<Vec<u8>> {
+        self.seal_bound(kind, payload, flags, None)
+    }
+
+    /// [`Self::seal_payload`], bound to `name` when given.
+    fn seal_bound(
+        &self,
+        kind: Kind,
+        payload: &[u8],
+        mut flags: u8,
+        name: Option<&[u8]>,
+    ) -> Result<Vec<u8>> {
+        if name.is_some() {
+            flags |= FLAG_NAMED;
+        }
         match &self.cipher {
             Some(cipher) => {
                 flags |= FLAG_ENCRYPTED;
                 let header = [ENVELOPE_VERSION, kind as u8, flags];
+                let aad = associated(&header, name);
                 let mut nonce = [0u8; NONCE_LEN];
                 random_bytes(&mut nonce)?;
                 // Encrypt in place in the output buffer: one copy of the
@@ -471,7 +512,7 @@ impl Sealer {
                 let tag = cipher
                     .encrypt_in_place_detached(
                         XNonce::from_slice(&nonce),
-                        &header,
+                        &aad,
                         &mut out[HEADER_LEN + NONCE_LEN..],
                     )
                     .map_err(|_| CoreError::Authentication)?;
@@ -482,7 +523,7 @@ impl Sealer {
                 let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + TAG_LEN);
                 out.extend_from_slice(&[ENVELOPE_VERSION, kind as u8, flags]);
                 out.extend_from_slice(payload);
-                let sum = blake3::hash(&out);
+                let sum = plain_sum(&out, name);
                 out.extend_from_slice(&sum.as_bytes()[..TAG_LEN]);
                 Ok(out)
             }
@@ -499,6 +540,24 @@ impl Sealer {
     /// `max` bytes (a region, whose size its container's metadata says):
     /// a payload that would decompress to more is refused unexpanded.
     pub fn open_within(&self, kind: Kind, data: &[u8], max: u64) -> Result<Vec<u8>> {
+        self.open_as(kind, None, false, data, max)
+    }
+
+    /// Opens an envelope sealed by [`Self::seal_named`] under `name`. One
+    /// not bound to a name opens only unless `bound` requires it (a
+    /// repository whose format binds every object of this kind).
+    pub fn open_named(&self, kind: Kind, name: &str, bound: bool, data: &[u8]) -> Result<Vec<u8>> {
+        self.open_as(kind, Some(name.as_bytes()), bound, data, kind.max_plain())
+    }
+
+    fn open_as(
+        &self,
+        kind: Kind,
+        name: Option<&[u8]>,
+        bound: bool,
+        data: &[u8],
+        max: u64,
+    ) -> Result<Vec<u8>> {
         if data.len() < HEADER_LEN + TAG_LEN {
             return Err(CoreError::Truncated(
                 "envelope shorter than its header and tag",
@@ -513,6 +572,18 @@ impl Sealer {
             });
         }
         let flags = header[2];
+        // The name is authenticated only when the envelope says it is
+        // bound (the flag is authenticated too); a name asked for but not
+        // bound is refused where the format binds them all.
+        let name = match (flags & FLAG_NAMED != 0, name) {
+            (true, Some(n)) => Some(n),
+            (true, None) => return Err(CoreError::Authentication),
+            (false, Some(n)) if bound => {
+                return Err(CoreError::Unbound(String::from_utf8_lossy(n).into_owned()))
+            }
+            (false, _) => None,
+        };
+        let aad = associated(&header, name);
         let payload: Vec<u8> = if flags & FLAG_ENCRYPTED != 0 {
             let cipher = self.cipher.as_ref().ok_or(CoreError::Authentication)?;
             if data.len() < HEADER_LEN + NONCE_LEN + TAG_LEN {
@@ -524,7 +595,7 @@ impl Sealer {
                     XNonce::from_slice(nonce),
                     Payload {
                         msg: &data[HEADER_LEN + NONCE_LEN..],
-                        aad: &header,
+                        aad: &aad,
                     },
                 )
                 .map_err(|_| CoreError::Authentication)?
@@ -535,7 +606,7 @@ impl Sealer {
                 return Err(CoreError::Authentication);
             }
             let (body, tag) = data.split_at(data.len() - TAG_LEN);
-            if &blake3::hash(body).as_bytes()[..TAG_LEN] != tag {
+            if &plain_sum(body, name).as_bytes()[..TAG_LEN] != tag {
                 return Err(CoreError::Checksum);
             }
             body[HEADER_LEN..].to_vec()
@@ -563,6 +634,29 @@ impl Sealer {
         match key {
             Some(k) => Hasher::keyed(k.fingerprint_key()),
             None => Hasher::plain(),
+        }
+    }
+}
+
+/// What an envelope authenticates besides its payload: its header, then
+/// the object's name when it is bound to one.
+fn associated(header: &[u8; HEADER_LEN], name: Option<&[u8]>) -> Vec<u8> {
+    let mut aad = header.to_vec();
+    aad.extend_from_slice(name.unwrap_or_default());
+    aad
+}
+
+/// An unencrypted envelope's checksum of `body` (header and payload), and
+/// of the name it is bound to (after the header).
+fn plain_sum(body: &[u8], name: Option<&[u8]>) -> blake3::Hash {
+    match name {
+        None => blake3::hash(body),
+        Some(n) => {
+            let mut h = blake3::Hasher::new();
+            h.update(&body[..HEADER_LEN]);
+            h.update(n);
+            h.update(&body[HEADER_LEN..]);
+            h.finalize()
         }
     }
 }

@@ -25,6 +25,8 @@ pub enum CoreError {
     Checksum,
     #[error("authentication failed: object is corrupted or was sealed with another key")]
     Authentication,
+    #[error("{0} is not bound to its name: this repository's format binds every such object, so it was copied here from elsewhere")]
+    Unbound(String),
     #[error("object kind mismatch: expected {expected:?}, found {found}")]
     KindMismatch { expected: u8, found: u8 },
     #[error("wrong password (the key could not be unwrapped)")]

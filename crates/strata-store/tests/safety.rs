@@ -75,10 +75,7 @@ impl Fixture {
             version: 1,
             ..self.snapshot.clone()
         };
-        let (sid, _) = self
-            .repo
-            .put_struct(Kind::Snapshot, "snapshots", &snap)
-            .unwrap();
+        let sid = self.repo.put_snapshot(&snap).unwrap();
         let (_, s) = self.repo.resolve_snapshot(&sid).unwrap();
         assert_eq!(s.recipe, rid);
         self.repo.load_recipe(&s.recipe).unwrap()
@@ -389,19 +386,23 @@ fn crafted_archival_chains_end_in_an_error() {
         }),
         ..fx.snapshot.clone()
     };
-    let put = |s: &Snapshot| {
-        let (id, _) = fx.repo.put_struct(Kind::Snapshot, "snapshots", s).unwrap();
-        SnapshotId::parse(&id).unwrap()
-    };
+    let put = |s: &Snapshot| fx.repo.put_snapshot(s).unwrap();
     // A → FAKE, and the object named FAKE is B → A.
     let fake = SnapshotId::parse(&"ab".repeat(32)).unwrap();
     let a = put(&snap(&fake, 1));
     let b = put(&snap(&a, 2));
+    // B's object copied under FAKE's name is refused (bound to its
+    // name), so FAKE is written as B's content under its own name.
     let bytes = fx.repo.backend().get(&format!("snapshots/{b}")).unwrap();
     fx.repo
         .backend()
         .put(&format!("snapshots/{fake}"), &bytes)
         .unwrap();
+    assert!(matches!(
+        fx.repo.load_snapshot(&fake),
+        Err(StoreError::Corrupt { .. })
+    ));
+    fx.repo.replace_snapshot(&fake, &snap(&a, 2)).unwrap();
     // C → a missing version; D → the original backup, which holds the
     // chunks (the one chain that works); E → D's own indirect recipe.
     let c = put(&snap(&SnapshotId::parse(&"cd".repeat(32)).unwrap(), 3));
@@ -448,8 +449,12 @@ fn bad_utf8_and_duplicate_ids() {
         .position(|w| w == b"QQQQQQQQ")
         .expect("series in the encoding");
     plain[at..at + 8].copy_from_slice(&[0xff, 0xfe, 0xc0, 0x80, 0xed, 0xa0, 0x80, 0xff]);
-    let env = fx.repo.sealer().seal(Kind::Snapshot, &plain, true).unwrap();
-    let id = SnapshotId::of_hash(&blake3::hash(&env));
+    let id = SnapshotId::parse(&"5e".repeat(32)).unwrap();
+    let env = fx
+        .repo
+        .sealer()
+        .seal_named(Kind::Snapshot, &id.object_name(), &plain, true)
+        .unwrap();
     fx.repo
         .backend()
         .put(&format!("snapshots/{id}"), &env)

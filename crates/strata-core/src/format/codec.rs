@@ -4,10 +4,18 @@ use crate::error::{CoreError, Result};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-/// Version of the repository layout (config, object names, structures).
+/// Version of the repository layout (config, object names, structures)
+/// that `init` writes.
 /// 2: lifecycle stamps name their owner version, snapshots record their
 /// reverse-dedup state, chunk references can be indirect.
-pub const REPO_FORMAT_VERSION: u8 = 2;
+/// 3: every snapshot object is bound to its name (the envelope
+/// authenticates it), and its id is random.
+pub const REPO_FORMAT_VERSION: u8 = 3;
+/// The oldest repository format this build opens (and keeps writing in
+/// that format's way).
+pub const OLDEST_REPO_FORMAT: u8 = 2;
+/// The first format whose snapshot objects are all bound to their names.
+pub const NAMES_BOUND_FROM: u8 = 3;
 /// Version byte of each structure below.
 pub const STRUCT_VERSION: u8 = 1;
 

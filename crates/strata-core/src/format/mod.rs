@@ -16,7 +16,9 @@ mod lock;
 mod recipe;
 mod snapshot;
 
-pub use codec::{decode, encode, REPO_FORMAT_VERSION, STRUCT_VERSION};
+pub use codec::{
+    decode, encode, NAMES_BOUND_FROM, OLDEST_REPO_FORMAT, REPO_FORMAT_VERSION, STRUCT_VERSION,
+};
 pub use config::*;
 pub use container::*;
 pub use index::*;

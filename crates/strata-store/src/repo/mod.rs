@@ -421,33 +421,53 @@ impl Repository {
         let raw = self.backend.get(name)?;
         let bytes = self
             .sealer
-            .open(Kind::Snapshot, &raw)
+            .open_named(Kind::Snapshot, name, self.binds_names(), &raw)
             .map_err(|e| StoreError::corrupt(name, e))?;
         strata_core::format::decode_snapshot(&bytes).map_err(|e| StoreError::corrupt(name, e))
     }
 
-    /// Writes a new snapshot object; its id is the hash of its bytes.
+    /// Whether this repository's format binds every snapshot object to
+    /// its name (format 3 on): one copied under another name is refused.
+    pub fn binds_names(&self) -> bool {
+        self.config.format_version >= strata_core::format::NAMES_BOUND_FROM
+    }
+
+    /// A snapshot object's envelope, bound to `name` where the format
+    /// binds them (format 2 repositories keep writing what their builds
+    /// read).
+    fn seal_snapshot(&self, name: &str, snapshot: &Snapshot) -> Result<Vec<u8>> {
+        let plain = strata_core::format::encode_snapshot(snapshot)?;
+        Ok(match self.binds_names() {
+            true => self.sealer.seal_named(Kind::Snapshot, name, &plain, true)?,
+            false => self.sealer.seal(Kind::Snapshot, &plain, true)?,
+        })
+    }
+
+    /// Writes a new snapshot object. Its id is the hash of its bytes where
+    /// they do not depend on the name; where the format binds the name,
+    /// it is random.
     pub fn put_snapshot(&self, snapshot: &Snapshot) -> Result<SnapshotId> {
-        let env = self.sealer.seal(
-            Kind::Snapshot,
-            &strata_core::format::encode_snapshot(snapshot)?,
-            true,
-        )?;
-        let id = SnapshotId::of_hash(&blake3::hash(&env));
+        let (id, env) = if self.binds_names() {
+            let mut r = [0u8; 32];
+            strata_core::crypto::random_bytes(&mut r)?;
+            let id = SnapshotId::of_hash(&blake3::hash(&r));
+            let env = self.seal_snapshot(&id.object_name(), snapshot)?;
+            (id, env)
+        } else {
+            let env = self.seal_snapshot("", snapshot)?;
+            (SnapshotId::of_hash(&blake3::hash(&env)), env)
+        };
         self.backend.put(&id.object_name(), &env)?;
         Ok(id)
     }
 
     /// Replaces a snapshot object under its existing id: the atomic switch
     /// with which lifecycle commands (maintain, gc, forget) give a version a
-    /// new recipe. The id stays the hash of the object's first content.
+    /// new recipe. The id stays the one it was written under.
     pub fn replace_snapshot(&self, id: &SnapshotId, snapshot: &Snapshot) -> Result<()> {
-        let env = self.sealer.seal(
-            Kind::Snapshot,
-            &strata_core::format::encode_snapshot(snapshot)?,
-            true,
-        )?;
-        Ok(self.backend.put(&id.object_name(), &env)?)
+        let name = id.object_name();
+        let env = self.seal_snapshot(&name, snapshot)?;
+        Ok(self.backend.put(&name, &env)?)
     }
 
     /// Keeps local caches (index objects and summaries) under `base`, a

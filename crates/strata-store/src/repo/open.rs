@@ -6,7 +6,7 @@ use crate::backend::Backend;
 use crate::error::{Result, StoreError};
 use std::sync::Arc;
 use strata_core::crypto::{random_bytes, Kind, MasterKey, Sealer};
-use strata_core::format::{decode, encode, RepoConfig, REPO_FORMAT_VERSION};
+use strata_core::format::{decode, encode, RepoConfig, OLDEST_REPO_FORMAT, REPO_FORMAT_VERSION};
 use strata_core::Hasher;
 
 /// No `config`: no repository — unless repository objects are there, in
@@ -107,7 +107,7 @@ impl Repository {
         }
         let config: RepoConfig =
             decode("repository config", &bytes).map_err(|e| StoreError::corrupt("config", e))?;
-        if config.format_version != REPO_FORMAT_VERSION {
+        if !(OLDEST_REPO_FORMAT..=REPO_FORMAT_VERSION).contains(&config.format_version) {
             return Err(StoreError::Core(strata_core::CoreError::UnknownVersion {
                 what: "repository format",
                 found: config.format_version,
