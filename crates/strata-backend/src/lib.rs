@@ -23,6 +23,7 @@
 
 pub mod cache;
 pub mod conformance;
+pub mod crash;
 pub mod fault_proxy;
 pub mod local;
 pub mod location;
@@ -34,6 +35,7 @@ pub mod s3;
 pub mod wrap;
 
 pub use cache::Cache;
+pub use crash::Crash;
 pub use local::LocalBackend;
 pub use location::Location;
 pub use memory::MemoryBackend;

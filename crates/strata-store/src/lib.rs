@@ -13,6 +13,9 @@
 //! * subsystems: [`revdedup`] (the RevDedup lifecycle: windows, reverse
 //!   dedup, cheap deletion), [`tier`] (the cloud tier), [`fleet`] (the
 //!   per-host stages of fleet-wide batch dedup).
+//! * [`opseq`] — operation sequences with crashes, checked against what
+//!   they must leave (the crash-consistency harness of the tests and the
+//!   fuzz target).
 //!
 //! `docs/design.md` tells how they fit together.
 
@@ -21,6 +24,7 @@ pub mod engine;
 pub mod error;
 pub mod fleet;
 pub mod ops;
+pub mod opseq;
 pub mod progress;
 pub mod repo;
 pub mod revdedup;

@@ -136,6 +136,7 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
             "seconds": secs, "containers_read": rep.containers_read, "regions_read": rep.regions_read,
             "bytes_read": rep.bytes_read, "chain_hops": rep.chain_hops, "skipped": rep.skipped,
             "specials_left_out": rep.specials_left_out, "privileges_dropped": rep.privileges_dropped,
+            "second_copies": rep.second_copies,
             "tier": strata_store::tier::tier_name(&s), "warnings": rep.warnings});
     if let Some(ver) = &verified {
         v["verify"] = serde_json::to_value(ver)?;

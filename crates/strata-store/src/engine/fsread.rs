@@ -26,6 +26,7 @@
 //!   every reader: consecutive reads inside one 64–128 KiB region open it
 //!   once, and two threads wanting the same region wait for one load.
 
+use crate::engine::copies::{is_damage, rebuild_region};
 use crate::engine::resolver::{mark_needed, resolver_for, resolver_with, Resolved, Resolver};
 use crate::error::{Result, StoreError};
 use crate::repo::container::read_region;
@@ -669,6 +670,34 @@ impl FileReader {
         out
     }
 
+    /// The region holding the run `c` and the run's offset in it, from
+    /// the cache — or, that region damaged, rebuilt where the run lies
+    /// from other stored copies of its chunks (not cached).
+    fn locate(&self, c: &ChunkRef) -> Result<(Arc<Vec<u8>>, usize)> {
+        let r = self.resolver.resolve(c, &self.path)?;
+        match self.cache.region(&self.repo, &r) {
+            Ok(region) => Ok((region, r.offset as usize)),
+            Err(e) => Ok((Arc::new(self.second_copy(&r, c, e)?), r.offset as usize)),
+        }
+    }
+
+    /// Region `r` rebuilt where run `c` lies from other stored copies,
+    /// after reading it failed with `e` (handed back when that is not
+    /// damage, or no copy is intact).
+    fn second_copy(&self, r: &Resolved, c: &ChunkRef, e: StoreError) -> Result<Vec<u8>> {
+        if !is_damage(&e) {
+            return Err(e);
+        }
+        let (plain, _) =
+            rebuild_region(&self.repo, &r.container, &r.region, &[(r.offset, c.len)]).ok_or(e)?;
+        tracing::warn!(
+            "{}: {} is damaged, read from other stored copies",
+            self.path,
+            crate::repo::data_name(&r.container)
+        );
+        Ok(plain)
+    }
+
     /// Up to `len` bytes from `offset`: fewer only at the end of the file
     /// (none at or past it).
     pub fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
@@ -690,9 +719,7 @@ impl FileReader {
             if c.is_zero() {
                 out.resize(out.len() + (to - from), 0);
             } else {
-                let r = self.resolver.resolve(c, &self.path)?;
-                let region = self.cache.region(&self.repo, &r)?;
-                let at = r.offset as usize;
+                let (region, at) = self.locate(c)?;
                 let data = region.get(at + from..at + to).ok_or_else(|| {
                     StoreError::Invalid(format!("{}: chunk outside its region", self.path))
                 })?;
@@ -727,7 +754,23 @@ impl FileReader {
                 let key = (r.container, r.region_idx);
                 let plain = match last.take() {
                     Some((k, plain)) if k == key => plain,
-                    _ => read_region(&self.repo, &r.container, &r.region)?,
+                    _ => match read_region(&self.repo, &r.container, &r.region) {
+                        Ok(p) => p,
+                        // (Rebuilt for this run only: not kept as `last`.)
+                        Err(e) => {
+                            let p = self.second_copy(&r, c, e)?;
+                            let at = r.offset as usize;
+                            let data = p.get(at..at + c.len as usize).ok_or_else(|| {
+                                StoreError::Invalid(format!(
+                                    "{}: chunk outside its region",
+                                    self.path
+                                ))
+                            })?;
+                            out.write_all(data).map_err(werr)?;
+                            written += c.len as u64;
+                            continue;
+                        }
+                    },
                 };
                 let at = r.offset as usize;
                 let data = plain.get(at..at + c.len as usize).ok_or_else(|| {

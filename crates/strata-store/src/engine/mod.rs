@@ -1,8 +1,9 @@
 //! The dedup engine, above the repository layer: the index strategies a
 //! backup looks chunks up in, the container writer, the recipe resolver,
-//! chunk copying between containers, and random-access reads of a
-//! version's files.
+//! chunk copying between containers, a chunk's other stored copies, and
+//! random-access reads of a version's files.
 
+pub mod copies;
 pub mod copy;
 pub mod fsread;
 pub mod index;

@@ -55,6 +55,10 @@ pub struct CheckReport {
     /// Snapshots whose data is in the cloud tier: only their local recipe
     /// copies are checked here.
     pub cloud_snapshots: u64,
+    /// Containers found missing, truncated or holding damaged chunks: a
+    /// salvage never deduplicates against them.
+    #[serde(skip)]
+    pub(crate) damaged_containers: HashSet<ContainerId>,
 }
 
 impl CheckReport {
@@ -75,22 +79,19 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
     } else {
         HashSet::new()
     };
-    // Fingerprints with a damaged or unreadable listed copy: restore's
-    // lookup by fingerprint keeps one location per fingerprint and may
-    // pick that one, so a moved chunk counts as found only without them.
-    let mut tainted: HashSet<Fingerprint> = bad_chunks.iter().map(|(_, f)| *f).collect();
     for m in idx.metas.values() {
         rep.chunks += m.chunks.len() as u64;
-        if bad_containers.contains(&m.id) {
-            tainted.extend(m.chunks.iter().map(|c| c.fp));
-        }
     }
+    rep.damaged_containers = bad_containers
+        .iter()
+        .chain(bad_chunks.iter().map(|(c, _)| c))
+        .copied()
+        .collect();
     let avail = Available {
         metas: &idx.metas,
         bad_containers: &bad_containers,
         bad_chunks: &bad_chunks,
         good_fps: std::cell::OnceCell::new(),
-        tainted: &tainted,
     };
     let referenced = check_snapshots(repo, &avail, &mut rep)?;
     report_unlisted(&unlisted, &referenced, idx.damaged, &mut rep);
@@ -475,7 +476,6 @@ struct Available<'a> {
     /// container the index does not list (rare: a set of every chunk of
     /// the repository is not held otherwise).
     good_fps: std::cell::OnceCell<HashSet<Fingerprint>>,
-    tainted: &'a HashSet<Fingerprint>,
 }
 
 impl Available<'_> {
@@ -793,13 +793,10 @@ impl RecipeFindings {
                             .is_some_and(|r| c.offset as u64 + c.len as u64 <= r.raw_len as u64)
                 })
                 .unwrap_or(false);
-            // Restore looks a chunk up by fingerprint only when its
-            // container is no longer listed (gc moved it); a listed
-            // container that is damaged fails the read, even where
-            // another copy of the chunk exists.
-            let moved = meta.is_none();
-            let found_elsewhere =
-                moved && avail.has_good_copy(&c.fp) && !avail.tainted.contains(&c.fp);
+            // Restore reads a chunk whose container is no longer listed
+            // (gc moved it), or whose stored copy is damaged, from any
+            // other intact copy (`engine::copies`).
+            let found_elsewhere = avail.has_good_copy(&c.fp);
             if !direct_ok && !found_elsewhere {
                 f.missing += 1;
                 f.bad.insert(c.fp);
@@ -868,13 +865,11 @@ mod tests {
                 .collect();
         let bad_containers = HashSet::from([ContainerId([2; 16])]);
         let bad_chunks = HashSet::from([(ContainerId([1; 16]), Fingerprint([2; 32]))]);
-        let tainted = HashSet::new();
         let avail = Available {
             metas: &metas,
             bad_containers: &bad_containers,
             bad_chunks: &bad_chunks,
             good_fps: std::cell::OnceCell::new(),
-            tainted: &tainted,
         };
         assert!(
             avail.good_fps.get().is_none(),

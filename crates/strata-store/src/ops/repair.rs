@@ -207,6 +207,9 @@ fn salvage(
         series: Some(series),
         tags: vec!["repaired".into()],
         skip: Some(&lost),
+        // Chunks of damaged containers are stored again, or read from
+        // another copy, never referenced where they are damaged.
+        avoid: Some(&rep.damaged_containers),
     };
     let copy = CopyOptions {
         threads: opts.threads,

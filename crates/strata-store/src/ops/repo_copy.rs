@@ -75,6 +75,8 @@ pub(crate) struct Stored<'a> {
     pub tags: Vec<String>,
     /// Paths left out (with hard links to them).
     pub skip: Option<&'a std::collections::HashSet<Vec<u8>>>,
+    /// Containers the new version must not deduplicate against (damaged).
+    pub avoid: Option<&'a std::collections::HashSet<strata_core::format::ContainerId>>,
 }
 
 impl Stored<'_> {
@@ -83,6 +85,7 @@ impl Stored<'_> {
             series: None,
             tags: vec![],
             skip: None,
+            avoid: None,
         }
     }
 }
@@ -158,6 +161,7 @@ pub(crate) fn store_version(
         threads: opts.threads,
         progress: opts.progress,
         chunker: Some(dst.config().chunker),
+        avoid: how.avoid.cloned().unwrap_or_default(),
         ..Default::default()
     };
     backup(dst, opts)

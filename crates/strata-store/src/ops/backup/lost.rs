@@ -21,15 +21,22 @@ use strata_core::format::ContainerId;
 const NAMED: usize = 10;
 
 /// The repository's index strategy and index for a backup, without the
-/// containers whose data is gone (returned, sorted).
+/// containers whose data is gone (returned, sorted) and those in `avoid`
+/// (known to be damaged).
 pub(crate) fn load_index(
     repo: &Repository,
     table: &Arc<ContainerTable>,
+    avoid: &HashSet<ContainerId>,
 ) -> Result<(Box<dyn IndexStrategy>, RepoIndex, Vec<ContainerId>)> {
     let present = present(repo)?;
-    let (strategy, mut index) = build_strategy(repo, table, Some(&present))?;
+    let usable: HashSet<ContainerId> = present.difference(avoid).copied().collect();
+    let (strategy, mut index) = build_strategy(repo, table, Some(&usable))?;
     crate::repo::index::upgrade_summaries(repo, &mut index);
     let lost = take_lost(&mut index, &present);
+    // (Out of the previous version's pool too.)
+    for c in avoid {
+        index.containers.remove(c);
+    }
     Ok((strategy, index, lost))
 }
 

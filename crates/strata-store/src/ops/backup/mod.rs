@@ -93,6 +93,9 @@ pub struct BackupOptions {
     pub large_file: u64,
     /// What the walk may hold ahead of the workers and the recipe.
     pub limits: FlowLimits,
+    /// Containers known to be damaged (a salvage's): never deduplicated
+    /// against, as if their data were gone.
+    pub avoid: std::collections::HashSet<ContainerId>,
 }
 
 impl Default for BackupOptions {
@@ -116,6 +119,7 @@ impl Default for BackupOptions {
             one_file_system: false,
             large_file: pipeline::LARGE,
             limits: FlowLimits::default(),
+            avoid: Default::default(),
         }
     }
 }
@@ -448,7 +452,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     let threads = opts.threads.clamp(1, 256);
     let stages = Arc::new(Stages::new(threads));
     let table = Arc::new(ContainerTable::default());
-    let (strategy, repo_index, lost) = lost::load_index(repo, &table)?;
+    let (strategy, repo_index, lost) = lost::load_index(repo, &table, &opts.avoid)?;
     let (parent_id, mut parent) = load_parent(
         repo,
         &series,

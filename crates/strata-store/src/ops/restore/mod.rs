@@ -107,6 +107,9 @@ pub struct RestoreReport {
     pub skipped: u64,
     /// Device nodes and FIFOs not created (`RestoreOptions::no_special`).
     pub specials_left_out: u64,
+    /// Chunks read from another stored copy because the one the recipe
+    /// names is damaged (each named in a warning).
+    pub second_copies: u64,
     /// Files and directories restored without their set-id bits or file
     /// capabilities (`RestoreOptions::no_setuid`).
     pub privileges_dropped: u64,
@@ -130,6 +133,7 @@ impl RestoreReport {
         self.plans += r.plans;
         self.skipped += r.skipped;
         self.specials_left_out += r.specials_left_out;
+        self.second_copies += r.second_copies;
         self.privileges_dropped += r.privileges_dropped;
         self.warnings.extend(r.warnings);
     }
@@ -263,6 +267,14 @@ pub fn restore_from(
     run.report.containers_read = sink.containers_read();
     run.report.regions_read = sink.regions_read.load(Ordering::Relaxed);
     run.report.bytes_read = sink.bytes_read.load(Ordering::Relaxed);
+    let second = std::mem::take(&mut *sink.second_copies.lock().unwrap_or_else(|e| e.into_inner()));
+    for (cid, n) in second {
+        run.report.second_copies += n;
+        run.report.warnings.push(format!(
+            "{} is damaged: {n} chunk(s) read from their other stored copies (`strata check --read-data` reports it)",
+            crate::repo::data_name(&cid)
+        ));
+    }
     // Hardlinks, special files, then symlinks (last: nothing is written
     // through them).
     run.make_links_and_specials()?;

@@ -7,6 +7,7 @@
 //! the size of what it restores.
 
 use super::source::RecipeSource;
+use crate::engine::copies::{is_damage, rebuild_region};
 use crate::engine::resolver::{mark_needed, resolver_with, Resolver};
 use crate::error::{Result, StoreError};
 use crate::progress::Progress;
@@ -68,6 +69,9 @@ pub(super) struct Sink<'a> {
     containers: Mutex<HashSet<ContainerId>>,
     pub regions_read: AtomicU64,
     pub bytes_read: AtomicU64,
+    /// Chunks read from another stored copy, by the damaged container
+    /// they could not be read from.
+    pub second_copies: Mutex<BTreeMap<ContainerId, u64>>,
 }
 
 impl<'a> Sink<'a> {
@@ -85,6 +89,7 @@ impl<'a> Sink<'a> {
             containers: Mutex::new(HashSet::new()),
             regions_read: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
+            second_copies: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -288,19 +293,26 @@ fn restore_group(
     let name = data_name(g.cid);
     // A linked container's regions are read from the volume, one by one.
     let linked = repo.link_of(g.cid)?;
-    let buf = match &linked {
-        None => repo.backend().get_range(&name, g.start, g.end - g.start)?,
-        Some(_) => Vec::new(),
+    let buf: Result<Vec<u8>> = match &linked {
+        None => repo
+            .backend()
+            .get_range(&name, g.start, g.end - g.start)
+            .map_err(StoreError::from),
+        Some(_) => Ok(Vec::new()),
+    };
+    // A damaged or missing container: its regions from other copies.
+    let buf = match buf {
+        Err(e) if !is_damage(&e) => return Err(e),
+        b => b,
     };
     sink.bytes_read
         .fetch_add(g.end - g.start, Ordering::Relaxed);
     for (reg, pieces) in &g.regions {
-        let plain = match &linked {
-            Some(l) => l.region(repo, &name, reg)?,
-            None => {
+        let read = match (&linked, &buf) {
+            (Some(l), _) => l.region(repo, &name, reg),
+            (None, Ok(buf)) => {
                 // Offsets come from container metadata: checked, not trusted.
-                let stored = reg
-                    .offset
+                reg.offset
                     .checked_sub(g.start)
                     .and_then(|a| {
                         buf.get(a as usize..(a as usize).checked_add(reg.stored_len as usize)?)
@@ -309,9 +321,19 @@ fn restore_group(
                         StoreError::Invalid(format!(
                             "{name}: a region lies outside the range read (damaged container metadata; run `strata check`)"
                         ))
-                    })?;
-                open_region(repo, &name, stored, reg)?
+                    })
+                    .and_then(|stored| open_region(repo, &name, stored, reg))
             }
+            (None, Err(e)) => Err(StoreError::corrupt(
+                &name,
+                strata_core::CoreError::Damaged(e.to_string()),
+            )),
+        };
+        let plain = match read {
+            Ok(p) => p,
+            // The chunks the pieces need, from their other copies.
+            Err(e) if is_damage(&e) => recover(repo, g.cid, reg, pieces, sink).ok_or(e)?,
+            Err(e) => return Err(e),
         };
         sink.regions_read.fetch_add(1, Ordering::Relaxed);
         for p in pieces {
@@ -340,6 +362,24 @@ fn restore_group(
         }
     }
     Ok(())
+}
+
+/// The plaintext of damaged region `reg` of container `cid` as far as
+/// `pieces` need it, from other stored copies of its chunks; `None` when
+/// a needed chunk has none.
+fn recover(
+    repo: &Repository,
+    cid: &ContainerId,
+    reg: &RegionInfo,
+    pieces: &[Piece],
+    sink: &Sink,
+) -> Option<Vec<u8>> {
+    let ranges: Vec<(u32, u32)> = pieces.iter().map(|p| (p.reg_off, p.len)).collect();
+    let (plain, chunks) = rebuild_region(repo, cid, reg, &ranges)?;
+    if let Ok(mut m) = sink.second_copies.lock() {
+        *m.entry(*cid).or_default() += chunks;
+    }
+    Some(plain)
 }
 
 #[cfg(test)]
