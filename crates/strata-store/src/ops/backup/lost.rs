@@ -101,8 +101,9 @@ pub fn warning(repo: &Repository, lost: &[ContainerId]) -> Result<String> {
         "no version references them any more".to_string()
     } else {
         format!(
-            "{} older version(s) reference them and are damaged: {} (`strata check \
-             --read-data` lists the files, `strata repair snapshots` saves the rest)",
+            "{} older version(s) reference them: {} (what has no other copy is lost: \
+             `strata check --read-data` lists the files, `strata repair snapshots` saves \
+             the rest)",
             damaged.len(),
             names.join(", ")
         )
