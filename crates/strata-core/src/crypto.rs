@@ -104,6 +104,20 @@ impl Kind {
             _ => MAX_DECOMPRESSED,
         }
     }
+
+    /// What an object of this kind that takes `stored` bytes may expand
+    /// to: [`Self::max_plain`], and for the kinds that grow with the
+    /// repository and are mostly fingerprints and ids (random bytes zstd
+    /// cannot shrink) at most 64 times its stored size plus 1 MiB — a
+    /// frame that claims more is a bomb, whatever the kind's cap.
+    pub fn max_plain_of(self, stored: usize) -> u64 {
+        match self {
+            Kind::ContainerMeta | Kind::Index | Kind::IndexSummary | Kind::IndexData => self
+                .max_plain()
+                .min((stored as u64).saturating_mul(64).saturating_add(1 << 20)),
+            _ => self.max_plain(),
+        }
+    }
 }
 
 /// zstd-compresses `data` with a context kept per thread: creating one
@@ -533,7 +547,7 @@ impl Sealer {
     /// Verifies and opens an envelope, returning the plaintext (at most
     /// [`Kind::max_plain`] bytes).
     pub fn open(&self, kind: Kind, data: &[u8]) -> Result<Vec<u8>> {
-        self.open_within(kind, data, kind.max_plain())
+        self.open_within(kind, data, kind.max_plain_of(data.len()))
     }
 
     /// [`Self::open`] for an object whose plaintext is known to be at most
@@ -547,7 +561,13 @@ impl Sealer {
     /// not bound to a name opens only unless `bound` requires it (a
     /// repository whose format binds every object of this kind).
     pub fn open_named(&self, kind: Kind, name: &str, bound: bool, data: &[u8]) -> Result<Vec<u8>> {
-        self.open_as(kind, Some(name.as_bytes()), bound, data, kind.max_plain())
+        self.open_as(
+            kind,
+            Some(name.as_bytes()),
+            bound,
+            data,
+            kind.max_plain_of(data.len()),
+        )
     }
 
     fn open_as(
@@ -760,8 +780,18 @@ mod tests {
         let e = s.open(Kind::RecipePart, &env).unwrap_err().to_string();
         assert!(e.contains("more than"), "{e}");
         // The same bytes as another kind that may hold them open.
+        let env = s.seal(Kind::Recipe, &big, true).unwrap();
+        assert_eq!(s.open(Kind::Recipe, &env).unwrap().len(), big.len());
+        // Not as an index object: mostly fingerprints, it cannot expand to
+        // more than 64 times its stored size (plus 1 MiB).
         let env = s.seal(Kind::Index, &big, true).unwrap();
-        assert_eq!(s.open(Kind::Index, &env).unwrap().len(), big.len());
+        let e = s.open(Kind::Index, &env).unwrap_err().to_string();
+        assert!(e.contains("more than"), "{e}");
+        let mut random = vec![0u8; 4 << 20];
+        random_bytes(&mut random).unwrap();
+        random.extend_from_slice(&[0u8; 1 << 20]);
+        let env = s.seal(Kind::Index, &random, true).unwrap();
+        assert_eq!(s.open(Kind::Index, &env).unwrap(), random);
         // Uncompressed, too.
         let small = vec![7u8; (1 << 20) + 1];
         let env = s.seal(Kind::Config, &small, false).unwrap();

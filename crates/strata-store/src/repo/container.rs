@@ -219,7 +219,11 @@ fn meta_via(
     let env = get(f.meta_offset, f.meta_len as u64)?;
     let bytes = repo
         .sealer()
-        .open(Kind::ContainerMeta, &env)
+        .open_within(
+            Kind::ContainerMeta,
+            &env,
+            meta_cap(repo).min(Kind::ContainerMeta.max_plain_of(env.len())),
+        )
         .map_err(corrupt)?;
     let meta: ContainerMeta = decode("container metadata", &bytes).map_err(corrupt)?;
     if meta.id != *id {
@@ -233,7 +237,20 @@ fn meta_via(
 
 /// Reads a container's `meta/` object.
 pub fn read_meta(repo: &Repository, id: &ContainerId) -> Result<ContainerMeta> {
-    repo.get_struct(Kind::ContainerMeta, &meta_name(id), "container metadata")
+    repo.get_struct_within(
+        Kind::ContainerMeta,
+        &meta_name(id),
+        "container metadata",
+        meta_cap(repo),
+    )
+}
+
+/// The most a container's metadata can hold in this repository: an entry
+/// (about 40 bytes) per chunk of at least 64 bytes is less than the
+/// container's own size, plus slack for its last chunk, regions and
+/// segments. A bomb claiming more is refused unexpanded.
+fn meta_cap(repo: &Repository) -> u64 {
+    u64::from(repo.config().container_size) + (16 << 20)
 }
 
 #[cfg(test)]

@@ -374,10 +374,22 @@ impl Repository {
         name: &str,
         what: &'static str,
     ) -> Result<T> {
+        self.get_struct_within(kind, name, what, u64::MAX)
+    }
+
+    /// [`Self::get_struct`] of an object known to hold at most `max`
+    /// bytes (a bomb claiming more is refused unexpanded).
+    pub fn get_struct_within<T: DeserializeOwned>(
+        &self,
+        kind: Kind,
+        name: &str,
+        what: &'static str,
+        max: u64,
+    ) -> Result<T> {
         self.read_verified(name, |raw| {
             let bytes = self
                 .sealer
-                .open(kind, raw)
+                .open_within(kind, raw, max.min(kind.max_plain_of(raw.len())))
                 .map_err(|e| StoreError::corrupt(name, e))?;
             decode(what, &bytes).map_err(|e| StoreError::corrupt(name, e))
         })
