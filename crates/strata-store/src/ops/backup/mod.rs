@@ -504,18 +504,8 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
     )?;
     let mut warnings = std::mem::take(&mut walked.warnings);
     warnings.extend(run.warnings);
-    // An imported tree is all or nothing: a file that could not be read
-    // would be missing from a copy that counts as done.
-    if import.is_some() && !warnings.is_empty() {
-        return Err(discard::take_back(
-            repo,
-            &run.tracked,
-            StoreError::Invalid(format!(
-                "nothing committed: {} file(s) could not be read from the source: {}",
-                warnings.len(),
-                warnings.join("; ")
-            )),
-        ));
+    if import.is_some() {
+        whole_import(repo, &warnings, &run.tracked)?;
     }
     let commit_started = std::time::Instant::now();
     let stats = stats_of(&run.counts, &ctx, warnings.len());
@@ -565,6 +555,28 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         reverse_hint: parent_id.map(|previous| reverse_hint(previous, id, &parent, &ctx)),
         lost_containers: lost,
     })
+}
+
+/// An imported tree is all or nothing: a file that could not be read
+/// (one of `warnings`) would be missing from a copy that counts as done,
+/// so nothing is committed and what the run wrote is taken back.
+fn whole_import(
+    repo: &Repository,
+    warnings: &[String],
+    tracked: &Mutex<crate::engine::writer::Written>,
+) -> Result<()> {
+    if warnings.is_empty() {
+        return Ok(());
+    }
+    Err(discard::take_back(
+        repo,
+        tracked,
+        StoreError::Invalid(format!(
+            "nothing committed: {} file(s) could not be read from the source: {}",
+            warnings.len(),
+            warnings.join("; ")
+        )),
+    ))
 }
 
 /// The figures a snapshot records of its backup (what the commit adds
