@@ -13,37 +13,8 @@ mod common;
 
 use common::*;
 use std::fs;
-use std::io::Write;
 use std::path::Path;
 use strata_core::crypto::Kind;
-
-/// A plain repository's envelope of kind `kind` around `payload` (already
-/// zstd-compressed), bound to `name` when given.
-fn envelope(kind: Kind, payload: &[u8], name: Option<&str>) -> Vec<u8> {
-    let flags = 1 | if name.is_some() { 4 } else { 0 };
-    let header = [strata_core::crypto::ENVELOPE_VERSION, kind as u8, flags];
-    let mut h = blake3::Hasher::new();
-    h.update(&header);
-    h.update(name.unwrap_or_default().as_bytes());
-    h.update(payload);
-    let mut out = header.to_vec();
-    out.extend_from_slice(payload);
-    out.extend_from_slice(&h.finalize().as_bytes()[..16]);
-    out
-}
-
-/// A zstd frame of `n` zeros (no size in its header: it must be streamed).
-fn zeros_frame(n: u64) -> Vec<u8> {
-    let mut enc = zstd::stream::Encoder::new(Vec::new(), 1).unwrap();
-    let block = vec![0u8; 1 << 20];
-    let mut left = n;
-    while left > 0 {
-        let k = left.min(block.len() as u64) as usize;
-        enc.write_all(&block[..k]).unwrap();
-        left -= k as u64;
-    }
-    enc.finish().unwrap()
-}
 
 /// The object kinds restore and check read, with where one lies.
 const KINDS: &[(Kind, &str)] = &[
@@ -128,7 +99,7 @@ fn trial(kind: Kind, dir: &str, frame: &[u8]) -> Vec<(String, i32, u64)> {
         .unwrap()
         .to_string();
     let bound = (kind == Kind::Snapshot).then_some(name.as_str());
-    fs::write(&victim, envelope(kind, frame, bound)).unwrap();
+    fs::write(&victim, plain_zstd_envelope(kind as u8, frame, bound)).unwrap();
     let t = repo.scratch("t");
     let mut out = vec![];
     for args in [

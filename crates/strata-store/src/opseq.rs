@@ -229,8 +229,8 @@ fn to_copy(a: &Side, b: &Side) -> std::result::Result<Option<(SnapshotId, Tree)>
 }
 
 fn pick_one(versions: &BTreeMap<SnapshotId, Tree>, pick: u8) -> Option<SnapshotId> {
-    let n = versions.len();
-    (n > 0).then(|| versions.keys().nth(pick as usize % n).cloned())?
+    let n = versions.len().max(1);
+    versions.keys().nth(pick as usize % n).cloned()
 }
 
 /// What the step changed in what `side` must hold: a version committed

@@ -671,3 +671,33 @@ pub fn get_xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
         buf
     })
 }
+
+/// An unencrypted repository's envelope of kind `kind` around an already
+/// zstd-compressed `payload` (version, kind, flags; BLAKE3 checksum),
+/// bound to the object's `name` when given.
+pub fn plain_zstd_envelope(kind: u8, payload: &[u8], name: Option<&str>) -> Vec<u8> {
+    let flags = 1 | if name.is_some() { 4 } else { 0 };
+    let header = [strata_core::crypto::ENVELOPE_VERSION, kind, flags];
+    let mut h = blake3::Hasher::new();
+    h.update(&header);
+    h.update(name.unwrap_or_default().as_bytes());
+    h.update(payload);
+    let mut out = header.to_vec();
+    out.extend_from_slice(payload);
+    out.extend_from_slice(&h.finalize().as_bytes()[..16]);
+    out
+}
+
+/// A zstd frame of `n` zeros with no size in its header (a reader must
+/// stream it): a decompression bomb of a few hundred bytes per GiB.
+pub fn zeros_frame(n: u64) -> Vec<u8> {
+    let mut enc = zstd::stream::Encoder::new(Vec::new(), 1).unwrap();
+    let block = vec![0u8; 1 << 20];
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(block.len() as u64) as usize;
+        enc.write_all(&block[..k]).unwrap();
+        left -= k as u64;
+    }
+    enc.finish().unwrap()
+}

@@ -346,42 +346,35 @@ fn footer_roundtrip() {
 
 #[test]
 fn a_snapshot_naming_a_bad_id_is_refused_in_words() {
-    // Version 3's layout, with a recipe id that is not 64 hex digits.
-    let v3 = (
-        "s",
-        1u32,
-        5i64,
-        "h",
-        Vec::<String>::new(),
-        Vec::<String>::new(),
-        "../../config",
-        None::<String>,
-        ChunkerParams::cdc(8192),
-        SnapshotStats::default(),
-        None::<Archival>,
-        Tier::Active,
-    );
-    let bytes = postcard::to_extend(&v3, vec![3]).unwrap();
-    let e = decode_snapshot(&bytes).unwrap_err().to_string();
+    // Version 3's layout, with the recipe id given.
+    let v3 = |recipe: String| {
+        let fields = (
+            "s",
+            1u32,
+            5i64,
+            "h",
+            Vec::<String>::new(),
+            Vec::<String>::new(),
+            recipe,
+            None::<String>,
+            ChunkerParams::cdc(8192),
+            SnapshotStats::default(),
+            None::<Archival>,
+            Tier::Active,
+        );
+        postcard::to_extend(&fields, vec![3]).unwrap()
+    };
+    // A recipe id that is not 64 hex digits.
+    let e = decode_snapshot(&v3("../../config".into()))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("64 lowercase hex digits"), "{e}");
     // The same with a real id decodes.
-    let good = (
-        "s",
-        1u32,
-        5i64,
-        "h",
-        Vec::<String>::new(),
-        Vec::<String>::new(),
-        "ab".repeat(32),
-        None::<String>,
-        ChunkerParams::cdc(8192),
-        SnapshotStats::default(),
-        None::<Archival>,
-        Tier::Active,
-    );
-    let bytes = postcard::to_extend(&good, vec![3]).unwrap();
     assert_eq!(
-        decode_snapshot(&bytes).unwrap().recipe.as_str(),
+        decode_snapshot(&v3("ab".repeat(32)))
+            .unwrap()
+            .recipe
+            .as_str(),
         "ab".repeat(32)
     );
 }

@@ -752,24 +752,13 @@ impl FileReader {
             } else {
                 let r = self.resolver.resolve(c, &self.path)?;
                 let key = (r.container, r.region_idx);
-                let plain = match last.take() {
-                    Some((k, plain)) if k == key => plain,
+                // A region rebuilt from other copies holds this run only:
+                // it is not kept as `last`.
+                let (plain, whole) = match last.take() {
+                    Some((k, plain)) if k == key => (plain, true),
                     _ => match read_region(&self.repo, &r.container, &r.region) {
-                        Ok(p) => p,
-                        // (Rebuilt for this run only: not kept as `last`.)
-                        Err(e) => {
-                            let p = self.second_copy(&r, c, e)?;
-                            let at = r.offset as usize;
-                            let data = p.get(at..at + c.len as usize).ok_or_else(|| {
-                                StoreError::Invalid(format!(
-                                    "{}: chunk outside its region",
-                                    self.path
-                                ))
-                            })?;
-                            out.write_all(data).map_err(werr)?;
-                            written += c.len as u64;
-                            continue;
-                        }
+                        Ok(p) => (p, true),
+                        Err(e) => (self.second_copy(&r, c, e)?, false),
                     },
                 };
                 let at = r.offset as usize;
@@ -777,7 +766,9 @@ impl FileReader {
                     StoreError::Invalid(format!("{}: chunk outside its region", self.path))
                 })?;
                 out.write_all(data).map_err(werr)?;
-                last = Some((key, plain));
+                if whole {
+                    last = Some((key, plain));
+                }
             }
             written += c.len as u64;
         }
