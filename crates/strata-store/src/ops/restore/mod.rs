@@ -16,6 +16,7 @@
 //! last, so nothing restore writes can pass through one. A malicious
 //! repository therefore cannot make restore write outside its target.
 
+mod meta;
 mod options;
 mod plan;
 mod select;
@@ -25,6 +26,7 @@ mod verify;
 pub use crate::engine::resolver::{recipe_refs, resolver_for, Resolved, Resolver, MAX_CHAIN};
 use crate::error::{Result, StoreError};
 use crate::repo::Repository;
+use meta::{set_times, set_xattr, CAPABILITY_XATTR, SET_ID_BITS};
 pub use options::{Overwrite, RestoreOptions};
 pub use plan::PLAN_PIECES;
 use select::select_entries;
@@ -42,11 +44,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use strata_core::format::{Node, NodeKind, Recipe, Snapshot};
 pub use verify::{verify, verify_from, VerifyReport};
-
-/// The set-user-id and set-group-id bits of a mode.
-const SET_ID_BITS: u32 = 0o6000;
-/// The extended attribute that holds a file's capabilities.
-const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
 /// Checks that every ancestor of a path below the restore root is a real
 /// directory (never a symlink), remembering verified directories so each
@@ -178,47 +175,6 @@ fn remove_non_dir(full: &Path) {
 fn cstr(p: &Path) -> Result<CString> {
     CString::new(p.as_os_str().as_bytes())
         .map_err(|_| StoreError::UnsafePath(p.display().to_string()))
-}
-
-fn set_times(p: &Path, mtime_ns: i64) -> std::io::Result<()> {
-    let ts = libc::timespec {
-        tv_sec: mtime_ns.div_euclid(1_000_000_000) as libc::time_t,
-        tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
-    };
-    let times = [ts, ts];
-    let c = CString::new(p.as_os_str().as_bytes())?;
-    // SAFETY: valid C string and a two-element timespec array.
-    let r = unsafe {
-        libc::utimensat(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-fn set_xattr(p: &Path, name: &[u8], value: &[u8]) -> std::io::Result<()> {
-    let c = CString::new(p.as_os_str().as_bytes())?;
-    let n = CString::new(name)?;
-    // SAFETY: valid C strings and a value buffer of the given length.
-    let r = unsafe {
-        libc::lsetxattr(
-            c.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr() as *const libc::c_void,
-            value.len(),
-            0,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// Restores the version `snapshot` whose recipe is `recipe` (in memory)
