@@ -62,7 +62,54 @@ pub(crate) fn repo_location(cli: &Cli) -> Result<Location> {
     location::location(cli.repo.as_deref())
 }
 
+/// Nanoseconds the last [`open`] took (key derivation included): the
+/// fixed cost every command pays, reported in `--json` as
+/// `process.open_seconds`.
+static OPEN_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 pub(crate) fn open(cli: &Cli) -> Result<Repository> {
+    let started = std::time::Instant::now();
+    let repo = open_untimed(cli)?;
+    OPEN_NS.store(
+        started.elapsed().as_nanos() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    Ok(repo)
+}
+
+/// What the process has cost so far: CPU time, peak memory, the bytes
+/// and calls of its reads and writes (`/proc/self/io`), and how long
+/// opening the repository took — `--json`'s `process` for the commands
+/// whose speed is measured (backup, restore).
+pub(crate) fn process_figures() -> serde_json::Value {
+    // SAFETY: getrusage fills the struct it is given.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let mut v = serde_json::json!({
+        "user_seconds": secs(ru.ru_utime),
+        "system_seconds": secs(ru.ru_stime),
+        "peak_rss_bytes": ru.ru_maxrss as u64 * 1024,
+        "voluntary_switches": ru.ru_nvcsw,
+        "open_seconds": OPEN_NS.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9,
+    });
+    // rchar/wchar: bytes through read and write calls; syscr/syscw: the calls.
+    if let Ok(io) = std::fs::read_to_string("/proc/self/io") {
+        for line in io.lines() {
+            if let Some((k, n)) = line.split_once(':') {
+                if let Ok(n) = n.trim().parse::<u64>() {
+                    v[k.trim()] = serde_json::json!(n);
+                }
+            }
+        }
+    }
+    v
+}
+
+fn open_untimed(cli: &Cli) -> Result<Repository> {
     let loc = repo_location(cli)?;
     let backend = location::backend(&loc, false)?;
     let repo = Repository::open(backend, &|| read_password(cli, false))

@@ -178,20 +178,13 @@ impl<R: Read> ChunkStream<R> {
         Ok(())
     }
 
-    /// The next chunk as `(offset in stream, bytes)`, or `None` at the end.
-    pub fn next_chunk(&mut self) -> io::Result<Option<(u64, &[u8])>> {
+    /// The length of the chunk `src` begins with (`src` holds at least
+    /// the longest chunk, or the rest of the stream).
+    fn cut_len(&self, src: &[u8]) -> usize {
         let max = self.params.max_chunk() as usize;
-        if self.end - self.start < max && !self.eof {
-            self.fill()?;
-        }
-        let avail = self.end - self.start;
-        if avail == 0 {
-            return Ok(None);
-        }
-        let len = match self.params.kind {
-            ChunkerKind::Fixed => avail.min(max),
+        match self.params.kind {
+            ChunkerKind::Fixed => src.len().min(max),
             ChunkerKind::Cdc => {
-                let src = &self.buf[self.start..self.end];
                 let (_, cut) = fastcdc::v2020::cut(
                     src,
                     self.params.min_chunk() as usize,
@@ -202,9 +195,73 @@ impl<R: Read> ChunkStream<R> {
                     self.mask_s << 1,
                     self.mask_l << 1,
                 );
-                cut.clamp(1, avail)
+                cut.clamp(1, src.len())
             }
-        };
+        }
+    }
+
+    /// Reads the next block of the stream straight into `data` (cleared
+    /// first; a buffer used before is filled without being allocated
+    /// again) and cuts it where [`Self::next_chunk`] would: `cuts` gets
+    /// each chunk's (start in `data`, length). The block ends with the
+    /// first chunk that reaches `size` bytes, or with the stream; the
+    /// bytes after its last chunk are kept for the next block. Returns
+    /// whether the stream ended with this block.
+    pub fn read_block(
+        &mut self,
+        data: &mut Vec<u8>,
+        size: usize,
+        cuts: &mut Vec<(usize, u32)>,
+    ) -> io::Result<bool> {
+        let max = self.params.max_chunk() as usize;
+        let want = size.max(1) + max;
+        data.clear();
+        cuts.clear();
+        data.extend_from_slice(&self.buf[self.start..self.end]);
+        self.start = 0;
+        self.end = 0;
+        let mut filled = data.len();
+        data.resize(want.max(filled), 0);
+        while filled < want && !self.eof {
+            match self.reader.read(&mut data[filled..want]) {
+                Ok(0) => self.eof = true,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // The stream ends with its error (nothing of this
+                    // block is handed out).
+                    data.clear();
+                    return Err(e);
+                }
+            }
+        }
+        let mut pos = 0;
+        while pos < filled && pos < size.max(1) && (self.eof || filled - pos >= max) {
+            let len = self.cut_len(&data[pos..filled]);
+            cuts.push((pos, len as u32));
+            pos += len;
+        }
+        self.offset += pos as u64;
+        // The rest (less than a block's tail and a chunk) waits for the
+        // next block.
+        let rest = filled - pos;
+        self.buf[..rest].copy_from_slice(&data[pos..filled]);
+        self.end = rest;
+        data.truncate(pos);
+        Ok(self.eof && rest == 0)
+    }
+
+    /// The next chunk as `(offset in stream, bytes)`, or `None` at the end.
+    pub fn next_chunk(&mut self) -> io::Result<Option<(u64, &[u8])>> {
+        let max = self.params.max_chunk() as usize;
+        if self.end - self.start < max && !self.eof {
+            self.fill()?;
+        }
+        let avail = self.end - self.start;
+        if avail == 0 {
+            return Ok(None);
+        }
+        let len = self.cut_len(&self.buf[self.start..self.end]);
         let off = self.offset;
         let s = self.start;
         self.start += len;
@@ -283,6 +340,55 @@ mod tests {
             out.push(c.to_vec());
         }
         out
+    }
+
+    /// A reader that returns at most `step` bytes per call.
+    struct Trickle<'a>(&'a [u8], usize);
+
+    impl Read for Trickle<'_> {
+        fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+            let n = out.len().min(self.1).min(self.0.len());
+            out[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    /// The chunks [`ChunkStream::read_block`] cuts, block by block.
+    fn block_chunks(data: &[u8], p: ChunkerParams, size: usize, step: usize) -> Vec<Vec<u8>> {
+        let mut s = ChunkStream::new(Trickle(data, step), p);
+        let (mut buf, mut cuts, mut out) = (Vec::new(), Vec::new(), vec![]);
+        loop {
+            let before = s.position();
+            let end = s.read_block(&mut buf, size, &mut cuts).unwrap();
+            assert_eq!(s.position() - before, buf.len() as u64);
+            let mut at = 0;
+            for &(start, len) in &cuts {
+                assert_eq!(start, at);
+                out.push(buf[start..start + len as usize].to_vec());
+                at += len as usize;
+            }
+            assert_eq!(at, buf.len());
+            assert!(
+                end || buf.len() >= size,
+                "a block short of its size before the end"
+            );
+            if end {
+                return out;
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Blocks cut exactly as chunk by chunk does, whatever the block
+        /// size and however the reader splits its reads.
+        #[test]
+        fn blocks_cut_as_chunks(len in 0usize..300_000, seed in 0u64..1000,
+                                size in 1usize..100_000, step in 1usize..70_000, fixed in proptest::bool::ANY) {
+            let p = if fixed { ChunkerParams::fixed() } else { ChunkerParams::cdc(4096) };
+            let data = pseudo_random(len, seed);
+            proptest::prop_assert_eq!(block_chunks(&data, p, size, step), chunks(&data, p));
+        }
     }
 
     #[test]

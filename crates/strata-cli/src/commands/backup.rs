@@ -233,7 +233,8 @@ fn result_json(done: &BackedUp, dry_run: bool) -> Result<serde_json::Value> {
                 "reused_files": rep.reused_files, "seconds": secs, "index_ram_bytes": rep.index_ram_bytes,
                 "warnings": rep.warnings, "threads": rep.threads, "stages": rep.stages,
                 "parent_bytes": rep.parent_bytes, "similar_bytes": rep.similar_bytes,
-                "peak_rss_bytes": peak_rss_bytes(), "dry_run": dry_run});
+                "peak_rss_bytes": peak_rss_bytes(), "process": crate::cli::process_figures(),
+                "dry_run": dry_run});
     if let Some((m, msecs)) = &done.maintained {
         v["maintain"] = serde_json::to_value(m)?;
         v["maintain"]["seconds"] = json!(msecs);

@@ -136,7 +136,8 @@ pub fn run(cli: &Cli, out: &Out, a: &RestoreArgs) -> Result<i32> {
             "seconds": secs, "containers_read": rep.containers_read, "regions_read": rep.regions_read,
             "bytes_read": rep.bytes_read, "chain_hops": rep.chain_hops, "skipped": rep.skipped,
             "specials_left_out": rep.specials_left_out, "privileges_dropped": rep.privileges_dropped,
-            "second_copies": rep.second_copies,
+            "second_copies": rep.second_copies, "phases": rep.phases,
+            "process": crate::cli::process_figures(),
             "tier": strata_store::tier::tier_name(&s), "warnings": rep.warnings});
     if let Some(ver) = &verified {
         v["verify"] = serde_json::to_value(ver)?;

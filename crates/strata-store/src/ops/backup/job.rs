@@ -3,6 +3,7 @@
 //! a large file, an unchanged segment of a patched image — and the units
 //! of an image patch.
 
+use super::blockbuf::{BlockData, BufferPool};
 use crate::engine::index::{ChunkLoc, ContainerTable, IndexStrategy};
 use crate::progress::Progress;
 use crate::repo::Repository;
@@ -52,6 +53,8 @@ pub(crate) struct Ctx<'a> {
     /// The volume whose blocks the new containers link to (a volume's
     /// snapshot: the link sink, a [`crate::engine::writer::Linker`]).
     pub link: Option<Arc<dyn crate::engine::writer::Linker>>,
+    /// Buffers large files' blocks are read into, used again.
+    pub buffers: BufferPool,
 }
 
 /// What a [`Ctx`] works with; its counters start at zero.
@@ -90,6 +93,7 @@ impl<'a> Ctx<'a> {
             large_file: p.large_file,
             stored_sample: Mutex::new(HashMap::new()),
             link: p.link,
+            buffers: BufferPool::default(),
         }
     }
 }
@@ -129,7 +133,7 @@ pub(crate) const KNOWN: u32 = u32::MAX - 1;
 pub(crate) struct SegmentJob {
     pub chunks: Vec<PendingChunk>,
     pub data: Vec<u8>,
-    pub blocks: Vec<Arc<Vec<u8>>>,
+    pub blocks: Vec<BlockData>,
     pub at: u64,
 }
 
@@ -165,7 +169,7 @@ impl SegmentJob {
         &mut self,
         fp: Fingerprint,
         zero: bool,
-        block: &Arc<Vec<u8>>,
+        block: &BlockData,
         start: usize,
         len: u32,
     ) {
@@ -221,7 +225,7 @@ pub(crate) struct Block {
     pub offset: u64,
     /// Bytes of the file it covers.
     pub span: u64,
-    pub data: Arc<Vec<u8>>,
+    pub data: BlockData,
     /// (start in `data`, length) of each chunk.
     pub chunks: Vec<(usize, u32)>,
     pub hashed: Vec<(Fingerprint, bool)>,

@@ -13,6 +13,7 @@
 //! switch, so a crash at any earlier point leaves only unreferenced objects
 //! that `gc` removes.
 
+mod blockbuf;
 pub(crate) mod commit;
 pub(crate) mod dedup;
 mod discard;

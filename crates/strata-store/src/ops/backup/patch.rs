@@ -20,7 +20,6 @@ pub use super::job::{PATCH_PIECE, PATCH_SEGMENT};
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// Bytes of a stream read at any offset.
@@ -217,7 +216,8 @@ impl PatchSource {
             }
         }
         let started = Instant::now();
-        let mut data = vec![0u8; (end - at) as usize];
+        let mut data = ctx.buffers.take();
+        data.resize((end - at) as usize, 0);
         if let Err(e) = self.source.read_exact_at(at, &mut data) {
             b.end = Some(Err(format!("read error at byte {at}: {e}")));
             return b;
@@ -230,7 +230,7 @@ impl PatchSource {
             .map(|s| (s, (n - s).min(PATCH_CHUNK as usize) as u32))
             .collect();
         b.span = n as u64;
-        b.data = Arc::new(data);
+        b.data = ctx.buffers.share(data);
         ctx.progress
             .bytes_done
             .fetch_add(n as u64, Ordering::Relaxed);

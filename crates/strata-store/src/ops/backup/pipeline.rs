@@ -396,27 +396,17 @@ impl Reader<'_> {
     }
 }
 
-/// Reads and chunks up to [`BLOCK`] bytes of a stream.
+/// Reads and chunks a block of [`BLOCK`] bytes (to the end of its last
+/// chunk) of a stream, straight into a buffer of the pool.
 fn stream_block(stream: &mut ChunkSource<'_>, ctx: &Ctx<'_>, idx: u64) -> Block {
-    let mut data = Vec::with_capacity(block_size(ctx) + ctx.chunker.max_chunk() as usize);
+    let mut data = ctx.buffers.take();
     let mut b = Block::empty(idx, stream.position());
     let started = Instant::now();
     let read_before = stream.reader().ns;
-    while data.len() < block_size(ctx) {
-        match stream.next_chunk() {
-            Err(e) => {
-                b.end = Some(Err(format!("read error: {e}")));
-                break;
-            }
-            Ok(None) => {
-                b.end = Some(Ok(()));
-                break;
-            }
-            Ok(Some((_, c))) => {
-                b.chunks.push((data.len(), c.len() as u32));
-                data.extend_from_slice(c);
-            }
-        }
+    match stream.read_block(&mut data, block_size(ctx), &mut b.chunks) {
+        Err(e) => b.end = Some(Err(format!("read error: {e}"))),
+        Ok(true) => b.end = Some(Ok(())),
+        Ok(false) => {}
     }
     // Chunking is the time not spent in `read`.
     let read_ns = stream.reader().ns - read_before;
@@ -427,7 +417,7 @@ fn stream_block(stream: &mut ChunkSource<'_>, ctx: &Ctx<'_>, idx: u64) -> Block 
     ctx.progress.bytes_done.fetch_add(n, Ordering::Relaxed);
     ctx.read_bytes.fetch_add(n, Ordering::Relaxed);
     b.span = n;
-    b.data = Arc::new(data);
+    b.data = ctx.buffers.share(data);
     b
 }
 

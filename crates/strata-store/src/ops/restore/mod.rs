@@ -16,6 +16,7 @@
 //! last, so nothing restore writes can pass through one. A malicious
 //! repository therefore cannot make restore write outside its target.
 
+mod files;
 mod meta;
 mod options;
 mod plan;
@@ -26,7 +27,8 @@ mod verify;
 pub use crate::engine::resolver::{recipe_refs, resolver_for, Resolved, Resolver, MAX_CHAIN};
 use crate::error::{Result, StoreError};
 use crate::repo::Repository;
-use meta::{set_times, set_xattr, CAPABILITY_XATTR, SET_ID_BITS};
+use files::RestoreFile;
+use meta::{apply, MetaOpts, Target};
 pub use options::{Overwrite, RestoreOptions};
 pub use plan::PLAN_PIECES;
 use select::select_entries;
@@ -35,10 +37,9 @@ pub use source::RecipeSource;
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -110,7 +111,55 @@ pub struct RestoreReport {
     /// Files and directories restored without their set-id bits or file
     /// capabilities (`RestoreOptions::no_setuid`).
     pub privileges_dropped: u64,
+    /// Where the time went, step by step, and the readers' busy time.
+    pub phases: Vec<Phase>,
     pub warnings: Vec<String>,
+}
+
+/// One step of a restore and its seconds.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Phase {
+    pub phase: &'static str,
+    /// `wall`: a step, run after the one before it; `busy`: the readers'
+    /// time in one kind of work, summed over them (during `reads`).
+    pub kind: &'static str,
+    pub seconds: f64,
+}
+
+/// Times a restore's steps.
+struct Clock {
+    at: std::time::Instant,
+    phases: Vec<Phase>,
+}
+
+impl Clock {
+    fn new() -> Self {
+        Clock {
+            at: std::time::Instant::now(),
+            phases: Vec::new(),
+        }
+    }
+
+    /// Ends the step `phase` (begun when the last one ended).
+    fn lap(&mut self, phase: &'static str) {
+        let now = std::time::Instant::now();
+        let seconds = (now - self.at).as_secs_f64();
+        self.phases.push(Phase {
+            phase,
+            kind: "wall",
+            seconds,
+        });
+        self.at = now;
+    }
+
+    fn busy(&mut self, phase: &'static str, ns: &std::sync::atomic::AtomicU64) {
+        let seconds = ns.load(Ordering::Relaxed) as f64 / 1e9;
+        self.phases.push(Phase {
+            phase,
+            kind: "busy",
+            seconds,
+        });
+    }
 }
 
 impl RestoreReport {
@@ -132,6 +181,7 @@ impl RestoreReport {
         self.specials_left_out += r.specials_left_out;
         self.second_copies += r.second_copies;
         self.privileges_dropped += r.privileges_dropped;
+        self.phases.extend(r.phases);
         self.warnings.extend(r.warnings);
     }
 }
@@ -172,6 +222,18 @@ fn remove_non_dir(full: &Path) {
     }
 }
 
+/// Whether `m` has the set-group-id bit (on a directory: new names in
+/// it take its group).
+fn is_setgid(m: &fs::Metadata) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    m.permissions().mode() & 0o2000 != 0
+}
+
+/// Whether the directory `p` passes its group on (true when unknown).
+fn is_setgid_dir(p: &Path) -> bool {
+    fs::symlink_metadata(p).map_or(true, |m| is_setgid(&m))
+}
+
 fn cstr(p: &Path) -> Result<CString> {
     CString::new(p.as_os_str().as_bytes())
         .map_err(|_| StoreError::UnsafePath(p.display().to_string()))
@@ -200,15 +262,23 @@ pub fn restore_from(
     source: RecipeSource,
     opts: &RestoreOptions,
 ) -> Result<RestoreReport> {
+    let mut clock = Clock::new();
     let root = &opts.target;
     fs::create_dir_all(root)
         .map_err(|e| StoreError::io("create", root.display().to_string(), e))?;
     let skeleton = source.skeleton()?;
     let selection = select_entries(&skeleton, &opts.include, &opts.exclude);
     let mut run = Run::new(opts, &selection)?;
+    clock.lap("plan");
     run.make_dirs()?;
+    clock.lap("directories");
     let (files, content) = run.make_files()?;
-    let sink = plan::Sink::new(&files, &opts.progress, opts.readers);
+    let mut meta = MetaOpts::new(opts.owner, opts.no_setuid);
+    if run.setgid_dirs {
+        // New files take a directory's group: fchown always.
+        meta.creator = None;
+    }
+    let sink = plan::Sink::new(&files, &opts.progress, opts.readers, meta);
     let content: HashMap<&[u8], u32> = content.into_iter().collect();
     run.report.chain_hops = plan::fill(
         repo,
@@ -219,6 +289,20 @@ pub fn restore_from(
         &sink,
         opts.plan_pieces.max(1),
     )?;
+    clock.lap("reads");
+    clock.busy("fetch", &sink.fetch_ns);
+    clock.busy("decode", &sink.decode_ns);
+    clock.busy("write", &sink.write_ns);
+    sink.finished.rest(&files, meta, sink.pool.as_ref())?;
+    clock.lap("unwritten files");
+    run.report.privileges_dropped += sink.finished.privileges_dropped.load(Ordering::Relaxed);
+    run.report.warnings.extend(std::mem::take(
+        &mut *sink
+            .finished
+            .warnings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()),
+    ));
     run.report.plans = sink.plans.load(Ordering::Relaxed);
     run.report.containers_read = sink.containers_read();
     run.report.regions_read = sink.regions_read.load(Ordering::Relaxed);
@@ -235,8 +319,11 @@ pub fn restore_from(
     // through them).
     run.make_links_and_specials()?;
     run.make_symlinks()?;
+    clock.lap("links");
     run.report.skipped = run.kept.len() as u64;
     run.set_metadata();
+    clock.lap("metadata");
+    run.report.phases = clock.phases;
     Ok(run.report)
 }
 
@@ -255,6 +342,9 @@ struct Run<'s> {
     created_dirs: HashSet<usize>,
     /// Names left as they were (`Overwrite`).
     kept: HashSet<usize>,
+    /// A directory files are created in (the target, or one that was
+    /// there) passes its group on to them.
+    setgid_dirs: bool,
     report: RestoreReport,
 }
 
@@ -284,6 +374,7 @@ impl<'s> Run<'s> {
             parents: ParentCheck::new(&opts.target),
             created_dirs: HashSet::new(),
             kept: HashSet::new(),
+            setgid_dirs: is_setgid_dir(&opts.target),
             report: RestoreReport::default(),
         })
     }
@@ -308,6 +399,7 @@ impl<'s> Run<'s> {
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     let m = fs::symlink_metadata(&full)
                         .map_err(|e| StoreError::io("stat", full.display().to_string(), e))?;
+                    self.setgid_dirs |= is_setgid(&m);
                     if !m.is_dir() {
                         return Err(StoreError::Invalid(format!(
                             "{} exists in the target and is not a directory (the snapshot has a directory there)",
@@ -328,11 +420,11 @@ impl<'s> Run<'s> {
         Ok(())
     }
 
-    /// Files, created new at their full size (sparse): the restored files
-    /// (full path, recipe path), and for each the recipe path whose
+    /// The files to restore (each created by the reader that first
+    /// writes into it, see `files`), and for each the recipe path whose
     /// chunks fill it with its index.
     #[allow(clippy::type_complexity)]
-    fn make_files(&mut self) -> Result<(Vec<(PathBuf, String)>, Vec<(&'s [u8], u32)>)> {
+    fn make_files(&mut self) -> Result<(Vec<RestoreFile<'s>>, Vec<(&'s [u8], u32)>)> {
         let mut files = Vec::new();
         let mut content = Vec::new();
         for k in 0..self.order.len() {
@@ -343,30 +435,21 @@ impl<'s> Run<'s> {
             }
             self.parents.check(&self.rels[i])?;
             let full = self.full(i);
-            if keep_existing(&full, n, self.opts.overwrite) {
-                self.kept.insert(i);
-                self.opts
-                    .progress
-                    .bytes_done
-                    .fetch_add(n.size, Ordering::Relaxed);
-                continue;
+            // `always` replaces whatever has the name when the file is
+            // created; the other policies look first.
+            if self.opts.overwrite != Overwrite::Always {
+                if keep_existing(&full, n, self.opts.overwrite) {
+                    self.kept.insert(i);
+                    self.opts
+                        .progress
+                        .bytes_done
+                        .fetch_add(n.size, Ordering::Relaxed);
+                    continue;
+                }
+                remove_non_dir(&full);
             }
-            // A name is replaced, never written through: an existing file
-            // may be a hard link to something outside the target, a
-            // symlink, or a FIFO. It goes first; the file is then created
-            // new.
-            remove_non_dir(&full);
-            let f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&full)
-                .map_err(|e| StoreError::io("create", full.display().to_string(), e))?;
-            f.set_len(n.size)
-                .map_err(|e| StoreError::io("write", full.display().to_string(), e))?;
             content.push((self.content[i], files.len() as u32));
-            files.push((full, n.path_str()));
+            files.push(RestoreFile::new(full, n));
             self.report.files += 1;
             self.report.bytes += n.size;
         }
@@ -478,18 +561,21 @@ impl<'s> Run<'s> {
         Ok(())
     }
 
-    /// Owner, extended attributes, mode and times, deepest first so
-    /// directory times stick.
+    /// Owner, extended attributes, mode and times of every name but the
+    /// files (finished as they were written), deepest first so directory
+    /// times stick.
     fn set_metadata(&mut self) {
-        // Metadata, deepest first so directory times stick.
+        let meta = MetaOpts::new(self.opts.owner, self.opts.no_setuid);
         for k in (0..self.order.len()).rev() {
             let i = self.order[k];
             let n = self.nodes[i];
-            if matches!(n.kind, NodeKind::Hardlink | NodeKind::Socket)
-                || (n.kind == NodeKind::Dir
-                    && (!self.opts.dir_metadata
-                        || (matches!(self.opts.overwrite, Overwrite::Never | Overwrite::IfNewer)
-                            && !self.created_dirs.contains(&i))))
+            if matches!(
+                n.kind,
+                NodeKind::File | NodeKind::Hardlink | NodeKind::Socket
+            ) || (n.kind == NodeKind::Dir
+                && (!self.opts.dir_metadata
+                    || (matches!(self.opts.overwrite, Overwrite::Never | Overwrite::IfNewer)
+                        && !self.created_dirs.contains(&i))))
                 || self.kept.contains(&i)
             {
                 continue;
@@ -505,60 +591,26 @@ impl<'s> Run<'s> {
                     let t = m.file_type();
                     match n.kind {
                         NodeKind::Dir => t.is_dir(),
-                        NodeKind::File => t.is_file(),
                         NodeKind::Symlink => t.is_symlink(),
                         NodeKind::Fifo => t.is_fifo(),
                         NodeKind::CharDevice => t.is_char_device(),
                         NodeKind::BlockDevice => t.is_block_device(),
-                        NodeKind::Hardlink | NodeKind::Socket => false,
+                        NodeKind::File | NodeKind::Hardlink | NodeKind::Socket => false,
                     }
                 })
                 .unwrap_or(false);
             if !kind_matches {
                 continue;
             }
-            if self.opts.owner {
-                if let Err(e) = std::os::unix::fs::lchown(&full, Some(n.uid), Some(n.gid)) {
-                    self.report
-                        .warnings
-                        .push(format!("{}: cannot restore owner: {e}", full.display()));
-                }
-            }
-            let mut mode = n.mode & 0o7777;
-            let mut dropped = false;
-            if self.opts.no_setuid {
-                dropped = mode & SET_ID_BITS != 0;
-                mode &= !SET_ID_BITS;
-            }
-            for (name, value) in &n.xattrs {
-                if self.opts.no_setuid && name.as_slice() == CAPABILITY_XATTR {
-                    dropped = true;
-                    continue;
-                }
-                if let Err(e) = set_xattr(&full, name, value) {
-                    self.report.warnings.push(format!(
-                        "{}: cannot restore extended attribute {}: {e}",
-                        full.display(),
-                        String::from_utf8_lossy(name)
-                    ));
-                }
-            }
-            if n.kind != NodeKind::Symlink {
-                use std::os::unix::fs::PermissionsExt;
-                if let Err(e) = fs::set_permissions(&full, fs::Permissions::from_mode(mode)) {
-                    self.report.warnings.push(format!(
-                        "{}: cannot restore permissions: {e}",
-                        full.display()
-                    ));
-                }
-            }
+            let dropped = apply(
+                Target::Name(&full),
+                &full,
+                n,
+                meta,
+                &mut self.report.warnings,
+            );
             if dropped {
                 self.report.privileges_dropped += 1;
-            }
-            if let Err(e) = set_times(&full, n.mtime_ns) {
-                self.report
-                    .warnings
-                    .push(format!("{}: cannot restore times: {e}", full.display()));
             }
         }
     }

@@ -6,6 +6,8 @@
 //! otherwise), so restore's memory does not grow with
 //! the size of what it restores.
 
+use super::files::{Finished, RestoreFile};
+use super::meta::MetaOpts;
 use super::source::RecipeSource;
 use crate::engine::copies::{is_damage, rebuild_region};
 use crate::engine::resolver::{mark_needed, resolver_with, Resolver};
@@ -15,11 +17,11 @@ use crate::repo::container::open_region;
 use crate::repo::{data_name, Repository};
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::PathBuf;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Instant;
 use strata_core::format::{ContainerId, Node, NodeKind, RegionInfo, Snapshot};
 
 /// Pieces a plan holds before it is read: 24 bytes each when regions
@@ -59,16 +61,24 @@ fn add_piece(pieces: &mut Vec<Piece>, p: Piece) -> bool {
 
 /// Where restored pieces go, and what reading them counted.
 pub(super) struct Sink<'a> {
-    /// Restored files (full path, recipe path) by index.
-    pub files: &'a [(PathBuf, String)],
+    /// Restored files by index.
+    pub files: &'a [RestoreFile<'a>],
     pub progress: &'a Progress,
     /// The readers' own pool (`None`: rayon's, one per core).
-    pool: Option<rayon::ThreadPool>,
+    pub pool: Option<rayon::ThreadPool>,
+    /// Owners and privileges of the files finished.
+    pub meta: MetaOpts,
+    pub finished: Finished,
     pub plans: AtomicU64,
     /// Containers read from (in any plan).
     containers: Mutex<HashSet<ContainerId>>,
     pub regions_read: AtomicU64,
     pub bytes_read: AtomicU64,
+    /// Readers' busy nanoseconds: fetching ranges, opening regions
+    /// (decrypting, decompressing), creating and writing files.
+    pub fetch_ns: AtomicU64,
+    pub decode_ns: AtomicU64,
+    pub write_ns: AtomicU64,
     /// Chunks read from another stored copy, by the damaged container
     /// they could not be read from.
     pub second_copies: Mutex<BTreeMap<ContainerId, u64>>,
@@ -77,10 +87,17 @@ pub(super) struct Sink<'a> {
 impl<'a> Sink<'a> {
     /// A sink for `files`, `readers` reads in flight at once (0: one per
     /// core).
-    pub fn new(files: &'a [(PathBuf, String)], progress: &'a Progress, readers: usize) -> Self {
+    pub fn new(
+        files: &'a [RestoreFile<'a>],
+        progress: &'a Progress,
+        readers: usize,
+        meta: MetaOpts,
+    ) -> Self {
         Sink {
             files,
             progress,
+            meta,
+            finished: Finished::default(),
             pool: match readers {
                 0 => None,
                 n => rayon::ThreadPoolBuilder::new().num_threads(n).build().ok(),
@@ -89,6 +106,9 @@ impl<'a> Sink<'a> {
             containers: Mutex::new(HashSet::new()),
             regions_read: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
+            fetch_ns: AtomicU64::new(0),
+            decode_ns: AtomicU64::new(0),
+            write_ns: AtomicU64::new(0),
             second_copies: Mutex::new(BTreeMap::new()),
         }
     }
@@ -109,21 +129,21 @@ struct Plan {
 }
 
 impl Plan {
-    /// Adds the chunks of `n`, a piece of file `fi` that begins at `off`
-    /// in it (`path`: the file's, for errors).
+    /// Adds the chunks of `n`, a piece of file `fi` (`file`) that begins
+    /// at `off` in it.
     fn add_node(
         &mut self,
         resolver: &Resolver,
         n: &Node,
-        fi: u32,
+        (fi, file): (u32, &RestoreFile),
         mut off: u64,
-        path: &str,
     ) -> Result<()> {
         for c in n.segments.iter().flat_map(|s| &s.chunks) {
             if c.is_zero() {
                 self.zero_bytes += c.len as u64;
+                file.hole(c.len as u64);
             } else {
-                let r = resolver.resolve(c, path)?;
+                let r = resolver.resolve(c, &file.path)?;
                 let pieces = &mut self
                     .regions
                     .entry(r.container)
@@ -198,11 +218,11 @@ pub(super) fn fill(
     let resolver = resolver_with(repo, snapshot, containers, &used, indirect)?;
     let mut plan = Plan::default();
     source.for_each_piece(|n, off| {
-        let Some(fi) = wanted(n) else {
+        let Some((fi, file)) = wanted(n).and_then(|fi| Some((fi, sink.files.get(fi as usize)?)))
+        else {
             return Ok(());
         };
-        let path = sink.files.get(fi as usize).map_or("", |f| f.1.as_str());
-        plan.add_node(&resolver, n, fi, off, path)?;
+        plan.add_node(&resolver, n, (fi, file), off)?;
         if plan.pieces >= max_pieces {
             plan.read(repo, sink)?;
         }
@@ -293,6 +313,7 @@ fn restore_group(
     let name = data_name(g.cid);
     // A linked container's regions are read from the volume, one by one.
     let linked = repo.link_of(g.cid)?;
+    let t = Instant::now();
     let buf: Result<Vec<u8>> = match &linked {
         None => repo
             .backend()
@@ -307,7 +328,9 @@ fn restore_group(
     };
     sink.bytes_read
         .fetch_add(g.end - g.start, Ordering::Relaxed);
+    lap(&sink.fetch_ns, t);
     for (reg, pieces) in &g.regions {
+        let t = Instant::now();
         let read = match (&linked, &buf) {
             (Some(l), _) => l.region(repo, &name, reg),
             (None, Ok(buf)) => {
@@ -336,6 +359,7 @@ fn restore_group(
             Err(e) => return Err(e),
         };
         sink.regions_read.fetch_add(1, Ordering::Relaxed);
+        let t = lap(&sink.decode_ns, t);
         for p in pieces {
             let data = plain
                 .get(p.reg_off as usize..p.reg_off as usize + p.len as usize)
@@ -343,25 +367,32 @@ fn restore_group(
             if open.len() > 128 && !open.contains_key(&p.file) {
                 open.clear();
             }
-            let path = &sink.files[p.file as usize].0;
+            let rf = &sink.files[p.file as usize];
             let f = match open.entry(p.file) {
                 std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                std::collections::hash_map::Entry::Vacant(v) => v.insert(
-                    OpenOptions::new()
-                        .write(true)
-                        .custom_flags(libc::O_NOFOLLOW)
-                        .open(path)
-                        .map_err(|e| StoreError::io("open", path.display().to_string(), e))?,
-                ),
+                std::collections::hash_map::Entry::Vacant(v) => v.insert(rf.open()?),
             };
             f.write_all_at(data, p.file_off)
-                .map_err(|e| StoreError::io("write", path.display().to_string(), e))?;
+                .map_err(|e| StoreError::io("write", rf.full.display().to_string(), e))?;
+            if rf.wrote(p.len as u64) {
+                if let Some(f) = open.remove(&p.file) {
+                    sink.finished.finish(rf, &f, sink.meta)?;
+                }
+            }
             sink.progress
                 .bytes_done
                 .fetch_add(p.len as u64, Ordering::Relaxed);
         }
+        lap(&sink.write_ns, t);
     }
     Ok(())
+}
+
+/// Adds the time since `t` to `ns`; returns now.
+fn lap(ns: &AtomicU64, t: Instant) -> Instant {
+    let now = Instant::now();
+    ns.fetch_add((now - t).as_nanos() as u64, Ordering::Relaxed);
+    now
 }
 
 /// The plaintext of damaged region `reg` of container `cid` as far as
