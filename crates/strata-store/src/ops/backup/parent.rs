@@ -28,6 +28,7 @@ use strata_core::format::{
 };
 use strata_core::id::{PartId, RecipeId};
 use strata_core::Fingerprint;
+use strata_index::key::KeyMap;
 
 /// The previous version of the series (empty for a first backup), read a
 /// part at a time as the walk goes: the walk visits paths in the recipe's
@@ -768,7 +769,7 @@ impl ParentFile {
         (!refs.is_empty()).then(|| ParentFile {
             refs,
             anchors,
-            map: HashMap::new(),
+            map: KeyMap::default(),
             lo: 0,
             hi: 0,
             drift: 0,
@@ -793,8 +794,10 @@ const WINDOW: u64 = 64 << 20;
 pub(crate) struct ParentFile {
     refs: Vec<(u64, Fingerprint, ChunkLoc)>,
     /// The sample of the whole file, to find the place again.
-    anchors: HashMap<Fingerprint, usize>,
-    map: HashMap<Fingerprint, usize>,
+    anchors: KeyMap<Fingerprint, usize>,
+    /// (Fingerprints are uniformly random: hashed by their first bytes,
+    /// not SipHash — every chunk of a file goes in and out of the map.)
+    map: KeyMap<Fingerprint, usize>,
     /// The window: `refs[lo..hi]` are in `map`.
     lo: usize,
     hi: usize,
@@ -862,7 +865,7 @@ mod tests {
                 .map(|i| (fp(i as u64), i))
                 .collect(),
             refs,
-            map: HashMap::new(),
+            map: KeyMap::default(),
             lo: 0,
             hi: 0,
             drift: 0,
