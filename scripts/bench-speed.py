@@ -12,7 +12,9 @@ order of tools rotates every step):
          every image copied to the same path and backed up (read into the
          page cache before each tool's run); then `forget` of the oldest half + prune.
 
-Strata and restic encrypt; borg runs `-e none`. Restores go to a fresh
+Strata and restic encrypt (`strata-plain`: Strata unencrypted, without
+the key derivation every command of an encrypted repository pays); borg
+runs `-e none`. Restores go to a fresh
 ext4 file system on a loop device for every run when the harness runs as
 root (ext4 makes whoever creates files first after a mass deletion pay
 for it), else to fresh directories after one untimed restore.
@@ -24,7 +26,7 @@ calls. With `--syscalls` (needs strace) one more untimed later backup and
 restore per tool run under `strace -f -c`: system calls per file.
 
 usage: scripts/bench-speed.py WORK [--tree RELEASES_DIR] [--images IMAGES_DIR]
-         [--systems strata,restic,borg] [--rounds 3] [--keep N] [--syscalls]
+         [--systems strata,strata-plain,restic,borg] [--rounds 3] [--keep N] [--syscalls]
 Writes WORK/speed.json and prints a Markdown summary.
 """
 import json, os, re, shutil, statistics, subprocess, sys, time
@@ -88,24 +90,28 @@ class Tools:
         shutil.rmtree(r, ignore_errors=True)
         shutil.rmtree(r + ".cache", ignore_errors=True)
         cmd = {"strata": [self.strata, "--repo", r, "-q", "init", "--encrypt"],
+               "strata-plain": [self.strata, "--repo", r, "-q", "init"],
                "restic": ["restic", "-q", "-r", r, "init"],
                "borg": ["borg", "init", "-e", "none", r]}[s]
         run(cmd, self.env_for(s, w))
 
     def backup(self, s, w, src, tag):
         r = self.repo(s, w)
+        s = "strata" if s.startswith("strata") else s
         return {"strata": [self.strata, "--repo", r, "--json", "backup", src],
                 "restic": ["restic", "-q", "-r", r, "backup", src],
                 "borg": ["borg", "create", "--compression", "zstd,3", f"{r}::{tag}", src]}[s]
 
     def restore(self, s, w, target, tag):
         r = self.repo(s, w)
+        s = "strata" if s.startswith("strata") else s
         return {"strata": [self.strata, "--repo", r, "--json", "restore", "latest", "--target", target],
                 "restic": ["restic", "-q", "-r", r, "restore", "latest", "--target", target],
                 "borg": ["borg", "extract", f"{r}::{tag}"]}[s]
 
     def forget(self, s, w, keep):
         r = self.repo(s, w)
+        s = "strata" if s.startswith("strata") else s
         return {"strata": [[self.strata, "--repo", r, "-q", "forget", "--keep-last", str(keep), "--prune"]],
                 "restic": [["restic", "-q", "-r", r, "forget", "--keep-last", str(keep), "--prune"]],
                 "borg": [["borg", "prune", "--keep-last", str(keep), r], ["borg", "compact", r]]}[s]
@@ -193,7 +199,7 @@ def tree_workload(t, releases, rounds, want_syscalls):
             warm(src)
             row, out = timed(t.backup(s, w, src, f"v{i}"), t.env_for(s, w))
             row["version"] = v
-            if s == "strata":
+            if s.startswith("strata"):
                 row["profile"] = strata_profile(out, "backup")
             res[s]["backups"].append(row)
             print(w, s, "backup", v, json.dumps(row), flush=True)
@@ -213,7 +219,7 @@ def tree_workload(t, releases, rounds, want_syscalls):
             row, out = timed(t.restore(s, w, tr, f"v{len(versions) - 1}"), t.env_for(s, w), cwd=tr)
             got = os.path.join(tr, src.lstrip("/"))
             row["identical"] = subprocess.run(["diff", "-rq", src, got], stdout=subprocess.DEVNULL).returncode == 0
-            if s == "strata":
+            if s.startswith("strata"):
                 row["profile"] = strata_profile(out, "restore")
             res[s]["restores"].append(row)
             print(w, s, "restore", json.dumps(row), flush=True)
@@ -252,7 +258,7 @@ def image_workload(t, images, keep):
             warm(src)
             row, out = timed(t.backup(s, w, src, f"v{i}"), t.env_for(s, w))
             row.update(version=v, logical=st.st_size, allocated=st.st_blocks * 512)
-            if s == "strata":
+            if s.startswith("strata"):
                 row["profile"] = strata_profile(out, "backup")
             res[s]["backups"].append(row)
             print(w, s, "backup", v, json.dumps(row), flush=True)
@@ -315,8 +321,8 @@ def summary(data, systems):
 
 def main():
     work = os.path.abspath(sys.argv[1])
-    systems = [s for s in arg("--systems", "strata,restic,borg").split(",")
-               if s == "strata" or shutil.which(s)]
+    systems = [s for s in arg("--systems", "strata,strata-plain,restic,borg").split(",")
+               if s.startswith("strata") or shutil.which(s)]
     t = Tools(work, systems)
     os.makedirs(work, exist_ok=True)
     data = {"systems": systems, "limits": limits()}

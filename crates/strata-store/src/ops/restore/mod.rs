@@ -254,8 +254,9 @@ pub fn restore(
 /// `repo` and its recipe from `source` — for a stored recipe, a part at a
 /// time: the tree's metadata is held, never its whole chunk list, and the
 /// data is read a plan of bounded size at a time (`opts.plan_pieces`).
-/// Directories first, then files created sparse at their size and filled,
-/// then hard links and special files, symlinks, and metadata last.
+/// Directories first, then the files, each created and finished (size,
+/// owner, mode, times) by the readers that write it, then hard links and
+/// special files, symlinks, and the other names' metadata last.
 pub fn restore_from(
     repo: &Repository,
     snapshot: &Snapshot,
