@@ -225,9 +225,17 @@ pub(crate) struct Block {
     pub offset: u64,
     /// Bytes of the file it covers.
     pub span: u64,
+    /// Bytes at the start of `data` that the block before covers (read
+    /// again, for the chunk that crosses from it: see [`Self::guessed`]);
+    /// `offset` is where `data` begins.
+    pub prefix: usize,
     pub data: BlockData,
     /// (start in `data`, length) of each chunk.
     pub chunks: Vec<(usize, u32)>,
+    /// `chunks` were cut from the start of `data` on any core, a guess:
+    /// the sequencer joins them to the chunks before
+    /// ([`strata_core::chunker::Cutter::join`]).
+    pub guessed: bool,
     pub hashed: Vec<(Fingerprint, bool)>,
     /// A whole segment taken from the previous version unread (a patch).
     pub known: Option<CleanSegment>,
@@ -236,13 +244,20 @@ pub(crate) struct Block {
 }
 
 impl Block {
+    /// The file offset after its own bytes.
+    pub(crate) fn end_offset(&self) -> u64 {
+        self.offset + self.prefix as u64 + self.span
+    }
+
     pub(crate) fn empty(idx: u64, offset: u64) -> Block {
         Block {
             idx,
             offset,
             span: 0,
+            prefix: 0,
             data: Arc::default(),
             chunks: Vec::new(),
+            guessed: false,
             hashed: Vec::new(),
             known: None,
             end: None,

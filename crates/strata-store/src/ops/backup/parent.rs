@@ -836,6 +836,17 @@ impl ParentFile {
     /// Where the previous file holds chunk `fp`, if in the window or the
     /// sample; `at` is the chunk's offset in the new file.
     pub fn find(&mut self, fp: &Fingerprint, at: u64) -> Option<ChunkLoc> {
+        // Where the drift so far says it is: a chunk that is there is
+        // taken from there, whatever other copies of it the file holds
+        // (an image repeats blocks; taking another copy would move the
+        // drift, and the window with it, away from the file's place).
+        let want = (at as i64).saturating_add(self.drift).max(0) as u64;
+        let k = self.refs.partition_point(|r| r.0 < want);
+        if let Some(&(offset, f, loc)) = self.refs.get(k) {
+            if offset == want && f == *fp {
+                return Some(loc);
+            }
+        }
         let &i = self.map.get(fp).or_else(|| self.anchors.get(fp))?;
         let (offset, _, loc) = self.refs[i];
         self.drift = offset as i64 - at as i64;
@@ -912,6 +923,25 @@ mod tests {
         let want: Vec<u64> = (300 - w..302 + w).chain(900 - w..1000).collect();
         assert_eq!(offsets, want);
         assert!(prev().file_near(Some(&[])).is_none());
+    }
+
+    /// A file that repeats a chunk: each place finds its own copy, and the
+    /// drift stays put (another copy would move the window away).
+    #[test]
+    fn repeated_chunks_are_found_in_place() {
+        let mut f = file(1000);
+        // Chunk 10's content also at 600 (later in the file: the map
+        // holds the later copy).
+        f.refs[600].1 = fp(10);
+        f.window(0, 4 << 20);
+        f.window(0, 700 << 20);
+        assert_eq!(f.find(&fp(10), 10 << 20).unwrap().offset, 10);
+        assert_eq!(f.drift, 0);
+        assert_eq!(f.find(&fp(10), 600 << 20).unwrap().offset, 600);
+        assert_eq!(f.drift, 0);
+        // Moved by 1 MiB: found through the map, the drift follows.
+        assert_eq!(f.find(&fp(11), 12 << 20).unwrap().offset, 11);
+        assert_eq!(f.drift, -(1 << 20));
     }
 
     #[test]

@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use strata_core::chunker::{ChunkStream, Segmenter};
+use strata_core::chunker::{ChunkStream, Cutter, Segmenter};
 use strata_core::format::{Node, SegmentRef};
 
 /// Files at least this large, and streams, go through the block pipeline
@@ -396,29 +396,65 @@ impl Reader<'_> {
     }
 }
 
-/// Reads and chunks a block of [`BLOCK`] bytes (to the end of its last
-/// chunk) of a stream, straight into a buffer of the pool.
+/// Reads the next [`BLOCK`] bytes of a stream straight into a buffer of
+/// the pool, after the last longest-chunk's worth of the block before:
+/// chunked on any core from its own start ([`Stream::read_block`]) and
+/// joined to the chunks before by the sequencer.
 fn stream_block(stream: &mut ChunkSource<'_>, ctx: &Ctx<'_>, idx: u64) -> Block {
     let mut data = ctx.buffers.take();
-    let mut b = Block::empty(idx, stream.position());
-    let started = Instant::now();
-    let read_before = stream.reader().ns;
-    match stream.read_block(&mut data, block_size(ctx), &mut b.chunks) {
-        Err(e) => b.end = Some(Err(format!("read error: {e}"))),
-        Ok(true) => b.end = Some(Ok(())),
-        Ok(false) => {}
+    let own = stream.position();
+    let mut b = Block::empty(idx, own);
+    let keep = stream.cutter().max();
+    match stream.read_raw(&mut data, block_size(ctx), keep) {
+        Err(e) => {
+            data.clear();
+            b.end = Some(Err(format!("read error: {e}")));
+        }
+        Ok((kept, end)) => {
+            b.offset = own - kept as u64;
+            b.prefix = kept;
+            b.guessed = true;
+            if end {
+                b.end = Some(Ok(()));
+            }
+        }
     }
-    // Chunking is the time not spent in `read`.
-    let read_ns = stream.reader().ns - read_before;
-    let t = started + std::time::Duration::from_nanos(read_ns);
-    ctx.stages
-        .add(Stage::Chunk, t.min(Instant::now()), data.len() as u64);
-    let n = data.len() as u64;
+    let n = (data.len() - b.prefix) as u64;
     ctx.progress.bytes_done.fetch_add(n, Ordering::Relaxed);
     ctx.read_bytes.fetch_add(n, Ordering::Relaxed);
     b.span = n;
     b.data = ctx.buffers.share(data);
     b
+}
+
+/// Joins block `b`'s guessed chunks to the file's chunks before it, which
+/// end at `next_chunk`: `b` then holds the true chunks that start in it
+/// (hashed here when not guessed: the first one or two of a block,
+/// usually), and `next_chunk` moves past them.
+fn join(ctx: &Ctx<'_>, next_chunk: &mut u64, b: &mut Block) -> std::result::Result<(), String> {
+    let t = Instant::now();
+    let end = matches!(b.end, Some(Ok(())));
+    let from = next_chunk
+        .checked_sub(b.offset)
+        .map(|f| f as usize)
+        .filter(|&f| f <= b.data.len())
+        .ok_or_else(|| format!("block {} does not follow the chunks before it", b.idx))?;
+    let mut joined = Vec::with_capacity(b.chunks.len() + 2);
+    let stop = Cutter::new(ctx.chunker).join(&b.data, from, end, &b.chunks, &mut joined);
+    let hasher = ctx.repo.hasher();
+    let mut chunks = Vec::with_capacity(joined.len());
+    let mut hashed = Vec::with_capacity(joined.len());
+    for (a, len, guess) in joined {
+        chunks.push((a, len));
+        hashed.push(match guess.and_then(|g| b.hashed.get(g as usize)) {
+            Some(&h) => h,
+            None => chunk_fp(hasher, &b.data[a..a + len as usize]),
+        });
+    }
+    (b.chunks, b.hashed) = (chunks, hashed);
+    *next_chunk = b.offset + stop as u64;
+    ctx.stages.add(Stage::Chunk, t, 0);
+    Ok(())
 }
 
 /// The in-order part: segment cuts and previous-version lookups.
@@ -429,6 +465,8 @@ struct Sequencer {
     cur: SegmentJob,
     next_seg: usize,
     prev: Option<ParentFile>,
+    /// Where the file's chunks stand: the offset the next one starts at.
+    next_chunk: u64,
 }
 
 /// One large file (or stream) going through the pipeline.
@@ -524,6 +562,7 @@ impl<'s> Stream<'s> {
                 cur: SegmentJob::default(),
                 next_seg: 0,
                 prev,
+                next_chunk: 0,
             }),
             results: Mutex::new(Vec::new()),
             outstanding: AtomicUsize::new(0),
@@ -551,6 +590,12 @@ impl<'s> Stream<'s> {
         self.pending.fetch_add(b.span, Ordering::SeqCst);
         if b.end.is_none() {
             self.schedule_read(s, sh);
+        }
+        let t = Instant::now();
+        if b.guessed {
+            let end = matches!(b.end, Some(Ok(())));
+            Cutter::new(sh.ctx.chunker).cut_all(&b.data, 0, end, &mut b.chunks);
+            sh.ctx.stages.add(Stage::Chunk, t, b.data.len() as u64);
         }
         let t = Instant::now();
         let hasher = sh.ctx.repo.hasher();
@@ -595,10 +640,16 @@ impl<'s> Stream<'s> {
         q.waiting.insert(b.idx, b);
         loop {
             let k = q.next_block;
-            let Some(b) = q.waiting.remove(&k) else {
+            let Some(mut b) = q.waiting.remove(&k) else {
                 return;
             };
             q.next_block += 1;
+            if b.guessed {
+                if let Err(m) = join(sh.ctx, &mut q.next_chunk, &mut b) {
+                    b.end = Some(Err(m));
+                }
+            }
+            let end_offset = b.end_offset();
             let t = Instant::now();
             if let Some((mut job, found)) = b.known {
                 // A segment of the previous version, whole: what came
@@ -630,7 +681,7 @@ impl<'s> Stream<'s> {
                             let job = std::mem::take(&mut q.cur);
                             self.dispatch(s, sh, &mut q, job);
                         }
-                        let size = self.image_size.unwrap_or(b.offset + b.span);
+                        let size = self.image_size.unwrap_or(end_offset);
                         self.size.store(size, Ordering::SeqCst);
                     }
                     Err(m) => *lock(&self.failure) = Some(m),
