@@ -167,39 +167,59 @@ impl Cutter {
 
     /// The stream's true chunks of `data` from `from` (a chunk boundary),
     /// given `guess`, the chunks [`Self::cut_all`] cut from the start of
-    /// `data` (which need not be a boundary): cut one by one until a cut
-    /// lands where a guessed chunk starts — from there on the two agree,
-    /// as a cut depends only on the bytes after the last one — then the
-    /// guessed ones. Pushes (start, length, index in `guess` if taken from
-    /// it) and stops where [`Self::cut_all`] does. This is what makes
-    /// chunking parallel: blocks are cut on any core from their own
-    /// start, and joined in order at the cost of a chunk or two each.
+    /// `data` (which need not be a boundary), and `sure`, chunks known to
+    /// be what this cutter cuts where they begin when at least a longest
+    /// chunk follows (a previous version's chunk at the same place whose
+    /// bytes and the byte after it are unchanged). From `from`, one chunk
+    /// at a time: a sure chunk that begins there (unless the stream ends
+    /// within a longest chunk), else a guessed one that begins there —
+    /// once a cut meets a guess the two agree, as a cut depends only on
+    /// the bytes after the last one — else a cut made here. Pushes
+    /// (start, length, where it came from) and stops where
+    /// [`Self::cut_all`] does. This is what makes chunking parallel:
+    /// blocks are cut or checked on any core, and joined in order at the
+    /// cost of a chunk or two each.
     pub fn join(
         &self,
         data: &[u8],
         mut from: usize,
         end: bool,
         guess: &[(usize, u32)],
-        out: &mut Vec<(usize, u32, Option<u32>)>,
+        sure: &[(usize, u32)],
+        out: &mut Vec<(usize, u32, Pick)>,
     ) -> usize {
-        let mut g = 0;
+        let (mut g, mut k) = (0, 0);
         while from < data.len() && (end || data.len() - from >= self.max()) {
             while g < guess.len() && guess[g].0 < from {
                 g += 1;
             }
-            if g < guess.len() && guess[g].0 == from {
-                for (i, &(start, len)) in guess.iter().enumerate().skip(g) {
-                    out.push((start, len, Some(i as u32)));
-                }
-                let &(start, len) = &guess[guess.len() - 1];
-                return start + len as usize;
+            while k < sure.len() && sure[k].0 < from {
+                k += 1;
             }
-            let len = self.cut_len(&data[from..]);
-            out.push((from, len as u32, None));
-            from += len;
+            let (start, len, pick) =
+                if k < sure.len() && sure[k].0 == from && data.len() - from >= self.max() {
+                    (from, sure[k].1, Pick::Sure(k as u32))
+                } else if g < guess.len() && guess[g].0 == from {
+                    (from, guess[g].1, Pick::Guess(g as u32))
+                } else {
+                    (from, self.cut_len(&data[from..]) as u32, Pick::Cut)
+                };
+            out.push((start, len, pick));
+            from += len as usize;
         }
         from
     }
+}
+
+/// Where a chunk [`Cutter::join`] gives comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pick {
+    /// The sure chunk of this index.
+    Sure(u32),
+    /// The guessed chunk of this index.
+    Guess(u32),
+    /// Cut by the join itself.
+    Cut,
 }
 
 /// Splits a byte stream into chunks. Call [`ChunkStream::next_chunk`] until
@@ -425,7 +445,43 @@ mod tests {
     /// The chunks of blocks read with [`ChunkStream::read_raw`], each cut
     /// from its own start and joined in order (as the backup pipeline
     /// does, the guesses on any core).
-    fn joined_chunks(data: &[u8], p: ChunkerParams, size: usize, step: usize) -> Vec<Vec<u8>> {
+    /// The chunks of `parent` (a previous version) that are sure in
+    /// `buf` (at `start` of the new stream): at the same place, their
+    /// bytes and the byte after them unchanged, a longest chunk after
+    /// their start in the parent.
+    fn sure_of(buf: &[u8], start: u64, parent: &[u8], p: ChunkerParams) -> Vec<(usize, u32)> {
+        let max = p.max_chunk() as usize;
+        let mut out = Vec::new();
+        let mut off = 0usize;
+        for c in chunks(parent, p) {
+            let (a, len) = (off, c.len());
+            off += len;
+            let Some(rel) = (a as u64).checked_sub(start) else {
+                continue;
+            };
+            let rel = rel as usize;
+            if rel + len > buf.len() || a + max > parent.len() {
+                continue;
+            }
+            // The byte after it: in the buffer (or the stream ends there).
+            let next_same = match (buf.get(rel + len), parent.get(a + len)) {
+                (Some(x), Some(y)) => x == y,
+                _ => false,
+            };
+            if buf[rel..rel + len] == parent[a..a + len] && (next_same || len == max) {
+                out.push((rel, len as u32));
+            }
+        }
+        out
+    }
+
+    fn joined_chunks(
+        data: &[u8],
+        p: ChunkerParams,
+        size: usize,
+        step: usize,
+        parent: &[u8],
+    ) -> Vec<Vec<u8>> {
         let mut s = ChunkStream::new(Trickle(data, step), p);
         let cut = s.cutter();
         let (mut buf, mut out) = (Vec::new(), vec![]);
@@ -436,15 +492,22 @@ mod tests {
             // buf[0] is at `base - kept` in the stream.
             let start = base - kept as u64;
             let mut guess = Vec::new();
-            cut.cut_all(&buf, 0, end, &mut guess);
+            // (Without guesses, as when the previous version's chunks
+            // cover the block: the join cuts what they do not.)
+            if size.is_multiple_of(2) {
+                cut.cut_all(&buf, 0, end, &mut guess);
+            }
             let mut joined = Vec::new();
             let from = (at - start) as usize;
-            let stop = cut.join(&buf, from, end, &guess, &mut joined);
+            let sure = sure_of(&buf, start, parent, p);
+            let stop = cut.join(&buf, from, end, &guess, &sure, &mut joined);
             let mut pos = from;
-            for &(a, len, g) in &joined {
+            for &(a, len, pick) in &joined {
                 assert_eq!(a, pos);
-                if let Some(g) = g {
-                    assert_eq!(guess[g as usize], (a, len));
+                match pick {
+                    Pick::Guess(g) => assert_eq!(guess[g as usize], (a, len)),
+                    Pick::Sure(k) => assert_eq!(sure[k as usize], (a, len)),
+                    Pick::Cut => {}
                 }
                 out.push(buf[a..a + len as usize].to_vec());
                 pos += len as usize;
@@ -479,7 +542,37 @@ mod tests {
                     *b = 0;
                 }
             }
-            proptest::prop_assert_eq!(joined_chunks(&data, p, size, step), chunks(&data, p));
+            // A previous version: the same bytes with some changed,
+            // inserted and cut.
+            let mut parent = data.clone();
+            let n = parent.len();
+            if n > 10 {
+                for i in (seed as usize % 97..n).step_by(n / 5 + 1) {
+                    parent[i] ^= 0x5a;
+                }
+                // The first byte of a chunk: the chunk before it stays
+                // the same, but where it is cut depends on that byte.
+                let cs = chunks(&data, p);
+                let mut at = 0;
+                for c in cs.iter().take(cs.len() / 2) {
+                    at += c.len();
+                }
+                if at < n {
+                    parent[at] ^= 0xff;
+                }
+                if seed % 3 == 0 {
+                    parent.splice(n / 2..n / 2, pseudo_random(5000, seed + 1));
+                }
+                if seed % 5 == 0 {
+                    parent.truncate(n * 2 / 3);
+                }
+            }
+            proptest::prop_assert_eq!(joined_chunks(&data, p, size, step, &parent), chunks(&data, p));
+            // And the other way round: the changed version backed up
+            // after the original.
+            proptest::prop_assert_eq!(joined_chunks(&parent, p, size, step, &data), chunks(&parent, p));
+            proptest::prop_assert_eq!(joined_chunks(&data, p, size, step, &data), chunks(&data, p));
+            proptest::prop_assert_eq!(joined_chunks(&data, p, size, step, &[]), chunks(&data, p));
         }
     }
 

@@ -39,7 +39,8 @@ fn blocks_chunk_as_the_whole_file_does() {
     data.extend(random_bytes(2, (2 << 20) + 777));
     fs::write(src.join("f"), &data).unwrap();
     let mut got = Vec::new();
-    for (large_file, threads) in [(u64::MAX, 1), (0, 1), (0, 3), (100_000, 2)] {
+    let mut changes = Vec::new();
+    for (large_file, threads) in [(u64::MAX, 1), (0, 1), (0, 3), (100_000, 2), (4 << 20, 2)] {
         let repo = init_repo(&tmp.path().join(format!("r-{large_file}-{threads}")), false);
         let r = backup_with_lifecycle(
             &repo,
@@ -47,7 +48,8 @@ fn blocks_chunk_as_the_whole_file_does() {
                 paths: vec![src.clone()],
                 series: Some("t".into()),
                 // 0: blocks of 64 KiB, so two of the three kinds of data
-                // span many blocks.
+                // span many blocks; 4 MiB: blocks that hold the whole
+                // run of zeros (one reference in the recipe).
                 large_file,
                 threads,
                 ..Default::default()
@@ -67,22 +69,49 @@ fn blocks_chunk_as_the_whole_file_does() {
             now == want,
             "large_file {large_file}, {threads} threads: other chunks"
         );
-        // And the second backup stores nothing again.
-        let again = backup_with_lifecycle(
-            &repo,
-            BackupOptions {
-                paths: vec![src.clone()],
-                series: Some("t".into()),
-                large_file,
-                threads,
-                force_read: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        assert_eq!(
-            again.snapshot.stats.new_chunks, 0,
-            "large_file {large_file}"
+        // The second backup, checked against the first's chunks where the
+        // file did not change, cuts the same chunks and stores nothing
+        // again; a changed file (bytes changed in place, among them the
+        // first byte of a chunk, on whose value the cut before it
+        // depends) is cut as a whole-file read cuts it.
+        let again = |data: &[u8]| {
+            fs::write(src.join("f"), data).unwrap();
+            let r = backup_with_lifecycle(
+                &repo,
+                BackupOptions {
+                    paths: vec![src.clone()],
+                    series: Some("t".into()),
+                    large_file,
+                    threads,
+                    force_read: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let chunks = chunks_of(&repo.load_recipe(&r.snapshot.recipe).unwrap());
+            (r.snapshot.stats.new_chunks, chunks)
+        };
+        let (new, same) = again(&data);
+        assert_eq!(new, 0, "large_file {large_file}");
+        assert!(
+            same == got[0],
+            "large_file {large_file}: unchanged file cut otherwise"
         );
+        let mut changed = data.clone();
+        let mut at = 0usize;
+        for (i, (_, len)) in got[0].iter().enumerate() {
+            if i % 50 == 25 {
+                changed[at] ^= 0xff;
+            }
+            at += *len as usize;
+        }
+        changed[100_000] ^= 1;
+        let (_, chunks) = again(&changed);
+        changes.push(chunks);
+        assert!(
+            changes.last() == changes.first(),
+            "large_file {large_file}, {threads} threads: the changed file cut otherwise"
+        );
+        fs::write(src.join("f"), &data).unwrap();
     }
 }

@@ -236,6 +236,10 @@ pub(crate) struct Block {
     /// the sequencer joins them to the chunks before
     /// ([`strata_core::chunker::Cutter::join`]).
     pub guessed: bool,
+    /// Chunks of the previous version found unchanged in `data`, sure to
+    /// be cut there ([`super::parent::Guide::sure`]), and their hashes.
+    pub sure: Vec<(usize, u32)>,
+    pub sure_hashed: Vec<(Fingerprint, bool)>,
     pub hashed: Vec<(Fingerprint, bool)>,
     /// A whole segment taken from the previous version unread (a patch).
     pub known: Option<CleanSegment>,
@@ -258,6 +262,8 @@ impl Block {
             data: Arc::default(),
             chunks: Vec::new(),
             guessed: false,
+            sure: Vec::new(),
+            sure_hashed: Vec::new(),
             hashed: Vec::new(),
             known: None,
             end: None,

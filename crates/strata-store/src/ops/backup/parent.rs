@@ -706,7 +706,19 @@ impl PrevNode {
     /// The previous version of a changed file, for chunk lookups while it
     /// is read again.
     pub fn file(&self) -> Option<ParentFile> {
-        self.file_near(None)
+        let mut f = self.file_near(None)?;
+        let mut chunks = Vec::new();
+        let mut offset = 0u64;
+        for c in self.node.segments.iter().flat_map(|s| &s.chunks) {
+            let count = c.chunk_count().min(u32::MAX as u64) as u32;
+            chunks.push((offset, c.len, fp_prefix(&c.fp), count));
+            offset += c.len as u64;
+        }
+        f.guide = Some(Arc::new(Guide {
+            chunks,
+            size: offset,
+        }));
+        Some(f)
     }
 
     /// [`Self::file_near`] of consecutive pieces of the previous image,
@@ -768,6 +780,7 @@ impl ParentFile {
             .collect();
         (!refs.is_empty()).then(|| ParentFile {
             refs,
+            guide: None,
             anchors,
             map: KeyMap::default(),
             lo: 0,
@@ -779,6 +792,98 @@ impl ParentFile {
 
 /// Parts of the previous version read ahead of the walk at once.
 const READ_AHEAD: usize = 4;
+
+/// The previous version of a file as its chunk boundaries: (offset,
+/// length, first eight bytes of the fingerprint, chunks) of every chunk
+/// reference (a run of zero chunks is one), and its size. A block of the new file is checked against the chunks at the
+/// same places ([`Guide::sure`]) instead of being cut.
+pub(crate) struct Guide {
+    pub chunks: Vec<(u64, u32, u64, u32)>,
+    pub size: u64,
+}
+
+/// The first eight bytes of a fingerprint (what [`Guide`] keeps: a chunk
+/// taken as unchanged on these alone is still stored under its whole
+/// fingerprint, so a false match could only move a chunk boundary).
+pub(crate) fn fp_prefix(fp: &Fingerprint) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&fp.0[..8]);
+    u64::from_le_bytes(b)
+}
+
+impl Guide {
+    /// The chunks of the previous version that lie in `data` (which begins
+    /// at file offset `at`), hashed (`hash`): onto `sure` those that are
+    /// the chunker's own cut there in the new file too — same bytes, the
+    /// next chunk's too (the cut looks at the byte after it) unless it is
+    /// the longest, and a longest chunk after it in the previous version.
+    /// Their fingerprints go onto `hashed`. Returns whether every chunk in
+    /// `data` was unchanged and they cover it but for its last longest
+    /// chunk (nothing is then left to cut).
+    pub fn sure(
+        &self,
+        data: &[u8],
+        at: u64,
+        (max, zero_len): (usize, u32),
+        hash: impl Fn(&[u8]) -> (Fingerprint, bool),
+        sure: &mut Vec<(usize, u32)>,
+        hashed: &mut Vec<(Fingerprint, bool)>,
+    ) -> bool {
+        let end = at + data.len() as u64;
+        let mut same = Vec::new();
+        let mut all = true;
+        let mut covered = at;
+        let first = self.chunks.partition_point(|c| c.0 + c.1 as u64 <= at);
+        'refs: for &(offset, len, prefix, count) in &self.chunks[first..] {
+            for (offset, len) in expand(offset, len, count, zero_len) {
+                if offset + len as u64 > end {
+                    break 'refs;
+                }
+                if offset < at || len == 0 {
+                    // Begun before the block, or a run of zeros whose
+                    // chunks cannot be told apart: cut, not checked.
+                    all &= offset < at;
+                    continue;
+                }
+                let a = (offset - at) as usize;
+                let h = hash(&data[a..a + len as usize]);
+                let unchanged = fp_prefix(&h.0) == prefix;
+                all &= unchanged && covered + max as u64 >= offset;
+                covered = offset + len as u64;
+                same.push((a, len, unchanged, h, offset));
+            }
+        }
+        for (i, &(a, len, unchanged, h, offset)) in same.iter().enumerate() {
+            let next = same
+                .get(i + 1)
+                .is_some_and(|n| n.2 && n.4 == offset + len as u64);
+            if unchanged && (next || len as usize == max) && offset + max as u64 <= self.size {
+                sure.push((a, len));
+                hashed.push(h);
+            }
+        }
+        all && covered + max as u64 >= end
+    }
+}
+
+/// The chunks of a reference at `offset`: itself, or for a run of `count`
+/// zero chunks, `count - 1` of `zero_len` bytes (what the chunker cuts in
+/// zeros) and the rest — one of length 0 when that cannot be (the run
+/// was cut otherwise).
+fn expand(offset: u64, len: u32, count: u32, zero_len: u32) -> impl Iterator<Item = (u64, u32)> {
+    let n = count.max(1);
+    let rest = (n as u64 - 1) * zero_len as u64;
+    let fits = n == 1 || (rest < len as u64 && len as u64 - rest <= zero_len as u64);
+    let (n, step) = if fits { (n, zero_len) } else { (1, 0) };
+    (0..n).map(move |i| {
+        let o = offset + i as u64 * step as u64;
+        match (fits, i + 1 == n) {
+            (false, _) => (o, 0),
+            (true, true) => (o, (len as u64 - (n as u64 - 1) * step as u64) as u32),
+            (true, false) => (o, step),
+        }
+    })
+}
 
 /// Whether a chunk is in the whole-file sample (1 in 64).
 pub(crate) fn is_anchor(fp: &Fingerprint) -> bool {
@@ -793,6 +898,10 @@ const WINDOW: u64 = 64 << 20;
 /// those in the current window.
 pub(crate) struct ParentFile {
     refs: Vec<(u64, Fingerprint, ChunkLoc)>,
+    /// Where each of its chunks begins and ends (zero ones too), for
+    /// chunking the new file where it did not change: `None` for a
+    /// patched image's pieces.
+    pub guide: Option<Arc<Guide>>,
     /// The sample of the whole file, to find the place again.
     anchors: KeyMap<Fingerprint, usize>,
     /// (Fingerprints are uniformly random: hashed by their first bytes,
@@ -871,6 +980,7 @@ mod tests {
             })
             .collect();
         ParentFile {
+            guide: None,
             anchors: (0..n)
                 .filter(|i| i % 64 == 0)
                 .map(|i| (fp(i as u64), i))

@@ -24,7 +24,7 @@ use super::dedup::{changed_warning, open_source, Outcome, TimedRead, WorkerBuffe
 use super::flow::{Feeder, Flow, FlowLimits, RecipeItem, TreeCounts, Unit};
 use super::job::Block;
 use super::job::{chunk_fp, Ctx, SegmentJob};
-use super::parent::ParentFile;
+use super::parent::{Guide, ParentFile};
 use super::patch::PatchSource;
 use super::walk::{Job, Source};
 use crate::engine::index::ChunkLoc;
@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use strata_core::chunker::{ChunkStream, Cutter, Segmenter};
+use strata_core::chunker::{ChunkStream, Cutter, Pick, Segmenter};
 use strata_core::format::{Node, SegmentRef};
 
 /// Files at least this large, and streams, go through the block pipeline
@@ -440,13 +440,19 @@ fn join(ctx: &Ctx<'_>, next_chunk: &mut u64, b: &mut Block) -> std::result::Resu
         .filter(|&f| f <= b.data.len())
         .ok_or_else(|| format!("block {} does not follow the chunks before it", b.idx))?;
     let mut joined = Vec::with_capacity(b.chunks.len() + 2);
-    let stop = Cutter::new(ctx.chunker).join(&b.data, from, end, &b.chunks, &mut joined);
+    let cut = Cutter::new(ctx.chunker);
+    let stop = cut.join(&b.data, from, end, &b.chunks, &b.sure, &mut joined);
     let hasher = ctx.repo.hasher();
     let mut chunks = Vec::with_capacity(joined.len());
     let mut hashed = Vec::with_capacity(joined.len());
-    for (a, len, guess) in joined {
+    for (a, len, pick) in joined {
         chunks.push((a, len));
-        hashed.push(match guess.and_then(|g| b.hashed.get(g as usize)) {
+        let known = match pick {
+            Pick::Sure(k) => b.sure_hashed.get(k as usize),
+            Pick::Guess(g) => b.hashed.get(g as usize),
+            Pick::Cut => None,
+        };
+        hashed.push(match known {
             Some(&h) => h,
             None => chunk_fp(hasher, &b.data[a..a + len as usize]),
         });
@@ -499,6 +505,9 @@ struct Stream<'s> {
     /// Not a patched image's piece before its last (the file is done
     /// when this job is).
     whole: bool,
+    /// The previous version's chunk boundaries: where the file did not
+    /// change, blocks are checked against them instead of cut.
+    guide: Option<Arc<Guide>>,
 }
 
 impl<'s> Stream<'s> {
@@ -535,6 +544,7 @@ impl<'s> Stream<'s> {
             },
         };
         let ctx = sh.ctx;
+        let guide = prev.as_ref().and_then(|p| p.guide.clone());
         let image_size = patch.as_ref().map(|p| p.size);
         let whole = patch.as_ref().is_none_or(|p| p.end >= p.size);
         let input = match patch {
@@ -574,6 +584,7 @@ impl<'s> Stream<'s> {
             size: AtomicU64::new(0),
             image_size,
             whole,
+            guide,
         });
         s.spawn_fifo(move |s| sh.guard(|| st.read_block(s, sh)));
     }
@@ -591,20 +602,37 @@ impl<'s> Stream<'s> {
         if b.end.is_none() {
             self.schedule_read(s, sh);
         }
-        let t = Instant::now();
+        let hasher = sh.ctx.repo.hasher();
         if b.guessed {
-            let end = matches!(b.end, Some(Ok(())));
-            Cutter::new(sh.ctx.chunker).cut_all(&b.data, 0, end, &mut b.chunks);
-            sh.ctx.stages.add(Stage::Chunk, t, b.data.len() as u64);
+            let cut = Cutter::new(sh.ctx.chunker);
+            let mut unchanged = false;
+            if let Some(g) = &self.guide {
+                let t = Instant::now();
+                let (mut sure, mut hashed) = (Vec::new(), Vec::new());
+                let h = |d: &[u8]| chunk_fp(hasher, d);
+                let zero_len = cut.cut_len(&vec![0; cut.max() + 1]) as u32;
+                let sizes = (cut.max(), zero_len);
+                unchanged = g.sure(&b.data, b.offset, sizes, h, &mut sure, &mut hashed);
+                (b.sure, b.sure_hashed) = (sure, hashed);
+                sh.ctx.stages.add(Stage::Hash, t, b.data.len() as u64);
+            }
+            // Cut (on this core, from the block's start) unless the
+            // previous version's chunks cover it unchanged.
+            if !unchanged {
+                let t = Instant::now();
+                let end = matches!(b.end, Some(Ok(())));
+                cut.cut_all(&b.data, 0, end, &mut b.chunks);
+                sh.ctx.stages.add(Stage::Chunk, t, b.data.len() as u64);
+            }
         }
         let t = Instant::now();
-        let hasher = sh.ctx.repo.hasher();
         b.hashed = b
             .chunks
             .iter()
             .map(|&(a, n)| chunk_fp(hasher, &b.data[a..a + n as usize]))
             .collect();
-        sh.ctx.stages.add(Stage::Hash, t, b.data.len() as u64);
+        let hashed: u64 = b.chunks.iter().map(|c| c.1 as u64).sum();
+        sh.ctx.stages.add(Stage::Hash, t, hashed);
         self.sequence(s, sh, b);
     }
 
