@@ -278,11 +278,12 @@ fn select(
             Verdict::Small(live) => small.push((r, live)),
         }
     })?;
-    // Merge the small ones once together they fill at least half a
-    // container, so the output is not small again (each byte is merged
-    // about once, not at every run).
+    // Merge the small ones once there are [`SMALL_TO_MERGE`] of them and
+    // together they fill at least half a container, so the output is not
+    // small again (each byte is merged about once, not at every run, and
+    // a prune after a few backups does not rewrite their leftovers).
     let small_bytes: u64 = small.iter().map(|x| x.1).sum();
-    if small.len() >= 2 && small_bytes >= target / 2 {
+    if small.len() >= SMALL_TO_MERGE && small_bytes >= target / 2 {
         report.containers_merged += small.len() as u64;
         rewrite.extend(small.into_iter().map(|(r, _)| r));
     }
@@ -292,6 +293,11 @@ fn select(
     report.containers_rewritten += rewrite.len() as u64;
     Ok((idx, drop, rewrite))
 }
+
+/// Small containers (filled less than half) that gc merges at once: every
+/// backup leaves about one per worker; a few cost a restore little, while
+/// merging them costs a decryption, a compression and a write of each.
+pub const SMALL_TO_MERGE: usize = 8;
 
 /// Where copied-forward chunks went, by their former (container, region, offset).
 type Moved = HashMap<(ContainerId, u32, u32), ChunkLoc>;
