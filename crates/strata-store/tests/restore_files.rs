@@ -39,8 +39,21 @@ fn mtime_of(i: usize) -> std::time::SystemTime {
     UNIX_EPOCH + Duration::new(1_600_000_000 + i as u64 * 3_601, 123_456_789)
 }
 
+/// Directories (below the files' ones) and their modes.
+const DIRS: &[(&str, u32)] = &[("d", 0o755), ("d/narrow", 0o750), ("d/narrow/sgid", 0o2775)];
+
 /// Asserts that `root` holds `files()` with their modes and times.
 fn assert_files(root: &Path, what: &str) {
+    for (i, (d, mode)) in DIRS.iter().enumerate() {
+        let m = fs::symlink_metadata(root.join(d)).unwrap();
+        assert!(m.is_dir(), "{what}: {d}");
+        assert_eq!(m.mode() & 0o7777, *mode, "{what}: {d}: mode");
+        assert_eq!(
+            m.modified().unwrap(),
+            mtime_of(100 + i),
+            "{what}: {d}: mtime"
+        );
+    }
     for (i, (name, mode, content)) in files().into_iter().enumerate() {
         let p = root.join(&name);
         let m = fs::symlink_metadata(&p).unwrap_or_else(|e| panic!("{what}: {name}: {e}"));
@@ -78,6 +91,19 @@ fn files_split_over_plans_come_back_whole_with_their_metadata() {
         fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
         let f = File::options().write(true).open(&p).unwrap();
         let t = mtime_of(i);
+        f.set_times(FileTimes::new().set_accessed(t).set_modified(t))
+            .unwrap();
+    }
+    // Directories: one with the mode mkdir gives, one narrower, one
+    // set-group-id; each with its own time.
+    for (d, mode) in DIRS {
+        let p = src.join(d);
+        fs::create_dir_all(&p).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(*mode)).unwrap();
+    }
+    for (i, (d, _)) in DIRS.iter().enumerate().rev() {
+        let t = mtime_of(100 + i);
+        let f = File::open(src.join(d)).unwrap();
         f.set_times(FileTimes::new().set_accessed(t).set_modified(t))
             .unwrap();
     }
@@ -131,7 +157,10 @@ fn files_split_over_plans_come_back_whole_with_their_metadata() {
     let mut opts = RestoreOptions::new(&target);
     opts.no_setuid = true;
     let rep = restore_from(&repo, &r.snapshot, recipe(), &opts).unwrap();
-    assert_eq!(rep.privileges_dropped, 1);
+    // The set-uid file and the set-group-id directory.
+    assert_eq!(rep.privileges_dropped, 2);
+    let m = fs::metadata(restored_path(&target, &src).join("d/narrow/sgid")).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o775);
     let m = fs::metadata(restored_path(&target, &src).join("setuid")).unwrap();
     assert_eq!(m.mode() & 0o7777, 0o755);
 }

@@ -122,7 +122,14 @@ impl<'s> RestoreFile<'s> {
             f.set_len(self.node.size)
                 .map_err(|e| StoreError::io("write", self.full.display().to_string(), e))?;
         }
-        Ok(apply(Target::Open(f), &self.full, self.node, o, warnings))
+        let created = Some(MetaOpts::create_mode(self.node));
+        Ok(apply(
+            Target::Open(f),
+            &self.full,
+            (self.node, created),
+            o,
+            warnings,
+        ))
     }
 }
 

@@ -120,22 +120,22 @@ pub(super) enum Target<'a> {
 
 /// Sets `n`'s owner, extended attributes, mode (not a symlink's) and
 /// times on `t`, in that order (a change of owner clears set-id bits, so
-/// the mode comes after it; times last). `shown` names it in warnings.
+/// the mode comes after it; times last). `created`: the mode restore
+/// created `t` with (before the umask), when it did — it then has the
+/// creator's owner and that mode less the umask, and neither is set
+/// again when it is what `n` says. `shown` names it in warnings.
 /// Returns whether privileges were dropped (`no_setuid`).
 pub(super) fn apply(
     t: Target,
     shown: &Path,
-    n: &Node,
+    (n, created): (&Node, Option<u32>),
     o: MetaOpts,
     warnings: &mut Vec<String>,
 ) -> bool {
     let mut warn = |what: &str, e: std::io::Error| {
         warnings.push(format!("{}: cannot restore {what}: {e}", shown.display()))
     };
-    // A file restore just created already has the creator's owner and
-    // its create mode less the umask.
-    let fresh = matches!(t, Target::Open(_));
-    let owned = fresh && o.creator == Some((n.uid, n.gid));
+    let owned = created.is_some() && o.creator == Some((n.uid, n.gid));
     if o.owner && !owned {
         let r = match t {
             Target::Open(f) => std::os::unix::fs::fchown(f, Some(n.uid), Some(n.gid)),
@@ -146,9 +146,7 @@ pub(super) fn apply(
         }
     }
     let (mode, mut dropped) = o.mode_of(n);
-    let moded = fresh
-        && o.umask
-            .is_some_and(|u| MetaOpts::create_mode(n) & !u == mode);
+    let moded = created.is_some_and(|c| o.umask.is_some_and(|u| c & !u == mode));
     for (name, value) in &n.xattrs {
         if o.no_setuid && name.as_slice() == CAPABILITY_XATTR {
             dropped = true;

@@ -31,11 +31,12 @@ use files::RestoreFile;
 use meta::{apply, MetaOpts, Target};
 pub use options::{Overwrite, RestoreOptions};
 pub use plan::PLAN_PIECES;
+use rayon::prelude::*;
 use select::select_entries;
 pub use select::{excluded, safe_rel, select_nodes, selected, under, unmatched};
 pub use source::RecipeSource;
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::CString;
 use std::fs;
 use std::io::Write;
@@ -386,37 +387,54 @@ impl<'s> Run<'s> {
 
     /// Directories, parents first; existing ones are merged.
     fn make_dirs(&mut self) -> Result<()> {
-        for k in 0..self.order.len() {
-            let i = self.order[k];
-            if self.nodes[i].kind != NodeKind::Dir {
-                continue;
+        // Level by level (a directory's parent is on the level before), the
+        // directories of one level created at once on every core.
+        let mut levels: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for &i in &self.order {
+            if self.nodes[i].kind == NodeKind::Dir {
+                levels
+                    .entry(self.rels[i].components().count())
+                    .or_default()
+                    .push(i);
             }
-            self.parents.check(&self.rels[i])?;
-            let full = self.full(i);
-            match fs::create_dir(&full) {
-                Ok(()) => {
-                    self.created_dirs.insert(i);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let m = fs::symlink_metadata(&full)
-                        .map_err(|e| StoreError::io("stat", full.display().to_string(), e))?;
-                    self.setgid_dirs |= is_setgid(&m);
-                    if !m.is_dir() {
-                        return Err(StoreError::Invalid(format!(
-                            "{} exists in the target and is not a directory (the snapshot has a directory there)",
-                            full.display()
-                        )));
+        }
+        for level in levels.values() {
+            for &i in level {
+                self.parents.check(&self.rels[i])?;
+            }
+            let made: Vec<std::io::Result<()>> = level
+                .par_iter()
+                .map(|&i| fs::create_dir(self.full(i)))
+                .collect();
+            for (&i, r) in level.iter().zip(made) {
+                let full = self.full(i);
+                match r {
+                    Ok(()) => {
+                        self.created_dirs.insert(i);
+                        // A real directory: its children need not look again.
+                        self.parents.verified.insert(self.rels[i].clone());
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        let m = fs::symlink_metadata(&full)
+                            .map_err(|e| StoreError::io("stat", full.display().to_string(), e))?;
+                        self.setgid_dirs |= is_setgid(&m);
+                        if !m.is_dir() {
+                            return Err(StoreError::Invalid(format!(
+                                "{} exists in the target and is not a directory (the snapshot has a directory there)",
+                                full.display()
+                            )));
+                        }
+                    }
+                    Err(e) => {
+                        return Err(StoreError::io(
+                            "create directory",
+                            full.display().to_string(),
+                            e,
+                        ))
                     }
                 }
-                Err(e) => {
-                    return Err(StoreError::io(
-                        "create directory",
-                        full.display().to_string(),
-                        e,
-                    ))
-                }
+                self.report.dirs += 1;
             }
-            self.report.dirs += 1;
         }
         Ok(())
     }
@@ -603,10 +621,14 @@ impl<'s> Run<'s> {
             if !kind_matches {
                 continue;
             }
+            // A directory this restore made has mkdir's mode less the
+            // umask, and the creator's owner (unless a directory above
+            // passes its group or set-group-id bit on).
+            let created = (self.created_dirs.contains(&i) && !self.setgid_dirs).then_some(0o777);
             let dropped = apply(
                 Target::Name(&full),
                 &full,
-                n,
+                (n, created),
                 meta,
                 &mut self.report.warnings,
             );
