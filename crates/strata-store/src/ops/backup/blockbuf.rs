@@ -15,7 +15,7 @@ pub(crate) struct BufferPool {
 
 /// Buffers kept idle at most (beyond these, a returned one is freed):
 /// the read-ahead bound keeps fewer in use at once.
-const IDLE_MAX: usize = 32;
+const IDLE_MAX: usize = 4;
 
 impl BufferPool {
     /// An idle buffer (empty), or a new one.
