@@ -294,21 +294,55 @@ pub(crate) const INDEX_BATCH: usize = 256 << 10;
 /// queue's bounds keep the walk itself close).
 const PREFETCH_FILES: usize = 256;
 
+/// Files found in the page cache in a row after which the prefetcher
+/// looks at only one file in [`CACHED_SAMPLE`] (until one is not).
+const CACHED_RUN: usize = 32;
+const CACHED_SAMPLE: usize = 16;
+
 /// Asks the kernel to read the small files the walk queued into the page
 /// cache while the workers are busy (`posix_fadvise(WILLNEED)`): a tree of
 /// many small files on a cold cache is bound by read latency, and this
 /// overlaps the reads without more worker threads than `--threads`. Large
 /// files are read sequentially, which the kernel's own readahead covers.
+/// A tree already in the cache is left alone after a few dozen files (one
+/// in [`CACHED_SAMPLE`] still looked at): opening every file once more
+/// cost a warm tree's backup a fifth of its time.
 fn prefetch(paths: Receiver<PathBuf>) {
     use std::os::fd::AsRawFd;
+    let (mut cached, mut n) = (0usize, 0usize);
     for p in paths {
-        if let Ok(f) = open_source(&p) {
-            // SAFETY: advisory syscall on a descriptor we own.
-            unsafe {
-                libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED);
-            }
+        n += 1;
+        if cached >= CACHED_RUN && !n.is_multiple_of(CACHED_SAMPLE) {
+            continue;
+        }
+        let Ok(f) = open_source(&p) else {
+            continue;
+        };
+        if is_cached(&f) {
+            cached += 1;
+            continue;
+        }
+        cached = 0;
+        // SAFETY: advisory syscall on a descriptor we own.
+        unsafe {
+            libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED);
         }
     }
+}
+
+/// Whether the start of `f` is in the page cache: a one-byte read that
+/// may not wait for the disk (`preadv2(RWF_NOWAIT)`; false where the
+/// system cannot tell).
+fn is_cached(f: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut byte = [0u8; 1];
+    let iov = libc::iovec {
+        iov_base: byte.as_mut_ptr() as *mut libc::c_void,
+        iov_len: 1,
+    };
+    // SAFETY: one iovec over a live one-byte buffer, a descriptor we own.
+    let r = unsafe { libc::preadv2(f.as_raw_fd(), &iov, 1, 0, libc::RWF_NOWAIT) };
+    r >= 0
 }
 
 /// Takes the next work unit, processes it (or starts its pipeline), and
