@@ -839,9 +839,11 @@ impl Guide {
                 if offset + len as u64 > end {
                     break 'refs;
                 }
-                if offset < at || len == 0 {
-                    // Begun before the block, or a run of zeros whose
-                    // chunks cannot be told apart: cut, not checked.
+                if offset < at || len == 0 || len as usize > max {
+                    // Begun before the block; or a run of zeros whose
+                    // chunks cannot be told apart, or a chunk longer than
+                    // any the chunker cuts (a recipe not of this chunker,
+                    // or a hostile one): cut, not checked.
                     all &= offset < at;
                     continue;
                 }
@@ -1033,6 +1035,40 @@ mod tests {
         let want: Vec<u64> = (300 - w..302 + w).chain(900 - w..1000).collect();
         assert_eq!(offsets, want);
         assert!(prev().file_near(Some(&[])).is_none());
+    }
+
+    /// The previous version's chunks are sure only where they are the
+    /// chunker's own: unchanged with the chunk after them, not near the
+    /// end, never longer than the longest chunk (whatever a recipe says).
+    #[test]
+    fn guide_is_sure_only_of_what_the_chunker_would_cut() {
+        let max = 64;
+        let h = |d: &[u8]| {
+            let mut f = Fingerprint::ZERO;
+            f.0[..8].copy_from_slice(&(d.iter().map(|&b| b as u64).sum::<u64>() + 1).to_le_bytes());
+            (f, false)
+        };
+        let data: Vec<u8> = (0..400u32).map(|i| (i % 251) as u8).collect();
+        let pre = |a: usize, l: usize| fp_prefix(&h(&data[a..a + l]).0);
+        let g = Guide {
+            chunks: vec![
+                (0, 40, pre(0, 40), 1),
+                (40, 50, pre(40, 50), 1),
+                (90, 30, 12345, 1),           // changed
+                (120, 200, pre(120, 200), 1), // longer than any chunk
+                (320, 40, pre(320, 40), 1),
+                (360, 40, pre(360, 40), 1), // within a longest chunk of the end
+            ],
+            size: 400,
+        };
+        let (mut sure, mut hashed) = (Vec::new(), Vec::new());
+        let all = g.sure(&data, 0, (max, 64), h, &mut sure, &mut hashed);
+        assert!(!all);
+        // 40..90 is followed by a changed chunk (the cut at 90 may
+        // differ), 120..320 is too long, 360..400 ends within a longest
+        // chunk of the end (cut with what remains).
+        assert_eq!(sure, vec![(0, 40), (320, 40)]);
+        assert_eq!(hashed.len(), 2);
     }
 
     /// A file that repeats a chunk: each place finds its own copy, and the
