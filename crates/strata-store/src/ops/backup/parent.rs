@@ -707,15 +707,18 @@ impl PrevNode {
     /// is read again.
     pub fn file(&self) -> Option<ParentFile> {
         let mut f = self.file_near(None)?;
-        let mut chunks = Vec::new();
+        let mut zeros = Vec::new();
         let mut offset = 0u64;
         for c in self.node.segments.iter().flat_map(|s| &s.chunks) {
-            let count = c.chunk_count().min(u32::MAX as u64) as u32;
-            chunks.push((offset, c.len, fp_prefix(&c.fp), count));
+            if c.is_zero() {
+                let count = c.chunk_count().min(u32::MAX as u64) as u32;
+                zeros.push((offset, c.len, count));
+            }
             offset += c.len as u64;
         }
         f.guide = Some(Arc::new(Guide {
-            chunks,
+            refs: f.refs.clone(),
+            zeros,
             size: offset,
         }));
         Some(f)
@@ -779,7 +782,7 @@ impl ParentFile {
             .map(|(i, r)| (r.1, i))
             .collect();
         (!refs.is_empty()).then(|| ParentFile {
-            refs,
+            refs: Arc::new(refs),
             guide: None,
             anchors,
             map: KeyMap::default(),
@@ -793,22 +796,15 @@ impl ParentFile {
 /// Parts of the previous version read ahead of the walk at once.
 const READ_AHEAD: usize = 4;
 
-/// The previous version of a file as its chunk boundaries: (offset,
-/// length, first eight bytes of the fingerprint, chunks) of every chunk
-/// reference (a run of zero chunks is one), and its size. A block of the new file is checked against the chunks at the
-/// same places ([`Guide::sure`]) instead of being cut.
+/// The previous version of a file as its chunk boundaries: its chunks
+/// with their offsets (the [`ParentFile`]'s own table, shared), its runs
+/// of zero chunks (offset, length, chunks), and its size. A block of the
+/// new file is checked against the chunks at the same places
+/// ([`Guide::sure`]) instead of being cut.
 pub(crate) struct Guide {
-    pub chunks: Vec<(u64, u32, u64, u32)>,
+    pub refs: Arc<Vec<(u64, Fingerprint, ChunkLoc)>>,
+    pub zeros: Vec<(u64, u32, u32)>,
     pub size: u64,
-}
-
-/// The first eight bytes of a fingerprint (what [`Guide`] keeps: a chunk
-/// taken as unchanged on these alone is still stored under its whole
-/// fingerprint, so a false match could only move a chunk boundary).
-pub(crate) fn fp_prefix(fp: &Fingerprint) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&fp.0[..8]);
-    u64::from_le_bytes(b)
 }
 
 impl Guide {
@@ -830,30 +826,44 @@ impl Guide {
         hashed: &mut Vec<(Fingerprint, bool)>,
     ) -> bool {
         let end = at + data.len() as u64;
+        // The previous version's chunks in `data`, in offset order: those
+        // with their fingerprints, then its zero runs' chunks.
+        let mut chunks: Vec<(u64, u32, Fingerprint)> = Vec::new();
+        let first = self.refs.partition_point(|r| r.0 < at);
+        for &(offset, fp, loc) in &self.refs[first..] {
+            if offset + loc.len as u64 > end {
+                break;
+            }
+            chunks.push((offset, loc.len, fp));
+        }
+        let first = self.zeros.partition_point(|z| z.0 + z.1 as u64 <= at);
+        'zeros: for &(offset, len, count) in &self.zeros[first..] {
+            for (offset, len) in expand(offset, len, count, zero_len) {
+                if offset + len as u64 > end {
+                    break 'zeros;
+                }
+                chunks.push((offset, len, Fingerprint::ZERO));
+            }
+        }
+        chunks.sort_unstable_by_key(|c| c.0);
         let mut same = Vec::new();
         let mut all = true;
         let mut covered = at;
-        let first = self.chunks.partition_point(|c| c.0 + c.1 as u64 <= at);
-        'refs: for &(offset, len, prefix, count) in &self.chunks[first..] {
-            for (offset, len) in expand(offset, len, count, zero_len) {
-                if offset + len as u64 > end {
-                    break 'refs;
-                }
-                if offset < at || len == 0 || len as usize > max {
-                    // Begun before the block; or a run of zeros whose
-                    // chunks cannot be told apart, or a chunk longer than
-                    // any the chunker cuts (a recipe not of this chunker,
-                    // or a hostile one): cut, not checked.
-                    all &= offset < at;
-                    continue;
-                }
-                let a = (offset - at) as usize;
-                let h = hash(&data[a..a + len as usize]);
-                let unchanged = fp_prefix(&h.0) == prefix;
-                all &= unchanged && covered + max as u64 >= offset;
-                covered = offset + len as u64;
-                same.push((a, len, unchanged, h, offset));
+        for &(offset, len, want) in &chunks {
+            if offset < at || len == 0 || len as usize > max {
+                // Begun before the block; or a run of zeros whose
+                // chunks cannot be told apart, or a chunk longer than
+                // any the chunker cuts (a recipe not of this chunker,
+                // or a hostile one): cut, not checked.
+                all &= offset < at;
+                continue;
             }
+            let a = (offset - at) as usize;
+            let h = hash(&data[a..a + len as usize]);
+            let unchanged = h.0 == want;
+            all &= unchanged && covered + max as u64 >= offset;
+            covered = offset + len as u64;
+            same.push((a, len, unchanged, h, offset));
         }
         for (i, &(a, len, unchanged, h, offset)) in same.iter().enumerate() {
             let next = same
@@ -899,7 +909,7 @@ const WINDOW: u64 = 64 << 20;
 /// One file of the previous version: its chunks by offset, and a map of
 /// those in the current window.
 pub(crate) struct ParentFile {
-    refs: Vec<(u64, Fingerprint, ChunkLoc)>,
+    refs: Arc<Vec<(u64, Fingerprint, ChunkLoc)>>,
     /// Where each of its chunks begins and ends (zero ones too), for
     /// chunking the new file where it did not change: `None` for a
     /// patched image's pieces.
@@ -980,14 +990,14 @@ mod tests {
                 };
                 ((i as u64) << 20, fp(i as u64), loc)
             })
-            .collect();
+            .collect::<Vec<_>>();
         ParentFile {
             guide: None,
             anchors: (0..n)
                 .filter(|i| i % 64 == 0)
                 .map(|i| (fp(i as u64), i))
                 .collect(),
-            refs,
+            refs: Arc::new(refs),
             map: KeyMap::default(),
             lo: 0,
             hi: 0,
@@ -1049,16 +1059,26 @@ mod tests {
             (f, false)
         };
         let data: Vec<u8> = (0..400u32).map(|i| (i % 251) as u8).collect();
-        let pre = |a: usize, l: usize| fp_prefix(&h(&data[a..a + l]).0);
+        let pre = |a: usize, l: usize| h(&data[a..a + l]).0;
+        let loc = |len| ChunkLoc {
+            container: 0,
+            region: 0,
+            offset: 0,
+            len,
+        };
         let g = Guide {
-            chunks: vec![
-                (0, 40, pre(0, 40), 1),
-                (40, 50, pre(40, 50), 1),
-                (90, 30, 12345, 1),           // changed
-                (120, 200, pre(120, 200), 1), // longer than any chunk
-                (320, 40, pre(320, 40), 1),
-                (360, 40, pre(360, 40), 1), // within a longest chunk of the end
-            ],
+            refs: Arc::new(vec![
+                (0, pre(0, 40), loc(40)),
+                (40, pre(40, 50), loc(50)),
+                // Changed.
+                (90, fp(12345), loc(30)),
+                // Longer than any chunk.
+                (120, pre(120, 200), loc(200)),
+                (320, pre(320, 40), loc(40)),
+                // Within a longest chunk of the end.
+                (360, pre(360, 40), loc(40)),
+            ]),
+            zeros: Vec::new(),
             size: 400,
         };
         let (mut sure, mut hashed) = (Vec::new(), Vec::new());
@@ -1078,7 +1098,7 @@ mod tests {
         let mut f = file(1000);
         // Chunk 10's content also at 600 (later in the file: the map
         // holds the later copy).
-        f.refs[600].1 = fp(10);
+        Arc::get_mut(&mut f.refs).unwrap()[600].1 = fp(10);
         f.window(0, 4 << 20);
         f.window(0, 700 << 20);
         assert_eq!(f.find(&fp(10), 10 << 20).unwrap().offset, 10);
