@@ -42,20 +42,24 @@ fn blocks_chunk_as_the_whole_file_does() {
     let mut changes = Vec::new();
     for (large_file, threads) in [(u64::MAX, 1), (0, 1), (0, 3), (100_000, 2), (4 << 20, 2)] {
         let repo = init_repo(&tmp.path().join(format!("r-{large_file}-{threads}")), false);
-        let r = backup_with_lifecycle(
-            &repo,
-            BackupOptions {
-                paths: vec![src.clone()],
-                series: Some("t".into()),
-                // 0: blocks of 64 KiB, so two of the three kinds of data
-                // span many blocks; 4 MiB: blocks that hold the whole
-                // run of zeros (one reference in the recipe).
-                large_file,
-                threads,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let back_up = |force_read| {
+            backup_with_lifecycle(
+                &repo,
+                BackupOptions {
+                    paths: vec![src.clone()],
+                    series: Some("t".into()),
+                    // 0: blocks of 64 KiB, so two of the three kinds of
+                    // data span many blocks; 4 MiB: blocks that hold the
+                    // whole run of zeros (one reference in the recipe).
+                    large_file,
+                    threads,
+                    force_read,
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+        };
+        let r = back_up(false);
         let recipe = repo.load_recipe(&r.snapshot.recipe).unwrap();
         got.push(chunks_of(&recipe));
         let want = &got[0];
@@ -76,18 +80,7 @@ fn blocks_chunk_as_the_whole_file_does() {
         // depends) is cut as a whole-file read cuts it.
         let again = |data: &[u8]| {
             fs::write(src.join("f"), data).unwrap();
-            let r = backup_with_lifecycle(
-                &repo,
-                BackupOptions {
-                    paths: vec![src.clone()],
-                    series: Some("t".into()),
-                    large_file,
-                    threads,
-                    force_read: true,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
+            let r = back_up(true);
             let chunks = chunks_of(&repo.load_recipe(&r.snapshot.recipe).unwrap());
             (r.snapshot.stats.new_chunks, chunks)
         };

@@ -542,6 +542,9 @@ struct Stream<'s> {
     /// The previous version's chunk boundaries: where the file did not
     /// change, blocks are checked against them instead of cut.
     guide: Option<Arc<Guide>>,
+    /// Its cutter, and the length of the chunks it cuts in zeros (how a
+    /// previous version's run of zero chunks splits).
+    cut: (Cutter, u32),
 }
 
 impl<'s> Stream<'s> {
@@ -579,6 +582,8 @@ impl<'s> Stream<'s> {
         };
         let ctx = sh.ctx;
         let guide = prev.as_ref().and_then(|p| p.guide.clone());
+        let cutter = Cutter::new(ctx.chunker);
+        let zero_len = cutter.cut_len(&vec![0; cutter.max() + 1]) as u32;
         let image_size = patch.as_ref().map(|p| p.size);
         let whole = patch.as_ref().is_none_or(|p| p.end >= p.size);
         let input = match patch {
@@ -619,6 +624,7 @@ impl<'s> Stream<'s> {
             image_size,
             whole,
             guide,
+            cut: (cutter, zero_len),
         });
         s.spawn_fifo(move |s| sh.guard(|| st.read_block(s, sh)));
     }
@@ -638,13 +644,12 @@ impl<'s> Stream<'s> {
         }
         let hasher = sh.ctx.repo.hasher();
         if b.guessed {
-            let cut = Cutter::new(sh.ctx.chunker);
+            let (cut, zero_len) = self.cut;
             let mut unchanged = false;
             if let Some(g) = &self.guide {
                 let t = Instant::now();
                 let (mut sure, mut hashed) = (Vec::new(), Vec::new());
                 let h = |d: &[u8]| chunk_fp(hasher, d);
-                let zero_len = cut.cut_len(&vec![0; cut.max() + 1]) as u32;
                 let sizes = (cut.max(), zero_len);
                 unchanged = g.sure(&b.data, b.offset, sizes, h, &mut sure, &mut hashed);
                 (b.sure, b.sure_hashed) = (sure, hashed);

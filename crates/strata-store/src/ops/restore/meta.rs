@@ -38,25 +38,6 @@ pub(super) fn set_times(p: &Path, mtime_ns: i64) -> std::io::Result<()> {
     Ok(())
 }
 
-pub(super) fn set_xattr(p: &Path, name: &[u8], value: &[u8]) -> std::io::Result<()> {
-    let c = CString::new(p.as_os_str().as_bytes())?;
-    let n = CString::new(name)?;
-    // SAFETY: valid C strings and a value buffer of the given length.
-    let r = unsafe {
-        libc::lsetxattr(
-            c.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr() as *const libc::c_void,
-            value.len(),
-            0,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// What a restore does with owners and privileges, and what a file it
 /// creates gets without being told.
 #[derive(Clone, Copy, Debug)]
@@ -152,10 +133,7 @@ pub(super) fn apply(
             dropped = true;
             continue;
         }
-        let r = match t {
-            Target::Open(f) => fset_xattr(f, name, value),
-            Target::Name(p) => set_xattr(p, name, value),
-        };
+        let r = set_xattr(&t, name, value);
         if let Err(e) = r {
             warn(
                 &format!("extended attribute {}", String::from_utf8_lossy(name)),
@@ -199,18 +177,20 @@ fn system_time(ns: i64) -> SystemTime {
     }
 }
 
-fn fset_xattr(f: &File, name: &[u8], value: &[u8]) -> std::io::Result<()> {
+/// Sets extended attribute `name` of `t` (through its descriptor, or on
+/// the name itself, never through a symlink).
+fn set_xattr(t: &Target, name: &[u8], value: &[u8]) -> std::io::Result<()> {
     let n = CString::new(name)?;
-    // SAFETY: an open descriptor, a valid C string and a value buffer of
-    // the given length.
-    let r = unsafe {
-        libc::fsetxattr(
-            f.as_raw_fd(),
-            n.as_ptr(),
-            value.as_ptr() as *const libc::c_void,
-            value.len(),
-            0,
-        )
+    let v = value.as_ptr() as *const libc::c_void;
+    let r = match t {
+        // SAFETY: an open descriptor, a valid C string and a value buffer
+        // of the given length.
+        Target::Open(f) => unsafe { libc::fsetxattr(f.as_raw_fd(), n.as_ptr(), v, value.len(), 0) },
+        Target::Name(p) => {
+            let c = CString::new(p.as_os_str().as_bytes())?;
+            // SAFETY: valid C strings and a value buffer of the given length.
+            unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), v, value.len(), 0) }
+        }
     };
     if r != 0 {
         return Err(std::io::Error::last_os_error());

@@ -323,7 +323,7 @@ pub fn restore_from(
     run.make_symlinks()?;
     clock.lap("links");
     run.report.skipped = run.kept.len() as u64;
-    run.set_metadata();
+    run.set_metadata(meta);
     clock.lap("metadata");
     run.report.phases = clock.phases;
     Ok(run.report)
@@ -583,8 +583,7 @@ impl<'s> Run<'s> {
     /// Owner, extended attributes, mode and times of every name but the
     /// files (finished as they were written), deepest first so directory
     /// times stick.
-    fn set_metadata(&mut self) {
-        let meta = MetaOpts::new(self.opts.owner, self.opts.no_setuid);
+    fn set_metadata(&mut self, meta: MetaOpts) {
         for k in (0..self.order.len()).rev() {
             let i = self.order[k];
             let n = self.nodes[i];
