@@ -11,10 +11,13 @@
 //! * [`measure`] — wall time, peak RSS and I/O of a child process.
 //! * [`chart`] — SVG charts like the papers' figures.
 //! * [`limits`] — what this machine's hardware allows.
+//! * [`deltasim`] — what delta compression of near-duplicate chunks saves
+//!   on a series of real trees.
 //! * [`indextrace`] — index strategies (exact, SiLo, Extreme Binning) on
 //!   fingerprint traces at terabyte scale.
 
 pub mod chart;
+pub mod deltasim;
 pub mod gen;
 pub mod indextrace;
 pub mod limits;

@@ -83,6 +83,33 @@ enum Cmd {
     Report { dir: PathBuf },
     /// Measure this machine's chunking, hashing, compression and disk limits.
     Limits(LimitsCmd),
+    /// What delta compression of near-duplicate chunks would store for a
+    /// series of trees (e.g. a project's releases), beside exact dedup alone.
+    Delta(DeltaCmd),
+}
+
+/// Arguments of `delta`.
+#[derive(clap::Args)]
+struct DeltaCmd {
+    /// The versions in order, or one directory whose subdirectories are
+    /// the versions (taken in natural order: 4.2.2 before 4.2.10).
+    #[arg(required = true)]
+    versions: Vec<PathBuf>,
+    /// How a new chunk finds its base (`none`: exact dedup alone).
+    #[arg(long, value_enum, default_value = "both")]
+    hint: strata_bench::deltasim::Hint,
+    /// Keep a delta when it is at most this fraction of the chunk zstd'd alone.
+    #[arg(long, default_value_t = 0.5)]
+    threshold: f64,
+    #[arg(long, default_value_t = 8192)]
+    avg_chunk: u32,
+    /// Look sketches up among the same version's chunks only.
+    #[arg(long)]
+    version_sketches: bool,
+    #[arg(long, default_value_t = 3)]
+    level: i32,
+    #[arg(long)]
+    json: bool,
 }
 
 /// Arguments of `gen`.
@@ -591,6 +618,78 @@ fn limits_cmd(c: LimitsCmd) -> Result<()> {
     Ok(())
 }
 
+/// Natural order of names: runs of digits compare as numbers.
+fn natural_key(name: &str) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let mut rest = name;
+    while !rest.is_empty() {
+        let text_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let (text, tail) = rest.split_at(text_len);
+        let num_len = tail
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(tail.len());
+        let (num, tail) = tail.split_at(num_len);
+        out.push((text.to_lowercase(), num.parse().unwrap_or(u64::MAX)));
+        rest = tail;
+    }
+    out
+}
+
+fn delta_cmd(c: DeltaCmd) -> Result<()> {
+    let versions = match c.versions.as_slice() {
+        [one] => {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(one)?
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                .map(|e| e.path())
+                .collect();
+            v.sort_by_key(|p| natural_key(&p.file_name().unwrap_or_default().to_string_lossy()));
+            v
+        }
+        many => many.to_vec(),
+    };
+    let settings = strata_bench::deltasim::Settings {
+        avg_chunk: c.avg_chunk,
+        level: c.level,
+        hint: c.hint,
+        threshold: c.threshold,
+        region: 128 << 10,
+        version_sketches: c.version_sketches,
+    };
+    let figures = strata_bench::deltasim::run(&versions, &settings)?;
+    if c.json {
+        println!("{}", serde_json::to_string_pretty(&figures)?);
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:>10} {:>8} {:>10} {:>7} {:>7} {:>10} {:>7}",
+        "version", "logical", "new", "new bytes", "cands", "deltas", "stored", "s"
+    );
+    for f in &figures {
+        println!(
+            "{:<24} {:>10} {:>8} {:>10} {:>7} {:>7} {:>10} {:>7.2}",
+            f.name,
+            f.logical,
+            f.new_chunks,
+            f.new_bytes,
+            f.candidates,
+            f.delta_chunks,
+            f.stored,
+            f.seconds
+        );
+    }
+    let total: u64 = figures.iter().map(|f| f.stored).sum();
+    let logical: u64 = figures.iter().map(|f| f.logical).sum();
+    println!(
+        "total stored {total} bytes of {logical} logical ({:?}, threshold {})",
+        c.hint, c.threshold
+    );
+    Ok(())
+}
+
 /// The machine's limits as aligned lines on stdout.
 fn print_limits(l: &Limits) {
     println!("cores:                    {}", l.cores);
@@ -624,5 +723,6 @@ fn main() -> Result<()> {
         Cmd::IndexTrace(c) => index_trace_cmd(c),
         Cmd::IndexTraceOne(c) => index_trace_one_cmd(c),
         Cmd::Limits(c) => limits_cmd(c),
+        Cmd::Delta(c) => delta_cmd(c),
     }
 }

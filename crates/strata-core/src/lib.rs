@@ -8,17 +8,21 @@
 //!   that every stored byte goes through (checksum or AEAD tag).
 //! * [`format`] — the versioned on-disk structures: container metadata,
 //!   recipes, snapshots, index objects (docs/design.md "Vocabulary", "Data flow").
+//! * [`sketch`] and [`delta`] — resemblance sketches of chunks and their
+//!   delta encoding against a similar base (docs/design.md "Delta compression").
 //!
 //! The byte-level layout of every structure is documented in
 //! `docs/architecture.md`; the constants here are the source of truth.
 
 pub mod chunker;
 pub mod crypto;
+pub mod delta;
 pub mod error;
 pub mod fingerprint;
 pub mod format;
 pub mod id;
 pub mod size;
+pub mod sketch;
 
 /// The block of a volume, of the images Strata serves and snapshots, and
 /// of a linked container's regions: 4 KiB, the page and file-system block
