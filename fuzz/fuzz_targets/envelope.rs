@@ -7,7 +7,7 @@
 use libfuzzer_sys::fuzz_target;
 use strata_core::crypto::{Kind, MasterKey, Sealer};
 
-const KINDS: [Kind; 16] = [
+const KINDS: [Kind; 17] = [
     Kind::Config,
     Kind::Key,
     Kind::Region,
@@ -24,6 +24,7 @@ const KINDS: [Kind; 16] = [
     Kind::TierConfig,
     Kind::TierState,
     Kind::Link,
+    Kind::DeltaRegion,
 ];
 
 fuzz_target!(|data: &[u8]| {

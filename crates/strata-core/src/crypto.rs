@@ -70,6 +70,17 @@ pub enum Kind {
     /// A link stub (`data/ID` of a container whose regions a volume holds:
     /// [`crate::format::LinkStub`]).
     Link = 16,
+    /// A compression region stored as a delta: a zstd frame made with its
+    /// bases' plaintexts as the reference prefix (the container's
+    /// metadata lists the bases: [`crate::format::DeltaRegion`]). Sealed
+    /// uncompressed — the frame is the compression.
+    DeltaRegion = 17,
+}
+
+/// The kind byte an envelope claims (None: too short to be one). Only a
+/// hint for choosing how to open it: opening checks it.
+pub fn claimed_kind(envelope: &[u8]) -> Option<u8> {
+    envelope.get(1).copied()
 }
 
 impl Kind {
@@ -97,7 +108,7 @@ impl Kind {
             Kind::Link => 64 << 20,
             // A region: at most a container (32 MiB by default, 1 GiB at
             // most); callers that know its declared size hold it to that.
-            Kind::Region => 1 << 30,
+            Kind::Region | Kind::DeltaRegion => 1 << 30,
             // Recipe indexes (and whole recipes of the first recipe
             // version), container metadata, index objects and their
             // summaries, index-strategy data, a tier job's progress.

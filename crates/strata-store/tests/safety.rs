@@ -482,7 +482,8 @@ fn bad_utf8_and_duplicate_ids() {
     let twice = strata_core::format::IndexObject {
         containers: vec![meta.clone(), meta],
     };
-    fx.repo.put_struct(Kind::Index, "index", &twice).unwrap();
+    let bytes = strata_core::format::encode_index_object(&twice).unwrap();
+    fx.repo.put_encoded(Kind::Index, "index", &bytes).unwrap();
     let rep = strata_store::ops::check::check(
         &fx.repo,
         &strata_store::ops::check::CheckOptions {

@@ -83,6 +83,35 @@ pub struct Stamp {
     pub time_ns: i64,
 }
 
+/// A chunk stored whole whose plaintext a delta region's compression
+/// starts from (docs/design.md "Delta compression"): where it is, and its
+/// fingerprint to check what is read there. A base is never itself in a
+/// delta region (chains are one deep), and is kept while a delta needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BaseRef {
+    pub fp: Fingerprint,
+    pub container: ContainerId,
+    /// Its region's index in that container's metadata.
+    pub region: u32,
+    pub offset: u32,
+    pub len: u32,
+}
+
+/// A region of the container stored as a delta: its plaintext (its
+/// chunks, as in any region) compressed by zstd with the plaintexts of
+/// `bases`, in order, as the reference prefix; its envelope is of kind
+/// `DeltaRegion`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeltaRegion {
+    pub region: u32,
+    pub bases: Vec<BaseRef>,
+}
+
+/// Version byte of a [`ContainerMeta`] (alone or in an
+/// [`super::IndexObject`]) that has delta regions; one without any is
+/// written as version 1, byte for byte what builds before deltas wrote.
+pub const DELTA_META_VERSION: u8 = 2;
+
 /// The metadata section of a data container; also stored on its own as the
 /// container's metadata object so index, GC and check never read data.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,9 +128,124 @@ pub struct ContainerMeta {
     pub chunks: Vec<ChunkEntry>,
     /// Segments stored whole in this container, in order.
     pub segments: Vec<SegmentEntry>,
+    /// Its regions stored as deltas, by region index (none in a version-1
+    /// encoding).
+    pub deltas: Vec<DeltaRegion>,
+}
+
+/// A [`ContainerMeta`] as version 1 lays it out (no delta regions).
+#[derive(Serialize)]
+pub(super) struct MetaV1Ref<'a> {
+    id: &'a ContainerId,
+    data_len: u64,
+    created: i64,
+    stamp: &'a Option<Stamp>,
+    regions: &'a [RegionInfo],
+    chunks: &'a [ChunkEntry],
+    segments: &'a [SegmentEntry],
+}
+
+#[derive(Deserialize)]
+pub(super) struct MetaV1 {
+    id: ContainerId,
+    data_len: u64,
+    created: i64,
+    stamp: Option<Stamp>,
+    regions: Vec<RegionInfo>,
+    chunks: Vec<ChunkEntry>,
+    segments: Vec<SegmentEntry>,
+}
+
+impl<'a> From<&'a ContainerMeta> for MetaV1Ref<'a> {
+    fn from(m: &'a ContainerMeta) -> Self {
+        MetaV1Ref {
+            id: &m.id,
+            data_len: m.data_len,
+            created: m.created,
+            stamp: &m.stamp,
+            regions: &m.regions,
+            chunks: &m.chunks,
+            segments: &m.segments,
+        }
+    }
+}
+
+impl From<MetaV1> for ContainerMeta {
+    fn from(m: MetaV1) -> Self {
+        ContainerMeta {
+            id: m.id,
+            data_len: m.data_len,
+            created: m.created,
+            stamp: m.stamp,
+            regions: m.regions,
+            chunks: m.chunks,
+            segments: m.segments,
+            deltas: Vec::new(),
+        }
+    }
+}
+
+/// Encodes a container's metadata: version 1 without delta regions,
+/// [`DELTA_META_VERSION`] with.
+pub fn encode_meta(m: &ContainerMeta) -> Result<Vec<u8>> {
+    let enc = |e: postcard::Error| CoreError::Encode(e.to_string());
+    if m.deltas.is_empty() {
+        postcard::to_extend(&MetaV1Ref::from(m), vec![STRUCT_VERSION]).map_err(enc)
+    } else {
+        postcard::to_extend(m, vec![DELTA_META_VERSION]).map_err(enc)
+    }
+}
+
+/// Decodes a container's metadata of either version. Delta regions must
+/// name regions of the container, once each, with at least one base.
+pub fn decode_meta(bytes: &[u8]) -> Result<ContainerMeta> {
+    const WHAT: &str = "container metadata";
+    let (&v, body) = bytes.split_first().ok_or(CoreError::Truncated(WHAT))?;
+    let dec = |e: postcard::Error| super::codec::decode_error(WHAT, e);
+    let m = match v {
+        STRUCT_VERSION => ContainerMeta::from(postcard::from_bytes::<MetaV1>(body).map_err(dec)?),
+        DELTA_META_VERSION => postcard::from_bytes::<ContainerMeta>(body).map_err(dec)?,
+        found => {
+            return Err(CoreError::UnknownVersion {
+                what: WHAT,
+                found,
+                supported: DELTA_META_VERSION,
+            })
+        }
+    };
+    m.check_deltas()?;
+    Ok(m)
 }
 
 impl ContainerMeta {
+    /// Whether its delta regions are well formed (see [`decode_meta`]).
+    pub fn check_deltas(&self) -> Result<()> {
+        let mut seen = std::collections::HashSet::new();
+        for d in &self.deltas {
+            let why = if d.region as usize >= self.regions.len() {
+                "names a region the container does not have"
+            } else if !seen.insert(d.region) {
+                "names a region twice"
+            } else if d.bases.is_empty() {
+                "has no base"
+            } else if d.bases.iter().any(|b| b.container == self.id) {
+                "has a base in its own container"
+            } else {
+                continue;
+            };
+            return Err(CoreError::Decode {
+                what: "container metadata",
+                msg: format!("delta region {} {why}", d.region),
+            });
+        }
+        Ok(())
+    }
+
+    /// The bases of region `region` when it is stored as a delta.
+    pub fn delta_of(&self, region: u32) -> Option<&DeltaRegion> {
+        self.deltas.iter().find(|d| d.region == region)
+    }
+
     pub fn raw_bytes(&self) -> u64 {
         self.chunks.iter().map(|c| c.len as u64).sum()
     }

@@ -1,7 +1,9 @@
 //! Index objects and their summaries.
 
 use super::codec::STRUCT_VERSION;
-use super::container::{ContainerMeta, ContainerSummary, SegmentSummary};
+use super::container::{
+    ContainerMeta, ContainerSummary, MetaV1, MetaV1Ref, SegmentSummary, DELTA_META_VERSION,
+};
 use crate::error::{CoreError, Result};
 use serde::{Deserialize, Serialize};
 
@@ -117,4 +119,58 @@ pub fn decode_index_summary(bytes: &[u8]) -> Result<IndexSummary> {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IndexObject {
     pub containers: Vec<ContainerMeta>,
+}
+
+#[derive(Serialize)]
+struct IndexV1Ref<'a> {
+    containers: Vec<MetaV1Ref<'a>>,
+}
+
+#[derive(Deserialize)]
+struct IndexV1 {
+    containers: Vec<MetaV1>,
+}
+
+/// Encodes an index object: version 1 when none of its containers has
+/// delta regions (what builds before deltas wrote), else
+/// [`DELTA_META_VERSION`].
+pub fn encode_index_object(o: &IndexObject) -> Result<Vec<u8>> {
+    let enc = |e: postcard::Error| CoreError::Encode(e.to_string());
+    if o.containers.iter().all(|m| m.deltas.is_empty()) {
+        let v1 = IndexV1Ref {
+            containers: o.containers.iter().map(MetaV1Ref::from).collect(),
+        };
+        postcard::to_extend(&v1, vec![STRUCT_VERSION]).map_err(enc)
+    } else {
+        postcard::to_extend(o, vec![DELTA_META_VERSION]).map_err(enc)
+    }
+}
+
+/// Decodes an index object of either version.
+pub fn decode_index_object(bytes: &[u8]) -> Result<IndexObject> {
+    const WHAT: &str = "index";
+    let (&v, body) = bytes.split_first().ok_or(CoreError::Truncated(WHAT))?;
+    let dec = |e: postcard::Error| super::codec::decode_error(WHAT, e);
+    let o = match v {
+        STRUCT_VERSION => IndexObject {
+            containers: postcard::from_bytes::<IndexV1>(body)
+                .map_err(dec)?
+                .containers
+                .into_iter()
+                .map(ContainerMeta::from)
+                .collect(),
+        },
+        DELTA_META_VERSION => postcard::from_bytes::<IndexObject>(body).map_err(dec)?,
+        found => {
+            return Err(CoreError::UnknownVersion {
+                what: WHAT,
+                found,
+                supported: DELTA_META_VERSION,
+            })
+        }
+    };
+    for m in &o.containers {
+        m.check_deltas()?;
+    }
+    Ok(o)
 }

@@ -96,6 +96,7 @@ fn index_summaries_of_both_versions_decode() {
                 chunks: u32::MAX,
             },
         ],
+        deltas: Vec::new(),
     };
     let s = IndexSummary::of("index/ab".into(), std::slice::from_ref(&meta));
     let segs = s.segments.as_ref().unwrap();
@@ -377,4 +378,106 @@ fn a_snapshot_naming_a_bad_id_is_refused_in_words() {
             .as_str(),
         "ab".repeat(32)
     );
+}
+
+/// Container metadata and index objects without delta regions encode as
+/// version 1, exactly what builds before deltas wrote (those decode them);
+/// with delta regions as version 2, which round-trips; malformed delta
+/// regions are refused.
+#[test]
+fn metadata_with_and_without_delta_regions() {
+    let fp = |b: u8| Fingerprint([b; 32]);
+    let mut meta = ContainerMeta {
+        id: ContainerId([3; 16]),
+        data_len: 100,
+        created: 5,
+        stamp: None,
+        regions: vec![
+            RegionInfo {
+                offset: 8,
+                stored_len: 40,
+                raw_len: 4096,
+            };
+            2
+        ],
+        chunks: vec![ChunkEntry {
+            fp: fp(1),
+            region: 1,
+            offset: 0,
+            len: 4096,
+        }],
+        segments: vec![],
+        deltas: vec![],
+    };
+    // Version 1: the fields before deltas, in order.
+    #[derive(serde::Serialize)]
+    struct Before<'a> {
+        id: &'a ContainerId,
+        data_len: u64,
+        created: i64,
+        stamp: &'a Option<Stamp>,
+        regions: &'a [RegionInfo],
+        chunks: &'a [ChunkEntry],
+        segments: &'a [SegmentEntry],
+    }
+    let before = |m: &ContainerMeta| {
+        encode(&Before {
+            id: &m.id,
+            data_len: m.data_len,
+            created: m.created,
+            stamp: &m.stamp,
+            regions: &m.regions,
+            chunks: &m.chunks,
+            segments: &m.segments,
+        })
+        .unwrap()
+    };
+    assert_eq!(encode_meta(&meta).unwrap(), before(&meta));
+    assert_eq!(decode_meta(&before(&meta)).unwrap(), meta);
+    let object = IndexObject {
+        containers: vec![meta.clone(), meta.clone()],
+    };
+    let v1 = encode_index_object(&object).unwrap();
+    assert_eq!(v1[0], 1);
+    assert_eq!(decode_index_object(&v1).unwrap(), object);
+
+    let base = BaseRef {
+        fp: fp(9),
+        container: ContainerId([4; 16]),
+        region: 0,
+        offset: 0,
+        len: 4000,
+    };
+    meta.deltas = vec![DeltaRegion {
+        region: 1,
+        bases: vec![base],
+    }];
+    let v2 = encode_meta(&meta).unwrap();
+    assert_eq!(v2[0], DELTA_META_VERSION);
+    assert_eq!(decode_meta(&v2).unwrap(), meta);
+    assert_eq!(meta.delta_of(1).unwrap().bases, vec![base]);
+    assert!(meta.delta_of(0).is_none());
+    let object = IndexObject {
+        containers: vec![object.containers[0].clone(), meta.clone()],
+    };
+    let v2 = encode_index_object(&object).unwrap();
+    assert_eq!(v2[0], DELTA_META_VERSION);
+    assert_eq!(decode_index_object(&v2).unwrap(), object);
+
+    let refused = |m: &ContainerMeta| decode_meta(&encode_meta(m).unwrap()).is_err();
+    let mut bad = meta.clone();
+    bad.deltas[0].region = 2;
+    assert!(refused(&bad), "a region the container lacks");
+    let mut bad = meta.clone();
+    bad.deltas.push(bad.deltas[0].clone());
+    assert!(refused(&bad), "a region twice");
+    let mut bad = meta.clone();
+    bad.deltas[0].bases.clear();
+    assert!(refused(&bad), "no base");
+    let mut bad = meta.clone();
+    bad.deltas[0].bases[0].container = meta.id;
+    assert!(refused(&bad), "a base in its own container");
+    let mut future = encode_meta(&meta).unwrap();
+    future[0] = 3;
+    assert!(decode_meta(&future).is_err());
 }

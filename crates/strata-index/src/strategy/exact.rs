@@ -116,6 +116,7 @@ mod tests {
                 offset: 2,
                 len: 3,
             }],
+            deltas: Vec::new(),
         };
         exact.add_chunks(&t, &meta);
         assert_eq!(

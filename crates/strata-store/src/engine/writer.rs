@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use strata_core::crypto::{random_bytes, Kind};
 use strata_core::format::{
-    container_header, encode, ChunkEntry, ContainerId, ContainerMeta, LinkedRegion, RegionInfo,
+    container_header, encode_meta, ChunkEntry, ContainerId, ContainerMeta, LinkedRegion, RegionInfo,
     SegmentEntry, Stamp, CONTAINER_HEADER_LEN,
 };
 use strata_core::Fingerprint;
@@ -196,7 +196,7 @@ impl ContainerSink {
                 };
                 let env = repo
                     .sealer()
-                    .seal(Kind::ContainerMeta, &encode(&f.meta)?, true)?;
+                    .seal(Kind::ContainerMeta, &encode_meta(&f.meta)?, true)?;
                 repo.backend().put(&meta_name(&f.meta.id), &env)?;
                 let n = data_len + env.len() as u64;
                 if let Some(s) = &st {
@@ -581,6 +581,7 @@ impl ContainerWriter {
             regions: c.regions,
             chunks: c.chunks,
             segments: c.segments,
+            deltas: Vec::new(),
         };
         let data = match (c.data, c.linking, &self.link) {
             (Some(mut data), _, _) => {

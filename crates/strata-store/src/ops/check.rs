@@ -144,7 +144,7 @@ fn check_index(repo: &Repository, rep: &mut CheckReport) -> Result<IndexState> {
     let mut summaries: HashMap<String, strata_core::format::IndexSummary> = HashMap::new();
     for o in b.list("index/")? {
         // Straight from the repository: the local cache would hide damage.
-        match repo.get_struct::<strata_core::format::IndexObject>(Kind::Index, &o.name, "index") {
+        match repo.read_index_object(&o.name) {
             Ok(obj) => {
                 summaries.insert(
                     crate::repo::index::summary_name(&o.name),
@@ -850,6 +850,7 @@ mod tests {
                 })
                 .collect(),
             segments: Vec::new(),
+            deltas: Vec::new(),
         }
     }
 

@@ -19,7 +19,7 @@ use crate::error::{Result, StoreError};
 use crate::repo::{data_name, meta_name, Repository};
 use strata_core::crypto::Kind;
 use strata_core::format::{
-    container_header, decode, encode, ContainerFooter, ContainerId, ContainerMeta, RegionInfo,
+    container_header, decode_meta, encode_meta, ContainerFooter, ContainerId, ContainerMeta, RegionInfo,
     CONTAINER_FOOTER_LEN, CONTAINER_HEADER_LEN, CONTAINER_MAGIC,
 };
 
@@ -41,7 +41,7 @@ pub fn container_tail_sized(
     };
     let Some(mut tail) =
         repo.sealer()
-            .seal_padded(Kind::ContainerMeta, &encode(meta)?, env_len as usize)?
+            .seal_padded(Kind::ContainerMeta, &encode_meta(meta)?, env_len as usize)?
     else {
         return Ok(None);
     };
@@ -88,7 +88,7 @@ fn tail_within(
     let sealer = repo.sealer();
     let mut longest = 0;
     for _ in 0..rounds {
-        let env = sealer.seal(Kind::ContainerMeta, &encode(&*meta)?, true)?;
+        let env = sealer.seal(Kind::ContainerMeta, &encode_meta(meta)?, true)?;
         let len = meta_offset + env.len() as u64 + CONTAINER_FOOTER_LEN as u64;
         if len == meta.data_len {
             let meta_len = env.len() as u32;
@@ -107,7 +107,7 @@ fn tail_within(
     }
     let base = match longest {
         0 => {
-            let env = sealer.seal(Kind::ContainerMeta, &encode(&*meta)?, true)?;
+            let env = sealer.seal(Kind::ContainerMeta, &encode_meta(meta)?, true)?;
             meta_offset + env.len() as u64 + CONTAINER_FOOTER_LEN as u64
         }
         l => l,
@@ -225,7 +225,7 @@ fn meta_via(
             meta_cap(repo).min(Kind::ContainerMeta.max_plain_of(env.len())),
         )
         .map_err(corrupt)?;
-    let meta: ContainerMeta = decode("container metadata", &bytes).map_err(corrupt)?;
+    let meta = decode_meta(&bytes).map_err(corrupt)?;
     if meta.id != *id {
         return Err(StoreError::Invalid(format!(
             "{name} holds metadata of another container ({})",
@@ -237,12 +237,18 @@ fn meta_via(
 
 /// Reads a container's `meta/` object.
 pub fn read_meta(repo: &Repository, id: &ContainerId) -> Result<ContainerMeta> {
-    repo.get_struct_within(
-        Kind::ContainerMeta,
-        &meta_name(id),
-        "container metadata",
-        meta_cap(repo),
-    )
+    let name = meta_name(id);
+    repo.read_verified(&name, |raw| {
+        let bytes = repo
+            .sealer()
+            .open_within(
+                Kind::ContainerMeta,
+                raw,
+                meta_cap(repo).min(Kind::ContainerMeta.max_plain_of(raw.len())),
+            )
+            .map_err(|e| StoreError::corrupt(&name, e))?;
+        decode_meta(&bytes).map_err(|e| StoreError::corrupt(&name, e))
+    })
 }
 
 /// The most a container's metadata can hold in this repository: an entry
@@ -297,6 +303,7 @@ mod tests {
                     })
                     .collect(),
                 segments: vec![],
+                deltas: Vec::new(),
             };
             let offset = CONTAINER_HEADER_LEN as u64 + 100;
             let mut settled = meta.clone();

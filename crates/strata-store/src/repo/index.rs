@@ -11,7 +11,7 @@ use crate::repo::Repository;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use strata_core::crypto::Kind;
 use strata_core::format::{
-    encode_index_summary, ContainerId, ContainerMeta, ContainerSummary, IndexObject, IndexSummary,
+    decode_index_object, encode_index_object, encode_index_summary, ContainerId, ContainerMeta, ContainerSummary, IndexObject, IndexSummary,
     SegmentSummary,
 };
 
@@ -40,7 +40,8 @@ pub fn put_index_object_then(
     listed: impl FnOnce(),
 ) -> Result<(String, u64)> {
     let mut summary = IndexSummary::of(String::new(), &containers);
-    let (id, n) = repo.put_struct(Kind::Index, "index", &IndexObject { containers })?;
+    let bytes = encode_index_object(&IndexObject { containers })?;
+    let (id, n) = repo.put_encoded(Kind::Index, "index", &bytes)?;
     listed();
     summary.index = format!("index/{id}");
     let m = put_index_summary(repo, &summary)?;
@@ -122,7 +123,18 @@ impl Repository {
             .sealer
             .open(Kind::Index, &raw)
             .map_err(|e| StoreError::corrupt(name, e))?;
-        strata_core::format::decode("index", &bytes).map_err(|e| StoreError::corrupt(name, e))
+        decode_index_object(&bytes).map_err(|e| StoreError::corrupt(name, e))
+    }
+
+    /// Reads the index object `name` from storage, past any local cache.
+    pub fn read_index_object(&self, name: &str) -> Result<IndexObject> {
+        self.read_verified(name, |raw| {
+            let bytes = self
+                .sealer
+                .open(Kind::Index, raw)
+                .map_err(|e| StoreError::corrupt(name, e))?;
+            decode_index_object(&bytes).map_err(|e| StoreError::corrupt(name, e))
+        })
     }
 
     /// Loads the summary `isum/HASH` of the index object `index/HASH`

@@ -148,6 +148,7 @@ impl Plan {
                 regions: vec![],
                 chunks: vec![],
                 segments: vec![],
+                deltas: Vec::new(),
             },
             len: CONTAINER_HEADER_LEN as u64,
             from_ranges: false,
@@ -640,6 +641,7 @@ mod tests {
                 .collect(),
             chunks: vec![],
             segments: vec![],
+            deltas: Vec::new(),
         }
     }
 

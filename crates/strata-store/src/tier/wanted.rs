@@ -170,6 +170,7 @@ mod tests {
             regions: Vec::new(),
             chunks: Vec::new(),
             segments: Vec::new(),
+            deltas: Vec::new(),
         };
         for (k, f) in fps.iter().enumerate() {
             m.chunks.push(ChunkEntry {
