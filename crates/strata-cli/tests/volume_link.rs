@@ -702,14 +702,18 @@ fn a_server_killed_while_it_takes_holds() {
 /// build with another zstd would compress differently.
 fn set_zstd_level(r: &Repo, level: i32) {
     use strata_core::crypto::{Kind, Sealer};
-    use strata_core::format::{decode, encode, RepoConfig};
+    use strata_core::format::RepoConfig;
     let p = r.path.join("config");
     let raw = std::fs::read(&p).unwrap();
     let plain = Sealer::plain(3).open(Kind::Config, &raw).unwrap();
-    let mut c: RepoConfig = decode("config", &plain).unwrap();
+    let mut c: RepoConfig = strata_core::format::decode_config(&plain).unwrap();
     c.zstd_level = level;
     let env = Sealer::plain(3)
-        .seal(Kind::Config, &encode(&c).unwrap(), false)
+        .seal(
+            Kind::Config,
+            &strata_core::format::encode_config(&c).unwrap(),
+            false,
+        )
         .unwrap();
     std::fs::write(&p, env).unwrap();
 }

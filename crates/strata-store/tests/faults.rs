@@ -11,7 +11,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use strata_core::crypto::{Kind, Sealer};
-use strata_core::format::{decode, encode, encode_lock, LockInfo, RepoConfig, REPO_FORMAT_VERSION};
+use strata_core::format::{encode_lock, LockInfo, RepoConfig, REPO_FORMAT_VERSION};
 use strata_core::id::{RecipeId, SnapshotId};
 use strata_core::CoreError;
 use strata_store::ops::backup::{BackupOptions, BackupReport};
@@ -481,11 +481,15 @@ fn rewrite_config(dir: &Path, f: impl FnOnce(&mut RepoConfig)) {
     let b = LocalBackend::new(dir);
     let raw = b.get("config").unwrap();
     let bytes = Sealer::plain(3).open(Kind::Config, &raw).unwrap();
-    let mut cfg: RepoConfig = decode("repository config", &bytes).unwrap();
+    let mut cfg: RepoConfig = strata_core::format::decode_config(&bytes).unwrap();
     assert_eq!(cfg.format_version, REPO_FORMAT_VERSION);
     f(&mut cfg);
     let env = Sealer::plain(3)
-        .seal(Kind::Config, &encode(&cfg).unwrap(), false)
+        .seal(
+            Kind::Config,
+            &strata_core::format::encode_config(&cfg).unwrap(),
+            false,
+        )
         .unwrap();
     b.put("config", &env).unwrap();
 }

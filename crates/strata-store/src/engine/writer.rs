@@ -13,6 +13,7 @@ use crate::backend::{create_object, ObjectWriter};
 use crate::engine::index::{ChunkLoc, ContainerTable};
 use crate::error::{Result, StoreError};
 use crate::repo::container::{container_tail, seal_region};
+use crate::repo::delta::{MAX_BASES, MAX_PREFIX};
 use crate::repo::{data_name, meta_name, now_ns, Repository};
 use crate::stages::{Stage, Stages};
 use crossbeam_channel::{bounded, Receiver, Sender};
@@ -20,8 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use strata_core::crypto::{random_bytes, Kind};
 use strata_core::format::{
-    container_header, encode_meta, ChunkEntry, ContainerId, ContainerMeta, LinkedRegion, RegionInfo,
-    SegmentEntry, Stamp, CONTAINER_HEADER_LEN,
+    container_header, encode_meta, BaseRef, ChunkEntry, ContainerId, ContainerMeta, DeltaRegion,
+    LinkedRegion, RegionInfo, SegmentEntry, Stamp, CONTAINER_HEADER_LEN,
 };
 use strata_core::Fingerprint;
 use strata_core::BLOCK_SIZE as BLOCK;
@@ -266,12 +267,45 @@ struct OpenContainer {
     /// Its object; None while it is being linked.
     data: Option<Box<dyn ObjectWriter>>,
     linking: Option<Linking>,
+    /// Its regions; the ones being filled hold a place (their index is
+    /// handed out with their chunks' locations) until they are written.
     regions: Vec<RegionInfo>,
     cur: Vec<u8>,
+    /// The index of the region `cur` fills, once it has a chunk.
+    cur_idx: Option<u32>,
+    /// The delta region being filled, if any.
+    delta: Option<OpenDelta>,
+    deltas: Vec<DeltaRegion>,
     chunks: Vec<ChunkEntry>,
     segments: Vec<SegmentEntry>,
     raw: usize,
 }
+
+/// A delta region being filled: its index, its chunks' plaintext, and
+/// its bases with their plaintexts (the prefix it is compressed with).
+struct OpenDelta {
+    idx: u32,
+    plain: Vec<u8>,
+    bases: Vec<(BaseRef, Arc<Vec<u8>>)>,
+    prefix_len: usize,
+}
+
+impl OpenContainer {
+    /// The index of the region `cur` fills, given a place if it has none.
+    fn cur_index(&mut self) -> u32 {
+        *self.cur_idx.get_or_insert_with(|| {
+            self.regions.push(PLACE);
+            self.regions.len() as u32 - 1
+        })
+    }
+}
+
+/// The place of a region not written yet.
+const PLACE: RegionInfo = RegionInfo {
+    offset: 0,
+    stored_len: 0,
+    raw_len: 0,
+};
 
 /// Packs chunks into regions and containers in stream order; each region
 /// is compressed, sealed and written as soon as it is full, so a writer
@@ -391,7 +425,7 @@ impl ContainerWriter {
             return Ok(());
         };
         if c.cur.is_empty() {
-            return Ok(());
+            return self.close_empty();
         }
         if self.link_region()? {
             return Ok(());
@@ -415,12 +449,92 @@ impl ContainerWriter {
             s.add(Stage::Write, t, sealed.len() as u64);
         }
         self.io_ns += t0.elapsed().as_nanos() as u64;
-        c.regions.push(RegionInfo {
+        let idx = c.cur_index();
+        c.regions[idx as usize] = RegionInfo {
             offset,
             stored_len: sealed.len() as u32,
             raw_len: c.cur.len() as u32,
-        });
+        };
         c.cur.clear();
+        c.cur_idx = None;
+        Ok(())
+    }
+
+    /// Gives up the place of a region no chunk went into after all (its
+    /// location was asked for, then another worker stored the chunk): the
+    /// last region's place is dropped, another's is written empty.
+    fn close_empty(&mut self) -> Result<()> {
+        let Some(c) = self.open.as_mut() else {
+            return Ok(());
+        };
+        let Some(idx) = c.cur_idx.take() else {
+            return Ok(());
+        };
+        if idx as usize + 1 == c.regions.len() {
+            c.regions.pop();
+            return Ok(());
+        }
+        let Some(data) = c.data.as_mut() else {
+            return Err(StoreError::Invalid("a container without its object".into()));
+        };
+        let sealed = seal_region(&self.repo, &[])?;
+        let offset = data.written();
+        data.write(&sealed)?;
+        c.regions[idx as usize] = RegionInfo {
+            offset,
+            stored_len: sealed.len() as u32,
+            raw_len: 0,
+        };
+        Ok(())
+    }
+
+    /// Compresses the delta region being filled against its bases, seals
+    /// and writes it.
+    fn close_delta(&mut self) -> Result<()> {
+        let Some(c) = self.open.as_mut() else {
+            return Ok(());
+        };
+        let Some(d) = c.delta.take() else {
+            return Ok(());
+        };
+        if d.plain.is_empty() {
+            // Its place, given up as a plain region's would be.
+            let cur = std::mem::take(&mut c.cur);
+            let cur_idx = c.cur_idx.replace(d.idx);
+            let r = self.close_empty();
+            let c = self.open.as_mut().expect("open above");
+            (c.cur, c.cur_idx) = (cur, cur_idx);
+            return r;
+        }
+        let Some(data) = c.data.as_mut() else {
+            return Err(StoreError::Invalid("a container without its object".into()));
+        };
+        let t0 = std::time::Instant::now();
+        let mut prefix = Vec::with_capacity(d.prefix_len);
+        for (_, bytes) in &d.bases {
+            prefix.extend_from_slice(bytes);
+        }
+        let frame = strata_core::delta::encode(&d.plain, &prefix, self.repo.config().zstd_level)?;
+        let sealed = self.repo.sealer().seal(Kind::DeltaRegion, &frame, false)?;
+        if let Some(s) = &self.stages {
+            s.add(Stage::Compress, t0, d.plain.len() as u64);
+        }
+        let t = std::time::Instant::now();
+        let offset = data.written();
+        data.write(&sealed)?;
+        if let Some(s) = &self.stages {
+            s.add(Stage::Write, t, sealed.len() as u64);
+        }
+        self.io_ns += t0.elapsed().as_nanos() as u64;
+        c.regions[d.idx as usize] = RegionInfo {
+            offset,
+            stored_len: sealed.len() as u32,
+            raw_len: d.plain.len() as u32,
+        };
+        c.deltas.push(DeltaRegion {
+            region: d.idx,
+            bases: d.bases.into_iter().map(|(b, _)| b).collect(),
+        });
         Ok(())
     }
 
@@ -438,11 +552,16 @@ impl ContainerWriter {
         let t = std::time::Instant::now();
         if !l.broken && l.cur.len() * BLOCK == c.cur.len() && sink.holds(&l.cur, &c.cur) {
             let stored_len = c.cur.len() + self.repo.sealer().overhead();
-            c.regions.push(RegionInfo {
+            let idx = *c.cur_idx.get_or_insert(c.regions.len() as u32);
+            if idx as usize == c.regions.len() {
+                c.regions.push(PLACE);
+            }
+            c.regions[idx as usize] = RegionInfo {
                 offset: l.len,
                 stored_len: stored_len as u32,
                 raw_len: c.cur.len() as u32,
-            });
+            };
+            c.cur_idx = None;
             l.regions.push(LinkedRegion {
                 offset: l.len,
                 raw_len: c.cur.len() as u32,
@@ -475,6 +594,27 @@ impl ContainerWriter {
     /// Where the next chunk of `len` bytes will go, rolling over to a new
     /// region or container first when it would not fit.
     pub fn next_loc(&mut self, len: usize) -> Result<ChunkLoc> {
+        self.open_for(len)?;
+        let full = self
+            .open
+            .as_ref()
+            .is_some_and(|c| !c.cur.is_empty() && c.cur.len() + len > self.region_size);
+        if full {
+            self.close_region()?;
+        }
+        let c = self.open.as_mut().expect("opened above");
+        Ok(ChunkLoc {
+            container: c.cidx,
+            region: c.cur_index(),
+            offset: c.cur.len() as u32,
+            len: len as u32,
+        })
+    }
+
+    /// Makes sure a container is open with room for a chunk of `len`
+    /// bytes (rolling over to a new one unless a segment is being packed
+    /// whole), and notes where a segment being packed begins.
+    fn open_for(&mut self, len: usize) -> Result<()> {
         let in_segment = self.segment_start.is_some();
         if let Some(c) = &self.open {
             if !in_segment && c.raw > 0 && c.raw + len > self.container_size {
@@ -509,28 +649,93 @@ impl ContainerWriter {
                 linking,
                 regions: Vec::new(),
                 cur: Vec::with_capacity(self.region_size),
+                cur_idx: None,
+                delta: None,
+                deltas: Vec::new(),
                 chunks: Vec::new(),
                 segments: Vec::new(),
                 raw: 0,
             });
         }
-        let full = self
-            .open
-            .as_ref()
-            .is_some_and(|c| !c.cur.is_empty() && c.cur.len() + len > self.region_size);
-        if full {
-            self.close_region()?;
-        }
         let c = self.open.as_mut().expect("opened above");
         if self.segment_start == Some((u32::MAX, 0)) {
             self.segment_start = Some((c.cidx, c.chunks.len() as u32));
         }
-        Ok(ChunkLoc {
+        Ok(())
+    }
+
+    /// Where the next chunk of `len` bytes goes if it is stored as a delta
+    /// against `base` (see [`Self::append_delta`]): in the container's
+    /// delta region, which is closed first when the chunk, or the base,
+    /// would not fit in it. None when this writer links containers to a
+    /// volume's blocks (which hold chunks whole).
+    pub fn next_delta_loc(&mut self, len: usize, base: &BaseRef) -> Result<Option<ChunkLoc>> {
+        if self.link.is_some() {
+            return Ok(None);
+        }
+        self.open_for(len)?;
+        let c = self.open.as_mut().expect("next_loc opens a container");
+        if c.linking.is_some() {
+            return Ok(None);
+        }
+        let full = c.delta.as_ref().is_some_and(|d| {
+            let new_base = !d.bases.iter().any(|(b, _)| b == base);
+            !d.plain.is_empty()
+                && (d.plain.len() + len > self.region_size
+                    || (new_base
+                        && (d.bases.len() >= MAX_BASES
+                            || d.prefix_len + base.len as usize > MAX_PREFIX)))
+        });
+        if full {
+            self.close_delta()?;
+        }
+        let c = self.open.as_mut().expect("open above");
+        let d = c.delta.get_or_insert_with(|| {
+            c.regions.push(PLACE);
+            OpenDelta {
+                idx: c.regions.len() as u32 - 1,
+                plain: Vec::new(),
+                bases: Vec::new(),
+                prefix_len: 0,
+            }
+        });
+        Ok(Some(ChunkLoc {
             container: c.cidx,
-            region: c.regions.len() as u32,
-            offset: c.cur.len() as u32,
+            region: d.idx,
+            offset: d.plain.len() as u32,
             len: len as u32,
-        })
+        }))
+    }
+
+    /// Appends a chunk at the location [`Self::next_delta_loc`] returned,
+    /// to be compressed against `base` (whose plaintext is `base_bytes`).
+    pub fn append_delta(
+        &mut self,
+        fp: Fingerprint,
+        data: &[u8],
+        base: BaseRef,
+        base_bytes: Arc<Vec<u8>>,
+    ) {
+        let c = self
+            .open
+            .as_mut()
+            .expect("next_delta_loc opens a container");
+        let d = c
+            .delta
+            .as_mut()
+            .expect("next_delta_loc opens a delta region");
+        if !d.bases.iter().any(|(b, _)| *b == base) {
+            d.prefix_len += base_bytes.len();
+            d.bases.push((base, base_bytes));
+        }
+        c.chunks.push(ChunkEntry {
+            fp,
+            region: d.idx,
+            offset: d.plain.len() as u32,
+            len: data.len() as u32,
+        });
+        d.plain.extend_from_slice(data);
+        c.raw += data.len();
     }
 
     /// Appends a chunk at the location [`Self::next_loc`] returned.
@@ -553,9 +758,10 @@ impl ContainerWriter {
                 _ => l.broken = true,
             }
         }
+        let region = c.cur_index();
         c.chunks.push(ChunkEntry {
             fp,
-            region: c.regions.len() as u32,
+            region,
             offset: c.cur.len() as u32,
             len: data.len() as u32,
         });
@@ -565,6 +771,7 @@ impl ContainerWriter {
 
     /// Closes the open container and hands it to the sink's finisher.
     pub fn flush(&mut self) -> Result<()> {
+        self.close_delta()?;
         self.close_region()?;
         let Some(c) = self.open.take() else {
             return Ok(());
@@ -581,7 +788,7 @@ impl ContainerWriter {
             regions: c.regions,
             chunks: c.chunks,
             segments: c.segments,
-            deltas: Vec::new(),
+            deltas: c.deltas,
         };
         let data = match (c.data, c.linking, &self.link) {
             (Some(mut data), _, _) => {

@@ -17,10 +17,10 @@
 
 use crate::error::{Result, StoreError};
 use crate::repo::{data_name, meta_name, Repository};
-use strata_core::crypto::Kind;
+use strata_core::crypto::{claimed_kind, Kind};
 use strata_core::format::{
-    container_header, decode_meta, encode_meta, ContainerFooter, ContainerId, ContainerMeta, RegionInfo,
-    CONTAINER_FOOTER_LEN, CONTAINER_HEADER_LEN, CONTAINER_MAGIC,
+    container_header, decode_meta, encode_meta, ContainerFooter, ContainerId, ContainerMeta,
+    RegionInfo, CONTAINER_FOOTER_LEN, CONTAINER_HEADER_LEN, CONTAINER_MAGIC,
 };
 
 /// [`container_tail`] of `meta` as it is (its `data_len` kept): the
@@ -138,6 +138,9 @@ pub fn read_region(repo: &Repository, id: &ContainerId, r: &RegionInfo) -> Resul
 
 /// Opens a region envelope read as part of a larger range.
 pub fn open_region(repo: &Repository, name: &str, env: &[u8], r: &RegionInfo) -> Result<Vec<u8>> {
+    if claimed_kind(env) == Some(Kind::DeltaRegion as u8) {
+        return crate::repo::delta::open_delta_region(repo, name, env, r);
+    }
     let plain = repo
         .sealer()
         .open_within(Kind::Region, env, u64::from(r.raw_len))

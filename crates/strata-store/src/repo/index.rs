@@ -11,8 +11,8 @@ use crate::repo::Repository;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use strata_core::crypto::Kind;
 use strata_core::format::{
-    decode_index_object, encode_index_object, encode_index_summary, ContainerId, ContainerMeta, ContainerSummary, IndexObject, IndexSummary,
-    SegmentSummary,
+    decode_index_object, encode_index_object, encode_index_summary, ContainerId, ContainerMeta,
+    ContainerSummary, IndexObject, IndexSummary, SegmentSummary,
 };
 
 /// The name of the summary object of index object `index/HASH`.

@@ -22,6 +22,7 @@
 //! against their names (docs/security.md §5).
 
 pub mod container;
+pub mod delta;
 pub mod index;
 pub mod keys;
 pub mod lifecycle;
@@ -58,6 +59,8 @@ pub struct InitOptions {
     pub container_size: u32,
     pub region_size: u32,
     pub index: String,
+    /// Store new chunks that resemble stored ones as deltas.
+    pub delta: bool,
 }
 
 impl Default for InitOptions {
@@ -70,6 +73,7 @@ impl Default for InitOptions {
             container_size: 32 << 20,
             region_size: 128 << 10,
             index: "segment".into(),
+            delta: false,
         }
     }
 }
@@ -237,6 +241,8 @@ pub struct Repository {
     /// Linked containers: where the volumes are, and what was read of
     /// them ([`crate::repo::links`]).
     pub(crate) links: Arc<volumes::Links>,
+    /// What delta regions read: metadata and base regions ([`delta`]).
+    deltas: Arc<delta::DeltaCache>,
 }
 
 impl Repository {
@@ -256,6 +262,7 @@ impl Repository {
             no_cache: false,
             cache_base: None,
             links: Default::default(),
+            deltas: Default::default(),
         }
     }
 }
@@ -299,6 +306,11 @@ impl Repository {
         &self.hasher
     }
 
+    /// The cache and counters of delta regions read through this handle.
+    pub fn deltas(&self) -> &delta::DeltaCache {
+        &self.deltas
+    }
+
     /// The key of the block volume with `salt` (see
     /// [`MasterKey::volume_key`]); none in an unencrypted repository.
     pub fn volume_key(&self, salt: &[u8]) -> Option<[u8; 32]> {
@@ -325,6 +337,7 @@ impl Repository {
             cache_base: self.cache_base.clone(),
             // (The other tier's own: a bucket has no volumes.)
             links: Default::default(),
+            deltas: Default::default(),
         }
     }
 
@@ -343,6 +356,7 @@ impl Repository {
             no_cache: true,
             cache_base: None,
             links: Arc::new(self.links.like(true)),
+            deltas: Default::default(),
         }
     }
 
@@ -632,10 +646,14 @@ mod tests {
     fn forge_config(b: &Arc<dyn Backend>, change: impl Fn(&mut RepoConfig)) {
         let raw = b.get("config").unwrap();
         let plain = Sealer::plain(3).open(Kind::Config, &raw).unwrap();
-        let mut c: RepoConfig = decode("config", &plain).unwrap();
+        let mut c: RepoConfig = strata_core::format::decode_config(&plain).unwrap();
         change(&mut c);
         let env = Sealer::plain(3)
-            .seal(Kind::Config, &encode(&c).unwrap(), false)
+            .seal(
+                Kind::Config,
+                &strata_core::format::encode_config(&c).unwrap(),
+                false,
+            )
             .unwrap();
         b.put("config", &env).unwrap();
     }

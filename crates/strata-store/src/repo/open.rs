@@ -6,7 +6,9 @@ use crate::backend::Backend;
 use crate::error::{Result, StoreError};
 use std::sync::Arc;
 use strata_core::crypto::{random_bytes, Kind, MasterKey, Sealer};
-use strata_core::format::{decode, encode, RepoConfig, OLDEST_REPO_FORMAT, REPO_FORMAT_VERSION};
+use strata_core::format::{
+    decode_config, encode_config, RepoConfig, OLDEST_REPO_FORMAT, REPO_FORMAT_VERSION,
+};
 use strata_core::Hasher;
 
 /// No `config`: no repository — unless repository objects are there, in
@@ -64,6 +66,7 @@ impl Repository {
             region_size: opts.region_size,
             encrypted: opts.password.is_some(),
             index,
+            delta: opts.delta,
         };
         let (sealer, hasher, key) = match &opts.password {
             Some(pw) => {
@@ -77,7 +80,7 @@ impl Repository {
             }
             None => (Sealer::plain(opts.zstd_level), Hasher::plain(), None),
         };
-        let env = Sealer::plain(3).seal(Kind::Config, &encode(&config)?, false)?;
+        let env = Sealer::plain(3).seal(Kind::Config, &encode_config(&config)?, false)?;
         // The config is written last: it is what makes this a repository.
         backend.put("config", &env)?;
         Ok(Repository::assemble(backend, config, (sealer, hasher), key))
@@ -95,18 +98,7 @@ impl Repository {
         let bytes = plain
             .open(Kind::Config, &raw)
             .map_err(|e| StoreError::corrupt("config", e))?;
-        if bytes.first().copied() != Some(strata_core::format::STRUCT_VERSION) {
-            return Err(StoreError::corrupt(
-                "config",
-                strata_core::CoreError::UnknownVersion {
-                    what: "repository config",
-                    found: bytes.first().copied().unwrap_or(0),
-                    supported: strata_core::format::STRUCT_VERSION,
-                },
-            ));
-        }
-        let config: RepoConfig =
-            decode("repository config", &bytes).map_err(|e| StoreError::corrupt("config", e))?;
+        let config = decode_config(&bytes).map_err(|e| StoreError::corrupt("config", e))?;
         if !(OLDEST_REPO_FORMAT..=REPO_FORMAT_VERSION).contains(&config.format_version) {
             return Err(StoreError::Core(strata_core::CoreError::UnknownVersion {
                 what: "repository format",

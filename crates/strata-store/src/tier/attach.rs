@@ -6,7 +6,7 @@ use crate::error::{Result, StoreError};
 use crate::repo::{now_ns, Repository};
 use std::sync::Arc;
 use strata_core::crypto::{random_bytes, Kind, Sealer};
-use strata_core::format::{decode, encode, RepoConfig, Tier, TierConfig};
+use strata_core::format::{decode_config, encode, encode_config, RepoConfig, Tier, TierConfig};
 
 /// Object holding a side's [`TierConfig`].
 pub const TIER_CONFIG: &str = "tier/config";
@@ -85,6 +85,8 @@ fn create_cloud(
         created: now_ns() / 1_000_000_000,
         container_size: container_size.max(2 * lc.region_size),
         index: "exact".into(),
+        // The tier stores whole chunks: what it holds is read alone.
+        delta: false,
         ..lc.clone()
     };
     if lc.encrypted {
@@ -102,7 +104,7 @@ fn create_cloud(
             attached: now_ns() / 1_000_000_000,
         },
     )?;
-    let env = Sealer::plain(3).seal(Kind::Config, &encode(&config)?, false)?;
+    let env = Sealer::plain(3).seal(Kind::Config, &encode_config(&config)?, false)?;
     // The config is written last: it is what makes the bucket a repository.
     backend.put("config", &env)?;
     Ok(cloud)
@@ -123,8 +125,7 @@ pub fn open_cloud_in(local: &Repository, backend: Arc<dyn Backend>) -> Result<Re
     let bytes = Sealer::plain(3)
         .open(Kind::Config, &raw)
         .map_err(|e| StoreError::corrupt("config", e))?;
-    let config: RepoConfig =
-        decode("config", &bytes).map_err(|e| StoreError::corrupt("config", e))?;
+    let config = decode_config(&bytes).map_err(|e| StoreError::corrupt("config", e))?;
     let cloud = local.sibling(backend.clone(), config);
     match read_tier_config(&cloud) {
         Ok(Some(c)) if c.role == Tier::Cloud && c.peer_id == local.config().id => Ok(cloud),

@@ -44,7 +44,7 @@ use crate::error::{Result, StoreError};
 use crate::repo::{now_ns, Repository};
 use std::sync::Arc;
 use strata_core::crypto::{Kind, Sealer};
-use strata_core::format::{encode, RepoConfig, Tier, TierConfig};
+use strata_core::format::{encode_config, RepoConfig, Tier, TierConfig};
 use strata_core::id::{RecipeId, SnapshotId};
 
 /// Forgets versions held by the cloud tier: the bucket's snapshot copy
@@ -164,7 +164,7 @@ pub fn dr_rebuild(
             attached: now_ns() / 1_000_000_000,
         },
     )?;
-    let env = Sealer::plain(3).seal(Kind::Config, &encode(&config)?, false)?;
+    let env = Sealer::plain(3).seal(Kind::Config, &encode_config(&config)?, false)?;
     // Last: what makes the directory a repository.
     local.put("config", &env)?;
     out.seconds = started.elapsed().as_secs_f64();
