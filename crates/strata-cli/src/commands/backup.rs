@@ -232,7 +232,7 @@ fn result_json(done: &BackedUp, dry_run: bool) -> Result<serde_json::Value> {
                 "new_raw_bytes": s.stats.new_raw_bytes, "new_stored_bytes": s.stats.new_stored_bytes,
                 "reused_files": rep.reused_files, "seconds": secs, "index_ram_bytes": rep.index_ram_bytes,
                 "warnings": rep.warnings, "threads": rep.threads, "stages": rep.stages,
-                "parent_bytes": rep.parent_bytes, "similar_bytes": rep.similar_bytes,
+                "parent_bytes": rep.parent_bytes, "similar_bytes": rep.similar_bytes, "delta": rep.delta,
                 "peak_rss_bytes": peak_rss_bytes(), "process": crate::cli::process_figures(),
                 "dry_run": dry_run});
     if let Some((m, msecs)) = &done.maintained {

@@ -51,6 +51,19 @@ pub struct InitArgs {
     /// Passes of the password hash (Argon2id), with --encrypt.
     #[arg(long, value_name = "N", default_value_t = KdfCost::default().iterations)]
     kdf_iterations: u32,
+    /// Store a changed chunk as a delta against the chunk the previous
+    /// version of its file held at its place, when that saves (zstd with
+    /// the old chunk as its prefix). Builds before deltas cannot open a
+    /// repository with deltas on.
+    #[arg(long, value_enum, default_value = "off")]
+    delta: OnOff,
+}
+
+/// A switch.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
 }
 
 pub fn run(cli: &Cli, out: &Out, a: &InitArgs) -> Result<i32> {
@@ -78,6 +91,7 @@ pub fn run(cli: &Cli, out: &Out, a: &InitArgs) -> Result<i32> {
         iterations: a.kdf_iterations,
     }
     .validate()?;
+    opts.delta = a.delta == OnOff::On;
     let backend = location::backend(&loc, true)?;
     if a.encrypt {
         opts.password = Some(read_password(cli, true)?);
@@ -88,7 +102,7 @@ pub fn run(cli: &Cli, out: &Out, a: &InitArgs) -> Result<i32> {
     let c = repo.config();
     out.result(
         &json!({"repository": loc.to_string(), "id": c.id, "encrypted": c.encrypted, "index": c.index,
-                "chunk_size": c.chunker.avg_chunk, "compression": c.zstd_level}),
+                "chunk_size": c.chunker.avg_chunk, "compression": c.zstd_level, "delta": c.delta}),
         || {
             format!(
                 "created {} repository {} at {}",

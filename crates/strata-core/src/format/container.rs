@@ -105,6 +105,10 @@ pub struct BaseRef {
 pub struct DeltaRegion {
     pub region: u32,
     pub bases: Vec<BaseRef>,
+    /// For each chunk of the region (its chunk entries, in order), the
+    /// index in `bases` of the base it resembles: the base a later
+    /// version's edit of that chunk is stored against.
+    pub chunk_bases: Vec<u32>,
 }
 
 /// Version byte of a [`ContainerMeta`] (alone or in an
@@ -230,6 +234,12 @@ impl ContainerMeta {
                 "has no base"
             } else if d.bases.iter().any(|b| b.container == self.id) {
                 "has a base in its own container"
+            } else if d.chunk_bases.iter().any(|&i| i as usize >= d.bases.len()) {
+                "gives a chunk a base it does not list"
+            } else if d.chunk_bases.len()
+                != self.chunks.iter().filter(|c| c.region == d.region).count()
+            {
+                "does not give each of its chunks a base"
             } else {
                 continue;
             };
@@ -244,6 +254,32 @@ impl ContainerMeta {
     /// The bases of region `region` when it is stored as a delta.
     pub fn delta_of(&self, region: u32) -> Option<&DeltaRegion> {
         self.deltas.iter().find(|d| d.region == region)
+    }
+
+    /// The base of each chunk entry (None for chunks stored whole), in
+    /// the order of [`Self::chunks`].
+    pub fn chunk_bases(&self) -> Vec<Option<&BaseRef>> {
+        let mut seen: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+        self.chunks
+            .iter()
+            .map(|c| {
+                let d = self.delta_of(c.region)?;
+                let k = seen.entry(c.region).or_default();
+                *k += 1;
+                d.bases.get(*d.chunk_bases.get(*k - 1)? as usize)
+            })
+            .collect()
+    }
+
+    /// The base the chunk at `offset` of delta region `region` resembles.
+    pub fn base_of(&self, region: u32, offset: u32) -> Option<&BaseRef> {
+        let d = self.delta_of(region)?;
+        let k = self
+            .chunks
+            .iter()
+            .filter(|c| c.region == region)
+            .position(|c| c.offset == offset)?;
+        d.bases.get(*d.chunk_bases.get(k)? as usize)
     }
 
     pub fn raw_bytes(&self) -> u64 {

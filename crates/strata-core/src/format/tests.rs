@@ -451,12 +451,15 @@ fn metadata_with_and_without_delta_regions() {
     meta.deltas = vec![DeltaRegion {
         region: 1,
         bases: vec![base],
+        chunk_bases: vec![0],
     }];
     let v2 = encode_meta(&meta).unwrap();
     assert_eq!(v2[0], DELTA_META_VERSION);
     assert_eq!(decode_meta(&v2).unwrap(), meta);
     assert_eq!(meta.delta_of(1).unwrap().bases, vec![base]);
     assert!(meta.delta_of(0).is_none());
+    assert_eq!(meta.base_of(1, 0), Some(&base));
+    assert_eq!(meta.base_of(1, 5), None);
     let object = IndexObject {
         containers: vec![object.containers[0].clone(), meta.clone()],
     };
@@ -477,6 +480,12 @@ fn metadata_with_and_without_delta_regions() {
     let mut bad = meta.clone();
     bad.deltas[0].bases[0].container = meta.id;
     assert!(refused(&bad), "a base in its own container");
+    let mut bad = meta.clone();
+    bad.deltas[0].chunk_bases = vec![1];
+    assert!(refused(&bad), "a chunk's base not listed");
+    let mut bad = meta.clone();
+    bad.deltas[0].chunk_bases = vec![0, 0];
+    assert!(refused(&bad), "more chunk bases than chunks");
     let mut future = encode_meta(&meta).unwrap();
     future[0] = 3;
     assert!(decode_meta(&future).is_err());

@@ -287,6 +287,8 @@ struct OpenDelta {
     idx: u32,
     plain: Vec<u8>,
     bases: Vec<(BaseRef, Arc<Vec<u8>>)>,
+    /// Each chunk's base (an index in `bases`).
+    chunk_bases: Vec<u32>,
     prefix_len: usize,
 }
 
@@ -534,6 +536,7 @@ impl ContainerWriter {
         c.deltas.push(DeltaRegion {
             region: d.idx,
             bases: d.bases.into_iter().map(|(b, _)| b).collect(),
+            chunk_bases: d.chunk_bases,
         });
         Ok(())
     }
@@ -696,6 +699,7 @@ impl ContainerWriter {
                 idx: c.regions.len() as u32 - 1,
                 plain: Vec::new(),
                 bases: Vec::new(),
+                chunk_bases: Vec::new(),
                 prefix_len: 0,
             }
         });
@@ -724,10 +728,15 @@ impl ContainerWriter {
             .delta
             .as_mut()
             .expect("next_delta_loc opens a delta region");
-        if !d.bases.iter().any(|(b, _)| *b == base) {
-            d.prefix_len += base_bytes.len();
-            d.bases.push((base, base_bytes));
-        }
+        let k = match d.bases.iter().position(|(b, _)| *b == base) {
+            Some(k) => k,
+            None => {
+                d.prefix_len += base_bytes.len();
+                d.bases.push((base, base_bytes));
+                d.bases.len() - 1
+            }
+        };
+        d.chunk_bases.push(k as u32);
         c.chunks.push(ChunkEntry {
             fp,
             region: d.idx,

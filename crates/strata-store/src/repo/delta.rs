@@ -73,12 +73,15 @@ impl<K: Eq + Hash + Clone, V: Clone> Generations<K, V> {
     }
 }
 
+/// A region of a container.
+type RegionKey = (ContainerId, u32);
+
 /// Container metadata and base regions recently used by delta regions,
 /// and how many base regions were read (a figure backups and restores
 /// report). One per repository handle.
 pub struct DeltaCache {
     metas: Mutex<Generations<ContainerId, Arc<ContainerMeta>>>,
-    regions: Mutex<Generations<(ContainerId, u32), Arc<Vec<u8>>>>,
+    regions: Mutex<Generations<RegionKey, Arc<Vec<u8>>>>,
     /// Base regions read from storage (not found in the cache).
     pub base_reads: AtomicU64,
     /// Delta regions opened.

@@ -43,6 +43,25 @@ struct Stored {
     fps: Vec<Fingerprint>,
 }
 
+/// What looking a segment's chunks up in the previous version of their
+/// file found: each non-zero chunk's location there, if it had it; and,
+/// for a repository storing deltas, the chunk the previous version had at
+/// the place of each chunk it did not have (its base, perhaps).
+pub(crate) struct Found {
+    pub locs: Vec<Option<ChunkLoc>>,
+    pub near: Vec<Option<(Fingerprint, ChunkLoc)>>,
+}
+
+impl Found {
+    /// Nothing found for `n` chunks.
+    pub fn nothing(n: usize) -> Self {
+        Found {
+            locs: vec![None; n],
+            near: Vec::new(),
+        }
+    }
+}
+
 /// Bytes of a segment's non-zero chunks not found anywhere.
 fn new_bytes_of(chunks: &[PendingChunk], found: &[Option<ChunkLoc>]) -> usize {
     chunks
@@ -82,18 +101,17 @@ impl<R: Read> Read for TimedRead<R> {
 
 impl<'a> Ctx<'a> {
     /// Looks up the chunks of `job` in the previous version of its file.
-    pub fn parent_lookup(
-        &self,
-        prev: Option<&mut ParentFile>,
-        job: &SegmentJob,
-    ) -> Vec<Option<ChunkLoc>> {
+    pub fn parent_lookup(&self, prev: Option<&mut ParentFile>, job: &SegmentJob) -> Found {
         let n = job.chunks.iter().filter(|c| !c.zero).count();
         let Some(prev) = prev else {
-            return vec![None; n];
+            return Found::nothing(n);
         };
         let t = Instant::now();
         prev.window(job.at, job.at + job.len());
-        let mut found = Vec::with_capacity(n);
+        let mut found = Found {
+            locs: Vec::with_capacity(n),
+            near: Vec::new(),
+        };
         let mut offset = job.at;
         let mut bytes = 0u64;
         for c in &job.chunks {
@@ -102,7 +120,12 @@ impl<'a> Ctx<'a> {
                 if f.is_some() {
                     bytes += c.len as u64;
                 }
-                found.push(f);
+                if self.delta.is_some() {
+                    found
+                        .near
+                        .push(f.is_none().then(|| prev.near(offset)).flatten());
+                }
+                found.locs.push(f);
             }
             offset += c.len as u64;
         }
@@ -118,7 +141,7 @@ impl<'a> Ctx<'a> {
         &self,
         writer: &mut ContainerWriter,
         job: &SegmentJob,
-        found: Vec<Option<ChunkLoc>>,
+        found: Found,
     ) -> Result<SegmentRef> {
         let s = self.store_segment_chunks(writer, job, found)?;
         // Consecutive zero chunks: one run.
@@ -132,8 +155,12 @@ impl<'a> Ctx<'a> {
         &self,
         writer: &mut ContainerWriter,
         job: &SegmentJob,
-        mut found: Vec<Option<ChunkLoc>>,
+        found: Found,
     ) -> Result<SegmentRef> {
+        let Found {
+            locs: mut found,
+            near,
+        } = found;
         let t = Instant::now();
         let hasher = self.repo.hasher();
         let seg_fp = hasher.hash_fingerprints(job.chunks.iter().map(|c| &c.fp));
@@ -188,9 +215,9 @@ impl<'a> Ctx<'a> {
         let stored = if whole {
             writer
                 .begin_segment(new_bytes)
-                .and_then(|()| self.store_chunks(writer, job, found))
+                .and_then(|()| self.store_chunks(writer, job, found, &near))
         } else {
-            self.store_chunks(writer, job, found)
+            self.store_chunks(writer, job, found, &near)
         };
         let Stored {
             refs,
@@ -234,8 +261,10 @@ impl<'a> Ctx<'a> {
         writer: &mut ContainerWriter,
         job: &SegmentJob,
         found: Vec<Option<ChunkLoc>>,
+        near: &[Option<(Fingerprint, ChunkLoc)>],
     ) -> Result<Stored> {
         let mut appended = 0u32;
+        let mut near = near.iter();
         let mut stored_locs = Vec::new();
         let mut new_fps = Vec::new();
         let mut found = found.into_iter();
@@ -250,6 +279,7 @@ impl<'a> Ctx<'a> {
                 refs.push(ChunkRef::zeros(c.len, 1));
                 continue;
             }
+            let near = near.next().copied().flatten();
             let loc = match found.next().flatten() {
                 Some(l) => l,
                 None if c.block == KNOWN => {
@@ -258,10 +288,25 @@ impl<'a> Ctx<'a> {
                     ))
                 }
                 None => {
-                    let loc = writer.next_loc(c.len as usize)?;
+                    let bytes = job.bytes(c);
+                    let base = match (&self.delta, near) {
+                        (Some(d), Some(n)) => d.base_for(bytes, n),
+                        _ => None,
+                    };
+                    let delta_loc = match &base {
+                        Some((b, _)) => writer.next_delta_loc(bytes.len(), b)?,
+                        None => None,
+                    };
+                    let loc = match delta_loc {
+                        Some(l) => l,
+                        None => writer.next_loc(c.len as usize)?,
+                    };
                     match self.strategy.claim(&c.fp, loc) {
                         None => {
-                            writer.append_at(c.fp, job.bytes(c), Some(here));
+                            match (delta_loc, base) {
+                                (Some(_), Some((b, bb))) => writer.append_delta(c.fp, bytes, b, bb),
+                                _ => writer.append_at(c.fp, bytes, Some(here)),
+                            }
                             if is_anchor(&c.fp) {
                                 self.stored_sample
                                     .lock()
@@ -465,6 +510,9 @@ impl<'a> Ctx<'a> {
         // Per file: its index in `jobs`, first chunk, size, warning.
         let mut files: Vec<(usize, usize, u64, Option<String>)> = Vec::new();
         let mut out = Vec::new();
+        // Each non-zero chunk's place in its file's previous version
+        // (deltas on).
+        let mut near = Vec::new();
         for (ji, job) in jobs.iter().enumerate() {
             if self.aborted() {
                 return Err(StoreError::Cancelled);
@@ -481,7 +529,7 @@ impl<'a> Ctx<'a> {
                     continue;
                 }
             };
-            let (first, data_mark) = (group.chunks.len(), group.data.len());
+            let (first, data_mark, near_mark) = (group.chunks.len(), group.data.len(), near.len());
             let timed = TimedRead {
                 inner: &mut f as &mut dyn Read,
                 stages: self.stages.clone(),
@@ -500,10 +548,13 @@ impl<'a> Ctx<'a> {
                         break;
                     }
                 };
-                let Some((_, chunk)) = next else { break };
+                let Some((at, chunk)) = next else { break };
                 let t = Instant::now();
                 let (fp, zero) = chunk_fp(hasher, chunk);
                 self.stages.add(Stage::Hash, t, chunk.len() as u64);
+                if self.delta.is_some() && !zero {
+                    near.push(job.prev.as_ref().and_then(|p| p.near(at)));
+                }
                 group.push(fp, zero, chunk);
                 let len = chunk.len() as u64;
                 self.progress.bytes_done.fetch_add(len, Ordering::Relaxed);
@@ -514,6 +565,7 @@ impl<'a> Ctx<'a> {
             if let Some(m) = failed {
                 group.chunks.truncate(first);
                 group.data.truncate(data_mark);
+                near.truncate(near_mark);
                 out.push((ji, Outcome::Failed(format!("{}: {m}", p.display()))));
                 continue;
             }
@@ -524,8 +576,11 @@ impl<'a> Ctx<'a> {
         let stored = if group.is_empty() {
             None
         } else {
-            let n = group.fps().len();
-            Some(self.store_segment_chunks(writer, &group, vec![None; n])?)
+            let group_found = Found {
+                locs: vec![None; group.fps().len()],
+                near: std::mem::take(&mut near),
+            };
+            Some(self.store_segment_chunks(writer, &group, group_found)?)
         };
         for (i, (node, first, size, warning)) in files.iter().enumerate() {
             let end = files.get(i + 1).map_or(total, |n| n.1);

@@ -55,6 +55,9 @@ pub(crate) struct Ctx<'a> {
     pub link: Option<Arc<dyn crate::engine::writer::Linker>>,
     /// Buffers large files' blocks are read into, used again.
     pub buffers: BufferPool,
+    /// Picks the bases of new chunks stored as deltas (a repository with
+    /// deltas on, not linking to a volume).
+    pub delta: Option<super::delta::DeltaPicker>,
 }
 
 /// What a [`Ctx`] works with; its counters start at zero.
@@ -80,7 +83,6 @@ impl<'a> Ctx<'a> {
         Ctx {
             repo: p.repo,
             strategy: p.strategy,
-            table: p.table,
             chunker: p.chunker,
             progress: p.progress,
             stages: p.stages,
@@ -92,6 +94,9 @@ impl<'a> Ctx<'a> {
             similar_bytes: AtomicU64::new(0),
             large_file: p.large_file,
             stored_sample: Mutex::new(HashMap::new()),
+            delta: (p.repo.config().delta && p.link.is_none())
+                .then(|| super::delta::DeltaPicker::new(p.repo, p.table.clone())),
+            table: p.table,
             link: p.link,
             buffers: BufferPool::default(),
         }

@@ -16,6 +16,7 @@
 mod blockbuf;
 pub(crate) mod commit;
 pub(crate) mod dedup;
+mod delta;
 mod discard;
 mod flow;
 pub(crate) mod job;
@@ -182,6 +183,24 @@ pub struct BackupReport {
     /// Containers the index lists whose data object is gone: none of
     /// their chunks was referenced (the last warning names them).
     pub lost_containers: Vec<ContainerId>,
+    /// What the delta stage did (a repository with deltas on).
+    pub delta: Option<DeltaReport>,
+}
+
+/// What storing new chunks as deltas did in one backup.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DeltaReport {
+    /// New chunks that had a chunk of the previous version at their place.
+    pub candidates: u64,
+    /// New chunks stored as deltas, and their bytes.
+    pub chunks: u64,
+    pub raw_bytes: u64,
+    /// What those chunks take compressed alone, and as deltas (each
+    /// alone; their regions compress them together).
+    pub alone_bytes: u64,
+    pub delta_bytes: u64,
+    /// Base regions read from the repository (the others were cached).
+    pub base_reads: u64,
 }
 
 impl BackupReport {
@@ -555,6 +574,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         threads,
         reverse_hint: parent_id.map(|previous| reverse_hint(previous, id, &parent, &ctx)),
         lost_containers: lost,
+        delta: ctx.delta.as_ref().map(|d| d.report(repo)),
     })
 }
 

@@ -954,6 +954,16 @@ impl ParentFile {
         (self.lo, self.hi) = (lo, hi);
     }
 
+    /// The previous file's chunk at the place of byte `at` of the new one
+    /// (by the drift of the last match): what a new chunk there is most
+    /// likely an edit of.
+    pub fn near(&self, at: u64) -> Option<(Fingerprint, ChunkLoc)> {
+        let want = (at as i64).saturating_add(self.drift).max(0) as u64;
+        let k = self.refs.partition_point(|r| r.0 <= want).checked_sub(1)?;
+        let &(offset, fp, loc) = self.refs.get(k)?;
+        (want < offset + loc.len as u64).then_some((fp, loc))
+    }
+
     /// Where the previous file holds chunk `fp`, if in the window or the
     /// sample; `at` is the chunk's offset in the new file.
     pub fn find(&mut self, fp: &Fingerprint, at: u64) -> Option<ChunkLoc> {

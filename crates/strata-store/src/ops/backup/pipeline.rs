@@ -20,14 +20,13 @@
 //! more than [`AHEAD_PER_WORKER`] bytes per worker of that file are read
 //! but not yet stored, so memory stays bounded whatever the file's size.
 
-use super::dedup::{changed_warning, open_source, Outcome, TimedRead, WorkerBuffers};
+use super::dedup::{changed_warning, open_source, Found, Outcome, TimedRead, WorkerBuffers};
 use super::flow::{Feeder, Flow, FlowLimits, RecipeItem, TreeCounts, Unit};
 use super::job::Block;
 use super::job::{chunk_fp, Ctx, SegmentJob};
 use super::parent::{Guide, ParentFile};
 use super::patch::PatchSource;
 use super::walk::{Job, Source};
-use crate::engine::index::ChunkLoc;
 use crate::engine::writer::{ContainerSink, ContainerWriter, SinkResult, Written};
 use crate::error::{Result, StoreError};
 use crate::repo::recipe::writer::RecipeWriter;
@@ -727,6 +726,10 @@ impl<'s> Stream<'s> {
                 }
                 q.seg.reset();
                 job.at = b.offset;
+                let found = Found {
+                    locs: found,
+                    near: Vec::new(),
+                };
                 self.queue_store(s, sh, &mut q, job, found);
             }
             for (i, &(start, len)) in b.chunks.iter().enumerate() {
@@ -783,7 +786,7 @@ impl<'s> Stream<'s> {
         sh: &'s Shared<'s>,
         q: &mut Sequencer,
         job: SegmentJob,
-        found: Vec<Option<ChunkLoc>>,
+        found: Found,
     ) {
         let idx = q.next_seg;
         q.next_seg += 1;
@@ -799,7 +802,7 @@ impl<'s> Stream<'s> {
         sh: &'s Shared<'s>,
         idx: usize,
         job: SegmentJob,
-        found: Vec<Option<ChunkLoc>>,
+        found: Found,
     ) {
         if !sh.aborted() {
             match sh.with_writer(|w| sh.ctx.store_segment(w, &job, found)) {

@@ -261,11 +261,24 @@ fn select(
     // (one per worker), and a restore pays per container it opens.
     let target = repo.config().container_size as u64;
     let mut small: Vec<(Rewrite, u64)> = Vec::new();
+    // The bases live deltas need, by container: marked live too, and
+    // their containers never moved (docs/design.md "Delta compression").
+    let mut bases: HashMap<ContainerId, HashSet<(u32, u32)>> = HashMap::new();
     let idx = RepoIndex::load(repo, |m| {
         if m.stamp.is_some() {
             return;
         }
         let of = holders.of(m);
+        if !m.deltas.is_empty() {
+            for (b, h) in m.chunk_bases().into_iter().zip(&of) {
+                if let (Some(b), Some(_)) = (b, h) {
+                    bases
+                        .entry(b.container)
+                        .or_default()
+                        .insert((b.region, b.offset));
+                }
+            }
+        }
         let verdict = verdict(m, &of, opts, target);
         let r = Rewrite {
             meta: m.clone(),
@@ -278,6 +291,14 @@ fn select(
             Verdict::Small(live) => small.push((r, live)),
         }
     })?;
+    // A container holding a live delta's base stays as it is.
+    let pinned = |m: &ContainerMeta| bases.contains_key(&m.id);
+    report.containers_pinned += drop.iter().filter(|m| pinned(m)).count() as u64
+        + rewrite.iter().filter(|r| pinned(&r.meta)).count() as u64;
+    drop.retain(|m| !pinned(m));
+    rewrite.retain(|r| !pinned(&r.meta));
+    small.retain(|(r, _)| !pinned(&r.meta));
+    report.live_chunks += bases.values().map(|s| s.len() as u64).sum::<u64>();
     // Merge the small ones once there are [`SMALL_TO_MERGE`] of them and
     // together they fill at least half a container, so the output is not
     // small again (each byte is merged about once, not at every run, and

@@ -49,6 +49,9 @@ pub struct GcReport {
     pub stamped_deleted: u64,
     /// Recipes rewritten to point at copied-forward chunks.
     pub recipes_remapped: u64,
+    /// Pool containers kept where they are because they hold the base of
+    /// a live delta (a base never moves: its deltas name where it is).
+    pub containers_pinned: u64,
     pub orphans_deleted: u64,
     /// Recipe objects no snapshot uses, deleted.
     pub recipes_deleted: u64,
