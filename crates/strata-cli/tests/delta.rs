@@ -41,6 +41,12 @@ fn write_version(dir: &Path, v: u64) {
         }
         write(&dir.join(format!("d{}/f{f}.txt", f % 3)), &data);
     }
+    // New in each version, after the edited files: its chunks fill plain
+    // regions (written as they fill) while the container's delta region
+    // is still open, so regions are written out of their index order.
+    if v > 0 {
+        write(&dir.join(format!("d2/new{v}.txt")), &words(100 + v, 400_000));
+    }
 }
 
 fn delta_figure(v: &Value, key: &str) -> u64 {

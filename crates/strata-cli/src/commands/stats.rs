@@ -36,7 +36,7 @@ pub fn run(cli: &Cli, out: &Out, a: &StatsArgs) -> Result<i32> {
              total ratio:        {:.2}x ({:.1}% space saved)\n\
              index:              {} ({} entries, {} RAM)\n\
              pool / archival:    {} shared pool, {} stamped archival containers\n\
-             space saved:        {:.1}% by segment-level dedup, {:.1}% more by reverse dedup (before compression){}{}",
+             space saved:        {:.1}% by segment-level dedup, {:.1}% more by reverse dedup (before compression){}{}{}",
             st.snapshots,
             st.series,
             fmt_bytes(st.logical_bytes),
@@ -63,6 +63,17 @@ pub fn run(cli: &Cli, out: &Out, a: &StatsArgs) -> Result<i32> {
                     "\nheld by volumes:    {} in {n} linked containers (snapshots of volumes \
                      read them from the volumes' own blocks; not in stored)",
                     fmt_bytes(st.linked_bytes)
+                ),
+            },
+            match &st.delta {
+                None => String::new(),
+                Some(d) => format!(
+                    "\ndeltas:             {} chunks ({}) stored as deltas in {}, against {} bases; saved about {}",
+                    d.chunks,
+                    fmt_bytes(d.raw_bytes),
+                    fmt_bytes(d.stored_bytes),
+                    d.bases,
+                    fmt_bytes(d.saved_bytes)
                 ),
             },
             series_table(&st.series_stats)

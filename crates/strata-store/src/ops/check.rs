@@ -72,6 +72,7 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
     let mut rep = CheckReport::default();
     let idx = check_index(repo, &mut rep)?;
     rep.containers = idx.metas.len() as u64;
+    check_delta_bases(&idx, &mut rep);
     check_bookkeeping(repo, &mut rep)?;
     let (bad_containers, unlisted) = check_containers(repo, &idx, &mut rep)?;
     let bad_chunks = if opts.read_data {
@@ -97,6 +98,42 @@ pub fn check(repo: &Repository, opts: &CheckOptions) -> Result<CheckReport> {
     report_unlisted(&unlisted, &referenced, idx.damaged, &mut rep);
     rep.index_repair_needed = idx.damaged || unlisted.iter().any(|id| referenced.contains(id));
     Ok(rep)
+}
+
+/// Every base a delta region names is a chunk stored whole where it says,
+/// in an indexed container of the pool (a stamped one is deleted with its
+/// owner, whatever else needs it). Metadata only: `--read-data` decodes
+/// the deltas too.
+fn check_delta_bases(idx: &IndexState, rep: &mut CheckReport) {
+    for m in idx.metas.values() {
+        for d in &m.deltas {
+            for b in &d.bases {
+                let why = match idx.metas.get(&b.container) {
+                    None => "is in no index object",
+                    Some(bm) if bm.stamp.is_some() => "is in a stamped container",
+                    Some(bm) if bm.delta_of(b.region).is_some() => "is itself in a delta region",
+                    Some(bm)
+                        if !bm.chunks.iter().any(|c| {
+                            c.region == b.region
+                                && c.offset == b.offset
+                                && c.len == b.len
+                                && c.fp == b.fp
+                        }) =>
+                    {
+                        "is not a chunk its container lists"
+                    }
+                    Some(_) => continue,
+                };
+                rep.errors.push(format!(
+                    "{} region {}: the base {} in {} {why}",
+                    data_name(&m.id),
+                    d.region,
+                    &b.fp.to_hex()[..16],
+                    data_name(&b.container)
+                ));
+            }
+        }
+    }
 }
 
 /// Policies and the lifecycle's state: each must open and decode, and a

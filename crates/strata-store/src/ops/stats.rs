@@ -63,7 +63,25 @@ pub struct RepoStats {
     /// further % saved by reverse dedup.
     pub saving_segment_pct: f64,
     pub saving_reverse_pct: f64,
+    /// Chunks stored as deltas (a repository with deltas on).
+    pub delta: Option<DeltaStats>,
     pub series_stats: Vec<SeriesStats>,
+}
+
+/// What delta regions hold, and what they saved.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct DeltaStats {
+    pub regions: u64,
+    pub chunks: u64,
+    /// Plaintext bytes of the chunks stored as deltas, and what their
+    /// regions take.
+    pub raw_bytes: u64,
+    pub stored_bytes: u64,
+    /// Distinct bases they need.
+    pub bases: u64,
+    /// What those chunks would take compressed like the chunks stored
+    /// whole (at the repository's own ratio), less what they take.
+    pub saved_bytes: u64,
 }
 
 /// Lifecycle figures of one series.
@@ -102,6 +120,9 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
         ..Default::default()
     };
     let idx = index_figures(repo, &mut st)?;
+    if repo.config().delta {
+        st.delta = Some(delta_figures(repo)?);
+    }
     let snaps = repo.list_active_snapshots()?;
     st.snapshots = snaps.len() as u64;
     st.series = snaps
@@ -139,6 +160,34 @@ fn index_figures(repo: &Repository, st: &mut RepoStats) -> Result<RepoIndex> {
     st.index_entries = strategy.entries();
     st.index_ram_bytes = strategy.ram_bytes();
     Ok(idx)
+}
+
+/// Delta regions of every indexed container (index objects read whole).
+fn delta_figures(repo: &Repository) -> Result<DeltaStats> {
+    let mut d = DeltaStats::default();
+    let mut bases = HashSet::new();
+    let (mut plain_raw, mut plain_stored) = (0u64, 0u64);
+    RepoIndex::load(repo, |m| {
+        for (i, r) in m.regions.iter().enumerate() {
+            match m.delta_of(i as u32) {
+                Some(dr) => {
+                    d.regions += 1;
+                    d.raw_bytes += r.raw_len as u64;
+                    d.stored_bytes += r.stored_len as u64;
+                    d.chunks += dr.chunk_bases.len() as u64;
+                    bases.extend(dr.bases.iter().map(|b| (b.container, b.region, b.offset)));
+                }
+                None => {
+                    plain_raw += r.raw_len as u64;
+                    plain_stored += r.stored_len as u64;
+                }
+            }
+        }
+    })?;
+    d.bases = bases.len() as u64;
+    let alone = d.raw_bytes as f64 * plain_stored as f64 / plain_raw.max(1) as f64;
+    d.saved_bytes = (alone as u64).saturating_sub(d.stored_bytes);
+    Ok(d)
 }
 
 /// What the snapshots' recipes reference.

@@ -253,7 +253,10 @@ const MAX_READ: u64 = 8 << 20;
 fn read_groups(plan: &[(ContainerId, RegionPlan)]) -> Vec<ReadGroup<'_>> {
     let mut out = Vec::new();
     for (cid, regions) in plan {
-        let regs: Vec<&(RegionInfo, Vec<Piece>)> = regions.values().collect();
+        let mut regs: Vec<&(RegionInfo, Vec<Piece>)> = regions.values().collect();
+        // By offset: a container's regions are numbered as they are begun,
+        // and a delta region begun before a plain one may be written after.
+        regs.sort_by_key(|r| r.0.offset);
         let mut i = 0;
         while i < regs.len() {
             let start = regs[i].0.offset;
