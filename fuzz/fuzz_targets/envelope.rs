@@ -7,7 +7,7 @@
 use libfuzzer_sys::fuzz_target;
 use strata_core::crypto::{Kind, MasterKey, Sealer};
 
-const KINDS: [Kind; 17] = [
+const KINDS: [Kind; 18] = [
     Kind::Config,
     Kind::Key,
     Kind::Region,
@@ -25,6 +25,7 @@ const KINDS: [Kind; 17] = [
     Kind::TierState,
     Kind::Link,
     Kind::DeltaRegion,
+    Kind::RecipePartDelta,
 ];
 
 fuzz_target!(|data: &[u8]| {

@@ -25,7 +25,8 @@ fn words(seed: u64, n: usize) -> Vec<u8> {
 }
 
 /// Version `v` of the tree: 24 files of 6–40 KB; each version inserts a
-/// line into every third file and changes a word in every fifth.
+/// line into every third file and changes a word in every fifth; 300
+/// small files no version changes; and from version 1 a new 400 KB file.
 fn write_version(dir: &Path, v: u64) {
     for f in 0..24u64 {
         let mut data = words(f + 1, 6_000 + (f as usize * 1_500));
@@ -39,13 +40,26 @@ fn write_version(dir: &Path, v: u64) {
                 data[at..at + 4].copy_from_slice(b"EDIT");
             }
         }
-        write(&dir.join(format!("d{}/f{f}.txt", f % 3)), &data);
+        let p = dir.join(format!("d{}/f{f}.txt", f % 3));
+        write(&p, &data);
+        // As unpacked from a release archive: a file's time is its
+        // release's, so the recipe of an unchanged file is the same.
+        touch(&p, "2026-01-01 00:00:00");
+    }
+    // Files no version changes: most of a release's recipe.
+    for f in 0..300u64 {
+        let p = dir.join(format!("static/s{f:03}.txt"));
+        write(&p, &words(1000 + f, 700));
+        touch(&p, "2026-01-01 00:00:00");
     }
     // New in each version, after the edited files: its chunks fill plain
     // regions (written as they fill) while the container's delta region
     // is still open, so regions are written out of their index order.
     if v > 0 {
-        write(&dir.join(format!("d2/new{v}.txt")), &words(100 + v, 400_000));
+        write(
+            &dir.join(format!("d2/new{v}.txt")),
+            &words(100 + v, 400_000),
+        );
     }
 }
 
@@ -76,6 +90,7 @@ fn deltas_store_less_and_survive_the_lifecycle() {
         plain.backup(&[&src], &[]);
         if v > 0 {
             assert!(delta_figure(&b, "chunks") > 0, "version {v}: {b:#}");
+            assert!(delta_figure(&b, "recipe_parts") > 0, "version {v}: {b:#}");
             assert!(
                 delta_figure(&b, "delta_bytes") * 4 < delta_figure(&b, "alone_bytes"),
                 "{b:#}"

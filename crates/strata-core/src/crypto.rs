@@ -75,6 +75,9 @@ pub enum Kind {
     /// metadata lists the bases: [`crate::format::DeltaRegion`]). Sealed
     /// uncompressed — the frame is the compression.
     DeltaRegion = 17,
+    /// A recipe part stored as a delta against another part
+    /// ([`crate::format::PartDelta`]).
+    RecipePartDelta = 18,
 }
 
 /// The kind byte an envelope claims (None: too short to be one). Only a
@@ -103,7 +106,7 @@ impl Kind {
             Kind::Snapshot => 16 << 20,
             // At most 4 MiB of nodes plus one node (a piece of at most
             // 16 384 chunk references, its path and extended attributes).
-            Kind::RecipePart => 16 << 20,
+            Kind::RecipePart | Kind::RecipePartDelta => 16 << 20,
             // A stub: the volume's name and each region's blocks.
             Kind::Link => 64 << 20,
             // A region: at most a container (32 MiB by default, 1 GiB at

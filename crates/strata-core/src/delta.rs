@@ -46,6 +46,19 @@ pub fn encode(data: &[u8], base: &[u8], level: i32) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The data of delta `frame` over `base`, at most `max` bytes long (the
+/// caller checks what it is, e.g. against its hash).
+pub fn decode_within(frame: &[u8], base: &[u8], max: usize) -> Result<Vec<u8>> {
+    let err = |c| CoreError::Decompress(zstd_err("delta", c));
+    let mut dctx = DCtx::create();
+    dctx.set_parameter(DParameter::WindowLogMax(MAX_WINDOW_LOG))
+        .map_err(err)?;
+    dctx.ref_prefix(base).map_err(err)?;
+    let mut out = Vec::with_capacity(max);
+    dctx.decompress(&mut out, frame).map_err(err)?;
+    Ok(out)
+}
+
 /// The data of delta `frame` over `base`, which must be exactly `len`
 /// bytes long.
 pub fn decode(frame: &[u8], base: &[u8], len: usize) -> Result<Vec<u8>> {

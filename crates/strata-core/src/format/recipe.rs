@@ -317,6 +317,22 @@ pub const RECIPE_INDEX_CONTINUED: u8 = 3;
 /// changed. Versions 2 and 3 are still read (no piece known).
 pub const RECIPE_INDEX_PIECES: u8 = 4;
 
+/// Version byte of a [`RecipeIndex`] whose parts may be stored as deltas
+/// against a part of an earlier version ([`PartRef::base`]); otherwise as
+/// [`RECIPE_INDEX_PIECES`]. Written only when some part has a base, so
+/// repositories without deltas keep versions 2–4.
+pub const RECIPE_INDEX_DELTAS: u8 = 5;
+
+/// A recipe part stored as a delta (`parts/ID`, envelope kind
+/// `RecipePartDelta`): zstd of its encoded bytes with those of part
+/// `base` (stored whole) as the reference prefix. Its id is still the
+/// keyed hash of its own encoded bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartDelta {
+    pub base: PartId,
+    pub frame: Vec<u8>,
+}
+
 /// A version's recipe as stored since recipe version 2: the list of its
 /// parts (each a [`Recipe`] of consecutive nodes, stored as its own
 /// content-addressed object, so versions share the parts of unchanged
@@ -347,6 +363,26 @@ pub struct PartRef {
     /// The piece of a file the part holds alone, when known (structure
     /// version [`RECIPE_INDEX_PIECES`]).
     pub piece: Option<PieceRef>,
+    /// The part its object is a delta against, if it is one (structure
+    /// version [`RECIPE_INDEX_DELTAS`]): kept as long as this part is.
+    pub base: Option<PartId>,
+}
+
+/// A part reference as version 4 encodes it (no base).
+#[derive(Serialize, Deserialize)]
+struct PartRefV4 {
+    id: PartId,
+    first: Vec<u8>,
+    nodes: u32,
+    containers: Vec<u32>,
+    piece: Option<PieceRef>,
+}
+
+/// A recipe index as version 4 encodes it.
+#[derive(Serialize, Deserialize)]
+struct RecipeIndexV4 {
+    containers: Vec<ContainerId>,
+    parts: Vec<PartRefV4>,
 }
 
 /// What a part holding a single piece of a file holds, told without
@@ -414,8 +450,25 @@ pub enum RecipeObject {
 /// [`RECIPE_INDEX_VERSION`].
 pub fn encode_recipe_index(r: &RecipeIndex) -> Result<Vec<u8>> {
     let enc = |e: postcard::Error| CoreError::Encode(e.to_string());
+    if r.parts.iter().any(|p| p.base.is_some()) {
+        return postcard::to_extend(r, vec![RECIPE_INDEX_DELTAS]).map_err(enc);
+    }
     if r.continued && r.parts.iter().any(|p| p.piece.is_some()) {
-        return postcard::to_extend(r, vec![RECIPE_INDEX_PIECES]).map_err(enc);
+        let v4 = RecipeIndexV4 {
+            containers: r.containers.clone(),
+            parts: r
+                .parts
+                .iter()
+                .map(|p| PartRefV4 {
+                    id: p.id.clone(),
+                    first: p.first.clone(),
+                    nodes: p.nodes,
+                    containers: p.containers.clone(),
+                    piece: p.piece.clone(),
+                })
+                .collect(),
+        };
+        return postcard::to_extend(&v4, vec![RECIPE_INDEX_PIECES]).map_err(enc);
     }
     let v = match r.continued {
         true => RECIPE_INDEX_CONTINUED,
@@ -443,11 +496,31 @@ pub fn decode_recipe_object(bytes: &[u8]) -> Result<RecipeObject> {
     let (&v, body) = bytes.split_first().ok_or(CoreError::Truncated(WHAT))?;
     let err = |e: postcard::Error| super::codec::decode_error(WHAT, e);
     match v {
-        RECIPE_INDEX_PIECES => postcard::from_bytes(body)
+        RECIPE_INDEX_DELTAS => postcard::from_bytes(body)
             .map(|i| {
                 RecipeObject::Index(RecipeIndex {
                     continued: true,
                     ..i
+                })
+            })
+            .map_err(err),
+        RECIPE_INDEX_PIECES => postcard::from_bytes(body)
+            .map(|i: RecipeIndexV4| {
+                RecipeObject::Index(RecipeIndex {
+                    containers: i.containers,
+                    parts: i
+                        .parts
+                        .into_iter()
+                        .map(|p| PartRef {
+                            id: p.id,
+                            first: p.first,
+                            nodes: p.nodes,
+                            containers: p.containers,
+                            piece: p.piece,
+                            base: None,
+                        })
+                        .collect(),
+                    continued: true,
                 })
             })
             .map_err(err),
@@ -464,6 +537,7 @@ pub fn decode_recipe_object(bytes: &[u8]) -> Result<RecipeObject> {
                             nodes: p.nodes,
                             containers: p.containers,
                             piece: None,
+                            base: None,
                         })
                         .collect(),
                     continued: v == RECIPE_INDEX_CONTINUED,
@@ -476,7 +550,7 @@ pub fn decode_recipe_object(bytes: &[u8]) -> Result<RecipeObject> {
         found => Err(CoreError::UnknownVersion {
             what: WHAT,
             found,
-            supported: RECIPE_INDEX_PIECES,
+            supported: RECIPE_INDEX_DELTAS,
         }),
     }
 }

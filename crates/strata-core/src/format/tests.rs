@@ -145,6 +145,7 @@ fn recipe_objects_of_both_versions_decode() {
             nodes: 3,
             containers: vec![0],
             piece: None,
+            base: None,
         }],
         continued: false,
     };

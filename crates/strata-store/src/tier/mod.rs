@@ -139,7 +139,7 @@ pub fn dr_rebuild(
     };
     // The namespace: recipes (parts first) before the snapshots naming them.
     for (id, s) in cloud.list_snapshots()? {
-        for p in crate::repo::recipe::part_ids(cloud, &s.recipe)? {
+        for p in crate::repo::recipe::needed_parts(cloud, &s.recipe)? {
             let name = crate::repo::recipe::part_name(&p);
             if local.size(&name)?.is_none() {
                 local.put(&name, &cloud.backend().get(&name)?)?;

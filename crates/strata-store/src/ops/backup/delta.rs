@@ -88,6 +88,7 @@ impl DeltaPicker {
             alone_bytes: get(&c.alone),
             delta_bytes: get(&c.encoded),
             base_reads: get(&repo.deltas().base_reads),
+            recipe_parts: 0,
         }
     }
 

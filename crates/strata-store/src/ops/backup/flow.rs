@@ -75,14 +75,15 @@ enum Slot {
     Ready(Node),
     Failed,
     /// A part of the previous version taken over as it is (a piece of a
-    /// patched image that did not change), and the file's node.
-    Part(CarriedPart, Node),
+    /// patched image that did not change), and the file's node (boxed:
+    /// rare, and large beside the others).
+    Part(Box<CarriedPart>, Node),
 }
 
 /// What the recipe thread takes, in order.
 pub(crate) enum RecipeItem {
     Node(Node),
-    Part(CarriedPart, Node),
+    Part(Box<CarriedPart>, Node),
 }
 
 /// Rough memory of a finished node.
@@ -375,7 +376,7 @@ impl Feed for Feeder<'_> {
     fn push_part(&mut self, part: CarriedPart, node: Node) -> Result<()> {
         self.wait_room(false)?;
         self.next_seq += 1;
-        self.flow.lock().slots.push_back(Slot::Part(part, node));
+        self.flow.lock().slots.push_back(Slot::Part(Box::new(part), node));
         Ok(())
     }
 

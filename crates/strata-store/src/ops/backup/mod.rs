@@ -201,6 +201,8 @@ pub struct DeltaReport {
     pub delta_bytes: u64,
     /// Base regions read from the repository (the others were cached).
     pub base_reads: u64,
+    /// Recipe parts stored as deltas against the previous version's.
+    pub recipe_parts: u64,
 }
 
 impl BackupReport {
@@ -499,7 +501,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         &ctx,
         threads,
         opts.limits,
-        crate::repo::recipe::writer::RecipeWriter::new(repo).with_suspects(parent.suspects()),
+        recipe_writer(repo, &parent),
         |feed| {
             let walk_started = std::time::Instant::now();
             let mut walker = Walker::new(feed, &mut parent, opts.force_read, &progress, &excludes);
@@ -557,6 +559,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         s
     };
     let tracked = run.tracked;
+    let parts_as_deltas = run.recipe.parts_as_deltas();
     let (id, snapshot) = commit(repo, run.written, &tracked, run.recipe, snapshot, started)
         .map_err(|e| discard::take_back(repo, &tracked, e))?;
     drop(lock);
@@ -574,8 +577,25 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         threads,
         reverse_hint: parent_id.map(|previous| reverse_hint(previous, id, &parent, &ctx)),
         lost_containers: lost,
-        delta: ctx.delta.as_ref().map(|d| d.report(repo)),
+        delta: ctx.delta.as_ref().map(|d| DeltaReport {
+            recipe_parts: parts_as_deltas.load(Ordering::Relaxed),
+            ..d.report(repo)
+        }),
     })
+}
+
+/// The writer of the new version's recipe: parts found damaged in the
+/// previous version written again, and with deltas on, new parts stored
+/// as deltas against the previous version's.
+fn recipe_writer<'r>(
+    repo: &'r Repository,
+    parent: &Parent<'_>,
+) -> crate::repo::recipe::writer::RecipeWriter<'r> {
+    let w = crate::repo::recipe::writer::RecipeWriter::new(repo).with_suspects(parent.suspects());
+    match parent.part_bases() {
+        Some(b) if repo.config().delta => w.with_part_bases(b),
+        _ => w,
+    }
 }
 
 /// An imported tree is all or nothing: a file that could not be read

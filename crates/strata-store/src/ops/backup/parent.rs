@@ -78,6 +78,8 @@ pub(crate) struct Parent<'a> {
     /// Parts found missing when they were to be taken over: read instead
     /// (which finds them damaged, so the new version writes them again).
     missing: HashSet<PartId>,
+    /// Its parts as bases for the new version's (deltas on).
+    part_bases: Option<crate::repo::recipe::writer::PartBases>,
 }
 
 /// Whether a part holding the piece told is to be taken over unread.
@@ -121,7 +123,14 @@ impl<'a> Parent<'a> {
             index_containers: Vec::new(),
             carry: None,
             missing: HashSet::new(),
+            part_bases: None,
         }
+    }
+
+    /// Its parts, as bases the new version's parts may be stored as
+    /// deltas against.
+    pub fn part_bases(&self) -> Option<crate::repo::recipe::writer::PartBases> {
+        self.part_bases.clone()
     }
 
     /// The previous version whose recipe is `recipe_id`. Only pool
@@ -151,6 +160,7 @@ impl<'a> Parent<'a> {
                 p.nodes = nodes.into();
             }
             RecipeObject::Index(i) => {
+                p.part_bases = Some(crate::repo::recipe::writer::PartBases::of_parts(&i.parts));
                 p.parts = i.parts.into();
                 p.index_containers = i.containers;
             }

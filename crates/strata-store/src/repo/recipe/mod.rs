@@ -25,10 +25,10 @@ use crate::error::{Result, StoreError};
 use crate::repo::Repository;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use strata_core::crypto::Kind;
+use strata_core::crypto::{claimed_kind, Kind};
 use strata_core::format::{
     decode, decode_recipe_object, encode_recipe_index, path_cmp, ContainerId, Node, NodeKind,
-    PartRef, PieceRef, Recipe, RecipeIndex, RecipeObject, SegmentRef, STRUCT_VERSION,
+    PartDelta, PartRef, PieceRef, Recipe, RecipeIndex, RecipeObject, SegmentRef, STRUCT_VERSION,
 };
 use strata_core::id::{PartId, RecipeId};
 
@@ -78,23 +78,87 @@ pub fn load_object(repo: &Repository, id: &RecipeId) -> Result<RecipeObject> {
 
 /// Reads a part and checks that it is the part its name says.
 pub fn load_part(repo: &Repository, id: &PartId) -> Result<Recipe> {
+    let bytes = part_bytes(repo, id)?;
+    decode("recipe part", &bytes).map_err(|e| StoreError::corrupt(part_name(id), e))
+}
+
+/// The encoded bytes of part `id`, checked against its name: read whole,
+/// or decoded from its delta against its base (itself stored whole).
+pub fn part_bytes(repo: &Repository, id: &PartId) -> Result<Vec<u8>> {
+    let name = part_name(id);
+    let delta = repo.read_verified(&name, |raw| {
+        if claimed_kind(raw) == Some(Kind::RecipePartDelta as u8) {
+            return open_part_delta(repo, &name, raw).map(Err);
+        }
+        let bytes = repo
+            .sealer()
+            .open(Kind::RecipePart, raw)
+            .map_err(|e| StoreError::corrupt(&name, e))?;
+        check_part(repo, id, &bytes)?;
+        Ok(Ok(bytes))
+    })?;
+    let d = match delta {
+        Ok(bytes) => return Ok(bytes),
+        Err(d) => d,
+    };
+    let base = whole_part_bytes(repo, &d.base).map_err(|e| match e {
+        StoreError::NotFound(_) => StoreError::Invalid(format!(
+            "{name} is a delta against {}, which is gone",
+            part_name(&d.base)
+        )),
+        e => e,
+    })?;
+    let bytes =
+        strata_core::delta::decode_within(&d.frame, &base, Kind::RecipePart.max_plain() as usize)
+            .map_err(|e| StoreError::corrupt(&name, e))?;
+    check_part(repo, id, &bytes)?;
+    Ok(bytes)
+}
+
+/// The bytes of part `id`, which must be stored whole (a delta's base).
+pub fn whole_part_bytes(repo: &Repository, id: &PartId) -> Result<Vec<u8>> {
     let name = part_name(id);
     repo.read_verified(&name, |raw| {
         let bytes = repo
             .sealer()
             .open(Kind::RecipePart, raw)
             .map_err(|e| StoreError::corrupt(&name, e))?;
-        if repo.hasher().hash(&bytes).to_hex() != id.as_str() {
-            return Err(StoreError::corrupt(
-                &name,
-                strata_core::CoreError::Decode {
-                    what: "recipe part",
-                    msg: "its content does not match its name".into(),
-                },
-            ));
-        }
-        decode("recipe part", &bytes).map_err(|e| StoreError::corrupt(&name, e))
+        check_part(repo, id, &bytes)?;
+        Ok(bytes)
     })
+}
+
+/// The base a part object is a delta against (None: stored whole).
+pub fn part_base(repo: &Repository, id: &PartId) -> Result<Option<PartId>> {
+    let name = part_name(id);
+    repo.read_verified(&name, |raw| {
+        if claimed_kind(raw) != Some(Kind::RecipePartDelta as u8) {
+            return Ok(None);
+        }
+        Ok(Some(open_part_delta(repo, &name, raw)?.base))
+    })
+}
+
+fn open_part_delta(repo: &Repository, name: &str, raw: &[u8]) -> Result<PartDelta> {
+    let bytes = repo
+        .sealer()
+        .open(Kind::RecipePartDelta, raw)
+        .map_err(|e| StoreError::corrupt(name, e))?;
+    decode("recipe part delta", &bytes).map_err(|e| StoreError::corrupt(name, e))
+}
+
+/// Whether `bytes` are the part `id` names (its keyed hash).
+fn check_part(repo: &Repository, id: &PartId, bytes: &[u8]) -> Result<()> {
+    if repo.hasher().hash(bytes).to_hex() != id.as_str() {
+        return Err(StoreError::corrupt(
+            part_name(id),
+            strata_core::CoreError::Decode {
+                what: "recipe part",
+                msg: "its content does not match its name".into(),
+            },
+        ));
+    }
+    Ok(())
 }
 
 /// The ids of the parts of recipe `id` (none for a version-1 recipe).
@@ -102,6 +166,21 @@ pub fn part_ids(repo: &Repository, id: &RecipeId) -> Result<Vec<PartId>> {
     Ok(match load_object(repo, id)? {
         RecipeObject::Whole(_) => vec![],
         RecipeObject::Index(i) => i.parts.into_iter().map(|p| p.id).collect(),
+    })
+}
+
+/// The objects recipe `id` needs: its parts, and the bases of those
+/// stored as deltas (each once).
+pub fn needed_parts(repo: &Repository, id: &RecipeId) -> Result<Vec<PartId>> {
+    let mut seen = HashSet::new();
+    Ok(match load_object(repo, id)? {
+        RecipeObject::Whole(_) => vec![],
+        RecipeObject::Index(i) => i
+            .parts
+            .into_iter()
+            .flat_map(|p| std::iter::once(p.id).chain(p.base))
+            .filter(|p| seen.insert(p.clone()))
+            .collect(),
     })
 }
 
@@ -497,7 +576,7 @@ pub fn delete_unused<'a>(
     let mut dead_parts: HashSet<PartId> = HashSet::new();
     for r in &dead {
         // An unreadable recipe's parts are left to gc.
-        if let Ok(ids) = part_ids(repo, r) {
+        if let Ok(ids) = needed_parts(repo, r) {
             dead_parts.extend(ids);
         }
     }
@@ -508,7 +587,7 @@ pub fn delete_unused<'a>(
         return Ok(dead.len() as u64);
     }
     for r in live {
-        for p in part_ids(repo, r)? {
+        for p in needed_parts(repo, r)? {
             dead_parts.remove(&p);
         }
     }
@@ -527,7 +606,7 @@ pub fn live_parts<'a>(
     let mut seen = HashSet::new();
     for id in ids {
         if seen.insert(id) {
-            out.extend(part_ids(repo, id)?);
+            out.extend(needed_parts(repo, id)?);
         }
     }
     Ok(out)

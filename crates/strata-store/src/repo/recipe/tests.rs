@@ -525,3 +525,51 @@ fn pieces_are_checked() {
     let e = load_whole(&repo, &bad).unwrap_err().to_string();
     assert!(e.contains("disagree"), "{e}");
 }
+
+/// With the previous version's parts as bases, a new version whose nodes
+/// changed a little stores its parts as deltas: they read back the same,
+/// and the recipe needs their bases.
+#[test]
+fn parts_are_stored_as_deltas_against_the_previous_version() {
+    let d = tempfile::tempdir().unwrap();
+    let repo = repo(d.path());
+    let mut t = tree(5000);
+    // Fingerprints as random as real ones.
+    for n in &mut t.nodes {
+        let fp = repo.hasher().hash(&n.path);
+        n.segments[0].fp = fp;
+        n.segments[0].chunks[0].fp = repo.hasher().hash(&fp.0);
+    }
+    let (id1, _) = put(&repo, t.clone()).unwrap();
+    let RecipeObject::Index(idx1) = load_object(&repo, &id1).unwrap() else {
+        panic!("a new recipe is an index")
+    };
+    let mut t2 = t.clone();
+    for (i, n) in t2.nodes.iter_mut().enumerate() {
+        n.mtime_ns = 1_700_000_000_000_000_000 + i as i64;
+    }
+    let mut w =
+        RecipeWriter::new(&repo).with_part_bases(super::writer::PartBases::of_parts(&idx1.parts));
+    w.push_recipe(t2.clone()).unwrap();
+    let (deltas, written) = (w.parts_as_deltas(), w.parts_written);
+    let (id2, _) = w.finish().unwrap();
+    let deltas = deltas.load(std::sync::atomic::Ordering::Relaxed);
+    // (The last part is written by `finish`.)
+    assert_eq!(deltas, written + 1, "every part written is a delta");
+    assert!(deltas >= 2);
+    let back = load_whole(&repo, &id2).unwrap();
+    assert_eq!(back.nodes.len(), 5000);
+    t2.nodes.sort_by(|a, b| path_cmp(&a.path, &b.path));
+    assert!(back
+        .nodes
+        .iter()
+        .zip(&t2.nodes)
+        .all(|(a, b)| a.mtime_ns == b.mtime_ns && a.path == b.path));
+    let needed: HashSet<PartId> = needed_parts(&repo, &id2).unwrap().into_iter().collect();
+    assert!(idx1.parts.iter().all(|p| needed.contains(&p.id)));
+    // A base gone: the part names it.
+    let base = &idx1.parts[0].id;
+    repo.backend().delete(&part_name(base)).unwrap();
+    let e = load_whole(&repo, &id2).unwrap_err().to_string();
+    assert!(e.contains(base.as_str()), "{e}");
+}

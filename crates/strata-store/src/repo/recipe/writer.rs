@@ -42,7 +42,58 @@ pub struct RecipeWriter<'r> {
     /// The first node of the part being filled, as a [`PieceRef`]: the
     /// part's piece if it stays the only node.
     first_piece: Option<PieceRef>,
+    /// The previous version's parts, to store new parts as deltas
+    /// against (a repository with deltas on).
+    bases: Option<PartBases>,
+    /// The last base read, and its bytes.
+    base_bytes: Option<(PartId, Vec<u8>)>,
+    /// Parts written as deltas (shared: read after the writer is done).
+    parts_as_deltas: Arc<std::sync::atomic::AtomicU64>,
 }
+
+/// The parts of a previous version, as bases for the parts of a new one:
+/// each part's first path and the part stored whole that stands for it
+/// (itself, or its own base), and what each part's object is a delta
+/// against (for parts the new version uses again as they are).
+#[derive(Clone, Debug, Default)]
+pub struct PartBases {
+    pub firsts: Vec<(Vec<u8>, PartId)>,
+    pub of: HashMap<PartId, Option<PartId>>,
+}
+
+impl PartBases {
+    /// From a previous version's part references.
+    pub fn of_parts(parts: &[PartRef]) -> Self {
+        PartBases {
+            firsts: parts
+                .iter()
+                .map(|p| {
+                    (
+                        p.first.clone(),
+                        p.base.clone().unwrap_or_else(|| p.id.clone()),
+                    )
+                })
+                .collect(),
+            of: parts
+                .iter()
+                .map(|p| (p.id.clone(), p.base.clone()))
+                .collect(),
+        }
+    }
+
+    /// The whole part holding the paths from `first` in the previous
+    /// version (the last part beginning at or before it).
+    fn for_first(&self, first: &[u8]) -> Option<&PartId> {
+        let k = self
+            .firsts
+            .partition_point(|(f, _)| path_cmp(f, first) != std::cmp::Ordering::Greater);
+        self.firsts.get(k.checked_sub(1)?).map(|(_, id)| id)
+    }
+}
+
+/// A part is stored as a delta when that takes at most this fraction of
+/// storing it whole.
+const PART_DELTA_KEEP: f64 = 0.5;
 
 impl<'r> RecipeWriter<'r> {
     pub fn new(repo: &'r Repository) -> Self {
@@ -67,7 +118,66 @@ impl<'r> RecipeWriter<'r> {
             carried: Vec::new(),
             file_at: Some(0),
             first_piece: None,
+            bases: None,
+            base_bytes: None,
+            parts_as_deltas: Arc::default(),
         }
+    }
+
+    /// The count of parts written as deltas, also after the writer is
+    /// consumed.
+    pub fn parts_as_deltas(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.parts_as_deltas.clone()
+    }
+
+    /// Stores new parts as deltas against the previous version's parts
+    /// `bases` where that saves (never with a mirror: its objects are the
+    /// same bytes on both sides, and the bases may not be).
+    pub fn with_part_bases(mut self, bases: PartBases) -> Self {
+        self.bases = Some(bases);
+        self
+    }
+
+    /// The envelope of part `id` (encoded `bytes`) as a delta against the
+    /// previous version's part at its place, when that takes at most
+    /// [`PART_DELTA_KEEP`] of `whole` (its envelope stored whole); and
+    /// that base.
+    fn as_delta(
+        &mut self,
+        id: &PartId,
+        bytes: &[u8],
+        whole: &[u8],
+    ) -> Result<Option<(Vec<u8>, PartId)>> {
+        let Some(base) = self
+            .bases
+            .as_ref()
+            .filter(|_| self.mirror.is_none())
+            .and_then(|b| b.for_first(&self.first))
+            .filter(|b| *b != id)
+            .cloned()
+        else {
+            return Ok(None);
+        };
+        if self.base_bytes.as_ref().is_none_or(|(b, _)| *b != base) {
+            // A base that cannot be read is no base: the part is stored whole.
+            match whole_part_bytes(self.repo, &base) {
+                Ok(b) => self.base_bytes = Some((base.clone(), b)),
+                Err(_) => return Ok(None),
+            }
+        }
+        let Some((_, base_bytes)) = &self.base_bytes else {
+            return Ok(None);
+        };
+        let frame = strata_core::delta::encode(bytes, base_bytes, self.repo.config().zstd_level)?;
+        let payload = strata_core::format::encode(&PartDelta {
+            base: base.clone(),
+            frame,
+        })?;
+        let env = self
+            .repo
+            .sealer()
+            .seal(Kind::RecipePartDelta, &payload, false)?;
+        Ok((env.len() as f64 <= PART_DELTA_KEEP * whole.len() as f64).then_some((env, base)))
     }
 
     /// Ends parts at `bytes` encoded bytes instead of [`MAX_PART_BYTES`]
@@ -314,13 +424,35 @@ impl<'r> RecipeWriter<'r> {
             .unwrap_or_else(|e| e.into_inner())
             .contains(&id);
         let mut env = None;
+        let mut base = None;
         for repo in std::iter::once(self.repo).chain(self.mirror) {
             if !suspect && repo.backend().size(&name)?.is_some() {
-                self.parts_reused += 1;
-                continue;
+                // The object there may be a delta (any writer may meet
+                // one, in a repository with deltas on): its reference
+                // names its base, which is kept as long as it is. One
+                // that cannot be read is written again.
+                let known = match self.bases.as_ref().and_then(|b| b.of.get(&id)) {
+                    _ if !repo.config().delta || base.is_some() => Some(base.clone()),
+                    Some(b) => Some(b.clone()),
+                    None => part_base(repo, &id).ok(),
+                };
+                if let Some(b) = known {
+                    base = b;
+                    self.parts_reused += 1;
+                    continue;
+                }
             }
             if env.is_none() {
-                env = Some(self.repo.sealer().seal(Kind::RecipePart, &bytes, true)?);
+                let whole = self.repo.sealer().seal(Kind::RecipePart, &bytes, true)?;
+                env = Some(match self.as_delta(&id, &bytes, &whole)? {
+                    Some((delta, b)) => {
+                        base = Some(b);
+                        self.parts_as_deltas
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        delta
+                    }
+                    None => whole,
+                });
             }
             let e = env.as_deref().unwrap_or_default();
             repo.backend().put(&name, e)?;
@@ -338,6 +470,7 @@ impl<'r> RecipeWriter<'r> {
             nodes: self.count as u32,
             containers,
             piece,
+            base,
         });
         self.table.clear();
         self.local.clear();
