@@ -167,3 +167,21 @@ fn golden_volumes_check_snapshot_and_restore_exactly() {
         check_volume_fixture(&d);
     }
 }
+
+/// `delta-1` (`GOLDEN_INIT_OPTS="--delta on" scripts/make-golden delta-1`)
+/// holds chunks in delta regions and recipe parts stored as deltas: the
+/// fixture is what it claims to be (the tests above restore it).
+#[test]
+fn the_delta_fixture_holds_deltas() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/delta-1");
+    let (_tmp, repo, _) = open_fixture(&dir, "expected.json");
+    let st = run_in(&repo, &["--json", "stats"]).json();
+    assert!(st["delta"]["chunks"].as_u64().unwrap() > 0, "{st:#}");
+    let delta_parts = walkdir::WalkDir::new(repo.join("parts"))
+        .into_iter()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_file())
+        .filter(|e| fs::read(e.path()).unwrap().get(1) == Some(&18))
+        .count();
+    assert!(delta_parts > 0);
+}

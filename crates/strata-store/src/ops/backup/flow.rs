@@ -376,7 +376,10 @@ impl Feed for Feeder<'_> {
     fn push_part(&mut self, part: CarriedPart, node: Node) -> Result<()> {
         self.wait_room(false)?;
         self.next_seq += 1;
-        self.flow.lock().slots.push_back(Slot::Part(Box::new(part), node));
+        self.flow
+            .lock()
+            .slots
+            .push_back(Slot::Part(Box::new(part), node));
         Ok(())
     }
 
