@@ -196,7 +196,9 @@ pub struct DeltaReport {
     pub chunks: u64,
     pub raw_bytes: u64,
     /// What those chunks take compressed alone, and as deltas (each
-    /// alone; their regions compress them together).
+    /// alone; their regions compress them together). A chunk whose delta
+    /// is an eighth of it or less counts an eighth as its size alone (zstd
+    /// alone is not run for it).
     pub alone_bytes: u64,
     pub delta_bytes: u64,
     /// Base regions read from the repository (the others were cached).
