@@ -8,8 +8,9 @@ use std::sync::Arc;
 use strata_core::format::{BaseRef, ContainerMeta};
 use strata_store::engine::index::ContainerTable;
 use strata_store::engine::writer::ContainerSink;
-use strata_store::repo::container::{read_meta, read_region};
+use strata_store::repo::container::read_meta;
 use strata_store::repo::index::put_index_object;
+use strata_store::repo::region::read_region;
 use strata_store::{InitOptions, LocalBackend, Repository};
 
 fn text(n: usize, seed: u32) -> Vec<u8> {

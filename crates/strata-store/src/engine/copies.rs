@@ -7,8 +7,9 @@
 //! checked against the chunk's fingerprint.
 
 use crate::error::{Result, StoreError};
-use crate::repo::container::{read_meta, read_region};
+use crate::repo::container::read_meta;
 use crate::repo::index::RepoIndex;
+use crate::repo::region::read_region;
 use crate::repo::Repository;
 use std::collections::{HashMap, HashSet};
 use strata_core::format::{ContainerId, RegionInfo};

@@ -6,7 +6,7 @@ use crate::engine::index::{ChunkLoc, ContainerTable};
 use crate::engine::writer::{ContainerSink, ContainerWriter};
 use crate::error::{Result, StoreError};
 use crate::progress::Progress;
-use crate::repo::container::read_region;
+use crate::repo::region::read_region;
 use crate::repo::{data_name, meta_name, Repository};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;

@@ -29,7 +29,7 @@
 use crate::engine::copies::{is_damage, rebuild_region};
 use crate::engine::resolver::{mark_needed, resolver_for, resolver_with, Resolved, Resolver};
 use crate::error::{Result, StoreError};
-use crate::repo::container::read_region;
+use crate::repo::region::read_region;
 use crate::repo::skeleton::Skeleton;
 use crate::repo::Repository;
 use std::collections::{BTreeMap, HashMap, HashSet};

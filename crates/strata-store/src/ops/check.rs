@@ -13,8 +13,9 @@
 
 use crate::error::{Result, StoreError};
 use crate::progress::Progress;
-use crate::repo::container::{embedded_meta, open_region};
+use crate::repo::container::embedded_meta;
 use crate::repo::lock;
+use crate::repo::region::open_region;
 use crate::repo::{container_id_of, data_name, Repository};
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet};

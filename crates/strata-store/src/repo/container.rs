@@ -17,7 +17,7 @@
 
 use crate::error::{Result, StoreError};
 use crate::repo::{data_name, meta_name, Repository};
-use strata_core::crypto::{claimed_kind, Kind};
+use strata_core::crypto::Kind;
 use strata_core::format::{
     container_header, decode_meta, encode_meta, ContainerFooter, ContainerId, ContainerMeta,
     RegionInfo, CONTAINER_FOOTER_LEN, CONTAINER_HEADER_LEN, CONTAINER_MAGIC,
@@ -123,24 +123,14 @@ fn tail_within(
         data_name(&meta.id)
     )))
 }
-/// Reads and opens one region, checking its length (a linked
-/// container's from the volume that holds it: [`crate::repo::links`]).
-pub fn read_region(repo: &Repository, id: &ContainerId, r: &RegionInfo) -> Result<Vec<u8>> {
-    let name = data_name(id);
-    if let Some(l) = repo.link_of(id)? {
-        return l.region(repo, &name, r);
-    }
-    let raw = repo
-        .backend()
-        .get_range(&name, r.offset, r.stored_len as u64)?;
-    open_region(repo, &name, &raw, r)
-}
-
-/// Opens a region envelope read as part of a larger range.
-pub fn open_region(repo: &Repository, name: &str, env: &[u8], r: &RegionInfo) -> Result<Vec<u8>> {
-    if claimed_kind(env) == Some(Kind::DeltaRegion as u8) {
-        return crate::repo::delta::open_delta_region(repo, name, env, r);
-    }
+/// Opens the envelope of a region stored whole (see
+/// [`crate::repo::region::open_region`] for any region).
+pub fn open_plain_region(
+    repo: &Repository,
+    name: &str,
+    env: &[u8],
+    r: &RegionInfo,
+) -> Result<Vec<u8>> {
     let plain = repo
         .sealer()
         .open_within(Kind::Region, env, u64::from(r.raw_len))

@@ -4,8 +4,8 @@
 //! metadata lists the bases ([`DeltaRegion`]); opening it reads them
 //! (checked against their fingerprints), then the frame.
 //!
-//! Every reader of regions comes through [`crate::repo::container::open_region`],
-//! which sends delta regions here, so restore, dump, mount, copy, check
+//! Every reader of regions comes through [`crate::repo::region`], which
+//! sends delta regions here, so restore, dump, mount, copy, check
 //! and the lifecycle read them without knowing. A base is never itself in
 //! a delta region (chains are one deep), so a delta region costs at most
 //! one more read per base region — and the bases of one region mostly lie
@@ -13,7 +13,7 @@
 //! keeps.
 
 use crate::error::{Result, StoreError};
-use crate::repo::container::{read_meta, read_region};
+use crate::repo::container::read_meta;
 use crate::repo::{container_id_of, data_name, Repository};
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -76,6 +76,9 @@ impl<K: Eq + Hash + Clone, V: Clone> Generations<K, V> {
 /// A region of a container.
 type RegionKey = (ContainerId, u32);
 
+/// Reads a region stored whole (given by [`crate::repo::region`]).
+pub type PlainReader = dyn Fn(&Repository, &ContainerId, &RegionInfo) -> Result<Vec<u8>>;
+
 /// Container metadata and base regions recently used by delta regions,
 /// and how many base regions were read (a figure backups and restores
 /// report). One per repository handle.
@@ -118,7 +121,7 @@ impl DeltaCache {
     /// stored whole (a base's region), cached.
     fn base_region(
         &self,
-        repo: &Repository,
+        (repo, read): (&Repository, &PlainReader),
         id: &ContainerId,
         meta: &ContainerMeta,
         region: u32,
@@ -140,13 +143,14 @@ impl DeltaCache {
             )));
         }
         self.base_reads.fetch_add(1, Ordering::Relaxed);
-        let plain = Arc::new(read_region(repo, id, info)?);
+        let plain = Arc::new(read(repo, id, info)?);
         lock(&self.regions).put(key, plain.clone(), plain.len());
         Ok(plain)
     }
 
-    /// The plaintext of base `b`, checked against its fingerprint.
-    pub fn base(&self, repo: &Repository, b: &BaseRef) -> Result<Vec<u8>> {
+    /// The plaintext of base `b` (its region read by `read`, or cached),
+    /// checked against its fingerprint.
+    pub fn base(&self, repo: &Repository, b: &BaseRef, read: &PlainReader) -> Result<Vec<u8>> {
         let meta = self.meta(repo, &b.container).map_err(|e| match e {
             StoreError::NotFound(_) => StoreError::Invalid(format!(
                 "{} is gone, but a delta region needs a base it held",
@@ -154,7 +158,7 @@ impl DeltaCache {
             )),
             e => e,
         })?;
-        let region = self.base_region(repo, &b.container, &meta, b.region)?;
+        let region = self.base_region((repo, read), &b.container, &meta, b.region)?;
         let start = b.offset as usize;
         let bytes = region
             .get(start..start + b.len as usize)
@@ -174,10 +178,10 @@ impl DeltaCache {
 
     /// The reference prefix of delta region `d`: its bases' plaintexts in
     /// order.
-    pub fn prefix(&self, repo: &Repository, d: &DeltaRegion) -> Result<Vec<u8>> {
+    fn prefix(&self, repo: &Repository, d: &DeltaRegion, read: &PlainReader) -> Result<Vec<u8>> {
         let mut prefix = Vec::new();
         for b in &d.bases {
-            prefix.extend_from_slice(&self.base(repo, b)?);
+            prefix.extend_from_slice(&self.base(repo, b, read)?);
         }
         Ok(prefix)
     }
@@ -185,12 +189,13 @@ impl DeltaCache {
 
 /// Opens the delta region envelope `env` of data object `name` (at
 /// `r`): its metadata's bases, read and checked, then the frame decoded
-/// to the length the metadata says.
+/// to the length the metadata says. Bases are read by `read`.
 pub fn open_delta_region(
     repo: &Repository,
     name: &str,
     env: &[u8],
     r: &RegionInfo,
+    read: &PlainReader,
 ) -> Result<Vec<u8>> {
     let what = || format!("{name} (region at offset {})", r.offset);
     let id = container_id_of(name)
@@ -209,7 +214,7 @@ pub fn open_delta_region(
                 CoreError::Damaged("a delta region its container's metadata does not list".into()),
             )
         })?;
-    let prefix = cache.prefix(repo, d)?;
+    let prefix = cache.prefix(repo, d, read)?;
     let frame = repo
         .sealer()
         .open_within(Kind::DeltaRegion, env, env.len() as u64)

@@ -30,6 +30,7 @@ pub mod links;
 pub mod lock;
 mod open;
 pub mod recipe;
+pub mod region;
 pub mod skeleton;
 pub mod snapshots;
 pub mod tiers;

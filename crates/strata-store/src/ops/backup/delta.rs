@@ -63,7 +63,8 @@ impl DeltaPicker {
     pub fn base_for(&self, chunk: &[u8], near: (Fingerprint, ChunkLoc)) -> Option<Base> {
         self.counters.candidates.fetch_add(1, Ordering::Relaxed);
         let base = self.locate(near).ok().flatten()?;
-        let bytes = self.repo.deltas().base(&self.repo, &base).ok()?;
+        let read = &crate::repo::region::read_plain_region;
+        let bytes = self.repo.deltas().base(&self.repo, &base, read).ok()?;
         let delta = strata_core::delta::encode(chunk, &bytes, self.level).ok()?;
         // A delta of an eighth of the chunk or less beats zstd alone on
         // anything but data zstd alone shrinks eightfold: the second

@@ -13,7 +13,7 @@ use crate::engine::copies::{is_damage, rebuild_region};
 use crate::engine::resolver::{mark_needed, resolver_with, Resolver};
 use crate::error::{Result, StoreError};
 use crate::progress::Progress;
-use crate::repo::container::open_region;
+use crate::repo::region::open_region;
 use crate::repo::{data_name, Repository};
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
