@@ -9,7 +9,8 @@
 //! unexpanded.
 
 use crate::error::{CoreError, Result};
-use zstd::zstd_safe::{CCtx, CParameter, DCtx, DParameter};
+use std::cell::RefCell;
+use zstd::zstd_safe::{CCtx, CParameter, DCtx, DParameter, ResetDirective};
 
 /// Largest window a delta frame may need: base and data together stay
 /// below this (a region and its bases are far smaller).
@@ -24,6 +25,28 @@ fn zstd_err(what: &str, code: usize) -> String {
     format!("{what}: {}", zstd::zstd_safe::get_error_name(code))
 }
 
+thread_local! {
+    /// One compression and one decompression context per thread, used
+    /// again: a context made per call allocated (and page-faulted) its
+    /// tables every time, a large share of a delta's cost.
+    static CCTX: RefCell<Option<CCtx<'static>>> = const { RefCell::new(None) };
+    static DCTX: RefCell<Option<DCtx<'static>>> = const { RefCell::new(None) };
+}
+
+/// `prefix` as the context's reference prefix for its next frame.
+///
+/// # Safety
+///
+/// zstd keeps the prefix's address only until the end of the next frame
+/// (`ZSTD_CCtx_refPrefix`, `ZSTD_DCtx_refPrefix`: "single usage"): the
+/// callers below start that frame at once, with `prefix` still borrowed,
+/// and reset the session when it fails, so no later frame sees it.
+unsafe fn forever(prefix: &[u8]) -> &'static [u8] {
+    // SAFETY: see above; the reference never outlives the call it is
+    // made for.
+    unsafe { std::mem::transmute::<&[u8], &'static [u8]>(prefix) }
+}
+
 /// `data` compressed at `level` with `base` as zstd's reference prefix.
 pub fn encode(data: &[u8], base: &[u8], level: i32) -> Result<Vec<u8>> {
     let err = |c| CoreError::Encode(zstd_err("zstd delta", c));
@@ -33,50 +56,77 @@ pub fn encode(data: &[u8], base: &[u8], level: i32) -> Result<Vec<u8>> {
             base.len() + data.len()
         )));
     }
-    let mut cctx = CCtx::create();
-    cctx.set_parameter(CParameter::CompressionLevel(level))
-        .map_err(err)?;
-    cctx.set_parameter(CParameter::WindowLog(window_log(base.len() + data.len())))
-        .map_err(err)?;
-    cctx.set_parameter(CParameter::ContentSizeFlag(true))
-        .map_err(err)?;
-    cctx.ref_prefix(base).map_err(err)?;
-    let mut out = Vec::with_capacity(zstd::zstd_safe::compress_bound(data.len()));
-    cctx.compress2(&mut out, data).map_err(err)?;
-    Ok(out)
+    CCTX.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let cctx = slot.get_or_insert_with(CCtx::create);
+        let run = |cctx: &mut CCtx<'static>| -> Result<Vec<u8>> {
+            cctx.reset(ResetDirective::SessionAndParameters)
+                .map_err(err)?;
+            cctx.set_parameter(CParameter::CompressionLevel(level))
+                .map_err(err)?;
+            cctx.set_parameter(CParameter::WindowLog(window_log(base.len() + data.len())))
+                .map_err(err)?;
+            cctx.set_parameter(CParameter::ContentSizeFlag(true))
+                .map_err(err)?;
+            // SAFETY: the frame is made right below, `base` still borrowed.
+            cctx.ref_prefix(unsafe { forever(base) }).map_err(err)?;
+            let mut out = Vec::with_capacity(zstd::zstd_safe::compress_bound(data.len()));
+            cctx.compress2(&mut out, data).map_err(err)?;
+            Ok(out)
+        };
+        let r = run(cctx);
+        if r.is_err() {
+            // Whatever it holds (the prefix included) is let go.
+            *slot = None;
+        }
+        r
+    })
 }
 
 /// The data of delta `frame` over `base`, at most `max` bytes long (the
 /// caller checks what it is, e.g. against its hash).
 pub fn decode_within(frame: &[u8], base: &[u8], max: usize) -> Result<Vec<u8>> {
-    let err = |c| CoreError::Decompress(zstd_err("delta", c));
-    let mut dctx = DCtx::create();
-    dctx.set_parameter(DParameter::WindowLogMax(MAX_WINDOW_LOG))
-        .map_err(err)?;
-    dctx.ref_prefix(base).map_err(err)?;
-    let mut out = Vec::with_capacity(max);
-    dctx.decompress(&mut out, frame).map_err(err)?;
-    Ok(out)
+    decompress(frame, base, max)
 }
 
 /// The data of delta `frame` over `base`, which must be exactly `len`
 /// bytes long.
 pub fn decode(frame: &[u8], base: &[u8], len: usize) -> Result<Vec<u8>> {
-    let err = |c| CoreError::Decompress(zstd_err("delta", c));
-    let mut dctx = DCtx::create();
-    dctx.set_parameter(DParameter::WindowLogMax(MAX_WINDOW_LOG))
-        .map_err(err)?;
-    dctx.ref_prefix(base).map_err(err)?;
     // One byte of room more than expected: a frame that fills it is
     // longer than it should be, and is refused without growing further.
-    let mut out = Vec::with_capacity(len + 1);
-    let n = dctx.decompress(&mut out, frame).map_err(err)?;
-    if n != len {
+    let out = decompress(frame, base, len + 1)?;
+    if out.len() != len {
         return Err(CoreError::Decompress(format!(
-            "a delta decodes to {n} bytes where {len} were expected"
+            "a delta decodes to {} bytes where {len} were expected",
+            out.len()
         )));
     }
     Ok(out)
+}
+
+/// Decompresses `frame` over `base` into at most `cap` bytes.
+fn decompress(frame: &[u8], base: &[u8], cap: usize) -> Result<Vec<u8>> {
+    let err = |c| CoreError::Decompress(zstd_err("delta", c));
+    DCTX.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let dctx = slot.get_or_insert_with(DCtx::create);
+        let run = |dctx: &mut DCtx<'static>| -> Result<Vec<u8>> {
+            dctx.reset(ResetDirective::SessionAndParameters)
+                .map_err(err)?;
+            dctx.set_parameter(DParameter::WindowLogMax(MAX_WINDOW_LOG))
+                .map_err(err)?;
+            // SAFETY: the frame is decoded right below, `base` still borrowed.
+            dctx.ref_prefix(unsafe { forever(base) }).map_err(err)?;
+            let mut out = Vec::with_capacity(cap);
+            dctx.decompress(&mut out, frame).map_err(err)?;
+            Ok(out)
+        };
+        let r = run(dctx);
+        if r.is_err() {
+            *slot = None;
+        }
+        r
+    })
 }
 
 #[cfg(test)]
