@@ -81,6 +81,8 @@ pub struct Outcome {
     pub crashes: usize,
     /// Versions restored and compared in all.
     pub restores: usize,
+    /// Chunks backups stored as deltas.
+    pub delta_chunks: u64,
 }
 
 /// A file tree, by name.
@@ -144,7 +146,13 @@ fn init_options() -> InitOptions {
 pub fn run(steps: &[Step], work: &Path) -> std::result::Result<Outcome, String> {
     let src = work.join("src");
     std::fs::create_dir_all(&src).map_err(|e| e.to_string())?;
-    let mut a = Side::new(init_options())?;
+    // Deltas on where versions are made: edited files are stored as
+    // deltas against earlier versions' chunks, whose bases the lifecycle
+    // must keep (`copy` writes into a repository without them).
+    let mut a = Side::new(InitOptions {
+        delta: true,
+        ..init_options()
+    })?;
     let mut b = Side::new(init_options())?;
     let mut tree = Tree::new();
     let mut out = Outcome::default();
@@ -164,6 +172,9 @@ pub fn run(steps: &[Step], work: &Path) -> std::result::Result<Outcome, String> 
             _ => None,
         };
         let made = apply(step.op, &a, &b, &src, &tree);
+        if let Ok(n) = &made {
+            out.delta_chunks += n;
+        }
         let side = if step.op == Op::Copy { &mut b } else { &mut a };
         let crashed = side.crash.crashed();
         out.crashes += crashed as usize;
@@ -182,8 +193,9 @@ pub fn run(steps: &[Step], work: &Path) -> std::result::Result<Outcome, String> 
     Ok(out)
 }
 
-/// Runs one step (a backup of `tree`, written to `src` first).
-fn apply(op: Op, a: &Side, b: &Side, src: &Path, tree: &Tree) -> Result<()> {
+/// Runs one step (a backup of `tree`, written to `src` first); the
+/// chunks a backup stored as deltas.
+fn apply(op: Op, a: &Side, b: &Side, src: &Path, tree: &Tree) -> Result<u64> {
     match op {
         Op::Backup { .. } => {
             write_tree(src, tree)?;
@@ -193,24 +205,25 @@ fn apply(op: Op, a: &Side, b: &Side, src: &Path, tree: &Tree) -> Result<()> {
                 threads: 2,
                 ..Default::default()
             };
-            backup(&a.repo, opts, After::Lifecycle, &mut |_| {}).map(|_| ())
+            backup(&a.repo, opts, After::Lifecycle, &mut |_| {})
+                .map(|b| b.report.delta.map_or(0, |d| d.chunks))
         }
         Op::Forget { pick } => match pick_one(&a.versions, pick) {
-            Some(id) => crate::ops::forget::forget(&a.repo, &[id.to_string()]).map(|_| ()),
-            None => Ok(()),
+            Some(id) => crate::ops::forget::forget(&a.repo, &[id.to_string()]).map(|_| 0),
+            None => Ok(0),
         },
-        Op::Gc => gc(&a.repo, &GcOptions::default()).map(|_| ()),
-        Op::Maintain => maintain(&a.repo, &MaintainOptions::default()).map(|_| ()),
+        Op::Gc => gc(&a.repo, &GcOptions::default()).map(|_| 0),
+        Op::Maintain => maintain(&a.repo, &MaintainOptions::default()).map(|_| 0),
         Op::Copy => {
             let Some((id, _)) = to_copy(a, b).map_err(crate::error::StoreError::Invalid)? else {
-                return Ok(());
+                return Ok(0);
             };
             let s = a.repo.load_snapshot(&id)?;
             let opts = CopyOptions {
                 threads: 2,
                 progress: Default::default(),
             };
-            copy_version(&[(a.repo.clone(), s.clone())], &s, &b.repo, opts).map(|_| ())
+            copy_version(&[(a.repo.clone(), s.clone())], &s, &b.repo, opts).map(|_| 0)
         }
     }
 }
@@ -295,7 +308,9 @@ fn verify(side: &Side, work: &Path, i: usize) -> std::result::Result<usize, Stri
     Ok(side.versions.len())
 }
 
-/// Changes the tree: by `seed`, a file rewritten, one added, one removed.
+/// Changes the tree: by `seed`, a file rewritten or edited in place (a
+/// few bytes changed, a few inserted: what deltas store), one added, one
+/// removed.
 fn change(tree: &mut Tree, seed: u8, i: usize) {
     let mut x = u64::from(seed) << 32 | i as u64;
     let mut next = || {
@@ -306,6 +321,19 @@ fn change(tree: &mut Tree, seed: u8, i: usize) {
         z ^ (z >> 31)
     };
     let name = format!("f{}", next() % 6);
+    if seed % 3 == 1 {
+        if let Some(old) = tree.get(&name).filter(|d| d.len() > 64) {
+            let mut data = old.clone();
+            for _ in 0..3 {
+                let at = (next() % data.len() as u64) as usize;
+                data[at] ^= 0x5a;
+            }
+            let at = (next() % data.len() as u64) as usize;
+            data.splice(at..at, (0..10).map(|_| next() as u8));
+            tree.insert(name, data);
+            return;
+        }
+    }
     let len = (next() % 40_000) as usize;
     let mut data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
     // Half the files share a prefix with another: duplicates across files.

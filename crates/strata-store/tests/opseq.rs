@@ -33,6 +33,7 @@ proptest! {
 #[test]
 fn every_step_crashes_at_each_of_its_first_writes() {
     let mut sequences = 0;
+    let mut deltas = 0;
     let mut crashes = std::collections::BTreeMap::<String, usize>::new();
     for n in 0..40u64 {
         for op in [
@@ -71,6 +72,7 @@ fn every_step_crashes_at_each_of_its_first_writes() {
             let out = run(&steps, tmp.path())
                 .unwrap_or_else(|e| panic!("{op:?} crashing after {n} writes: {e}"));
             sequences += 1;
+            deltas += out.delta_chunks;
             let kind = format!("{op:?}")
                 .split([' ', '{'])
                 .next()
@@ -79,7 +81,8 @@ fn every_step_crashes_at_each_of_its_first_writes() {
             *crashes.entry(kind).or_default() += out.crashes;
         }
     }
-    eprintln!("{sequences} sequences, crashes by step: {crashes:?}");
+    eprintln!("{sequences} sequences, {deltas} delta chunks, crashes by step: {crashes:?}");
+    assert!(deltas > 0, "the sequences store chunks as deltas");
     assert_eq!(crashes.len(), 5, "{crashes:?}");
     assert!(crashes.values().all(|&n| n >= 3), "{crashes:?}");
 }
