@@ -84,8 +84,8 @@ impl DeltaPicker {
         Some((base, Arc::new(bytes)))
     }
 
-    /// The counters as a report.
-    pub fn report(&self, repo: &Repository) -> super::DeltaReport {
+    /// The counters as a report, with the recipe parts stored as deltas.
+    pub fn report(&self, repo: &Repository, parts: &AtomicU64) -> super::DeltaReport {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         super::DeltaReport {
@@ -95,7 +95,7 @@ impl DeltaPicker {
             alone_bytes: get(&c.alone),
             delta_bytes: get(&c.encoded),
             base_reads: get(&repo.deltas().base_reads),
-            recipe_parts: 0,
+            recipe_parts: get(parts),
         }
     }
 

@@ -579,10 +579,7 @@ pub fn backup(repo: &Repository, mut opts: BackupOptions) -> Result<BackupReport
         threads,
         reverse_hint: parent_id.map(|previous| reverse_hint(previous, id, &parent, &ctx)),
         lost_containers: lost,
-        delta: ctx.delta.as_ref().map(|d| DeltaReport {
-            recipe_parts: parts_as_deltas.load(Ordering::Relaxed),
-            ..d.report(repo)
-        }),
+        delta: ctx.delta.as_ref().map(|d| d.report(repo, &parts_as_deltas)),
     })
 }
 
