@@ -159,3 +159,53 @@ fn deltas_store_less_and_survive_the_lifecycle() {
     assert!(pinned > 0, "{docs:#?}");
     repo.assert_clean("after gc");
 }
+
+/// A damaged base takes its deltas down, and says so: `check
+/// --read-data` names each delta region that cannot be read and the base
+/// it needs, and counts the versions that use them damaged.
+#[test]
+fn a_damaged_base_names_the_deltas_it_takes_down() {
+    let repo = Repo::with_init(&["--delta", "on"], None);
+    let src = repo.dir().join("src");
+    write_version(&src, 0);
+    repo.backup(&[&src], &[]);
+    let first = repo.objects("data/");
+    fs::remove_dir_all(&src).unwrap();
+    write_version(&src, 1);
+    let b = repo.backup(&[&src], &[]);
+    assert!(delta_figure(&b, "chunks") > 0, "{b:#}");
+    let second: Vec<String> = repo
+        .objects("data/")
+        .into_iter()
+        .filter(|o| !first.contains(o))
+        .collect();
+    // Every container of the first version damaged (a byte flipped every
+    // 16 KiB): the second version's deltas lose their bases.
+    for o in &first {
+        let p = repo.path.join(o);
+        let mut data = fs::read(&p).unwrap();
+        for at in (20..data.len() / 2).step_by(16 << 10) {
+            data[at] ^= 1;
+        }
+        fs::write(&p, data).unwrap();
+    }
+    let (code, v) = repo.check(true);
+    assert_eq!(code, 1, "{v:#}");
+    let errors: Vec<&str> = v["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let named = errors.iter().any(|e| {
+        e.contains("a delta region whose base cannot be read")
+            && second.iter().any(|o| e.contains(o.as_str()))
+            && first.iter().any(|o| e.contains(o.as_str()))
+    });
+    assert!(named, "{errors:#?}");
+    let damaged = v["damaged_snapshots"].as_array().unwrap();
+    assert!(
+        damaged.iter().any(|s| s.as_str() == b["id"].as_str()),
+        "{v:#}"
+    );
+}

@@ -214,7 +214,18 @@ pub fn open_delta_region(
                 CoreError::Damaged("a delta region its container's metadata does not list".into()),
             )
         })?;
-    let prefix = cache.prefix(repo, d, read)?;
+    // A base that is damaged or gone takes this region down: said as
+    // damage of this region (so readers look for other copies of its
+    // chunks, and check names it), with the base's own error.
+    let prefix = cache.prefix(repo, d, read).map_err(|e| match e {
+        StoreError::Corrupt { .. } | StoreError::NotFound(_) | StoreError::Invalid(_) => {
+            StoreError::corrupt(
+                what(),
+                CoreError::Damaged(format!("a delta region whose base cannot be read: {e}")),
+            )
+        }
+        e => e,
+    })?;
     let frame = repo
         .sealer()
         .open_within(Kind::DeltaRegion, env, env.len() as u64)
