@@ -111,6 +111,13 @@ pub struct DeltaRegion {
     pub chunk_bases: Vec<u32>,
 }
 
+/// Most bases one delta region lists, and most bytes their plaintexts
+/// take together (the prefix a reader assembles): a metadata section
+/// claiming more is refused, so a hostile repository cannot make a
+/// reader assemble gigabytes.
+pub const MAX_DELTA_BASES: usize = 64;
+pub const MAX_DELTA_PREFIX: u64 = 4 << 20;
+
 /// Version byte of a [`ContainerMeta`] (alone or in an
 /// [`super::IndexObject`]) that has delta regions; one without any is
 /// written as version 1, byte for byte what builds before deltas wrote.
@@ -232,6 +239,10 @@ impl ContainerMeta {
                 "names a region twice"
             } else if d.bases.is_empty() {
                 "has no base"
+            } else if d.bases.len() > MAX_DELTA_BASES
+                || d.bases.iter().map(|b| u64::from(b.len)).sum::<u64>() > MAX_DELTA_PREFIX
+            {
+                "lists more bases than a delta region may"
             } else if d.bases.iter().any(|b| b.container == self.id) {
                 "has a base in its own container"
             } else if d.chunk_bases.iter().any(|&i| i as usize >= d.bases.len()) {

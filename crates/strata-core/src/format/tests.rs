@@ -487,6 +487,12 @@ fn metadata_with_and_without_delta_regions() {
     let mut bad = meta.clone();
     bad.deltas[0].chunk_bases = vec![0, 0];
     assert!(refused(&bad), "more chunk bases than chunks");
+    let mut bad = meta.clone();
+    bad.deltas[0].bases = vec![base; MAX_DELTA_BASES + 1];
+    assert!(refused(&bad), "too many bases");
+    let mut bad = meta.clone();
+    bad.deltas[0].bases[0].len = (MAX_DELTA_PREFIX + 1) as u32;
+    assert!(refused(&bad), "too long a prefix");
     let mut future = encode_meta(&meta).unwrap();
     future[0] = 3;
     assert!(decode_meta(&future).is_err());

@@ -24,9 +24,9 @@ use strata_core::format::{BaseRef, ContainerId, ContainerMeta, DeltaRegion, Regi
 use strata_core::CoreError;
 
 /// Most bases one delta region lists.
-pub const MAX_BASES: usize = 64;
+pub const MAX_BASES: usize = strata_core::format::MAX_DELTA_BASES;
 /// Most bytes of bases one delta region's prefix holds.
-pub const MAX_PREFIX: usize = 4 << 20;
+pub const MAX_PREFIX: usize = strata_core::format::MAX_DELTA_PREFIX as usize;
 
 /// Entries kept per generation of a [`Generations`] map.
 const METAS_KEPT: usize = 256;
