@@ -404,6 +404,31 @@ pub struct PieceRef {
     pub direct_bytes: u64,
 }
 
+impl From<PartRefV4> for PartRef {
+    fn from(p: PartRefV4) -> Self {
+        PartRef {
+            id: p.id,
+            first: p.first,
+            nodes: p.nodes,
+            containers: p.containers,
+            piece: p.piece,
+            base: None,
+        }
+    }
+}
+
+impl From<PartRefV2> for PartRef {
+    fn from(p: PartRefV2) -> Self {
+        PartRef::from(PartRefV4 {
+            id: p.id,
+            first: p.first,
+            nodes: p.nodes,
+            containers: p.containers,
+            piece: None,
+        })
+    }
+}
+
 /// A part reference as versions 2 and 3 encode it (no piece).
 #[derive(Deserialize)]
 struct PartRefV2 {
@@ -508,18 +533,7 @@ pub fn decode_recipe_object(bytes: &[u8]) -> Result<RecipeObject> {
             .map(|i: RecipeIndexV4| {
                 RecipeObject::Index(RecipeIndex {
                     containers: i.containers,
-                    parts: i
-                        .parts
-                        .into_iter()
-                        .map(|p| PartRef {
-                            id: p.id,
-                            first: p.first,
-                            nodes: p.nodes,
-                            containers: p.containers,
-                            piece: p.piece,
-                            base: None,
-                        })
-                        .collect(),
+                    parts: i.parts.into_iter().map(PartRef::from).collect(),
                     continued: true,
                 })
             })
@@ -528,18 +542,7 @@ pub fn decode_recipe_object(bytes: &[u8]) -> Result<RecipeObject> {
             .map(|i: RecipeIndexV2| {
                 RecipeObject::Index(RecipeIndex {
                     containers: i.containers,
-                    parts: i
-                        .parts
-                        .into_iter()
-                        .map(|p| PartRef {
-                            id: p.id,
-                            first: p.first,
-                            nodes: p.nodes,
-                            containers: p.containers,
-                            piece: None,
-                            base: None,
-                        })
-                        .collect(),
+                    parts: i.parts.into_iter().map(PartRef::from).collect(),
                     continued: v == RECIPE_INDEX_CONTINUED,
                 })
             })

@@ -427,7 +427,10 @@ impl ContainerWriter {
             return Ok(());
         };
         if c.cur.is_empty() {
-            return self.close_empty();
+            return match c.cur_idx.take() {
+                Some(idx) => self.give_up(idx),
+                None => Ok(()),
+            };
         }
         if self.link_region()? {
             return Ok(());
@@ -435,59 +438,62 @@ impl ContainerWriter {
         let Some(c) = self.open.as_mut() else {
             return Ok(());
         };
-        let Some(data) = c.data.as_mut() else {
-            return Err(StoreError::Invalid("a container without its object".into()));
-        };
+        let idx = c.cur_index();
         let t0 = std::time::Instant::now();
-        let t = t0;
         let sealed = seal_region(&self.repo, &c.cur)?;
+        let raw = c.cur.len();
+        self.put_region(idx, &sealed, raw, t0)?;
+        if let Some(c) = self.open.as_mut() {
+            c.cur.clear();
+            c.cur_idx = None;
+        }
+        Ok(())
+    }
+
+    /// Writes `sealed` (a region of `raw` plaintext bytes, compressed
+    /// and sealed since `t0`) to the open container's object, at place
+    /// `idx` of its regions.
+    fn put_region(
+        &mut self,
+        idx: u32,
+        sealed: &[u8],
+        raw: usize,
+        t0: std::time::Instant,
+    ) -> Result<()> {
+        let no_object = || StoreError::Invalid("a container without its object".into());
+        let c = self.open.as_mut().ok_or_else(no_object)?;
+        let data = c.data.as_mut().ok_or_else(no_object)?;
         if let Some(s) = &self.stages {
-            s.add(Stage::Compress, t, c.cur.len() as u64);
+            s.add(Stage::Compress, t0, raw as u64);
         }
         let t = std::time::Instant::now();
         let offset = data.written();
-        data.write(&sealed)?;
+        data.write(sealed)?;
         if let Some(s) = &self.stages {
             s.add(Stage::Write, t, sealed.len() as u64);
         }
         self.io_ns += t0.elapsed().as_nanos() as u64;
-        let idx = c.cur_index();
         c.regions[idx as usize] = RegionInfo {
             offset,
             stored_len: sealed.len() as u32,
-            raw_len: c.cur.len() as u32,
+            raw_len: raw as u32,
         };
-        c.cur.clear();
-        c.cur_idx = None;
         Ok(())
     }
 
-    /// Gives up the place of a region no chunk went into after all (its
+    /// Gives up place `idx`, a region no chunk went into after all (its
     /// location was asked for, then another worker stored the chunk): the
     /// last region's place is dropped, another's is written empty.
-    fn close_empty(&mut self) -> Result<()> {
+    fn give_up(&mut self, idx: u32) -> Result<()> {
         let Some(c) = self.open.as_mut() else {
-            return Ok(());
-        };
-        let Some(idx) = c.cur_idx.take() else {
             return Ok(());
         };
         if idx as usize + 1 == c.regions.len() {
             c.regions.pop();
             return Ok(());
         }
-        let Some(data) = c.data.as_mut() else {
-            return Err(StoreError::Invalid("a container without its object".into()));
-        };
         let sealed = seal_region(&self.repo, &[])?;
-        let offset = data.written();
-        data.write(&sealed)?;
-        c.regions[idx as usize] = RegionInfo {
-            offset,
-            stored_len: sealed.len() as u32,
-            raw_len: 0,
-        };
-        Ok(())
+        self.put_region(idx, &sealed, 0, std::time::Instant::now())
     }
 
     /// Compresses the delta region being filled against its bases, seals
@@ -500,17 +506,8 @@ impl ContainerWriter {
             return Ok(());
         };
         if d.plain.is_empty() {
-            // Its place, given up as a plain region's would be.
-            let cur = std::mem::take(&mut c.cur);
-            let cur_idx = c.cur_idx.replace(d.idx);
-            let r = self.close_empty();
-            let c = self.open.as_mut().expect("open above");
-            (c.cur, c.cur_idx) = (cur, cur_idx);
-            return r;
+            return self.give_up(d.idx);
         }
-        let Some(data) = c.data.as_mut() else {
-            return Err(StoreError::Invalid("a container without its object".into()));
-        };
         let t0 = std::time::Instant::now();
         let mut prefix = Vec::with_capacity(d.prefix_len);
         for (_, bytes) in &d.bases {
@@ -518,26 +515,14 @@ impl ContainerWriter {
         }
         let frame = strata_core::delta::encode(&d.plain, &prefix, self.repo.config().zstd_level)?;
         let sealed = self.repo.sealer().seal(Kind::DeltaRegion, &frame, false)?;
-        if let Some(s) = &self.stages {
-            s.add(Stage::Compress, t0, d.plain.len() as u64);
+        self.put_region(d.idx, &sealed, d.plain.len(), t0)?;
+        if let Some(c) = self.open.as_mut() {
+            c.deltas.push(DeltaRegion {
+                region: d.idx,
+                bases: d.bases.into_iter().map(|(b, _)| b).collect(),
+                chunk_bases: d.chunk_bases,
+            });
         }
-        let t = std::time::Instant::now();
-        let offset = data.written();
-        data.write(&sealed)?;
-        if let Some(s) = &self.stages {
-            s.add(Stage::Write, t, sealed.len() as u64);
-        }
-        self.io_ns += t0.elapsed().as_nanos() as u64;
-        c.regions[d.idx as usize] = RegionInfo {
-            offset,
-            stored_len: sealed.len() as u32,
-            raw_len: d.plain.len() as u32,
-        };
-        c.deltas.push(DeltaRegion {
-            region: d.idx,
-            bases: d.bases.into_iter().map(|(b, _)| b).collect(),
-            chunk_bases: d.chunk_bases,
-        });
         Ok(())
     }
 

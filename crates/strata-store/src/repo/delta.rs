@@ -34,11 +34,12 @@ const METAS_KEPT: usize = 256;
 const REGION_BYTES_KEPT: usize = 16 << 20;
 
 /// A bounded map in two generations: lookups see both; when the newer
-/// fills, the older is dropped and the newer takes its place. What is
-/// used keeps being found; memory stays at most two generations.
+/// fills (by the weight of its entries), the older is dropped and the
+/// newer takes its place. What is used keeps being found; memory stays at
+/// most two generations.
 struct Generations<K, V> {
-    new: HashMap<K, V>,
-    old: HashMap<K, V>,
+    new: HashMap<K, (V, usize)>,
+    old: HashMap<K, (V, usize)>,
     weight: usize,
     limit: usize,
 }
@@ -54,12 +55,12 @@ impl<K: Eq + Hash + Clone, V: Clone> Generations<K, V> {
     }
 
     fn get(&mut self, k: &K) -> Option<V> {
-        if let Some(v) = self.new.get(k) {
+        if let Some((v, _)) = self.new.get(k) {
             return Some(v.clone());
         }
-        let v = self.old.get(k)?.clone();
-        // (Weight 1: promoted entries are counted as they come back.)
-        self.put(k.clone(), v.clone(), 1);
+        // Used again: into the newer generation, with its weight.
+        let (v, weight) = self.old.remove(k)?;
+        self.put(k.clone(), v.clone(), weight);
         Some(v)
     }
 
@@ -69,7 +70,7 @@ impl<K: Eq + Hash + Clone, V: Clone> Generations<K, V> {
             self.weight = 0;
         }
         self.weight += weight;
-        self.new.insert(k, v);
+        self.new.insert(k, (v, weight));
     }
 }
 
